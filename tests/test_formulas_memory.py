@@ -1,0 +1,79 @@
+"""Parameter counts, Megatron vocabulary padding and per-device model state (ZeRO composed with TP).
+
+Oracles: ZeRO paper Figure 1 / Table 1 (Ψ = 7.5B), Megatron-LM's padding log lines (GPT-2 vocabulary),
+published Llama 3 parameter counts (model cards: 8.03B, 70.6B, 405B), and the FSDP padding rule written
+as arithmetic.
+"""
+
+import pytest
+
+from shardlab.formulas import memory as M
+
+GB = 1e9
+
+
+@pytest.mark.parametrize(
+    "n,expected",
+    [
+        # ZeRO (Rajbhandari et al. 2020) Table 1, Ψ = 7.5B, K = 12: baseline / P_os / P_os+g / P_os+g+p in GB
+        (64, (120, 31.4, 16.6, 1.88)),  # Figure 1: 120 / 31.4 / 16.6 / 1.9 GB
+        (4, (120, 52.5, 41.3, 30)),
+        (1024, (120, 30.1, 15.1, 0.12)),
+    ],
+)
+def test_zero_table1(n, expected):
+    got = [M.model_state_bytes(int(7.5e9), fsdp=n, stage=s).total / GB for s in range(4)]
+    for g, e in zip(got, expected, strict=True):
+        assert g == pytest.approx(e, abs=0.051 if e >= 1 else 0.006)
+
+
+def test_tensor_parallel_divides_before_zero():
+    # Ψ/t on each tensor rank, then ZeRO-3 over fsdp: 16·Ψ/(t·N)
+    st = M.model_state_bytes(8_000_000_000, tensor=4, fsdp=8, stage=3)
+    assert st.total == 16 * 8_000_000_000 / 32
+
+
+def test_flat_unit_padding():
+    # one unit of 10 elements, tensor 1, fsdp 4: padded to 12 -> each rank holds 3, 0.5 of them padding
+    # (2 pad elements / 4 ranks) · (2 + 2 + 12) bytes = 8 bytes of padding per rank
+    st = M.model_state_bytes(10, fsdp=4, stage=3, flat_units=[10])
+    assert st.padding == 2 / 4 * 16
+    # 8 divides evenly: no padding
+    assert M.model_state_bytes(8, fsdp=4, stage=3, flat_units=[8]).padding == 0
+
+
+@pytest.mark.parametrize(
+    "vocab,tp,expected",
+    [
+        (50257, 8, 51200),  # GPT-2 vocab, 128 × 8 = 1024 -> 51200 (Megatron GPT-3 / Korthikanti runs)
+        (50257, 1, 50304),  # Megatron log: "padded vocab (size: 50257) with 47 dummy tokens (new size: 50304)"
+        (51200, 8, 51200),
+    ],
+)
+def test_megatron_vocab_padding(vocab, tp, expected):
+    assert M.padded_vocab(vocab, tp) == expected
+    assert M.padded_vocab(vocab, tp) % (128 * tp) == 0
+
+
+@pytest.mark.parametrize(
+    "cfg,published",
+    [
+        ((32, 4096, 14336, 32, 8, 128256), 8.03e9),  # Llama 3 8B model card: 8.03B
+        ((80, 8192, 28672, 64, 8, 128256), 70.6e9),  # Llama 3 70B: 70.6B
+        ((126, 16384, 53248, 128, 8, 128256), 405.9e9),  # Llama 3.1 405B: 405.9B
+    ],
+)
+def test_llama_param_counts(cfg, published):
+    assert M.param_count(*cfg).total == pytest.approx(published, rel=0.002)
+
+
+def test_param_count_layout():
+    # tiny: L=2, h=8, ffn=16, a=2, kv=1 (hd=4), V=10: attn 2·64 + 2·8·4 = 192, mlp 3·128 = 384, norms 16
+    p = M.param_count(2, 8, 16, 2, 1, 10)
+    assert p.per_layer == 192 + 384 + 16
+    assert p.total == 10 * 8 + 2 * (192 + 384 + 16) + 8 + 10 * 8
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="heads=32 is not divisible by kv_heads=5"):
+        M.param_count(1, 4096, 1, 32, 5, 10)
