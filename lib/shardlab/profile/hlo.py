@@ -1,0 +1,370 @@
+"""Parse the per-device HLO that XLA's SPMD partitioner produced (the "compiler" view).
+
+Design
+------
+We read XLA's text dumps (``--xla_dump_hlo_as_text``): ``*after_optimizations.txt`` holds the partitioned,
+optimised per-device program and ``*after_optimizations-buffer-assignment.txt`` its buffer assignment.
+The text is parsed in three passes:
+
+1. split into computations (``[ENTRY] %name (...) -> type {`` ... ``}``) and instructions
+   (``[ROOT] %name = <shape> <opcode>(<operands>), <attributes>``); shapes may be tuples, and after
+   optimisation operands are printed as bare names, so every operand is resolved to its defining instruction;
+2. build the call graph (``to_apply``, ``calls``, ``body``, ``condition``, ``branch_computations`` ...) to know
+   which collectives sit inside a ``while`` body (scan layers);
+3. collect collectives with per-device operand/result bytes and explicit replica groups (the iota form
+   ``[G,S]<=[d0,d1]T(1,0)`` is expanded).
+
+On CPU, XLA lowers a reduce-scatter to ``all-reduce`` followed by ``dynamic-slice`` (xla-notes.md); such an
+all-reduce is flagged ``feeds_dynamic_slice`` so callers can count the pair as the reduce-scatter the formula
+predicts.
+
+Example (hand-written HLO)::
+
+    >>> m = parse_hlo(TEXT)
+    >>> m.count("all-reduce"), m.bytes("all-reduce")
+    (1, 32768)
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+DTYPE_BYTES = {
+    "pred": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3": 1,
+    "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
+    "s32": 4, "u32": 4, "f32": 4,
+    "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16,
+    "token": 0, "opaque": 0,
+}
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+_ASYNC_SUFFIX = ("-start",)
+_CALL_ATTRS = ("to_apply", "calls", "body", "condition", "true_computation", "false_computation")
+
+_COMP_RE = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\((.*)\)\s*->\s*(.*?)\s*\{\s*$")
+_INSTR_RE = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
+_ARRAY_RE = re.compile(r"([a-z][a-z0-9]*)\[([^\]]*)\]")
+
+
+@dataclass(frozen=True)
+class Array:
+    """One array shape: dtype and per-device dims."""
+
+    dtype: str
+    dims: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.dims) * DTYPE_BYTES.get(self.dtype, 0)
+
+    def __str__(self) -> str:
+        return f"{self.dtype}[{','.join(map(str, self.dims))}]"
+
+
+def parse_shape(text: str) -> list[Array]:
+    """All arrays in a (possibly tuple) shape string, layouts ignored: ``(f32[2,3]{1,0}, s32[])``."""
+    text = re.sub(r"\{[^{}]*\}", "", text)  # layouts / tiling
+    out = []
+    for dtype, dims in _ARRAY_RE.findall(text):
+        if dtype not in DTYPE_BYTES:
+            continue
+        ds = tuple(int(d.replace("<=", "")) for d in dims.split(",") if d.strip())
+        out.append(Array(dtype, ds))
+    return out
+
+
+def _split_top(text: str, sep: str = ",") -> list[str]:
+    """Split on ``sep`` at bracket depth 0."""
+    parts, depth, cur = [], 0, []
+    for ch in text:
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        if ch == sep and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    if cur:
+        parts.append("".join(cur))
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _matching(text: str, start: int) -> int:
+    """Index of the bracket closing the one at ``start``."""
+    pairs = {"(": ")", "[": "]", "{": "}"}
+    opener, depth = text[start], 0
+    for i in range(start, len(text)):
+        if text[i] == opener:
+            depth += 1
+        elif text[i] == pairs[opener]:
+            depth -= 1
+            if depth == 0:
+                return i
+    raise ValueError(f"unbalanced brackets in HLO line: {text[:120]}")
+
+
+@dataclass
+class Instruction:
+    name: str
+    opcode: str
+    shape: list[Array]
+    operands: list[str]
+    attrs: dict[str, str]
+    computation: str
+    is_root: bool = False
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.shape)
+
+
+def parse_instruction(line: str, computation: str) -> Instruction | None:
+    m = _INSTR_RE.match(line)
+    if not m:
+        return None
+    root, name, rest = m.groups()
+    rest = rest.strip()
+    if rest.startswith("("):
+        end = _matching(rest, 0)
+        shape_txt, rest = rest[: end + 1], rest[end + 1:].strip()
+    else:
+        sm = re.match(r"([a-z][a-z0-9]*\[[^\]]*\](\{[^}]*\})?)\s*", rest)
+        if not sm:
+            return None
+        shape_txt, rest = sm.group(1), rest[sm.end():]
+    om = re.match(r"([\w\-]+)\(", rest)
+    if not om:
+        return None
+    opcode = om.group(1)
+    end = _matching(rest, om.end() - 1)
+    operands = []
+    for op in _split_top(rest[om.end(): end]):
+        tok = op.split()[-1] if op.split() else op
+        operands.append(tok.lstrip("%"))
+    attrs: dict[str, str] = {}
+    for kv in _split_top(rest[end + 1:].lstrip(", ")):
+        if "=" in kv:
+            k, v = kv.split("=", 1)
+            attrs[k.strip()] = v.strip()
+    return Instruction(name, opcode, parse_shape(shape_txt), operands, attrs, computation, bool(root))
+
+
+def parse_replica_groups(text: str | None, num_partitions: int) -> list[list[int]]:
+    """``{{0,1},{2,3}}`` or iota ``[2,2]<=[4]`` / ``[2,4]<=[4,2]T(1,0)``; empty means one group of all."""
+    if not text or text in ("{}", "{{}}"):
+        return [list(range(num_partitions))] if num_partitions else []
+    text = text.strip()
+    m = re.match(r"\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", text)
+    if m:
+        out_shape = [int(x) for x in m.group(1).split(",")]
+        dims = [int(x) for x in m.group(2).split(",")]
+        ids = np.arange(math.prod(dims)).reshape(dims)
+        if m.group(3):
+            ids = ids.transpose([int(x) for x in m.group(3).split(",")])
+        return ids.reshape(out_shape).tolist()
+    return [[int(x) for x in g.split(",") if x.strip()] for g in re.findall(r"\{([\d,\s]*)\}", text)]
+
+
+@dataclass
+class Collective:
+    op: str  # all-reduce | all-gather | reduce-scatter | all-to-all | collective-permute
+    name: str
+    dtype: str
+    shape: list[tuple[int, ...]]  # per-device result shape(s)
+    operand_shapes: list[tuple[int, ...]]
+    operand_bytes: int
+    result_bytes: int
+    replica_groups: list[list[int]]
+    computation: str
+    in_while: bool
+    feeds_dynamic_slice: bool = False
+    source_target_pairs: list[list[int]] = field(default_factory=list)
+
+    @property
+    def group_size(self) -> int:
+        return len(self.replica_groups[0]) if self.replica_groups else 0
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "op": self.op, "name": self.name, "dtype": self.dtype, "shape": self.shape,
+            "operand_bytes": self.operand_bytes, "result_bytes": self.result_bytes,
+            "group_size": self.group_size, "groups": len(self.replica_groups), "in_while": self.in_while,
+            "feeds_dynamic_slice": self.feeds_dynamic_slice,
+        }
+
+
+@dataclass
+class WhileLoop:
+    name: str
+    computation: str
+    body: str
+    state_bytes: int  # per-device bytes of the loop-carried tuple
+    state: list[Array]
+
+
+@dataclass
+class BufferAssignment:
+    total: int = 0
+    parameter: int = 0
+    output: int = 0
+    temp: int = 0
+    constant: int = 0
+    thread_local: int = 0
+    allocations: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+def parse_buffer_assignment(text: str) -> BufferAssignment:
+    """Sum allocation sizes by kind; ``total`` is XLA's own "Total bytes used"."""
+    ba = BufferAssignment()
+    for m in re.finditer(r"^allocation \d+: size (\d+),?(.*?):?$", text, re.M):
+        size, kinds = int(m.group(1)), m.group(2)
+        ba.allocations += 1
+        if "parameter" in kinds:
+            ba.parameter += size
+        elif "output" in kinds or "maybe-live-out" in kinds:
+            ba.output += size
+        elif "constant" in kinds:
+            ba.constant += size
+        elif "thread-local" in kinds:
+            ba.thread_local += size
+        else:
+            ba.temp += size
+    tm = re.search(r"Total bytes used:\s*(\d+)", text)
+    ba.total = int(tm.group(1)) if tm else sum((ba.parameter, ba.output, ba.temp, ba.constant))
+    return ba
+
+
+@dataclass
+class HloModule:
+    name: str
+    text: str
+    num_partitions: int
+    instructions: dict[str, Instruction]
+    computations: dict[str, list[str]]  # computation -> instruction names
+    entry: str
+    collectives: list[Collective]
+    while_loops: list[WhileLoop]
+    buffers: BufferAssignment | None = None
+
+    @property
+    def instruction_count(self) -> int:
+        return len(self.instructions)
+
+    def count(self, op: str, in_while: bool | None = None) -> int:
+        return len(self._select(op, in_while))
+
+    def bytes(self, op: str, which: str = "operand", in_while: bool | None = None) -> int:
+        if which not in ("operand", "result"):
+            raise ValueError(f"which={which!r} must be 'operand' or 'result'")
+        return sum(c.operand_bytes if which == "operand" else c.result_bytes for c in self._select(op, in_while))
+
+    def _select(self, op: str, in_while: bool | None) -> list[Collective]:
+        if op not in COLLECTIVES and op != "any":
+            raise ValueError(f"op={op!r} is not one of {COLLECTIVES} (or 'any')")
+        return [c for c in self.collectives
+                if (op == "any" or c.op == op) and (in_while is None or c.in_while == in_while)]
+
+    def summary(self) -> dict[str, dict[str, int]]:
+        """``{op: {"count", "operand_bytes", "result_bytes"}}`` for the ops present."""
+        out: dict[str, dict[str, int]] = {}
+        for c in self.collectives:
+            s = out.setdefault(c.op, {"count": 0, "operand_bytes": 0, "result_bytes": 0})
+            s["count"] += 1
+            s["operand_bytes"] += c.operand_bytes
+            s["result_bytes"] += c.result_bytes
+        return out
+
+
+def _called(ins: Instruction) -> list[str]:
+    names = [ins.attrs[a].lstrip("%") for a in _CALL_ATTRS if a in ins.attrs]
+    if "branch_computations" in ins.attrs:
+        names += [n.strip().lstrip("%") for n in ins.attrs["branch_computations"].strip("{}").split(",")]
+    return names
+
+
+def _reachable(start: list[str], calls: dict[str, list[str]]) -> set[str]:
+    seen, stack = set(), list(start)
+    while stack:
+        c = stack.pop()
+        if c not in seen:
+            seen.add(c)
+            stack.extend(calls.get(c, []))
+    return seen
+
+
+def parse_hlo(text: str, buffer_assignment: str | None = None) -> HloModule:
+    """Parse one HLO module's text (optionally with its buffer-assignment dump)."""
+    hm = re.search(r"^HloModule\s+([\w.\-]+)", text, re.M)
+    name = hm.group(1) if hm else "unknown"
+    pm = re.search(r"num_partitions=(\d+)", text)
+    num_partitions = int(pm.group(1)) if pm else 1
+    instructions: dict[str, Instruction] = {}
+    computations: dict[str, list[str]] = {}
+    entry, current = "", None
+    for line in text.splitlines():
+        cm = _COMP_RE.match(line.strip()) if not line.startswith("  ") else None
+        if cm:
+            current = cm.group(2)
+            computations[current] = []
+            if cm.group(1):
+                entry = current
+            continue
+        if current is None or line.strip() in ("", "}"):
+            if line.strip() == "}":
+                current = None
+            continue
+        ins = parse_instruction(line, current)
+        if ins:
+            instructions[ins.name] = ins
+            computations[current].append(ins.name)
+
+    calls = {c: [n for i in names for n in _called(instructions[i])] for c, names in computations.items()}
+    whiles = [i for i in instructions.values() if i.opcode == "while"]
+    in_loop = _reachable([w.attrs.get("body", "").lstrip("%") for w in whiles]
+                         + [w.attrs.get("condition", "").lstrip("%") for w in whiles], calls)
+    users: dict[str, list[Instruction]] = {}
+    for ins in instructions.values():
+        for op in ins.operands:
+            users.setdefault(op, []).append(ins)
+
+    def feeds_ds(name: str, hops: int = 2) -> bool:
+        for u in users.get(name, []):
+            if u.opcode == "dynamic-slice":
+                return True
+            if u.opcode == "fusion" and any(instructions[n].opcode == "dynamic-slice"
+                                            for n in computations.get(u.attrs.get("calls", "").lstrip("%"), [])):
+                return True
+            if hops and u.opcode in ("bitcast", "copy", "reshape", "get-tuple-element") and feeds_ds(u.name, hops - 1):
+                return True
+        return False
+
+    collectives = []
+    for ins in instructions.values():
+        op = ins.opcode.removesuffix("-start") if ins.opcode.endswith(_ASYNC_SUFFIX) else ins.opcode
+        if op not in COLLECTIVES:
+            continue
+        operand_arrays = [a for o in ins.operands if o in instructions for a in instructions[o].shape]
+        result = ins.shape
+        if ins.opcode.endswith("-start") and len(result) > len(operand_arrays):
+            result = result[len(operand_arrays):]  # async start returns (operands, results)
+        groups = parse_replica_groups(ins.attrs.get("replica_groups"), num_partitions)
+        pairs = parse_replica_groups(ins.attrs.get("source_target_pairs"), 0) if op == "collective-permute" else []
+        collectives.append(Collective(
+            op=op, name=ins.name, dtype=result[0].dtype if result else "?",
+            shape=[a.dims for a in result], operand_shapes=[a.dims for a in operand_arrays],
+            operand_bytes=sum(a.nbytes for a in operand_arrays), result_bytes=sum(a.nbytes for a in result),
+            replica_groups=groups if op != "collective-permute" else [], computation=ins.computation,
+            in_while=ins.computation in in_loop, feeds_dynamic_slice=op == "all-reduce" and feeds_ds(ins.name),
+            source_target_pairs=pairs,
+        ))
+    loops = [WhileLoop(w.name, w.computation, w.attrs.get("body", "").lstrip("%"), w.nbytes, w.shape) for w in whiles]
+    buffers = parse_buffer_assignment(buffer_assignment) if buffer_assignment else None
+    return HloModule(name, text, num_partitions, instructions, computations, entry, collectives, loops, buffers)

@@ -1,0 +1,176 @@
+"""Records: the JSON a notebook leaves behind (design.md, "Record").
+
+Design
+------
+A :class:`Recorder` collects *measurements* (one row per source: formula, ledger, hlo, metrics, timer) and
+*checks*. It rewrites ``<results_dir>/<notebook>.json`` after every call, so a notebook that dies half-way
+still leaves a record with ``status: "running"`` (the report runner then marks it failed and shows the cell).
+``agree()`` is the three-way comparison the suite is built around: it records each source's value and one
+check that they are equal — exactly for ints and strings (structural numbers are deterministic), to a tight
+relative tolerance for floats — and raises :class:`CheckFailed` when they are not.
+
+Example::
+
+    >>> rec = Recorder("01_block_matrices", params={"m": 8})
+    >>> rec.agree("blocks.row.all_reduce.count", "count", formula=1, hlo=1)
+    {'formula': 1, 'hlo': 1}
+    >>> rec.close()["status"]
+    'passed'
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "shardlab.record/1"
+SOURCES = ("formula", "ledger", "hlo", "metrics", "timer")
+KINDS = ("structural", "timing")
+FLOAT_RTOL = 1e-9
+
+
+class CheckFailed(AssertionError):
+    """A notebook check failed; the record has already been written."""
+
+
+def _plain(value: Any) -> Any:
+    """Convert numpy / torch scalars to JSON-friendly Python values."""
+    if hasattr(value, "item") and callable(value.item):
+        try:
+            return value.item()
+        except (ValueError, RuntimeError):
+            pass
+    if isinstance(value, tuple):
+        return list(value)
+    return value
+
+
+def values_equal(a: Any, b: Any) -> bool:
+    a, b = _plain(a), _plain(b)
+    if isinstance(a, float) or isinstance(b, float):
+        if not isinstance(a, int | float) or not isinstance(b, int | float):
+            return False
+        return math.isclose(a, b, rel_tol=FLOAT_RTOL, abs_tol=1e-12)
+    return a == b
+
+
+class Recorder:
+    """Collects measurements and checks for one notebook run and writes them as a JSON record."""
+
+    def __init__(self, notebook: str, params: dict[str, Any] | None = None,
+                 results_dir: str | os.PathLike[str] | None = None, world: Any = None) -> None:
+        self.notebook = notebook
+        self.path = Path(results_dir) / f"{notebook}.json" if results_dir else None
+        env: dict[str, Any] = {}
+        if world is not None:
+            env = {"device_kind": world.kind, "device_count": world.num_devices, **world.versions}
+        self.data: dict[str, Any] = {
+            "schema": SCHEMA,
+            "notebook": notebook,
+            "params": {k: _plain(v) for k, v in (params or {}).items()},
+            "env": env,
+            "status": "running",
+            "started": time.time(),
+            "measurements": [],
+            "checks": [],
+        }
+        if self.path:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._write()
+
+    # -- writing -------------------------------------------------------------------------------------------
+    def _write(self) -> None:
+        if self.path is None:
+            return
+        tmp = self.path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.data, indent=1, default=str))
+        tmp.replace(self.path)
+
+    def measure(self, name: str, value: Any, unit: str, source: str, kind: str = "structural",
+                spread: dict[str, float] | None = None) -> Any:
+        """Record one measurement row; returns ``value``."""
+        if source not in SOURCES:
+            raise ValueError(f"source={source!r} must be one of {SOURCES}")
+        if kind not in KINDS:
+            raise ValueError(f"kind={kind!r} must be one of {KINDS}")
+        row: dict[str, Any] = {"name": name, "value": _plain(value), "unit": unit, "source": source, "kind": kind}
+        if spread is not None:
+            row["spread"] = {k: _plain(v) for k, v in spread.items()}
+        self.data["measurements"].append(row)
+        self._write()
+        return value
+
+    def timing(self, name: str, timing: Any, source: str = "timer", unit: str = "s") -> float:
+        """Record a :class:`~shardlab.profile.timer.Timing` (median with its spread)."""
+        self.measure(name, timing.median_s, unit, source, kind="timing", spread=timing.spread())
+        return timing.median_s
+
+    def check(self, name: str, ok: bool, detail: str = "") -> bool:
+        """Record a check; raise :class:`CheckFailed` (after writing) if it failed."""
+        ok = bool(ok)
+        self.data["checks"].append({"name": name, "ok": ok, "detail": str(detail)})
+        if not ok:
+            self.data["status"] = "failed"
+        self._write()
+        if not ok:
+            raise CheckFailed(f"{self.notebook}: check {name!r} failed: {detail}")
+        return ok
+
+    def agree(self, name: str, unit: str, kind: str = "structural", **sources: Any) -> dict[str, Any]:
+        """Record each source's value for ``name`` and check that all of them are equal."""
+        if len(sources) < 1:
+            raise ValueError("agree() needs at least one source=value")
+        for source, value in sources.items():
+            self.measure(name, value, unit, source, kind)
+        vals = list(sources.values())
+        ok = all(values_equal(vals[0], v) for v in vals[1:])
+        detail = " = ".join(f"{s} {_plain(v)}" for s, v in sources.items())
+        self.check(f"{name}: {' = '.join(sources)}", ok, detail if ok else "disagree: " + detail)
+        return dict(sources)
+
+    def close(self) -> dict[str, Any]:
+        """Mark the run finished (passed unless a check failed) and write the record."""
+        if self.data["status"] == "running":
+            self.data["status"] = "passed"
+        self.data["finished"] = time.time()
+        self.data["wall_s"] = self.data["finished"] - self.data["started"]
+        self._write()
+        return self.data
+
+    # -- reading -------------------------------------------------------------------------------------------
+    def values(self, name: str) -> dict[str, Any]:
+        """``{source: value}`` for one measurement name."""
+        return {m["source"]: m["value"] for m in self.data["measurements"] if m["name"] == name}
+
+    def table(self, prefix: str = "") -> Any:
+        """A pandas DataFrame: one row per measurement name, one column per source, plus ``agree``."""
+        import pandas as pd
+
+        rows: dict[str, dict[str, Any]] = {}
+        for m in self.data["measurements"]:
+            if m["name"].startswith(prefix):
+                row = rows.setdefault(m["name"], {"name": m["name"], "unit": m["unit"]})
+                row[m["source"]] = m["value"]
+        frame = pd.DataFrame(list(rows.values()))
+        if frame.empty:
+            return frame
+        present = [s for s in SOURCES if s in frame.columns]
+
+        def _agree(r: Any) -> bool:
+            vals = [r[s] for s in present if not (isinstance(r[s], float) and math.isnan(r[s]))]
+            return all(values_equal(vals[0], v) for v in vals[1:]) if vals else True
+
+        frame["agree"] = frame.apply(_agree, axis=1)
+        return frame[["name", "unit", *present, "agree"]]
+
+
+def load_record(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a record, checking its schema."""
+    data = json.loads(Path(path).read_text())
+    if data.get("schema") != SCHEMA:
+        raise ValueError(f"{path}: schema {data.get('schema')!r} is not {SCHEMA!r}")
+    return data

@@ -1,0 +1,196 @@
+"""Device world setup: one call before anything touches torch_xla.
+
+Design
+------
+torch_xla reads ``PJRT_DEVICE``, ``CPU_NUM_DEVICES`` and ``XLA_FLAGS`` once, when the first device is used,
+and SPMD mode must be switched on before any XLA tensor exists. A process (or notebook kernel) therefore
+holds exactly one *device world*. ``setup()`` is the only place that sets those variables: it
+
+1. validates the request (``num_devices`` within what the host allows) before any XLA work,
+2. sets the environment (CPU virtual devices by default, TPU when present or asked for),
+3. points ``--xla_dump_to`` at a per-process temporary directory so ``shardlab.profile`` can read the
+   post-partitioning HLO of every compiled ``SyncTensorsGraph`` module (the "compiler" view),
+4. imports torch_xla, calls ``use_spmd()`` and returns a small :class:`World` description.
+
+A second call with the same request returns the same world; a different device count raises an error that
+tells the user to restart the kernel (changing it later has no effect in torch_xla).
+
+Example::
+
+    >>> from shardlab import runtime
+    >>> world = runtime.setup(num_devices=8)
+    >>> world.kind, world.num_devices
+    ('cpu', 8)
+    >>> mesh = runtime.mesh((2, 4), ("fsdp", "tensor"))
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.metadata
+import math
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# Each CPU virtual device is a full PJRT client device (~100 MB RSS with small graphs); past this count the
+# 2-core reference machine spends minutes per compile. TPU counts are whatever the host has.
+MAX_CPU_DEVICES = 64
+DUMP_MODULE_RE = "SyncTensorsGraph"
+
+
+@dataclass(frozen=True)
+class World:
+    """What ``setup()`` prepared: device kind and count, versions, where HLO dumps go."""
+
+    kind: str  # "cpu" | "tpu"
+    num_devices: int
+    spmd: bool
+    dump_dir: str | None
+    versions: dict[str, str] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def profile(self) -> str:
+        """Baseline profile name, e.g. ``cpu-8``."""
+        return f"{self.kind}-{self.num_devices}"
+
+
+_WORLD: World | None = None
+
+
+def _versions() -> dict[str, str]:
+    out = {"python": sys.version.split()[0]}
+    for dist in ("torch", "torch_xla", "jax", "jaxlib"):
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = "not installed"
+    return out
+
+
+def tpu_present() -> bool:
+    """True on a TPU VM / Kaggle / Colab TPU runtime (checked without importing torch_xla)."""
+    if os.environ.get("PJRT_DEVICE", "").upper() == "TPU":
+        return True
+    if os.environ.get("TPU_NAME") or os.environ.get("COLAB_TPU_ADDR") or os.environ.get("TPU_ACCELERATOR_TYPE"):
+        return True
+    return any(os.path.exists(f"/dev/accel{i}") for i in range(8)) or os.path.exists("/dev/vfio/0")
+
+
+def _check_request(num_devices: int | None, kind: str) -> None:
+    if kind not in ("cpu", "tpu"):
+        raise ValueError(f"device={kind!r} is not supported: use 'cpu' or 'tpu'")
+    if num_devices is None:
+        if kind == "cpu":
+            raise ValueError("num_devices=None is only allowed on TPU (it means 'all chips'); give a count")
+        return
+    if isinstance(num_devices, bool) or not isinstance(num_devices, int):
+        raise TypeError(f"num_devices={num_devices!r} must be an int")
+    if num_devices < 1:
+        raise ValueError(f"num_devices={num_devices} must be >= 1")
+    if kind == "cpu" and num_devices > MAX_CPU_DEVICES:
+        raise ValueError(
+            f"num_devices={num_devices} is above what this host allows for CPU virtual devices "
+            f"(at most {MAX_CPU_DEVICES})"
+        )
+
+
+def setup(num_devices: int | None = 8, device: str | None = None, spmd: bool = True,
+          dump_hlo: bool = True) -> World:
+    """Prepare the process-wide device world and import torch_xla. Idempotent for the same request."""
+    global _WORLD
+    kind = (device or ("tpu" if tpu_present() else "cpu")).lower()
+    _check_request(num_devices, kind)
+    if _WORLD is not None:
+        if (num_devices is not None and num_devices != _WORLD.num_devices) or kind != _WORLD.kind:
+            raise RuntimeError(
+                f"this process already holds a {_WORLD.kind} world with {_WORLD.num_devices} devices; "
+                f"num_devices={num_devices} (device={kind!r}) needs a new process: restart the kernel"
+            )
+        return _WORLD
+    if "torch_xla" in sys.modules and kind == "cpu":
+        have = os.environ.get("CPU_NUM_DEVICES")
+        if have != str(num_devices):
+            raise RuntimeError(
+                "torch_xla was imported before shardlab.runtime.setup() "
+                f"(CPU_NUM_DEVICES={have}, wanted {num_devices}): restart the kernel and call setup() first"
+            )
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ["PJRT_DEVICE"] = kind.upper()
+    if kind == "cpu":
+        os.environ["CPU_NUM_DEVICES"] = str(num_devices)
+    dump_dir = None
+    if dump_hlo:
+        dump_dir = tempfile.mkdtemp(prefix="shardlab-hlo-")
+        atexit.register(shutil.rmtree, dump_dir, ignore_errors=True)
+        flags = os.environ.get("XLA_FLAGS", "")
+        flags = " ".join(f for f in flags.split() if not f.startswith(("--xla_dump_to", "--xla_dump_hlo_module_re")))
+        os.environ["XLA_FLAGS"] = (
+            f"{flags} --xla_dump_to={dump_dir} --xla_dump_hlo_as_text "
+            f"--xla_dump_hlo_module_re={DUMP_MODULE_RE}"
+        ).strip()
+
+    import torch_xla  # noqa: F401  (env must be set first)
+    import torch_xla.runtime as xr
+
+    if spmd:
+        xr.use_spmd()
+    count = xr.global_runtime_device_count()
+    if num_devices is not None and count != num_devices:
+        raise RuntimeError(
+            f"num_devices={num_devices} but the {kind} runtime reports {count} devices; "
+            "on TPU use num_devices=None or the chip count"
+        )
+    _WORLD = World(kind=kind, num_devices=count, spmd=spmd, dump_dir=dump_dir, versions=_versions())
+    return _WORLD
+
+
+def current() -> World:
+    """The world prepared by ``setup()``; a clear error if there is none yet."""
+    if _WORLD is None:
+        raise RuntimeError("no device world yet: call shardlab.runtime.setup(num_devices=...) first")
+    return _WORLD
+
+
+def device() -> Any:
+    """The XLA device (under SPMD all virtual devices appear as one logical device)."""
+    current()
+    import torch_xla
+
+    return torch_xla.device()
+
+
+def check_mesh_shape(shape: tuple[int, ...], axis_names: tuple[str, ...], num_devices: int) -> None:
+    """Validate a mesh request without touching XLA."""
+    if len(shape) != len(axis_names):
+        raise ValueError(f"mesh shape {shape} has {len(shape)} axes but {len(axis_names)} names {axis_names}")
+    if len(set(axis_names)) != len(axis_names):
+        raise ValueError(f"mesh axis names {axis_names} must be distinct")
+    for n, a in zip(shape, axis_names, strict=True):
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"mesh axis {a!r}={n} must be a positive int")
+    if math.prod(shape) != num_devices:
+        raise ValueError(
+            f"mesh shape {dict(zip(axis_names, shape, strict=True))} uses {math.prod(shape)} devices but the world "
+            f"has num_devices={num_devices}: the product of the mesh axes must equal the device count"
+        )
+
+
+def mesh(shape: int | tuple[int, ...], axis_names: str | tuple[str, ...]) -> Any:
+    """A named ``torch_xla.distributed.spmd.Mesh`` over all devices, e.g. ``mesh((2, 4), ("fsdp", "tensor"))``."""
+    import numpy as np
+
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    axis_names = (axis_names,) if isinstance(axis_names, str) else tuple(axis_names)
+    world = current()
+    check_mesh_shape(shape, axis_names, world.num_devices)
+    import torch_xla.distributed.spmd as xs
+
+    return xs.Mesh(np.arange(world.num_devices), shape, axis_names)

@@ -1,0 +1,52 @@
+"""Shared fixtures.
+
+- ``xla_world``: the process-wide 8-device CPU world (torch_xla allows one per process; every XLA test in
+  this pytest process shares it).
+- ``run_notebook(name, **params)``: execute ``notebooks/<name>.ipynb`` through papermill in a fresh kernel
+  with ``results_dir`` in a temp dir, and return its record after asserting that the notebook finished and
+  every in-notebook check passed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+@pytest.fixture(scope="session")
+def xla_world() -> Any:
+    from shardlab import runtime
+
+    return runtime.setup(num_devices=8)
+
+
+@pytest.fixture
+def run_notebook(tmp_path: Path) -> Callable[..., dict[str, Any]]:
+    import papermill as pm
+
+    from shardlab.profile import load_record
+
+    def run(name: str, **params: Any) -> dict[str, Any]:
+        results = tmp_path / "results"
+        params.setdefault("results_dir", str(results))
+        out = tmp_path / f"{name}.executed.ipynb"
+        pm.execute_notebook(
+            str(NOTEBOOKS / f"{name}.ipynb"), str(out), parameters=params, kernel_name="python3",
+            cwd=str(NOTEBOOKS), progress_bar=False, execution_timeout=900,
+        )
+        record = load_record(Path(params["results_dir"]) / f"{name}.json")
+        failed = [c for c in record["checks"] if not c["ok"]]
+        assert not failed, f"{name}: failed checks {failed}"
+        assert record["status"] == "passed", f"{name}: status {record['status']}"
+        assert record["checks"], f"{name}: the notebook recorded no checks"
+        return record
+
+    return run
