@@ -1,0 +1,189 @@
+"""Formulas for scan over layers: stacked-gradient bytes with 1-D vs 2-D sharding, placeholder transfers.
+
+Design note
+-----------
+scan over L layers keeps every per-layer weight (and its gradient) in one *stacked* array
+``W[L, d_in, d_out]``.  On a 2-D mesh (fsdp F, tensor T) the weight is sharded ``W[∅, I_F, J_T]`` (layer axis
+replicated, ``d_in`` over fsdp, ``d_out`` over tensor), so one device holds ``L·d_in·d_out / (F·T)`` elements.
+
+The 405B OOM: the per-layer gradient ``dW_l[d_in, d_out]`` leaves the backward body all-reduced over fsdp but
+still sharded over tensor — the 1-D sharding ``dW[I, J_T]`` (XLA prints it ``devices=[1,T,F]
+last_tile_dim_replicate``).  Written into the stacked gradient it forces the whole ``[L, d_in, d_out]`` array
+to that sharding: ``L·d_in·d_out / T`` elements per device, F times the 2-D cost.  ``shard_as(w, dw)`` in
+``Scan.backward`` makes the gradient inherit the weight's 2-D sharding and removes the factor F.
+
+Everything here is plain arithmetic on ints: no torch, no XLA.  Functions return NamedTuples with named terms
+so a notebook can print each term next to its measured counterpart.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+from shardlab.formulas.common import dtype_bytes
+
+GIB = 1024**3
+MIB = 1024**2
+
+Sharding = Literal["1d", "2d", "replicated"]
+
+# The seed case (PyTorch/XLA Llama-3 405B on v6e-256): a per-layer gradient [1, 4K, 16K] written into the
+# stacked gradient [126, 4K, 16K].  Dimensions exactly as reported; dtype and mesh are parameters.
+SEED_LAYERS = 126
+SEED_D_IN = 4 * 1024
+SEED_D_OUT = 16 * 1024
+SEED_CHIPS = 256
+V6E_HBM_BYTES = 32 * GIB  # one v6e (Trillium) chip
+
+
+class StackedBytes(NamedTuple):
+    """Per-device bytes of one stacked array ``[layers, d_in, d_out]`` under a sharding."""
+
+    layers: int
+    d_in: int
+    d_out: int
+    dtype: str
+    total_bytes: int  # layers · d_in · d_out · itemsize (the whole logical array)
+    shards: int  # number of distinct pieces the array is cut into (F·T for 2-D, T for 1-D, 1 replicated)
+    replicas: int  # copies of each piece (1 for 2-D, F for 1-D, F·T replicated)
+    per_device_bytes: int  # total_bytes / shards (rounded up per dim, as XLA pads uneven tiles)
+
+
+def _check_positive(**values: int) -> None:
+    for name, v in values.items():
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name}={v!r} must be a positive int")
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def stacked_bytes(
+    layers: int,
+    d_in: int,
+    d_out: int,
+    fsdp: int,
+    tensor: int,
+    sharding: Sharding = "2d",
+    dtype: str = "float32",
+) -> StackedBytes:
+    """Bytes per device of a stacked ``[layers, d_in, d_out]`` array on mesh (fsdp, tensor).
+
+    ``2d``: ``W[∅, I_F, J_T]``; ``1d``: ``W[∅, I, J_T]`` (all-reduced over fsdp, the pre-shard_as gradient);
+    ``replicated``: every device holds everything.  Uneven dims are padded per device, as XLA does.
+
+    >>> stacked_bytes(8, 256, 1024, fsdp=2, tensor=4, sharding="2d").per_device_bytes  # 8·128·256·4
+    1048576
+    >>> stacked_bytes(8, 256, 1024, fsdp=2, tensor=4, sharding="1d").per_device_bytes  # 8·256·256·4
+    2097152
+    """
+    _check_positive(layers=layers, d_in=d_in, d_out=d_out, fsdp=fsdp, tensor=tensor)
+    item = dtype_bytes(dtype)
+    total = layers * d_in * d_out * item
+    if sharding == "2d":
+        shards, replicas = fsdp * tensor, 1
+        local = layers * _ceil_div(d_in, fsdp) * _ceil_div(d_out, tensor) * item
+    elif sharding == "1d":
+        shards, replicas = tensor, fsdp
+        local = layers * d_in * _ceil_div(d_out, tensor) * item
+    elif sharding == "replicated":
+        shards, replicas = 1, fsdp * tensor
+        local = total
+    else:
+        raise ValueError(f"sharding={sharding!r} must be one of '2d', '1d', 'replicated'")
+    return StackedBytes(layers, d_in, d_out, dtype, total, shards, replicas, local)
+
+
+class ShardAsSaving(NamedTuple):
+    """Stacked gradient bytes per device for a set of weights, without (1-D) and with (2-D) shard_as."""
+
+    off_bytes: int  # sum over weights, 1-D sharded gradients
+    on_bytes: int  # sum over weights, 2-D sharded gradients
+    ratio: float  # off / on  (= fsdp when every dim divides evenly)
+
+
+def shard_as_saving(
+    layers: int,
+    weight_shapes: list[tuple[int, int]],
+    fsdp: int,
+    tensor: int,
+    dtype: str = "float32",
+) -> ShardAsSaving:
+    """Stacked-gradient bytes per device for per-layer weights ``weight_shapes`` (each ``(d_in, d_out)``).
+
+    Each weight is assumed sharded with one dim on fsdp and the other on tensor (either order — the
+    byte count is the same when dims divide evenly); the OFF gradient keeps only the tensor split.
+
+    >>> s = shard_as_saving(8, [(256, 1024), (1024, 256)], fsdp=2, tensor=4)
+    >>> s.off_bytes, s.on_bytes, s.ratio
+    (4194304, 2097152, 2.0)
+    """
+    if not weight_shapes:
+        raise ValueError("weight_shapes is empty: give at least one (d_in, d_out)")
+    off = on = 0
+    for d_in, d_out in weight_shapes:
+        off += stacked_bytes(layers, d_in, d_out, fsdp, tensor, "1d", dtype).per_device_bytes
+        on += stacked_bytes(layers, d_in, d_out, fsdp, tensor, "2d", dtype).per_device_bytes
+    return ShardAsSaving(off, on, off / on)
+
+
+class SeedCase(NamedTuple):
+    """The 405B seed case: one [126, 4K, 16K] stacked gradient on a 256-chip mesh (fsdp, tensor)."""
+
+    fsdp: int
+    tensor: int
+    dtype: str
+    total_bytes: int
+    one_d_per_chip_bytes: int  # gradient all-reduced over fsdp, kept sharded over tensor only
+    two_d_per_chip_bytes: int  # gradient sharded like the weight: over fsdp and tensor
+    one_d_fraction_of_hbm: float  # one_d_per_chip_bytes / V6E_HBM_BYTES
+    two_d_fraction_of_hbm: float
+
+
+def seed_case(fsdp: int = 64, tensor: int = 4, dtype: str = "bfloat16", chips: int = SEED_CHIPS) -> SeedCase:
+    """Per-chip cost of the seed's stacked gradient ``[126, 4K, 16K]`` with 1-D vs 2-D sharding.
+
+    >>> c = seed_case(fsdp=64, tensor=4, dtype="bfloat16")
+    >>> c.total_bytes / GIB, c.one_d_per_chip_bytes / GIB, c.two_d_per_chip_bytes / MIB
+    (15.75, 3.9375, 63.0)
+    """
+    _check_positive(fsdp=fsdp, tensor=tensor, chips=chips)
+    if fsdp * tensor != chips:
+        raise ValueError(f"mesh fsdp={fsdp} × tensor={tensor} = {fsdp * tensor} does not tile {chips} chips")
+    one = stacked_bytes(SEED_LAYERS, SEED_D_IN, SEED_D_OUT, fsdp, tensor, "1d", dtype)
+    two = stacked_bytes(SEED_LAYERS, SEED_D_IN, SEED_D_OUT, fsdp, tensor, "2d", dtype)
+    return SeedCase(
+        fsdp,
+        tensor,
+        dtype,
+        one.total_bytes,
+        one.per_device_bytes,
+        two.per_device_bytes,
+        one.per_device_bytes / V6E_HBM_BYTES,
+        two.per_device_bytes / V6E_HBM_BYTES,
+    )
+
+
+class TraceTransfer(NamedTuple):
+    """Host→device bytes that tracing one scan moves when it builds real (non-placeholder) fake inputs."""
+
+    carry_bytes: int  # one zero-filled carry
+    xs_slice_bytes: int  # one slice x[0] of every xs leaf (the per-layer weights for pre-stacked scan)
+    total_bytes: int
+
+
+def trace_transfer_bytes(carry_numel: int, xs_slice_numels: list[int], dtype: str = "float32") -> TraceTransfer:
+    """Bytes a scan trace would move host→device if its fake carry and fake ``xs[0]`` were real tensors.
+
+    With placeholders (torch_xla ≥ 2.6) the prediction is 0; the pre-fix behaviour materialises the fake
+    forward inputs once per trace: ``carry + Σ xs_leaf[0]``.
+
+    >>> trace_transfer_bytes(4 * 16 * 256, [256 * 1024, 1024 * 256]).total_bytes  # (16384 + 524288) · 4
+    2162688
+    """
+    _check_positive(carry_numel=carry_numel)
+    item = dtype_bytes(dtype)
+    carry = carry_numel * item
+    xs = sum(n * item for n in xs_slice_numels)
+    return TraceTransfer(carry, xs, carry + xs)
