@@ -1,0 +1,184 @@
+"""The same Comm protocol over `torch.distributed` (gloo on CPU), and a launcher for W real processes.
+
+Design note
+-----------
+`TorchDistributedComm` maps each collective onto the matching `torch.distributed` call on a copy of the input
+(torch.distributed works in place; our protocol returns a new tensor), through the same `CommBase` front half
+as the simulated backend, so validation and ledger rows are identical by construction.
+
+`DistributedWorld(W).run(fn, *args)` spawns W processes (start method "spawn": safe even when the parent
+holds torch_xla's runtime threads), each joins a gloo group through a FileStore in a temp dir, runs
+`fn(comm, *args)` and ships back `torch.save`-serialised (result, ledger rows).  `fn` and `args` must be
+picklable: use module-level functions (e.g. `shardlab.tp.programs`), not lambdas or notebook-local defs.
+It returns per-rank results in rank order and exposes rank 0's ledger as `world.ledger` after checking every
+rank recorded the same ledger.  `launch(fn, W, *args)` is the one-call form returning (results, ledger).
+
+Results match SimulatedWorld's up to floating-point summation order: gloo's all-reduce may add the W
+contributions in a different order than the simulated rank order (identical for W=2, since a+b == b+a).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import queue as queue_mod
+import tempfile
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from shardlab.comm.base import CommBase
+from shardlab.comm.ledger import Ledger
+from shardlab.comm.simulated import CollectiveMismatch, RankError
+
+_REDUCE = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
+
+
+class TorchDistributedComm(CommBase):
+    """Comm over the default (or a given) torch.distributed process group."""
+
+    def __init__(self, group: Any = None) -> None:
+        if not dist.is_initialized():
+            raise RuntimeError("torch.distributed is not initialised: call init_process_group first")
+        self.group = group
+        super().__init__(dist.get_rank(group), dist.get_world_size(group))
+
+    def _all_reduce_impl(self, x: torch.Tensor, op: str) -> torch.Tensor:
+        out = x.clone()
+        dist.all_reduce(out, op=_REDUCE[op], group=self.group)
+        return out
+
+    def _all_gather_impl(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        parts = [torch.empty_like(x) for _ in range(self.world_size)]
+        dist.all_gather(parts, x, group=self.group)
+        return torch.cat(parts, dim=dim)
+
+    def _reduce_scatter_impl(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        chunks = [c.contiguous() for c in x.chunk(self.world_size, dim=dim)]
+        out = torch.empty_like(chunks[self.rank])
+        dist.reduce_scatter(out, chunks, group=self.group)
+        return out
+
+    def _broadcast_impl(self, x: torch.Tensor, src: int) -> torch.Tensor:
+        out = x.clone()
+        dist.broadcast(
+            out, src=dist.get_global_rank(self.group, src) if self.group else src, group=self.group
+        )
+        return out
+
+
+def _dumps(obj: Any) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def _loads(data: bytes) -> Any:
+    return torch.load(io.BytesIO(data), weights_only=False)
+
+
+def _worker(rank: int, world_size: int, init_file: str, timeout_s: float, fn, args, kwargs, queue) -> None:
+    try:
+        torch.set_num_threads(1)  # W processes share the machine's cores
+        dist.init_process_group(
+            "gloo",
+            init_method=f"file://{init_file}",
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=timeout_s),
+        )
+        comm = TorchDistributedComm()
+        result = fn(comm, *args, **kwargs)
+        queue.put((rank, True, _dumps((result, comm.ledger.to_records()))))
+    except BaseException:  # noqa: BLE001 — shipped to the parent
+        queue.put((rank, False, traceback.format_exc().encode()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class DistributedWorld:
+    """W real processes on gloo. Same interface as SimulatedWorld: `run(fn, *args)`, `ledger`, `ledgers`."""
+
+    def __init__(self, world_size: int, timeout_s: float = 120.0) -> None:
+        if not isinstance(world_size, int) or world_size < 1:
+            raise ValueError(f"world_size={world_size!r} must be a positive int")
+        self.world_size = world_size
+        self.timeout_s = timeout_s
+        self.ledgers: list[Ledger] = [Ledger() for _ in range(world_size)]
+
+    @property
+    def ledger(self) -> Ledger:
+        return self.ledgers[0]
+
+    def __repr__(self) -> str:
+        return f"DistributedWorld({self.world_size}, backend='gloo')"
+
+    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
+        w = self.world_size
+        ctx = mp.get_context("spawn")
+        queue = ctx.Queue()
+        with tempfile.TemporaryDirectory(prefix="shardlab-gloo-") as tmp:
+            init_file = os.path.join(tmp, "store")
+            procs = [
+                ctx.Process(
+                    target=_worker,
+                    args=(r, w, init_file, self.timeout_s, fn, args, kwargs, queue),
+                    daemon=True,
+                )
+                for r in range(w)
+            ]
+            for p in procs:
+                p.start()
+            replies: dict[int, tuple[bool, bytes]] = {}
+            try:
+                waited = 0.0
+                while len(replies) < w and all(ok for ok, _ in replies.values()):
+                    try:
+                        rank, ok, payload = queue.get(timeout=1.0)
+                        replies[rank] = (ok, payload)
+                        continue
+                    except queue_mod.Empty:
+                        waited += 1.0
+                    dead = [
+                        r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in replies
+                    ]
+                    if dead:
+                        replies[dead[0]] = (
+                            False,
+                            f"process exited with code {procs[dead[0]].exitcode}".encode(),
+                        )
+                    elif waited > self.timeout_s + 60:
+                        raise TimeoutError(f"DistributedWorld({w}): no reply within {waited:.0f} s")
+            finally:
+                for p in procs:
+                    p.join(timeout=5 if len(replies) == w else 1)
+                    if p.is_alive():
+                        p.kill()
+                        p.join()
+        failed = [(r, payload) for r, (ok, payload) in sorted(replies.items()) if not ok]
+        if failed:
+            r, tb = failed[0]
+            raise RankError(f"rank {r} failed in its process:\n{tb.decode()}")
+        results, ledgers = [], []
+        for r in range(w):
+            result, records = _loads(replies[r][1])
+            results.append(result)
+            ledgers.append(Ledger.from_records(records))
+        self.ledgers = ledgers
+        for r in range(1, w):
+            if ledgers[r] != ledgers[0]:
+                raise CollectiveMismatch(f"rank {r}'s ledger differs from rank 0's")
+        return results
+
+
+def launch(fn: Callable[..., Any], world_size: int, *args: Any, **kwargs: Any) -> tuple[list[Any], Ledger]:
+    """Run fn(comm, *args, **kwargs) in `world_size` gloo processes -> (per-rank results, rank 0's ledger)."""
+    world = DistributedWorld(world_size)
+    results = world.run(fn, *args, **kwargs)
+    return results, world.ledger
