@@ -46,7 +46,8 @@ def test_flat_unit_padding():
     "vocab,tp,expected",
     [
         (50257, 8, 51200),  # GPT-2 vocab, 128 × 8 = 1024 -> 51200 (Megatron GPT-3 / Korthikanti runs)
-        (50257, 1, 50304),  # Megatron log: "padded vocab (size: 50257) with 47 dummy tokens (new size: 50304)"
+        # Megatron log: "padded vocab (size: 50257) with 47 dummy tokens (new size: 50304)"
+        (50257, 1, 50304),
         (51200, 8, 51200),
     ],
 )

@@ -1,0 +1,299 @@
+"""Planner: what a sharding plan costs per chip before you rent the pod.
+
+Design note
+-----------
+`plan(PlanConfig(...))` composes the formula modules (no torch, no XLA) for a decoder-only transformer on a
+TPU slice with a (data, fsdp, tensor) mesh:
+
+    memory per chip   model state (`formulas.memory` -> `formulas.zero`, flat-unit padding), activations
+                      (`formulas.activations`, Korthikanti et al.), logits, the FSDP unit being gathered
+    comm per step     DP all-reduce over `data`, ZeRO / FSDP all-gather + reduce-scatter over `fsdp`
+                      (`formulas.fsdp.flat_step_comm`, one flat unit per layer), Megatron TP all-reduces
+                      over `tensor` (4 per layer + embedding / LM head / cross-entropy); payload and ring-wire
+                      bytes per chip (`formulas.common.wire_bytes`)
+    FLOPs             `formulas.flops.transformer_flops` (model and hardware FLOPs incl. recompute)
+    time              `formulas.hardware.roofline`: max(compute, comm) per chip; MFU = model FLOPs / (step ·
+                      chips · peak) — an upper bound, since the roofline assumes perfect overlap
+    verdict           fits if the per-chip total is within the chip's HBM, with the reason in words
+
+Assumptions, stated once: bf16 params/grads + fp32 Adam state (ZeRO's K = 12); Megatron's vocabulary
+padding to a multiple of 128·tensor; activations follow the paper's GPT block (for Llama blocks an
+approximation); with `flash_attention` the 5as²b score term is never stored; logits kept in fp32 for the
+loss; the layer being recomputed under full recompute holds its full activations once.
+
+Every bad input raises ValueError naming the values, before any arithmetic:
+    >>> plan(PlanConfig("llama-3-8b", "v5e-8", data=2, fsdp=2, tensor=1))
+    Traceback (most recent call last):
+    ValueError: data=2 × fsdp=2 × tensor=1 = 4 does not equal the 8 chips of v5e-8
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import NamedTuple
+
+from shardlab.formulas import activations as act
+from shardlab.formulas import hardware as hw
+from shardlab.formulas import memory as mem
+from shardlab.formulas.common import wire_bytes
+from shardlab.formulas.flops import FlopTerms, transformer_flops
+from shardlab.formulas.fsdp import flat_step_comm
+from shardlab.formulas.zero import zero_comm
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    layers: int  # L decoder layers
+    hidden: int  # h
+    ffn: int  # MLP inner size
+    heads: int  # a query heads
+    kv_heads: int  # key/value heads (GQA)
+    vocab: int  # V before padding
+    gated_mlp: bool = True  # SwiGLU (3 matrices) vs GeLU (2)
+    source: str = ""
+
+
+_META = "Meta Llama 3 / 3.1 model config (config.json on the model repo; Llama 3 paper, Table 3)"
+MODEL_PRESETS: dict[str, ModelConfig] = {
+    "llama-3-8b": ModelConfig("llama-3-8b", 32, 4096, 14336, 32, 8, 128256, source=_META),
+    "llama-3-70b": ModelConfig("llama-3-70b", 80, 8192, 28672, 64, 8, 128256, source=_META),
+    "llama-3.1-405b": ModelConfig("llama-3.1-405b", 126, 16384, 53248, 128, 8, 128256, source=_META),
+}
+
+
+def model_preset(name: str) -> ModelConfig:
+    if name not in MODEL_PRESETS:
+        known = sorted(MODEL_PRESETS)
+        raise ValueError(f"unknown model preset {name!r}; known: {known} (or pass a ModelConfig)")
+    return MODEL_PRESETS[name]
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    model: ModelConfig | str  # preset name or custom sizes
+    topology: str = "v6e-8"  # slice name, see formulas.hardware.topologies()
+    data: int = 1  # pure data-parallel replicas
+    fsdp: int = 8  # ZeRO / FSDP sharding degree
+    tensor: int = 1  # Megatron tensor-parallel degree
+    recompute: str = "full"  # none | selective | full
+    global_batch: int = 8  # sequences per step (all chips)
+    seq: int = 8192  # tokens per sequence
+    zero_stage: int | None = None  # over the fsdp axis; default 3 if fsdp > 1 else 0
+    sequence_parallel: bool = False  # Megatron SP on the tensor axis
+    flash_attention: bool = True  # the 5as²b attention-score term is never stored
+    param_bytes: int = 2  # bf16 parameters
+    grad_bytes: int = 2  # bf16 gradients
+    optimizer_k: float = 12  # ZeRO's K: fp32 master + Adam m, v
+    act_bytes: int = 2  # bf16 activations on the wire (TP all-reduces)
+    logits_bytes: int = 4  # fp32 logits for the loss
+
+
+class CommTerm(NamedTuple):
+    axis: str  # "data" | "fsdp" | "tensor"
+    what: str  # e.g. "grad all-reduce"
+    op: str  # collective
+    count: int  # calls per step
+    payload_bytes: float  # per call, per chip
+    wire_bytes: float  # all calls, per chip (ring model)
+
+
+@dataclass
+class Plan:
+    config: PlanConfig
+    model: ModelConfig
+    chip: str
+    chips: int
+    padded_vocab: int
+    num_params: int
+    micro_batch: int  # sequences per data-parallel rank
+    memory: dict[str, float]  # per chip, bytes, by category
+    hbm_bytes: int
+    comm: list[CommTerm]
+    flops: FlopTerms
+    roofline: hw.Roofline
+    mfu: float
+    fits: bool
+    verdict: str
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def memory_total(self) -> float:
+        return sum(self.memory.values())
+
+    @property
+    def comm_payload_bytes(self) -> float:
+        return sum(t.count * t.payload_bytes for t in self.comm)
+
+    @property
+    def comm_wire_bytes(self) -> float:
+        return sum(t.wire_bytes for t in self.comm)
+
+    def as_dict(self) -> dict:
+        c = self.config
+        return {
+            "model": self.model.name, "topology": c.topology, "chip": self.chip, "chips": self.chips,
+            "degrees": {"data": c.data, "fsdp": c.fsdp, "tensor": c.tensor}, "recompute": c.recompute,
+            "padded_vocab": self.padded_vocab, "num_params": self.num_params,
+            "memory": dict(self.memory), "memory_total": self.memory_total, "hbm_bytes": self.hbm_bytes,
+            "comm": [t._asdict() for t in self.comm], "comm_payload_bytes": self.comm_payload_bytes,
+            "comm_wire_bytes": self.comm_wire_bytes, "flops": self.flops._asdict(),
+            "roofline": self.roofline._asdict(), "mfu": self.mfu, "fits": self.fits, "verdict": self.verdict,
+            "config": {k: v for k, v in asdict(self.config).items() if k != "model"},
+        }
+
+
+def _validate(cfg: PlanConfig, m: ModelConfig, chips: int) -> int:
+    d, f, t = cfg.data, cfg.fsdp, cfg.tensor
+    sizes = (("data", d), ("fsdp", f), ("tensor", t), ("global_batch", cfg.global_batch), ("seq", cfg.seq))
+    for name, v in sizes:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name}={v!r} must be an integer >= 1")
+    if d * f * t != chips:
+        raise ValueError(f"data={d} × fsdp={f} × tensor={t} = {d * f * t} does not equal "
+                         f"the {chips} chips of {cfg.topology}")
+    for name, v in (("hidden", m.hidden), ("heads", m.heads), ("ffn", m.ffn)):
+        if v % t:
+            raise ValueError(f"{name}={v} is not divisible by tensor={t}")
+    if m.kv_heads % t and t % m.kv_heads:
+        raise ValueError(f"kv_heads={m.kv_heads} and tensor={t}: one must divide the other")
+    if cfg.global_batch % (d * f):
+        raise ValueError(f"global_batch={cfg.global_batch} is not divisible by data × fsdp = {d * f}")
+    if cfg.sequence_parallel and cfg.seq % t:
+        raise ValueError(f"seq={cfg.seq} is not divisible by tensor={t} (sequence parallelism)")
+    if cfg.recompute not in act.RECOMPUTE_POLICIES:
+        raise ValueError(f"recompute={cfg.recompute!r} is not one of {act.RECOMPUTE_POLICIES}")
+    stage = (3 if f > 1 else 0) if cfg.zero_stage is None else cfg.zero_stage
+    if stage not in (0, 1, 2, 3):
+        raise ValueError(f"zero_stage={stage!r} must be one of 0, 1, 2, 3")
+    return stage
+
+
+def _term(axis: str, what: str, op: str, count: int, payload: float, world: int) -> CommTerm:
+    return CommTerm(axis, what, op, count, payload, count * wire_bytes(op, payload, world))
+
+
+def _comm_terms(cfg: PlanConfig, m: ModelConfig, pc: mem.ParamCounts, stage: int, b: int) -> list[CommTerm]:
+    """Collectives of one training step, per chip, on each mesh axis."""
+    d, f, t = cfg.data, cfg.fsdp, cfg.tensor
+    comm: list[CommTerm] = []
+    psi_local = pc.total / t
+    if f > 1 and stage == 3:  # FSDP: one flat unit per layer + embedding + head
+        units = (("layer", m.layers, pc.per_layer), ("embedding", 1, pc.embedding),
+                 ("head", 1, pc.lm_head + pc.final_norm))
+        for what, n, numel in units:
+            fc = flat_step_comm(-(-numel // t), f, cfg.param_bytes)
+            comm.append(_term("fsdp", f"param all-gather ({what} unit, fwd+bwd)", "all-gather",
+                              n * fc.all_gather_count, fc.all_gather_payload_bytes, f))
+            comm.append(_term("fsdp", f"grad reduce-scatter ({what} unit)", "reduce-scatter",
+                              n * fc.reduce_scatter_count, fc.reduce_scatter_payload_bytes, f))
+    elif f > 1 and stage in (1, 2):  # ZeRO-1/2: reduce-scatter Ψ grads, all-gather Ψ updated params
+        zc = zero_comm(psi_local, f, stage)  # elements
+        rs, ag = zc.reduce_scatter * cfg.grad_bytes, zc.all_gather * cfg.param_bytes / f  # ag payload: shard
+        comm.append(_term("fsdp", "grad reduce-scatter", "reduce-scatter", 1, rs, f))
+        comm.append(_term("fsdp", "param all-gather", "all-gather", 1, ag, f))
+    elif f > 1:
+        g = psi_local * cfg.grad_bytes
+        comm.append(_term("fsdp", "grad all-reduce (stage 0)", "all-reduce", 1, g, f))
+    if d > 1:  # HSDP: only the reduced shard crosses replicas
+        g = psi_local / (f if stage >= 2 else 1) * cfg.grad_bytes
+        comm.append(_term("data", "grad all-reduce", "all-reduce", 1, g, d))
+    if t > 1:  # Megatron: g after attention and MLP (fwd, + recompute), f before them (bwd)
+        x = b * cfg.seq * m.hidden * cfg.act_bytes  # one [b, s, h] activation
+        n_fwd = 2 * m.layers * (2 if cfg.recompute == "full" else 1)
+        n = n_fwd + 2 * m.layers
+        comm.append(_term("tensor", "layer all-reduces (g fwd, f bwd)", "all-reduce", n, x, t))
+        comm.append(_term("tensor", "embedding fwd + LM-head input bwd", "all-reduce", 2, x, t))
+        ce = b * cfg.seq * 4  # cross-entropy: max, sum-exp, target logit over [b, s] fp32
+        comm.append(_term("tensor", "cross-entropy (max, sum, target)", "all-reduce", 3, ce, t))
+    return comm
+
+
+def plan(cfg: PlanConfig) -> Plan:
+    """Per-chip memory, communication, FLOPs, step time, MFU and a verdict for one configuration."""
+    m = model_preset(cfg.model) if isinstance(cfg.model, str) else cfg.model
+    profile, chips = hw.topology(cfg.topology)
+    stage = _validate(cfg, m, chips)
+    d, f, t = cfg.data, cfg.fsdp, cfg.tensor
+    v_pad = mem.padded_vocab(m.vocab, t)
+    pc = mem.param_count(m.layers, m.hidden, m.ffn, m.heads, m.kv_heads, v_pad, m.gated_mlp)
+    b = cfg.global_batch // (d * f)  # micro-batch per data-parallel rank
+    s, h = cfg.seq, m.hidden
+
+    # ---- memory per chip
+    units = [pc.per_layer] * m.layers + [pc.embedding, pc.lm_head + pc.final_norm]  # one flat unit per layer
+    st = mem.model_state_bytes(pc.total, t, f, stage, cfg.param_bytes, cfg.grad_bytes, cfg.optimizer_k, units)
+    keep = "selective" if (cfg.flash_attention and cfg.recompute == "none") else cfg.recompute
+    per_layer = act.activation_bytes_per_layer(s, b, h, m.heads, t, cfg.sequence_parallel, keep).total
+    activations = m.layers * per_layer
+    if cfg.recompute == "full":  # the layer being recomputed holds its activations once
+        work = "selective" if cfg.flash_attention else "none"
+        activations += act.activation_bytes_per_layer(s, b, h, m.heads, t, cfg.sequence_parallel, work).total
+    memory = {
+        "params": st.params, "grads": st.grads, "optimizer": st.optimizer, "padding": st.padding,
+        "activations": activations,
+        "logits": b * s * v_pad / t * cfg.logits_bytes,  # [b, s, V/t] fp32
+        "fsdp_gathered_unit": (pc.per_layer / t * (cfg.param_bytes + cfg.grad_bytes)) if stage == 3 and f > 1
+        else 0.0,  # one layer's unsharded params + its full gradient
+    }
+
+    comm = _comm_terms(cfg, m, pc, stage, b)
+
+    # ---- FLOPs, roofline, MFU, verdict
+    fl = transformer_flops(cfg.global_batch, s, m.layers, h, m.ffn, m.heads, m.kv_heads, v_pad, m.gated_mlp,
+                           cfg.recompute)
+    wire = sum(c.wire_bytes for c in comm)
+    rl = hw.roofline(fl.hardware / chips, wire, profile)
+    mfu_value = fl.model / (rl.step_s * chips * profile.bf16_peak_flops_per_s)
+    total = sum(memory.values())
+    top = sorted(memory.items(), key=lambda kv: -kv[1])[:2]
+    top_s = ", ".join(f"{k} {v / 1e9:.2f} GB" for k, v in top)
+    if total <= profile.hbm_bytes:
+        verdict = (f"fits: {total / 1e9:.2f} GB per chip of {profile.hbm_bytes / 1e9:.0f} GB HBM "
+                   f"({100 * total / profile.hbm_bytes:.0f} %); largest: {top_s}")
+    else:
+        verdict = (f"does not fit: needs {total / 1e9:.2f} GB per chip but a {profile.name} chip has "
+                   f"{profile.hbm_bytes / 1e9:.0f} GB HBM ({total / profile.hbm_bytes:.2f}×); "
+                   f"largest: {top_s}")
+    notes = [f"vocabulary padded {m.vocab} -> {v_pad} (multiple of 128·tensor = {128 * t})",
+             f"ZeRO stage {stage} over fsdp={f}; micro-batch {b} sequence(s) of {s} tokens per "
+             "data-parallel rank"]
+    return Plan(cfg, m, profile.name, chips, v_pad, pc.total, b, memory, profile.hbm_bytes, comm, fl, rl,
+                mfu_value, total <= profile.hbm_bytes, verdict, notes)
+
+
+class StackedGrad(NamedTuple):
+    """The seed case: Llama 3.1 405B's stacked [L, 4K, 16K]-per-chip gradient, v6e-256 (pytorch/xla#8883)."""
+
+    shape_logical: tuple[int, int, int]  # [L, d_out, d_in] of the stacked weight, whole model
+    fsdp: int
+    tensor: int
+    dtype: str
+    one_d_per_chip_bytes: int  # gradient all-reduced over fsdp, sharded over tensor only: [L, 4K, 16K]
+    two_d_per_chip_bytes: int  # sharded like the weight, over fsdp and tensor: [L, 4K, 256]
+    hbm_bytes: int
+    one_d_fits: bool
+    two_d_fits: bool
+
+
+def stacked_grad_case(model: str = "llama-3.1-405b", topology: str = "v6e-256", fsdp: int = 64,
+                      tensor: int = 4, dtype: str = "bfloat16") -> StackedGrad:
+    """Per-chip bytes of one stacked [L, h, h] weight gradient (q_proj / o_proj) with 1-D vs 2-D sharding.
+
+    The issue reports the per-device HLO shapes: the per-layer gradient [1, 4K, 16K] (h/tensor = 16384/4 rows,
+    all 16K columns: all-reduced over fsdp) written into a stacked [126, 4K, 16K] buffer. Those are *per
+    device* shapes after SPMD partitioning, so the logical weight is [126, 16K, 16K], tensor = 4 and
+    fsdp = 256/4 = 64 (torchprime's llama-fsdp-tp mesh). Uses `formulas.scan.stacked_bytes`.
+    """
+    from shardlab.formulas.scan import stacked_bytes
+
+    m = model_preset(model)
+    profile, chips = hw.topology(topology)
+    if fsdp * tensor != chips:
+        raise ValueError(f"fsdp={fsdp} × tensor={tensor} = {fsdp * tensor} does not equal "
+                         f"the {chips} chips of {topology}")
+    # scan.stacked_bytes(layers, d_in, d_out): "2d" = [L, d_in/F, d_out/T], "1d" = [L, d_in, d_out/T]
+    one = stacked_bytes(m.layers, m.hidden, m.hidden, fsdp, tensor, "1d", dtype).per_device_bytes
+    two = stacked_bytes(m.layers, m.hidden, m.hidden, fsdp, tensor, "2d", dtype).per_device_bytes
+    return StackedGrad((m.layers, m.hidden, m.hidden), fsdp, tensor, dtype, one, two, profile.hbm_bytes,
+                       one <= profile.hbm_bytes, two <= profile.hbm_bytes)

@@ -1,0 +1,86 @@
+"""Planner: composition checks against published statements and clear errors.
+
+Oracles: ZeRO (Rajbhandari et al. 2020) — model state 16Ψ/N under stage 3 and ZeRO-3 communication = 1.5×
+data parallelism (section 7.2); Megatron-LM (Shoeybi et al. 2019) — two all-reduces in the forward and two
+in the backward of every layer; Narayanan et al. — 72·B·L·s·h²(1 + s/(6h) + V/(12hL)); pytorch/xla#8883 —
+the per-device stacked gradient [126, 4K, 16K] of Llama 3.1 405B on v6e-256.
+"""
+
+import pytest
+
+from shardlab import planner as P
+
+GPT_SMALL = P.ModelConfig("gpt-test", layers=4, hidden=1024, ffn=4096, heads=16, kv_heads=16, vocab=51200,
+                          gated_mlp=False)
+
+
+def test_errors_name_the_values():
+    with pytest.raises(ValueError, match=r"data=2 × fsdp=2 × tensor=1 = 4 does not equal the 8 chips of v5e-8"):
+        P.plan(P.PlanConfig("llama-3-8b", "v5e-8", data=2, fsdp=2, tensor=1))
+    with pytest.raises(ValueError, match=r"unknown model preset 'llama-9b'"):
+        P.plan(P.PlanConfig("llama-9b"))
+    with pytest.raises(ValueError, match=r"unknown topology 'v9-8'"):
+        P.plan(P.PlanConfig("llama-3-8b", "v9-8"))
+    bad = P.ModelConfig("odd", 2, 1004, 4000, 4, 4, 1000)
+    with pytest.raises(ValueError, match=r"hidden=1004 is not divisible by tensor=8"):
+        P.plan(P.PlanConfig(bad, "v5e-8", fsdp=1, tensor=8))
+    with pytest.raises(ValueError, match=r"global_batch=4 is not divisible by data × fsdp = 8"):
+        P.plan(P.PlanConfig("llama-3-8b", "v5e-8", global_batch=4))
+    with pytest.raises(ValueError, match=r"recompute='half'"):
+        P.plan(P.PlanConfig("llama-3-8b", recompute="half"))
+
+
+def test_model_state_is_zero3_16psi_over_n():
+    p = P.plan(P.PlanConfig(GPT_SMALL, "v5e-8", fsdp=8, tensor=1))
+    assert p.memory["params"] + p.memory["grads"] + p.memory["optimizer"] == pytest.approx(16 * p.num_params / 8)
+    p2 = P.plan(P.PlanConfig(GPT_SMALL, "v5e-8", fsdp=2, tensor=4))
+    assert p2.memory["params"] + p2.memory["grads"] + p2.memory["optimizer"] == pytest.approx(
+        16 * p2.num_params / 8)
+
+
+def test_zero3_sends_1_5x_data_parallel():
+    # ZeRO section 7.2.2: P_os+g+p communicates 3Ψ vs 2Ψ for DP (ring volumes, same (W-1)/W factor)
+    z3 = P.plan(P.PlanConfig(GPT_SMALL, "v5e-8", fsdp=8, zero_stage=3))
+    dp = P.plan(P.PlanConfig(GPT_SMALL, "v5e-8", fsdp=1, data=8))
+    assert z3.memory["padding"] == 0  # every unit divides by 8: the ratio is exact
+    assert z3.comm_wire_bytes / dp.comm_wire_bytes == pytest.approx(1.5, rel=1e-12)
+
+
+def test_tp_all_reduces_per_layer():
+    # Megatron-LM: 2 all-reduces forward + 2 backward per layer, each of the [b, s, h] activation
+    p = P.plan(P.PlanConfig(GPT_SMALL, "v5e-8", fsdp=1, data=1, tensor=8, global_batch=2, seq=256,
+                            recompute="none"))
+    layer = [t for t in p.comm if t.axis == "tensor" and t.what.startswith("layer")][0]
+    assert layer.count == 4 * GPT_SMALL.layers
+    assert layer.payload_bytes == 2 * 256 * 1024 * 2  # b · s · h · bf16
+    assert layer.wire_bytes == layer.count * 2 * 7 / 8 * layer.payload_bytes
+    full = P.plan(P.PlanConfig(GPT_SMALL, "v5e-8", fsdp=1, tensor=8, global_batch=2, seq=256, recompute="full"))
+    assert [t for t in full.comm if t.what.startswith("layer")][0].count == 6 * GPT_SMALL.layers
+
+
+def test_flops_match_narayanan_formula():
+    B, s = 16, 512
+    p = P.plan(P.PlanConfig(GPT_SMALL, "v5e-8", fsdp=8, global_batch=B, seq=s, recompute="none"))
+    L, h, V = GPT_SMALL.layers, GPT_SMALL.hidden, p.padded_vocab
+    assert p.flops.model == pytest.approx(72 * B * L * s * h**2 * (1 + s / (6 * h) + V / (12 * h * L)), rel=1e-12)
+
+
+def test_vocab_padding_and_verdicts():
+    p = P.plan(P.PlanConfig("llama-3-70b", "v6e-256", data=1, fsdp=64, tensor=4, global_batch=64))
+    assert p.padded_vocab == 128512 and p.padded_vocab % (128 * 4) == 0  # 128256 is not a multiple of 512
+    big = P.plan(P.PlanConfig("llama-3.1-405b", "v5e-8", fsdp=8))
+    # 405B params × 16 B / 8 chips = 812 GB per chip against 16 GB: the verdict says so with the numbers
+    assert not big.fits and "does not fit" in big.verdict and "16 GB HBM" in big.verdict
+    assert big.memory["optimizer"] == pytest.approx(12 * big.num_params / 8)
+
+
+def test_seed_stacked_gradient_405b_v6e_256():
+    # pytorch/xla#8883: per-device stacked gradient [126, 4K, 16K] (1-D: all-reduced over fsdp) on v6e-256
+    c = P.stacked_grad_case(dtype="bfloat16")
+    assert (c.fsdp, c.tensor) == (64, 4)
+    assert c.one_d_per_chip_bytes == 126 * 4096 * 16384 * 2  # 16.9 GB
+    assert c.two_d_per_chip_bytes == 126 * 4096 * (16384 // 64) * 2  # 264 MB
+    f32 = P.stacked_grad_case(dtype="float32")
+    assert not f32.one_d_fits and f32.two_d_fits  # 33.8 GB > 32 GB HBM of one v6e chip
+    with pytest.raises(ValueError, match=r"fsdp=32 × tensor=4 = 128 does not equal the 256 chips of v6e-256"):
+        P.stacked_grad_case(fsdp=32)
