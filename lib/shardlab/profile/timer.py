@@ -40,7 +40,9 @@ class Timing:
         return {"min": self.min_s, "max": self.max_s, "n": len(self.samples)}
 
     def __str__(self) -> str:
-        return f"{self.median_s * 1e3:.2f} ms (min {self.min_s * 1e3:.2f}, max {self.max_s * 1e3:.2f}, n={len(self.samples)})"
+        ms = 1e3
+        return (f"{self.median_s * ms:.2f} ms (min {self.min_s * ms:.2f}, max {self.max_s * ms:.2f}, "
+                f"n={len(self.samples)})")
 
 
 def time_it(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1,

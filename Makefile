@@ -1,0 +1,35 @@
+# Two commands on a fresh machine: `make report` (the main job) and `make test`.
+# Both create .venv from the pinned requirements when it is missing or out of date.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+OUT    ?= out/report
+
+.PHONY: venv report test notebooks lint clean
+
+$(STAMP): requirements.txt pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "shardlab needs Python 3.11 (torch_xla 2.9.0 wheels); set PYTHON=python3.11")'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade-strategy only-if-needed -r requirements.txt
+	$(PY) -m pip install --no-deps -e .
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+report: $(STAMP)
+	$(PY) -m shardlab report --out $(OUT) --overwrite
+
+test: $(STAMP)
+	$(PY) tools/build_notebooks.py --check
+	$(PY) -m ruff check lib tests tools
+	$(PY) -m pytest
+
+notebooks: $(STAMP)
+	$(PY) tools/build_notebooks.py
+
+lint: $(STAMP)
+	$(PY) -m ruff check lib tests tools
+
+clean:
+	rm -rf out .pytest_cache

@@ -1,0 +1,64 @@
+"""Block algebra vs the dense product (oracle: ``x @ W`` in float64, so equality is to rounding only)."""
+
+import pytest
+import torch
+
+from shardlab import blocks
+
+
+@pytest.mark.parametrize("m,k,n,parts", [(8, 12, 6, 3), (5, 7, 9, 4), (3, 5, 2, 1), (6, 6, 6, 6)])
+def test_column_and_row_equal_dense(m: int, k: int, n: int, parts: int) -> None:
+    torch.manual_seed(0)
+    x, w = torch.randn(m, k, dtype=torch.float64), torch.randn(k, n, dtype=torch.float64)
+    dense = x @ w
+    if parts <= n:
+        col = blocks.column_parallel(x, w, parts)
+        assert len(col.pieces[0]) == parts and col.num_partials == parts
+        torch.testing.assert_close(col.result, dense)
+        # concatenation: piece j is exactly dense's column block j
+        torch.testing.assert_close(torch.cat(col.pieces[0], dim=1), dense)
+    row = blocks.row_parallel(x, w, parts)
+    assert len(row.partials[0][0]) == parts
+    for p in row.partials[0][0]:
+        assert p.shape == (m, n)  # every partial is a full-size unreduced Y{U}
+    torch.testing.assert_close(row.result, dense)
+
+
+@pytest.mark.parametrize("grid,k_parts", [((2, 2), 2), ((3, 2), 4), ((2, 3), 1)])
+def test_grid_equals_dense(grid: tuple[int, int], k_parts: int) -> None:
+    x, w = torch.randn(7, 9, dtype=torch.float64), torch.randn(9, 5, dtype=torch.float64)
+    g = blocks.grid_parallel(x, w, grid, k_parts)
+    torch.testing.assert_close(g.result, x @ w)
+    assert g.num_partials == grid[0] * grid[1] * k_parts
+
+
+def test_uneven_rule_is_array_split() -> None:
+    import numpy as np
+
+    for n in range(1, 20):
+        for p in range(1, n + 1):
+            assert blocks.split_sizes(n, p) == [len(a) for a in np.array_split(np.arange(n), p)]
+
+
+def test_rank_arithmetic() -> None:
+    # x = ones, W = ones: each of the p partials holds k_l (the rows it owns), so the sum is k everywhere.
+    x, w = torch.ones(2, 10), torch.ones(10, 3)
+    row = blocks.row_parallel(x, w, 4)  # k split 3,3,2,2
+    assert [float(p[0, 0]) for p in row.partials[0][0]] == [3.0, 3.0, 2.0, 2.0]
+    assert torch.equal(row.result, torch.full((2, 3), 10.0))
+
+
+def test_owner_map() -> None:
+    own = blocks.owner_map(4, 4, 2, 2)
+    assert own[0] == [0, 0, 1, 1] and own[3] == [2, 2, 3, 3]
+
+
+@pytest.mark.parametrize("call,msg", [
+    (lambda: blocks.split_sizes(3, 4), "parts=4 is more than n=3"),
+    (lambda: blocks.split_sizes(3, 0), "parts=0 must be >= 1"),
+    (lambda: blocks.row_parallel(torch.ones(2, 3), torch.ones(4, 2), 2), "must equal W's rows"),
+    (lambda: blocks.split_rows(torch.ones(3), 1), "must be 2-D"),
+])
+def test_bad_input(call, msg: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises((ValueError, TypeError), match=msg):
+        call()
