@@ -1,0 +1,1 @@
+"""scan over layers (see model.py design note)."""

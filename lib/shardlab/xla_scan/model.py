@@ -1,0 +1,216 @@
+"""A stack of L identical blocks, runnable three ways: Python loop, ``scan_layers``, pre-stacked ``scan``.
+
+Design note
+-----------
+One block is the MLP half of a decoder layer with a residual::
+
+    y = x + gelu(x · W_up) · W_down        x: [B, S, H], W_up: [H, F], W_down: [F, H]
+
+Matmuls are written as ``einsum`` so a [B, S, H] activation keeps its leading-dim sharding (``nn.Linear``
+flattens to a 2-D dot; see ``measure.linear_trap``).
+
+Three ways to run L of them (the *loop is the oracle*):
+
+``loop``         ``for block in blocks: x = block(x)`` — the traced graph holds L copies of the block, so its
+                 size and compile time grow with L.
+``scan_layers``  ``torch_xla.experimental.scan_layers(blocks, x)`` — one traced block inside an XLA While, but
+                 the per-layer weights are ``torch.stack``-ed (and the gradients un-stacked) *inside the graph*
+                 on every call: 2·L stack/slice ops per weight, so the graph still grows with L.
+``scan``         weights are *held* stacked (``W_up: [L, H, F]``) and ``scan`` slices layer i out with
+                 ``torch.func.functional_call`` on a template block: the graph is the same for every L.
+
+All weights come from one seeded CPU generator (``init_weights``), so the three modes hold identical numbers.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+MODES = ("loop", "scan_layers", "scan")
+WEIGHT_NAMES = ("w_up", "w_down")
+
+# annotate(tensor, role) -> tensor returns the activation with a sharding annotation (forward and gradient);
+# role is "act_in" ([B,S,H]) or "act_mid" ([B,S,F]). None = no annotation (CPU oracle, single device).
+Annotate = Callable[[torch.Tensor, str], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    layers: int = 4  # L, number of identical blocks
+    hidden: int = 256  # H, model width (W_up's d_in, W_down's d_out)
+    ffn: int = 1024  # F, up-projection width
+    batch: int = 8  # B
+    seq: int = 16  # S
+    dtype: torch.dtype = torch.float32
+
+    def __post_init__(self) -> None:
+        for name in ("layers", "hidden", "ffn", "batch", "seq"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}={v!r} must be an int >= 1")
+
+    @property
+    def weight_shapes(self) -> dict[str, tuple[int, int]]:
+        """Per-layer weight shapes: ``w_up`` [H, F], ``w_down`` [F, H]."""
+        return {"w_up": (self.hidden, self.ffn), "w_down": (self.ffn, self.hidden)}
+
+
+class Block(nn.Module):
+    """``y = x + gelu(x · W_up) · W_down`` with optional sharding annotations on the activations."""
+
+    def __init__(self, hidden: int, ffn: int, dtype: torch.dtype = torch.float32, device: str | None = None,
+                 annotate: Annotate | None = None) -> None:
+        super().__init__()
+        self.w_up = nn.Parameter(torch.empty(hidden, ffn, dtype=dtype, device=device))  # [H, F]
+        self.w_down = nn.Parameter(torch.empty(ffn, hidden, dtype=dtype, device=device))  # [F, H]
+        self.annotate = annotate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.annotate is not None:
+            x = self.annotate(x, "act_in")
+        h = torch.einsum("bsh,hf->bsf", x, self.w_up)  # [B,S,H] · [H,F] -> [B,S,F]
+        h = torch.nn.functional.gelu(h)
+        if self.annotate is not None:
+            h = self.annotate(h, "act_mid")
+        return x + torch.einsum("bsf,fh->bsh", h, self.w_down)  # [B,S,F] · [F,H] -> [B,S,H]
+
+
+def init_weights(cfg: StackConfig, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Stacked CPU weights ``{"w_up": [L, H, F], "w_down": [L, F, H]}``, scaled 1/sqrt(d_in)."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, (d_in, d_out) in cfg.weight_shapes.items():
+        w = torch.randn(cfg.layers, d_in, d_out, generator=g) / math.sqrt(d_in)  # [L, d_in, d_out]
+        out[name] = w.to(cfg.dtype)
+    return out
+
+
+def init_input(cfg: StackConfig, seed: int = 0) -> torch.Tensor:
+    """CPU input ``x: [B, S, H]`` from its own seeded generator."""
+    g = torch.Generator().manual_seed(seed + 1)
+    return torch.randn(cfg.batch, cfg.seq, cfg.hidden, generator=g).to(cfg.dtype)
+
+
+def check_same_shapes(blocks: Sequence[nn.Module]) -> None:
+    """Raise if the blocks do not share parameter names and shapes (scan needs identical layers)."""
+    if len(blocks) < 1:
+        raise ValueError(f"layers={len(blocks)}: need at least one block (L >= 1)")
+    ref = {n: tuple(p.shape) for n, p in blocks[0].named_parameters()}
+    for i, b in enumerate(blocks[1:], start=1):
+        got = {n: tuple(p.shape) for n, p in b.named_parameters()}
+        if set(got) != set(ref):
+            raise ValueError(f"layer {i} has parameters {sorted(got)} but layer 0 has {sorted(ref)}")
+        for n, shape in ref.items():
+            if got[n] != shape:
+                raise ValueError(f"layer {i} parameter {n!r} has shape {list(got[n])} but layer 0 has "
+                                 f"{list(shape)}: scan needs identical layers")
+
+
+class BlockList(nn.Module):
+    """L separate blocks; ``mode`` is ``loop`` or ``scan_layers``."""
+
+    def __init__(self, blocks: Sequence[Block], mode: str) -> None:
+        super().__init__()
+        if mode not in ("loop", "scan_layers"):
+            raise ValueError(f"mode={mode!r}: BlockList runs 'loop' or 'scan_layers'")
+        check_same_shapes(blocks)
+        self.blocks = nn.ModuleList(blocks)
+        self.mode = mode
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.mode == "loop":
+            for block in self.blocks:
+                x = block(x)  # [B,S,H] -> [B,S,H]
+            return x
+        from torch_xla.experimental.scan_layers import scan_layers
+
+        return scan_layers(self.blocks, x)
+
+    def stacked_grads(self) -> dict[str, torch.Tensor]:
+        """Per-layer gradients stacked to ``[L, ...]`` (comparison helper; adds ops if on XLA)."""
+        return {n: torch.stack([getattr(b, n).grad for b in self.blocks]) for n in WEIGHT_NAMES}
+
+    def weights(self) -> dict[str, list[torch.Tensor]]:
+        return {n: [getattr(b, n) for b in self.blocks] for n in WEIGHT_NAMES}
+
+
+class StackedBlocks(nn.Module):
+    """Weights held stacked (``w_up: [L, H, F]``, ``w_down: [L, F, H]``); forward is one ``scan``."""
+
+    def __init__(self, w_up: torch.Tensor, w_down: torch.Tensor, annotate: Annotate | None = None) -> None:
+        super().__init__()
+        if w_up.dim() != 3 or w_down.dim() != 3:
+            raise ValueError(f"stacked weights must be 3-D [L, d_in, d_out]; got w_up {list(w_up.shape)}, "
+                             f"w_down {list(w_down.shape)}")
+        L, H, F = w_up.shape
+        if tuple(w_down.shape) != (L, F, H):
+            raise ValueError(f"w_down has shape {list(w_down.shape)} but w_up {list(w_up.shape)} needs "
+                             f"[{L}, {F}, {H}]")
+        self.w_up = nn.Parameter(w_up)
+        self.w_down = nn.Parameter(w_down)
+        # The template block lives on 'meta' (no memory) and outside the module tree: functional_call swaps
+        # in one layer's slices, so its own parameters are never read.
+        self._template = [Block(H, F, dtype=w_up.dtype, device="meta", annotate=annotate)]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch_xla.experimental.scan import scan
+
+        template = self._template[0]
+
+        def step(carry: torch.Tensor, layer: dict[str, torch.Tensor]) -> tuple[torch.Tensor, None]:
+            # layer["w_up"]: [H, F], layer["w_down"]: [F, H] — slice i of the stacked weights
+            return torch.func.functional_call(template, layer, (carry,), strict=True), None
+
+        out, _ = scan(step, x, {"w_up": self.w_up, "w_down": self.w_down})
+        return out
+
+    def stacked_grads(self) -> dict[str, torch.Tensor]:
+        return {n: getattr(self, n).grad for n in WEIGHT_NAMES}
+
+    def weights(self) -> dict[str, list[torch.Tensor]]:
+        return {n: [getattr(self, n)] for n in WEIGHT_NAMES}
+
+
+def build(mode: str, weights: dict[str, torch.Tensor], annotate: Annotate | None = None,
+          device: torch.device | str | None = None) -> nn.Module:
+    """A model in ``mode`` holding copies of ``weights`` (stacked CPU tensors from :func:`init_weights`)."""
+    if mode not in MODES:
+        raise ValueError(f"mode={mode!r} is not one of {MODES}")
+    w_up, w_down = weights["w_up"], weights["w_down"]
+    L = w_up.shape[0]
+    if L < 1:
+        raise ValueError(f"layers={L} must be >= 1")
+    if mode == "scan":
+        model: nn.Module = StackedBlocks(w_up.clone(), w_down.clone(), annotate)
+    else:
+        blocks = []
+        for i in range(L):
+            b = Block(w_up.shape[1], w_up.shape[2], dtype=w_up.dtype, annotate=annotate)
+            with torch.no_grad():
+                b.w_up.copy_(w_up[i])
+                b.w_down.copy_(w_down[i])
+            blocks.append(b)
+        model = BlockList(blocks, mode)
+    return model.to(device) if device is not None else model
+
+
+def loss_fn(out: torch.Tensor) -> torch.Tensor:
+    """Scalar loss ``mean(out²)`` — every output element gets a distinct gradient."""
+    return out.pow(2).mean()
+
+
+def reference(weights: dict[str, torch.Tensor], x: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The oracle: CPU eager Python loop. Returns (output [B,S,H], stacked grads incl. ``x``)."""
+    model = build("loop", {k: copy.deepcopy(v) for k, v in weights.items()})
+    x = x.clone().requires_grad_(True)
+    out = model(x)
+    loss_fn(out).backward()
+    grads = model.stacked_grads()
+    grads["x"] = x.grad
+    return out.detach(), grads

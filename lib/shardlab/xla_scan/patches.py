@@ -1,0 +1,113 @@
+"""Scoped switches that reproduce torch_xla's behaviour *before* two scan fixes, and placeholder helpers.
+
+Design note
+-----------
+torch_xla 2.9 has no flags for either fix, so each "off" switch is a monkeypatch of one module attribute,
+restored on exit (also on error) — never left behind:
+
+``shard_as_enabled(False)``
+    Under SPMD, ``Scan.backward`` wraps the per-layer backward in the module-level function
+    ``torch_xla.experimental.scan._backward_shard_alike``, which calls ``shard_as(xs[0], grad_x)`` so each
+    layer's weight gradient is sharded like the weight.  We replace that attribute with a wrapper that only
+    calls ``backward(carry, x)``: the gradient is then whatever the partitioner infers — all-reduced over
+    fsdp, 1-D — and so is the stacked gradient it is written into.
+
+``placeholders_enabled(False)``
+    ``_scan_impl_flat`` traces the scanned function on fake inputs made by
+    ``torch_xla.core.xla_builder.create_placeholder_tensor`` (no device buffer).  Before the fix they were real
+    tensors: ``torch.empty(shape).to(device)``, one host→device transfer of the carry and of one xs slice
+    per trace.  We swap the builder function for exactly that.
+
+Placeholders: :func:`placeholder` makes one (a logical tensor of any size, no memory), :func:`read` turns
+torch_xla's misleading "async operation is in flight" error into :class:`PlaceholderReadError`.  A graph
+that *consumes* a placeholder must only be lowered (:func:`lowered_hlo`): executing it segfaults torch_xla
+2.9, so nothing here runs one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+
+@contextlib.contextmanager
+def shard_as_enabled(on: bool = True) -> Iterator[None]:
+    """Within the block, scan's backward uses ``shard_as`` iff ``on`` (torch_xla 2.9 default: on)."""
+    import torch_xla.experimental.scan as scan_mod
+
+    original = scan_mod._backward_shard_alike
+    if not on:
+        def _backward_no_shard_alike(carry: Any, x: Any, backward: Any, init: Any, xs: Any) -> Any:
+            return backward(carry, x)  # the pre-fix behaviour: no sharding constraint on the gradients
+
+        scan_mod._backward_shard_alike = _backward_no_shard_alike
+    try:
+        yield
+    finally:
+        scan_mod._backward_shard_alike = original
+
+
+@contextlib.contextmanager
+def placeholders_enabled(on: bool = True) -> Iterator[None]:
+    """Within the block, scan traces with placeholders iff ``on``; off = real zero tensors sent to the device."""
+    import torch_xla
+    import torch_xla.core.xla_builder as xb
+
+    original = xb.create_placeholder_tensor
+    if not on:
+        def _real_tensor(shape: Any, dtype: torch.dtype) -> torch.Tensor:
+            # pre-fix: a real host tensor moved to the device (one host->device transfer of its bytes)
+            return torch.zeros(tuple(shape), dtype=dtype).to(torch_xla.device())
+
+        xb.create_placeholder_tensor = _real_tensor
+    try:
+        yield
+    finally:
+        xb.create_placeholder_tensor = original
+
+
+class PlaceholderReadError(RuntimeError):
+    """Reading the value of a placeholder tensor, which holds no device buffer."""
+
+
+def placeholder(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """An XLA tensor of logical ``shape`` with no device buffer (lowers to an HLO parameter).
+
+    >>> p = placeholder((1 << 34,))   # 64 GiB of float32, allocates nothing
+    """
+    import torch_xla.core.xla_builder as xb
+
+    shape = tuple(shape)
+    if not shape or any((not isinstance(d, int)) or d < 0 for d in shape):
+        raise ValueError(f"placeholder shape={shape} must be a non-empty tuple of ints >= 0")
+    return xb.create_placeholder_tensor(shape, dtype)
+
+
+def logical_bytes(t: torch.Tensor) -> int:
+    return math.prod(t.shape) * t.element_size()
+
+
+def read(t: torch.Tensor) -> torch.Tensor:
+    """``t.cpu()``, with a clear error when ``t`` is (or depends on) a placeholder."""
+    try:
+        return t.cpu()
+    except RuntimeError as e:
+        if "in flight" not in str(e):
+            raise
+        raise PlaceholderReadError(
+            f"tensor of shape {list(t.shape)} ({t.dtype}) is a placeholder or is computed from one: it has no "
+            "device buffer, so it has no value to read. Placeholders exist to trace/lower graphs "
+            "(lowered_hlo); give real tensors to run. (torch_xla said: "
+            f"{str(e).strip().splitlines()[0][:120]!r})"
+        ) from None
+
+
+def lowered_hlo(outputs: list[torch.Tensor]) -> str:
+    """Pre-partitioning HLO text of the graph producing ``outputs`` — lowered, never executed."""
+    import torch_xla
+
+    return torch_xla._XLAC._get_xla_tensors_hlo(list(outputs))

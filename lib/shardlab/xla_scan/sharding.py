@@ -1,0 +1,131 @@
+"""2-D (fsdp, tensor) sharding of the block stack, and reading sharding specs back.
+
+Design note
+-----------
+Notation ``A[I_X, J_Y]``: dim I split over mesh axis X, dim J over Y; ``∅`` = not split.
+
+    W_up   [H, F]      -> W_up[H_fsdp, F_tensor]         stacked: [L, H, F] -> [∅, H_fsdp, F_tensor]
+    W_down [F, H]      -> W_down[F_tensor, H_fsdp]       stacked: [L, F, H] -> [∅, F_tensor, H_fsdp]
+    x      [B, S, H]   -> x[B_fsdp, S, H]                (act_in, batch over fsdp as in FSDP)
+    h      [B, S, F]   -> h[B_fsdp, S, F_tensor]         (act_mid, the up-projection output)
+
+XLA prints a sharding as ``{devices=[t0,t1,...]<device order>}`` with one tile count per tensor dim; a
+trailing extra count plus ``last_tile_dim_replicate`` means "each tile is replicated that many times".
+``W[H, F_tensor]`` on mesh (2, 4) is ``{devices=[1,4,2]... last_tile_dim_replicate}``: the 1-D gradient
+that an all-reduce over fsdp leaves behind.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, NamedTuple
+
+import torch
+
+from shardlab.xla_scan.model import StackConfig
+
+AXES = ("fsdp", "tensor")
+WEIGHT_SPECS: dict[str, tuple[str | None, ...]] = {"w_up": ("fsdp", "tensor"), "w_down": ("tensor", "fsdp")}
+ACT_SPECS: dict[str, tuple[str | None, ...]] = {"act_in": ("fsdp", None, None), "act_mid": ("fsdp", None, "tensor")}
+
+
+def check_sharding(cfg: StackConfig, mesh_fsdp: int, mesh_tensor: int, num_devices: int) -> None:
+    """Clear errors, before any XLA work, for a mesh or sizes the 2-D sharding cannot tile."""
+    for name, v in (("mesh_fsdp", mesh_fsdp), ("mesh_tensor", mesh_tensor)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name}={v!r} must be an int >= 1")
+    if mesh_fsdp * mesh_tensor != num_devices:
+        raise ValueError(f"mesh (fsdp={mesh_fsdp}, tensor={mesh_tensor}) uses {mesh_fsdp * mesh_tensor} "
+                         f"devices but num_devices={num_devices}: the mesh must tile the device count")
+    rules = (("hidden", cfg.hidden, "fsdp", mesh_fsdp), ("ffn", cfg.ffn, "tensor", mesh_tensor),
+             ("batch", cfg.batch, "fsdp", mesh_fsdp))
+    for name, size, axis, n in rules:
+        if size % n:
+            raise ValueError(f"{name}={size} is not divisible by {axis}={n} (it is sharded over {axis})")
+
+
+def make_mesh(mesh_fsdp: int, mesh_tensor: int) -> Any:
+    from shardlab import runtime
+
+    return runtime.mesh((mesh_fsdp, mesh_tensor), AXES)
+
+
+def annotator(mesh: Any) -> Any:
+    """An ``annotate(t, role) -> t'`` for :class:`~shardlab.xla_scan.model.Block`.
+
+    Uses ``mark_sharding_with_gradients`` (out-of-place, annotates the gradient too): the in-place
+    ``mark_sharding`` cannot run under the AOTAutograd tracing that ``scan`` does.
+    """
+    import torch_xla.distributed.spmd as xs
+
+    def annotate(t: torch.Tensor, role: str) -> torch.Tensor:
+        return xs.mark_sharding_with_gradients(t, mesh, ACT_SPECS[role])
+
+    return annotate
+
+
+def shard_model(model: torch.nn.Module, mesh: Any) -> None:
+    """Mark every weight 2-D: per-layer ``[H_fsdp, F_tensor]``; stacked adds a replicated layer axis."""
+    import torch_xla.distributed.spmd as xs
+
+    for name, p in model.named_parameters():
+        leaf = name.rsplit(".", 1)[-1]
+        spec = WEIGHT_SPECS[leaf]
+        if p.dim() == 3:  # stacked [L, d_in, d_out]
+            spec = (None, *spec)
+        xs.mark_sharding(p, mesh, spec)
+
+
+def shard_input(x: torch.Tensor, mesh: Any) -> None:
+    import torch_xla.distributed.spmd as xs
+
+    xs.mark_sharding(x, mesh, ACT_SPECS["act_in"])
+
+
+def spec_of(t: torch.Tensor) -> str:
+    """torch_xla's sharding string of an XLA tensor (``''`` when unsharded/replicated)."""
+    import torch_xla
+
+    return torch_xla._XLAC._get_xla_sharding_spec(t)
+
+
+class Tiling(NamedTuple):
+    """A parsed sharding string."""
+
+    tiles: tuple[int, ...]  # tiles per tensor dim (1 = not split)
+    replicas: int  # copies of each tile (the last_tile_dim_replicate count, else 1)
+    kind: str  # "2d" (two dims split), "1d" (one dim split), "replicated", "other"
+
+
+_DEVICES = re.compile(r"devices=\[([\d,]+)\]")
+
+
+def parse_spec(spec: str, rank: int) -> Tiling:
+    """Parse ``{devices=[1,4,2]0,1,... last_tile_dim_replicate}`` for a tensor of ``rank`` dims.
+
+    >>> parse_spec("{devices=[2,4]0,1,2,3,4,5,6,7}", 2)
+    Tiling(tiles=(2, 4), replicas=1, kind='2d')
+    >>> parse_spec("{devices=[1,4,2]0,4,1,5,2,6,3,7 last_tile_dim_replicate}", 2)
+    Tiling(tiles=(1, 4), replicas=2, kind='1d')
+    """
+    if not spec or "replicated" in spec:
+        return Tiling((1,) * rank, 0, "replicated")
+    m = _DEVICES.search(spec)
+    if m is None:
+        raise ValueError(f"cannot parse sharding spec {spec!r}")
+    dims = tuple(int(d) for d in m.group(1).split(","))
+    replicas = 1
+    if "last_tile_dim_replicate" in spec or "last_tile_dims" in spec:
+        dims, replicas = dims[:-1], dims[-1]
+    if len(dims) != rank:
+        raise ValueError(f"sharding spec {spec!r} has {len(dims)} tile dims but the tensor has rank {rank}")
+    split = sum(d > 1 for d in dims)
+    kind = {0: "replicated", 1: "1d", 2: "2d"}.get(split, "other")
+    return Tiling(dims, replicas, kind)
+
+
+def local_bytes(shape: tuple[int, ...] | torch.Size, spec: str, itemsize: int) -> int:
+    """Bytes one device holds of a tensor with this sharding (uneven tiles padded, as XLA does)."""
+    tiling = parse_spec(spec, len(shape))
+    return math.prod(-(-s // t) for s, t in zip(shape, tiling.tiles, strict=True)) * itemsize
