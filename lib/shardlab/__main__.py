@@ -1,0 +1,164 @@
+"""Command line: ``python -m shardlab report ...`` and ``python -m shardlab sweep ...``.
+
+Exit status (issue 6): 0 all good; 1 a notebook failed (error, timeout, failed check) or a structural value
+regressed against the baseline; 2 the runner itself failed (bad input, unusable baseline, internal error).
+
+Examples::
+
+    python -m shardlab report                                   # all notebooks, CPU, 8 devices
+    python -m shardlab report --only 01 02_megatron_mlp --out out/r1 --timeout 120
+    python -m shardlab report --update-baseline                 # rewrite data/baselines/cpu-8.json
+    python -m shardlab sweep 02_megatron_mlp -p tp 1 2 4 8 -p batch 4 --jobs 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+EXIT_OK, EXIT_FAILED, EXIT_RUNNER = 0, 1, 2
+
+
+def _params(pairs: list[list[str]] | None, single: bool) -> dict[str, Any]:
+    from shardlab.report.notebooks import ReportInputError, parse_value
+
+    out: dict[str, Any] = {}
+    for pair in pairs or []:
+        name, values = pair[0], [parse_value(v) for v in pair[1:]]
+        if not values:
+            raise ReportInputError(f"-p {name} needs a value")
+        if name in out:
+            raise ReportInputError(f"-p {name} given twice")
+        if single and len(values) != 1:
+            raise ReportInputError(f"-p {name} takes exactly one value in report (got {len(values)}); "
+                                   "use `python -m shardlab sweep` for grids")
+        out[name] = values[0] if single else values
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m shardlab", description="shardlab report runner and sweeps")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    rp = sub.add_parser("report", help="execute every notebook and write an HTML report")
+    rp.add_argument("--num-devices", type=int, default=8, help="CPU virtual devices / TPU chips (default 8)")
+    rp.add_argument("--device", choices=["auto", "cpu", "tpu"], default="auto",
+                    help="device profile; auto = tpu when a TPU is visible, else cpu")
+    rp.add_argument("--out", type=Path, default=None,
+                    help="output directory (default out/reports/<UTC time>, linked as out/reports/latest)")
+    rp.add_argument("--only", nargs="+", metavar="NAME", help="notebook stems or numbers (e.g. 01 02_megatron_mlp)")
+    rp.add_argument("-p", "--param", nargs="+", action="append", metavar=("NAME", "VALUE"),
+                    help="override a parameter in every selected notebook (must be declared by each)")
+    rp.add_argument("--timeout", type=float, default=600.0, help="seconds per notebook (default 600)")
+    rp.add_argument("--jobs", type=int, default=1, help="notebooks executed in parallel (default 1)")
+    rp.add_argument("--force", "--overwrite", dest="force", action="store_true",
+                    help="replace an existing report in --out")
+    rp.add_argument("--update-baseline", action="store_true",
+                    help="rewrite data/baselines/<profile>.json from this run")
+    rp.add_argument("--baseline-dir", type=Path, default=None, help="default data/baselines")
+    rp.add_argument("--no-sweeps", dest="sweeps", action="store_false", help="skip the report's sweeps")
+    rp.add_argument("--sweep-jobs", type=int, default=2, help="sweep points in parallel (default 2)")
+    rp.add_argument("--notebooks-dir", type=Path, default=None, help=argparse.SUPPRESS)
+
+    sp = sub.add_parser("sweep", help="run one notebook over a parameter grid (resumable)")
+    sp.add_argument("notebook", help="notebook stem, number, or path")
+    sp.add_argument("-p", "--param", nargs="+", action="append", metavar=("NAME", "VALUE"),
+                    help="a swept parameter and its values (one value = fixed); YAML values: 4, 0.5, bf16, [2,4]")
+    sp.add_argument("--out", type=Path, default=None, help="sweep directory (default out/sweeps/<notebook>)")
+    sp.add_argument("--jobs", type=int, default=1, help="points in parallel (~1 GB RAM each on CPU)")
+    sp.add_argument("--num-devices", type=int, default=8)
+    sp.add_argument("--device", choices=["cpu", "tpu"], default="cpu")
+    sp.add_argument("--timeout", type=float, default=600.0, help="seconds per point")
+    sp.add_argument("--force", action="store_true", help="replace a sweep of another notebook in --out")
+    sp.add_argument("--x", dest="x", help="chart only this parameter on the x axis")
+    sp.add_argument("--y", dest="y", nargs="+", help="chart only measurements matching these patterns")
+    sp.add_argument("--name-param", nargs=2, action="append", metavar=("COLUMN", "REGEX"),
+                    help=r"split a parameter out of measurement names, e.g. L '\.L(\d+)$'")
+    sp.add_argument("--notebooks-dir", type=Path, default=None, help=argparse.SUPPRESS)
+    return ap
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from shardlab.report.runner import ROOT, ReportOptions, run_report
+
+    device = args.device
+    if device == "auto":
+        from shardlab.runtime import tpu_present
+
+        device = "tpu" if tpu_present() else "cpu"
+    opts = ReportOptions(num_devices=args.num_devices, device=device, out=args.out, only=args.only,
+                         params=_params(args.param, single=True), timeout_s=args.timeout, jobs=args.jobs,
+                         force=args.force, update_baseline=args.update_baseline, sweeps=args.sweeps,
+                         sweep_jobs=args.sweep_jobs)
+    if args.baseline_dir is not None:
+        opts.baseline_dir = args.baseline_dir
+    if args.notebooks_dir is not None:
+        opts.notebooks_dir = args.notebooks_dir
+    opts.sweep_cache = ROOT / "out" / "sweeps"
+    report = run_report(opts)
+    print(f"\nreport: {report.out / 'index.html'}  ({report.finished - report.started:.1f} s)")
+    for r in report.results:
+        wall = f"{r.execution.wall_s:6.1f} s" if r.execution else "     — "
+        comp = f"compile {r.compile_s:5.1f} s" if r.compile_s is not None else ""
+        print(f"  {r.status:9s} {wall} {comp:16s} {r.stem}  {'; '.join(r.reasons)}")
+    for s in report.sweeps:
+        print(f"  sweep {s.title}: {s.skipped and 'skipped: ' + s.skipped or s.summary}")
+    print(f"baseline {report.baseline_state}: {report.baseline_path}")
+    for note in report.notes:
+        print(f"  note: {note}")
+    return report.exit_status
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from shardlab.report.notebooks import find_notebooks, resolve_name
+    from shardlab.report.runner import ROOT
+    from shardlab.report.sweep import match_names, run_sweep
+    from shardlab.report.sweep_charts import charts, write_charts
+
+    nb_dir = args.notebooks_dir or ROOT / "notebooks"
+    nb = resolve_name(args.notebook, find_notebooks(nb_dir))
+    grid = _params(args.param, single=False)
+    axes = {k: v for k, v in grid.items() if len(v) > 1}
+    base = {k: v[0] for k, v in grid.items() if len(v) == 1}
+    name_params = dict(args.name_param or [])
+    out = args.out or ROOT / "out" / "sweeps" / nb.stem
+    res = run_sweep(nb, axes, out, base=base, num_devices=args.num_devices, device=args.device, jobs=args.jobs,
+                    timeout_s=args.timeout, force=args.force, name_params=name_params, render=False)
+    xs = [args.x] if args.x else [*axes, *name_params]
+    names = match_names(res.frame, args.y) if args.y else None
+    figs = [f for x in xs for f in charts(res.frame, x, names)]
+    write_charts(figs, out / "charts.html", f"sweep of {nb.stem}")
+    bad = [p for p in res.points if p.status in ("failed", "timeout")]
+    print(f"\nsweep {nb.stem}: {len(res.points)} points, {res.ran} run, {len(res.points) - res.ran} reused, "
+          f"{len(bad)} failed, {res.wall_s:.1f} s")
+    for p in bad:
+        print(f"  {p.status}: {p.dir.name}: {p.message}  (log: {p.dir / 'papermill.log'})")
+    print(f"table: {res.table}" + (f" and {res.parquet}" if res.parquet else "") + f"\ncharts: {out / 'charts.html'}")
+    return EXIT_FAILED if bad else EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[assignment]  # 3.7 s import; see execute.py
+    args = build_parser().parse_args(argv)
+    from shardlab.report.baseline import BaselineError
+    from shardlab.report.notebooks import ReportInputError
+
+    try:
+        return cmd_report(args) if args.command == "report" else cmd_sweep(args)
+    except (ReportInputError, BaselineError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_RUNNER
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_RUNNER
+    except Exception:  # noqa: BLE001 - the runner itself failed: say so with status 2
+        traceback.print_exc()
+        print("error: the runner itself failed (see traceback above)", file=sys.stderr)
+        return EXIT_RUNNER
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,285 @@
+"""``python -m shardlab sweep``: one notebook over a parameter grid, resumable, as one table and charts.
+
+Design note
+-----------
+A sweep directory belongs to one notebook::
+
+    DIR/sweep.json                  {"schema", "notebook"} (a directory of another notebook is refused)
+    DIR/points/<slug>/              one grid point: executed notebook, log, records/, point.json
+    DIR/table.csv (+ .parquet)      long table: one row per (point, measurement row of its record)
+    DIR/charts.html                 plotly: any measurement vs any swept parameter (dropdown), offline
+
+A point is *complete* when its ``point.json`` says ``passed`` and its fingerprint still matches: SHA-256
+of the notebook file, the full parameter dict, the torch / torch_xla versions and the shardlab sources
+(excluding ``report/``). Complete points are never re-run; failed, interrupted or stale points are.
+Points run in parallel (``jobs``; each 8-device CPU kernel needs ~1 GB).
+
+Measurement names that encode a parameter (``scan.compile_s.loop.L8``) can be split with ``name_params``
+(``{"L": r"\\.L(\\d+)$"}``): the row gets an ``L`` column and the name loses the suffix, so "compile time vs
+L" is a chart like any other.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import itertools
+import json
+import re
+import shutil
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from fnmatch import fnmatch
+from pathlib import Path
+from typing import Any
+
+from shardlab.report import execute
+from shardlab.report.notebooks import REQUIRED_PARAMETERS, NotebookInfo, ReportInputError, check_params
+
+SWEEP_SCHEMA = "shardlab.sweep/1"
+PKG = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Point:
+    values: dict[str, Any]          # the swept values of this point
+    params: dict[str, Any]          # everything passed to papermill (minus results_dir)
+    dir: Path
+    status: str = "pending"         # cached | passed | failed | timeout
+    wall_s: float | None = None
+    message: str = ""
+    record: dict[str, Any] | None = None
+
+
+@dataclass
+class SweepResult:
+    notebook: str
+    out: Path
+    axes: dict[str, list[Any]]
+    points: list[Point]
+    frame: Any                      # pandas.DataFrame (long table)
+    table: Path
+    parquet: Path | None
+    charts: Path | None
+    wall_s: float
+    figures: list[Any] = field(default_factory=list)
+
+    @property
+    def ran(self) -> int:
+        return sum(p.status in ("passed", "failed", "timeout") for p in self.points)
+
+
+def code_fingerprint() -> str:
+    """Hash of shardlab's sources outside report/: a library change makes cached points stale."""
+    h = hashlib.sha256()
+    for path in sorted(PKG.rglob("*.py")):
+        if "report" not in path.relative_to(PKG).parts[:1]:
+            h.update(str(path.relative_to(PKG)).encode())
+            h.update(path.read_bytes())
+    for dist in ("torch", "torch_xla", "jax"):
+        try:
+            h.update(importlib.metadata.version(dist).encode())
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return h.hexdigest()
+
+
+def slug(values: Mapping[str, Any]) -> str:
+    text = ",".join(f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in values.items()) or "defaults"
+    text = re.sub(r"[^A-Za-z0-9=,._-]+", "_", text)
+    if len(text) > 80:
+        text = text[:60] + "-" + hashlib.sha256(text.encode()).hexdigest()[:12]
+    return text
+
+
+def grid(axes: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
+    """Cartesian product in the order given: ``{"tp": [1, 2], "b": [8]}`` -> 2 points."""
+    names = list(axes)
+    return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*(axes[n] for n in names))]
+
+
+def validate(nb: NotebookInfo, axes: Mapping[str, Sequence[Any]], base: Mapping[str, Any]) -> None:
+    check_params(nb, {**base, **axes})
+    lacking = [p for p in REQUIRED_PARAMETERS if p not in nb.parameters]
+    if lacking:
+        raise ReportInputError(f"{nb.stem} does not declare {', '.join(lacking)} in its parameters cell")
+    for name, values in axes.items():
+        if name == "results_dir":
+            raise ReportInputError("results_dir is set by the sweep itself; do not sweep it")
+        if len(values) == 0:
+            raise ReportInputError(f"-p {name} needs at least one value")
+
+
+def claim_dir(out: Path, stem: str, force: bool) -> None:
+    """Make ``out`` this notebook's sweep directory (resuming is the normal case)."""
+    marker = out / "sweep.json"
+    if out.exists() and any(out.iterdir()):
+        if marker.exists():
+            owner = json.loads(marker.read_text()).get("notebook")
+            if owner == stem:
+                return
+            if not force:
+                raise ReportInputError(f"--out {out} holds a sweep of {owner}, not {stem}; pass --force to "
+                                       "replace it or choose another directory")
+        elif not force:
+            raise ReportInputError(f"--out {out} is not empty and is not a sweep directory; choose another "
+                                   "directory (or --force to replace it)")
+        elif not marker.exists():
+            raise ReportInputError(f"--out {out} is not a sweep directory: refusing to delete it even with --force")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    marker.write_text(json.dumps({"schema": SWEEP_SCHEMA, "notebook": stem}))
+
+
+def _fingerprint(nb_sha: str, code: str, params: Mapping[str, Any]) -> str:
+    blob = json.dumps({"nb": nb_sha, "code": code, "params": params}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def seed_point(nb: NotebookInfo, out: Path, values: Mapping[str, Any], params: Mapping[str, Any],
+               record: Mapping[str, Any], executed: Path | None = None) -> bool:
+    """Store an execution made elsewhere (the report's own run) as the completed point ``values``."""
+    pdir = out / "points" / slug(values)
+    meta = pdir / "point.json"
+    fp = _fingerprint(nb.sha256, code_fingerprint(), dict(params))
+    if meta.exists():
+        old = json.loads(meta.read_text())
+        if old.get("fingerprint") == fp and old.get("status") == "passed":
+            return False
+        shutil.rmtree(pdir)
+    (pdir / "records").mkdir(parents=True, exist_ok=True)
+    (pdir / "records" / f"{nb.stem}.json").write_text(json.dumps(record, indent=1))
+    if executed is not None and executed.exists():
+        shutil.copy(executed, pdir / f"{nb.stem}.ipynb")
+    meta.write_text(json.dumps({"fingerprint": fp, "status": "passed", "params": dict(params),
+                                "wall_s": record.get("wall_s"), "message": "taken from the report run"}))
+    return True
+
+
+def run_sweep(nb: NotebookInfo, axes: Mapping[str, Sequence[Any]], out: Path, *,
+              base: Mapping[str, Any] | None = None, num_devices: int = 8, device: str = "cpu",
+              jobs: int = 1, timeout_s: float | None = 600.0, force: bool = False,
+              name_params: Mapping[str, str] | None = None, render: bool = True) -> SweepResult:
+    """Run (or resume) the sweep; returns the table and charts. Raises ReportInputError on bad input."""
+    base = {"num_devices": num_devices, **(base or {})}
+    validate(nb, axes, base)
+    claim_dir(out, nb.stem, force)
+    started = time.monotonic()
+    nb_sha, code = nb.sha256, code_fingerprint()
+    points, tasks = [], []
+    for values in grid(axes):
+        params = {**base, **values}
+        point = Point(values, params, out / "points" / slug(values))
+        fp = _fingerprint(nb_sha, code, params)
+        meta = point.dir / "point.json"
+        rec_path = point.dir / "records" / f"{nb.stem}.json"
+        if meta.exists() and rec_path.exists():
+            old = json.loads(meta.read_text())
+            if old.get("fingerprint") == fp and old.get("status") == "passed":
+                point.status, point.wall_s = "cached", old.get("wall_s")
+                point.record = json.loads(rec_path.read_text())
+        if point.status != "cached":
+            if point.dir.exists():
+                shutil.rmtree(point.dir)
+            src = execute.prepare_input(nb.path, point.dir / "input.ipynb")
+            tasks.append(execute.Task(slug(values), nb.stem, src, point.dir / f"{nb.stem}.ipynb",
+                                      point.dir / "papermill.log",
+                                      {**params, "results_dir": str(point.dir / "records")}, nb.path.parent,
+                                      {"PJRT_DEVICE": device.upper()}))
+            point.dir.mkdir(parents=True, exist_ok=True)
+            meta.write_text(json.dumps({"fingerprint": fp, "status": "running", "params": params}))
+        points.append(point)
+    by_slug = {p.dir.name: p for p in points}
+
+    def done(task: execute.Task, ex: execute.Execution) -> None:
+        p = by_slug[task.key]
+        rec_path = p.dir / "records" / f"{nb.stem}.json"
+        p.record = json.loads(rec_path.read_text()) if rec_path.exists() else None
+        bad_checks = p.record is not None and any(not c.get("ok") for c in p.record.get("checks", []))
+        if ex.ok and p.record is not None and p.record.get("status") == "passed" and not bad_checks:
+            p.status = "passed"
+        else:
+            p.status = "timeout" if ex.failure and ex.failure.kind == "timeout" else "failed"
+            p.message = ex.failure.message if ex.failure else "no passing record"
+        p.wall_s = ex.wall_s
+        meta = json.loads((p.dir / "point.json").read_text())
+        meta.update(status=p.status, wall_s=ex.wall_s, message=p.message)
+        (p.dir / "point.json").write_text(json.dumps(meta))
+
+    if tasks:
+        execute.run_many(tasks, jobs=jobs, timeout_s=timeout_s, desc=f"sweep {nb.stem}", on_done=done)
+    frame = table(points, list(axes), name_params)
+    csv = out / "table.csv"
+    frame.to_csv(csv, index=False)
+    parquet = None
+    try:
+        import pyarrow  # noqa: F401
+
+        parquet = out / "table.parquet"
+        frame.to_parquet(parquet, index=False)
+    except ImportError:
+        pass
+    result = SweepResult(nb.stem, out, {k: list(v) for k, v in axes.items()}, points, frame, csv, parquet, None,
+                         time.monotonic() - started)
+    if render:
+        from shardlab.report.sweep_charts import charts, write_charts
+
+        xs = [a for a in axes if len(axes[a]) > 1] + list(name_params or {})
+        result.figures = [fig for x in xs for fig in charts(frame, x)]
+        result.charts = write_charts(result.figures, out / "charts.html", f"sweep of {nb.stem}")
+    return result
+
+
+def table(points: Sequence[Point], axis_names: Sequence[str], name_params: Mapping[str, str] | None = None) -> Any:
+    """One row per (point, measurement row): axis values, status, name, source, kind, unit, value."""
+    import pandas as pd
+
+    rows = []
+    patterns = {k: re.compile(v) for k, v in (name_params or {}).items()}
+    for p in points:
+        base = {a: p.values.get(a) for a in axis_names}
+        base.update(point=p.dir.name, point_status=p.status, point_wall_s=p.wall_s)
+        for m in (p.record or {}).get("measurements", []):
+            name, extra = m["name"], {}
+            for col, rx in patterns.items():
+                hit = rx.search(name)
+                if hit:
+                    extra[col] = int(hit.group(1)) if hit.group(1).isdigit() else hit.group(1)
+                    name = name[: hit.start()] + name[hit.end():]
+            value = m["value"]
+            numeric = isinstance(value, int | float) and not isinstance(value, bool)
+            spread = m.get("spread") or {}
+            rows.append({**base, **extra, "name": name, "source": m["source"], "kind": m.get("kind", "structural"),
+                         "unit": m["unit"], "value": float(value) if numeric else float("nan"),
+                         "value_text": str(value), "spread_min": spread.get("min"), "spread_max": spread.get("max")})
+    cols = [*axis_names, *(name_params or {}), "point", "point_status", "point_wall_s", "name", "source", "kind",
+            "unit", "value", "value_text", "spread_min", "spread_max"]
+    frame = pd.DataFrame(rows, columns=cols)
+    return frame
+
+
+def add_derived(frame: Any, name: str, op: str, a: str, b: str, unit: str = "") -> Any:
+    """Append rows ``name = a op b`` (op: ratio | difference) per point and source where both exist."""
+    import pandas as pd
+
+    keys = [c for c in frame.columns if c not in ("name", "source", "kind", "unit", "value", "value_text",
+                                                   "spread_min", "spread_max")]
+    left = frame[frame["name"] == a]
+    right = frame[frame["name"] == b]
+    if left.empty or right.empty:
+        return frame
+    merged = left.merge(right, on=[*keys, "source"], suffixes=("_a", "_b"))
+    if merged.empty:
+        return frame
+    value = merged["value_a"] / merged["value_b"] if op == "ratio" else merged["value_a"] - merged["value_b"]
+    extra = merged[[*keys, "source"]].copy()
+    extra["name"], extra["kind"], extra["unit"] = name, "structural", unit
+    extra["value"] = value
+    extra["value_text"] = value.astype(str)
+    return pd.concat([frame, extra], ignore_index=True)
+
+
+def match_names(frame: Any, patterns: Sequence[str]) -> list[str]:
+    names = list(dict.fromkeys(frame["name"]))
+    return [n for n in names if any(fnmatch(n, p) for p in patterns)]
