@@ -1,0 +1,86 @@
+"""Dense (unsharded) reference modules: the oracles every parallel layer is compared with.
+
+Design note
+-----------
+Plain `torch.nn` code, one process, no communication.  `shardlab.tp` builds each rank's slice of these with
+`from_dense(module, comm)`, and `shardlab.tp.gspmd` annotates these very modules with `mark_sharding`, so the
+ledger view and the compiler view compute the same function as the dense oracle.
+
+Layout follows `nn.Linear`: weight is [out_features, in_features], y = x @ W^T + b.  Activations are
+[batch, seq, hidden] (b, s, h); attention heads nh with head dim hd = h / nh.
+
+    MLP(h, ffn)              y = gelu(x A) B            A: [h, ffn] (fc1), B: [ffn, h] (fc2)
+    Attention(h, nh)         causal softmax(Q K^T / sqrt(hd)) V, then the output projection
+    Embedding(V, h)          nn.Embedding; `logits(x)` = x E^T (tied output layer)
+    TransformerBlock(h, nh, ffn)   pre-LayerNorm: x + Attn(LN(x)), then + MLP(LN(.))
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, ffn: int, bias: bool = True) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(hidden, ffn, bias=bias)  # A^T: [ffn, h]
+        self.fc2 = nn.Linear(ffn, hidden, bias=bias)  # B^T: [h, ffn]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.gelu(self.fc1(x))  # [b, s, h] @ [h, ffn] -> [b, s, ffn]
+        return self.fc2(y)  # [b, s, ffn] @ [ffn, h] -> [b, s, h]
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """softmax(q k^T / sqrt(hd) + causal mask) v for q, k, v: [b, nh, s, hd] -> [b, nh, s, hd]."""
+    s, hd = q.shape[-2], q.shape[-1]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(hd)  # [b, nh, s, hd] @ [b, nh, hd, s] -> [b, nh, s, s]
+    mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)  # True above the diagonal
+    scores = scores.masked_fill(mask, float("-inf"))
+    return scores.softmax(dim=-1) @ v  # [b, nh, s, s] @ [b, nh, s, hd] -> [b, nh, s, hd]
+
+
+class Attention(nn.Module):
+    def __init__(self, hidden: int, heads: int, bias: bool = True) -> None:
+        super().__init__()
+        if hidden % heads:
+            raise ValueError(f"hidden={hidden} is not divisible by heads={heads}")
+        self.hidden, self.heads, self.head_dim = hidden, heads, hidden // heads
+        self.q = nn.Linear(hidden, hidden, bias=bias)  # columns grouped by head: head j is [j*hd, (j+1)*hd)
+        self.k = nn.Linear(hidden, hidden, bias=bias)
+        self.v = nn.Linear(hidden, hidden, bias=bias)
+        self.out = nn.Linear(hidden, hidden, bias=bias)
+
+    def split_heads(self, t: torch.Tensor) -> torch.Tensor:
+        b, s, _ = t.shape
+        return t.view(b, s, -1, self.head_dim).transpose(1, 2)  # [b, s, nh*hd] -> [b, nh, s, hd]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q, k, v = (self.split_heads(lin(x)) for lin in (self.q, self.k, self.v))  # each [b, nh, s, hd]
+        ctx = causal_attention(q, k, v).transpose(1, 2).reshape(b, s, -1)  # [b, nh, s, hd] -> [b, s, h]
+        return self.out(ctx)  # [b, s, h] @ [h, h] -> [b, s, h]
+
+
+class Embedding(nn.Embedding):
+    """nn.Embedding plus the tied output layer `logits(x) = x E^T`."""
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight.t()  # [b, s, h] @ [h, V] -> [b, s, V]
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, hidden: int, heads: int, ffn: int, bias: bool = True) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(hidden)
+        self.attn = Attention(hidden, heads, bias=bias)
+        self.ln2 = nn.LayerNorm(hidden)
+        self.mlp = MLP(hidden, ffn, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))  # [b, s, h]
+        return x + self.mlp(self.ln2(x))  # [b, s, h]

@@ -1,0 +1,90 @@
+"""Per-rank programs: one forward (+ backward) step of a dense module's tensor-parallel version.
+
+Design note
+-----------
+Module-level functions `fn(comm, ...)` so both worlds can run them (DistributedWorld pickles them into spawned
+processes).  Each builds its layer with `from_dense`, runs forward and, if `grad_out` is given, backward of
+`(out * grad_out).sum()` (so the output gradient is `grad_out`, a fixed random tensor — not all ones, which
+would hide transposition mistakes).  Each returns plain tensors: the output, the input gradient and this
+rank's parameter gradients (names as in the parallel module), for comparison with the dense oracle.
+
+    results = SimulatedWorld(4).run(mlp_step, dense_mlp, x, grad_out)
+    results[r]["out"], results[r]["grad_x"], results[r]["grads"]["fc1.weight"]   # rank r's slice
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from shardlab import models
+from shardlab.comm import Comm
+from shardlab.tp.cross_entropy import gathered_cross_entropy, vocab_parallel_cross_entropy
+from shardlab.tp.layers import ParallelAttention, ParallelMLP, VocabParallelEmbedding, vocab_range
+
+
+def _step(
+    module: torch.nn.Module, x: torch.Tensor, grad_out: torch.Tensor | None, input_grad: bool = True
+) -> dict[str, Any]:
+    x = x.detach().clone().requires_grad_(input_grad and x.is_floating_point())
+    out = module(x)
+    if grad_out is not None:
+        (out * grad_out).sum().backward()
+    return {
+        "out": out.detach(),
+        "grad_x": x.grad,
+        "grads": {n: p.grad for n, p in module.named_parameters()},
+    }
+
+
+def mlp_step(
+    comm: Comm,
+    dense: models.MLP,
+    x: torch.Tensor,
+    grad_out: torch.Tensor | None = None,
+    sequence_parallel: bool = False,
+    input_grad: bool = True,
+) -> dict[str, Any]:
+    """x: [b, s, h] (full; sliced along seq here when sequence_parallel)."""
+    mlp = ParallelMLP.from_dense(dense, comm, sequence_parallel=sequence_parallel)
+    if sequence_parallel:
+        x = x.chunk(comm.world_size, dim=1)[comm.rank]  # [b, s, h] -> [b, s/p, h]
+        if grad_out is not None:
+            grad_out = grad_out.chunk(comm.world_size, dim=1)[comm.rank]
+    return _step(mlp, x, grad_out, input_grad)
+
+
+def attention_step(
+    comm: Comm, dense: models.Attention, x: torch.Tensor, grad_out: torch.Tensor | None = None, input_grad: bool = True
+) -> dict[str, Any]:
+    return _step(ParallelAttention.from_dense(dense, comm), x, grad_out, input_grad)
+
+
+def embedding_step(
+    comm: Comm, dense: torch.nn.Embedding, ids: torch.Tensor, grad_out: torch.Tensor | None = None
+) -> dict[str, Any]:
+    return _step(VocabParallelEmbedding.from_dense(dense, comm), ids, grad_out, input_grad=False)
+
+
+def ce_step(
+    comm: Comm,
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    method: str = "vocab_parallel",
+    label_smoothing: float = 0.0,
+    ignore_index: int = -100,
+    backward: bool = True,
+) -> dict[str, Any]:
+    """logits: FULL [b, s, V]; this rank keeps columns vocab_range(V, rank, p), then computes the loss by
+    `method` ("vocab_parallel" or "gather") and backward of loss.sum() -> grad of its logits shard."""
+    fns = {"vocab_parallel": vocab_parallel_cross_entropy, "gather": gathered_cross_entropy}
+    if method not in fns:
+        raise ValueError(f"method={method!r} is not one of {sorted(fns)}")
+    v = logits.shape[-1]
+    start, end = vocab_range(v, comm.rank, comm.world_size)
+    local = logits[..., start:end].detach().clone().requires_grad_(backward)  # [b, s, V_i]
+    loss = fns[method](local, target, comm, label_smoothing, ignore_index, vocab=v)  # [b, s]
+    if backward:
+        loss.sum().backward()
+    return {"loss": loss.detach(), "grad_logits": local.grad, "range": (start, end)}

@@ -1,0 +1,148 @@
+"""Every tensor-parallel layer against its dense `shardlab.models` oracle: outputs, input gradients and each
+rank's parameter-gradient slice, for tp in {1, 2, 4}.
+
+float64 throughout: the parallel code sums the same products in a different order (per-rank partial sums,
+then the all-reduce), so results agree to rounding, not bitwise — rtol 1e-10 is far below any real error.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from shardlab import models
+from shardlab.comm import SimulatedWorld
+from shardlab.tp import ColumnParallelLinear, ParallelAttention, ParallelMLP, RowParallelLinear, vocab_range
+from shardlab.tp.programs import attention_step, embedding_step, mlp_step
+
+B, S, H, NH, FFN = 2, 4, 8, 4, 16
+TOL = dict(rtol=1e-10, atol=1e-12)
+
+
+def close(a: torch.Tensor, b: torch.Tensor) -> None:
+    torch.testing.assert_close(a, b, **TOL)
+
+
+def dense_step(module: nn.Module, x: torch.Tensor, grad_out: torch.Tensor, input_grad: bool = True):
+    x = x.detach().clone().requires_grad_(input_grad)
+    out = module(x)
+    (out * grad_out).sum().backward()
+    return out.detach(), x.grad, {n: p.grad for n, p in module.named_parameters()}
+
+
+@pytest.fixture
+def data():
+    torch.manual_seed(0)
+    return torch.randn(B, S, H, dtype=torch.float64), torch.randn(B, S, H, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_parallel_mlp_matches_dense(tp: int, data) -> None:
+    x, go = data
+    dense = models.MLP(H, FFN).double()
+    out, gx, grads = dense_step(dense, x, go)
+    c = FFN // tp
+    for r, res in enumerate(SimulatedWorld(tp).run(mlp_step, dense, x, go)):
+        close(res["out"], out)
+        close(res["grad_x"], gx)
+        close(res["grads"]["fc1.weight"], grads["fc1.weight"][r * c : (r + 1) * c])  # column block r of A
+        close(res["grads"]["fc1.bias"], grads["fc1.bias"][r * c : (r + 1) * c])
+        close(res["grads"]["fc2.weight"], grads["fc2.weight"][:, r * c : (r + 1) * c])  # row block r of B
+        close(res["grads"]["fc2.bias"], grads["fc2.bias"])  # replicated, added once after the reduction
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_sequence_parallel_mlp_matches_dense(tp: int, data) -> None:
+    x, go = data
+    dense = models.MLP(H, FFN).double()
+    out, gx, grads = dense_step(dense, x, go)
+    c, sc = FFN // tp, S // tp
+    res = SimulatedWorld(tp).run(mlp_step, dense, x, go, sequence_parallel=True)
+    for r, rr in enumerate(res):
+        close(rr["out"], out[:, r * sc : (r + 1) * sc])  # this rank's sequence chunk
+        close(rr["grad_x"], gx[:, r * sc : (r + 1) * sc])
+        close(rr["grads"]["fc1.weight"], grads["fc1.weight"][r * c : (r + 1) * c])
+        close(rr["grads"]["fc2.weight"], grads["fc2.weight"][:, r * c : (r + 1) * c])
+    # the replicated row bias only saw this rank's tokens: the ranks' partial gradients sum to the dense one
+    close(sum(rr["grads"]["fc2.bias"] for rr in res), grads["fc2.bias"])
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_parallel_attention_matches_dense(tp: int, data) -> None:
+    x, go = data
+    dense = models.Attention(H, NH).double()
+    out, gx, grads = dense_step(dense, x, go)
+    c = H // tp  # this rank's heads occupy columns [r*c, (r+1)*c) of Q, K and V
+    for r, res in enumerate(SimulatedWorld(tp).run(attention_step, dense, x, go)):
+        close(res["out"], out)
+        close(res["grad_x"], gx)
+        cols = slice(r * c, (r + 1) * c)
+        close(res["grads"]["qkv.weight"], torch.cat([grads[f"{n}.weight"][cols] for n in "qkv"]))
+        close(res["grads"]["qkv.bias"], torch.cat([grads[f"{n}.bias"][cols] for n in "qkv"]))
+        close(res["grads"]["out.weight"], grads["out.weight"][:, cols])
+        close(res["grads"]["out.bias"], grads["out.bias"])
+
+
+@pytest.mark.parametrize("tp,vocab", [(1, 10), (2, 10), (4, 10), (4, 13), (2, 7)])
+def test_vocab_parallel_embedding_matches_dense(tp: int, vocab: int) -> None:
+    torch.manual_seed(1)
+    dense = nn.Embedding(vocab, H).double()
+    ids = torch.randint(0, vocab, (B, S))
+    ids[0, :2] = torch.tensor([0, vocab - 1])  # both ends of the table
+    go = torch.randn(B, S, H, dtype=torch.float64)
+    out = dense(ids)
+    (out * go).sum().backward()
+    for r, res in enumerate(SimulatedWorld(tp).run(embedding_step, dense, ids, go)):
+        start, end = vocab_range(vocab, r, tp)
+        close(res["out"], out.detach())  # exact in fact: one rank contributes each row, the others add 0
+        close(res["grads"]["weight"], dense.weight.grad[start:end])
+
+
+def test_vocab_range_is_contiguous_and_covers_uneven_vocab() -> None:
+    for vocab, p in [(10, 4), (50257, 8), (50257, 4), (8, 8), (7, 2)]:
+        ranges = [vocab_range(vocab, r, p) for r in range(p)]
+        assert ranges[0][0] == 0 and ranges[-1][1] == vocab
+        assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+        sizes = [e - s for s, e in ranges]
+        assert max(sizes) - min(sizes) <= 1 and max(sizes) == -(-vocab // p)
+    assert vocab_range(10, 2, 4) == (6, 8)  # sizes 3, 3, 2, 2
+    with pytest.raises(ValueError, match="vocab=3 is smaller than tp=4"):
+        vocab_range(3, 0, 4)
+    with pytest.raises(ValueError, match="rank=4"):
+        vocab_range(10, 4, 4)
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_column_gather_output_and_row_parallel_compose_to_dense(tp: int, data) -> None:
+    x, _ = data
+    lin1, lin2 = nn.Linear(H, FFN).double(), nn.Linear(FFN, H).double()
+
+    def fn(c):
+        col = ColumnParallelLinear.from_dense(lin1, c, gather_output=True)
+        row = RowParallelLinear.from_dense(lin2, c)
+        full = col(x)  # [b, s, ffn], gathered
+        part = full.chunk(c.world_size, dim=-1)[c.rank]
+        return full.detach(), row(part).detach()
+
+    for full, y in SimulatedWorld(tp).run(fn):
+        close(full, lin1(x).detach())
+        close(y, lin2(lin1(x)).detach())
+
+
+def test_bad_sizes_name_the_values() -> None:
+    for build, msg in [
+        (lambda c: ParallelMLP(8, 10, c), "ffn=10 is not divisible by tp=4"),
+        (lambda c: ParallelAttention(8, 2, c), "heads=2 is not divisible by tp=4"),
+        (lambda c: ParallelAttention(10, 4, c), "hidden=10 is not divisible by heads=4"),
+        (lambda c: ColumnParallelLinear(8, 6, c), "out_features=6 is not divisible by tp=4"),
+        (lambda c: RowParallelLinear(6, 8, c), "in_features=6 is not divisible by tp=4"),
+    ]:
+        with pytest.raises(Exception, match=msg):
+            SimulatedWorld(4).run(build)
+
+
+def test_embedding_rejects_ids_outside_vocab() -> None:
+    dense = nn.Embedding(10, H)
+    with pytest.raises(Exception, match=r"token ids \[10\] are outside \[0, vocab=10\)"):
+        SimulatedWorld(2).run(embedding_step, dense, torch.tensor([[1, 10]]))
