@@ -1,0 +1,192 @@
+"""The report runner end to end on tiny fake notebooks (tests/report_fakes.py), plus its bad-input errors.
+
+Fakes write real records through ``Recorder`` without XLA, so a run costs a kernel start. Expected values
+follow from the fakes' own arithmetic (``fake.collective.bytes = 4 * size``), not from the runner.
+Input errors are checked to fire *before* any kernel starts (no records directory appears).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from report_fakes import fake_notebook
+
+from shardlab.__main__ import main
+from shardlab.report.notebooks import ReportInputError, find_notebooks, read_parameters, resolve_name
+
+TIMEOUT_S = 25          # > a fake's kernel start + run on a loaded 2-core machine, << the sleeping fake
+
+
+def report(nbs: Path, out: Path, base: Path, *extra: str) -> int:
+    return main(["report", "--notebooks-dir", str(nbs), "--out", str(out), "--baseline-dir", str(base),
+                 "--no-sweeps", *extra])
+
+
+@pytest.fixture
+def nbs(tmp_path: Path) -> Path:
+    d = tmp_path / "notebooks"
+    fake_notebook(d, "01_alpha")
+    fake_notebook(d, "02_beta", size=2)
+    return d
+
+
+# -- bad input: clear errors, exit status 2, nothing executed ---------------------------------------------------
+def test_unknown_notebook_name(nbs: Path, tmp_path: Path, capsys: Any) -> None:
+    assert report(nbs, tmp_path / "out", tmp_path / "base", "--only", "09_nope") == 2
+    err = capsys.readouterr().err
+    assert "unknown notebook '09_nope'" in err and "01_alpha, 02_beta" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_undeclared_parameter(nbs: Path, tmp_path: Path, capsys: Any) -> None:
+    assert report(nbs, tmp_path / "out", tmp_path / "base", "-p", "tp", "4") == 2
+    err = capsys.readouterr().err
+    assert "parameter 'tp' is not declared by 01_alpha" in err and "size" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_out_dir_with_another_run_is_refused(nbs: Path, tmp_path: Path, capsys: Any) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "run.json").write_text('{"schema": "shardlab.report-run/1"}')
+    (out / "index.html").write_text("earlier run")
+    assert report(nbs, out, tmp_path / "base") == 2
+    assert "already holds another report run" in capsys.readouterr().err
+    assert (out / "index.html").read_text() == "earlier run"        # nothing overwritten
+
+
+def test_force_never_deletes_a_foreign_directory(nbs: Path, tmp_path: Path, capsys: Any) -> None:
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "thesis.tex").write_text("precious")
+    assert report(nbs, out, tmp_path / "base", "--force") == 2
+    assert "refusing to delete it even with --force" in capsys.readouterr().err
+    assert (out / "thesis.tex").read_text() == "precious"
+
+
+def test_corrupt_baseline_fails_before_running(nbs: Path, tmp_path: Path, capsys: Any) -> None:
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "cpu-8.json").write_text('{"schema": "shardlab.baseline/1", "notebooks": ')
+    assert report(nbs, tmp_path / "out", base) == 2
+    err = capsys.readouterr().err
+    assert "cpu-8.json is not valid JSON" in err and "--update-baseline" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_report_param_takes_one_value(nbs: Path, tmp_path: Path, capsys: Any) -> None:
+    assert report(nbs, tmp_path / "out", tmp_path / "base", "-p", "size", "2", "3") == 2
+    assert "takes exactly one value" in capsys.readouterr().err
+
+
+def test_parameters_cell_parsing(tmp_path: Path) -> None:
+    path = fake_notebook(tmp_path, "05_x", extra_params="layer_sizes = [8, 16]\ndtype = 'float32'\n")
+    params, err = read_parameters(path)
+    assert err is None
+    assert params == {"num_devices": 8, "results_dir": None, "size": 4, "fail": False, "drift": 0, "sleep": 0,
+                      "layer_sizes": [8, 16], "dtype": "float32"}
+    nb = json.loads(path.read_text())
+    nb["cells"][1]["metadata"]["tags"] = ["parameters"]            # two parameters cells break the contract
+    path.write_text(json.dumps(nb))
+    assert "2 cells tagged 'parameters'" in (read_parameters(path)[1] or "")
+
+
+def test_name_resolution(nbs: Path) -> None:
+    found = find_notebooks(nbs)
+    assert resolve_name("01", found).stem == "01_alpha"
+    assert resolve_name("beta", found).stem == "02_beta"
+    assert resolve_name(str(nbs / "02_beta.ipynb"), found).stem == "02_beta"
+    with pytest.raises(ReportInputError, match="unknown notebook"):
+        resolve_name("03", found)
+
+
+# -- real runs of fake notebooks -------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """01 passes, 02 raises in its code cell, 03 sleeps past the timeout, 04 lacks results_dir."""
+    root = tmp_path_factory.mktemp("suite")
+    nbs = root / "notebooks"
+    fake_notebook(nbs, "01_alpha")
+    fake_notebook(nbs, "02_beta", size=2, extra_params="fail = True\n")
+    fake_notebook(nbs, "03_gamma", extra_params="sleep = 600\n")
+    fake_notebook(nbs, "04_delta", declare_required=False)
+    code = report(nbs, root / "out", root / "base", "--update-baseline", "--jobs", "3", "--timeout", str(TIMEOUT_S))
+    return {"root": root, "nbs": nbs, "out": root / "out", "base": root / "base", "code": code}
+
+
+@pytest.mark.notebook
+def test_failures_do_not_stop_the_run(suite: dict[str, Any]) -> None:
+    assert suite["code"] == 1
+    run = json.loads((suite["out"] / "run.json").read_text())
+    status = {n["stem"]: n["status"] for n in run["notebooks"]}
+    assert status == {"01_alpha": "passed", "02_beta": "failed", "03_gamma": "timeout", "04_delta": "failed"}
+    assert run["exit_status"] == 1
+
+
+@pytest.mark.notebook
+def test_report_html_shows_everything(suite: dict[str, Any]) -> None:
+    page = (suite["out"] / "index.html").read_text()
+    assert page.count("<script type='text/javascript'>") == 1       # plotly.js bundled once
+    assert "<script src=" not in page                               # nothing fetched from a network
+    # the failed notebook: its failing cell and the traceback
+    assert "size=2 is not allowed when fail=True" in page and "Traceback:" in page
+    assert "raise ValueError(f&quot;size={size} is not allowed when fail=True&quot;)" in page
+    assert f"notebook timed out after {TIMEOUT_S} s" in page
+    assert "does not declare num_devices, results_dir" in page
+    # everything else is still there: checks and the three-way table of the passing notebook (4 * size = 16)
+    assert "fake.collective.count: formula = ledger = hlo" in page
+    assert "fake.collective.bytes" in page and "<td>16</td>" in page
+    assert "@cpu-8" in page                                          # timings carry their device
+    assert (suite["out"] / "notebooks" / "01_alpha.ipynb").exists()
+
+
+@pytest.mark.notebook
+def test_executed_notebook_html_draws_plotly_offline(suite: dict[str, Any]) -> None:
+    page = (suite["out"] / "notebooks" / "01_alpha.html").read_text()
+    assert '<script src="plotly.min.js"></script>' in page and "Plotly.newPlot" in page
+    assert (suite["out"] / "notebooks" / "plotly.min.js").stat().st_size > 1_000_000
+    assert "shardlab-report-epilogue" not in page                    # the runner's own cell is hidden
+
+
+@pytest.mark.notebook
+def test_update_baseline_skips_failed_notebooks(suite: dict[str, Any]) -> None:
+    base = json.loads((suite["base"] / "cpu-8.json").read_text())
+    assert list(base["notebooks"]) == ["01_alpha"]
+    assert base["notebooks"]["01_alpha"]["structural"]["fake.collective.bytes [hlo]"] == {"value": 16, "unit": "B"}
+    assert "report.notebook.wall_s [timer]" in base["notebooks"]["01_alpha"]["timing"]
+
+
+@pytest.mark.notebook
+def test_structural_change_is_a_regression_then_clean_run_passes(suite: dict[str, Any]) -> None:
+    out2, out3 = suite["root"] / "out2", suite["root"] / "out3"
+    assert report(suite["nbs"], out2, suite["base"], "--only", "01", "-p", "size", "5") == 1
+    run = json.loads((out2 / "run.json").read_text())
+    assert run["notebooks"][0]["status"] == "regressed"
+    page = (out2 / "index.html").read_text()
+    assert "param size" in page and "16 B -&gt; 20 B" in page        # 4 * 4 -> 4 * 5
+    assert report(suite["nbs"], out3, suite["base"], "--only", "01_alpha") == 0
+    run = json.loads((out3 / "run.json").read_text())
+    assert run["notebooks"][0]["status"] == "passed"
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.notebook
+@pytest.mark.xla
+@pytest.mark.slow
+@pytest.mark.skipif(not (ROOT / "notebooks" / "01_block_matrices.ipynb").exists(), reason="01 not built yet")
+def test_real_block_matrices_notebook(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    code = main(["report", "--only", "01_block_matrices", "--out", str(out), "--baseline-dir", str(tmp_path),
+                 "--no-sweeps"])
+    run = json.loads((out / "run.json").read_text())
+    assert code == 0, run
+    rec = json.loads((out / "records" / "01_block_matrices.json").read_text())
+    names = {m["name"] for m in rec["measurements"]}
+    assert {"blocks.col.collective.count", "blocks.row.all_reduce.count", "blocks.row.all_reduce.bytes",
+            "blocks.grid.collective.bytes"} <= names
+    assert run["notebooks"][0]["compile_s"] > 0                       # the epilogue read torch_xla's metrics
