@@ -166,24 +166,37 @@ def seed_case(fsdp: int = 64, tensor: int = 4, dtype: str = "bfloat16", chips: i
 
 
 class TraceTransfer(NamedTuple):
-    """Host→device bytes that tracing one scan moves when it builds real (non-placeholder) fake inputs."""
+    """Host→device bytes one scan forward+backward trace moves when its fake inputs are real tensors."""
 
-    carry_bytes: int  # one zero-filled carry
-    xs_slice_bytes: int  # one slice x[0] of every xs leaf (the per-layer weights for pre-stacked scan)
-    total_bytes: int
+    forward_elems: int  # fake carry + one slice of every xs leaf (the layer's weights)
+    backward_elems: int  # fake grad-carry + one slice of every saved activation
+    replicas: int  # an unsharded .to(device) under SPMD is copied to every device
+    total_bytes: int  # (forward + backward) · itemsize · replicas
 
 
-def trace_transfer_bytes(carry_numel: int, xs_slice_numels: list[int], dtype: str = "float32") -> TraceTransfer:
-    """Bytes a scan trace would move host→device if its fake carry and fake ``xs[0]`` were real tensors.
+def block_trace_transfer(batch: int, seq: int, hidden: int, ffn: int, devices: int = 1,
+                         dtype: str = "float32", placeholders: bool = True) -> TraceTransfer:
+    """Bytes moved host→device per trace of a scanned ``x + gelu(x·W_up)·W_down`` block (forward+backward).
 
-    With placeholders (torch_xla ≥ 2.6) the prediction is 0; the pre-fix behaviour materialises the fake
-    forward inputs once per trace: ``carry + Σ xs_leaf[0]``.
+    With placeholders (torch_xla >= 2.6) nothing moves: every term is 0.  Before the fix, ``_scan_impl_flat``
+    made each fake input with ``torch.empty(shape).to(device)``:
 
-    >>> trace_transfer_bytes(4 * 16 * 256, [256 * 1024, 1024 * 256]).total_bytes  # (16384 + 524288) · 4
-    2162688
+    * forward scan: carry ``x [B,S,H]`` and one layer ``W_up [H,F]``, ``W_down [F,H]``
+    * backward scan: grad carry ``[B,S,H]`` and one slice of each activation AOTAutograd saves for the
+      backward: ``x [B,S,H]`` (for dW_up), ``u = x·W_up [B,S,F]`` (for gelu'), ``g = gelu(u) [B,S,F]``
+      (for dW_down), ``W_up``, ``W_down`` (for dx)
+
+    i.e. ``3·BSH + 2·BSF + 4·HF`` elements, times ``devices`` because an unsharded ``.to(device)`` under SPMD
+    is replicated to every device.
+
+    >>> block_trace_transfer(8, 16, 128, 512, devices=8, placeholders=False).total_bytes  # 442368 · 4 · 8
+    14155776
     """
-    _check_positive(carry_numel=carry_numel)
-    item = dtype_bytes(dtype)
-    carry = carry_numel * item
-    xs = sum(n * item for n in xs_slice_numels)
-    return TraceTransfer(carry, xs, carry + xs)
+    _check_positive(batch=batch, seq=seq, hidden=hidden, ffn=ffn, devices=devices)
+    if not placeholders:
+        bsh, bsf, hf = batch * seq * hidden, batch * seq * ffn, hidden * ffn
+        fwd = bsh + 2 * hf
+        bwd = bsh + (bsh + 2 * bsf + 2 * hf)
+    else:
+        fwd = bwd = 0
+    return TraceTransfer(fwd, bwd, devices, (fwd + bwd) * dtype_bytes(dtype) * devices)

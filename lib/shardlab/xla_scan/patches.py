@@ -91,18 +91,45 @@ def logical_bytes(t: torch.Tensor) -> int:
     return math.prod(t.shape) * t.element_size()
 
 
+def is_placeholder_data(t: torch.Tensor) -> bool:
+    """True if ``t`` is a device-data tensor whose PjRt buffer is null (a placeholder)."""
+    import torch_xla
+
+    try:
+        torch_xla._XLAC._unsafe_buffer_pointer(t)
+    except RuntimeError as e:
+        return "buffer is null" in str(e)
+    return False
+
+
+def depends_on_placeholder(t: torch.Tensor) -> bool:
+    """True if the lazy graph producing ``t`` reads a placeholder (checked without executing anything)."""
+    import torch_xla
+
+    _ids, leaves = torch_xla._XLAC._get_tensors_xla_device_data_node([t])
+    return any(is_placeholder_data(v) for v in leaves)
+
+
 def read(t: torch.Tensor) -> torch.Tensor:
-    """``t.cpu()``, with a clear error when ``t`` is (or depends on) a placeholder."""
+    """``t.cpu()``, or :class:`PlaceholderReadError` when ``t`` is (or is computed from) a placeholder.
+
+    The check runs *before* anything executes: in torch_xla 2.9 reading a placeholder raises a misleading
+    "async operation is in flight" error, and executing a graph computed from one segfaults the process.
+    """
+    if depends_on_placeholder(t):
+        raise PlaceholderReadError(
+            f"tensor of shape {list(t.shape)} ({t.dtype}) is a placeholder or is computed from one: it has no "
+            "device buffer, so it has no value to read (and executing its graph would crash torch_xla 2.9). "
+            "Placeholders are for tracing/lowering (lowered_hlo); use real tensors to run."
+        )
     try:
         return t.cpu()
     except RuntimeError as e:
         if "in flight" not in str(e):
             raise
         raise PlaceholderReadError(
-            f"tensor of shape {list(t.shape)} ({t.dtype}) is a placeholder or is computed from one: it has no "
-            "device buffer, so it has no value to read. Placeholders exist to trace/lower graphs "
-            "(lowered_hlo); give real tensors to run. (torch_xla said: "
-            f"{str(e).strip().splitlines()[0][:120]!r})"
+            f"tensor of shape {list(t.shape)} has no device buffer (torch_xla said: "
+            f"{str(e).strip().splitlines()[0][:160]!r})"
         ) from None
 
 

@@ -1,0 +1,219 @@
+"""Measurements on the block stack: one fwd+bwd step per (mode, L), shard_as on/off, trace transfers.
+
+Design note
+-----------
+Every function builds its model from seeded CPU weights, moves it to the device, marks the 2-D sharding
+(``sharding.py``), and measures one step with :func:`shardlab.profile.capture_hlo`:
+
+* timing from torch_xla metrics: ``compile_s`` (CompileTime), ``execute_s`` (ExecuteReplicatedTime — the
+  SPMD name of ExecuteTime), ``trace_s`` (Python wall time to build the lazy forward+backward graph);
+* structure from the post-partitioning HLO: instruction count, per-device while-loop state bytes, total
+  buffer-assignment bytes; gradient shardings from ``_get_xla_sharding_spec``.
+
+A process holds one device world, so compile time vs device count runs each count in a fresh subprocess
+(:func:`in_subprocess`, which calls this module's ``__main__``) and reads one JSON line back.
+
+Transfers (:func:`trace_transfers`) only *trace* the step, twice (the first fills torch_xla's scalar
+device-data cache), and measure host→device bytes of the second trace; the graph is then dropped, never
+compiled — so measuring the no-placeholder variant costs no compile.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from shardlab.xla_scan import model as M
+from shardlab.xla_scan import sharding as S
+from shardlab.xla_scan.patches import placeholders_enabled, shard_as_enabled
+
+NS = 1e-9
+
+
+@dataclass
+class StepMeasure:
+    mode: str
+    layers: int
+    mesh: tuple[int, int]  # (fsdp, tensor)
+    shard_as: bool
+    trace_s: float  # kind=timing
+    compile_s: float  # kind=timing (0 if served from torch_xla's cache)
+    execute_s: float  # kind=timing
+    cached: bool
+    hlo_instructions: int  # structural: instructions in the post-partitioning module (all computations)
+    while_state_bytes: list[int]  # per-device bytes of each while loop's carried tuple, in HLO order
+    buffers_total_bytes: int  # per-device "Total bytes used" of the buffer assignment
+    grad_specs: dict[str, list[str]] = field(default_factory=dict)  # weight -> spec per gradient tensor
+    grad_bytes: dict[str, int] = field(default_factory=dict)  # weight -> per-device bytes of all its grads
+    max_abs_err: float | None = None  # vs the CPU loop oracle, when check=True
+
+    @property
+    def backward_while_state_bytes(self) -> int:
+        """The backward scan's loop state: the last while loop in the module (it consumes the forward's)."""
+        if not self.while_state_bytes:
+            raise ValueError(f"mode={self.mode!r} has no while loop in its HLO")
+        return self.while_state_bytes[-1]
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _prepare(cfg: M.StackConfig, mode: str, mesh: Any, seed: int) -> tuple[torch.nn.Module, torch.Tensor]:
+    import torch_xla.core.xla_model as xm
+
+    from shardlab import runtime
+
+    model = M.build(mode, M.init_weights(cfg, seed), annotate=S.annotator(mesh), device=runtime.device())
+    S.shard_model(model, mesh)
+    x = M.init_input(cfg, seed).to(runtime.device())  # CPU -> device, then mark (xla-notes.md)
+    S.shard_input(x, mesh)
+    x.requires_grad_(True)
+    xm.wait_device_ops()
+    return model, x
+
+
+def _grads(model: torch.nn.Module) -> dict[str, list[torch.Tensor]]:
+    return {n: [w.grad for w in ws] for n, ws in model.weights().items()}  # type: ignore[operator]
+
+
+def measure_step(cfg: M.StackConfig, mode: str, mesh_fsdp: int, mesh_tensor: int, seed: int = 0,
+                 shard_as: bool = True, check: bool = False) -> StepMeasure:
+    """Compile and run one forward+backward step of ``mode``; HLO structure, timings, gradient specs."""
+    from shardlab import runtime
+    from shardlab.profile import capture_hlo
+
+    S.check_sharding(cfg, mesh_fsdp, mesh_tensor, runtime.current().num_devices)
+    mesh = S.make_mesh(mesh_fsdp, mesh_tensor)
+    model, x = _prepare(cfg, mode, mesh, seed)
+    trace: dict[str, float] = {}
+
+    def step() -> list[torch.Tensor]:
+        t0 = time.perf_counter()
+        out = model(x)  # [B,S,H]
+        M.loss_fn(out).backward()
+        trace["s"] = time.perf_counter() - t0
+        return [out, x.grad, *[g for gs in _grads(model).values() for g in gs]]
+
+    with shard_as_enabled(shard_as):
+        cap = capture_hlo(step)
+    m = cap.module
+    specs = {n: [S.spec_of(g) for g in gs] for n, gs in _grads(model).items()}
+    nbytes = {n: sum(S.local_bytes(g.shape, sp, g.element_size()) for g, sp in zip(gs, specs[n], strict=True))
+              for n, gs in _grads(model).items()}
+    err = None
+    if check:
+        ref_out, ref_grads = M.reference(M.init_weights(cfg, seed), M.init_input(cfg, seed))
+        got = {"out": cap.result[0].detach().cpu(), "x": x.grad.cpu()}
+        got.update({n: torch.stack([g.cpu() for g in gs]).reshape(ref_grads[n].shape)
+                    for n, gs in _grads(model).items()})
+        ref_grads["out"] = ref_out
+        err = max(float((got[k] - ref_grads[k]).abs().max()) for k in got)
+    return StepMeasure(
+        mode=mode, layers=cfg.layers, mesh=(mesh_fsdp, mesh_tensor), shard_as=shard_as, trace_s=trace["s"],
+        compile_s=cap.metrics.compile_s, execute_s=cap.metrics.metric("ExecuteReplicatedTime")[1] * NS
+        or cap.metrics.execute_s, cached=cap.cached, hlo_instructions=m.instruction_count,
+        while_state_bytes=[w.state_bytes for w in m.while_loops],
+        buffers_total_bytes=m.buffers.total if m.buffers else 0, grad_specs=specs, grad_bytes=nbytes,
+        max_abs_err=err,
+    )
+
+
+def sweep(cfg: M.StackConfig, modes: tuple[str, ...], layers_sweep: list[int], mesh_fsdp: int,
+          mesh_tensor: int, seed: int = 0, shard_as: bool = True) -> list[StepMeasure]:
+    """:func:`measure_step` for every mode × L (L from ``layers_sweep``; other sizes from ``cfg``)."""
+    check_layers_sweep(layers_sweep)
+    out = []
+    for L in layers_sweep:
+        for mode in modes:
+            c = M.StackConfig(L, cfg.hidden, cfg.ffn, cfg.batch, cfg.seq, cfg.dtype)
+            out.append(measure_step(c, mode, mesh_fsdp, mesh_tensor, seed, shard_as))
+    return out
+
+
+def check_layers_sweep(layers_sweep: list[int]) -> None:
+    if not layers_sweep:
+        raise ValueError("layers_sweep=[] is empty: give at least one L >= 1")
+    bad = [L for L in layers_sweep if isinstance(L, bool) or not isinstance(L, int) or L < 1]
+    if bad:
+        raise ValueError(f"layers_sweep={layers_sweep} has entries {bad}: every L must be an int >= 1")
+
+
+@dataclass
+class TraceTransfers:
+    mode: str
+    placeholders: bool
+    h2d_bytes: int  # OutboundData: host -> device bytes (summed over devices)
+    h2d_count: int  # number of host -> device transfers
+    ir_value_to_data: int  # IrValueTensorToXlaData count: tensors materialised as device data while tracing
+
+
+def trace_transfers(cfg: M.StackConfig, mode: str, mesh_fsdp: int, mesh_tensor: int, placeholders: bool = True,
+                    seed: int = 0) -> TraceTransfers:
+    """Host→device traffic of *tracing* one forward+backward step (second of two traces; never executed)."""
+    from shardlab import runtime
+    from shardlab.profile import metrics_delta
+
+    S.check_sharding(cfg, mesh_fsdp, mesh_tensor, runtime.current().num_devices)
+    model, x = _prepare(cfg, mode, S.make_mesh(mesh_fsdp, mesh_tensor), seed)
+    with placeholders_enabled(placeholders):
+        for attempt in range(2):
+            with metrics_delta() as md:
+                out = model(x)
+                M.loss_fn(out).backward()
+            del out
+            if attempt == 0:
+                model.zero_grad(set_to_none=True)
+                x.grad = None
+    h2d = TraceTransfers(mode, placeholders, md.h2d_bytes, md.h2d_count, md.metric("IrValueTensorToXlaData")[0])
+    del model, x  # drop the traced graph: it is never compiled or run
+    return h2d
+
+
+# ----------------------------------------------------------------------------------------------------------
+# fresh-process measurements (compile time vs device count)
+
+
+def in_subprocess(task: str, num_devices: int, timeout_s: float = 600, **kwargs: Any) -> dict[str, Any]:
+    """Run ``task`` in a fresh ``python -m shardlab.xla_scan.measure`` with its own device world; its JSON."""
+    args = json.dumps({"task": task, "num_devices": num_devices, **kwargs})
+    proc = subprocess.run([sys.executable, "-m", "shardlab.xla_scan.measure", args], capture_output=True,
+                          text=True, timeout=timeout_s, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+        raise RuntimeError(f"subprocess task={task!r} num_devices={num_devices} failed "
+                           f"(exit {proc.returncode}): " + " | ".join(tail))
+    return json.loads(lines[-1])
+
+
+def compile_vs_devices(cfg: M.StackConfig, mode: str, devices: tuple[int, ...] = (1, 2, 4, 8),
+                       seed: int = 0) -> list[dict[str, Any]]:
+    """One fresh process per device count n, mesh (fsdp=n, tensor=1): compile time of the same model."""
+    for n in devices:
+        S.check_sharding(cfg, n, 1, n)
+    kw = dict(layers=cfg.layers, hidden=cfg.hidden, ffn=cfg.ffn, batch=cfg.batch, seq=cfg.seq, seed=seed)
+    return [in_subprocess("step", n, mode=mode, mesh=[n, 1], **kw) for n in devices]
+
+
+def _main(argv: list[str]) -> None:
+    req = json.loads(argv[0])
+    from shardlab import runtime
+
+    runtime.setup(num_devices=req["num_devices"])
+    if req["task"] != "step":
+        raise ValueError(f"task={req['task']!r} is not known (only 'step')")
+    cfg = M.StackConfig(req["layers"], req["hidden"], req["ffn"], req["batch"], req["seq"])
+    fsdp, tensor = req["mesh"]
+    r = measure_step(cfg, req["mode"], fsdp, tensor, req.get("seed", 0), req.get("shard_as", True))
+    print(json.dumps({**r.as_dict(), "num_devices": req["num_devices"]}))
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])
