@@ -1,0 +1,178 @@
+"""Per-parameter FSDP on XLA SPMD (FSDPv2 style): shard every weight's dim 0 over the ``fsdp`` mesh axis.
+
+Design note
+-----------
+Instead of one flat buffer, each parameter p of shape (d0, *rest) is annotated
+``mark_sharding(p, mesh, ("fsdp", None, ...))``; the batch is sharded the same way. XLA's SPMD partitioner
+then inserts the collectives itself. We compile a training step as TWO graphs — forward (loss) and
+backward + SGD update — by cutting the lazy graph after the forward (``capture_hlo`` syncs). That mirrors
+FSDP's "free after forward": between the two graphs only the *sharded* parameters persist, so the backward
+graph must all-gather again whatever it needs.
+
+What the HLO shows (CPU, torch_xla 2.9.0; read with ``shardlab.profile.capture_hlo``)::
+
+    forward   all-gather of every parameter: operand = its padded shard  ceil(d0/W)·rest·b
+              all-reduce of the scalar loss (the batch mean)                 — not FSDP traffic
+    backward  all-gather of the weights the input-gradient needs: dX_l = dY_l · W_l for layers 2..L
+              (layer 1's input is data, biases are never needed) — FSDP1 re-gathers the WHOLE flat param
+              gradient "reduce-scatter" of every parameter: on CPU XLA emits all-reduce + dynamic-slice
+              (reduce-scatter never appears); we count each such all-reduce as one reduce-scatter, its
+              operand = the full gradient numel·b
+
+``per_param_step_bytes`` is that algebra; ``gspmd_step`` measures it. Compare with the flat design
+(``formulas.fsdp.flat_step_comm``): c·b + c·b + P·b with c = ceil(N/W). Per-parameter padding rounds
+each d0 up instead of the total N, and the backward gathers only what autograd reads.
+torch_xla's ``SpmdFullyShardedDataParallel`` wraps the same annotations (plus output sharding).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+
+from shardlab.fsdp.train import TrainConfig, make_batch, make_model
+
+
+def per_param_shard(shape: tuple[int, ...], world_size: int, rank: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(local, padded) shard shape of a dim-0 sharded parameter: ``torch.chunk`` on dim 0, padded to ceil.
+
+    Same rule in FSDP2 (``fully_shard``) and in GSPMD ``mark_sharding``:
+    >>> per_param_shard((10, 3), 4, 3)      # chunks 3,3,3,1 -> rank 3 holds 1 row, padded to 3
+    ((1, 3), (3, 3))
+    """
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
+    if len(shape) == 0:
+        raise ValueError("a 0-d parameter cannot be sharded on dim 0")
+    d0, rest = shape[0], tuple(shape[1:])
+    c = -(-d0 // world_size)
+    local = max(0, min(c, d0 - rank * c))
+    return (local, *rest), (c, *rest)
+
+
+class StepBytes(NamedTuple):
+    all_gather_forward: int  # payload (operand) bytes per device
+    all_gather_backward: int
+    reduce_scatter: int  # payload = full gradient bytes (on CPU: the all-reduce of an AR + dynamic-slice pair)
+    all_gather_count: int
+    reduce_scatter_count: int
+
+    @property
+    def total(self) -> int:
+        return self.all_gather_forward + self.all_gather_backward + self.reduce_scatter
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def per_param_step_bytes(
+    shapes: list[tuple[int, ...]], world_size: int, backward_needed: list[bool], elem_bytes: int = 4
+) -> StepBytes:
+    """Formula for one per-parameter FSDP step (see the module note)."""
+    if len(shapes) != len(backward_needed):
+        raise ValueError(f"{len(shapes)} shapes but {len(backward_needed)} backward_needed flags")
+    shard = [_numel(per_param_shard(s, world_size, 0)[1]) * elem_bytes for s in shapes]
+    fwd = sum(shard)
+    bwd = sum(b for b, need in zip(shard, backward_needed, strict=True) if need)
+    rs = sum(_numel(s) * elem_bytes for s in shapes)
+    return StepBytes(fwd, bwd, rs, len(shapes) + sum(backward_needed), len(shapes))
+
+
+def mlp_backward_needed(model: nn.Module) -> list[bool]:
+    """Which parameters backward reads for dX: weights of every Linear but the first (whose input is data)."""
+    out, first = [], True
+    for mod in model.modules():
+        if isinstance(mod, nn.Linear):
+            out.append(not first)
+            if mod.bias is not None:
+                out.append(False)
+            first = False
+    return out
+
+
+class GspmdStep(NamedTuple):
+    forward: Any  # HloModule
+    backward: Any  # HloModule
+    measured: StepBytes
+    other_all_reduce_bytes: int  # e.g. the scalar loss mean
+    rs_pairs_with_dynamic_slice: int  # how many gradient all-reduces the parser saw feeding a dynamic-slice
+    shapes: list[tuple[int, ...]]
+    loss: float
+
+
+def _fsdp_spec(p: torch.Tensor) -> tuple[str | None, ...]:
+    return ("fsdp",) + (None,) * (p.dim() - 1)
+
+
+def gspmd_step(cfg: TrainConfig, world_size: int) -> GspmdStep:
+    """Run one SGD step of ``make_model(cfg)`` with dim-0 FSDP sharding; read both graphs' HLO.
+
+    Needs ``runtime.setup()`` first; the mesh is (world_size, num_devices // world_size) named
+    ("fsdp", "replica"): parameters and batch sharded over ``fsdp``, replicated over ``replica``.
+    """
+    import torch_xla.distributed.spmd as xs
+
+    from shardlab import runtime
+    from shardlab.profile import capture_hlo
+
+    n = runtime.current().num_devices
+    if world_size < 1 or n % world_size:
+        raise ValueError(f"world_size={world_size} must divide num_devices={n} for the GSPMD mesh")
+    if cfg.tied:
+        raise ValueError("tied=True is not supported by gspmd_step (the per-param formula assumes an MLP)")
+    if cfg.batch % world_size:
+        raise ValueError(f"batch={cfg.batch} is not divisible by world_size={world_size}")
+    mesh = runtime.mesh((world_size, n // world_size), ("fsdp", "replica"))
+    dev = runtime.device()
+    model = make_model(cfg)
+    model = model.to(dev)  # CPU-initialised, then moved, then sharded (xla-notes.md)
+    params = list(model.parameters())
+    for p in params:
+        xs.mark_sharding(p, mesh, _fsdp_spec(p))
+    # keep activations batch-sharded (FSDPv2's shard_output): otherwise, when B/W is small next to the widths,
+    # the partitioner may move activations (all-to-all) instead of gathering weights — a different algorithm
+    def shard_output(_mod: nn.Module, _inp: Any, out: torch.Tensor) -> None:
+        xs.mark_sharding(out, mesh, ("fsdp", None))  # (B, d) sharded on B; constraint on an intermediate
+
+    for mod in model.modules():
+        if isinstance(mod, nn.Linear):
+            mod.register_forward_hook(shard_output)
+    x, y = make_batch(cfg, 0)  # (B, d_in), (B, d_out)
+    x, y = x.to(dev), y.to(dev)
+    xs.mark_sharding(x, mesh, ("fsdp", None))
+    xs.mark_sharding(y, mesh, ("fsdp", None))
+    held: dict[str, torch.Tensor] = {}
+
+    def forward():
+        held["loss"] = nn.functional.mse_loss(model(x), y)
+        return held["loss"]
+
+    def backward():
+        held["loss"].backward()
+        with torch.no_grad():
+            for p in params:
+                p -= cfg.lr * p.grad
+        return params + [p.grad for p in params]
+
+    fwd = capture_hlo(forward)
+    bwd = capture_hlo(backward)
+    fm, bm = fwd.module, bwd.module
+    ag_f = [c for c in fm.collectives if c.op == "all-gather"]
+    ag_b = [c for c in bm.collectives if c.op == "all-gather"]
+    # gradient reduce-scatters: non-scalar all-reduces of the backward graph (CPU: all-reduce + dynamic-slice)
+    rs = [c for c in bm.collectives if c.op == "all-reduce" and any(len(s) for s in c.operand_shapes)]
+    other = [c for c in fm.collectives + bm.collectives if c.op == "all-reduce" and c not in rs]
+    unexpected = [c.op for c in fm.collectives + bm.collectives if c.op not in ("all-gather", "all-reduce")]
+    if unexpected:
+        raise RuntimeError(f"unexpected collectives {unexpected}: the partitioner did not choose dim-0 FSDP")
+    measured = StepBytes(sum(c.operand_bytes for c in ag_f), sum(c.operand_bytes for c in ag_b),
+                         sum(c.operand_bytes for c in rs), len(ag_f) + len(ag_b), len(rs))
+    return GspmdStep(fm, bm, measured, sum(c.operand_bytes for c in other),
+                     sum(c.feeds_dynamic_slice for c in rs), [tuple(p.shape) for p in params],
+                     float(held["loss"].detach().cpu()))
