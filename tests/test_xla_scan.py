@@ -1,0 +1,188 @@
+"""xla_scan on 8 CPU devices: three modes vs the loop oracle, shard_as on/off, placeholders, bad input.
+
+Oracles: the CPU eager Python for-loop (values and gradients); each weight's own sharding (a gradient under
+shard_as must be tiled like its weight); formulas/scan.py for bytes. No timings are asserted.
+"""
+
+from __future__ import annotations
+
+import resource
+from typing import Any
+
+import pytest
+import torch
+
+from shardlab.formulas import scan as F
+from shardlab.xla_scan import model as M
+from shardlab.xla_scan import sharding as S
+
+pytestmark = pytest.mark.xla
+
+CFG = M.StackConfig(layers=3, hidden=64, ffn=256, batch=4, seq=4)
+MESH = (2, 4)  # (fsdp, tensor)
+_RUNS: dict[tuple[str, int, bool], Any] = {}
+
+
+def run(mode: str, layers: int = 3, shard_as: bool = True) -> Any:
+    """measure_step, memoised: every compile here is shared by the tests that read it."""
+    from shardlab.xla_scan import measure as X
+
+    key = (mode, layers, shard_as)
+    if key not in _RUNS:
+        cfg = M.StackConfig(layers, CFG.hidden, CFG.ffn, CFG.batch, CFG.seq)
+        _RUNS[key] = X.measure_step(cfg, mode, *MESH, seed=0, shard_as=shard_as, check=True)
+    return _RUNS[key]
+
+
+@pytest.mark.parametrize("mode", M.MODES)
+def test_mode_matches_cpu_loop_values_and_gradients(xla_world: Any, mode: str) -> None:
+    # approximate: XLA's CPU matmuls/gelu reorder float32 sums; 1e-4 is far below any real mismatch
+    # (a wrong layer order or a missing residual changes outputs by O(1))
+    r = run(mode)
+    assert r.max_abs_err is not None and r.max_abs_err < 1e-4, r.max_abs_err
+
+
+def test_cpu_oracle_is_the_plain_loop() -> None:
+    # the oracle itself against a hand-written loop over the same weights
+    w, x = M.init_weights(CFG, 0), M.init_input(CFG, 0)
+    out, grads = M.reference(w, x)
+    h = x
+    for i in range(CFG.layers):
+        h = h + torch.nn.functional.gelu(h @ w["w_up"][i]) @ w["w_down"][i]  # [B,S,H]
+    torch.testing.assert_close(out, h, rtol=0, atol=1e-6)
+    assert grads["w_up"].shape == (CFG.layers, CFG.hidden, CFG.ffn)
+
+
+def test_shard_as_on_gives_weight_sharded_2d_gradients(xla_world: Any) -> None:
+    r = run("scan", shard_as=True)
+    # oracle: the stacked weights' own specs, W_up[∅, H_fsdp, F_tensor] and W_down[∅, F_tensor, H_fsdp]
+    assert r.grad_specs["w_up"] == ["{devices=[1,2,4]0,1,2,3,4,5,6,7}"]
+    assert r.grad_specs["w_down"] == ["{devices=[1,4,2]0,4,1,5,2,6,3,7}"]
+    for specs in r.grad_specs.values():
+        assert S.parse_spec(specs[0], 3).kind == "2d"
+
+
+def test_shard_as_off_gives_1d_gradients(xla_world: Any) -> None:
+    r = run("scan", shard_as=False)
+    up, down = r.grad_specs["w_up"][0], r.grad_specs["w_down"][0]
+    assert "last_tile_dim_replicate" in up and "last_tile_dim_replicate" in down
+    assert S.parse_spec(up, 3) == S.Tiling((1, 1, 4), 2, "1d")  # only F over tensor; ×2 replicas over fsdp
+    assert S.parse_spec(down, 3) == S.Tiling((1, 4, 1), 2, "1d")
+
+
+def test_scan_layers_per_layer_gradients_follow_shard_as(xla_world: Any) -> None:
+    on = run("scan_layers", shard_as=True)
+    assert on.grad_specs["w_up"] == ["{devices=[2,4]0,1,2,3,4,5,6,7}"] * CFG.layers
+    off = run("scan_layers", shard_as=False)
+    assert all(S.parse_spec(s, 2).kind == "1d" for s in off.grad_specs["w_up"])
+
+
+def test_off_bytes_exceed_on_bytes(xla_world: Any) -> None:
+    on, off = run("scan", shard_as=True), run("scan", shard_as=False)
+    assert off.backward_while_state_bytes > on.backward_while_state_bytes
+    assert off.buffers_total_bytes > on.buffers_total_bytes
+    # stacked gradient bytes per device: exactly the formula, 1-D = fsdp × 2-D
+    for name, (d_in, d_out) in CFG.weight_shapes.items():
+        assert on.grad_bytes[name] == F.stacked_bytes(3, d_in, d_out, *MESH, "2d").per_device_bytes
+        assert off.grad_bytes[name] == F.stacked_bytes(3, d_in, d_out, *MESH, "1d").per_device_bytes
+
+
+def test_prestacked_scan_hlo_size_is_independent_of_layers(xla_world: Any) -> None:
+    assert run("scan", layers=3).hlo_instructions == run("scan", layers=6).hlo_instructions
+    assert len(run("scan", layers=3).while_state_bytes) == 2  # one forward, one backward While
+
+
+def test_placeholder_traces_move_no_data_and_real_fakes_match_formula(xla_world: Any) -> None:
+    from shardlab.xla_scan import measure as X
+
+    for mode in M.MODES:
+        t = X.trace_transfers(CFG, mode, *MESH, placeholders=True)
+        assert (t.h2d_bytes, t.h2d_count, t.ir_value_to_data) == (0, 0, 0), t
+    off = X.trace_transfers(CFG, "scan", *MESH, placeholders=False)
+    want = F.block_trace_transfer(CFG.batch, CFG.seq, CFG.hidden, CFG.ffn, devices=8, placeholders=False)
+    assert off.h2d_bytes == want.total_bytes
+    assert off.h2d_count == 9  # forward: carry + 2 weights; backward: grad carry + 5 saved activations
+
+
+def test_switches_restore_torch_xla_even_on_error(xla_world: Any) -> None:
+    import torch_xla.core.xla_builder as xb
+    import torch_xla.experimental.scan as scan_mod
+
+    from shardlab.xla_scan.patches import placeholders_enabled, shard_as_enabled
+
+    before = (scan_mod._backward_shard_alike, xb.create_placeholder_tensor)
+    with pytest.raises(KeyError):
+        with shard_as_enabled(False), placeholders_enabled(False):
+            assert scan_mod._backward_shard_alike is not before[0]
+            assert xb.create_placeholder_tensor is not before[1]
+            raise KeyError("boom")
+    assert (scan_mod._backward_shard_alike, xb.create_placeholder_tensor) == before
+
+
+def test_huge_placeholder_costs_nothing_lowers_to_parameter_and_reads_clearly(xla_world: Any) -> None:
+    from shardlab.xla_scan import patches as P
+
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    p = P.placeholder((1 << 34,))  # 64 GiB of float32
+    assert P.logical_bytes(p) == 64 * 2**30
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0 < 100 * 1024  # KiB: < 100 MiB grew
+    y = p * 2.0
+    hlo = P.lowered_hlo([y])
+    assert "f32[17179869184]{0} parameter(" in hlo
+    for t in (p, y):
+        with pytest.raises(P.PlaceholderReadError, match=r"shape \[17179869184\].*placeholder"):
+            P.read(t)
+    real = torch.ones(4).to(p.device)
+    assert P.read(real * 3).tolist() == [3.0] * 4
+
+
+def test_shard_as_demo_copies_the_annotated_sharding(xla_world: Any) -> None:
+    from shardlab.xla_scan.demos import shard_as_demo
+
+    d = shard_as_demo(*MESH)
+    assert d.a_spec == "{devices=[2,4]0,1,2,3,4,5,6,7}"
+    assert d.b_spec_without == "{replicated}"
+    assert d.b_spec_with == d.a_spec
+
+
+def test_linear_flattens_but_einsum_keeps_leading_shardings(xla_world: Any) -> None:
+    from shardlab.xla_scan.demos import linear_trap
+
+    B, Sq, H, Out = 4, 16, 64, 128
+    lin, ein = linear_trap(*MESH, B, Sq, H, Out)
+    assert lin.dot_before.startswith(f"f32[{B * Sq},{H}]")  # flattened to a 2-D dot
+    assert ein.dot_before.startswith(f"f32[{B},{Sq},{H}]")  # einsum keeps [B, S, H]
+    assert ein.collectives == {} and ein.out_spec == "{devices=[2,4,1]0,1,2,3,4,5,6,7}"
+    assert "all-gather" in lin.collectives and "last_tile_dim_replicate" in lin.out_spec
+    # per device: einsum multiplies B·S/8 rows, linear B·S/2 (S was gathered)
+    assert ein.dot_per_device.startswith(f"f32[{B * Sq // 8},{H}]")
+    assert lin.dot_per_device.startswith(f"f32[{B * Sq // 2},{H}]")
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(mesh_fsdp=3, mesh_tensor=4), r"uses 12 devices but num_devices=8"),
+    (dict(cfg=M.StackConfig(hidden=66, ffn=256, batch=4), mesh_fsdp=4, mesh_tensor=2),
+     r"hidden=66 is not divisible by fsdp=4"),
+    (dict(cfg=M.StackConfig(hidden=64, ffn=102, batch=4), mesh_fsdp=2, mesh_tensor=4),
+     r"ffn=102 is not divisible by tensor=4"),
+    (dict(cfg=M.StackConfig(hidden=64, ffn=256, batch=3), mesh_fsdp=2, mesh_tensor=4),
+     r"batch=3 is not divisible by fsdp=2"),
+])
+def test_bad_mesh_or_sizes_fail_before_xla_work(kwargs: dict[str, Any], match: str) -> None:
+    cfg = kwargs.pop("cfg", CFG)
+    with pytest.raises(ValueError, match=match):
+        S.check_sharding(cfg, num_devices=8, **kwargs)
+
+
+def test_bad_layers() -> None:
+    from shardlab.xla_scan.measure import check_layers_sweep
+
+    with pytest.raises(ValueError, match="layers=0 must be an int >= 1"):
+        M.StackConfig(layers=0)
+    with pytest.raises(ValueError, match=r"entries \[0\]"):
+        check_layers_sweep([2, 0])
+    a, b = M.Block(8, 16), M.Block(8, 32)
+    with pytest.raises(ValueError, match=r"layer 1 parameter 'w_up' has shape \[8, 32\] but layer 0 has \[8, 16\]"):
+        M.BlockList([a, b], "loop")
+    with pytest.raises(ValueError, match=r"w_down has shape \[2, 8, 8\]"):
+        M.StackedBlocks(torch.zeros(2, 8, 16), torch.zeros(2, 8, 8))

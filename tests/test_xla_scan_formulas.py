@@ -1,0 +1,70 @@
+"""formulas/scan.py against independent oracles: torch.chunk of a real tensor, hand arithmetic, bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from shardlab.formulas import scan as F
+
+
+def _chunk_bytes(shape: tuple[int, ...], splits: tuple[int, ...]) -> int:
+    """Oracle: cut a real tensor with torch.chunk along each dim; bytes of the (0, 0, ...) piece."""
+    t = torch.zeros(shape, dtype=torch.float32)
+    for dim, n in enumerate(splits):
+        t = torch.chunk(t, n, dim=dim)[0]
+    return t.numel() * t.element_size()
+
+
+@pytest.mark.parametrize("fsdp,tensor", [(2, 4), (4, 2), (8, 1), (1, 8)])
+def test_stacked_bytes_matches_chunked_tensor(fsdp: int, tensor: int) -> None:
+    L, d_in, d_out = 3, 64, 128
+    two = F.stacked_bytes(L, d_in, d_out, fsdp, tensor, "2d")
+    one = F.stacked_bytes(L, d_in, d_out, fsdp, tensor, "1d")
+    assert two.per_device_bytes == _chunk_bytes((L, d_in, d_out), (1, fsdp, tensor))
+    assert one.per_device_bytes == _chunk_bytes((L, d_in, d_out), (1, 1, tensor))
+    assert one.per_device_bytes == fsdp * two.per_device_bytes  # 1-D costs the fsdp factor
+    assert two.total_bytes == L * d_in * d_out * 4
+
+
+def test_uneven_dims_are_padded_like_xla() -> None:
+    # d_in = 10 over fsdp = 4: XLA pads each tile to ceil(10/4) = 3 rows, so 3·8·4 bytes per layer
+    assert F.stacked_bytes(1, 10, 8, fsdp=4, tensor=1, sharding="2d").per_device_bytes == 3 * 8 * 4
+
+
+def test_seed_case_by_hand() -> None:
+    # [126, 4096, 16384] bf16 = 126·4096·16384·2 = 16 911 433 728 B = 15.75 GiB
+    c = F.seed_case(fsdp=64, tensor=4, dtype="bfloat16")
+    assert c.total_bytes == 126 * 4096 * 16384 * 2 == 16_911_433_728
+    assert c.one_d_per_chip_bytes == 16_911_433_728 // 4  # sharded over tensor=4 only: 3.94 GiB
+    assert c.two_d_per_chip_bytes == 16_911_433_728 // 256  # over all 256 chips: 63 MiB
+    full_fsdp = F.seed_case(fsdp=256, tensor=1)
+    assert full_fsdp.one_d_per_chip_bytes == full_fsdp.total_bytes  # all-reduced over fsdp = replicated
+
+
+def test_shard_as_saving_ratio_is_fsdp() -> None:
+    s = F.shard_as_saving(8, [(256, 1024), (1024, 256)], fsdp=4, tensor=2)
+    assert s.ratio == 4.0
+    assert s.on_bytes == 2 * _chunk_bytes((8, 256, 1024), (1, 4, 2))
+
+
+def test_block_trace_transfer_terms() -> None:
+    B, S, H, Fh = 8, 8, 128, 512
+    off = F.block_trace_transfer(B, S, H, Fh, devices=8, placeholders=False)
+    # forward: carry BSH + W_up HF + W_down FH; backward: grad carry BSH + saved x, u, g, W_up, W_down
+    assert off.forward_elems == B * S * H + 2 * H * Fh
+    assert off.backward_elems == 2 * B * S * H + 2 * B * S * Fh + 2 * H * Fh
+    assert off.total_bytes == (off.forward_elems + off.backward_elems) * 4 * 8
+    assert F.block_trace_transfer(B, S, H, Fh, devices=8).total_bytes == 0
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: F.stacked_bytes(0, 4, 4, 1, 1), "layers=0"),
+    (lambda: F.stacked_bytes(1, 4, 4, 1, 1, sharding="3d"), "sharding='3d'"),
+    (lambda: F.seed_case(fsdp=64, tensor=2), "does not tile 256"),
+    (lambda: F.shard_as_saving(2, [], 2, 4), "weight_shapes is empty"),
+    (lambda: F.block_trace_transfer(8, 8, 0, 4), "hidden=0"),
+])
+def test_bad_input_names_the_value(call, match: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError, match=match):
+        call()
