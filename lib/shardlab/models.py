@@ -38,10 +38,12 @@ class MLP(nn.Module):
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """softmax(q k^T / sqrt(hd) + causal mask) v for q, k, v: [b, nh, s, hd] -> [b, nh, s, hd]."""
     s, hd = q.shape[-2], q.shape[-1]
-    scores = q @ k.transpose(-2, -1) / math.sqrt(hd)  # [b, nh, s, hd] @ [b, nh, hd, s] -> [b, nh, s, s]
+    # einsum keeps (b, nh) as two batch dims; `@` would merge them into one, which a heads-sharded GSPMD
+    # layout cannot express (the partitioner then all-gathers the heads).
+    scores = torch.einsum("bnqd,bnkd->bnqk", q, k) / math.sqrt(hd)  # [b, nh, s, hd] x2 -> [b, nh, s, s]
     mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)  # True above the diagonal
     scores = scores.masked_fill(mask, float("-inf"))
-    return scores.softmax(dim=-1) @ v  # [b, nh, s, s] @ [b, nh, s, hd] -> [b, nh, s, hd]
+    return torch.einsum("bnqk,bnkd->bnqd", scores.softmax(dim=-1), v)  # [b, nh, s, s] x [b, nh, s, hd]
 
 
 class Attention(nn.Module):
@@ -55,13 +57,21 @@ class Attention(nn.Module):
         self.v = nn.Linear(hidden, hidden, bias=bias)
         self.out = nn.Linear(hidden, hidden, bias=bias)
 
-    def split_heads(self, t: torch.Tensor) -> torch.Tensor:
-        b, s, _ = t.shape
-        return t.view(b, s, -1, self.head_dim).transpose(1, 2)  # [b, s, nh*hd] -> [b, nh, s, hd]
+    def qkv_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Q, K, V per head, [b, nh, s, hd] each, from ONE contraction with the stacked weights (Megatron's
+        fused QKV): the input gradient is then one sum over (q|k|v, head, hd) — one all-reduce when heads are
+        sharded, instead of one per projection."""
+        nh, hd, h = self.heads, self.head_dim, self.hidden
+        w = torch.stack([self.q.weight, self.k.weight, self.v.weight]).view(3, nh, hd, h)  # [3, nh, hd, h]
+        qkv = torch.einsum("bsh,tndh->tbnsd", x, w)  # [b, s, h] x [3, nh, hd, h] -> [3, b, nh, s, hd]
+        if self.q.bias is not None:
+            bias = torch.stack([self.q.bias, self.k.bias, self.v.bias]).view(3, 1, nh, 1, hd)
+            qkv = qkv + bias  # [3, b, nh, s, hd]
+        return qkv[0], qkv[1], qkv[2]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
-        q, k, v = (self.split_heads(lin(x)) for lin in (self.q, self.k, self.v))  # each [b, nh, s, hd]
+        q, k, v = self.qkv_heads(x)  # each [b, nh, s, hd]
         ctx = causal_attention(q, k, v).transpose(1, 2).reshape(b, s, -1)  # [b, nh, s, hd] -> [b, s, h]
         return self.out(ctx)  # [b, s, h] @ [h, h] -> [b, s, h]
 

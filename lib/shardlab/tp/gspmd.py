@@ -1,0 +1,122 @@
+"""The same Megatron layers as GSPMD annotations: `mark_sharding` on the dense modules' weights.
+
+Design note
+-----------
+No per-rank code here: we move a dense `shardlab.models` module to the XLA device, annotate its weights over
+the `tensor` axis of a mesh, run the ordinary dense forward/backward, and let XLA's SPMD partitioner insert
+the collectives — which `shardlab.profile.capture_hlo` then reads from the partitioned HLO.
+
+Mesh: (data = num_devices / tp, tensor = tp).  Inputs are replicated, so the data axis only holds copies and
+every collective runs within groups of tp devices.  Specs in nn.Linear layout (weight [out, in]):
+
+    MLP          fc1.weight [ffn, h]  ("tensor", None)  fc1.bias ("tensor",)    column-parallel A
+                 fc2.weight [h, ffn]  (None, "tensor")  fc2.bias replicated     row-parallel B
+    Attention    q/k/v.weight [h, h]  ("tensor", None)  (heads stay whole: h/tp is a multiple of hd)
+                 out.weight [h, h]    (None, "tensor")
+                 Two details of `models.Attention` keep this at 1 + 1 all-reduces (measured, torch_xla 2.9):
+                 Q/K/V come from ONE einsum with the stacked weights (three separate projections gave three
+                 backward all-reduces of the input gradient), and the attention core uses einsum with (b, nh)
+                 as separate batch dims (`@` merges them; a merged [b*nh] dim cannot be heads-sharded, and
+                 the partitioner all-gathered q, k and v).
+    Embedding    weight [V, h]        ("tensor", None)  vocab rows split (uneven V: padded per device)
+    logits       [b, s, V]            (None, None, "tensor")
+
+The cross-entropy comes in two dense spellings: `vocab_parallel_ce` writes the loss from row reductions
+(max, masked target-logit sum, sum of exp) so the partitioner can keep the logits sharded and all-reduce
+[b, s] values; `gathered_ce` first re-annotates the logits as replicated, which forces an all-gather.
+
+Example::
+
+    mesh = tensor_mesh(8)
+    mlp = shard_mlp(models.MLP(256, 1024).to(runtime.device()), mesh)
+    cap = capture_hlo(lambda: mlp(x))      # cap.module.count("all-reduce") == 1
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from shardlab import models, runtime
+
+AXIS = "tensor"
+
+
+def tensor_mesh(tp: int) -> Any:
+    """Mesh (data = n / tp, tensor = tp) over all devices; errors name tp and the device count."""
+    n = runtime.current().num_devices
+    if not isinstance(tp, int) or tp < 1:
+        raise ValueError(f"tp={tp!r} must be a positive int")
+    if tp > n:
+        raise ValueError(f"tp={tp} is larger than the device count num_devices={n}")
+    if n % tp:
+        raise ValueError(f"num_devices={n} is not divisible by tp={tp}")
+    return runtime.mesh((n // tp, tp), ("data", AXIS))
+
+
+def _mark(t: torch.Tensor, mesh: Any, spec: tuple) -> None:
+    import torch_xla.distributed.spmd as xs
+
+    xs.mark_sharding(t, mesh, spec)
+
+
+def shard_mlp(mlp: models.MLP, mesh: Any) -> models.MLP:
+    _mark(mlp.fc1.weight, mesh, (AXIS, None))  # A columns -> [ffn/tp, h] per device
+    if mlp.fc1.bias is not None:
+        _mark(mlp.fc1.bias, mesh, (AXIS,))
+    _mark(mlp.fc2.weight, mesh, (None, AXIS))  # B rows -> [h, ffn/tp] per device
+    return mlp
+
+
+def shard_attention(attn: models.Attention, mesh: Any) -> models.Attention:
+    tp = mesh.mesh_shape[mesh.get_axis_name_idx(AXIS)]
+    if attn.heads % tp:
+        raise ValueError(f"heads={attn.heads} is not divisible by tp={tp}")
+    for lin in (attn.q, attn.k, attn.v):
+        _mark(lin.weight, mesh, (AXIS, None))  # whole heads per device: [h/tp, h]
+        if lin.bias is not None:
+            _mark(lin.bias, mesh, (AXIS,))
+    _mark(attn.out.weight, mesh, (None, AXIS))
+    return attn
+
+
+def shard_embedding(emb: torch.nn.Embedding, mesh: Any) -> torch.nn.Embedding:
+    _mark(emb.weight, mesh, (AXIS, None))  # vocab rows
+    return emb
+
+
+def shard_logits(logits: torch.Tensor, mesh: Any) -> torch.Tensor:
+    _mark(logits, mesh, (None,) * (logits.dim() - 1) + (AXIS,))
+    return logits
+
+
+def vocab_parallel_ce(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Per-token CE from row reductions only (no label smoothing / ignore_index): the partitioner keeps the
+    vocab-sharded logits in place and all-reduces [b, s] partials."""
+    m = logits.max(dim=-1, keepdim=True).values.detach()  # [b, s, 1]   all-reduce max
+    zs = logits - m  # [b, s, V]
+    hit = torch.arange(logits.shape[-1], device=logits.device) == target.unsqueeze(-1)  # [b, s, V]
+    zt = (zs * hit).sum(dim=-1)  # [b, s]   all-reduce sum
+    return zs.exp().sum(dim=-1).log() - zt  # [b, s]   all-reduce sum (of exp)
+
+
+def gathered_ce(logits: torch.Tensor, target: torch.Tensor, mesh: Any) -> torch.Tensor:
+    """Replicate the logits first (an all-gather of [b, s, V/tp] per device), then torch's cross-entropy."""
+    full = logits * 1.0  # a new value to annotate
+    _mark(full, mesh, (None,) * full.dim())
+    return F.cross_entropy(full.flatten(0, 1), target.flatten(), reduction="none").view_as(target)
+
+
+def step(module: torch.nn.Module, x: torch.Tensor, grad_out: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """One forward (+ backward of `(out * grad_out).sum()`) on device tensors.  Returns [out, input grad,
+    *parameter grads] — every tensor the step produces, as `capture_hlo` needs to identify the graph."""
+    module.zero_grad(set_to_none=True)
+    x = x.detach().clone().requires_grad_(grad_out is not None and x.is_floating_point())
+    out = module(x)
+    if grad_out is None:
+        return [out]
+    (out * grad_out).sum().backward()
+    grads = [p.grad for p in module.parameters() if p.grad is not None]
+    return [out, *([x.grad] if x.grad is not None else []), *grads]

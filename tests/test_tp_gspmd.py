@@ -1,0 +1,92 @@
+"""The compiler view: GSPMD shardings of the dense modules on 8 CPU devices; collectives read from the
+partitioned HLO must equal the paper formulas exactly (count, payload bytes per device, group size), and the
+outputs must equal the dense module's on CPU (float32, different summation order: approximate)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from shardlab import models
+from shardlab.formulas import tp as ftp
+
+pytestmark = pytest.mark.xla
+
+B, S, H, NH, FFN = 2, 8, 64, 8, 256
+
+
+@pytest.fixture(scope="module")
+def xla(xla_world):
+    from shardlab import runtime
+    from shardlab.profile import capture_hlo
+    from shardlab.tp import gspmd
+
+    return runtime.device(), capture_hlo, gspmd
+
+
+def _all_reduces(module, tp):
+    ars = [c for c in module.collectives if c.op == "all-reduce"]
+    assert all(c.group_size == tp for c in ars), [c.group_size for c in ars]
+    assert module.count("all-gather") == 0
+    return {"count": len(ars), "bytes": sum(c.operand_bytes for c in ars)}
+
+
+@pytest.mark.parametrize("tp", [8, 4, 2])
+@pytest.mark.parametrize("layer", ["mlp", "attention"])
+def test_layer_hlo_matches_formula_and_dense(xla, tp: int, layer: str) -> None:
+    dev, capture_hlo, gspmd = xla
+    torch.manual_seed(tp)
+    dense = models.MLP(H, FFN) if layer == "mlp" else models.Attention(H, NH)
+    x, go = torch.randn(B, S, H), torch.randn(B, S, H)
+    want_out = dense(x).detach()
+    mesh = gspmd.tensor_mesh(tp)
+    sharded = models.MLP(H, FFN) if layer == "mlp" else models.Attention(H, NH)
+    sharded.load_state_dict(dense.state_dict())
+    sharded = sharded.to(dev)
+    sharded = gspmd.shard_mlp(sharded, mesh) if layer == "mlp" else gspmd.shard_attention(sharded, mesh)
+    xd, god = x.to(dev), go.to(dev)
+
+    fwd = capture_hlo(gspmd.step, sharded, xd)
+    assert _all_reduces(fwd.module, tp) == ftp.mlp_all_reduce(B, S, H, tp)
+    torch.testing.assert_close(fwd.result[0].cpu(), want_out, rtol=1e-4, atol=1e-5)
+
+    fb = capture_hlo(gspmd.step, sharded, xd, god)
+    assert _all_reduces(fb.module, tp) == ftp.mlp_all_reduce(B, S, H, tp, backward=True)
+    xr = x.clone().requires_grad_(True)
+    (dense(xr) * go).sum().backward()
+    torch.testing.assert_close(fb.result[1].cpu(), xr.grad, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("tp,vocab", [(8, 1000), (8, 1003), (4, 1003)])
+def test_embedding_and_cross_entropy_hlo(xla, tp: int, vocab: int) -> None:
+    dev, capture_hlo, gspmd = xla
+    mesh = gspmd.tensor_mesh(tp)
+    torch.manual_seed(0)
+    dense = torch.nn.Embedding(vocab, H)
+    ids = torch.randint(0, vocab, (B, S))
+    emb = torch.nn.Embedding(vocab, H)
+    emb.load_state_dict(dense.state_dict())  # on CPU, then to the device, then shard (xla-notes.md)
+    emb = gspmd.shard_embedding(emb.to(dev), mesh)
+    cap = capture_hlo(lambda: emb(ids.to(dev)))
+    assert _all_reduces(cap.module, tp) == ftp.embedding_all_reduce(B, S, H, tp)
+    torch.testing.assert_close(cap.result.cpu(), dense(ids).detach())
+
+    logits = torch.randn(B, S, vocab)
+    want = torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids.flatten(), reduction="none").view(B, S)
+    ld = gspmd.shard_logits(logits.to(dev), mesh)
+    vp = capture_hlo(gspmd.vocab_parallel_ce, ld, ids.to(dev))
+    assert _all_reduces(vp.module, tp) == ftp.vocab_parallel_ce(B, S, tp)
+    torch.testing.assert_close(vp.result.cpu(), want, rtol=1e-5, atol=1e-5)
+
+    ga = capture_hlo(gspmd.gathered_ce, ld, ids.to(dev), mesh)
+    ags = [c for c in ga.module.collectives if c.op == "all-gather"]
+    assert {"count": len(ags), "bytes": sum(c.operand_bytes for c in ags)} == ftp.gathered_logits(B, S, vocab, tp)
+    torch.testing.assert_close(ga.result.cpu(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_tp_larger_than_devices_is_rejected(xla) -> None:
+    _, _, gspmd = xla
+    with pytest.raises(ValueError, match="tp=16 is larger than the device count num_devices=8"):
+        gspmd.tensor_mesh(16)
+    with pytest.raises(ValueError, match="num_devices=8 is not divisible by tp=3"):
+        gspmd.tensor_mesh(3)
