@@ -129,3 +129,15 @@ def local_bytes(shape: tuple[int, ...] | torch.Size, spec: str, itemsize: int) -
     """Bytes one device holds of a tensor with this sharding (uneven tiles padded, as XLA does)."""
     tiling = parse_spec(spec, len(shape))
     return math.prod(-(-s // t) for s, t in zip(shape, tiling.tiles, strict=True)) * itemsize
+
+
+def layer_spec(stacked_spec: str) -> str:
+    """The per-layer spec inside a stacked ``[L, ...]`` spec whose layer axis is not split.
+
+    >>> layer_spec("{devices=[1,1,4,2]0,4,1,5,2,6,3,7 last_tile_dim_replicate}")
+    '{devices=[1,4,2]0,4,1,5,2,6,3,7 last_tile_dim_replicate}'
+    """
+    m = _DEVICES.search(stacked_spec)
+    if m is None or not m.group(1).startswith("1,"):
+        raise ValueError(f"{stacked_spec!r} is not a stacked spec with an unsplit leading layer axis")
+    return stacked_spec.replace(f"[{m.group(1)}]", f"[{m.group(1)[2:]}]", 1)
