@@ -45,10 +45,10 @@ def bytes_vs_layers(on: Sequence[dict[str, Any]], off: Sequence[dict[str, Any]])
 
     fig = make_subplots(rows=1, cols=2, subplot_titles=("backward while state (MiB/device)",
                                                         "buffer assignment total (MiB/device)"))
-    for label, rs, dash in (("shard_as on", on, "solid"), ("shard_as off", off, "dash")):
+    for label, rs, dash, color in (("shard_as on", on, "solid", "#2E91E5"), ("shard_as off", off, "dash", "#FB0D0D")):
         rs = sorted(rs, key=lambda r: r["layers"])
         x = [r["layers"] for r in rs]
-        style = dict(mode="lines+markers", name=label, line=dict(dash=dash), legendgroup=label)
+        style = dict(mode="lines+markers", name=label, line=dict(dash=dash, color=color), legendgroup=label)
         fig.add_scatter(x=x, y=[r["backward_while_state_bytes"] / 2**20 for r in rs], row=1, col=1, **style)
         fig.add_scatter(x=x, y=[r["buffers_total_bytes"] / 2**20 for r in rs], row=1, col=2, showlegend=False,
                         **style)
