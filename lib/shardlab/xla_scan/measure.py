@@ -70,6 +70,22 @@ class StepMeasure:
 CPU_OUTLINED_PREFIX = "parallel_"
 
 
+def require_shard_as_deps() -> None:
+    """Clear error when the JAX stack behind torch_xla's ``shard_as`` (every SPMD scan backward) is missing.
+
+    torch_xla only reports ``AssertionError: Jax is required for this feature`` deep inside the backward.
+    """
+    try:
+        import jax  # noqa: F401
+        import torchax  # noqa: F401  (torchax 0.0.7 imports flax at import time)
+    except ImportError as e:
+        raise RuntimeError(
+            f"scan's backward under SPMD calls torch_xla's shard_as, which needs jax + torchax; importing them "
+            f"failed ({e}). Install the pinned requirements (`make venv`): jax==0.7.1 jaxlib==0.7.1 "
+            "torchax==0.0.7 flax==0.12.0"
+        ) from e
+
+
 def graph_size(module: Any) -> int:
     """Instructions in the per-device program, not counting the CPU backend's outlined parallel tasks.
 
@@ -108,6 +124,8 @@ def measure_step(cfg: M.StackConfig, mode: str, mesh_fsdp: int, mesh_tensor: int
     from shardlab.profile import capture_hlo
 
     S.check_sharding(cfg, mesh_fsdp, mesh_tensor, runtime.current().num_devices)
+    if mode != "loop":
+        require_shard_as_deps()
     mesh = S.make_mesh(mesh_fsdp, mesh_tensor)
     model, x = _prepare(cfg, mode, mesh, seed)
     trace: dict[str, float] = {}
@@ -189,6 +207,8 @@ def trace_transfers(cfg: M.StackConfig, mode: str, mesh_fsdp: int, mesh_tensor: 
     from shardlab.profile import metrics_delta
 
     S.check_sharding(cfg, mesh_fsdp, mesh_tensor, runtime.current().num_devices)
+    if mode != "loop":
+        require_shard_as_deps()
     model, x = _prepare(cfg, mode, S.make_mesh(mesh_fsdp, mesh_tensor), seed)
     with placeholders_enabled(placeholders):
         for attempt in range(2):
