@@ -33,11 +33,15 @@ def test_uneven_dims_are_padded_like_xla() -> None:
 
 
 def test_seed_case_by_hand() -> None:
-    # [126, 4096, 16384] bf16 = 126·4096·16384·2 = 16 911 433 728 B = 15.75 GiB
+    # logical [126, 16384, 16384] bf16 = 126·16384·16384·2 = 67 645 734 912 B = 63 GiB
     c = F.seed_case(fsdp=64, tensor=4, dtype="bfloat16")
-    assert c.total_bytes == 126 * 4096 * 16384 * 2 == 16_911_433_728
-    assert c.one_d_per_chip_bytes == 16_911_433_728 // 4  # sharded over tensor=4 only: 3.94 GiB
-    assert c.two_d_per_chip_bytes == 16_911_433_728 // 256  # over all 256 chips: 63 MiB
+    assert c.total_bytes == 126 * 16384 * 16384 * 2 == 67_645_734_912
+    # 1-D per chip is the HLO's per-device [126, 4K, 16K]: 126·4096·16384·2 = 16 911 433 728 B (15.75 GiB)
+    assert c.one_d_shape == (126, 4096, 16384)
+    assert c.one_d_per_chip_bytes == 126 * 4096 * 16384 * 2 == 16_911_433_728
+    # 2-D per chip [126, 4096, 256]: 126·4096·256·2 = 264 241 152 B (252 MiB) = total / 256
+    assert c.two_d_shape == (126, 4096, 256)
+    assert c.two_d_per_chip_bytes == 67_645_734_912 // 256 == 264_241_152
     full_fsdp = F.seed_case(fsdp=256, tensor=1)
     assert full_fsdp.one_d_per_chip_bytes == full_fsdp.total_bytes  # all-reduced over fsdp = replicated
 

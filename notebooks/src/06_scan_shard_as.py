@@ -246,25 +246,30 @@ pd.DataFrame({"per-layer W_up grad specs (scan_layers)": per_layer,
 
 # %% [markdown]
 # ### The seed case: `[126, 4K, 16K]` on v6e-256
-# The per-layer gradient `[1, 4096, 16384]` was all-reduced over fsdp and written into the stacked
-# `[126, 4096, 16384]` gradient. Per chip (bf16; a v6e chip has 32 GiB HBM):
+# PyTorch/XLA's 405B run (mesh fsdp 64 × tensor 4) showed, in the *partitioned* (per-device) HLO, a per-layer
+# gradient `[1, 4K, 16K]` all-reduced over fsdp and written into a stacked `[126, 4K, 16K]` buffer. The
+# logical weight is `[126, 16K, 16K]` (q_proj, h = 16384); 4K = 16K / tensor, and the missing fsdp split is
+# the 1-D sharding. Per chip (bf16; a v6e chip has 32 GiB HBM):
 
 # %%
 seed_rows = []
 for f, t in ((256, 1), (64, 4), (32, 8), (16, 16)):
     c = FS.seed_case(fsdp=f, tensor=t, dtype="bfloat16")
-    seed_rows.append({"mesh (fsdp, tensor)": (f, t), "1-D GiB/chip": c.one_d_per_chip_bytes / 2**30,
+    seed_rows.append({"mesh (fsdp, tensor)": (f, t), "1-D shape/chip": c.one_d_shape,
+                      "1-D GiB/chip": c.one_d_per_chip_bytes / 2**30, "2-D shape/chip": c.two_d_shape,
                       "2-D MiB/chip": c.two_d_per_chip_bytes / 2**20,
                       "1-D share of HBM": f"{c.one_d_fraction_of_hbm:.1%}"})
-rec.measure("shard_as.seed.total.bytes", FS.seed_case(64, 4).total_bytes, "B", "formula")
-rec.measure("shard_as.seed.mesh64x4.1d.bytes", FS.seed_case(64, 4).one_d_per_chip_bytes, "B", "formula")
-rec.measure("shard_as.seed.mesh64x4.2d.bytes", FS.seed_case(64, 4).two_d_per_chip_bytes, "B", "formula")
+case405 = FS.seed_case(64, 4)
+rec.check("shard_as.seed.1d_shape_is_reported_hlo_shape", case405.one_d_shape == (126, 4096, 16384), str(case405))
+rec.measure("shard_as.seed.total.bytes", case405.total_bytes, "B", "formula")
+rec.measure("shard_as.seed.mesh64x4.1d.bytes", case405.one_d_per_chip_bytes, "B", "formula")
+rec.measure("shard_as.seed.mesh64x4.2d.bytes", case405.two_d_per_chip_bytes, "B", "formula")
 pd.DataFrame(seed_rows)
 
 # %% [markdown]
-# 2-D: 63 MiB per chip for this one array on every mesh. 1-D: the array divided only by the tensor axis —
-# 3.9 GiB at (64, 4), the full 15.75 GiB at (256, 1) — for *one* of the layer's weight gradients, on
-# top of weights, optimizer state and activations. That is the OOM.
+# 2-D: 252 MiB per chip for this array on every mesh. 1-D at the reported mesh (64, 4): 15.75 GiB per chip —
+# half a v6e chip's HBM for *one* weight's stacked gradient in bf16 (all of it in f32), with o_proj's beside
+# it, on top of weights, optimizer state and activations. That is the OOM; `shard_as` divides it by 64.
 #
 # ### `shard_as` on its own, and the `nn.Linear` trap
 # `shard_as(a, b)` only says "a and b are sharded alike"; the partitioner copies the annotated one.
@@ -385,7 +390,7 @@ rec.check("explorer.runs", probe["off"]["stacked grads B"] > probe["on"]["stacke
 ans1 = FS.shard_as_saving(4, [(hidden, ffn), (ffn, hidden)], fsdp=8, tensor=1).ratio
 assert ans1 == 8.0  # 1-D keeps only the tensor split (1): everything is replicated over 8 fsdp devices
 ans2 = FS.seed_case(fsdp=16, tensor=16).one_d_per_chip_bytes / 2**30
-assert ans2 == 15.75 / 16  # 0.984 GiB: the 15.75 GiB array split only over tensor = 16
+assert ans2 == 63 / 16  # 3.94 GiB: the 63 GiB logical array split only over tensor = 16
 assert tt["no_placeholder"].h2d_count == 3 + 6  # forward: carry, W_up, W_down; backward: grad carry + 5 saved
 rec.check("exercises", True, f"1: {ans1}x, 2: {ans2:.3f} GiB, 3: {tt['no_placeholder'].h2d_count} transfers")
 print(f"1: {ans1:.0f}x   2: {ans2:.3f} GiB   3: {tt['no_placeholder'].h2d_count} transfers")

@@ -27,10 +27,12 @@ MIB = 1024**2
 
 Sharding = Literal["1d", "2d", "replicated"]
 
-# The seed case (PyTorch/XLA Llama-3 405B on v6e-256): a per-layer gradient [1, 4K, 16K] written into the
-# stacked gradient [126, 4K, 16K].  Dimensions exactly as reported; dtype and mesh are parameters.
+# The seed case (PyTorch/XLA Llama-3 405B on v6e-256, mesh fsdp 64 × tensor 4): the partitioned HLO showed a
+# per-layer gradient f32/bf16[1, 4K, 16K] all-reduced over fsdp and written into a stacked [126, 4K, 16K]
+# buffer. HLO shapes after SPMD partitioning are *per device*: the logical weight is [126, 16K, 16K]
+# (q_proj / o_proj, h = 16384) and 4K = 16K / tensor. 1-D keeps only that tensor split.
 SEED_LAYERS = 126
-SEED_D_IN = 4 * 1024
+SEED_D_IN = 16 * 1024
 SEED_D_OUT = 16 * 1024
 SEED_CHIPS = 256
 V6E_HBM_BYTES = 32 * GIB  # one v6e (Trillium) chip
@@ -129,39 +131,40 @@ def shard_as_saving(
 
 
 class SeedCase(NamedTuple):
-    """The 405B seed case: one [126, 4K, 16K] stacked gradient on a 256-chip mesh (fsdp, tensor)."""
+    """The 405B seed case: one stacked [126, 16K, 16K] weight gradient on a 256-chip mesh (fsdp, tensor)."""
 
     fsdp: int
     tensor: int
     dtype: str
-    total_bytes: int
-    one_d_per_chip_bytes: int  # gradient all-reduced over fsdp, kept sharded over tensor only
-    two_d_per_chip_bytes: int  # gradient sharded like the weight: over fsdp and tensor
+    total_bytes: int  # the logical [126, 16K, 16K] array
+    one_d_shape: tuple[int, int, int]  # per chip, all-reduced over fsdp: [126, 16K/T, 16K]
+    two_d_shape: tuple[int, int, int]  # per chip, sharded like the weight: [126, 16K/T, 16K/F]
+    one_d_per_chip_bytes: int
+    two_d_per_chip_bytes: int
     one_d_fraction_of_hbm: float  # one_d_per_chip_bytes / V6E_HBM_BYTES
     two_d_fraction_of_hbm: float
 
 
 def seed_case(fsdp: int = 64, tensor: int = 4, dtype: str = "bfloat16", chips: int = SEED_CHIPS) -> SeedCase:
-    """Per-chip cost of the seed's stacked gradient ``[126, 4K, 16K]`` with 1-D vs 2-D sharding.
+    """Per-chip cost of the seed's stacked gradient with 1-D vs 2-D sharding.
+
+    At the reported mesh (64, 4) the 1-D per-chip array is exactly the HLO's [126, 4K, 16K]:
 
     >>> c = seed_case(fsdp=64, tensor=4, dtype="bfloat16")
-    >>> c.total_bytes / GIB, c.one_d_per_chip_bytes / GIB, c.two_d_per_chip_bytes / MIB
-    (15.75, 3.9375, 63.0)
+    >>> c.one_d_shape, c.one_d_per_chip_bytes / GIB, c.two_d_shape, c.two_d_per_chip_bytes / MIB
+    ((126, 4096, 16384), 15.75, (126, 4096, 256), 252.0)
     """
     _check_positive(fsdp=fsdp, tensor=tensor, chips=chips)
     if fsdp * tensor != chips:
         raise ValueError(f"mesh fsdp={fsdp} × tensor={tensor} = {fsdp * tensor} does not tile {chips} chips")
     one = stacked_bytes(SEED_LAYERS, SEED_D_IN, SEED_D_OUT, fsdp, tensor, "1d", dtype)
     two = stacked_bytes(SEED_LAYERS, SEED_D_IN, SEED_D_OUT, fsdp, tensor, "2d", dtype)
+    rows = -(-SEED_D_IN // tensor)
     return SeedCase(
-        fsdp,
-        tensor,
-        dtype,
-        one.total_bytes,
-        one.per_device_bytes,
-        two.per_device_bytes,
-        one.per_device_bytes / V6E_HBM_BYTES,
-        two.per_device_bytes / V6E_HBM_BYTES,
+        fsdp, tensor, dtype, one.total_bytes,
+        (SEED_LAYERS, rows, SEED_D_OUT), (SEED_LAYERS, rows, -(-SEED_D_OUT // fsdp)),
+        one.per_device_bytes, two.per_device_bytes,
+        one.per_device_bytes / V6E_HBM_BYTES, two.per_device_bytes / V6E_HBM_BYTES,
     )
 
 
