@@ -1,0 +1,124 @@
+"""Planner pictures: per-chip memory as a stacked bar against HBM, and an ipywidgets explorer.
+
+Design note
+-----------
+`memory_figure(plans)` draws one stacked bar per plan (categories of `Plan.memory`, GB = 1e9 bytes) with each
+chip's HBM as a marker, so "does it fit" is visible at a glance. `summary_frame(plans)` is the same
+information as a table (memory, comm per step, FLOPs, step time, MFU, verdict).
+
+`PlannerExplorer` wires dropdowns / int boxes (model, topology, data / fsdp / tensor, recompute, batch, seq)
+to `planner.plan`. `update()` is an ordinary method: a notebook run headless (papermill) calls it once so the
+code path behind the widgets is exercised without a browser. Bad input does not raise inside the widget:
+the error message (which names the values) is shown instead, and kept in `.error`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shardlab.planner import MODEL_PRESETS, Plan, PlanConfig, plan
+
+GB = 1e9
+CATEGORY_ORDER = ("params", "grads", "optimizer", "padding", "activations", "logits", "fsdp_gathered_unit")
+
+
+def _label(p: Plan) -> str:
+    c = p.config
+    return f"{p.model.name} · {c.topology} · d{c.data} f{c.fsdp} t{c.tensor} · {c.recompute}"
+
+
+def memory_figure(plans: Plan | list[Plan], title: str = "Per-chip memory") -> Any:
+    """Plotly stacked bar of per-chip memory by category, with the chip's HBM marked."""
+    import plotly.graph_objects as go
+
+    plans = [plans] if isinstance(plans, Plan) else list(plans)
+    labels = [_label(p) for p in plans]
+    fig = go.Figure()
+    for cat in CATEGORY_ORDER:
+        fig.add_bar(name=cat, x=labels, y=[p.memory.get(cat, 0.0) / GB for p in plans])
+    fig.add_scatter(name="HBM per chip", x=labels, y=[p.hbm_bytes / GB for p in plans], mode="markers",
+                    marker={"symbol": "line-ew-open", "size": 40, "line": {"width": 3}, "color": "black"})
+    fig.update_layout(barmode="stack", title=title, yaxis_title="GB per chip", height=420,
+                      legend={"orientation": "h", "y": -0.25})
+    return fig
+
+
+def summary_frame(plans: Plan | list[Plan]) -> Any:
+    """pandas DataFrame: one row per plan with the headline numbers."""
+    import pandas as pd
+
+    plans = [plans] if isinstance(plans, Plan) else list(plans)
+    rows = []
+    for p in plans:
+        rows.append({
+            "plan": _label(p),
+            "memory GB/chip": round(p.memory_total / GB, 2),
+            "HBM GB": round(p.hbm_bytes / GB, 1),
+            "comm payload GB/step/chip": round(p.comm_payload_bytes / GB, 3),
+            "comm wire GB/step/chip": round(p.comm_wire_bytes / GB, 3),
+            "PFLOP/step": round(p.flops.hardware / 1e15, 2),
+            "compute s": round(p.roofline.compute_s, 4),
+            "comm s": round(p.roofline.comm_s, 4),
+            "step s (roofline)": round(p.roofline.step_s, 4),
+            "comm/compute": round(p.roofline.comm_compute_ratio, 3),
+            "MFU (bound)": round(p.mfu, 3),
+            "verdict": p.verdict,
+        })
+    return pd.DataFrame(rows)
+
+
+class PlannerExplorer:
+    """ipywidgets front end of `planner.plan`; `update()` recomputes and redraws."""
+
+    def __init__(self, initial: PlanConfig) -> None:
+        import ipywidgets as w
+
+        from shardlab.formulas.hardware import topologies
+
+        model = initial.model if isinstance(initial.model, str) else initial.model.name
+        self.custom = None if isinstance(initial.model, str) else initial.model
+        models = sorted(MODEL_PRESETS) + ([model] if self.custom else [])
+        self.base = initial
+        self.model = w.Dropdown(options=models, value=model, description="model")
+        self.topology = w.Dropdown(options=sorted(topologies()), value=initial.topology, description="topology")
+        self.data = w.BoundedIntText(value=initial.data, min=1, max=100000, description="data")
+        self.fsdp = w.BoundedIntText(value=initial.fsdp, min=1, max=100000, description="fsdp")
+        self.tensor = w.BoundedIntText(value=initial.tensor, min=1, max=100000, description="tensor")
+        self.recompute = w.Dropdown(options=["none", "selective", "full"], value=initial.recompute,
+                                    description="recompute")
+        self.batch = w.BoundedIntText(value=initial.global_batch, min=1, max=10**7, description="global batch")
+        self.seq = w.BoundedIntText(value=initial.seq, min=1, max=10**7, description="seq")
+        self.out = w.Output()
+        self.plan: Plan | None = None
+        self.error: str | None = None
+        controls = [self.model, self.topology, self.data, self.fsdp, self.tensor, self.recompute, self.batch,
+                    self.seq]
+        for c in controls:
+            c.observe(lambda _change: self.update(), names="value")
+        self.widget = w.VBox([w.HBox(controls[:4]), w.HBox(controls[4:]), self.out])
+
+    def config(self) -> PlanConfig:
+        name = self.model.value
+        model = self.custom if (self.custom is not None and name == self.custom.name) else name
+        return PlanConfig(model, self.topology.value, data=self.data.value, fsdp=self.fsdp.value,
+                          tensor=self.tensor.value, recompute=self.recompute.value,
+                          global_batch=self.batch.value, seq=self.seq.value,
+                          sequence_parallel=self.base.sequence_parallel, flash_attention=self.base.flash_attention)
+
+    def update(self) -> Plan | None:
+        """Recompute the plan from the widget values and redraw; returns the plan (None on bad input)."""
+        from IPython.display import display
+
+        self.out.clear_output()
+        try:
+            self.plan, self.error = plan(self.config()), None
+        except ValueError as e:
+            self.plan, self.error = None, str(e)
+        with self.out:
+            if self.plan is None:
+                print(f"invalid configuration: {self.error}")
+            else:
+                print(self.plan.verdict)
+                display(summary_frame(self.plan))
+                memory_figure(self.plan).show()
+        return self.plan
