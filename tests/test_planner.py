@@ -84,3 +84,16 @@ def test_seed_stacked_gradient_405b_v6e_256():
     assert not f32.one_d_fits and f32.two_d_fits  # 33.8 GB > 32 GB HBM of one v6e chip
     with pytest.raises(ValueError, match=r"fsdp=32 × tensor=4 = 128 does not equal the 256 chips of v6e-256"):
         P.stacked_grad_case(fsdp=32)
+
+
+def test_sequence_parallel_moves_the_same_bytes_as_tp():
+    # Korthikanti et al. section 4.2.2: all-gather + reduce-scatter cost the same bandwidth as the all-reduce
+    kw = dict(fsdp=1, tensor=8, global_batch=2, seq=256)
+    for r in ("none", "full"):
+        tp = P.plan(P.PlanConfig(GPT_SMALL, "v5e-8", recompute=r, **kw))
+        sp = P.plan(P.PlanConfig(GPT_SMALL, "v5e-8", recompute=r, sequence_parallel=True, **kw))
+        layer_tp = sum(t.wire_bytes for t in tp.comm if t.what.startswith("layer"))
+        layer_sp = sum(t.wire_bytes for t in sp.comm if t.what.startswith("layer"))
+        assert layer_sp == pytest.approx(layer_tp, rel=1e-12)
+        # and SP shards the activations that TP alone replicates: eq. (4) < eq. (2)
+        assert sp.memory["activations"] < tp.memory["activations"]

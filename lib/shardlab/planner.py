@@ -9,7 +9,8 @@ TPU slice with a (data, fsdp, tensor) mesh:
                       (`formulas.activations`, Korthikanti et al.), logits, the FSDP unit being gathered
     comm per step     DP all-reduce over `data`, ZeRO / FSDP all-gather + reduce-scatter over `fsdp`
                       (`formulas.fsdp.flat_step_comm`, one flat unit per layer), Megatron TP all-reduces
-                      over `tensor` (4 per layer + embedding / LM head / cross-entropy); payload and ring-wire
+                      over `tensor` (`formulas.tp`: 4 per layer + embedding / LM head / cross-entropy; SP
+                      swaps each for all-gather + reduce-scatter); payload and ring-wire
                       bytes per chip (`formulas.common.wire_bytes`)
     FLOPs             `formulas.flops.transformer_flops` (model and hardware FLOPs incl. recompute)
     time              `formulas.hardware.roofline`: max(compute, comm) per chip; MFU = model FLOPs / (step ·
@@ -35,7 +36,8 @@ from typing import NamedTuple
 from shardlab.formulas import activations as act
 from shardlab.formulas import hardware as hw
 from shardlab.formulas import memory as mem
-from shardlab.formulas.common import wire_bytes
+from shardlab.formulas import tp as tp_f
+from shardlab.formulas.common import dtype_bytes, wire_bytes
 from shardlab.formulas.flops import FlopTerms, transformer_flops
 from shardlab.formulas.fsdp import flat_step_comm
 from shardlab.formulas.zero import zero_comm
@@ -85,7 +87,7 @@ class PlanConfig:
     param_bytes: int = 2  # bf16 parameters
     grad_bytes: int = 2  # bf16 gradients
     optimizer_k: float = 12  # ZeRO's K: fp32 master + Adam m, v
-    act_bytes: int = 2  # bf16 activations on the wire (TP all-reduces)
+    act_dtype: str = "bfloat16"  # activations on the wire (TP collectives)
     logits_bytes: int = 4  # fp32 logits for the loss
 
 
@@ -198,14 +200,29 @@ def _comm_terms(cfg: PlanConfig, m: ModelConfig, pc: mem.ParamCounts, stage: int
     if d > 1:  # HSDP: only the reduced shard crosses replicas
         g = psi_local / (f if stage >= 2 else 1) * cfg.grad_bytes
         comm.append(_term("data", "grad all-reduce", "all-reduce", 1, g, d))
-    if t > 1:  # Megatron: g after attention and MLP (fwd, + recompute), f before them (bwd)
-        x = b * cfg.seq * m.hidden * cfg.act_bytes  # one [b, s, h] activation
-        n_fwd = 2 * m.layers * (2 if cfg.recompute == "full" else 1)
-        n = n_fwd + 2 * m.layers
-        comm.append(_term("tensor", "layer all-reduces (g fwd, f bwd)", "all-reduce", n, x, t))
-        comm.append(_term("tensor", "embedding fwd + LM-head input bwd", "all-reduce", 2, x, t))
-        ce = b * cfg.seq * 4  # cross-entropy: max, sum-exp, target logit over [b, s] fp32
-        comm.append(_term("tensor", "cross-entropy (max, sum, target)", "all-reduce", 3, ce, t))
+    if t > 1:  # Megatron (formulas.tp): g after attention and MLP (fwd, + recompute), f before them (bwd)
+        bsh = dict(batch=b, seq=cfg.seq, hidden=m.hidden, tp=t, dtype=cfg.act_dtype)
+        x = b * cfg.seq * m.hidden * dtype_bytes(cfg.act_dtype)  # one [b, s, h] activation
+        if cfg.sequence_parallel:  # every f/g pair -> all-gather [b, s/t, h] + reduce-scatter [b, s, h]
+            pairs = 2 * m.layers + (2 * m.layers if cfg.recompute == "full" else 0)  # sublayer fwd passes
+            sp = tp_f.sequence_parallel(**bsh, sublayers=pairs, backward=False)
+            sp_b = tp_f.sequence_parallel(**bsh, sublayers=2 * m.layers, backward=False)  # backward passes
+            n = sp["all_gather.count"] + sp_b["all_gather.count"]
+            comm.append(_term("tensor", "layer all-gathers (SP)", "all-gather", n, x / t, t))
+            comm.append(_term("tensor", "layer reduce-scatters (SP)", "reduce-scatter", n, x, t))
+        else:
+            layer = tp_f.transformer_layer_all_reduce(**bsh, backward=True)  # 2 fwd + 2 bwd per layer
+            n = m.layers * layer["count"]
+            if cfg.recompute == "full":  # the recomputed forward issues its 2 g all-reduces again
+                n += m.layers * tp_f.transformer_layer_all_reduce(**bsh, backward=False)["count"]
+            comm.append(_term("tensor", "layer all-reduces (g fwd, f bwd)", "all-reduce", n, x, t))
+        emb = tp_f.embedding_all_reduce(**bsh)
+        comm.append(_term("tensor", "vocab-parallel embedding fwd", "all-reduce", emb["count"], x, t))
+        # the column-parallel LM head's f: backward all-reduce of its input gradient [b, s, h]
+        comm.append(_term("tensor", "LM-head input grad (f, bwd)", "all-reduce", 1, x, t))
+        ce = tp_f.vocab_parallel_ce(b, cfg.seq, t, dtype="float32")  # max, target logit, sum-exp of [b, s]
+        comm.append(_term("tensor", "vocab-parallel cross-entropy", "all-reduce", ce["count"],
+                          ce["bytes"] / ce["count"], t))
     return comm
 
 
