@@ -199,6 +199,11 @@ rec.check("shard_as.off_bytes_exceed_on", off["backward_while_state_bytes"] > on
           f"while {off['backward_while_state_bytes']} > {on['backward_while_state_bytes']}, "
           f"buffers {off['buffers_total_bytes']} > {on['buffers_total_bytes']}")
 ratio = {k: off[k] / on[k] for k in ("backward_while_state_bytes", "buffers_total_bytes")}
+rec.measure("shard_as.off_on_ratio.while_state", ratio["backward_while_state_bytes"], "x", "hlo")
+rec.measure("shard_as.off_on_ratio.buffers.total", ratio["buffers_total_bytes"], "x", "hlo")
+print(f"L={L_max}, mesh ({mesh_fsdp}, {mesh_tensor}): OFF/ON backward while state "
+      f"{ratio['backward_while_state_bytes']:.2f}x, buffers {ratio['buffers_total_bytes']:.2f}x, "
+      f"stacked gradients {formula.ratio:.0f}x")
 pd.DataFrame({"shard_as on": {"w_up grad spec": on["grad_specs"]["w_up"][0],
                               "w_down grad spec": on["grad_specs"]["w_down"][0],
                               "stacked grads B/device": sum(on["grad_bytes"].values()),
@@ -349,9 +354,10 @@ pd.DataFrame(grow)
 # Without placeholders one trace sends $3BSH + 2BSF + 4HF$ elements (fake carry and one layer's weights for
 # the forward scan; fake grad carry and one slice of each saved activation — $x$, $xW_{up}$,
 # $\mathrm{gelu}(xW_{up})$, $W_{up}$, $W_{down}$ — for the backward), times the device count: the $HF$ term
-# makes it grow with the square of the width. For Llama 3 405B one layer's weights alone are ~6 GiB in bf16,
-# sent for both scans, replicated — the upstream 23 GiB; with placeholders, 0 (upstream's remaining 182 MiB
-# was other real data).
+# makes it grow with the square of the width. For Llama 3 405B one layer's weights alone are ~6 GiB in bf16
+# (≈3.2 B parameters), and they are sent for both scans: the mechanism behind the upstream 23 GiB → 182 MiB
+# host→device per step (we do not reconstruct their exact accounting, nor what the remaining 182 MiB was).
+# With placeholders our trace moves 0 bytes.
 #
 # ## 5 · Explorer
 # Pick a mesh, L and hidden; the small case re-runs with shard_as on and off (two compiles).
