@@ -20,7 +20,7 @@ REQUIRED = (
 def test_notebook_07_small(run_notebook) -> None:  # type: ignore[no-untyped-def]
     record = run_notebook("07_planner", num_devices=8, model="llama-3-8b", topology="v5e-8", data=2, fsdp=4,
                           tensor=1, recompute="selective", global_batch=8, seq=2048, val_tokens=16,
-                          val_hidden=32, val_ffn=64)
+                          val_hidden=32, val_ffn=64, val_heads=8)
     by = {(m["name"], m["source"]): m["value"] for m in record["measurements"]}
     for name in REQUIRED:
         assert (name, "formula") in by, name
@@ -31,6 +31,7 @@ def test_notebook_07_small(run_notebook) -> None:  # type: ignore[no-untyped-def
     # the validation section compared formula and HLO for every term (rec.agree raised otherwise)
     validated = {m["name"] for m in record["measurements"] if m["source"] == "hlo"}
     assert {"planner.validate.tp_mlp.all_reduce.bytes", "planner.validate.dp.all_reduce.bytes",
+            "planner.validate.tp_layer.all_reduce.bytes",
             "planner.validate.fsdp.param.bytes"} <= validated
 
 

@@ -13,6 +13,7 @@ seq = 8192  # tokens per sequence
 val_tokens = 64  # validation on CPU: tokens of the small Megatron MLP
 val_hidden = 128
 val_ffn = 512
+val_heads = 8  # heads of the validation transformer layer (divisible by num_devices)
 
 # %% [markdown]
 # # 07 · Planner: from 8 CPU devices to a TPU pod
@@ -36,13 +37,17 @@ from shardlab.formulas import activations, flops, hardware, memory
 from shardlab.profile import Recorder
 
 # validate every parameter before any XLA work: plan() raises with the values named
-for _name, _v in (("val_tokens", val_tokens), ("val_hidden", val_hidden), ("val_ffn", val_ffn)):
+for _name, _v in (("val_tokens", val_tokens), ("val_hidden", val_hidden), ("val_ffn", val_ffn),
+                  ("val_heads", val_heads)):
     if not isinstance(_v, int) or _v < 1:
         raise ValueError(f"{_name}={_v!r} must be a positive int")
 if val_ffn % num_devices:
     raise ValueError(f"val_ffn={val_ffn} is not divisible by num_devices={num_devices} (tensor-parallel MLP)")
 if val_tokens % num_devices:
     raise ValueError(f"val_tokens={val_tokens} is not divisible by num_devices={num_devices} (data parallel)")
+if val_heads % num_devices or val_hidden % val_heads:
+    raise ValueError(f"val_heads={val_heads} must be divisible by num_devices={num_devices} and divide "
+                     f"val_hidden={val_hidden}")
 if val_hidden % num_devices:
     raise ValueError(f"val_hidden={val_hidden} is not divisible by num_devices={num_devices} (FSDP shards)")
 config = P.PlanConfig(model, topology, data=data, fsdp=fsdp, tensor=tensor, recompute=recompute,
@@ -52,7 +57,7 @@ my_plan = P.plan(config)
 rec = Recorder("07_planner", params=dict(num_devices=num_devices, seed=seed, model=model, topology=topology,
                                          data=data, fsdp=fsdp, tensor=tensor, recompute=recompute,
                                          global_batch=global_batch, seq=seq, val_tokens=val_tokens,
-                                         val_hidden=val_hidden, val_ffn=val_ffn),
+                                         val_hidden=val_hidden, val_ffn=val_ffn, val_heads=val_heads),
                results_dir=results_dir, world=world)
 GB = 1e9
 
@@ -195,7 +200,7 @@ memory_figure(compare, title="Per-chip memory, several plans").show()
 # `num_devices` virtual devices (fp32 on CPU, so 4 bytes per element):
 #
 # * **TP** (Megatron MLP `gelu(x A) B`, A column-, B row-sharded): one all-reduce of `[T, h]` in the forward
-#   (g) and one in the backward (f, the input gradient).
+#   (g) and one in the backward (f, the input gradient); then a whole transformer layer through `P.plan`.
 # * **DP** (batch-sharded `x`, replicated weights): the weight gradients are all-reduced, 2·h·ffn elements.
 # * **Parameter bytes per device**: replicated (ZeRO stage 0) vs sharded over all devices (stage 3) — the
 #   `params` term of `memory.model_state_bytes`, read from XLA's buffer assignment.
@@ -246,6 +251,34 @@ rec.agree("planner.validate.tp_mlp.param.bytes", "bytes",
           formula=T * h * F32 + memory.model_state_bytes(2 * h * f_, tensor=num_devices, stage=0,
                                                          param_bytes=F32).params,
           hlo=m_tp.buffers.parameter)
+
+# %% [markdown]
+# **A whole transformer layer, through the planner itself.** The planner's tensor-axis term for one layer
+# (attention + MLP: 2 all-reduces forward, 2 backward) is read from `P.plan` for a one-layer model with
+# tensor = `num_devices`, and compared with the HLO of the TP helper's GSPMD-sharded `TransformerBlock`.
+
+# %%
+from shardlab import models
+from shardlab.tp import gspmd
+
+val_model = P.ModelConfig("validation", layers=1, hidden=val_hidden, ffn=val_ffn, heads=val_heads,
+                          kv_heads=val_heads, vocab=1024, gated_mlp=False)
+val_plan = P.plan(P.PlanConfig(val_model, f"v5e-{num_devices}", data=1, fsdp=1, tensor=num_devices,
+                               global_batch=1, seq=T, recompute="none", act_dtype="float32"))
+layer_term = next(t for t in val_plan.comm if t.what.startswith("layer all-reduces"))
+block = models.TransformerBlock(h, val_heads, f_).to(dev)
+mesh_tp = gspmd.tensor_mesh(num_devices)
+gspmd.shard_attention(block.attn, mesh_tp)
+gspmd.shard_mlp(block.mlp, mesh_tp)
+xb, gb = torch.randn(1, T, h).to(dev), torch.randn(1, T, h).to(dev)  # [b=1, s=T, h]
+m_layer = capture_hlo(lambda: gspmd.step(block, xb, gb)).module
+rec.agree("planner.validate.tp_layer.all_reduce.count", "1", formula=layer_term.count,
+          hlo=m_layer.count("all-reduce"))
+rec.agree("planner.validate.tp_layer.all_reduce.bytes", "bytes", formula=layer_term.count * layer_term.payload_bytes,
+          hlo=m_layer.bytes("all-reduce"))
+rec.agree("planner.validate.tp_layer.all_reduce.wire_bytes", "bytes", formula=layer_term.wire_bytes,
+          hlo=sum(wire_bytes("all-reduce", c.operand_bytes, c.group_size) for c in m_layer.collectives
+                  if c.op == "all-reduce"))
 
 # %%
 mesh_d = runtime.mesh((num_devices,), ("data",))
