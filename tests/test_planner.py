@@ -97,3 +97,18 @@ def test_sequence_parallel_moves_the_same_bytes_as_tp():
         assert layer_sp == pytest.approx(layer_tp, rel=1e-12)
         # and SP shards the activations that TP alone replicates: eq. (4) < eq. (2)
         assert sp.memory["activations"] < tp.memory["activations"]
+
+
+def test_viz_headless():
+    # the figure has one stacked trace per memory category (+ the HBM marker); the explorer reports bad degrees
+    from shardlab.viz.planner import CATEGORY_ORDER, PlannerExplorer, memory_figure, summary_frame
+
+    p = P.plan(P.PlanConfig("llama-3-8b", "v6e-8"))
+    fig = memory_figure([p, p])
+    assert [t.name for t in fig.data] == [*CATEGORY_ORDER, "HBM per chip"]
+    assert sum(t.y[0] for t in fig.data[:-1]) == pytest.approx(p.memory_total / 1e9)
+    assert summary_frame(p)["verdict"][0] == p.verdict
+    ex = PlannerExplorer(P.PlanConfig("llama-3-8b", "v6e-8"))
+    assert ex.update().memory_total == p.memory_total and ex.error is None
+    ex.fsdp.value = 3  # observer calls update(): 1 × 3 × 1 != 8 chips
+    assert ex.plan is None and "data=1 × fsdp=3 × tensor=1 = 3 does not equal the 8 chips of v6e-8" in ex.error
