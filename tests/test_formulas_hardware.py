@@ -37,3 +37,22 @@ def test_roofline_arithmetic():
     assert r.compute_s == 1.0 and r.comm_s == 1.0 and r.step_s == 1.0 and r.comm_compute_ratio == 1.0
     r2 = H.roofline(918e12, 800e9, c)
     assert r2.bound == "communication" and r2.step_s == 2.0 and r2.step_no_overlap_s == 3.0
+
+
+def test_hardware_dir_override(tmp_path, monkeypatch):
+    import json
+    import shutil
+
+    for f in H.HARDWARE_DIR.glob("*.json"):
+        shutil.copy(f, tmp_path / f.name)
+    d = json.loads((tmp_path / "v5e.json").read_text())
+    d["name"] = "v5e-copy"
+    (tmp_path / "v5e.json").write_text(json.dumps(d))
+    monkeypatch.setenv("SHARDLAB_HARDWARE_DIR", str(tmp_path))
+    H.chips.cache_clear()
+    try:
+        assert "v5e-copy" in H.chips()
+    finally:
+        monkeypatch.delenv("SHARDLAB_HARDWARE_DIR")
+        H.chips.cache_clear()
+    assert "v5e" in H.chips()

@@ -23,11 +23,27 @@ Example:
 from __future__ import annotations
 
 import json
+import os
+import sys
 from functools import cache
 from pathlib import Path
 from typing import NamedTuple
 
-HARDWARE_DIR = Path(__file__).resolve().parents[3] / "data" / "hardware"
+HARDWARE_DIR = Path(__file__).resolve().parents[3] / "data" / "hardware"  # a checkout (editable install)
+# where else the profiles may be: $SHARDLAB_HARDWARE_DIR, or a non-editable install's data files
+# (pyproject: [tool.setuptools.data-files] "share/shardlab/hardware" = ["data/hardware/*.json"])
+INSTALLED_DIR = Path(sys.prefix) / "share" / "shardlab" / "hardware"
+
+
+def hardware_dir() -> Path:
+    """The first directory holding the chip profiles: $SHARDLAB_HARDWARE_DIR, the checkout, the install."""
+    candidates = [Path(os.environ["SHARDLAB_HARDWARE_DIR"])] if os.environ.get("SHARDLAB_HARDWARE_DIR") else []
+    candidates += [HARDWARE_DIR, INSTALLED_DIR]
+    for d in candidates:
+        if d.is_dir() and any(d.glob("*.json")):
+            return d
+    raise FileNotFoundError(f"TPU hardware profiles (*.json) not found in any of {[str(c) for c in candidates]}; "
+                            "set SHARDLAB_HARDWARE_DIR to a copy of the repository's data/hardware")
 
 
 class ChipProfile(NamedTuple):
@@ -48,10 +64,8 @@ class ChipProfile(NamedTuple):
 @cache
 def chips() -> dict[str, ChipProfile]:
     """All chip profiles found in data/hardware/, by name."""
-    if not HARDWARE_DIR.is_dir():
-        raise FileNotFoundError(f"hardware profiles not found: {HARDWARE_DIR} (run from a shardlab checkout)")
     out = {}
-    for f in sorted(HARDWARE_DIR.glob("*.json")):
+    for f in sorted(hardware_dir().glob("*.json")):
         d = json.loads(f.read_text())
         out[d["name"]] = ChipProfile(
             name=d["name"],
