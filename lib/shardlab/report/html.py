@@ -124,8 +124,9 @@ def figure(fig: Any) -> str:
 
 
 def baseline_section(report: Report) -> str:
-    state = {"compared": "compared with", "none": "no baseline yet at", "updated": "updated", "created": "created"}
-    parts = [f"<p>Baseline {state.get(report.baseline_state, report.baseline_state)} "
+    state = {"compared": "Compared with the baseline", "none": "No baseline yet at", "updated": "Updated the baseline",
+             "created": "Created the baseline"}
+    parts = [f"<p>{state.get(report.baseline_state, report.baseline_state)} "
              f"<code>{esc(report.baseline_path)}</code>.</p>"]
     if report.baseline_state == "none":
         parts.append("<p>Run with <code>--update-baseline</code> to record this run as the baseline.</p>")

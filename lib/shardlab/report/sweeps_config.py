@@ -48,6 +48,7 @@ REPORT_SWEEPS: tuple[SweepSpec, ...] = (
     SweepSpec("fsdp_padding_vs_world_size", "FSDP flat parameter: padding (elements) vs world size",
               "05_fsdp_flat_params", {"world_size": [1, 2, 3, 4, 5, 6, 7, 8]}, "world_size",
               ("fsdp.flat.padding", "fsdp.flat.padded_numel", "fsdp.flat.shard_numel"),
+              params={"run_torch_fsdp": False, "steps": 1},        # the padding needs neither gloo nor training
               derived=(("fsdp.flat.padding", "difference", "fsdp.flat.padded_numel", "fsdp.flat.numel",
                         "elements"),)),
     SweepSpec("scan_compile_vs_layers", "scan: XLA compile time and HLO size vs number of layers L",
