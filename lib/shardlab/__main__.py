@@ -9,6 +9,7 @@ Examples::
     python -m shardlab report --only 01 02_megatron_mlp --out out/r1 --timeout 120
     python -m shardlab report --update-baseline                 # rewrite data/baselines/cpu-8.json
     python -m shardlab sweep 02_megatron_mlp -p tp 1 2 4 8 -p batch 4 --jobs 2
+    python -m shardlab badges --repo OWNER/shardlab             # README badge table
 """
 
 from __future__ import annotations
@@ -78,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--name-param", nargs=2, action="append", metavar=("COLUMN", "REGEX"),
                     help=r"split a parameter out of measurement names, e.g. L '\.L(\d+)$'")
     sp.add_argument("--notebooks-dir", type=Path, default=None, help=argparse.SUPPRESS)
+
+    bp = sub.add_parser("badges", help="print the README's Open-in-Colab / Open-in-Kaggle table")
+    bp.add_argument("--repo", required=True, help="owner/name of the public GitHub repository")
+    bp.add_argument("--branch", default="main")
     return ap
 
 
@@ -140,6 +145,20 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return EXIT_FAILED if bad else EXIT_OK
 
 
+def cmd_badges(args: argparse.Namespace) -> int:
+    from shardlab.hosted import badge_table
+    from shardlab.report.notebooks import find_notebooks
+    from shardlab.report.runner import ROOT
+
+    from shardlab.report.notebooks import ReportInputError
+
+    try:
+        print(badge_table(find_notebooks(ROOT / "notebooks"), args.repo, args.branch))
+    except ValueError as exc:
+        raise ReportInputError(str(exc)) from exc
+    return EXIT_OK
+
+
 def main(argv: list[str] | None = None) -> int:
     sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[assignment]  # 3.7 s import; see execute.py
     args = build_parser().parse_args(argv)
@@ -147,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     from shardlab.report.notebooks import ReportInputError
 
     try:
-        return cmd_report(args) if args.command == "report" else cmd_sweep(args)
+        commands = {"report": cmd_report, "sweep": cmd_sweep, "badges": cmd_badges}
+        return commands[args.command](args)
     except (ReportInputError, BaselineError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_RUNNER
