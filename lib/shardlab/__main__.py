@@ -147,10 +147,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def cmd_badges(args: argparse.Namespace) -> int:
     from shardlab.hosted import badge_table
-    from shardlab.report.notebooks import find_notebooks
+    from shardlab.report.notebooks import ReportInputError, find_notebooks
     from shardlab.report.runner import ROOT
-
-    from shardlab.report.notebooks import ReportInputError
 
     try:
         print(badge_table(find_notebooks(ROOT / "notebooks"), args.repo, args.branch))
