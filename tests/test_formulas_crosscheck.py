@@ -7,9 +7,9 @@ measurement must be equal, not close. A notebook whose source has not landed yet
 
     notebook                 formula                                   measured by
     02 Megatron MLP          tp.mlp_all_reduce (fwd, fwd+bwd)          HLO of tp.gspmd.shard_mlp
-    02 (sizes)               planner TP layer term = tp.transformer_   HLO of a sharded models.TransformerBlock
-                             layer_all_reduce
     03 Megatron attention    tp.attention_all_reduce                   HLO of tp.gspmd.shard_attention
+    03 (transformer layer)   planner TP layer term = tp.transformer_   HLO of a sharded models.TransformerBlock
+                             layer_all_reduce
     04 embedding + CE        tp.embedding_all_reduce,                  HLO of shard_embedding / vocab_parallel_ce
                              tp.vocab_parallel_ce
     05 FSDP flat params      fsdp.flat_step_comm, zero.padded_numel,   ledger of fsdp.train.fsdp_rank_program;
@@ -88,26 +88,27 @@ def test_02_mlp_all_reduces_vs_hlo(xla_world):
 
 
 @pytest.mark.xla
-def test_02_sizes_planner_layer_term_vs_transformer_block_hlo(xla_world):
+def test_03_transformer_layer_planner_term_vs_hlo(xla_world):
     from shardlab import models
     from shardlab import planner as P
     from shardlab.profile import capture_hlo
     from shardlab.tp import gspmd
 
-    p = notebook_defaults("02_megatron_mlp")
+    p = notebook_defaults("03_megatron_attention")  # its transformer-layer section
     torch, dev, mesh = _tp_setup(xla_world, p)
     b, s, h, a, f, t = p["batch"], p["seq"], p["hidden"], p["heads"], p["ffn"], p["tp"]
     cfg = P.ModelConfig("xcheck", layers=1, hidden=h, ffn=f, heads=a, kv_heads=a, vocab=p["vocab"], gated_mlp=False)
+    dt = getattr(torch, p["dtype"])
     plan = P.plan(P.PlanConfig(cfg, f"v5e-{t}", data=1, fsdp=1, tensor=t, global_batch=b, seq=s, recompute="none",
-                               act_dtype="float32"))
+                               act_dtype=p["dtype"]))
     term = next(x for x in plan.comm if x.what.startswith("layer all-reduces"))
     assert (term.count, term.count * term.payload_bytes) == tuple(
-        ftp.transformer_layer_all_reduce(b, s, h, t, "float32").values())
+        ftp.transformer_layer_all_reduce(b, s, h, t, p["dtype"]).values())
     torch.manual_seed(p["seed"])
-    blk = models.TransformerBlock(h, a, f).to(dev)
+    blk = models.TransformerBlock(h, a, f).to(dt).to(dev)
     gspmd.shard_attention(blk.attn, mesh)
     gspmd.shard_mlp(blk.mlp, mesh)
-    x, g = torch.randn(b, s, h).to(dev), torch.randn(b, s, h).to(dev)
+    x, g = torch.randn(b, s, h, dtype=dt).to(dev), torch.randn(b, s, h, dtype=dt).to(dev)
     m = capture_hlo(gspmd.step, blk, x, g).module
     assert m.count("all-reduce") == term.count
     assert m.bytes("all-reduce") == term.count * term.payload_bytes
@@ -124,11 +125,12 @@ def test_03_attention_all_reduces_vs_hlo(xla_world):
     p = notebook_defaults("03_megatron_attention")
     torch, dev, mesh = _tp_setup(xla_world, p)
     torch.manual_seed(p.get("seed", 0))
-    attn = gspmd.shard_attention(models.Attention(p["hidden"], p["heads"]).to(dev), mesh)
-    x = torch.randn(p["batch"], p["seq"], p["hidden"]).to(dev)
-    g = torch.randn(p["batch"], p["seq"], p["hidden"]).to(dev)
+    dt = getattr(torch, p["dtype"])
+    attn = gspmd.shard_attention(models.Attention(p["hidden"], p["heads"]).to(dt).to(dev), mesh)
+    x = torch.randn(p["batch"], p["seq"], p["hidden"], dtype=dt).to(dev)
+    g = torch.randn(p["batch"], p["seq"], p["hidden"], dtype=dt).to(dev)
     m = capture_hlo(gspmd.step, attn, x, g).module
-    f = ftp.attention_all_reduce(p["batch"], p["seq"], p["hidden"], p["tp"], "float32", backward=True)
+    f = ftp.attention_all_reduce(p["batch"], p["seq"], p["hidden"], p["tp"], p["dtype"], backward=True)
     assert (m.count("all-reduce"), m.bytes("all-reduce")) == (f["count"], f["bytes"])
 
 
