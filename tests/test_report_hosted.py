@@ -90,3 +90,16 @@ def test_built_notebooks_carry_the_cell_after_parameters() -> None:
         assert "parameters" in cells[0]["metadata"].get("tags", []), path.name
         src = cells[1]["source"]
         assert ("".join(src) if isinstance(src, list) else src).strip() == cell, f"{path.name}: rebuild notebooks"
+
+
+def test_badge_table_links_each_notebook() -> None:
+    from shardlab.hosted import badge_table
+
+    table = badge_table(["01_block_matrices", "05_fsdp_flat_params"], "octo/shardlab", "main").splitlines()
+    assert table[0] == "| notebook | Colab | Kaggle |" and len(table) == 4
+    assert "https://colab.research.google.com/github/octo/shardlab/blob/main/notebooks/05_fsdp_flat_params.ipynb" \
+        in table[3]
+    assert "kernels/welcome?src=https://github.com/octo/shardlab/blob/main/notebooks/01_block_matrices.ipynb" \
+        in table[2]
+    with pytest.raises(ValueError, match="owner/name"):
+        badge_table(["01_block_matrices"], "shardlab")
