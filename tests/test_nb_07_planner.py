@@ -18,7 +18,9 @@ REQUIRED = (
 
 @pytest.mark.notebook
 def test_notebook_07_small(run_notebook) -> None:  # type: ignore[no-untyped-def]
-    record = run_notebook("07_planner", num_devices=8, model="llama-3-8b", topology="v5e-8", data=2, fsdp=4,
+    custom = {"layers": 4, "hidden": 1024, "ffn": 4096, "heads": 16, "kv_heads": 16, "vocab": 50257,
+              "gated_mlp": False}  # a custom model through the `model` parameter
+    record = run_notebook("07_planner", num_devices=8, model=custom, topology="v5e-8", data=2, fsdp=4,
                           tensor=1, recompute="selective", global_batch=8, seq=2048, val_tokens=16,
                           val_hidden=32, val_ffn=64, val_heads=8)
     by = {(m["name"], m["source"]): m["value"] for m in record["measurements"]}
@@ -29,6 +31,7 @@ def test_notebook_07_small(run_notebook) -> None:  # type: ignore[no-untyped-def
     assert by[("planner.stacked_grad.per_chip.bytes.1d", "formula")] == 126 * 4096 * 16384 * 2
     assert by[("planner.stacked_grad.per_chip.bytes.2d", "formula")] == 126 * 4096 * 256 * 2
     # the validation section compared formula and HLO for every term (rec.agree raised otherwise)
+    assert record["params"]["model"] == custom
     validated = {m["name"] for m in record["measurements"] if m["source"] == "hlo"}
     assert {"planner.validate.tp_mlp.all_reduce.bytes", "planner.validate.dp.all_reduce.bytes",
             "planner.validate.tp_layer.all_reduce.bytes",

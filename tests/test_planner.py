@@ -112,3 +112,20 @@ def test_viz_headless():
     assert ex.update().memory_total == p.memory_total and ex.error is None
     ex.fsdp.value = 3  # observer calls update(): 1 × 3 × 1 != 8 chips
     assert ex.plan is None and "data=1 × fsdp=3 × tensor=1 = 3 does not equal the 8 chips of v6e-8" in ex.error
+
+
+def test_custom_model_dict():
+    m = P.model_from({"layers": 2, "hidden": 512, "ffn": 2048, "heads": 8, "kv_heads": 8, "vocab": 32000})
+    assert m.name == "custom" and m.layers == 2
+    p = P.plan(P.PlanConfig({"layers": 2, "hidden": 512, "ffn": 2048, "heads": 8, "kv_heads": 8, "vocab": 32000},
+                            "v5e-8"))
+    assert p.model == m
+    with pytest.raises(ValueError, match=r"missing keys \['vocab'\], unknown keys \['hiden'\]"):
+        P.model_from({"layers": 2, "hiden": 512, "hidden": 512, "ffn": 2048, "heads": 8, "kv_heads": 8})
+    with pytest.raises(ValueError, match=r"custom model: layers=0 must be a positive int"):
+        P.model_from({"layers": 0, "hidden": 512, "ffn": 2048, "heads": 8, "kv_heads": 8, "vocab": 10})
+    from shardlab.viz.planner import PlannerExplorer
+
+    ex = PlannerExplorer(P.PlanConfig({"layers": 2, "hidden": 512, "ffn": 2048, "heads": 8, "kv_heads": 8,
+                                       "vocab": 32000}, "v5e-8"))
+    assert ex.update().model == m and "custom" in ex.model.options

@@ -71,9 +71,34 @@ def model_preset(name: str) -> ModelConfig:
     return MODEL_PRESETS[name]
 
 
+def model_from(spec: str | dict | ModelConfig) -> ModelConfig:
+    """A preset name, a dict of custom sizes, or a ModelConfig -> ModelConfig (clear errors on bad keys).
+
+    >>> model_from({"layers": 2, "hidden": 512, "ffn": 2048, "heads": 8, "kv_heads": 8, "vocab": 32000}).name
+    'custom'
+    """
+    if isinstance(spec, ModelConfig):
+        return spec
+    if isinstance(spec, str):
+        return model_preset(spec)
+    if isinstance(spec, dict):
+        required = ("layers", "hidden", "ffn", "heads", "kv_heads", "vocab")
+        allowed = {*required, "name", "gated_mlp", "source"}
+        missing = [k for k in required if k not in spec]
+        unknown = sorted(set(spec) - allowed)
+        if missing or unknown:
+            raise ValueError(f"custom model {spec}: missing keys {missing}, unknown keys {unknown}; "
+                             f"give {list(required)} (optional: name, gated_mlp)")
+        for k in required:
+            if isinstance(spec[k], bool) or not isinstance(spec[k], int) or spec[k] < 1:
+                raise ValueError(f"custom model: {k}={spec[k]!r} must be a positive int")
+        return ModelConfig(**{"name": "custom", **spec})
+    raise ValueError(f"model={spec!r} must be a preset name {sorted(MODEL_PRESETS)}, a dict of sizes or a ModelConfig")
+
+
 @dataclass(frozen=True)
 class PlanConfig:
-    model: ModelConfig | str  # preset name or custom sizes
+    model: ModelConfig | str | dict  # preset name, dict of custom sizes, or ModelConfig
     topology: str = "v6e-8"  # slice name, see formulas.hardware.topologies()
     data: int = 1  # pure data-parallel replicas
     fsdp: int = 8  # ZeRO / FSDP sharding degree
@@ -228,7 +253,7 @@ def _comm_terms(cfg: PlanConfig, m: ModelConfig, pc: mem.ParamCounts, stage: int
 
 def plan(cfg: PlanConfig) -> Plan:
     """Per-chip memory, communication, FLOPs, step time, MFU and a verdict for one configuration."""
-    m = model_preset(cfg.model) if isinstance(cfg.model, str) else cfg.model
+    m = model_from(cfg.model)
     profile, chips = hw.topology(cfg.topology)
     stage = _validate(cfg, m, chips)
     d, f, t = cfg.data, cfg.fsdp, cfg.tensor

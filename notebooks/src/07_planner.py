@@ -2,7 +2,8 @@
 num_devices = 8
 results_dir = None
 seed = 0
-model = "llama-3-8b"  # llama-3-8b | llama-3-70b | llama-3.1-405b
+model = "llama-3-8b"  # llama-3-8b | llama-3-70b | llama-3.1-405b, or custom sizes as a dict, e.g.
+# {"layers": 24, "hidden": 2048, "ffn": 8192, "heads": 16, "kv_heads": 16, "vocab": 50257, "gated_mlp": False}
 topology = "v6e-8"  # v5e-8, v6e-8, v6e-256, v5p-128, ... (data/hardware/*.json)
 data = 1  # data-parallel replicas
 fsdp = 8  # ZeRO-3 / FSDP sharding degree
@@ -50,7 +51,7 @@ if val_heads % num_devices or val_hidden % val_heads:
                      f"val_hidden={val_hidden}")
 if val_hidden % num_devices:
     raise ValueError(f"val_hidden={val_hidden} is not divisible by num_devices={num_devices} (FSDP shards)")
-config = P.PlanConfig(model, topology, data=data, fsdp=fsdp, tensor=tensor, recompute=recompute,
+config = P.PlanConfig(P.model_from(model), topology, data=data, fsdp=fsdp, tensor=tensor, recompute=recompute,
                       global_batch=global_batch, seq=seq)
 my_plan = P.plan(config)
 
@@ -149,7 +150,7 @@ print(my_plan.verdict)
 for note in my_plan.notes:
     print(" -", note)
 display(summary_frame(my_plan))
-memory_figure(my_plan, title=f"Per-chip memory: {model} on {topology}").show()
+memory_figure(my_plan, title=f"Per-chip memory: {my_plan.model.name} on {topology}").show()
 rec.measure("planner.memory.per_chip.bytes", my_plan.memory_total, "bytes", "formula")
 rec.measure("planner.step.comm.bytes", my_plan.comm_payload_bytes, "bytes", "formula")
 rec.measure("planner.step.comm.wire_bytes", my_plan.comm_wire_bytes, "bytes", "formula")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardlab.planner import MODEL_PRESETS, Plan, PlanConfig, plan
+from shardlab.planner import MODEL_PRESETS, Plan, PlanConfig, model_from, plan
 
 GB = 1e9
 CATEGORY_ORDER = ("params", "grads", "optimizer", "padding", "activations", "logits", "fsdp_gathered_unit")
@@ -75,8 +75,8 @@ class PlannerExplorer:
 
         from shardlab.formulas.hardware import topologies
 
-        model = initial.model if isinstance(initial.model, str) else initial.model.name
-        self.custom = None if isinstance(initial.model, str) else initial.model
+        self.custom = None if isinstance(initial.model, str) else model_from(initial.model)
+        model = initial.model if self.custom is None else self.custom.name
         models = sorted(MODEL_PRESETS) + ([model] if self.custom else [])
         self.base = initial
         self.model = w.Dropdown(options=models, value=model, description="model")
