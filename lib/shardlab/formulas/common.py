@@ -53,3 +53,17 @@ def wire_bytes(op: str, payload: float, world_size: int) -> float:
     if key not in factors:
         raise ValueError(f"op={op!r} is not one of {sorted(factors)}")
     return factors[key] * payload
+
+
+def reduction_dtype(dtype: Any, device_kind: str) -> str:
+    """Element type a reduction collective actually carries on ``device_kind``.
+
+    XLA:CPU has no bf16/f16 arithmetic: its float-normalization pass promotes a bf16 dot and the all-reduce
+    of its partial sums to f32 (the HLO shows ``all-reduce`` of ``f32[...]`` with ``to_apply=%add.clone_promoted``,
+    then a convert back to bf16). TPUs reduce in bf16. Formulas that predict HLO bytes take this dtype.
+    """
+    name = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
+    if device_kind == "cpu" and dtype_bytes(name) == 2 and name.lower() in ("bfloat16", "bf16", "float16", "fp16",
+                                                                             "f16", "half"):
+        return "float32"
+    return name

@@ -1,0 +1,121 @@
+"""Pictures for notebook 01: which device holds which block of x, W and Y, and an explorer that redraws.
+
+``split_figure`` draws three heatmaps of owner ids (device colours from :mod:`shardlab.viz.common`, grey =
+replicated). ``explorer`` builds ipywidgets sliders (m, k, n, parts, split kind) that redraw the figure and
+recompute the block product against the dense one; it returns ``(ui, update)`` so a headless run (papermill)
+can call ``update(...)`` directly and exercise the same code path a learner's slider does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from shardlab import blocks
+from shardlab.viz.common import REPLICATED, device_color
+
+KINDS = ("column", "row", "grid")
+
+
+def _grid_shape(parts: int) -> tuple[int, int]:
+    if parts % 2 or parts < 2:
+        raise ValueError(f"parts={parts}: the grid split needs an even number of parts (a 2 x parts/2 mesh)")
+    return 2, parts // 2
+
+
+def owners(m: int, k: int, n: int, parts: int, kind: str) -> dict[str, list[list[int]]]:
+    """Owner-id maps for x, W and Y (−1 = replicated on every device)."""
+    if kind not in KINDS:
+        raise ValueError(f"kind={kind!r} must be one of {KINDS}")
+
+    def rep(r: int, c: int) -> list[list[int]]:
+        return [[-1] * c for _ in range(r)]
+
+    if kind == "column":
+        return {"x": rep(m, k), "W": blocks.owner_map(k, n, 1, parts), "Y": blocks.owner_map(m, n, 1, parts)}
+    if kind == "row":
+        return {"x": blocks.owner_map(m, k, 1, parts), "W": blocks.owner_map(k, n, parts, 1), "Y": rep(m, n)}
+    pr, pc = _grid_shape(parts)
+    y = [[pc * i for i in row] for row in blocks.owner_map(m, n, pr, 1)]  # row block i: group of devices i*pc..
+    return {"x": blocks.owner_map(m, k, pr, pc), "W": blocks.owner_map(k, n, pc, 1), "Y": y}
+
+
+def split_figure(m: int, k: int, n: int, parts: int, kind: str) -> Any:
+    """Three heatmaps: x (m×k), W (k×n), Y (m×n), coloured by owning device."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    own = owners(m, k, n, parts, kind)
+    notes = {
+        "column": ("x replicated", "W = [W_1 … W_p] by columns", "Y = [xW_1 … xW_p]: concatenate, no collective"),
+        "row": ("x = [x_1 … x_p] by columns", "W = [W_1; …; W_p] by rows", "Y = Σ x_i W_i: one all-reduce"),
+        "grid": ("x by (mesh rows, mesh cols)", "W rows over mesh cols", "Y row blocks: all-reduce per mesh row"),
+    }[kind]
+    fig = make_subplots(rows=1, cols=3, subplot_titles=notes, column_widths=[k, n, n], horizontal_spacing=0.06)
+    n_dev = parts
+    scale = [[0.0, REPLICATED], [1.0 / (n_dev + 1), REPLICATED]]
+    for d in range(n_dev):
+        lo, hi = (d + 1) / (n_dev + 1), (d + 2) / (n_dev + 1)
+        scale += [[lo, device_color(d)], [hi, device_color(d)]]
+    for col, name in enumerate(("x", "W", "Y"), start=1):
+        z = own[name]
+        text = [["replicated" if v < 0 else f"device {v}" for v in row] for row in z]
+        fig.add_trace(go.Heatmap(z=z, zmin=-1, zmax=n_dev - 1, colorscale=scale, showscale=False, text=text,
+                                 hovertemplate=f"{name}[%{{y}}, %{{x}}]: %{{text}}<extra></extra>", xgap=1, ygap=1),
+                      row=1, col=col)
+        fig.update_yaxes(autorange="reversed", showticklabels=False, row=1, col=col)
+        fig.update_xaxes(showticklabels=False, row=1, col=col)
+    fig.update_layout(height=320, margin={"l": 10, "r": 10, "t": 60, "b": 10},
+                      title=f"{kind} split over {parts} devices: x {m}×{k} @ W {k}×{n}")
+    return fig
+
+
+def block_check(m: int, k: int, n: int, parts: int, kind: str, seed: int = 0) -> float:
+    """Max |blocked − dense| for random float64 operands (0 up to rounding)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g, dtype=torch.float64)
+    w = torch.randn(k, n, generator=g, dtype=torch.float64)
+    if kind == "column":
+        bp = blocks.column_parallel(x, w, parts)
+    elif kind == "row":
+        bp = blocks.row_parallel(x, w, parts)
+    else:
+        bp = blocks.grid_parallel(x, w, _grid_shape(parts), k_parts=_grid_shape(parts)[1])
+    return float((bp.result - x @ w).abs().max())
+
+
+def explorer(m: int = 8, k: int = 16, n: int = 12, parts: int = 4, kind: str = "row"
+             ) -> tuple[Any, Callable[..., dict[str, Any]]]:
+    """Sliders for (m, k, n, parts, kind); returns ``(ui, update)``; ``update`` returns what it showed."""
+    import ipywidgets as widgets
+
+    sliders = {
+        "m": widgets.IntSlider(value=m, min=1, max=32, description="m (rows of x)"),
+        "k": widgets.IntSlider(value=k, min=1, max=32, description="k (inner)"),
+        "n": widgets.IntSlider(value=n, min=1, max=32, description="n (cols of W)"),
+        "parts": widgets.IntSlider(value=parts, min=1, max=16, description="parts"),
+        "kind": widgets.Dropdown(options=KINDS, value=kind, description="split"),
+    }
+    out = widgets.Output()
+    status = widgets.HTML()
+
+    def update(**kw: Any) -> dict[str, Any]:
+        args = {name: kw.get(name, s.value) for name, s in sliders.items()}
+        out.outputs = ()  # no `with out:` capture: it can deadlock a headless kernel (papermill)
+        try:
+            err = block_check(**args)
+            fig = split_figure(**args)
+        except ValueError as e:  # an impossible split is shown, not raised: the learner moves a slider back
+            status.value = f"<b style='color:#c00'>{e}</b>"
+            return {"ok": False, "error": str(e), **args}
+        status.value = f"max |blocked − dense| = {err:.2e} &nbsp; ({'match' if err < 1e-9 else 'MISMATCH'})"
+        out.append_display_data(fig)
+        return {"ok": err < 1e-9, "max_abs_err": err, "figure": fig, **args}
+
+    for s in sliders.values():
+        s.observe(lambda _change: update(), names="value")
+    ui = widgets.VBox([widgets.HBox(list(sliders.values())[:3]), widgets.HBox(list(sliders.values())[3:]),
+                       status, out])
+    return ui, update
