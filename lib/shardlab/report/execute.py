@@ -241,6 +241,20 @@ class Task:
     env: dict[str, str] | None = None
 
 
+KERNEL_RSS_BYTES = 1_500_000_000   # one 8-device CPU kernel: ~1 GB RSS measured (xla-notes) + headroom
+
+
+def memory_jobs(jobs: int, per_job: int = KERNEL_RSS_BYTES) -> int:
+    """``jobs`` capped by what MemAvailable can hold (at least 1): parallel only where memory allows."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return max(1, min(jobs, int(line.split()[1]) * 1024 // per_job))
+    except OSError:
+        pass
+    return max(1, jobs)
+
+
 def run_many(tasks: list[Task], *, jobs: int = 1, timeout_s: float | None = None, desc: str = "notebooks",
              on_done: Callable[[Task, Execution], None] | None = None) -> list[Execution]:
     """Run ``tasks`` with at most ``jobs`` at a time under one tqdm bar; results in task order.
@@ -249,13 +263,17 @@ def run_many(tasks: list[Task], *, jobs: int = 1, timeout_s: float | None = None
     """
     from tqdm.auto import tqdm
 
+    allowed = memory_jobs(jobs)
+    if allowed < jobs:
+        print(f"{desc}: --jobs {jobs} reduced to {allowed} (MemAvailable holds {allowed} kernels of "
+              f"~{KERNEL_RSS_BYTES / 1e9:.1f} GB)", file=sys.stderr)
     pending = list(tasks)
     running: list[tuple[Task, subprocess.Popen[bytes], float]] = []
     results: dict[str, Execution] = {}
     bar = tqdm(total=len(tasks), desc=desc, unit="nb", file=sys.stderr, dynamic_ncols=True)
     try:
         while pending or running:
-            while pending and len(running) < max(1, jobs):
+            while pending and len(running) < allowed:
                 t = pending.pop(0)
                 running.append((t, launch(t.src, t.executed, t.log, t.params, t.cwd, t.env), time.monotonic()))
                 bar.set_postfix_str(", ".join(r[0].key for r in running), refresh=True)
