@@ -82,6 +82,15 @@ def test_report_param_takes_one_value(nbs: Path, tmp_path: Path, capsys: Any) ->
     assert "takes exactly one value" in capsys.readouterr().err
 
 
+def test_tpu_profile_without_a_tpu(nbs: Path, tmp_path: Path, capsys: Any) -> None:
+    from shardlab.runtime import tpu_present
+
+    if tpu_present():
+        pytest.skip("this host has a TPU")
+    assert report(nbs, tmp_path / "out", tmp_path / "base", "--device", "tpu") == 2
+    assert "--device tpu but no TPU is visible" in capsys.readouterr().err
+
+
 def test_parameters_cell_parsing(tmp_path: Path) -> None:
     path = fake_notebook(tmp_path, "05_x", extra_params="layer_sizes = [8, 16]\ndtype = 'float32'\n")
     params, err = read_parameters(path)
