@@ -9,7 +9,7 @@ batch = 8  # B: sharded over fsdp
 seq = 8  # S
 mesh_fsdp = 2  # mesh (fsdp, tensor); must tile num_devices
 mesh_tensor = 4
-devices_sweep = [1, 8]  # compile time vs device count: one fresh process per entry (~10 s each); [] skips
+devices_sweep = [1, 2]  # compile time vs device count, one fresh process each (~10 s; [1, 2, 4, 8] for the full story)
 placeholder_hiddens = [64, 128, 256]  # model widths for the trace-transfer growth (tracing only, no compile)
 
 # %% [markdown]
