@@ -1,0 +1,137 @@
+"""The FSDP flat buffer as a picture, and an ipywidgets explorer that redraws it.
+
+Design note
+-----------
+``flat_buffer_figure(plan, names)`` draws the padded flat parameter [0, P) twice, as two stacked bars that
+share the x axis (flat element index):
+
+* top, "parameters": one segment per parameter (a parameter palette distinct from device colours),
+  alignment padding (``use_orig_params``) in light grey, shard padding (zeros up to W·c) in dark grey;
+* bottom, "ranks": rank r's slice [r·c, (r+1)·c) in ``device_color(r)``; dashed lines mark rank boundaries.
+
+Hover shows, per piece, the parameter, its intra-parameter index range (end inclusive, as in
+``ShardParamInfo``) and the owning rank. ``explorer`` takes layer widths, world size and alignment from
+widgets; ``update()`` returns what it drew so papermill can exercise it headless.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from shardlab.fsdp.flat_param import FlatShardPlan, plan_flat_shards_for
+from shardlab.viz.common import PADDING, device_color
+
+PARAM_PALETTE = ("#8DD3C7", "#FFFFB3", "#BEBADA", "#FB8072", "#80B1D3", "#FDB462", "#B3DE69", "#FCCDE5",
+                 "#BC80BD", "#CCEBC5", "#FFED6F", "#D9D9D9")
+SHARD_PADDING = "#707070"
+
+
+def pieces(plan: FlatShardPlan, names: list[str] | None = None) -> list[dict[str, Any]]:
+    """Every maximal run of the padded flat buffer with one owner rank and one content (param / padding)."""
+    names = names or [f"p{i}" for i in range(len(plan.numels))]
+    c = plan.shard_numel
+    runs: list[dict[str, Any]] = []
+    content = [(s.start, s.start + s.numel, s.kind, s.param_index) for s in plan.segments]
+    content.append((plan.flat_numel, plan.padded_numel, "shard_pad", None))
+    for lo, hi, kind, idx in content:
+        x = lo
+        while x < hi:
+            r = x // c
+            end = min(hi, (r + 1) * c)
+            label = names[idx] if kind == "param" else ("alignment padding" if kind == "align_pad"
+                                                        else "shard padding (zeros)")
+            runs.append({"start": x, "end": end, "rank": r, "kind": kind, "param_index": idx, "label": label,
+                         "intra": (x - lo, end - 1 - lo) if kind == "param" else None})
+            x = end
+    return runs
+
+
+def flat_buffer_figure(plan: FlatShardPlan, names: list[str] | None = None, title: str | None = None) -> Any:
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    shown: set[str] = set()
+    for p in pieces(plan, names):
+        if p["kind"] == "param":
+            color, pattern = PARAM_PALETTE[p["param_index"] % len(PARAM_PALETTE)], ""
+            hover = f"{p['label']}[{p['intra'][0]}..{p['intra'][1]}] on rank {p['rank']}"
+        else:
+            color = PADDING if p["kind"] == "align_pad" else SHARD_PADDING
+            pattern = "/"
+            hover = f"{p['label']}: flat [{p['start']}, {p['end'] - 1}] on rank {p['rank']}"
+        width = p["end"] - p["start"]
+        fig.add_bar(y=["parameters"], x=[width], base=[p["start"]], orientation="h", marker_color=color,
+                    marker_pattern_shape=pattern, marker_line_color="white", marker_line_width=0.5,
+                    name=p["label"], legendgroup=p["label"], showlegend=p["label"] not in shown,
+                    hovertext=hover, hoverinfo="text")
+        shown.add(p["label"])
+    c = plan.shard_numel
+    for r in range(plan.world_size):
+        rs = plan.ranks[r]
+        fig.add_bar(y=["ranks"], x=[c], base=[r * c], orientation="h", marker_color=device_color(r),
+                    name=f"rank {r}", legendgroup="ranks", showlegend=True,
+                    hovertext=f"rank {r}: flat [{r * c}, {(r + 1) * c - 1}], {rs.numel_unpadded} real + "
+                              f"{rs.numel_padded} zero padding", hoverinfo="text", text=[f"r{r}"],
+                    textposition="inside")
+        if r:
+            fig.add_vline(x=r * c, line_dash="dash", line_color="black", line_width=1)
+    fig.update_layout(
+        barmode="overlay", height=260, margin=dict(l=10, r=10, t=50, b=30), xaxis_title="flat element index",
+        title=title or (f"flat parameter: {plan.param_numel} params + {plan.align_padding_numel} alignment pad + "
+                        f"{plan.shard_padding_numel} shard pad = {plan.padded_numel} = {plan.world_size} × "
+                        f"{plan.shard_numel}"),
+        legend=dict(orientation="h", y=-0.35),
+        yaxis=dict(categoryorder="array", categoryarray=["ranks", "parameters"]),
+        xaxis=dict(range=[0, plan.padded_numel]),
+    )
+    return fig
+
+
+def parse_sizes(text: str) -> tuple[int, ...]:
+    """'16, 32, 8' -> (16, 32, 8) with an error naming the text."""
+    try:
+        sizes = tuple(int(t) for t in text.replace(" ", "").split(",") if t)
+    except ValueError:
+        raise ValueError(f"layer sizes {text!r} must be comma-separated integers, e.g. '16, 32, 8'") from None
+    if len(sizes) < 2 or min(sizes) < 1:
+        raise ValueError(f"layer sizes {text!r} need at least two widths, each >= 1")
+    return sizes
+
+
+def explorer(layer_sizes: tuple[int, ...] = (16, 32, 8), world_size: int = 4, use_orig_params: bool = False
+             ) -> tuple[Any, Callable[..., dict[str, Any]]]:
+    """Widgets for (layer sizes, world size, alignment); returns ``(ui, update)``."""
+    import ipywidgets as widgets
+    from IPython.display import display
+
+    from shardlab.fsdp.train import TrainConfig, make_model
+
+    w_sizes = widgets.Text(value=", ".join(map(str, layer_sizes)), description="widths")
+    w_world = widgets.IntSlider(value=world_size, min=1, max=16, description="world size")
+    w_align = widgets.Checkbox(value=use_orig_params, description="use_orig_params (16-byte alignment)")
+    out, status = widgets.Output(), widgets.HTML()
+
+    def update(**kw: Any) -> dict[str, Any]:
+        text = kw.get("layer_sizes", w_sizes.value)
+        text = ", ".join(map(str, text)) if isinstance(text, tuple | list) else text
+        ws, orig = kw.get("world_size", w_world.value), kw.get("use_orig_params", w_align.value)
+        out.clear_output(wait=True)
+        try:
+            model = make_model(TrainConfig(layer_sizes=parse_sizes(text)))
+            plan = plan_flat_shards_for(model, ws, use_orig_params=orig)
+        except ValueError as e:  # shown, not raised: the learner fixes the input
+            status.value = f"<b style='color:#c00'>{e}</b>"
+            return {"ok": False, "error": str(e)}
+        names = [n for n, _ in model.named_parameters()]
+        fig = flat_buffer_figure(plan, names)
+        status.value = (f"N = {plan.flat_numel}, c = ceil(N/W) = {plan.shard_numel}, padded = {plan.padded_numel};"
+                        f" padding = {plan.padding_numel} elements "
+                        f"({100 * plan.padding_numel / plan.padded_numel:.1f}%)")
+        with out:
+            display(fig)
+        return {"ok": True, "plan": plan, "figure": fig}
+
+    for wd in (w_sizes, w_world, w_align):
+        wd.observe(lambda _change: update(), names="value")
+    return widgets.VBox([widgets.HBox([w_sizes, w_world, w_align]), status, out]), update
