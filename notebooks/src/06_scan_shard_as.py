@@ -387,7 +387,7 @@ meshes = [(mesh_fsdp, mesh_tensor), (mesh_tensor, mesh_fsdp)]
 widget, update = explorer(run_small, meshes, layers_sweep, [hidden, 2 * hidden])
 display(widget)
 probe = update()  # headless: exercise the code path once
-rec.check("explorer.runs", probe["off"]["stacked grads B"] > probe["on"]["stacked grads B"], str(probe))
+_ = rec.check("explorer.runs", probe["off"]["stacked grads B"] > probe["on"]["stacked grads B"], str(probe))
 
 # %% [markdown]
 # ## Exercises
