@@ -70,18 +70,18 @@ def flat_buffer_figure(plan: FlatShardPlan, names: list[str] | None = None, titl
     for r in range(plan.world_size):
         rs = plan.ranks[r]
         fig.add_bar(y=["ranks"], x=[c], base=[r * c], orientation="h", marker_color=device_color(r),
-                    name=f"rank {r}", legendgroup="ranks", showlegend=True,
+                    name=f"rank {r}", showlegend=False,  # labelled r0, r1, ... inside the bar
                     hovertext=f"rank {r}: flat [{r * c}, {(r + 1) * c - 1}], {rs.numel_unpadded} real + "
                               f"{rs.numel_padded} zero padding", hoverinfo="text", text=[f"r{r}"],
                     textposition="inside")
         if r:
             fig.add_vline(x=r * c, line_dash="dash", line_color="black", line_width=1)
     fig.update_layout(
-        barmode="overlay", height=260, margin=dict(l=10, r=10, t=50, b=30), xaxis_title="flat element index",
+        barmode="overlay", height=300, margin=dict(l=10, r=10, t=50, b=90), xaxis_title="flat element index",
         title=title or (f"flat parameter: {plan.param_numel} params + {plan.align_padding_numel} alignment pad + "
                         f"{plan.shard_padding_numel} shard pad = {plan.padded_numel} = {plan.world_size} × "
                         f"{plan.shard_numel}"),
-        legend=dict(orientation="h", y=-0.35),
+        legend=dict(orientation="h", y=-0.5),
         yaxis=dict(categoryorder="array", categoryarray=["ranks", "parameters"]),
         xaxis=dict(range=[0, plan.padded_numel]),
     )
