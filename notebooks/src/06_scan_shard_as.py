@@ -305,13 +305,11 @@ pd.DataFrame([demo.__dict__]).T, pd.DataFrame([t.__dict__ for t in trap]).set_in
 # A placeholder has a shape and a dtype and no device buffer: it lowers to an HLO parameter.
 
 # %%
-import resource
-
 from shardlab.xla_scan import patches as P
 
-rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+rss0 = P.current_rss_bytes()
 big = P.placeholder((1 << 34,))  # 2^34 float32 = 64 GiB
-rss_grew_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024
+rss_grew_mib = (P.current_rss_bytes() - rss0) / 2**20
 hlo = P.lowered_hlo([big * 2.0])  # lowered, never executed (executing it would crash torch_xla 2.9)
 try:
     P.read(big)

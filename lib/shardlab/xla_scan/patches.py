@@ -87,6 +87,18 @@ def placeholder(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> t
     return xb.create_placeholder_tensor(shape, dtype)
 
 
+def current_rss_bytes() -> int:
+    """Resident memory of this process now (``/proc/self/statm``; peak RSS where /proc is missing)."""
+    import os
+    import resource
+
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def logical_bytes(t: torch.Tensor) -> int:
     return math.prod(t.shape) * t.element_size()
 
