@@ -163,19 +163,6 @@ def measure_step(cfg: M.StackConfig, mode: str, mesh_fsdp: int, mesh_tensor: int
     )
 
 
-def sweep(cfg: M.StackConfig, modes: tuple[str, ...], layers_sweep: list[int], mesh_fsdp: int,
-          mesh_tensor: int, seed: int = 0, shard_as: bool = True) -> list[StepMeasure]:
-    """:func:`measure_step` for every mode × L (L from ``layers_sweep``; other sizes from ``cfg``)."""
-    check_layers_sweep(layers_sweep)
-    warm_up(cfg, mesh_fsdp, mesh_tensor, seed)
-    out = []
-    for L in layers_sweep:
-        for mode in modes:
-            c = M.StackConfig(L, cfg.hidden, cfg.ffn, cfg.batch, cfg.seq, cfg.dtype)
-            out.append(measure_step(c, mode, mesh_fsdp, mesh_tensor, seed, shard_as))
-    return out
-
-
 def warm_up(cfg: M.StackConfig, mesh_fsdp: int, mesh_tensor: int, seed: int = 0) -> None:
     """Compile one L=1 scan step first: the first scan backward imports JAX (shard_as) and the first compile
     initialises XLA — one-off seconds that would otherwise land on whichever (mode, L) runs first.
@@ -252,17 +239,34 @@ def compile_vs_devices(cfg: M.StackConfig, mode: str, devices: tuple[int, ...] =
 
 
 def _main(argv: list[str]) -> None:
+    """``python -m shardlab.xla_scan.measure '<json>'``; prints one JSON line per measured step.
+
+    ``{"task": "step", "num_devices": 8, "mode": "scan", "mesh": [2, 4], "layers": 8, "hidden": 128, ...}``
+    or ``{"task": "sweep", "num_devices": 8, "mesh": [2, 4], "layers_sweep": [2, 4, ..., 64], ...}`` (every
+    mode with shard_as on, plus scan with shard_as off — the numbers behind notebook 06's full story).
+    """
     req = json.loads(argv[0])
+    if req.get("task") not in ("step", "sweep"):
+        raise ValueError(f"task={req.get('task')!r} is not one of 'step', 'sweep'")
     from shardlab import runtime
 
     runtime.setup(num_devices=req["num_devices"])
-    if req["task"] != "step":
-        raise ValueError(f"task={req['task']!r} is not known (only 'step')")
-    cfg = M.StackConfig(req["layers"], req["hidden"], req["ffn"], req["batch"], req["seq"])
     fsdp, tensor = req["mesh"]
-    warm_up(cfg, fsdp, tensor, req.get("seed", 0))
-    r = measure_step(cfg, req["mode"], fsdp, tensor, req.get("seed", 0), req.get("shard_as", True))
-    print(json.dumps({**r.as_dict(), "num_devices": req["num_devices"]}))
+    sizes = dict(hidden=req.get("hidden", 128), ffn=req.get("ffn", 512), batch=req.get("batch", 8),
+                 seq=req.get("seq", 8))
+    seed = req.get("seed", 0)
+    if req["task"] == "step":
+        cfg = M.StackConfig(req["layers"], **sizes)
+        warm_up(cfg, fsdp, tensor, seed)
+        runs = [(cfg, req["mode"], req.get("shard_as", True))]
+    else:
+        check_layers_sweep(req["layers_sweep"])
+        warm_up(M.StackConfig(1, **sizes), fsdp, tensor, seed)
+        runs = [(M.StackConfig(L, **sizes), mode, sa) for L in req["layers_sweep"]
+                for mode, sa in (("loop", True), ("scan_layers", True), ("scan", True), ("scan", False))]
+    for cfg, mode, sa in runs:
+        r = measure_step(cfg, mode, fsdp, tensor, seed, sa)
+        print(json.dumps({**r.as_dict(), "num_devices": req["num_devices"]}), flush=True)
 
 
 if __name__ == "__main__":
