@@ -47,6 +47,26 @@ def test_hlo_matches_per_param_formula(xla_world, layer_sizes, batch, world_size
 
 
 @pytest.mark.xla
+@pytest.mark.parametrize(("layer_sizes", "batch", "world_size"), [((30, 50, 10), 64, 8), ((16, 32, 32, 8), 32, 4)])
+def test_torch_xla_fsdpv2_matches_largest_dim_formula(xla_world, layer_sizes, batch, world_size) -> None:  # type: ignore[no-untyped-def]
+    """torch_xla's SpmdFullyShardedDataParallel shards each parameter's largest dim (shard_maximal=True)."""
+    cfg = TrainConfig(layer_sizes=layer_sizes, batch=batch, optimizer="sgd")
+    step = gspmd_step(cfg, world_size, wrapper="torch_xla_fsdpv2")
+    model = make_model(cfg)
+    expect = per_param_step_bytes([tuple(p.shape) for p in model.parameters()], world_size,
+                                  mlp_backward_needed(model), elem_bytes=4, rule="largest")
+    assert step.measured == expect
+
+
+def test_shard_dim_rules() -> None:
+    assert per_param_shard((10, 50), 8, 0, rule="largest") == ((10, 7), (10, 7))
+    assert per_param_shard((10, 50), 8, 7, rule="largest") == ((10, 1), (10, 7))  # 7·7 = 49 -> 1 left
+    assert per_param_shard((10, 50), 8, 0, rule="dim0") == ((2, 50), (2, 50))
+    with pytest.raises(ValueError, match="rule='rows'"):
+        per_param_shard((4, 4), 2, 0, rule="rows")
+
+
+@pytest.mark.xla
 def test_bad_world_size(xla_world) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match="world_size=3 must divide num_devices=8"):
         gspmd_step(TrainConfig(batch=6), 3)

@@ -22,7 +22,9 @@ What the HLO shows (CPU, torch_xla 2.9.0; read with ``shardlab.profile.capture_h
 ``per_param_step_bytes`` is that algebra; ``gspmd_step`` measures it. Compare with the flat design
 (``formulas.fsdp.flat_step_comm``): c·b + c·b + P·b with c = ceil(N/W). Per-parameter padding rounds
 each d0 up instead of the total N, and the backward gathers only what autograd reads.
-torch_xla's ``SpmdFullyShardedDataParallel`` wraps the same annotations (plus output sharding).
+torch_xla's ``SpmdFullyShardedDataParallel`` (``wrapper="torch_xla_fsdpv2"``) makes the same kind of
+annotations but shards each parameter's LARGEST dimension (``shard_maximal=True``), not dim 0: same
+algebra with ``rule="largest"`` — both variants agree with their formula exactly in the tests.
 """
 
 from __future__ import annotations
@@ -34,9 +36,23 @@ from torch import nn
 
 from shardlab.fsdp.train import TrainConfig, make_batch, make_model
 
+SHARD_DIMS = ("dim0", "largest")
+"""Which dimension a parameter is sharded on: "dim0" (FSDP2 ``fully_shard``) or "largest" (torch_xla's
+``SpmdFullyShardedDataParallel``: ``shard_maximal=True``, the first dimension of maximal size)."""
 
-def per_param_shard(shape: tuple[int, ...], world_size: int, rank: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(local, padded) shard shape of a dim-0 sharded parameter: ``torch.chunk`` on dim 0, padded to ceil.
+
+def shard_dim(shape: tuple[int, ...], rule: str = "dim0") -> int:
+    if rule not in SHARD_DIMS:
+        raise ValueError(f"shard rule={rule!r} must be one of {SHARD_DIMS}")
+    if len(shape) == 0:
+        raise ValueError("a 0-d parameter cannot be sharded")
+    return 0 if rule == "dim0" else list(shape).index(max(shape))
+
+
+def per_param_shard(
+    shape: tuple[int, ...], world_size: int, rank: int, rule: str = "dim0"
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(local, padded) shard shape: ``torch.chunk`` on the shard dimension, padded to ceil(d/W).
 
     Same rule in FSDP2 (``fully_shard``) and in GSPMD ``mark_sharding``:
     >>> per_param_shard((10, 3), 4, 3)      # chunks 3,3,3,1 -> rank 3 holds 1 row, padded to 3
@@ -44,12 +60,11 @@ def per_param_shard(shape: tuple[int, ...], world_size: int, rank: int) -> tuple
     """
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
-    if len(shape) == 0:
-        raise ValueError("a 0-d parameter cannot be sharded on dim 0")
-    d0, rest = shape[0], tuple(shape[1:])
-    c = -(-d0 // world_size)
-    local = max(0, min(c, d0 - rank * c))
-    return (local, *rest), (c, *rest)
+    k = shard_dim(shape, rule)
+    d = shape[k]
+    c = -(-d // world_size)
+    local = max(0, min(c, d - rank * c))
+    return shape[:k] + (local,) + shape[k + 1 :], shape[:k] + (c,) + shape[k + 1 :]
 
 
 class StepBytes(NamedTuple):
@@ -72,12 +87,13 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 def per_param_step_bytes(
-    shapes: list[tuple[int, ...]], world_size: int, backward_needed: list[bool], elem_bytes: int = 4
+    shapes: list[tuple[int, ...]], world_size: int, backward_needed: list[bool], elem_bytes: int = 4,
+    rule: str = "dim0",
 ) -> StepBytes:
     """Formula for one per-parameter FSDP step (see the module note)."""
     if len(shapes) != len(backward_needed):
         raise ValueError(f"{len(shapes)} shapes but {len(backward_needed)} backward_needed flags")
-    shard = [_numel(per_param_shard(s, world_size, 0)[1]) * elem_bytes for s in shapes]
+    shard = [_numel(per_param_shard(s, world_size, 0, rule)[1]) * elem_bytes for s in shapes]
     fwd = sum(shard)
     bwd = sum(b for b, need in zip(shard, backward_needed, strict=True) if need)
     rs = sum(_numel(s) * elem_bytes for s in shapes)
@@ -110,12 +126,18 @@ def _fsdp_spec(p: torch.Tensor) -> tuple[str | None, ...]:
     return ("fsdp",) + (None,) * (p.dim() - 1)
 
 
-def gspmd_step(cfg: TrainConfig, world_size: int) -> GspmdStep:
-    """Run one SGD step of ``make_model(cfg)`` with dim-0 FSDP sharding; read both graphs' HLO.
+def gspmd_step(cfg: TrainConfig, world_size: int, wrapper: str = "mark_sharding") -> GspmdStep:
+    """Run one SGD step of ``make_model(cfg)`` with per-parameter FSDP sharding; read both graphs' HLO.
 
     Needs ``runtime.setup()`` first; the mesh is (world_size, num_devices // world_size) named
     ("fsdp", "replica"): parameters and batch sharded over ``fsdp``, replicated over ``replica``.
+    ``wrapper="mark_sharding"``: dim 0 of every parameter (FSDP2's rule), Linear outputs kept batch-sharded.
+    ``wrapper="torch_xla_fsdpv2"``: every Linear wrapped in torch_xla's ``SpmdFullyShardedDataParallel``
+    (shards each parameter's LARGEST dim, shards each output on the batch, adds backward optimization
+    barriers) — its formula is ``per_param_step_bytes(..., rule="largest")``.
     """
+    if wrapper not in ("mark_sharding", "torch_xla_fsdpv2"):
+        raise ValueError(f"wrapper={wrapper!r} must be 'mark_sharding' or 'torch_xla_fsdpv2'")
     import torch_xla.distributed.spmd as xs
 
     from shardlab import runtime
@@ -132,16 +154,23 @@ def gspmd_step(cfg: TrainConfig, world_size: int) -> GspmdStep:
     dev = runtime.device()
     model = make_model(cfg)
     model = model.to(dev)  # CPU-initialised, then moved, then sharded (xla-notes.md)
+    if wrapper == "torch_xla_fsdpv2":
+        from torch_xla.experimental.spmd_fully_sharded_data_parallel import SpmdFullyShardedDataParallel as FSDPv2
+
+        for i, mod in enumerate(model):
+            if isinstance(mod, nn.Linear):
+                model[i] = FSDPv2(mod, mesh=mesh)
     params = list(model.parameters())
     for p in params:
-        xs.mark_sharding(p, mesh, _fsdp_spec(p))
+        if wrapper == "mark_sharding":
+            xs.mark_sharding(p, mesh, _fsdp_spec(p))
     # keep activations batch-sharded (FSDPv2's shard_output): otherwise, when B/W is small next to the widths,
     # the partitioner may move activations (all-to-all) instead of gathering weights — a different algorithm
     def shard_output(_mod: nn.Module, _inp: Any, out: torch.Tensor) -> None:
         xs.mark_sharding(out, mesh, ("fsdp", None))  # (B, d) sharded on B; constraint on an intermediate
 
     for mod in model.modules():
-        if isinstance(mod, nn.Linear):
+        if isinstance(mod, nn.Linear) and wrapper == "mark_sharding":
             mod.register_forward_hook(shard_output)
     x, y = make_batch(cfg, 0)  # (B, d_in), (B, d_out)
     x, y = x.to(dev), y.to(dev)
