@@ -1,0 +1,216 @@
+"""Pictures and explorers for tensor parallelism (notebooks 02-04).
+
+Design note
+-----------
+- `ownership_figure(panels)`: one heatmap per matrix, each cell coloured by the device that holds it
+  (`viz.common.device_color`), so "A split by columns, B by rows" is seen, not read.  Panel builders:
+  `mlp_panels`, `attention_panels`, `embedding_panels` (uneven vocab shows as unequal bands).
+- `ledger_frame(ledger)` / `ledger_timeline(ledger)`: the collectives a per-rank run issued, as a table and as
+  bars in program order (height = payload bytes, colour = forward / backward).
+- `saving_ratio_figure(vocabs, tps)`: gathered-logits payload over vocab-parallel CE payload.
+- `explorer(kind, ...)`: sliders (tp, batch, seq, hidden, heads, vocab); `update(**overrides)` recomputes the
+  formula, re-runs the small config in a SimulatedWorld, compares the ledger with it and lists the ledger.
+  Bad combinations are shown as a message, not raised; `update` returns what it showed, so a headless run
+  exercises the code path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from shardlab import models
+from shardlab.comm import Ledger, SimulatedWorld
+from shardlab.formulas import tp as ftp
+from shardlab.tp.layers import vocab_range
+from shardlab.tp.programs import attention_step, ce_step, embedding_step, mlp_step
+from shardlab.viz.common import device_color, discrete_colorscale
+
+Panel = tuple[str, np.ndarray]  # (title, owner id per cell)
+
+
+def _bands(n: int, tp: int, sizes: list[int] | None = None) -> np.ndarray:
+    sizes = sizes or [n // tp] * tp
+    return np.repeat(np.arange(tp), sizes)
+
+
+def mlp_panels(hidden: int, ffn: int, tp: int) -> list[Panel]:
+    cols = _bands(ffn, tp)
+    return [
+        (f"A [h={hidden}, ffn={ffn}]: columns", np.tile(cols, (hidden, 1))),
+        (f"B [ffn={ffn}, h={hidden}]: rows", np.tile(cols[:, None], (1, hidden))),
+    ]
+
+
+def attention_panels(hidden: int, heads: int, tp: int) -> list[Panel]:
+    cols = _bands(hidden, tp)  # head j lives in columns [j*hd, (j+1)*hd): whole heads per device
+    panels = [(f"W_{n} [h, h]: heads {heads // tp}/device", np.tile(cols, (hidden, 1))) for n in "QKV"]
+    return panels + [("W_out [h, h]: rows", np.tile(cols[:, None], (1, hidden)))]
+
+
+def embedding_panels(vocab: int, hidden: int, tp: int, tokens: int = 16) -> list[Panel]:
+    sizes = [e - s for s, e in (vocab_range(vocab, r, tp) for r in range(tp))]
+    rows = _bands(vocab, tp, sizes)
+    return [
+        (f"E [V={vocab}, h]: rows {sizes}", np.tile(rows[:, None], (1, min(hidden, 16)))),
+        (f"logits [b·s, V={vocab}]: columns", np.tile(rows, (tokens, 1))),
+    ]
+
+
+def ownership_figure(panels: list[Panel], tp: int, title: str = ""):
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[t for t, _ in panels])
+    for i, (_, owner) in enumerate(panels, start=1):
+        fig.add_trace(
+            go.Heatmap(
+                z=owner,
+                colorscale=discrete_colorscale(tp),
+                zmin=-0.5,
+                zmax=tp - 0.5,
+                showscale=(i == 1),
+                hovertemplate="row %{y}, col %{x}: device %{z}<extra></extra>",
+                colorbar=dict(title="device", tickvals=list(range(tp))),
+            ),
+            row=1,
+            col=i,
+        )
+        fig.update_yaxes(autorange="reversed", row=1, col=i)
+    fig.update_layout(title=title, height=320, margin=dict(t=70, b=20))
+    return fig
+
+
+def ledger_frame(ledger: Ledger):
+    cols = ["seq", "phase", "op", "tag", "reduce_op", "group_size", "dtype", "shape", "payload_bytes", "wire_bytes"]
+    return ledger.to_frame()[cols]
+
+
+def ledger_timeline(ledger: Ledger, title: str = "collectives in program order"):
+    import plotly.graph_objects as go
+
+    colors = {"forward": device_color(0), "backward": device_color(1)}
+    fig = go.Figure()
+    for phase in ("forward", "backward"):
+        es = [e for e in ledger if e.phase == phase]
+        fig.add_trace(
+            go.Bar(
+                x=[e.seq for e in es],
+                y=[e.payload_bytes for e in es],
+                name=phase,
+                marker_color=colors[phase],
+                text=[f"{e.op}<br>{e.tag}" for e in es],
+                hovertext=[f"{e.op} {e.shape} {e.dtype}, wire {e.wire_bytes:.0f} B" for e in es],
+            )
+        )
+    fig.update_layout(
+        title=title, xaxis_title="collective # (per rank)", yaxis_title="payload bytes per rank", height=320, bargap=0.3
+    )
+    return fig
+
+
+def saving_ratio_figure(vocabs: list[int], tps: list[int], label_smoothing: float = 0.0):
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for tp in tps:
+        fig.add_trace(
+            go.Scatter(
+                x=vocabs,
+                y=[ftp.ce_saving_ratio(v, tp, label_smoothing) for v in vocabs],
+                mode="lines+markers",
+                name=f"tp={tp}",
+                line_color=device_color(tp),
+            )
+        )
+    fig.update_layout(
+        title="gathered logits / vocab-parallel CE (payload per rank)",
+        xaxis_title="vocab V",
+        yaxis_title="saving ratio = ceil(V/tp) / 3",
+        xaxis_type="log",
+        yaxis_type="log",
+        height=340,
+    )
+    return fig
+
+
+def predicted_and_ledger(
+    kind: str, tp: int, batch: int, seq: int, hidden: int, heads: int, vocab: int, seed: int = 0
+) -> dict[str, Any]:
+    """Formula vs ledger for one small config (forward + backward).  Raises ValueError on bad sizes."""
+    torch.manual_seed(seed)
+    x, go = torch.randn(batch, seq, hidden), torch.randn(batch, seq, hidden)
+    world = SimulatedWorld(tp)
+    if kind == "mlp":
+        world.run(mlp_step, models.MLP(hidden, 4 * hidden), x, go)
+        f = ftp.mlp_all_reduce(batch, seq, hidden, tp, backward=True)
+    elif kind == "attention":
+        world.run(attention_step, models.Attention(hidden, heads), x, go)
+        f = ftp.attention_all_reduce(batch, seq, hidden, tp, backward=True)
+    elif kind == "embedding_ce":
+        ids = torch.randint(0, vocab, (batch, seq))
+        world.run(embedding_step, torch.nn.Embedding(vocab, hidden), ids, go)
+        e = ftp.embedding_all_reduce(batch, seq, hidden, tp)
+        emb_ledger = world.ledger
+        world.run(ce_step, torch.randn(batch, seq, vocab), ids)
+        c = ftp.vocab_parallel_ce(batch, seq, tp)
+        f = {"count": e["count"] + c["count"], "bytes": e["bytes"] + c["bytes"]}
+        ledger = Ledger([replace(e, seq=i) for i, e in enumerate(emb_ledger.entries + world.ledger.entries)])
+        gathered = ftp.gathered_logits(batch, seq, vocab, tp)["bytes"]
+        return {
+            "formula": f,
+            "ledger": {"count": ledger.count(), "bytes": ledger.payload_bytes()},
+            "gathered_bytes": gathered,
+            "ledger_obj": ledger,
+        }
+    else:
+        raise ValueError(f"kind={kind!r} is not one of 'mlp', 'attention', 'embedding_ce'")
+    led = world.ledger
+    return {"formula": f, "ledger": {"count": led.count(), "bytes": led.payload_bytes()}, "ledger_obj": led}
+
+
+def explorer(
+    kind: str, tp: int = 2, batch: int = 2, seq: int = 8, hidden: int = 16, heads: int = 4, vocab: int = 50
+) -> tuple[Any, Callable[..., dict[str, Any]]]:
+    """Sliders for (tp, batch, seq, hidden, heads, vocab); returns (ui, update)."""
+    import ipywidgets as widgets
+
+    sliders = {
+        "tp": widgets.IntSlider(value=tp, min=1, max=8, description="tp"),
+        "batch": widgets.IntSlider(value=batch, min=1, max=8, description="batch"),
+        "seq": widgets.IntSlider(value=seq, min=1, max=64, description="seq"),
+        "hidden": widgets.IntSlider(value=hidden, min=4, max=128, step=4, description="hidden"),
+        "heads": widgets.IntSlider(value=heads, min=1, max=16, description="heads"),
+        "vocab": widgets.IntSlider(value=vocab, min=8, max=1024, description="vocab"),
+    }
+    # The ledger is shown as an HTML table, not a figure in an Output widget: repeated display() into an
+    # Output widget hung the kernel under papermill (ipykernel 7) on the third update.
+    status, table = widgets.HTML(), widgets.HTML()
+
+    def update(**kw: Any) -> dict[str, Any]:
+        args = {name: kw.get(name, s.value) for name, s in sliders.items()}
+        try:
+            res = predicted_and_ledger(kind, **args)
+        except Exception as e:  # noqa: BLE001 — a bad combination is shown, not raised
+            msg = str(e.__cause__ or e)
+            status.value = f"<b style='color:#c00'>{msg}</b>"
+            table.value = ""
+            return {"ok": False, "error": msg, **args}
+        ok = res["formula"] == res["ledger"]
+        extra = f", gathered logits would be {res['gathered_bytes']} B" if "gathered_bytes" in res else ""
+        status.value = (
+            f"formula {res['formula']} &nbsp; ledger {res['ledger']} &nbsp; {'match' if ok else 'MISMATCH'}{extra}"
+        )
+        table.value = ledger_frame(res["ledger_obj"]).to_html(index=False)
+        return {"ok": ok, **res, **args}
+
+    for s in sliders.values():
+        s.observe(lambda _change: update(), names="value")
+    ui = widgets.VBox(
+        [widgets.HBox(list(sliders.values())[:3]), widgets.HBox(list(sliders.values())[3:]), status, table]
+    )
+    return ui, update
