@@ -77,7 +77,8 @@ world
 # | `scan` (pre-stacked) | one block in a `While`; weights already `[L, …]`, sliced with `torch.func.functional_call` | no |
 #
 # Every step below is one forward+backward on the sharded model; outputs and all gradients are compared with
-# a plain CPU `for` loop over the same seeded weights (approximate to 1e-4: XLA reorders float32 sums).
+# a plain CPU `for` loop over the same seeded weights, relative to the largest reference value (approximate
+# to 1e-5: XLA reorders float32 sums; the residual stream grows with depth, so absolute errors grow with L).
 
 # %%
 from shardlab.xla_scan import measure as X
@@ -90,10 +91,10 @@ for L in layers_sweep:
         r = X.measure_step(c, mode, mesh_fsdp, mesh_tensor, seed, shard_as=True, check=True)
         rows.append(r.as_dict() | {"backward_while_state_bytes": r.while_state_bytes[-1] if r.while_state_bytes
                                    else 0})
-        rec.check(f"parity.{mode}.L{L}", r.max_abs_err < 1e-4,
-                  f"max |xla - cpu loop| over output and gradients = {r.max_abs_err:.2e}")
+        rec.check(f"parity.{mode}.L{L}", r.max_rel_err < 1e-5,
+                  f"max |xla - cpu loop| / max |cpu loop| over output and gradients = {r.max_rel_err:.2e}")
 curves = pd.DataFrame(rows)[["mode", "layers", "trace_s", "compile_s", "execute_s", "hlo_instructions",
-                             "hlo_instructions_raw", "max_abs_err"]]
+                             "hlo_instructions_raw", "max_abs_err", "max_rel_err"]]
 curves
 
 # %% [markdown]
@@ -180,7 +181,7 @@ off_rows = []
 for L in layers_sweep:
     r = X.measure_step(M.StackConfig(L, hidden, ffn, batch, seq), "scan", mesh_fsdp, mesh_tensor, seed,
                        shard_as=False, check=True)
-    rec.check(f"parity.scan_shard_as_off.L{L}", r.max_abs_err < 1e-4, f"max err {r.max_abs_err:.2e}")
+    rec.check(f"parity.scan_shard_as_off.L{L}", r.max_rel_err < 1e-5, f"max rel err {r.max_rel_err:.2e}")
     off_rows.append(r.as_dict() | {"backward_while_state_bytes": r.while_state_bytes[-1]})
 on, off = on_rows[-1], off_rows[-1]  # L = max(layers_sweep)
 

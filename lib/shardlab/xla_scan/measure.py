@@ -55,6 +55,7 @@ class StepMeasure:
     grad_bytes: dict[str, int] = field(default_factory=dict)  # weight -> per-device bytes of all its grads
     weight_specs: dict[str, list[str]] = field(default_factory=dict)  # weight -> spec of each weight tensor
     max_abs_err: float | None = None  # vs the CPU loop oracle, when check=True
+    max_rel_err: float | None = None  # max over tensors of max|xla - cpu| / max|cpu| (depth-scale free)
 
     @property
     def backward_while_state_bytes(self) -> int:
@@ -144,7 +145,7 @@ def measure_step(cfg: M.StackConfig, mode: str, mesh_fsdp: int, mesh_tensor: int
     wspecs = {n: [S.spec_of(w) for w in ws] for n, ws in model.weights().items()}  # type: ignore[operator]
     nbytes = {n: sum(S.local_bytes(g.shape, sp, g.element_size()) for g, sp in zip(gs, specs[n], strict=True))
               for n, gs in _grads(model).items()}
-    err = None
+    err = rel = None
     if check:
         ref_out, ref_grads = M.reference(M.init_weights(cfg, seed), M.init_input(cfg, seed))
         got = {"out": cap.result[0].detach().cpu(), "x": x.grad.cpu()}
@@ -152,6 +153,7 @@ def measure_step(cfg: M.StackConfig, mode: str, mesh_fsdp: int, mesh_tensor: int
                     for n, gs in _grads(model).items()})
         ref_grads["out"] = ref_out
         err = max(float((got[k] - ref_grads[k]).abs().max()) for k in got)
+        rel = max(float((got[k] - ref_grads[k]).abs().max() / ref_grads[k].abs().max()) for k in got)
     return StepMeasure(
         mode=mode, layers=cfg.layers, mesh=(mesh_fsdp, mesh_tensor), shard_as=shard_as, trace_s=trace["s"],
         compile_s=cap.metrics.compile_s, execute_s=cap.metrics.metric("ExecuteReplicatedTime")[1] * NS
@@ -159,7 +161,7 @@ def measure_step(cfg: M.StackConfig, mode: str, mesh_fsdp: int, mesh_tensor: int
         hlo_instructions_raw=m.instruction_count,
         while_state_bytes=[w.state_bytes for w in m.while_loops],
         buffers_total_bytes=m.buffers.total if m.buffers else 0, grad_specs=specs, grad_bytes=nbytes,
-        weight_specs=wspecs, max_abs_err=err,
+        weight_specs=wspecs, max_abs_err=err, max_rel_err=rel,
     )
 
 

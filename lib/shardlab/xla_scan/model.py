@@ -82,11 +82,16 @@ class Block(nn.Module):
 
 
 def init_weights(cfg: StackConfig, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Stacked CPU weights ``{"w_up": [L, H, F], "w_down": [L, F, H]}``, scaled 1/sqrt(d_in)."""
+    """Stacked CPU weights ``{"w_up": [L, H, F], "w_down": [L, F, H]}``.
+
+    ``W_up ~ N(0, 1/H)``; ``W_down ~ N(0, 1/(F·2L))`` — GPT-2's residual scaling, so the residual stream
+    stays O(1) at any depth and float32 comparisons with the oracle stay meaningful at L = 64.
+    """
     g = torch.Generator().manual_seed(seed)
+    scale = {"w_up": 1 / math.sqrt(cfg.hidden), "w_down": 1 / math.sqrt(cfg.ffn * 2 * cfg.layers)}
     out = {}
     for name, (d_in, d_out) in cfg.weight_shapes.items():
-        w = torch.randn(cfg.layers, d_in, d_out, generator=g) / math.sqrt(d_in)  # [L, d_in, d_out]
+        w = torch.randn(cfg.layers, d_in, d_out, generator=g) * scale[name]  # [L, d_in, d_out]
         out[name] = w.to(cfg.dtype)
     return out
 
