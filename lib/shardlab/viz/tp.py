@@ -52,13 +52,17 @@ def attention_panels(hidden: int, heads: int, tp: int) -> list[Panel]:
     return panels + [("W_out [h, h]: rows", np.tile(cols[:, None], (1, hidden)))]
 
 
-def embedding_panels(vocab: int, hidden: int, tp: int, tokens: int = 16) -> list[Panel]:
-    sizes = [e - s for s, e in (vocab_range(vocab, r, tp) for r in range(tp))]
-    rows = _bands(vocab, tp, sizes)
-    return [
-        (f"E [V={vocab}, h]: rows {sizes}", np.tile(rows[:, None], (1, min(hidden, 16)))),
-        (f"logits [b·s, V={vocab}]: columns", np.tile(rows, (tokens, 1))),
-    ]
+def embedding_panels(vocab: int, hidden: int, tp: int, tokens: int = 16, max_rows: int = 240) -> list[Panel]:
+    """Rows of E and columns of the logits by owner; a large vocab is drawn at `max_rows` sampled rows (the
+    band edges stay where vocab_range puts them)."""
+    ranges = [vocab_range(vocab, r, tp) for r in range(tp)]
+    sizes = [e - s for s, e in ranges]
+    sample = np.linspace(0, vocab - 1, min(vocab, max_rows)).round().astype(int)  # row ids drawn
+    starts = np.array([s for s, _ in ranges])
+    rows = np.searchsorted(starts, sample, side="right") - 1  # owner of each drawn row
+    scale = "" if vocab <= max_rows else f" ({len(sample)} of {vocab} rows drawn)"
+    return [(f"E [V={vocab}, h]: rows {sizes}{scale}", np.tile(rows[:, None], (1, min(hidden, 16)))),
+            (f"logits [b·s, V={vocab}]: columns", np.tile(rows, (tokens, 1)))]
 
 
 def ownership_figure(panels: list[Panel], tp: int, title: str = ""):
