@@ -10,6 +10,7 @@ ffn = 256  # MLP inner size (4 * hidden in GPT)
 heads = 8  # unused here (notebook 03); kept so all TP notebooks take the same parameters
 vocab = 1000  # unused here (notebook 04)
 dtype = "float32"  # "float32" or "bfloat16"
+run_gloo = True  # also run the per-rank code in tp real processes (torch.distributed, gloo)
 
 # %% [markdown]
 # # 02 · Megatron MLP: column-parallel, GeLU, row-parallel — one all-reduce each way
@@ -48,10 +49,13 @@ if num_devices % tp:
     raise ValueError(f"num_devices={num_devices} is not divisible by tp={tp} (mesh (data, tensor))")
 if ffn % tp:
     raise ValueError(f"ffn={ffn} is not divisible by tp={tp}")
+if not isinstance(run_gloo, bool):
+    raise ValueError(f"run_gloo={run_gloo!r} must be True or False")
 
 world = runtime.setup(num_devices=num_devices)
 rec = Recorder("02_megatron_mlp", params=dict(num_devices=num_devices, seed=seed, tp=tp, batch=batch, seq=seq,
-                                               hidden=hidden, ffn=ffn, heads=heads, vocab=vocab, dtype=dtype),
+                                               hidden=hidden, ffn=ffn, heads=heads, vocab=vocab, dtype=dtype,
+                                               run_gloo=run_gloo),
                results_dir=results_dir, world=world)
 tdtype = getattr(torch, dtype)
 e = dtype_bytes(dtype)
@@ -126,6 +130,25 @@ vtp.ledger_frame(ledger_fb)
 
 # %%
 vtp.ledger_timeline(ledger_fb, f"MLP forward + backward, tp={tp}: g forward, f backward").show()
+
+# %% [markdown]
+# ### The same per-rank code in real processes
+# `DistributedWorld(tp)` spawns `tp` processes that join a `torch.distributed` gloo group and run the very same
+# `mlp_step`. Its ledger must be identical; its results equal up to summation order (gloo may add the ranks'
+# partial sums in another order than the simulated world's rank order).
+
+# %%
+if run_gloo and tp > 1:
+    from shardlab.comm import DistributedWorld
+
+    dworld = DistributedWorld(tp)
+    gloo_ranks = dworld.run(mlp_step, dense, x, grad_out)
+    rec.check("mlp.gloo.same_ledger", dworld.ledger == ledger_fb, f"{len(dworld.ledger)} collectives, identical rows")
+    rec.check("mlp.gloo.same_results", all(torch.allclose(g["out"].float(), r["out"].float(), **tol)
+                                           and torch.allclose(g["grad_x"].float(), r["grad_x"].float(), **tol)
+                                           for g, r in zip(gloo_ranks, ranks, strict=True)), "outputs and input gradients")
+else:
+    print("gloo run skipped (run_gloo=False or tp=1)")
 
 # %% [markdown]
 # ## 4 · The compiler: GSPMD on the dense module
