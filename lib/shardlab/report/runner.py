@@ -318,7 +318,8 @@ def run_report(options: ReportOptions) -> Report:
     if options.sweeps:
         from shardlab.report.sweeps_config import run_report_sweeps
 
-        report.sweeps = run_report_sweeps(options, out, [r.stem for r in results])
+        failed = frozenset(r.stem for r in results if r.status in ("failed", "timeout"))
+        report.sweeps = run_report_sweeps(options, out, [r.stem for r in results], failed)
     report.finished = time.time()
     from shardlab.report.html import write_report
 

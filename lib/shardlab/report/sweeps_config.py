@@ -82,7 +82,8 @@ def seed_from_report(nb: NotebookInfo, cache: Path, report_out: Path, values: di
     return sw.seed_point(nb, cache, values, params, record, report_out / "notebooks" / f"{nb.stem}.ipynb")
 
 
-def run_report_sweeps(options: ReportOptions, report_out: Path, executed: list[str]) -> list[SweepSummary]:
+def run_report_sweeps(options: ReportOptions, report_out: Path, executed: list[str],
+                      failed: frozenset[str] = frozenset()) -> list[SweepSummary]:
     notebooks = find_notebooks(options.notebooks_dir)
     out: list[SweepSummary] = []
     for spec in REPORT_SWEEPS:
@@ -94,6 +95,9 @@ def run_report_sweeps(options: ReportOptions, report_out: Path, executed: list[s
             continue
         if options.only and spec.notebook not in executed:
             s.skipped = f"{spec.notebook} not selected by --only"
+            continue
+        if spec.notebook in failed:
+            s.skipped = f"{spec.notebook} failed in this run at its default parameters; fix it first"
             continue
         cache = options.sweep_cache / options.profile / spec.name
         try:
