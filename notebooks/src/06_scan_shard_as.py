@@ -156,8 +156,11 @@ pd.DataFrame(dev_rows)
 
 # %% [markdown]
 # GSPMD partitions once into one per-device program, whatever the count: its size is the same for every count
-# above 1 (one device needs no collectives, so its program is a little smaller). The seconds, one fresh
-# process per count on a shared 2-core machine, are noisy: read them as "same order", not as a trend.
+# above 1 (one device needs no collectives, so its program is a little smaller) — that part of the claim
+# holds. The seconds did *not* stay flat on this 2-core host: in every run we made, 8 devices compiled slower
+# than 1–2 (e.g. 4.0 s vs 0.7 s at L = 64), and within one 8-device process mesh (8, 1) compiled ~3× slower
+# than (2, 4). So on XLA:CPU the time depends on the mesh and count beyond the program size; we have not
+# broken down where (PJRT CPU client vs partitioner). Timings are noisy here; the sizes are exact.
 #
 # ## 3 · 2-D sharding and `shard_as` — formula first
 # The stacked gradient of $W_{up}$ is `[L, H, F]`. Sharded like its weight, $[\varnothing, H_{fsdp},
