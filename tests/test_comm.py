@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from shardlab.comm import (
     CollectiveMismatch,
     DistributedWorld,
