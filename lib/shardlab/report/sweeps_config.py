@@ -93,8 +93,8 @@ def run_report_sweeps(options: ReportOptions, report_out: Path, executed: list[s
         if nb is None:
             s.skipped = f"notebook {spec.notebook} does not exist yet"
             continue
-        if options.only and spec.notebook not in executed:
-            s.skipped = f"{spec.notebook} not selected by --only"
+        if spec.notebook not in executed:
+            s.skipped = f"{spec.notebook} is not part of this run (--only, or it appeared after the run started)"
             continue
         if spec.notebook in failed:
             s.skipped = f"{spec.notebook} failed in this run at its default parameters; fix it first"
