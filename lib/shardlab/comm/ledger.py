@@ -32,29 +32,22 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from shardlab.formulas.common import wire_bytes
+
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 PHASES = ("forward", "backward")
 
 
 def ring_wire_bytes(op: str, payload_bytes: int, group_size: int) -> float:
-    """Bytes one rank sends under the ring model (design.md).
+    """Bytes one rank sends under the ring model (design.md; `shardlab.formulas.common.wire_bytes`).
 
     `ring_wire_bytes("all_reduce", 100, 4)` -> 150.0
     """
-    w = group_size
     if op not in OPS:
         raise ValueError(f"op={op!r} is not one of {OPS}")
-    if w < 1:
-        raise ValueError(f"group_size={w} must be >= 1")
-    if w == 1:
-        return 0.0
-    if op == "all_reduce":
-        return 2 * (w - 1) / w * payload_bytes
-    if op == "all_gather":
-        return float((w - 1) * payload_bytes)
-    if op == "reduce_scatter":
-        return (w - 1) / w * payload_bytes
-    return float(payload_bytes)  # broadcast
+    if group_size < 1:
+        raise ValueError(f"group_size={group_size} must be >= 1")
+    return float(wire_bytes(op, payload_bytes, group_size)) if group_size > 1 else 0.0
 
 
 def current_phase() -> str:
