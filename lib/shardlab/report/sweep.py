@@ -71,10 +71,11 @@ class SweepResult:
 
 
 def code_fingerprint() -> str:
-    """Hash of shardlab's sources outside report/: a library change makes cached points stale."""
+    """Hash of shardlab's sources (not the report's own code): a library change makes cached points stale."""
     h = hashlib.sha256()
     for path in sorted(PKG.rglob("*.py")):
-        if "report" not in path.relative_to(PKG).parts[:1]:
+        rel = path.relative_to(PKG)
+        if rel.parts[0] not in ("report", "__main__.py", "hosted.py"):
             h.update(str(path.relative_to(PKG)).encode())
             h.update(path.read_bytes())
     for dist in ("torch", "torch_xla", "jax"):

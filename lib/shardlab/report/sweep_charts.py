@@ -79,9 +79,9 @@ def charts(frame: Any, x: str, names: Sequence[str] | None = None, title: str | 
     fig = go.Figure(traces)
     fig.update_layout(title=title or f"{names[0]} vs {x}", xaxis_title=x,
                       yaxis_title=f"{names[0]} ({units[names[0]]})", height=480,
-                      margin=dict(l=10, r=10, t=90, b=10),
-                      updatemenus=[dict(buttons=buttons, direction="down", x=0, xanchor="left", y=1.18,
-                                        yanchor="top", showactive=True)])
+                      margin=dict(l=10, r=10, t=110, b=10), title_y=0.97,
+                      updatemenus=[dict(buttons=buttons, direction="down", x=0, xanchor="left", y=1.02,
+                                        yanchor="bottom", showactive=True)])
     return [fig]
 
 
