@@ -9,7 +9,7 @@ batch = 8  # B: sharded over fsdp
 seq = 8  # S
 mesh_fsdp = 2  # mesh (fsdp, tensor); must tile num_devices
 mesh_tensor = 4
-devices_sweep = [1, 2]  # compile time vs device count, one fresh process each (~10 s; [1, 2, 4, 8] for the full story)
+devices_sweep = []  # compile time vs device count: [1, 2, 4, 8] = one fresh process each (10-30 s apiece)
 placeholder_hiddens = [64, 128, 256]  # model widths for the trace-transfer growth (tracing only, no compile)
 
 # %% [markdown]
@@ -152,6 +152,9 @@ if devices_sweep:
                     "instructions", "hlo")
     multi = {r["hlo_instructions"] for r in dev_rows if r["devices"] > 1}
     rec.check("scan.hlo_instructions_vs_devices.same_program", len(multi) <= 1, str(dev_rows))
+else:
+    print("devices_sweep=[]: skipped (each device count needs a fresh process, 10-30 s apiece); "
+          "run with devices_sweep=[1, 2, 4, 8]")
 pd.DataFrame(dev_rows)
 
 # %% [markdown]

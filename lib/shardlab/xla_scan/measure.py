@@ -165,12 +165,13 @@ def measure_step(cfg: M.StackConfig, mode: str, mesh_fsdp: int, mesh_tensor: int
     )
 
 
-def warm_up(cfg: M.StackConfig, mesh_fsdp: int, mesh_tensor: int, seed: int = 0) -> None:
+def warm_up(cfg: M.StackConfig, mesh_fsdp: int, mesh_tensor: int, seed: int = 0, mode: str = "scan") -> None:
     """Compile one L=1 scan step first: the first scan backward imports JAX (shard_as) and the first compile
     initialises XLA — one-off seconds that would otherwise land on whichever (mode, L) runs first.
-    Uses ``seq + 1`` so the warm-up graph can never be the cached twin of a measured step."""
+    Uses ``seq + 1`` so the warm-up graph can never be the cached twin of a measured step; ``mode="loop"``
+    skips the JAX import when only loops will be measured."""
     c = M.StackConfig(1, cfg.hidden, cfg.ffn, cfg.batch, cfg.seq + 1, cfg.dtype)
-    measure_step(c, "scan", mesh_fsdp, mesh_tensor, seed)
+    measure_step(c, mode, mesh_fsdp, mesh_tensor, seed)
 
 
 def check_layers_sweep(layers_sweep: list[int]) -> None:
@@ -259,7 +260,7 @@ def _main(argv: list[str]) -> None:
     seed = req.get("seed", 0)
     if req["task"] == "step":
         cfg = M.StackConfig(req["layers"], **sizes)
-        warm_up(cfg, fsdp, tensor, seed)
+        warm_up(cfg, fsdp, tensor, seed, "loop" if req["mode"] == "loop" else "scan")
         runs = [(cfg, req["mode"], req.get("shard_as", True))]
     else:
         check_layers_sweep(req["layers_sweep"])
