@@ -12,7 +12,7 @@ import pytest
 @pytest.mark.notebook
 def test_notebook_05_small(run_notebook) -> None:  # type: ignore[no-untyped-def]
     record = run_notebook("05_fsdp_flat_params", num_devices=4, world_size=4, layer_sizes=[6, 10, 3], align=True,
-                          steps=2, batch=8, run_torch_fsdp=False)
+                          steps=2, batch=8, torch_fsdp_world=0)
     names = {m["name"] for m in record["measurements"]}
     for required in ("fsdp.flat.numel", "fsdp.flat.padded_numel", "fsdp.flat.shard_numel",
                      "fsdp.step.all_gather.bytes", "fsdp.step.reduce_scatter.bytes", "fsdp.memory.per_rank.bytes",
@@ -30,4 +30,4 @@ def test_notebook_05_bad_parameter(run_notebook) -> None:  # type: ignore[no-unt
     import papermill as pm
 
     with pytest.raises(pm.PapermillExecutionError, match="world_size=3 does not divide num_devices=4"):
-        run_notebook("05_fsdp_flat_params", num_devices=4, world_size=3, run_torch_fsdp=False)
+        run_notebook("05_fsdp_flat_params", num_devices=4, world_size=3, torch_fsdp_world=0)

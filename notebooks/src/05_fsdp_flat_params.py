@@ -4,10 +4,10 @@ results_dir = None  # where the JSON record goes (the report runner sets it)
 seed = 0
 world_size = 8  # FSDP ranks W (must divide num_devices for the GSPMD section)
 layer_sizes = [30, 50, 10]  # MLP widths: Linear(30, 50) -> tanh -> Linear(50, 10)
-align = False  # True: alignment padding as with use_orig_params=True (16-byte parameter starts)
+align = False  # True: alignment padding like use_orig_params (16-byte parameter starts)
 steps = 3  # training steps for the parity check
 batch = 64  # global batch, split evenly over the W ranks
-run_torch_fsdp = True  # also run PyTorch's own FSDP1 / FSDP2 on W gloo processes (~20 s)
+torch_fsdp_world = 2  # ranks (gloo processes) for PyTorch FSDP1 / FSDP2; 0 skips it (process start-up ~20 s)
 
 # %% [markdown]
 # # 05 · FSDP: one flat parameter, sharded exactly as PyTorch does it
@@ -55,11 +55,13 @@ if not isinstance(steps, int) or steps < 1:
     raise ValueError(f"steps={steps!r} must be an int >= 1")
 if not isinstance(batch, int) or batch < 1 or batch % world_size:
     raise ValueError(f"batch={batch!r} is not a positive multiple of world_size={world_size}")
+if not isinstance(torch_fsdp_world, int) or not 0 <= torch_fsdp_world <= 4:
+    raise ValueError(f"torch_fsdp_world={torch_fsdp_world!r} must be an int in [0, 4] (0 skips PyTorch FSDP)")
 
 world = runtime.setup(num_devices=num_devices)
 rec = Recorder("05_fsdp_flat_params", params=dict(num_devices=num_devices, seed=seed, world_size=world_size,
                                                    layer_sizes=list(layer_sizes), align=align, steps=steps,
-                                                   batch=batch, run_torch_fsdp=run_torch_fsdp),
+                                                   batch=batch, torch_fsdp_world=torch_fsdp_world),
                results_dir=results_dir, world=world)
 torch.manual_seed(seed)
 world
@@ -295,43 +297,57 @@ rec.measure("fsdp.step.collective.bytes", f.all_gather_bytes + f.reduce_scatter_
 print(f"HLO: {g.measured}\nloss all-reduce (not FSDP traffic): {g.other_all_reduce_bytes} B; "
       f"{g.rs_pairs_with_dynamic_slice}/{g.measured.reduce_scatter_count} gradient all-reduces were seen feeding a "
       "dynamic-slice by the parser (uneven dims add a pad/slice step in between)")
+
+# torch_xla's own FSDPv2 wrapper (SpmdFullyShardedDataParallel around every Linear): it shards each parameter's
+# LARGEST dimension (shard_maximal=True), so its formula uses rule="largest".
+g2 = gspmd_step(TrainConfig(layer_sizes=tuple(layer_sizes), batch=batch, optimizer="sgd", seed=seed), world_size,
+                wrapper="torch_xla_fsdpv2")
+gf2 = per_param_step_bytes(g2.shapes, world_size, mlp_backward_needed(make_model(cfg)), elem_bytes=b,
+                           rule="largest")
+rec.agree("fsdp.gspmd_fsdpv2.step.collective.bytes", "bytes", formula=gf2.total, hlo=g2.measured.total)
 import pandas as pd
 
+
+def _col(ag_f, ag_b, rs):
+    return [ag_f, ag_b, rs, ag_f + ag_b + rs]
+
+
 pd.DataFrame({
-    "flat FSDP1 (ledger)": [led_ag // 2 if world_size > 1 else 0, led_ag // 2 if world_size > 1 else 0, led_rs,
-                            led_ag + led_rs],
-    "per-param GSPMD (HLO)": [g.measured.all_gather_forward, g.measured.all_gather_backward,
-                              g.measured.reduce_scatter, g.measured.total],
+    "flat FSDP1 (ledger)": _col(led_ag // 2, led_ag // 2, led_rs),
+    "dim-0 GSPMD (HLO)": _col(*g.measured[:3]),
+    "torch_xla FSDPv2, largest dim (HLO)": _col(*g2.measured[:3]),
 }, index=["forward all-gather B", "backward all-gather B", "reduce-scatter B", "total B"])
 
 # %% [markdown]
-# **Why the two columns differ.** (1) *Padding granularity*: the flat design pads the total $N$ once to a
-# multiple of $W$; per-parameter sharding pads every dim 0 to $\lceil d_0/W \rceil$ rows (a bias of 10 on 8
-# ranks becomes 16). (2) *What the backward regathers*: FSDP1 regathers the whole flat parameter; the
+# **Why the columns differ.** (1) *Padding granularity*: the flat design pads the total $N$ once to a
+# multiple of $W$; per-parameter sharding pads every sharded dimension to $\lceil d/W \rceil$ (a bias of 10 on
+# 8 ranks becomes 16; torch_xla's FSDPv2 shards a $10\times 50$ weight on its 50-wide dim instead of its 10 rows). (2) *What the backward regathers*: FSDP1 regathers the whole flat parameter; the
 # compiler gathers only the weights autograd reads for $dX_l = dY_l W_l$ — layer 1's input is data and biases
 # are never read — so the backward all-gather is smaller. (3) The gradient reduce-scatter moves the full
 # unpadded gradients in both, plus the flat design's padding.
 #
 # ## 8 · PyTorch's own FSDP1 and FSDP2, on real gloo processes
 # Same model, `FullyShardedDataParallel` (one FlatParameter) and `fully_shard` (FSDP2, per-parameter DTensor
-# shards on dim 0), in $W$ processes (capped at 4 here to keep it quick).
+# shards on dim 0), in `torch_fsdp_world` gloo processes (one launch runs both; process start-up dominates).
 
 # %%
-if run_torch_fsdp:
+if torch_fsdp_world:
     from shardlab.comm import DistributedWorld
     from shardlab.fsdp.gspmd import per_param_shard
-    from shardlab.fsdp.torch_ref import torch_fsdp1_program, torch_fsdp2_program
+    from shardlab.fsdp.torch_ref import torch_fsdp_both_program
 
-    wt = min(world_size, 4)
+    wt = torch_fsdp_world
     small = TrainConfig(layer_sizes=tuple(layer_sizes), batch=wt * 2, steps=1, optimizer="adam",
                         use_orig_params=align, seed=seed)
-    t1 = DistributedWorld(wt).run(torch_fsdp1_program, small)
+    _t = time.perf_counter()
+    both = DistributedWorld(wt).run(torch_fsdp_both_program, small)
+    rec.measure("fsdp.torch.gloo_run.wall", time.perf_counter() - _t, "s", "timer", kind="timing")
+    t1, t2 = [x[0] for x in both], [x[1] for x in both]
     plan_t = plan_flat_shards_for(make_model(small), wt, use_orig_params=align)
     ours_t = SimulatedWorld(wt).run(fsdp_rank_program, small)
     ok1 = all(t["shard_numel"] == plan_t.shard_numel and t["numel_padded"] == plan_t.ranks[r].numel_padded
               and torch.allclose(t["shard"], ours_t[r].shard, rtol=1e-5, atol=1e-6) for r, t in enumerate(t1))
     rec.check("fsdp.torch.fsdp1_matches_flat_unit", ok1, f"W={wt}: shard sizes, padding and trained shards")
-    t2 = DistributedWorld(wt).run(torch_fsdp2_program, small)
     ok2 = all((p["local_shape"], p["padded_shape"]) == per_param_shard(p["orig_shape"], wt, r)
               for r, params in enumerate(t2) for p in params)
     rec.check("fsdp.torch.fsdp2_per_param_shards", ok2, "dim-0 chunk rule, padded to ceil(d0/W)")
@@ -359,7 +375,7 @@ if run_torch_fsdp:
 # 4. For N = 2060 parameters, which $W \le 16$ wastes the most padding, and how much?
 # 5. Per step, how many bytes does each rank *send* on the wire (ring model) for the default flat unit?
 
-# %% tags=["hide-input"]
+# %% jupyter={"source_hidden": true}
 ans1 = [0, 0, 0, 2]  # c = 3: 3, 3, 3, 1 real
 ans2 = 4  # 1500 + 50 = 1550 -> +2 to 1552; +500 +10 = 2062 -> +2 to 2064 (multiple of 8)
 ans3 = 1.875  # 16 · 7.5e9 / 64 bytes

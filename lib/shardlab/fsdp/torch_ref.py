@@ -68,3 +68,8 @@ def torch_fsdp2_program(comm: Comm, cfg: TrainConfig) -> list[dict[str, Any]]:
             "name": names.get(id(fsdp_param.sharded_param), ""),
         })
     return out
+
+
+def torch_fsdp_both_program(comm: Comm, cfg: TrainConfig) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """FSDP1 then FSDP2 in the same processes: one spawn instead of two (process start-up dominates)."""
+    return torch_fsdp1_program(comm, cfg), torch_fsdp2_program(comm, cfg)

@@ -103,7 +103,6 @@ def explorer(layer_sizes: tuple[int, ...] = (16, 32, 8), world_size: int = 4, us
              ) -> tuple[Any, Callable[..., dict[str, Any]]]:
     """Widgets for (layer sizes, world size, alignment); returns ``(ui, update)``."""
     import ipywidgets as widgets
-    from IPython.display import display
 
     from shardlab.fsdp.train import TrainConfig, make_model
 
@@ -116,7 +115,9 @@ def explorer(layer_sizes: tuple[int, ...] = (16, 32, 8), world_size: int = 4, us
         text = kw.get("layer_sizes", w_sizes.value)
         text = ", ".join(map(str, text)) if isinstance(text, tuple | list) else text
         ws, orig = kw.get("world_size", w_world.value), kw.get("use_orig_params", w_align.value)
-        out.clear_output(wait=True)
+        # Output state is set directly (append_display_data), not captured with `with out: display(...)`: the
+        # capture route made headless papermill/nbclient runs hang intermittently after the cell finished.
+        out.outputs = ()
         try:
             model = make_model(TrainConfig(layer_sizes=parse_sizes(text)))
             plan = plan_flat_shards_for(model, ws, use_orig_params=orig)
@@ -128,8 +129,7 @@ def explorer(layer_sizes: tuple[int, ...] = (16, 32, 8), world_size: int = 4, us
         status.value = (f"N = {plan.flat_numel}, c = ceil(N/W) = {plan.shard_numel}, padded = {plan.padded_numel};"
                         f" padding = {plan.padding_numel} elements "
                         f"({100 * plan.padding_numel / plan.padded_numel:.1f}%)")
-        with out:
-            display(fig)
+        out.append_display_data(fig)
         return {"ok": True, "plan": plan, "figure": fig}
 
     for wd in (w_sizes, w_world, w_align):
