@@ -109,7 +109,7 @@ for r in plan.ranks[: min(world_size, 4)]:
     print(f"rank {r.rank}: flat [{r.start}, {r.end}] real {r.numel_unpadded} + pad {r.numel_padded}:",
           [tuple(p) for p in r.params])
 rec.agree("fsdp.flat.numel", "elements", formula=N, ledger=plan.flat_numel)
-rec.agree("fsdp.flat.shard_numel", "elements", formula=c, ledger=plan.shard_numel)
+_ = rec.agree("fsdp.flat.shard_numel", "elements", formula=c, ledger=plan.shard_numel)
 
 # %% [markdown]
 # The "ledger" column above is `shardlab.fsdp.flat_param`'s plan. Its oracle is PyTorch itself: we build
@@ -253,8 +253,8 @@ fig.update_layout(barmode="group", height=300, yaxis_title="bytes per rank",
 fig.show()
 print("measured", measured, "| padding costs", per_rank - stages[3], "B per rank")
 print("paper check, 7.5B on N = 64:", [round(zero_memory(7.5e9, 64, s).total / 1e9, 1) for s in range(4)], "GB")
-rec.check("fsdp.zero.paper_figure_1", [round(zero_memory(7.5e9, 64, s).total / 1e9, 1) for s in range(4)]
-          == [120.0, 31.4, 16.6, 1.9])
+_ = rec.check("fsdp.zero.paper_figure_1", [round(zero_memory(7.5e9, 64, s).total / 1e9, 1) for s in range(4)]
+              == [120.0, 31.4, 16.6, 1.9])
 
 # %% [markdown]
 # ## 6 · Training parity
@@ -268,7 +268,7 @@ ours = unflatten(plan, [r.shard for r in results], results[0].shapes)
 ref, ref_losses = reference_train(cfg)
 err = max(float((a - r_).abs().max()) for a, r_ in zip(ours, ref, strict=True))
 print(f"max |FSDP - unsharded| after {steps} steps: {err:.2e}; full-batch losses {[round(x, 5) for x in ref_losses]}")
-rec.check("fsdp.parity.params_match_unsharded", err < 1e-5, f"max abs err {err:.2e}")
+_ = rec.check("fsdp.parity.params_match_unsharded", err < 1e-5, f"max abs err {err:.2e}")
 
 # %% [markdown]
 # ## 7 · The compiler's view: per-parameter FSDP under GSPMD
