@@ -7,10 +7,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from shardlab import models
+from shardlab import models, runtime
 from shardlab.formulas import tp as ftp
 
 pytestmark = pytest.mark.xla
+
+# torch's autograd engine sizes its per-device ready queues ONCE, at the first backward of the process: if a CPU
+# backward (test_comm, test_tp_*) runs before torch_xla is imported, every later XLA backward fails with
+# "device.index() < device_ready_queues_.size() INTERNAL ASSERT FAILED". Collection imports this module before
+# any test runs, so set the (process-wide, 8-device) world up here.
+runtime.setup(num_devices=8)
 
 B, S, H, NH, FFN = 2, 8, 64, 8, 256
 
