@@ -110,6 +110,9 @@ def test_viz_headless():
     assert summary_frame(p)["verdict"][0] == p.verdict
     ex = PlannerExplorer(P.PlanConfig("llama-3-8b", "v6e-8"))
     assert ex.update().memory_total == p.memory_total and ex.error is None
+    kinds = [o["output_type"] for o in ex.out.outputs]  # verdict text, summary table, stacked-bar figure
+    assert kinds == ["stream", "display_data", "display_data"]
+    assert "application/vnd.plotly.v1+json" in ex.out.outputs[2]["data"]
     ex.fsdp.value = 3  # observer calls update(): 1 × 3 × 1 != 8 chips
     assert ex.plan is None and "data=1 × fsdp=3 × tensor=1 = 3 does not equal the 8 chips of v6e-8" in ex.error
 

@@ -106,19 +106,29 @@ class PlannerExplorer:
                           sequence_parallel=self.base.sequence_parallel, flash_attention=self.base.flash_attention)
 
     def update(self) -> Plan | None:
-        """Recompute the plan from the widget values and redraw; returns the plan (None on bad input)."""
-        from IPython.display import display
+        """Recompute the plan from the widget values and redraw; returns the plan (None on bad input).
 
-        self.out.clear_output()
+        The output widget is filled with `append_*` calls, not `with self.out:` capture: capture sends
+        msg-id updates that left headless clients (nbclient / papermill) waiting until their cell timeout."""
         try:
             self.plan, self.error = plan(self.config()), None
         except ValueError as e:
             self.plan, self.error = None, str(e)
-        with self.out:
-            if self.plan is None:
-                print(f"invalid configuration: {self.error}")
-            else:
-                print(self.plan.verdict)
-                display(summary_frame(self.plan))
-                memory_figure(self.plan).show()
+        self.out.outputs = ()
+        if self.plan is None:
+            self.out.append_stdout(f"invalid configuration: {self.error}\n")
+        else:
+            self.out.append_stdout(self.plan.verdict + "\n")
+            self.out.append_display_data(summary_frame(self.plan))
+            bundle = figure_bundle(memory_figure(self.plan))
+            self.out.outputs += ({"output_type": "display_data", "data": bundle, "metadata": {}},)
         return self.plan
+
+
+def figure_bundle(fig: Any) -> dict[str, Any]:
+    """MIME bundle of a plotly figure (plotly JSON + standalone HTML), independent of the default renderer."""
+    import plotly.io as pio
+
+    bundle = dict(pio.renderers["plotly_mimetype"].to_mimebundle(fig.to_dict()))
+    bundle["text/html"] = fig.to_html(include_plotlyjs="cdn", full_html=False)
+    return bundle
