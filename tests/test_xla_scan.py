@@ -11,11 +11,16 @@ from typing import Any
 import pytest
 import torch
 
+from shardlab import runtime
 from shardlab.formulas import scan as F
 from shardlab.xla_scan import model as M
 from shardlab.xla_scan import sharding as S
 
 pytestmark = pytest.mark.xla
+
+# The autograd engine sizes its per-device queues at the first backward of the process: set the XLA world up
+# at collection, before any CPU backward (this file's oracle, or other test files) runs.
+runtime.setup(num_devices=8)
 
 CFG = M.StackConfig(layers=3, hidden=64, ffn=256, batch=4, seq=4)
 MESH = (2, 4)  # (fsdp, tensor)
