@@ -282,5 +282,6 @@ def add_derived(frame: Any, name: str, op: str, a: str, b: str, unit: str = "") 
 
 
 def match_names(frame: Any, patterns: Sequence[str]) -> list[str]:
+    """Measurement names matching any pattern, in pattern order (the first pattern's names come first)."""
     names = list(dict.fromkeys(frame["name"]))
-    return [n for n in names if any(fnmatch(n, p) for p in patterns)]
+    return list(dict.fromkeys(n for p in patterns for n in names if fnmatch(n, p)))

@@ -44,8 +44,7 @@ REPORT_SWEEPS: tuple[SweepSpec, ...] = (
               params={"run_gloo": False}),                         # the gloo replay adds process start-up only
     SweepSpec("ce_saving_vs_vocab", "Vocab-parallel cross-entropy: saving over gathered logits vs vocab",
               "04_vocab_parallel_embedding_ce", {"vocab": [1024, 8192, 32000, 50257]}, "vocab",
-              ("ce.saving", "ce.vocab_parallel.bytes", "ce.gather_logits.bytes"),
-              derived=(("ce.saving", "ratio", "ce.gather_logits.bytes", "ce.vocab_parallel.bytes", "x"),)),
+              ("ce.saving_ratio", "ce.vocab_parallel.bytes", "ce.gather_logits.bytes")),
     SweepSpec("fsdp_padding_vs_world_size", "FSDP flat parameter: padding (elements) vs world size",
               "05_fsdp_flat_params", {"world_size": [1, 2, 3, 4, 5, 6, 7, 8]}, "world_size",
               ("fsdp.flat.padding", "fsdp.flat.padded_numel", "fsdp.flat.shard_numel"),
