@@ -54,11 +54,12 @@ class MetricsDelta:
 
     @property
     def execute_count(self) -> int:
-        return self.metric("ExecuteTime")[0]
+        # Under SPMD the PJRT client records ExecuteReplicatedTime; ExecuteTime stays 0.
+        return self.metric("ExecuteTime")[0] + self.metric("ExecuteReplicatedTime")[0]
 
     @property
     def execute_s(self) -> float:
-        return self.metric("ExecuteTime")[1] * NS
+        return (self.metric("ExecuteTime")[1] + self.metric("ExecuteReplicatedTime")[1]) * NS
 
     @property
     def h2d_count(self) -> int:
