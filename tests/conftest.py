@@ -21,6 +21,19 @@ NOTEBOOKS = ROOT / "notebooks"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Set the XLA world up before any test runs (added by the FSDP helper; additive).
+
+    The autograd engine sizes its per-device ready queues at the FIRST backward of a process. A CPU backward
+    before torch_xla has registered its device (test_comm, test_tp_*, test_fsdp_unit ...) makes every later
+    XLA backward in the same process fail with "device_ready_queues_ ... INTERNAL ASSERT FAILED"
+    (torch 2.9.0 / torch_xla 2.9.0; reproduced: CPU backward, then runtime.setup(), then an XLA backward).
+    """
+    from shardlab import runtime
+
+    runtime.setup(num_devices=8)
+
+
 @pytest.fixture(scope="session")
 def xla_world() -> Any:
     from shardlab import runtime
