@@ -13,7 +13,7 @@ means over B/W rows, so the reduce-scattered gradient divided by W equals the fu
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -35,7 +35,6 @@ class TrainConfig:
     use_orig_params: bool = False  # alignment padding like PyTorch's use_orig_params=True
     seed: int = 0
     tied: bool = False  # append a Linear tied to the first one's weight (a shared parameter)
-    extra: dict = field(default_factory=dict)
 
     def validate(self, world_size: int) -> None:
         if len(self.layer_sizes) < 2 or any(int(d) < 1 for d in self.layer_sizes):
