@@ -8,6 +8,7 @@ Input errors are checked to fire *before* any kernel starts (no records director
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -122,7 +123,13 @@ def suite(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     fake_notebook(nbs, "02_beta", size=2, extra_params="fail = True\n")
     fake_notebook(nbs, "03_gamma", extra_params="sleep = 600\n")
     fake_notebook(nbs, "04_delta", declare_required=False)
-    code = report(nbs, root / "out", root / "base", "--update-baseline", "--jobs", "3", "--timeout", str(TIMEOUT_S))
+    cwd = Path.cwd()
+    os.chdir(root)              # relative paths on purpose: kernels run in notebooks/, the runner must cope
+    try:
+        code = report(Path("notebooks"), Path("out"), Path("base"), "--update-baseline", "--jobs", "3",
+                      "--timeout", str(TIMEOUT_S))
+    finally:
+        os.chdir(cwd)
     return {"root": root, "nbs": nbs, "out": root / "out", "base": root / "base", "code": code}
 
 

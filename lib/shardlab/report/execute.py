@@ -188,7 +188,11 @@ def read_xla_totals(results_dir: Path, stem: str) -> dict[str, Any]:
 
 def launch(src: Path, executed: Path, log: Path, params: Mapping[str, Any], cwd: Path,
            env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """Start papermill on ``src`` (returns at once). ``params`` go through a YAML (JSON) file."""
+    """Start papermill on ``src`` (returns at once). ``params`` go through a YAML (JSON) file.
+
+    Paths are made absolute: papermill runs in ``cwd`` (the notebooks directory).
+    """
+    src, executed, log, cwd = src.resolve(), executed.resolve(), log.resolve(), cwd.resolve()
     executed.parent.mkdir(parents=True, exist_ok=True)
     log.parent.mkdir(parents=True, exist_ok=True)
     params_file = log.with_suffix(".params.json")

@@ -89,7 +89,7 @@ def read_parameters(path: Path) -> tuple[dict[str, Any], str | None]:
 def find_notebooks(directory: Path) -> dict[str, NotebookInfo]:
     """All ``NN_name.ipynb`` in ``directory``, sorted by name, keyed by stem."""
     found: dict[str, NotebookInfo] = {}
-    for path in sorted(Path(directory).glob("*.ipynb")):
+    for path in sorted(Path(directory).resolve().glob("*.ipynb")):
         if NOTEBOOK_RE.match(path.stem):
             params, err = read_parameters(path)
             found[path.stem] = NotebookInfo(path.stem, path, params, err)

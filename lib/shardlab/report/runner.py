@@ -303,7 +303,7 @@ def run_report(options: ReportOptions) -> Report:
     baseline_path = options.baseline_dir / f"{options.profile}.json"
     if not options.update_baseline:
         bl.load(baseline_path, options.profile)          # fail fast, before any kernel, on a corrupt baseline
-    out = options.out or default_out()
+    out = (options.out or default_out()).resolve()      # kernels run in notebooks/: every path absolute
     prepare_out_dir(out, options.force)
     started = time.time()
     write_manifest(out, options, started, None, None)

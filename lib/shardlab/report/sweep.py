@@ -164,6 +164,7 @@ def run_sweep(nb: NotebookInfo, axes: Mapping[str, Sequence[Any]], out: Path, *,
               name_params: Mapping[str, str] | None = None, render: bool = True) -> SweepResult:
     """Run (or resume) the sweep; returns the table and charts. Raises ReportInputError on bad input."""
     base = {"num_devices": num_devices, **(base or {})}
+    out = out.resolve()                                  # kernels run in notebooks/: every path absolute
     validate(nb, axes, base)
     claim_dir(out, nb.stem, force)
     started = time.monotonic()
