@@ -138,3 +138,38 @@ def test_real_dump_grid(xla_world) -> None:  # type: ignore[no-untyped-def]
     (c,) = capture_hlo(lambda: x @ w).module.collectives
     assert c.op == "all-reduce" and sorted(map(sorted, c.replica_groups)) == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert c.operand_bytes == (8 // 2) * 16 * 4
+
+
+def test_reduce_scatter_through_pad() -> None:
+    """Uneven shards: all-reduce f32[30] -> pad to 32 -> dynamic-slice of 4 is still CPU's reduce-scatter."""
+    text = """HloModule m, num_partitions=8
+
+%add (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %a = f32[] add(%x, %y)
+}
+
+%inner (q: f32[32], o: s32[]) -> f32[4] {
+  %q = f32[32]{0} parameter(0)
+  %o = s32[] parameter(1)
+  ROOT %ds = f32[4]{0} dynamic-slice(%q, %o), dynamic_slice_sizes={4}
+}
+
+%outer (p: f32[32], o2: s32[]) -> f32[4] {
+  %p = f32[32]{0} parameter(0)
+  %o2 = s32[] parameter(1)
+  ROOT %c = f32[4]{0} call(%p, %o2), to_apply=%inner
+}
+
+ENTRY %e (g: f32[30]) -> f32[4] {
+  %g = f32[30]{0} parameter(0)
+  %ar = f32[30]{0} all-reduce(%g), replica_groups={}, to_apply=%add
+  %zero = f32[] constant(0)
+  %padded = f32[32]{0} pad(%ar, %zero), padding=0_2
+  %off = s32[] constant(0)
+  ROOT %f = f32[4]{0} fusion(%padded, %off), kind=kLoop, calls=%outer
+}
+"""
+    (ar,) = parse_hlo(text).collectives
+    assert ar.feeds_dynamic_slice and ar.group_size == 8 and ar.operand_bytes == 30 * 4

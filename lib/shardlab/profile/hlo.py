@@ -42,6 +42,10 @@ DTYPE_BYTES = {
 }
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 _ASYNC_SUFFIX = ("-start",)
+# Ops an all-reduce result may pass through on its way to the dynamic-slice that makes it a reduce-scatter
+# (uneven shards add a pad; bf16 adds a convert; averaging adds a multiply/divide).
+_PASS_THROUGH = ("bitcast", "copy", "reshape", "get-tuple-element", "pad", "slice", "convert", "multiply",
+                 "divide", "fusion")
 _CALL_ATTRS = ("to_apply", "calls", "body", "condition", "true_computation", "false_computation")
 
 _COMP_RE = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\((.*)\)\s*->\s*(.*?)\s*\{\s*$")
@@ -335,14 +339,16 @@ def parse_hlo(text: str, buffer_assignment: str | None = None) -> HloModule:
         for op in ins.operands:
             users.setdefault(op, []).append(ins)
 
-    def feeds_ds(name: str, hops: int = 2) -> bool:
+    def fusion_has_ds(ins: Instruction) -> bool:
+        inner = _reachable([ins.attrs.get("calls", "").lstrip("%")], calls)
+        return any(instructions[n].opcode == "dynamic-slice" for c in inner for n in computations.get(c, []))
+
+    def feeds_ds(name: str, hops: int = 3) -> bool:
+        """Does this value reach a dynamic-slice through at most ``hops`` layout/elementwise/pad steps?"""
         for u in users.get(name, []):
-            if u.opcode == "dynamic-slice":
+            if u.opcode == "dynamic-slice" or (u.opcode == "fusion" and fusion_has_ds(u)):
                 return True
-            if u.opcode == "fusion" and any(instructions[n].opcode == "dynamic-slice"
-                                            for n in computations.get(u.attrs.get("calls", "").lstrip("%"), [])):
-                return True
-            if hops and u.opcode in ("bitcast", "copy", "reshape", "get-tuple-element") and feeds_ds(u.name, hops - 1):
+            if hops and u.opcode in _PASS_THROUGH and feeds_ds(u.name, hops - 1):
                 return True
         return False
 
