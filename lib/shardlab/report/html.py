@@ -230,7 +230,7 @@ def sweeps_section(report: Report) -> str:
         if s.skipped:
             parts.append(f"<p class='muted'>skipped: {esc(s.skipped)}</p>")
             continue
-        parts.append(f"<p class='muted'>{esc(s.summary)}</p>")
+        parts.append(f"<p class='{'bad' if s.failed_points else 'muted'}'>{esc(s.summary)}</p>")
         for fig in s.figures:
             parts.append(figure(fig))
         for link in s.links:
@@ -249,6 +249,9 @@ def write_report(report: Report, dest: Path) -> Path:
 
     counts = {s: sum(r.status == s for r in report.results) for s in STATUS_COLOURS}
     headline = " ".join(f"{badge(s)} {n}" for s, n in counts.items() if n)
+    bad_points = sum(s.failed_points for s in report.sweeps)
+    if bad_points:
+        headline += f" · <a href='#sweeps' class='bad'>{bad_points} failed sweep point(s)</a>"
     when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(report.started))
     body = [
         f"<h1>shardlab report</h1><p>{when} · profile <b>{esc(report.options.profile)}</b> · "

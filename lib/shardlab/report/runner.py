@@ -117,7 +117,9 @@ class Report:
 
     @property
     def exit_status(self) -> int:
-        return EXIT_OK if all(r.status == "passed" for r in self.results) else EXIT_FAILED
+        """1 if a notebook did not pass or a sweep point failed (a failed check is a failed check)."""
+        ok = all(r.status == "passed" for r in self.results) and not any(s.failed_points for s in self.sweeps)
+        return EXIT_OK if ok else EXIT_FAILED
 
 
 def prepare_out_dir(out: Path, force: bool) -> None:
