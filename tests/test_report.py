@@ -206,3 +206,16 @@ def test_real_block_matrices_notebook(tmp_path: Path) -> None:
     assert {"blocks.col.collective.count", "blocks.row.all_reduce.count", "blocks.row.all_reduce.bytes",
             "blocks.grid.collective.bytes"} <= names
     assert run["notebooks"][0]["compile_s"] > 0                       # the epilogue read torch_xla's metrics
+
+
+def test_exit_status_counts_failed_sweep_points(tmp_path: Path) -> None:
+    from shardlab.report.runner import NotebookResult, Report, ReportOptions
+    from shardlab.report.sweeps_config import SweepSummary
+
+    ok = NotebookResult("01_alpha", "passed", [], None, {"checks": []}, {}, None)
+    rep = Report(ReportOptions(), tmp_path, 0.0, 1.0, [ok], tmp_path / "b.json", "none", {})
+    assert rep.exit_status == 0
+    rep.sweeps = [SweepSummary("t", failed_points=1)]
+    assert rep.exit_status == 1
+    rep.sweeps, ok.status = [], "regressed"
+    assert rep.exit_status == 1
