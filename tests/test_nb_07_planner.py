@@ -32,9 +32,9 @@ def test_notebook_07_small(run_notebook) -> None:  # type: ignore[no-untyped-def
     assert by[("planner.stacked_grad.per_chip.bytes.2d", "formula")] == 126 * 4096 * 256 * 2
     # the validation section compared formula and HLO for every term (rec.agree raised otherwise)
     assert record["params"]["model"] == custom
-    validated = {m["name"] for m in record["measurements"] if m["source"] == "hlo"}
+    validated = {m["name"] for m in record["measurements"] if m["source"] in ("hlo", "ledger")}
     assert {"planner.validate.tp_mlp.all_reduce.bytes", "planner.validate.dp.all_reduce.bytes",
-            "planner.validate.tp_layer.all_reduce.bytes",
+            "planner.validate.tp_layer.all_reduce.bytes", "planner.validate.fsdp.model_state.bytes",
             "planner.validate.fsdp.param.bytes"} <= validated
 
 

@@ -351,6 +351,36 @@ rec.agree("planner.validate.fsdp.param.bytes", "bytes",
 print("collectives GSPMD chose for the FSDP-sharded MLP:")
 for c in m_fsdp.collectives:
     print(f"  {c.op:18s} {c.dtype} {c.shape[0] if len(c.shape) == 1 else c.shape}  operand {c.operand_bytes} B")
+
+# %% [markdown]
+# **FSDP communication and model state, from our ledger.** Annotations alone do not give the flat-unit
+# pattern, so the planner's fsdp-axis terms are checked against the FSDP helper's per-rank `FlatUnit`
+# (notebook 05) run in a `SimulatedWorld` of `num_devices` ranks: per step two all-gathers of the shard and
+# one reduce-scatter of the padded flat gradient (`formulas.fsdp.flat_step_comm`), and per rank the ZeRO-3
+# model state with flat-parameter padding (`memory.model_state_bytes`; fp32 Adam: 4 + 4 + 8 bytes/element).
+
+# %%
+from shardlab.comm import SimulatedWorld
+from shardlab.formulas.fsdp import flat_step_comm
+from shardlab.fsdp.train import TrainConfig, fsdp_rank_program
+
+sizes = (val_hidden, val_ffn, val_hidden + 1)  # Linear(h, ffn) -> tanh -> Linear(ffn, h+1): an uneven numel
+numel = sum(i * o + o for i, o in zip(sizes[:-1], sizes[1:], strict=True))  # weights + biases
+sim = SimulatedWorld(num_devices)
+ranks = sim.run(fsdp_rank_program, TrainConfig(layer_sizes=sizes, batch=val_tokens, steps=1, optimizer="adam"))
+fc = flat_step_comm(numel, num_devices, elem_bytes=F32)
+rec.agree("planner.validate.fsdp.all_gather.bytes", "bytes", formula=fc.all_gather_bytes,
+          ledger=sim.ledger.payload_bytes("all_gather"))
+rec.agree("planner.validate.fsdp.reduce_scatter.bytes", "bytes", formula=fc.reduce_scatter_bytes,
+          ledger=sim.ledger.payload_bytes("reduce_scatter"))
+rec.agree("planner.validate.fsdp.wire_bytes", "bytes", formula=fc.wire_bytes(num_devices),
+          ledger=sim.ledger.wire_bytes())
+state = memory.model_state_bytes(numel, fsdp=num_devices, stage=3, param_bytes=F32, grad_bytes=F32, k=8,
+                                 flat_units=[numel])
+rec.agree("planner.validate.fsdp.model_state.bytes", "bytes", formula=state.total,
+          ledger=sum(ranks[0].persistent_bytes.values()))
+print(f"flat numel {numel} padded to {num_devices} x {fc.all_gather_payload_bytes // F32}; "
+      f"padding per rank {state.padding:.0f} B of {state.total:.0f} B model state")
 rec.table("planner.validate")
 
 # %% [markdown]
@@ -358,8 +388,9 @@ rec.table("planner.validate")
 # all-reduce of every weight gradient for data parallelism, and parameter bytes per device that are the
 # replicated or sharded ZeRO terms. For weights merely *annotated* as sharded, GSPMD picks its own
 # collectives (all-gathers, all-to-alls and an all-reduce + dynamic-slice for the reduce-scatter): the
-# parameter memory follows the ZeRO-3 term, but the communication pattern of an explicit FSDP unit is
-# measured by our ledger in notebook 05, not by this annotation-only sketch.
+# parameter memory follows the ZeRO-3 term, but the communication pattern of an explicit FSDP unit had to be
+# checked against our ledger's `FlatUnit` instead — where payloads, wire bytes and the padded model state
+# match the planner's formulas exactly.
 
 # %% [markdown]
 # ## 5 · Exercises
