@@ -120,3 +120,47 @@ def step(module: torch.nn.Module, x: torch.Tensor, grad_out: torch.Tensor | None
     (out * grad_out).sum().backward()
     grads = [p.grad for p in module.parameters() if p.grad is not None]
     return [out, *([x.grad] if x.grad is not None else []), *grads]
+
+
+def collective_elements(module: Any, op: str) -> int:
+    """Elements (not bytes) the collectives `op` of an HLO module hand over per device: dtype-independent."""
+    from shardlab.formulas.common import dtype_bytes
+
+    return sum(c.operand_bytes // dtype_bytes(c.dtype) for c in module.collectives if c.op == op)
+
+
+HLO_DTYPE = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "float64": "f64"}
+
+
+def agree_payload(
+    rec: Any, name: str, formula_bytes: int, ledger_bytes: int, module: Any, op: str, dtype: str
+) -> dict[str, Any]:
+    """Three-way payload row for `name` (`<...>.bytes`) against the HLO collectives `op` of `module`.
+
+    When XLA ran the collective in the model dtype, formula = ledger = hlo bytes.  When it did not — XLA's CPU
+    backend runs bf16 all-reduces in f32 (measured, torch_xla 2.9; a TPU keeps bf16) — the bytes cannot agree:
+    the HLO bytes are recorded with the reason, and formula = ledger = hlo is checked on ELEMENTS instead
+    (`<...>.elements`), which is what the per-rank code and the partitioner decide.
+    """
+    from shardlab.formulas.common import dtype_bytes
+
+    cs = [c for c in module.collectives if c.op == op]
+    hlo_bytes = sum(c.operand_bytes for c in cs)
+    dtypes = {c.dtype for c in cs}
+    if dtypes <= {HLO_DTYPE.get(dtype, dtype)}:
+        return rec.agree(name, "bytes", formula=formula_bytes, ledger=ledger_bytes, hlo=hlo_bytes)
+    e = dtype_bytes(dtype)
+    rec.agree(name, "bytes", formula=formula_bytes, ledger=ledger_bytes)
+    rec.measure(name, hlo_bytes, "bytes", "hlo")
+    elements = collective_elements(module, op)
+    print(
+        f"{name}: XLA ran the {op} in {sorted(dtypes)} while the model is {dtype}: HLO bytes {hlo_bytes} vs "
+        f"{formula_bytes}; comparing elements instead"
+    )
+    return rec.agree(
+        name.removesuffix(".bytes") + ".elements",
+        "elements",
+        formula=formula_bytes // e,
+        ledger=ledger_bytes // e,
+        hlo=elements,
+    )
