@@ -115,7 +115,6 @@ def explorer(run: Callable[[int, int, int, int], dict[str, Any]], meshes: Sequen
     """
     import ipywidgets as w
     import pandas as pd
-    from IPython.display import display
 
     mesh_dd = w.Dropdown(options=[(f"fsdp={a} × tensor={b}", (a, b)) for a, b in meshes], description="mesh")
     l_dd = w.Dropdown(options=list(layers), description="L")
@@ -126,9 +125,9 @@ def explorer(run: Callable[[int, int, int, int], dict[str, Any]], meshes: Sequen
     def update(*_: Any) -> dict[str, Any]:
         (fsdp, tensor), L, hidden = mesh_dd.value, l_dd.value, h_dd.value
         result = run(fsdp, tensor, L, hidden)
-        out.clear_output()
-        with out:
-            display(pd.DataFrame(result).T)
+        # Set the Output's state directly: `with out: display(...)` can hang a headless kernel (papermill).
+        out.outputs = ()
+        out.append_display_data(pd.DataFrame(result).T)
         return result
 
     button.on_click(update)
