@@ -15,11 +15,11 @@ TEXT = """HloModule SyncTensorsGraph.7, is_scheduled=true, num_partitions=8
   ROOT %add.1 = f32[] add(%x, %y)
 }
 
-%fused_ds (p0: f32[16,64], p1: s32[]) -> f32[4,64] {
+%fused_ds (p0: f32[16,64], p1: s32[]) -> f32[8,64] {
   %p0 = f32[16,64]{1,0} parameter(0)
   %p1 = s32[] parameter(1)
   %c = s32[] constant(0)
-  ROOT %ds = f32[4,64]{1,0} dynamic-slice(%p0, %p1, %c), dynamic_slice_sizes={4,64}
+  ROOT %ds = f32[8,64]{1,0} dynamic-slice(%p0, %p1, %c), dynamic_slice_sizes={8,64}
 }
 
 %body (state: (s32[], bf16[2,128,256])) -> (s32[], bf16[2,128,256]) {
@@ -36,18 +36,18 @@ TEXT = """HloModule SyncTensorsGraph.7, is_scheduled=true, num_partitions=8
   ROOT %p = pred[] constant(true)
 }
 
-ENTRY %SyncTensorsGraph.7_spmd (param: f32[32,256], param.1: f32[16,64]) -> (f32[32,256], f32[4,64]) {
+ENTRY %SyncTensorsGraph.7_spmd (param: f32[32,256], param.1: f32[16,64]) -> (f32[32,256], f32[8,64]) {
   %param = f32[32,256]{1,0} parameter(0), sharding={replicated}
   %param.1 = f32[16,64]{1,0} parameter(1)
   %all-reduce = f32[32,256]{1,0} all-reduce(%param), channel_id=1, replica_groups={{0,1,2,3,4,5,6,7}}, use_global_device_ids=true, to_apply=%add
   %all-reduce.1 = f32[16,64]{1,0} all-reduce(%param.1), channel_id=2, replica_groups=[4,2]<=[2,4]T(1,0), use_global_device_ids=true, to_apply=%add
   %pid = u32[] partition-id()
   %off = s32[] convert(%pid)
-  %fusion = f32[4,64]{1,0} fusion(%all-reduce.1, %off), kind=kLoop, calls=%fused_ds
+  %fusion = f32[8,64]{1,0} fusion(%all-reduce.1, %off), kind=kLoop, calls=%fused_ds
   %init = (s32[], bf16[2,128,256]{2,1,0}) tuple(%off, %off)
   %while = (s32[], bf16[2,128,256]{2,1,0}) while(%init), condition=%cond, body=%body
   %cp = f32[32,256]{1,0} collective-permute(%all-reduce), channel_id=4, source_target_pairs={{0,1},{1,0}}
-  ROOT %tuple = (f32[32,256]{1,0}, f32[4,64]{1,0}) tuple(%cp, %fusion)
+  ROOT %tuple = (f32[32,256]{1,0}, f32[8,64]{1,0}) tuple(%cp, %fusion)
 }
 """
 
@@ -71,7 +71,8 @@ def test_hand_written_module() -> None:
     assert m.count("all-reduce") == 2 and m.count("all-gather") == 1 and m.count("collective-permute") == 1
     ar, ar1 = (c for c in m.collectives if c.op == "all-reduce")
     assert ar.operand_bytes == 32 * 256 * 4 == 32768 and ar.group_size == 8 and not ar.feeds_dynamic_slice
-    assert ar1.group_size == 2 and ar1.feeds_dynamic_slice  # all-reduce + dynamic-slice = CPU reduce-scatter
+    # all-reduce over groups of 2 + dynamic-slice of half of it = CPU's lowering of a reduce-scatter
+    assert ar1.group_size == 2 and ar1.feeds_dynamic_slice
     (ag,) = (c for c in m.collectives if c.op == "all-gather")
     assert ag.in_while and ag.operand_bytes == 2 * 128 * 256 * 2 and ag.result_bytes == 4 * ag.operand_bytes
     assert ag.replica_groups == [[0, 1, 2, 3], [4, 5, 6, 7]]
@@ -173,3 +174,24 @@ ENTRY %e (g: f32[30]) -> f32[4] {
 """
     (ar,) = parse_hlo(text).collectives
     assert ar.feeds_dynamic_slice and ar.group_size == 8 and ar.operand_bytes == 30 * 4
+
+
+def test_max_all_reduce_is_not_a_reduce_scatter() -> None:
+    """A max all-reduce (vocab-parallel CE) followed by a dynamic-slice is not a reduce-scatter (sum only)."""
+    text = """HloModule m, num_partitions=4
+
+%max (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %mx = f32[] maximum(%x, %y)
+}
+
+ENTRY %e (g: f32[8]) -> f32[2] {
+  %g = f32[8]{0} parameter(0)
+  %ar = f32[8]{0} all-reduce(%g), replica_groups={}, to_apply=%max
+  %off = s32[] constant(0)
+  ROOT %ds = f32[2]{0} dynamic-slice(%ar, %off), dynamic_slice_sizes={2}
+}
+"""
+    (ar,) = parse_hlo(text).collectives
+    assert ar.group_size == 4 and not ar.feeds_dynamic_slice

@@ -339,18 +339,33 @@ def parse_hlo(text: str, buffer_assignment: str | None = None) -> HloModule:
         for op in ins.operands:
             users.setdefault(op, []).append(ins)
 
-    def fusion_has_ds(ins: Instruction) -> bool:
+    def fusion_ds(ins: Instruction) -> list[Instruction]:
         inner = _reachable([ins.attrs.get("calls", "").lstrip("%")], calls)
-        return any(instructions[n].opcode == "dynamic-slice" for c in inner for n in computations.get(c, []))
+        return [instructions[n] for c in inner for n in computations.get(c, [])
+                if instructions[n].opcode == "dynamic-slice"]
 
-    def feeds_ds(name: str, hops: int = 3) -> bool:
-        """Does this value reach a dynamic-slice through at most ``hops`` layout/elementwise/pad steps?"""
+    def reached_ds(name: str, hops: int = 3) -> list[Instruction]:
+        """Dynamic-slices this value reaches through at most ``hops`` layout/elementwise/pad steps."""
+        found: list[Instruction] = []
         for u in users.get(name, []):
-            if u.opcode == "dynamic-slice" or (u.opcode == "fusion" and fusion_has_ds(u)):
-                return True
-            if hops and u.opcode in _PASS_THROUGH and feeds_ds(u.name, hops - 1):
-                return True
-        return False
+            if u.opcode == "dynamic-slice":
+                found.append(u)
+            elif u.opcode == "fusion":
+                found += fusion_ds(u)
+            if hops and u.opcode in _PASS_THROUGH:
+                found += reached_ds(u.name, hops - 1)
+        return found
+
+    def is_sum(ins: Instruction) -> bool:
+        body = computations.get(ins.attrs.get("to_apply", "").lstrip("%"), [])
+        return any(instructions[n].is_root and instructions[n].opcode == "add" for n in body)
+
+    def lowered_reduce_scatter(ins: Instruction, group: int) -> bool:
+        """A sum all-reduce whose result is cut to its 1/group share (padding allowed) by a dynamic-slice."""
+        if group < 2 or not is_sum(ins) or not ins.shape:
+            return False
+        n = math.prod(ins.shape[0].dims)
+        return any(n <= math.prod(d.shape[0].dims) * group <= 2 * n for d in reached_ds(ins.name) if d.shape)
 
     collectives = []
     for ins in instructions.values():
@@ -368,7 +383,8 @@ def parse_hlo(text: str, buffer_assignment: str | None = None) -> HloModule:
             shape=[a.dims for a in result], operand_shapes=[a.dims for a in operand_arrays],
             operand_bytes=sum(a.nbytes for a in operand_arrays), result_bytes=sum(a.nbytes for a in result),
             replica_groups=groups if op != "collective-permute" else [], computation=ins.computation,
-            in_while=ins.computation in in_loop, feeds_dynamic_slice=op == "all-reduce" and feeds_ds(ins.name),
+            in_while=ins.computation in in_loop,
+            feeds_dynamic_slice=op == "all-reduce" and lowered_reduce_scatter(ins, len(groups[0]) if groups else 0),
             source_target_pairs=pairs,
         ))
     loops = [WhileLoop(w.name, w.computation, w.attrs.get("body", "").lstrip("%"), w.nbytes, w.shape) for w in whiles]
