@@ -52,8 +52,9 @@ REPORT_SWEEPS: tuple[SweepSpec, ...] = (
               derived=(("fsdp.flat.padding", "difference", "fsdp.flat.padded_numel", "fsdp.flat.numel",
                         "elements"),)),
     SweepSpec("scan_compile_vs_layers", "scan: XLA compile time and HLO size vs number of layers L",
-              "06_scan_shard_as", {}, "L", ("scan.compile_s.*", "scan.hlo_instructions.*"),
-              name_params={"L": r"\.L(\d+)$"}),
+              "06_scan_shard_as", {}, "L", ("scan.compile_s", "scan.hlo_instructions", "scan.execute_s"),
+              # scan.compile_s.<mode>.L<n> -> name scan.compile_s with columns L and mode (one trace per mode)
+              name_params={"L": r"\.L(\d+)$", "mode": r"\.(loop|scan_layers|scan)$"}),
 )
 
 
