@@ -39,7 +39,8 @@ PHASES = ("forward", "backward")
 
 
 def ring_wire_bytes(op: str, payload_bytes: int, group_size: int) -> float:
-    """Bytes one rank sends under the ring model (design.md; `shardlab.formulas.common.wire_bytes`).
+    """Bytes one rank sends under the ring model (design.md; the one definition lives in
+    :func:`shardlab.formulas.common.wire_bytes`).
 
     `ring_wire_bytes("all_reduce", 100, 4)` -> 150.0
     """
@@ -47,7 +48,7 @@ def ring_wire_bytes(op: str, payload_bytes: int, group_size: int) -> float:
         raise ValueError(f"op={op!r} is not one of {OPS}")
     if group_size < 1:
         raise ValueError(f"group_size={group_size} must be >= 1")
-    return float(wire_bytes(op, payload_bytes, group_size)) if group_size > 1 else 0.0
+    return float(wire_bytes(op, payload_bytes, group_size))
 
 
 def current_phase() -> str:
