@@ -21,11 +21,6 @@ itself failed (bad input, unusable baseline, internal error).
 
 from __future__ import annotations
 
-import importlib.metadata
-import json
-import platform
-import shutil
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,10 +36,9 @@ from shardlab.report.notebooks import (
     find_notebooks,
     select,
 )
+from shardlab.report.rundir import ROOT, default_out, host_env, prepare_out_dir, write_manifest
 
 EXIT_OK, EXIT_FAILED, EXIT_RUNNER = 0, 1, 2
-RUN_SCHEMA = "shardlab.report-run/1"
-ROOT = Path(__file__).resolve().parents[3]
 RUNNER_WALL = "report.notebook.wall_s"       # timing rows the runner adds to each notebook
 RUNNER_COMPILE = "report.notebook.xla_compile_s"
 
@@ -120,39 +114,6 @@ class Report:
         """1 if a notebook did not pass or a sweep point failed (a failed check is a failed check)."""
         ok = all(r.status == "passed" for r in self.results) and not any(s.failed_points for s in self.sweeps)
         return EXIT_OK if ok else EXIT_FAILED
-
-
-def prepare_out_dir(out: Path, force: bool) -> None:
-    """Create ``out``; an existing non-empty directory is replaced only with ``force`` and only if it is ours."""
-    if out.exists() and not out.is_dir():
-        raise ReportInputError(f"--out {out} exists and is not a directory")
-    if out.exists() and any(out.iterdir()):
-        ours = (out / "run.json").exists()
-        if not force:
-            what = "another report run" if ours else "other files"
-            raise ReportInputError(f"--out {out} already holds {what}; nothing was changed. Pass --force to "
-                                   "replace it, or choose another directory")
-        if not ours:
-            raise ReportInputError(f"--out {out} is not empty and has no run.json (not a shardlab report "
-                                   "directory): refusing to delete it even with --force")
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
-
-
-def default_out() -> Path:
-    return ROOT / "out" / "reports" / time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-
-
-def host_env(options: ReportOptions) -> dict[str, Any]:
-    env: dict[str, Any] = {"profile": options.profile, "device": options.device, "num_devices": options.num_devices,
-                           "python": sys.version.split()[0], "platform": platform.platform(),
-                           "machine": platform.machine()}
-    for dist in ("torch", "torch_xla", "jax", "jaxlib", "torchax", "papermill", "plotly", "nbconvert"):
-        try:
-            env[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            env[dist] = "not installed"
-    return env
 
 
 def validate_inputs(options: ReportOptions) -> list[NotebookInfo]:
@@ -287,16 +248,6 @@ def apply_baseline(options: ReportOptions, results: list[NotebookResult], env: d
             r.status = "passed"
             r.reasons.append("baseline updated from this run")
     return path, "updated" if base is not None else "created"
-
-
-def write_manifest(out: Path, options: ReportOptions, started: float, results: list[NotebookResult] | None,
-                   exit_status: int | None) -> None:
-    data = {"schema": RUN_SCHEMA, "started": started, "finished": time.time() if results is not None else None,
-            "argv": sys.argv, "profile": options.profile, "exit_status": exit_status,
-            "notebooks": [{"stem": r.stem, "status": r.status, "reasons": r.reasons,
-                           "wall_s": r.execution.wall_s if r.execution else None, "compile_s": r.compile_s,
-                           "html": r.html} for r in (results or [])]}
-    (out / "run.json").write_text(json.dumps(data, indent=1))
 
 
 def run_report(options: ReportOptions) -> Report:

@@ -1,0 +1,67 @@
+"""The report's output directory: claim it safely, describe the host, write the run manifest.
+
+Design note
+-----------
+``run.json`` marks a directory as a shardlab report run; it is written before any kernel starts and again
+at the end. An existing non-empty directory is replaced only with ``--force`` *and* only if it carries that
+marker — anything else is refused, so earlier runs (or unrelated files) are never overwritten unless asked.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import platform
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from shardlab.report.notebooks import ReportInputError
+
+RUN_SCHEMA = "shardlab.report-run/1"
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def prepare_out_dir(out: Path, force: bool) -> None:
+    """Create ``out``; an existing non-empty directory is replaced only with ``force`` and only if it is ours."""
+    if out.exists() and not out.is_dir():
+        raise ReportInputError(f"--out {out} exists and is not a directory")
+    if out.exists() and any(out.iterdir()):
+        ours = (out / "run.json").exists()
+        if not force:
+            what = "another report run" if ours else "other files"
+            raise ReportInputError(f"--out {out} already holds {what}; nothing was changed. Pass --force to "
+                                   "replace it, or choose another directory")
+        if not ours:
+            raise ReportInputError(f"--out {out} is not empty and has no run.json (not a shardlab report "
+                                   "directory): refusing to delete it even with --force")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def default_out() -> Path:
+    return ROOT / "out" / "reports" / time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+
+
+def host_env(options: Any) -> dict[str, Any]:
+    env: dict[str, Any] = {"profile": options.profile, "device": options.device, "num_devices": options.num_devices,
+                           "python": sys.version.split()[0], "platform": platform.platform(),
+                           "machine": platform.machine()}
+    for dist in ("torch", "torch_xla", "jax", "jaxlib", "torchax", "papermill", "plotly", "nbconvert"):
+        try:
+            env[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            env[dist] = "not installed"
+    return env
+
+
+def write_manifest(out: Path, options: Any, started: float, results: list[Any] | None,
+                   exit_status: int | None) -> None:
+    data = {"schema": RUN_SCHEMA, "started": started, "finished": time.time() if results is not None else None,
+            "argv": sys.argv, "profile": options.profile, "exit_status": exit_status,
+            "notebooks": [{"stem": r.stem, "status": r.status, "reasons": r.reasons,
+                           "wall_s": r.execution.wall_s if r.execution else None, "compile_s": r.compile_s,
+                           "html": r.html} for r in (results or [])]}
+    (out / "run.json").write_text(json.dumps(data, indent=1))
