@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 OUT    ?= out/report
 
-.PHONY: venv report test notebooks lint clean
+.PHONY: venv report baseline test notebooks lint clean
 
 $(STAMP): requirements.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "shardlab needs Python 3.11 (torch_xla 2.9.0 wheels); set PYTHON=python3.11")'
@@ -19,6 +19,9 @@ venv: $(STAMP)
 
 report: $(STAMP)
 	$(PY) -m shardlab report --out $(OUT) --overwrite
+
+baseline: $(STAMP)
+	$(PY) -m shardlab report --out $(OUT) --overwrite --update-baseline
 
 test: $(STAMP)
 	$(PY) tools/build_notebooks.py --check
