@@ -62,3 +62,19 @@ def test_owner_map() -> None:
 def test_bad_input(call, msg: str) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises((ValueError, TypeError), match=msg):
         call()
+
+
+def test_viz_owner_maps_and_explorer_headless() -> None:
+    """The picture's owner maps follow the split rules; the explorer's update recomputes against dense."""
+    from shardlab.viz import blocks as vb
+
+    own = vb.owners(4, 6, 8, 2, "row")
+    assert own["x"][0] == [0, 0, 0, 1, 1, 1] and [r[0] for r in own["W"]] == [0, 0, 0, 1, 1, 1]
+    assert all(v == -1 for row in own["Y"] for v in row)  # after the all-reduce every device holds all of Y
+    own = vb.owners(4, 6, 8, 2, "column")
+    assert own["W"][0] == [0] * 4 + [1] * 4 and all(v == -1 for row in own["x"] for v in row)
+    _ui, update = vb.explorer(m=6, k=8, n=4, parts=4, kind="grid")
+    shown = update()
+    assert shown["ok"] and shown["max_abs_err"] < 1e-12
+    bad = update(parts=3)  # odd parts cannot form a (2 x parts/2) grid
+    assert not bad["ok"] and "even number of parts" in bad["error"]

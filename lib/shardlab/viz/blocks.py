@@ -49,9 +49,9 @@ def split_figure(m: int, k: int, n: int, parts: int, kind: str) -> Any:
 
     own = owners(m, k, n, parts, kind)
     notes = {
-        "column": ("x replicated", "W = [W_1 … W_p] by columns", "Y = [xW_1 … xW_p]: concatenate, no collective"),
-        "row": ("x = [x_1 … x_p] by columns", "W = [W_1; …; W_p] by rows", "Y = Σ x_i W_i: one all-reduce"),
-        "grid": ("x by (mesh rows, mesh cols)", "W rows over mesh cols", "Y row blocks: all-reduce per mesh row"),
+        "column": ("x: replicated", "W = [W_1 … W_p]<br>by columns", "Y = [xW_1 … xW_p]<br>concatenate, no collective"),
+        "row": ("x = [x_1 … x_p]<br>by columns", "W = [W_1; …; W_p]<br>by rows", "Y = Σ x_i W_i<br>one all-reduce"),
+        "grid": ("x by (mesh rows,<br>mesh cols)", "W rows over<br>mesh cols", "Y row blocks:<br>all-reduce per mesh row"),
     }[kind]
     fig = make_subplots(rows=1, cols=3, subplot_titles=notes, column_widths=[k, n, n], horizontal_spacing=0.06)
     n_dev = parts
@@ -67,7 +67,8 @@ def split_figure(m: int, k: int, n: int, parts: int, kind: str) -> Any:
                       row=1, col=col)
         fig.update_yaxes(autorange="reversed", showticklabels=False, row=1, col=col)
         fig.update_xaxes(showticklabels=False, row=1, col=col)
-    fig.update_layout(height=320, margin={"l": 10, "r": 10, "t": 60, "b": 10},
+    fig.update_annotations(font_size=12)
+    fig.update_layout(height=340, margin={"l": 10, "r": 10, "t": 90, "b": 10},
                       title=f"{kind} split over {parts} devices: x {m}×{k} @ W {k}×{n}")
     return fig
 
