@@ -51,7 +51,7 @@ def split_figure(m: int, k: int, n: int, parts: int, kind: str) -> Any:
     notes = {
         "column": ("x: replicated", "W = [W_1 … W_p]<br>by columns", "Y = [xW_1 … xW_p]<br>concatenate, no collective"),
         "row": ("x = [x_1 … x_p]<br>by columns", "W = [W_1; …; W_p]<br>by rows", "Y = Σ x_i W_i<br>one all-reduce"),
-        "grid": ("x by (mesh rows,<br>mesh cols)", "W rows over<br>mesh cols", "Y row blocks:<br>all-reduce per mesh row"),
+        "grid": ("x by (mesh rows,<br>mesh cols)", "W rows over<br>mesh cols", "Y row blocks:<br>all-reduce per row"),
     }[kind]
     fig = make_subplots(rows=1, cols=3, subplot_titles=notes, column_widths=[k, n, n], horizontal_spacing=0.06)
     n_dev = parts
