@@ -35,20 +35,11 @@ from shardlab import models, runtime
 from shardlab.formulas import tp as ftp
 from shardlab.formulas.common import dtype_bytes
 from shardlab.profile import Recorder, capture_hlo
+from shardlab.tp.params import check_tp_params
 
 # Validate every parameter before any XLA work (errors name the parameter and the rule).
-for _name, _v in {"num_devices": num_devices, "tp": tp, "batch": batch, "seq": seq, "hidden": hidden,
-                  "ffn": ffn, "heads": heads, "vocab": vocab}.items():
-    if not isinstance(_v, int) or _v < 1:
-        raise ValueError(f"{_name}={_v!r} must be a positive int")
-if dtype not in ("float32", "bfloat16"):
-    raise ValueError(f"dtype={dtype!r} must be 'float32' or 'bfloat16'")
-if tp > num_devices:
-    raise ValueError(f"tp={tp} is larger than the device count num_devices={num_devices}")
-if num_devices % tp:
-    raise ValueError(f"num_devices={num_devices} is not divisible by tp={tp} (mesh (data, tensor))")
-if ffn % tp:
-    raise ValueError(f"ffn={ffn} is not divisible by tp={tp}")
+check_tp_params(num_devices=num_devices, tp=tp, batch=batch, seq=seq, hidden=hidden, ffn=ffn, heads=heads,
+                vocab=vocab, dtype=dtype, divisible=("ffn",))
 if not isinstance(run_gloo, bool):
     raise ValueError(f"run_gloo={run_gloo!r} must be True or False")
 

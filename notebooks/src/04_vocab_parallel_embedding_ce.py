@@ -37,17 +37,10 @@ from shardlab import runtime
 from shardlab.formulas import tp as ftp
 from shardlab.formulas.common import dtype_bytes
 from shardlab.profile import Recorder, capture_hlo
+from shardlab.tp.params import check_tp_params
 
-for _name, _v in {"num_devices": num_devices, "tp": tp, "batch": batch, "seq": seq, "hidden": hidden,
-                  "ffn": ffn, "heads": heads, "vocab": vocab}.items():
-    if not isinstance(_v, int) or _v < 1:
-        raise ValueError(f"{_name}={_v!r} must be a positive int")
-if dtype not in ("float32", "bfloat16"):
-    raise ValueError(f"dtype={dtype!r} must be 'float32' or 'bfloat16'")
-if tp > num_devices:
-    raise ValueError(f"tp={tp} is larger than the device count num_devices={num_devices}")
-if num_devices % tp:
-    raise ValueError(f"num_devices={num_devices} is not divisible by tp={tp} (mesh (data, tensor))")
+check_tp_params(num_devices=num_devices, tp=tp, batch=batch, seq=seq, hidden=hidden, ffn=ffn, heads=heads,
+                vocab=vocab, dtype=dtype, divisible=())
 if vocab < tp:
     raise ValueError(f"vocab={vocab} is smaller than tp={tp}: some rank would own no rows")
 if not 0.0 <= label_smoothing <= 1.0:
