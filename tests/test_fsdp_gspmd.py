@@ -8,11 +8,13 @@ On CPU a reduce-scatter is emitted as all-reduce + dynamic-slice; the step count
 from __future__ import annotations
 
 import pytest
+import torch
+from torch import nn
 
 from shardlab.formulas.fsdp import flat_step_comm
 from shardlab.fsdp.flat_param import plan_flat_shards_for
 from shardlab.fsdp.gspmd import gspmd_step, mlp_backward_needed, per_param_shard, per_param_step_bytes
-from shardlab.fsdp.train import TrainConfig, make_model
+from shardlab.fsdp.train import TrainConfig, make_batch, make_model
 
 
 def test_per_param_shard_is_torch_chunk_on_dim0() -> None:
@@ -44,6 +46,43 @@ def test_hlo_matches_per_param_formula(xla_world, layer_sizes, batch, world_size
     flat = flat_step_comm(plan_flat_shards_for(model, world_size).flat_numel, world_size)
     assert step.measured.reduce_scatter == sum(p.numel() for p in model.parameters()) * 4
     assert step.measured.all_gather_forward >= flat.all_gather_payload_bytes - 4 * (world_size - 1)
+    x, y = make_batch(cfg, 0)  # the hand-written FSDP backward vs torch autograd on the unsharded model
+    nn.functional.mse_loss(model(x), y).backward()
+    for got, p in zip(step.updated, model.parameters(), strict=True):
+        assert torch.allclose(got, (p - cfg.lr * p.grad).detach(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.xla
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_hlo_matches_per_param_formula_small_world(xla_world, world_size) -> None:  # type: ignore[no-untyped-def]
+    """W=1: nothing sharded, no collective at all. W=2 on 8 devices (replica axis 4): the explicit unshard and
+    reduce-scatter constraints keep the partitioner on FSDP (parameter-only annotations gave collective-permutes)."""
+    cfg = TrainConfig(layer_sizes=(12, 20, 6), batch=16, optimizer="sgd")
+    step = gspmd_step(cfg, world_size)  # strict: raises on any collective-permute / all-to-all
+    model = make_model(cfg)
+    shapes = [tuple(p.shape) for p in model.parameters()]
+    assert step.measured == per_param_step_bytes(shapes, world_size, mlp_backward_needed(model), elem_bytes=4)
+    assert step.is_fsdp
+    if world_size == 1:
+        assert step.forward.collectives == [] and step.backward.collectives == []
+        assert step.measured.total == 0
+    else:  # independent of the formula code: shards of d0/2 rows gathered, full gradients reduced, groups of 2
+        assert step.measured.all_gather_forward == sum(p.numel() for p in model.parameters()) * 4 // 2
+        assert step.measured.reduce_scatter == sum(p.numel() for p in model.parameters()) * 4
+        assert all(c.group_size == 2 for c in step.forward.collectives + step.backward.collectives)
+    # oracle for the hand-written FSDP backward: one unsharded SGD step with torch autograd
+    x, y = make_batch(cfg, 0)
+    ref = nn.functional.mse_loss(model(x), y)
+    ref.backward()
+    assert step.loss == pytest.approx(float(ref), rel=1e-5)
+    for got, p in zip(step.updated, model.parameters(), strict=True):
+        assert torch.allclose(got, (p - cfg.lr * p.grad).detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_flat_step_comm_single_rank_has_no_collectives() -> None:
+    f = flat_step_comm(2060, 1)
+    assert (f.all_gather_count, f.reduce_scatter_count, f.all_gather_bytes, f.reduce_scatter_bytes) == (0, 0, 0, 0)
+    assert f.wire_bytes(1) == 0
 
 
 @pytest.mark.xla

@@ -9,9 +9,10 @@ P = W·c, c = ceil(N / W) (see ``shardlab.fsdp.flat_param``). One training step 
     backward  all-gather      payload c·b per rank  -> result P·b       (params were freed after forward)
     backward  reduce-scatter  payload P·b per rank  -> result c·b       (averaged gradient shard)
 
-b = bytes per element. "Payload" is what one rank hands to the collective (design.md "Bytes"); the ring
-model puts (W-1)·c·b on the wire per all-gather and (W-1)/W·P·b per reduce-scatter, 3·(W-1)·c·b per step
-in total = the ZeRO-3 "3Ψ" (``formulas.zero.zero_comm``) with Ψ = P.
+b = bytes per element. With W = 1 nothing is sharded and the step issues no collective (counts 0; the
+ledger records none and the partitioner emits none). "Payload" is what one rank hands to the collective
+(design.md "Bytes"); the ring model puts (W-1)·c·b on the wire per all-gather and (W-1)/W·P·b per
+reduce-scatter, 3·(W-1)·c·b per step in total = the ZeRO-3 "3Ψ" (``formulas.zero.zero_comm``) with Ψ = P.
 
 Persistent per-rank model state after a step with Adam: parameter shard c·b + gradient shard c·b +
 optimizer state (exp_avg, exp_avg_sq in fp32) 2·c·4. For fp32 that is 16·c bytes — ZeRO-3's 16Ψ/N with
@@ -61,7 +62,8 @@ def flat_step_comm(flat_numel: int, world_size: int, elem_bytes: int = 4) -> Fla
         raise ValueError(f"elem_bytes={elem_bytes} must be >= 1")
     p = padded_numel(flat_numel, world_size)
     c = p // world_size
-    return FlatStepComm(2, c * elem_bytes, p * elem_bytes, 1, p * elem_bytes, c * elem_bytes)
+    n_ag, n_rs = (2, 1) if world_size > 1 else (0, 0)  # one rank holds everything: nothing to communicate
+    return FlatStepComm(n_ag, c * elem_bytes, p * elem_bytes, n_rs, p * elem_bytes, c * elem_bytes)
 
 
 class FlatRankMemory(NamedTuple):

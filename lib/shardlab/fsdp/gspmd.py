@@ -19,12 +19,22 @@ What the HLO shows (CPU, torch_xla 2.9.0; read with ``shardlab.profile.capture_h
               (reduce-scatter never appears); we count each such all-reduce as one reduce-scatter, its
               operand = the full gradient numel·b
 
+The unshards and the reduce-scatter are written out (``_FsdpLinear``): each Linear constrains a copy of its
+weight and bias to replicated before use (-> all-gather), saves the SHARDED weight and re-gathers it in
+backward, and constrains its gradient to replicated then dim-0 sharded (-> all-reduce + dynamic-slice).
+Annotating only the parameters left the choice to the partitioner, and on mesh (fsdp 2, replica 4) it chose
+another algorithm (measured, layers 30-50-10): it resharded each *transposed* weight onto the replica axis
+(collective-permutes, then an all-gather over the 4 replica devices of a 1/4 slice) and reduced each weight
+gradient as an all-reduce of half the rows plus a collective-permute to the owner. At W = 4, 8 both forms
+measure the same collective bytes. With W = 1 nothing is sharded: no collective at all (formula: zeros).
+
 ``per_param_step_bytes`` is that algebra; ``gspmd_step`` measures it. Compare with the flat design
 (``formulas.fsdp.flat_step_comm``): c·b + c·b + P·b with c = ceil(N/W). Per-parameter padding rounds
 each d0 up instead of the total N, and the backward gathers only what autograd reads.
 torch_xla's ``SpmdFullyShardedDataParallel`` (``wrapper="torch_xla_fsdpv2"``) makes the same kind of
 annotations but shards each parameter's LARGEST dimension (``shard_maximal=True``), not dim 0: same
-algebra with ``rule="largest"`` — both variants agree with their formula exactly in the tests.
+algebra with ``rule="largest"``. It annotates only parameters and outputs, so at W = 2 on 8 devices the
+partitioner reshards over the replica axis as above (``strict=False`` reports those collectives).
 """
 
 from __future__ import annotations
@@ -93,6 +103,8 @@ def per_param_step_bytes(
     """Formula for one per-parameter FSDP step (see the module note)."""
     if len(shapes) != len(backward_needed):
         raise ValueError(f"{len(shapes)} shapes but {len(backward_needed)} backward_needed flags")
+    if world_size == 1:  # nothing sharded: no gathers, no reduce-scatters (the partitioner emits none)
+        return StepBytes(0, 0, 0, 0, 0)
     shard = [_numel(per_param_shard(s, world_size, 0, rule)[1]) * elem_bytes for s in shapes]
     fwd = sum(shard)
     bwd = sum(b for b, need in zip(shard, backward_needed, strict=True) if need)
@@ -120,13 +132,63 @@ class GspmdStep(NamedTuple):
     rs_pairs_with_dynamic_slice: int  # how many gradient all-reduces the parser saw feeding a dynamic-slice
     shapes: list[tuple[int, ...]]
     loss: float
+    resharding: dict[str, int]  # operand bytes of collectives outside the FSDP algorithm, by op (strict=False)
+    updated: list[torch.Tensor]  # the parameters after the SGD step, gathered to the host (parity oracle)
+
+    @property
+    def is_fsdp(self) -> bool:
+        """True when the partitioner used only all-gathers and all-reduces (the per-parameter FSDP algorithm)."""
+        return not self.resharding
 
 
 def _fsdp_spec(p: torch.Tensor) -> tuple[str | None, ...]:
     return ("fsdp",) + (None,) * (p.dim() - 1)
 
 
-def gspmd_step(cfg: TrainConfig, world_size: int, wrapper: str = "mark_sharding") -> GspmdStep:
+def _unshard(p: torch.Tensor, mesh: Any) -> torch.Tensor:
+    """FSDP's unshard as a sharding constraint: a replicated copy of the sharded parameter (-> one all-gather)."""
+    import torch_xla.distributed.spmd as xs
+
+    full = p * 1.0  # an intermediate to constrain; the parameter itself stays sharded
+    xs.mark_sharding(full, mesh, (None,) * p.dim())
+    return full
+
+
+def _reduce_scatter(g: torch.Tensor, mesh: Any) -> torch.Tensor:
+    """A reduce-scatter the way XLA:CPU lowers one: sum the full gradient (all-reduce), keep the dim-0 shard."""
+    import torch_xla.distributed.spmd as xs
+
+    xs.mark_sharding(g, mesh, (None,) * g.dim())  # replicated -> all-reduce of the partial sums
+    shard = g * 1.0
+    xs.mark_sharding(shard, mesh, _fsdp_spec(g))  # dim-0 sharded -> dynamic-slice
+    return shard
+
+
+class _FsdpLinear(torch.autograd.Function):
+    """y = x·Wᵀ + b with FSDP's explicit unshards: gather W, b before forward; gather W again in backward.
+
+    Saves the SHARDED weight (free after forward), so the backward graph must all-gather it for dX — and only
+    if dX is needed (layer 1's input is data). Without the explicit constraint the partitioner reshards the
+    transposed weight on its own; on mesh (fsdp 2, replica 4) it chose collective-permutes + an all-gather over
+    the replica axis instead of gathering the fsdp shards (see the module note).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, mesh: Any) -> torch.Tensor:
+        ctx.save_for_backward(x, w)
+        ctx.mesh = mesh
+        # x (B, d_in) · W_full^T (d_in, d_out) -> (B, d_out)
+        return x @ _unshard(w, mesh).t() + _unshard(b, mesh)
+
+    @staticmethod
+    def backward(ctx: Any, gy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, w = ctx.saved_tensors
+        gx = gy @ _unshard(w, ctx.mesh) if ctx.needs_input_grad[0] else None  # (B, d_out)·(d_out, d_in)
+        gw = gy.t() @ x  # (d_out, B)·(B, d_in) -> (d_out, d_in), partial sums over the batch shards
+        return gx, _reduce_scatter(gw, ctx.mesh), _reduce_scatter(gy.sum(0), ctx.mesh), None  # gb: (d_out,)
+
+
+def gspmd_step(cfg: TrainConfig, world_size: int, wrapper: str = "mark_sharding", strict: bool = True) -> GspmdStep:
     """Run one SGD step of ``make_model(cfg)`` with per-parameter FSDP sharding; read both graphs' HLO.
 
     Needs ``runtime.setup()`` first; the mesh is (world_size, num_devices // world_size) named
@@ -135,6 +197,9 @@ def gspmd_step(cfg: TrainConfig, world_size: int, wrapper: str = "mark_sharding"
     ``wrapper="torch_xla_fsdpv2"``: every Linear wrapped in torch_xla's ``SpmdFullyShardedDataParallel``
     (shards each parameter's LARGEST dim, shards each output on the batch, adds backward optimization
     barriers) — its formula is ``per_param_step_bytes(..., rule="largest")``.
+    Collectives other than all-gather / all-reduce mean the partitioner chose another algorithm: ``strict``
+    raises; ``strict=False`` returns them in ``resharding`` (``is_fsdp`` False) — then ``measured`` is NOT the
+    FSDP algebra and must not be compared with ``per_param_step_bytes``.
     """
     if wrapper not in ("mark_sharding", "torch_xla_fsdpv2"):
         raise ValueError(f"wrapper={wrapper!r} must be 'mark_sharding' or 'torch_xla_fsdpv2'")
@@ -171,6 +236,9 @@ def gspmd_step(cfg: TrainConfig, world_size: int, wrapper: str = "mark_sharding"
 
     for mod in model.modules():
         if isinstance(mod, nn.Linear) and wrapper == "mark_sharding":
+            if mod.bias is None:
+                raise ValueError("gspmd_step expects Linear layers with a bias (make_model's MLP)")
+            mod.forward = lambda x, m=mod: _FsdpLinear.apply(x, m.weight, m.bias, mesh)  # type: ignore[method-assign]
             mod.register_forward_hook(shard_output)
     x, y = make_batch(cfg, 0)  # (B, d_in), (B, d_out)
     x, y = x.to(dev), y.to(dev)
@@ -197,11 +265,15 @@ def gspmd_step(cfg: TrainConfig, world_size: int, wrapper: str = "mark_sharding"
     # gradient reduce-scatters: non-scalar all-reduces of the backward graph (CPU: all-reduce + dynamic-slice)
     rs = [c for c in bm.collectives if c.op == "all-reduce" and any(len(s) for s in c.operand_shapes)]
     other = [c for c in fm.collectives + bm.collectives if c.op == "all-reduce" and c not in rs]
-    unexpected = [c.op for c in fm.collectives + bm.collectives if c.op not in ("all-gather", "all-reduce")]
-    if unexpected:
-        raise RuntimeError(f"unexpected collectives {unexpected}: the partitioner did not choose dim-0 FSDP")
+    unexpected = [c for c in fm.collectives + bm.collectives if c.op not in ("all-gather", "all-reduce")]
+    if unexpected and strict:
+        raise RuntimeError(f"unexpected collectives {[c.op for c in unexpected]}: the partitioner did not choose "
+                           f"per-parameter FSDP (world_size={world_size}, wrapper={wrapper!r})")
+    resharding: dict[str, int] = {}
+    for c in unexpected:
+        resharding[c.op] = resharding.get(c.op, 0) + c.operand_bytes
     measured = StepBytes(sum(c.operand_bytes for c in ag_f), sum(c.operand_bytes for c in ag_b),
                          sum(c.operand_bytes for c in rs), len(ag_f) + len(ag_b), len(rs))
     return GspmdStep(fm, bm, measured, sum(c.operand_bytes for c in other),
                      sum(c.feeds_dynamic_slice for c in rs), [tuple(p.shape) for p in params],
-                     float(held["loss"].detach().cpu()))
+                     float(held["loss"].detach().cpu()), resharding, [p.detach().cpu() for p in params])
