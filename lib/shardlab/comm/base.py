@@ -18,7 +18,7 @@ Semantics (all collectives RETURN a new tensor; inputs are never modified):
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -141,3 +141,21 @@ class CommBase:
 
     def _broadcast_impl(self, x: torch.Tensor, src: int) -> torch.Tensor:
         raise NotImplementedError
+
+
+class WorldBase:
+    """What SimulatedWorld and DistributedWorld share: the size, the timeout, one ledger per rank."""
+
+    def __init__(self, world_size: int, timeout_s: float = 120.0) -> None:
+        from shardlab.comm.ledger import Ledger
+
+        if not isinstance(world_size, int) or world_size < 1:
+            raise ValueError(f"world_size={world_size!r} must be a positive int")
+        self.world_size = world_size
+        self.timeout_s = timeout_s
+        self.ledgers: list[Ledger] = [Ledger() for _ in range(world_size)]
+
+    @property
+    def ledger(self) -> Any:
+        """Rank 0's ledger of the most recent run (``run`` checks every rank's is identical)."""
+        return self.ledgers[0]

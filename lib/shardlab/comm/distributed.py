@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from shardlab.comm.base import CommBase
+from shardlab.comm.base import CommBase, WorldBase
 from shardlab.comm.ledger import Ledger
 from shardlab.comm.simulated import CollectiveMismatch, RankError
 
@@ -102,19 +102,8 @@ def _worker(rank: int, world_size: int, init_file: str, timeout_s: float, fn, ar
             dist.destroy_process_group()
 
 
-class DistributedWorld:
+class DistributedWorld(WorldBase):
     """W real processes on gloo. Same interface as SimulatedWorld: `run(fn, *args)`, `ledger`, `ledgers`."""
-
-    def __init__(self, world_size: int, timeout_s: float = 120.0) -> None:
-        if not isinstance(world_size, int) or world_size < 1:
-            raise ValueError(f"world_size={world_size!r} must be a positive int")
-        self.world_size = world_size
-        self.timeout_s = timeout_s
-        self.ledgers: list[Ledger] = [Ledger() for _ in range(world_size)]
-
-    @property
-    def ledger(self) -> Ledger:
-        return self.ledgers[0]
 
     def __repr__(self) -> str:
         return f"DistributedWorld({self.world_size}, backend='gloo')"

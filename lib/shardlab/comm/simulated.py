@@ -32,8 +32,7 @@ from typing import Any
 
 import torch
 
-from shardlab.comm.base import CommBase
-from shardlab.comm.ledger import Ledger
+from shardlab.comm.base import CommBase, WorldBase
 
 
 class CollectiveMismatch(RuntimeError):
@@ -133,23 +132,12 @@ class SimulatedComm(CommBase):
         return self._exchange("broadcast", src, x)
 
 
-class SimulatedWorld:
+class SimulatedWorld(WorldBase):
     """W in-process ranks. `run(fn, *args, **kwargs)` -> [fn(comm_0, ...), ..., fn(comm_{W-1}, ...)].
 
     `ledger` is rank 0's ledger of the most recent run (each run starts a fresh one); `ledgers` holds every
     rank's, and `run` checks they are identical.
     """
-
-    def __init__(self, world_size: int, timeout_s: float = 120.0) -> None:
-        if not isinstance(world_size, int) or world_size < 1:
-            raise ValueError(f"world_size={world_size!r} must be a positive int")
-        self.world_size = world_size
-        self.timeout_s = timeout_s
-        self.ledgers: list[Ledger] = [Ledger() for _ in range(world_size)]
-
-    @property
-    def ledger(self) -> Ledger:
-        return self.ledgers[0]
 
     def __repr__(self) -> str:
         return f"SimulatedWorld({self.world_size})"
