@@ -15,6 +15,11 @@ holds exactly one *device world*. ``setup()`` is the only place that sets those 
 A second call with the same request returns the same world; a different device count raises an error that
 tells the user to restart the kernel (changing it later has no effect in torch_xla).
 
+Call it first, before any autograd work: the autograd engine sizes its per-device ready queues at the first
+backward of a process, so a CPU ``.backward()`` run before torch_xla registered its device makes every later
+XLA backward fail with "device_ready_queues_ ... INTERNAL ASSERT FAILED" (torch / torch_xla 2.9.0).
+``tests/conftest.py`` therefore sets the world up at session start.
+
 Example::
 
     >>> from shardlab import runtime
