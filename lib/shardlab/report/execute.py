@@ -186,6 +186,11 @@ def read_xla_totals(results_dir: Path, stem: str) -> dict[str, Any]:
         return {}
 
 
+# papermill waits 60 s for a kernel by default; two 8-device kernels starting at once on 2 busy cores took
+# longer ("Kernel didn't respond in 60 seconds" in a sweep point), so give them more room.
+KERNEL_START_TIMEOUT_S = 300
+
+
 def launch(src: Path, executed: Path, log: Path, params: Mapping[str, Any], cwd: Path,
            env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
     """Start papermill on ``src`` (returns at once). ``params`` go through a YAML (JSON) file.
@@ -198,7 +203,7 @@ def launch(src: Path, executed: Path, log: Path, params: Mapping[str, Any], cwd:
     params_file = log.with_suffix(".params.json")
     params_file.write_text(json.dumps(dict(params), indent=1))
     cmd = [sys.executable, "-c", PAPERMILL_LAUNCHER, str(src), str(executed), "-f", str(params_file),
-           "--cwd", str(cwd), "--no-progress-bar", "--log-output"]
+           "--cwd", str(cwd), "--no-progress-bar", "--log-output", "--start-timeout", str(KERNEL_START_TIMEOUT_S)]
     full_env = {**os.environ, **KERNEL_ENV, **(env or {})}
     with open(log, "wb") as fh:
         return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
