@@ -3,8 +3,9 @@
 - ``xla_world``: the process-wide 8-device CPU world (torch_xla allows one per process; every XLA test in
   this pytest process shares it).
 - ``run_notebook(name, **params)``: execute ``notebooks/<name>.ipynb`` through papermill in a fresh kernel
-  with ``results_dir`` in a temp dir, and return its record after asserting that the notebook finished and
-  every in-notebook check passed.
+  with ``results_dir`` in a temp dir (and, for a notebook with exercises, the answer key from
+  ``data/answers/``), and return its record after asserting that the notebook finished and every in-notebook
+  check passed.
 """
 
 from __future__ import annotations
@@ -48,8 +49,14 @@ def run_notebook(tmp_path: Path) -> Callable[..., dict[str, Any]]:
     from shardlab.profile import load_record
 
     def run(name: str, **params: Any) -> dict[str, Any]:
+        from shardlab.exercises import load_key
+        from shardlab.report.notebooks import read_parameters
+
         results = tmp_path / "results"
         params.setdefault("results_dir", str(results))
+        declared, _ = read_parameters(NOTEBOOKS / f"{name}.ipynb")
+        if "answers" in declared and "answers" not in params:
+            params["answers"] = load_key(name)  # grade the hand-written answer key (exercise.<n>.answer_key)
         out = tmp_path / f"{name}.executed.ipynb"
         pm.execute_notebook(
             str(NOTEBOOKS / f"{name}.ipynb"), str(out), parameters=params, kernel_name="python3",

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA = "shardlab.record/1"
-SOURCES = ("formula", "ledger", "hlo", "metrics", "timer")
+SOURCES = ("formula", "ledger", "hlo", "tpu", "metrics", "timer")
 KINDS = ("structural", "timing")
 FLOAT_RTOL = 1e-9
 
@@ -77,10 +77,17 @@ class Recorder:
             "started": time.time(),
             "measurements": [],
             "checks": [],
+            "notes": [],
         }
         if self.path:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         self._write()
+
+    @classmethod
+    def for_params(cls, params: Any, world: Any = None) -> Recorder:
+        """The recorder of the notebook ``params`` belongs to (a :class:`shardlab.params.NotebookParams`):
+        its name, its parameters as recorded, and its ``results_dir``."""
+        return cls(params.NOTEBOOK, params=params.as_record(), results_dir=params.results_dir, world=world)
 
     # -- writing -------------------------------------------------------------------------------------------
     def _write(self) -> None:
@@ -119,6 +126,12 @@ class Recorder:
         if not ok:
             raise CheckFailed(f"{self.notebook}: check {name!r} failed: {detail}")
         return ok
+
+    def note(self, name: str, detail: str) -> None:
+        """Record a visible note that is not a check: a view skipped here, a value that differs on this backend
+        for a stated reason. Notes never fail a run; the report lists them."""
+        self.data["notes"].append({"name": name, "detail": str(detail)})
+        self._write()
 
     def agree(self, name: str, unit: str, kind: str = "structural", **sources: Any) -> dict[str, Any]:
         """Record each source's value for ``name`` and check that all of them are equal."""

@@ -1,0 +1,113 @@
+"""Exercises: the learner's answer graded right / wrong (with a hint, never the answer); the answer key checked.
+
+Design
+------
+Each notebook ends with numbered exercises. A learner writes an answer into a plain variable and a grader
+says whether it is right::
+
+    answer_1 = None                      # bytes each rank hands to the forward all-reduce
+    ex.grade(1, answer_1)                # "exercise 1: not answered yet" / "right" / "not quite — hint: ..."
+
+The reference solution of every exercise lives in ``shardlab.solutions`` (``SOLUTIONS = {notebook: {number:
+Solution}}``): a function computing the expected value from the library's formulas — or from a value the
+notebook measured and passes in (``ex.grade(4, answer_4, hlo_count=...)``: "predict it, then check the
+HLO") — a tolerance and a hint. The notebook shows neither the value nor the way to it; its explanation sits
+in a collapsed ``<details>`` block after the exercises.
+
+The answer key is checked, not trusted: every notebook with exercises declares a parameter ``answers``
+(None for a learner). The report and the tests pass the hand-written reference answers from
+``data/answers/<notebook>.json`` (worked out from the papers and by hand, independently of this module); then
+each exercise grades the key's answer, and a check ``exercise.<n>.answer_key`` fails the run when the grader
+rejects it — a wrong solution here, a wrong key there, or a library formula that changed.
+
+Example::
+
+    >>> demo = {"demo": {1: Solution(lambda: 2 + 2, "add the two numbers")}}
+    >>> Exercises("demo", solutions=demo).grade(1, 5)
+    'exercise 1: not quite — hint: add the two numbers'
+    >>> Exercises("demo", solutions=demo).grade(1, 4)
+    'exercise 1: right'
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from shardlab.solutions import SOLUTIONS, Solution
+
+ANSWERS_DIR = Path(__file__).resolve().parents[2] / "data" / "answers"
+
+
+__all__ = ["Exercises", "Solution", "load_key", "matches"]
+
+
+def matches(answer: Any, expected: Any, rel_tol: float = 0.0) -> bool:
+    """Numbers within ``rel_tol`` (exact when 0); strings case- and space-insensitive; tuples/lists elementwise."""
+    if isinstance(expected, bool) or isinstance(answer, bool):
+        return answer is expected
+    if isinstance(expected, int | float) and isinstance(answer, int | float):
+        return math.isclose(answer, expected, rel_tol=rel_tol, abs_tol=0.0 if rel_tol else 1e-12)
+    if isinstance(expected, str) and isinstance(answer, str):
+        return " ".join(answer.lower().split()) == " ".join(expected.lower().split())
+    if isinstance(expected, list | tuple) and isinstance(answer, list | tuple):
+        return len(answer) == len(expected) and all(matches(a, e, rel_tol) for a, e in zip(answer, expected,
+                                                                                              strict=True))
+    return False
+
+
+def load_key(notebook: str) -> dict[str, Any] | None:
+    """The hand-written reference answers of a notebook (``data/answers/<notebook>.json``), or None."""
+    path = ANSWERS_DIR / f"{notebook}.json"
+    if not path.exists():
+        return None
+    key = json.loads(path.read_text())
+    return {k: v for k, v in key.items() if not k.startswith("_")}  # "_source" etc. are comments
+
+
+class Exercises:
+    """The grader of one notebook's exercises. ``answers``: the answer key a test or the report injected."""
+
+    def __init__(self, notebook: str, rec: Any = None, answers: Mapping[str, Any] | None = None,
+                 solutions: Mapping[str, Mapping[int, Solution]] | None = None) -> None:
+        solutions = SOLUTIONS if solutions is None else solutions
+        if notebook not in solutions:
+            raise KeyError(f"no exercises registered for {notebook!r}")
+        if answers is not None and not isinstance(answers, Mapping):
+            raise ValueError(f"answers={answers!r} must be None or a mapping of exercise number to answer")
+        unknown = sorted(set(map(str, answers or {})) - {str(n) for n in solutions[notebook]})
+        if unknown:
+            raise ValueError(f"answers has exercise numbers {unknown} that {notebook} does not have "
+                             f"(it has {sorted(solutions[notebook])})")
+        self.notebook, self.rec, self.answers = notebook, rec, {str(k): v for k, v in (answers or {}).items()}
+        self.solutions = solutions[notebook]
+
+    def grade(self, number: int, answer: Any = None, **measured: Any) -> str:
+        """Grade ``answer`` (or, when an answer key was injected, the key's answer) for exercise ``number``."""
+        sol = self.solutions.get(number)
+        if sol is None:
+            raise KeyError(f"{self.notebook} has no exercise {number}")
+        expected = sol.expected(**measured)
+        keyed = str(number) in self.answers
+        if keyed:
+            ok = matches(self.answers[str(number)], expected, sol.rel_tol)
+            if self.rec is not None:
+                self.rec.check(f"exercise.{number}.answer_key", ok,
+                               "the grader accepts the reference answer" if ok
+                               else f"the grader rejects the reference answer {self.answers[str(number)]!r}")
+        if answer is None:
+            msg = f"exercise {number}: not answered yet (write your answer into answer_{number})"
+            if keyed:
+                msg += "; the injected answer key was graded"
+        elif matches(answer, expected, sol.rel_tol):
+            msg = f"exercise {number}: right"
+        else:
+            msg = f"exercise {number}: not quite — hint: {sol.hint}"
+        return msg
+
+    def show(self, number: int, answer: Any = None, **measured: Any) -> None:
+        """Print the grade (the notebook cell's one line)."""
+        print(self.grade(number, answer, **measured))
