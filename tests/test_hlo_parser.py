@@ -292,6 +292,26 @@ def test_tpu_all_gather_plus_reduce_over_size_one_dim_is_not_an_all_reduce() -> 
     assert m.count("all-gather") == 2 and m.count("all-reduce") == 1
 
 
+def test_tpu_scan_collectives_in_while_bodies() -> None:
+    """2 scanned blocks, mesh (fsdp 2, tensor 4), W_up [H_fsdp, F_tensor], W_down [F_tensor, H_fsdp] with H 256,
+    F 1024, x [B 4 over fsdp, S 16, H]: every collective sits in the forward or backward while body."""
+    _, m = _tpu("scan_fsdp2_tp4_f32_v5e_2x4.txt")
+    fwd, bwd = (w.body for w in m.while_loops)
+    assert all(c.in_while for c in m.collectives) and m.count("any", in_while=False) == 0
+    by_body = {b: sorted((c.op, c.form) for c in m.collectives if c.computation == b) for b in (fwd, bwd)}
+    assert by_body[fwd] == [("all-gather", "async-collective-fusion"), ("all-gather", "sync"), ("all-reduce", "sync")]
+    assert by_body[bwd] == [("all-gather", "async-collective-fusion"), ("all-gather", "async-collective-fusion"),
+                            ("all-reduce", "sync"), ("reduce-scatter", "all-reduce-scatter-fusion")]
+    for ag in (c for c in m.collectives if c.op == "all-gather"):  # a weight shard [128, 256] over fsdp, in bf16
+        assert ag.group_size == 2 and ag.operand_bytes == 128 * 256 * 2 and ag.result_bytes == 256 * 256 * 2
+    for ar in (c for c in m.collectives if c.op == "all-reduce"):  # Megatron's activation sum over tensor
+        assert ar.group_size == 4 and ar.dtype == "f32" and ar.operand_bytes == 2 * 16 * 256 * 4
+    (rs,) = (c for c in m.collectives if c.op == "reduce-scatter")  # both layer gradients over fsdp, f32
+    assert rs.operands == 2 and rs.group_size == 2 and sorted(rs.shape) == [(128, 256), (256, 128)]
+    assert rs.operand_bytes == 2 * 256 * 256 * 4 and rs.result_bytes == 2 * 128 * 256 * 4
+    assert {w.computation for w in m.async_windows()} == {fwd, bwd}
+
+
 ASYNC_TEXT = """HloModule hand_written_async, is_scheduled=true, num_partitions=4
 
 %add (x: f32[], y: f32[]) -> f32[] {

@@ -132,3 +132,22 @@ def roll_rows(cfg: MlpCfg) -> list[torch.Tensor]:
     x = torch.randn(cfg.tokens, cfg.hidden, dtype=dt).to("xla")
     xs.mark_sharding(x, mesh, ("data", None))
     return [torch.roll(x, shifts=1, dims=0) * 2]
+
+
+def scan_stack(cfg: MlpCfg) -> list[torch.Tensor]:
+    """The scan helper's stack (2 MLP blocks through torch_xla's ``scan``), mesh (fsdp 2, tensor 4), fwd + bwd:
+    the collectives sit inside the forward and backward ``while`` bodies."""
+    from shardlab import runtime
+    from shardlab.xla_scan import model as M
+    from shardlab.xla_scan import sharding as S
+
+    mesh = S.make_mesh(2, 4)
+    scfg = M.StackConfig(layers=2, hidden=cfg.hidden, ffn=cfg.ffn, batch=4, seq=16)
+    model = M.build("scan", M.init_weights(scfg), annotate=S.annotator(mesh), device=runtime.device())
+    S.shard_model(model, mesh)
+    x = M.init_input(scfg).to(runtime.device())  # [B, S, H]
+    S.shard_input(x, mesh)
+    x.requires_grad_(True)
+    out = model(x)
+    M.loss_fn(out).backward()
+    return [out, x.grad, *[w.grad for ws in model.weights().values() for w in ws]]  # type: ignore[operator]

@@ -60,6 +60,7 @@ def main() -> None:
     save("dp4_f32_no_combiner_v5e_2x4.txt", tp.data_parallel_step(cfg), disable_passes=("all-reduce-combiner",))
     save("zero3_f32_v5e_2x4.txt", tp.zero3_step(cfg))
     save("roll_f32_v5e_2x4.txt", tp.roll_rows(cfg))
+    save("scan_fsdp2_tp4_f32_v5e_2x4.txt", tp.scan_stack(cfg))
     (OUT / "jax_reduce_scatter_f32_v5e_2x4.txt").write_text(jax_reduce_scatter())
 
 
