@@ -20,6 +20,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# The TPU compile view (compile-only, libtpu) runs inside this process and in notebook kernels at the same time.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -2,10 +2,15 @@
 """The HLO parser on hand-written text whose answer is known (bytes by arithmetic in the comments), and on
 real dumps of tiny graphs (oracle: the Megatron/partitioning algebra, not the parser's own output)."""
 
+import re
+from pathlib import Path
+
 import pytest
 import torch
 
 from shardlab.profile.hlo import parse_buffer_assignment, parse_hlo, parse_replica_groups, parse_shape
+
+TPU_HLO = Path(__file__).parent / "data" / "tpu_hlo"  # real XLA:TPU programs; what each holds: README.md there
 
 TEXT = """HloModule SyncTensorsGraph.7, is_scheduled=true, num_partitions=8
 
@@ -195,3 +200,189 @@ ENTRY %e (g: f32[8]) -> f32[2] {
 """
     (ar,) = parse_hlo(text).collectives
     assert ar.group_size == 4 and not ar.feeds_dynamic_slice
+
+
+# ------------------------------------------------------------------------------------------- XLA:TPU programs
+# Real per-chip programs from XLA:TPU (v5e:2x4, 8 chips); graphs and sizes in tests/data/tpu_hlo/README.md.
+# Expected values follow from the graph's shapes (arithmetic in the comments), not from the parser.
+
+
+def _tpu(name: str):  # type: ignore[no-untyped-def]
+    text = (TPU_HLO / name).read_text()
+    return text, parse_hlo(text)
+
+
+def test_tpu_tiled_layouts_and_tuple_all_reduce() -> None:
+    """Megatron MLP bf16, tp 8: forward y and backward dx all-reduces combined into one tuple all-reduce."""
+    text, m = _tpu("mlp_bf16_v5e_2x4.txt")
+    assert "{1,0:T(8,128)(2,1)}" in text and m.num_partitions == 8 and m.entry.startswith("main")
+    (ar,) = m.collectives
+    assert (ar.op, ar.operands, ar.dtype, ar.group_size, ar.async_) == ("all-reduce", 2, "bf16", 8, False)
+    assert ar.shape == [(64, 256), (64, 256)] and ar.operand_bytes == 2 * 64 * 256 * 2  # bf16 stays bf16
+    assert m.summary() == {"all-reduce": {"count": 1, "operands": 2, "operand_bytes": 65536, "result_bytes": 65536,
+                                          "async": 0}}
+
+
+def test_tpu_all_reduce_combiner_snippets() -> None:
+    """4 weight gradients [256, 256] f32: one all-reduce with 4 operands; without the combiner, 4 all-reduces."""
+    _, combined = _tpu("dp4_f32_v5e_2x4.txt")
+    _, split = _tpu("dp4_f32_no_combiner_v5e_2x4.txt")
+    (ar,) = combined.collectives
+    assert ar.operands == 4 and ar.operand_bytes == 4 * 256 * 256 * 4 and combined.count("all-reduce") == 1
+    assert split.count("all-reduce") == 4 and [c.operands for c in split.collectives] == [1, 1, 1, 1]
+    assert split.bytes("all-reduce") == combined.bytes("all-reduce")
+    assert combined.summary()["all-reduce"]["operands"] == split.summary()["all-reduce"]["operands"] == 4
+
+
+def test_tpu_async_collective_fusion_counted_once() -> None:
+    """ZeRO-3 step: the async all-gather is printed 3 times (start / continuation / done fusions, one channel)."""
+    text, m = _tpu("zero3_f32_v5e_2x4.txt")
+    assert len(re.findall(r"= \S+ all-gather\(", text)) == 4  # 3 clones of channel 3 + one sync all-gather
+    assert m.count("all-gather") == 2
+    fused = next(c for c in m.collectives if c.form == "async-collective-fusion")
+    sync = next(c for c in m.collectives if c.op == "all-gather" and c.form == "sync")
+    assert fused.clones == 3 and fused.async_ and fused.channel_id == 3 and not sync.async_
+    assert (fused.start, fused.done) == ("async-collective-start", "async-collective-done")
+    assert fused.computation == sync.computation == m.entry
+    # a [32, 256] shard per chip gathered to [256, 256], in bf16 although the weights are f32 (default precision)
+    for c in (fused, sync):
+        assert c.dtype == "bf16" and c.operand_bytes == 32 * 256 * 2 and c.result_bytes == 256 * 256 * 2
+    (window,) = m.async_windows()
+    assert window.collective is fused and window.compute  # the continuation fusion holds a convolution
+    assert all(m.computations[m.entry].index(fused.start) < m.computations[m.entry].index(n)
+               < m.computations[m.entry].index(fused.done) for n in window.between)
+
+
+def test_tpu_all_reduce_scatter_fusion_is_a_reduce_scatter() -> None:
+    """ZeRO-3 gradients: 2 x [256, 256] f32 reduced and scattered to 2 x [32, 256] by one kCustom fusion."""
+    _, m = _tpu("zero3_f32_v5e_2x4.txt")
+    (rs,) = (c for c in m.collectives if c.op == "reduce-scatter")
+    assert m.count("all-reduce") == 0 and rs.form == "all-reduce-scatter-fusion" and rs.operands == 2
+    assert rs.operand_bytes == 2 * 256 * 256 * 4 and rs.result_bytes == 2 * 32 * 256 * 4 and rs.group_size == 8
+    assert not rs.feeds_dynamic_slice  # already counted as the reduce-scatter it is
+
+
+def test_tpu_native_reduce_scatter() -> None:
+    """JAX psum_scatter of f32[256, 256] over 8 chips: the reduce-scatter instruction itself."""
+    _, m = _tpu("jax_reduce_scatter_f32_v5e_2x4.txt")
+    (rs,) = m.collectives
+    assert (rs.op, rs.form, rs.group_size) == ("reduce-scatter", "sync", 8)
+    assert rs.operand_bytes == 256 * 256 * 4 and rs.result_bytes == 32 * 256 * 4
+
+
+def test_tpu_collective_permute_start_done() -> None:
+    """roll of sharded rows: 3 collective-permute-start/done pairs; the start tuple's u32 context scalars are
+    not payload (result bytes = operand bytes)."""
+    _, m = _tpu("roll_f32_v5e_2x4.txt")
+    cps = [c for c in m.collectives if c.op == "collective-permute"]
+    assert len(cps) == 3 and all(c.form == "start-done" and c.async_ for c in cps)
+    assert all(c.operand_bytes == c.result_bytes and c.done.startswith("collective-permute-done") for c in cps)
+    assert sorted(c.shape[0] for c in cps) == [(1, 256), (7, 256), (16, 256)]
+    assert {w.collective.name for w in m.async_windows()} == {c.name for c in cps}
+    assert not any(c.decomposed_all_reduce for c in m.collectives)
+
+
+def test_tpu_all_gather_plus_reduce_over_size_one_dim_is_not_an_all_reduce() -> None:
+    """Without output propagation: `all-gather` [1,1,256] -> [4,1,256] (dim 0), then reduce over dim 1 (size 1):
+    a plain all-gather, so it is not flagged as a decomposed all-reduce."""
+    text, m = _tpu("mlp_bf16_no_output_propagation_v5e_2x4.txt")
+    assert "to_apply=%all-gather.3.reduce_sub_computation" in text
+    ag3 = next(c for c in m.collectives if c.name == "all-gather.3")
+    assert ag3.shape == [(4, 1, 256)] and ag3.group_size == 4 and not ag3.decomposed_all_reduce
+    assert m.count("all-gather") == 2 and m.count("all-reduce") == 1
+
+
+def test_tpu_scan_collectives_in_while_bodies() -> None:
+    """2 scanned blocks, mesh (fsdp 2, tensor 4), W_up [H_fsdp, F_tensor], W_down [F_tensor, H_fsdp] with H 256,
+    F 1024, x [B 4 over fsdp, S 16, H]: every collective sits in the forward or backward while body."""
+    _, m = _tpu("scan_fsdp2_tp4_f32_v5e_2x4.txt")
+    fwd, bwd = (w.body for w in m.while_loops)
+    assert all(c.in_while for c in m.collectives) and m.count("any", in_while=False) == 0
+    by_body = {b: sorted((c.op, c.form) for c in m.collectives if c.computation == b) for b in (fwd, bwd)}
+    assert by_body[fwd] == [("all-gather", "async-collective-fusion"), ("all-gather", "sync"), ("all-reduce", "sync")]
+    assert by_body[bwd] == [("all-gather", "async-collective-fusion"), ("all-gather", "async-collective-fusion"),
+                            ("all-reduce", "sync"), ("reduce-scatter", "all-reduce-scatter-fusion")]
+    for ag in (c for c in m.collectives if c.op == "all-gather"):  # a weight shard [128, 256] over fsdp, in bf16
+        assert ag.group_size == 2 and ag.operand_bytes == 128 * 256 * 2 and ag.result_bytes == 256 * 256 * 2
+    for ar in (c for c in m.collectives if c.op == "all-reduce"):  # Megatron's activation sum over tensor
+        assert ar.group_size == 4 and ar.dtype == "f32" and ar.operand_bytes == 2 * 16 * 256 * 4
+    (rs,) = (c for c in m.collectives if c.op == "reduce-scatter")  # both layer gradients over fsdp, f32
+    assert rs.operands == 2 and rs.group_size == 2 and sorted(rs.shape) == [(128, 256), (256, 128)]
+    assert rs.operand_bytes == 2 * 256 * 256 * 4 and rs.result_bytes == 2 * 128 * 256 * 4
+    assert {w.computation for w in m.async_windows()} == {fwd, bwd}
+
+
+ASYNC_TEXT = """HloModule hand_written_async, is_scheduled=true, num_partitions=4
+
+%add (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %sum = f32[] add(%x, %y)
+}
+
+%rs_computation (p: f32[64,128]) -> f32[16,128] {
+  %p = f32[64,128]{1,0} parameter(0)
+  ROOT %rs = f32[16,128]{1,0} reduce-scatter(%p), channel_id=5, replica_groups={{0,1,2,3}}, dimensions={0}, to_apply=%add
+}
+
+%gather_body (s: (s32[], f32[8,32])) -> (s32[], f32[8,32]) {
+  %s = (s32[], f32[8,32]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%s), index=0
+  %w = f32[8,32]{1,0} get-tuple-element(%s), index=1
+  %f = f32[32,32]{1,0:T(8,128)} fusion(%w), kind=kLoop, calls=%fused_gather
+  %sl = f32[8,32]{1,0} slice(%f), slice={[0:8], [0:32]}
+  ROOT %t = (s32[], f32[8,32]{1,0}) tuple(%i, %sl)
+}
+
+%fused_gather (q: f32[8,32]) -> f32[32,32] {
+  %q = f32[8,32]{1,0} parameter(0)
+  ROOT %ag.in = f32[32,32]{1,0} all-gather(%q), channel_id=7, replica_groups=[1,4]<=[4], dimensions={0}
+}
+
+%cond (c: (s32[], f32[8,32])) -> pred[] {
+  %c = (s32[], f32[8,32]{1,0}) parameter(0)
+  ROOT %true = pred[] constant(true)
+}
+
+ENTRY %e (a: f32[64,128], b: f32[16], g: f32[2,16]) -> (f32[16,128], f32[64,128], f32[16], f32[4,16]) {
+  %a = f32[64,128]{1,0} parameter(0)
+  %b = f32[16]{0} parameter(1)
+  %g = f32[2,16]{1,0} parameter(2)
+  %ars = (f32[64,128]{1,0}, f32[16]{0}) all-reduce-start(%a, %b), channel_id=1, replica_groups={{0,1,2,3}}, to_apply=%add
+  %rs-start = ((f32[64,128]{1,0}), f32[16,128]{1,0}, s32[]) async-start(%a), calls=%rs_computation
+  %busy = f32[64,128]{1,0} multiply(%a, %a)
+  %dot = f32[64,64]{1,0} dot(%busy, %busy), lhs_contracting_dims={1}, rhs_contracting_dims={1}
+  %rs-done = f32[16,128]{1,0} async-done(%rs-start), calls=%rs_computation
+  %ard = (f32[64,128]{1,0}, f32[16]{0}) all-reduce-done(%ars)
+  %ag = f32[4,2,16]{2,1,0} all-gather(%g), channel_id=9, replica_groups={{0,1,2,3}}, dimensions={0}
+  %zero = f32[] constant(0)
+  %summed = f32[2,16]{1,0} reduce(%ag, %zero), dimensions={0}, to_apply=%add
+  %init = (s32[], f32[8,32]{1,0}) tuple(%zero, %zero)
+  %loop = (s32[], f32[8,32]{1,0}) while(%init), condition=%cond, body=%gather_body
+  %a0 = f32[64,128]{1,0} get-tuple-element(%ard), index=0
+  %b0 = f32[16]{0} get-tuple-element(%ard), index=1
+  ROOT %out = (f32[16,128]{1,0}, f32[64,128]{1,0}, f32[16]{0}, f32[2,16]{1,0}) tuple(%rs-done, %a0, %b0, %summed)
+}
+"""
+
+
+def test_async_forms_hand_written() -> None:
+    """Forms this compiler did not emit for our graphs but XLA prints: a tuple all-reduce-start/done (k=2), an
+    async-start wrapping a reduce-scatter, an all-gather summed over its gathered dim (an all-reduce in
+    disguise), and an all-gather inside a fusion inside a while body."""
+    m = parse_hlo(ASYNC_TEXT)
+    assert m.count("all-reduce") == 1 and m.count("reduce-scatter") == 1 and m.count("all-gather") == 2
+    ar = next(c for c in m.collectives if c.op == "all-reduce")
+    assert (ar.operands, ar.form, ar.async_, ar.done) == (2, "start-done", True, "ard")
+    assert ar.operand_bytes == ar.result_bytes == (64 * 128 + 16) * 4
+    rs = next(c for c in m.collectives if c.op == "reduce-scatter")
+    assert (rs.form, rs.start, rs.done, rs.computation) == ("async-start", "rs-start", "rs-done", "e")
+    assert rs.operand_bytes == 64 * 128 * 4 and rs.result_bytes == 16 * 128 * 4 and rs.group_size == 4
+    windows = {w.collective.op: w for w in m.async_windows()}
+    assert windows["reduce-scatter"].between == ["busy", "dot"] and windows["reduce-scatter"].compute == ["dot"]
+    assert windows["all-reduce"].between == ["rs-start", "busy", "dot", "rs-done"]
+    summed = next(c for c in m.collectives if c.name == "ag")
+    assert summed.decomposed_all_reduce and not summed.in_while
+    looped = next(c for c in m.collectives if c.name == "ag.in")
+    assert looped.in_while and looped.computation == "gather_body" and looped.start == "f"
+    assert looped.operand_bytes == 8 * 32 * 4 and looped.group_size == 4

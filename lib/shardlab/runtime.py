@@ -131,6 +131,10 @@ def setup(num_devices: int | None = 8, device: str | None = None, spmd: bool = T
     os.environ["PJRT_DEVICE"] = kind.upper()
     if kind == "cpu":
         os.environ["CPU_NUM_DEVICES"] = str(num_devices)
+        # The compile-only TPU view loads libtpu in this process: JAX must not claim it as a runtime backend,
+        # and other processes (notebook kernels, workers) may hold libtpu's lockfile at the same time.
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+        os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     dump_dir = None
     if dump_hlo:
         dump_dir = tempfile.mkdtemp(prefix="shardlab-hlo-")

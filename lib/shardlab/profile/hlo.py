@@ -14,9 +14,26 @@ The text is parsed in three passes:
 3. collect collectives with per-device operand/result bytes and explicit replica groups (the iota form
    ``[G,S]<=[d0,d1]T(1,0)`` is expanded).
 
-On CPU, XLA lowers a reduce-scatter to ``all-reduce`` followed by ``dynamic-slice`` (xla-notes.md); such an
-all-reduce is flagged ``feeds_dynamic_slice`` so callers can count the pair as the reduce-scatter the formula
-predicts.
+On CPU, XLA lowers a reduce-scatter to ``all-reduce`` followed by ``dynamic-slice``; such an all-reduce is
+flagged ``feeds_dynamic_slice`` so callers can count the pair as the reduce-scatter the formula predicts.
+
+XLA:TPU programs (``shardlab.profile.tpu``) print one logical collective in several places, and each is
+counted once (grouped by ``(op, channel_id)``):
+
+- an *async collective fusion*: ``%async-collective-start = (...) fusion(...), kind=kCustom, calls=%c`` where
+  ``%c`` holds the collective and ``custom-call(...), custom_call_target="AsyncCollectiveStart"``; continuation
+  fusions (overlapped work) and the ``AsyncCollectiveDone`` fusion hold clones with the same ``channel_id``;
+- ``all-reduce-start``/``-done``, ``all-gather-start``/``-done``, ``collective-permute-start``/``-done`` pairs
+  (the start's tuple also carries the operands and u32 context scalars: the result is read from the done);
+- ``async-start``/``async-done`` wrapping a computation that holds the collective (e.g. a ``reduce-scatter``);
+- TPU's reduce-scatter from GSPMD: a ``kCustom`` fusion calling ``%all-reduce-scatter*`` (an all-reduce and its
+  dynamic-slices inside), counted as ``reduce-scatter``; the native ``reduce-scatter`` instruction as itself;
+- tuple collectives from the combiner: one record with ``operands`` k and the bytes of all k.
+
+Collectives inside fusion / async computations are placed at the instruction that schedules them (entry or
+while body), which gives ``in_while`` and, for async ones, :meth:`HloModule.async_windows` (what is scheduled
+between start and done). An ``all-gather`` whose result is summed over the gathered dimension is flagged
+``decomposed_all_reduce`` (XLA:TPU also emits all-gather + reduce over a size-1 dimension: not flagged).
 
 Example (hand-written HLO)::
 
@@ -30,6 +47,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from shardlab.profile.hlo_text import (  # noqa: F401  (re-exported: the parser's public vocabulary)
     COMPUTATION_RE,
@@ -44,18 +62,28 @@ from shardlab.profile.hlo_text import (  # noqa: F401  (re-exported: the parser'
 )
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
-_ASYNC_SUFFIX = ("-start",)
 # Ops an all-reduce result may pass through on its way to the dynamic-slice that makes it a reduce-scatter
 # (uneven shards add a pad; bf16 adds a convert; averaging adds a multiply/divide).
 _PASS_THROUGH = ("bitcast", "copy", "reshape", "get-tuple-element", "pad", "slice", "convert", "multiply",
                  "divide", "fusion")
 _CALL_ATTRS = ("to_apply", "calls", "body", "condition", "true_computation", "false_computation")
+# Callers whose computation runs as part of the calling instruction (not scheduled on its own).
+_NESTING = ("fusion", "async-start", "async-update", "async-done")
 
 
 @dataclass
 class Collective:
+    """One logical collective of the per-device program.
+
+    XLA:TPU may print one collective several times: an async collective fusion holds a clone in its start,
+    continuation and done computations (same ``channel_id``); ``-start``/``-done`` pairs and ``async-start``
+    wrappers split it in two. Each appears here once, at the instruction that is scheduled (``computation`` is
+    the entry / while body that schedules it, ``start``/``done`` the instructions there). A tuple collective
+    made by the combiner is one record with ``operands`` k and the bytes of all k.
+    """
+
     op: str  # all-reduce | all-gather | reduce-scatter | all-to-all | collective-permute
-    name: str
+    name: str  # the collective instruction (for clones: the one in the start computation)
     dtype: str
     shape: list[tuple[int, ...]]  # per-device result shape(s)
     operand_shapes: list[tuple[int, ...]]
@@ -66,6 +94,14 @@ class Collective:
     in_while: bool
     feeds_dynamic_slice: bool = False
     source_target_pairs: list[list[int]] = field(default_factory=list)
+    operands: int = 1  # k for a tuple (combined) collective
+    async_: bool = False  # issued by a start and completed by a done, with other work possibly in between
+    form: str = "sync"  # sync | start-done | async-start | async-collective-fusion | all-reduce-scatter-fusion
+    channel_id: int | None = None
+    clones: int = 1  # how many HLO instructions print this one collective
+    start: str = ""  # scheduled instruction that issues it (== done for a sync collective)
+    done: str = ""
+    decomposed_all_reduce: bool = False  # an all-gather whose result is then summed over the gathered dim
 
     @property
     def group_size(self) -> int:
@@ -76,7 +112,8 @@ class Collective:
             "op": self.op, "name": self.name, "dtype": self.dtype, "shape": self.shape,
             "operand_bytes": self.operand_bytes, "result_bytes": self.result_bytes,
             "group_size": self.group_size, "groups": len(self.replica_groups), "in_while": self.in_while,
-            "feeds_dynamic_slice": self.feeds_dynamic_slice,
+            "feeds_dynamic_slice": self.feeds_dynamic_slice, "operands": self.operands, "async": self.async_,
+            "form": self.form, "decomposed_all_reduce": self.decomposed_all_reduce,
         }
 
 
@@ -90,12 +127,22 @@ class WhileLoop:
 
 
 @dataclass
+class AsyncWindow:
+    """What the schedule puts between an async collective's start and done (candidates for overlap)."""
+
+    collective: Collective
+    computation: str
+    between: list[str]  # instruction names, in schedule order, strictly between start and done
+    compute: list[str]  # those of them that do matmul/convolution work (directly or in their fusion)
+
+
+@dataclass
 class HloModule:
     name: str
     text: str
     num_partitions: int
     instructions: dict[str, Instruction]
-    computations: dict[str, list[str]]  # computation -> instruction names
+    computations: dict[str, list[str]]  # computation -> instruction names (in schedule order when scheduled)
     entry: str
     collectives: list[Collective]
     while_loops: list[WhileLoop]
@@ -120,14 +167,46 @@ class HloModule:
                 if (op == "any" or c.op == op) and (in_while is None or c.in_while == in_while)]
 
     def summary(self) -> dict[str, dict[str, int]]:
-        """``{op: {"count", "operand_bytes", "result_bytes"}}`` for the ops present."""
+        """``{op: {"count", "operands", "operand_bytes", "result_bytes", "async"}}`` for the ops present.
+
+        ``count`` is logical collectives, ``operands`` the arrays they move (a combined 4-gradient all-reduce:
+        count 1, operands 4), ``async`` how many are issued asynchronously: compare CPU and TPU programs row by row.
+        """
         out: dict[str, dict[str, int]] = {}
         for c in self.collectives:
-            s = out.setdefault(c.op, {"count": 0, "operand_bytes": 0, "result_bytes": 0})
+            s = out.setdefault(c.op, {"count": 0, "operands": 0, "operand_bytes": 0, "result_bytes": 0, "async": 0})
             s["count"] += 1
+            s["operands"] += c.operands
             s["operand_bytes"] += c.operand_bytes
             s["result_bytes"] += c.result_bytes
+            s["async"] += int(c.async_)
         return out
+
+    def async_windows(self) -> list[AsyncWindow]:
+        """For each async collective, the instructions scheduled between its start and its done.
+
+        Only meaningful for a scheduled module (``is_scheduled=true``: XLA:TPU's output), where each
+        computation's instructions are printed in execution order.
+        """
+        out = []
+        for c in self.collectives:
+            if not c.async_ or not c.start or not c.done:
+                continue
+            order = self.computations.get(c.computation, [])
+            if c.start not in order or c.done not in order:
+                continue
+            between = order[order.index(c.start) + 1: order.index(c.done)]
+            out.append(AsyncWindow(c, c.computation, between, [n for n in between if self._computes(n)]))
+        return out
+
+    def _computes(self, name: str) -> bool:
+        ins = self.instructions[name]
+        if ins.opcode in ("convolution", "dot"):
+            return True
+        inner = _reachable([c for c in _called(ins) if c in self.computations],
+                           {c: [x for n in ns for x in _called(self.instructions[n])]
+                            for c, ns in self.computations.items()})
+        return any(self.instructions[n].opcode in ("convolution", "dot") for c in inner for n in self.computations[c])
 
 
 def _called(ins: Instruction) -> list[str]:
@@ -210,26 +289,99 @@ def parse_hlo(text: str, buffer_assignment: str | None = None) -> HloModule:
         n = math.prod(ins.shape[0].dims)
         return any(n <= math.prod(d.shape[0].dims) * group <= 2 * n for d in reached_ds(ins.name) if d.shape)
 
-    collectives = []
-    for ins in instructions.values():
-        op = ins.opcode.removesuffix("-start") if ins.opcode.endswith(_ASYNC_SUFFIX) else ins.opcode
-        if op not in COLLECTIVES:
-            continue
-        operand_arrays = [a for o in ins.operands if o in instructions for a in instructions[o].shape]
-        result = ins.shape
-        if ins.opcode.endswith("-start") and len(result) > len(operand_arrays):
-            result = result[len(operand_arrays):]  # async start returns (operands, results)
-        groups = parse_replica_groups(ins.attrs.get("replica_groups"), num_partitions)
-        pairs = parse_replica_groups(ins.attrs.get("source_target_pairs"), 0) if op == "collective-permute" else []
-        collectives.append(Collective(
-            op=op, name=ins.name, dtype=result[0].dtype if result else "?",
-            shape=[a.dims for a in result], operand_shapes=[a.dims for a in operand_arrays],
-            operand_bytes=sum(a.nbytes for a in operand_arrays), result_bytes=sum(a.nbytes for a in result),
-            replica_groups=groups if op != "collective-permute" else [], computation=ins.computation,
-            in_while=ins.computation in in_loop,
-            feeds_dynamic_slice=op == "all-reduce" and lowered_reduce_scatter(ins, len(groups[0]) if groups else 0),
-            source_target_pairs=pairs,
-        ))
+    collectives = _collectives(instructions, computations, users, in_loop, num_partitions, lowered_reduce_scatter)
     loops = [WhileLoop(w.name, w.computation, w.attrs.get("body", "").lstrip("%"), w.nbytes, w.shape) for w in whiles]
     buffers = parse_buffer_assignment(buffer_assignment) if buffer_assignment else None
     return HloModule(name, text, num_partitions, instructions, computations, entry, collectives, loops, buffers)
+
+
+def _collectives(instructions: dict[str, Instruction], computations: dict[str, list[str]],
+                 users: dict[str, list[Instruction]], in_loop: set[str], num_partitions: int,
+                 lowered_reduce_scatter: Any) -> list[Collective]:
+    """One :class:`Collective` per logical collective (clones, start/done pairs and wrappers folded)."""
+    callers: dict[str, list[Instruction]] = {}
+    for ins in instructions.values():
+        for c in _called(ins):
+            callers.setdefault(c, []).append(ins)
+
+    def host(ins: Instruction) -> Instruction:
+        """The instruction that is scheduled for ``ins``: climb out of fusion / async computations."""
+        while True:
+            outer = [c for c in callers.get(ins.computation, []) if c.opcode in _NESTING]
+            if not outer:
+                return ins
+            ins = next((c for c in outer if c.opcode != "async-done"), outer[0])
+
+    def targets(computation: str) -> set[str]:
+        return {instructions[n].attrs.get("custom_call_target", "").strip('"') for n in computations[computation]
+                if instructions[n].opcode == "custom-call"}
+
+    def done_of(start: Instruction) -> Instruction | None:
+        """The ``*-done`` / ``async-done`` that completes ``start`` (through ``async-update`` links)."""
+        for u in users.get(start.name, []):
+            if u.opcode.endswith("-done"):
+                return u
+            if u.opcode == "async-update":
+                return done_of(u)
+        return None
+
+    groups: dict[tuple[str, str], list[Instruction]] = {}
+    for ins in instructions.values():
+        op = ins.opcode.removesuffix("-start")
+        if op in COLLECTIVES:
+            cid = ins.attrs.get("channel_id")
+            groups.setdefault((op, f"channel {cid}" if cid else ins.name), []).append(ins)
+
+    out = []
+    for (op, _), clones in groups.items():
+        ins, result, form, start, done = clones[0], clones[0].shape, "sync", host(clones[0]), host(clones[0])
+        operand_arrays = [a for o in ins.operands if o in instructions for a in instructions[o].shape]
+        tgt = {c.name: targets(c.computation) for c in clones}
+        if any("AsyncCollectiveStart" in t for t in tgt.values()):  # TPU async collective fusion: 3 clones
+            ins = next(c for c in clones if "AsyncCollectiveStart" in tgt[c.name])
+            operand_arrays = [a for o in ins.operands if o in instructions for a in instructions[o].shape]
+            result, form, start = ins.shape, "async-collective-fusion", host(ins)
+            done = host(next((c for c in clones if "AsyncCollectiveDone" in tgt[c.name]), ins))
+        elif ins.opcode.endswith("-start"):  # all-reduce-start / all-gather-start / collective-permute-start
+            form, end = "start-done", done_of(ins)
+            done = end or ins
+            result = end.shape if end else result[len(operand_arrays): 2 * len(operand_arrays)] or result
+        elif start.opcode == "async-start":  # async-start(...), calls=%computation holding the collective
+            form, end = "async-start", done_of(start)
+            done = end or start
+        elif op == "all-reduce" and start is not ins and _called(start)[0].startswith("all-reduce-scatter"):
+            op, form, result = "reduce-scatter", "all-reduce-scatter-fusion", start.shape  # TPU's reduce-scatter
+        rg = parse_replica_groups(ins.attrs.get("replica_groups"), num_partitions)
+        cp = op == "collective-permute"
+        out.append(Collective(
+            op=op, name=ins.name, dtype=result[0].dtype if result else "?", shape=[a.dims for a in result],
+            operand_shapes=[a.dims for a in operand_arrays], operand_bytes=sum(a.nbytes for a in operand_arrays),
+            result_bytes=sum(a.nbytes for a in result), replica_groups=[] if cp else rg,
+            computation=start.computation, in_while=start.computation in in_loop,
+            feeds_dynamic_slice=form == "sync" and op == "all-reduce"
+            and lowered_reduce_scatter(ins, len(rg[0]) if rg else 0),
+            source_target_pairs=parse_replica_groups(ins.attrs.get("source_target_pairs"), 0) if cp else [],
+            operands=len(ins.operands), async_=form != "sync" and form != "all-reduce-scatter-fusion",
+            form=form, channel_id=int(ins.attrs["channel_id"]) if "channel_id" in ins.attrs else None,
+            clones=len(clones), start=start.name, done=done.name,
+            decomposed_all_reduce=op == "all-gather"
+            and _summed_over_gathered_dim(ins, users, instructions, computations),
+        ))
+    return out
+
+
+def _summed_over_gathered_dim(ins: Instruction, users: dict[str, list[Instruction]],
+                              instructions: dict[str, Instruction], computations: dict[str, list[str]]) -> bool:
+    """An all-gather whose result a sum-``reduce`` collapses over the gathered dimension: an all-reduce in
+    disguise. (XLA:TPU also emits all-gather + reduce over a size-1 dimension: that is a plain all-gather.)"""
+    gathered = {int(d) for d in re.findall(r"\d+", ins.attrs.get("dimensions", ""))}
+    for u in users.get(ins.name, []):
+        if u.opcode != "reduce" or not ins.shape:
+            continue
+        reduced = {int(d) for d in re.findall(r"\d+", u.attrs.get("dimensions", ""))}
+        body = computations.get(u.attrs.get("to_apply", "").lstrip("%"), [])
+        is_add = any(instructions[n].is_root and instructions[n].opcode == "add" for n in body)
+        dims = ins.shape[0].dims
+        if is_add and any(d in reduced and d < len(dims) and dims[d] > 1 for d in gathered):
+            return True
+    return False

@@ -125,7 +125,7 @@ def parse_instruction(line: str, computation: str) -> Instruction | None:
     opcode = om.group(1)
     end = _matching(rest, om.end() - 1)
     operands = []
-    for op in _split_top(rest[om.end(): end]):
+    for op in _split_top(re.sub(r"/\*.*?\*/", "", rest[om.end(): end])):  # drop /*index=5*/ comments
         tok = op.split()[-1] if op.split() else op
         operands.append(tok.lstrip("%"))
     attrs: dict[str, str] = {}

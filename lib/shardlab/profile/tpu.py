@@ -1,0 +1,341 @@
+"""The real XLA:TPU compiler, compile-only, for a described TPU topology (the ``tpu`` source).
+
+Design
+------
+The ``libtpu`` wheel contains the TPU compiler; JAX can describe a TPU slice we do not own
+(``jax.experimental.topologies.get_topology_desc``) and hand its compile-only client an HLO module. The graph a
+notebook builds on its CPU device world (torch_xla under SPMD, shardings annotated, *not* synced) is lowered to
+the pre-partitioning HLO proto with its shardings (``torch_xla._XLAC._get_xla_tensors_hlo_proto``) and compiled
+for the topology exactly like torch_xla would on a TPU: GSPMD partitioning, sharding propagation allowed to the
+parameters and the outputs (without output propagation the program all-gathers every unannotated output).
+Nothing executes, and the outputs are never synced (graphs over placeholders crash when executed).
+
+What comes back (:class:`TpuCompile`): the per-chip program after every TPU pass (HLO text, parsed with
+:mod:`shardlab.profile.hlo`), per-chip memory, XLA's cost analysis, and - instead of an exception - a structured
+:class:`OutOfMemory` when the compiler runs out of HBM (out of memory is a compile error on TPU).
+
+Measured with this compiler (libtpu 0.0.21): the HBM capacity check counts arguments + temporaries + a reserved
+258 MiB, **not outputs** (``v5e:1x1``: 1 GiB of arguments and 16 GiB of outputs compiled; 16 GiB of arguments
+did not: "Used 16.00G of 15.75G hbm"). Capacities as the compiler states them: v5e 15.75 GiB, v6e 31.25 GiB.
+
+Every use of JAX's private API (``jax._src``) and of libtpu lives in this module (:func:`check_backend` pins the
+versions and tests the names). libtpu writes warnings about the missing TPU straight to file descriptor 2;
+:func:`quiet_libtpu` swallows those known lines and re-emits anything else. Compiles are cached in-process by
+(torch_xla graph hash + digest of the lowered HLO, topology, options). :func:`compile_program` runs a graph
+builder in a worker process with the topology's device count when this process's world has a different one
+(``tpu_worker``).
+
+Example::
+
+    >>> out = compile_tensors([y, w1.grad, w2.grad], "v5e:2x4")   # the 8-device world's graph, for 8 v5e chips
+    >>> out.fits, out.count("all-reduce"), out.memory.temp
+    (True, 1, 0)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.metadata
+import os
+import re
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+from shardlab.profile.hlo import HloModule, parse_hlo
+from shardlab.profile.tpu_memory import OutOfMemory, TpuMemory, parse_oom
+
+PINS = {"jax": "0.7.1", "jaxlib": "0.7.1", "libtpu": "0.0.21"}
+GiB = 1024**3
+# Usable HBM per chip as the compiler reports it in its out-of-memory message ("Used X of 15.75G hbm").
+HBM_CAPACITY = {"v5e": int(15.75 * GiB), "v6e": int(31.25 * GiB)}
+# libtpu's complaints about the missing TPU (written to fd 2 at C level); harmless for compile-only use.
+_NOISE = re.compile(
+    r"Failed to find host bounds|could not determine TPU (accelerator type|worker hostnames)|"
+    r"Logging before InitGoogle|TPU_WORKER_HOSTNAMES|TPU_ACCELERATOR_TYPE|=== Source Location Trace: ===|"
+    r"^\S+\.(cc|h):\d+\s*$|GSPMD.*deprecat|^\s*$"
+)
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A TPU slice the compiler can target. ``host_bounds`` are the chips per host (libtpu's default 2x2x1
+    rejects 1- and 2-chip slices); ``hbm_bytes`` is the per-chip capacity the compiler checks against."""
+
+    name: str  # e.g. "v5e:2x4"
+    generation: str  # "v5e" | "v6e"
+    chips: int
+    host_bounds: tuple[int, int, int] | None  # None: libtpu's default
+    hbm_bytes: int | None
+
+
+def _topology(generation: str, shape: str, host_bounds: tuple[int, int, int] | None = None) -> Topology:
+    x, y = (int(v) for v in shape.split("x"))
+    return Topology(f"{generation}:{shape}", generation, x * y, host_bounds, HBM_CAPACITY.get(generation))
+
+
+# 1- and 2-chip slices need explicit host bounds; the larger ones are the names libtpu's default bounds accept.
+_SHAPES = {
+    "v5e": ("1x1", "1x2", "2x2", "2x4", "4x4", "4x8", "8x8"),
+    "v6e": ("1x1", "1x2", "2x2", "2x4", "4x4", "8x8", "16x16"),
+}
+_SMALL_BOUNDS = {"1x1": (1, 1, 1), "1x2": (1, 2, 1)}
+TOPOLOGIES: dict[str, Topology] = {
+    t.name: t for g, shapes in _SHAPES.items() for t in (_topology(g, s, _SMALL_BOUNDS.get(s)) for s in shapes)
+}
+DEFAULT_TOPOLOGY = "v5e:2x4"
+
+
+def get_topology(name: str) -> Topology:
+    if name not in TOPOLOGIES:
+        raise ValueError(f"topology={name!r} is not known; known topologies: {', '.join(TOPOLOGIES)}")
+    return TOPOLOGIES[name]
+
+
+def topology_for(num_chips: int, generation: str = "v5e") -> str:
+    """The topology name with ``num_chips`` chips of ``generation``: ``topology_for(8) == "v5e:2x4"``."""
+    found = [t.name for t in TOPOLOGIES.values() if t.generation == generation and t.chips == num_chips]
+    if not found:
+        have = sorted({t.chips for t in TOPOLOGIES.values() if t.generation == generation})
+        gens = sorted({t.generation for t in TOPOLOGIES.values()})
+        raise ValueError(f"no {generation!r} topology with num_chips={num_chips}: known chip counts for "
+                         f"{generation!r} are {have} (generations {gens})")
+    return found[0]
+
+
+@dataclass
+class TpuCompile:
+    """One XLA:TPU compile of a graph for a topology (per-chip numbers; picklable)."""
+
+    topology: str
+    num_chips: int
+    fits: bool
+    compile_s: float
+    hlo_text: str | None  # the per-chip program after all TPU passes; None when out of memory
+    module: HloModule | None
+    memory: TpuMemory | None
+    oom: OutOfMemory | None
+    cost: dict[str, float] = field(default_factory=dict)  # XLA cost analysis: flops, bytes accessed, ...
+    options: dict[str, Any] = field(default_factory=dict)  # disable_passes, debug_options
+    cached: bool = False
+    label: str = ""
+
+    def _module(self) -> HloModule:
+        if self.module is None:
+            raise ValueError(f"{self.label or 'this program'} did not fit on {self.topology} ({self.oom}): "
+                             "there is no compiled program to count collectives in")
+        return self.module
+
+    def count(self, op: str, in_while: bool | None = None) -> int:
+        """Logical collectives ``op`` in the TPU program (async clones and start/done pairs counted once)."""
+        return self._module().count(op, in_while)
+
+    def bytes(self, op: str, which: str = "operand", in_while: bool | None = None) -> int:
+        """Per-chip operand (or result) bytes of the collectives ``op``."""
+        return self._module().bytes(op, which, in_while)
+
+
+# --------------------------------------------------------------------------------------------- backend (jax._src)
+
+def _installed(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def check_backend() -> dict[str, str]:
+    """Verify the pinned jax / jaxlib / libtpu and the private names this module uses; return the versions."""
+    found = {d: _installed(d) for d in PINS}
+    wrong = {d: v for d, v in found.items() if v != PINS[d]}
+    if wrong:
+        raise RuntimeError(
+            "the TPU compile view needs " + ", ".join(f"{d}=={v}" for d, v in PINS.items())
+            + " but found " + ", ".join(f"{d} {v or 'not installed'}" for d, v in wrong.items())
+            + ": `make test` (or `pip install -r requirements.txt`) installs them"
+        )
+    _backend()
+    return {d: str(v) for d, v in found.items()}
+
+
+@cache
+def _backend() -> Any:
+    """The private JAX names (imported once, after the environment is set)."""
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")  # JAX must not grab libtpu as a runtime backend
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # several processes may compile at once
+    from jax._src import compiler
+    from jax._src.lib import xla_client as xc
+    from jax.experimental import topologies
+
+    class B:  # one namespace so tests can check every name
+        get_compile_options = compiler.get_compile_options
+        hlo_to_stablehlo = xc._xla.mlir.hlo_to_stablehlo
+        XlaComputation = xc.XlaComputation
+        DeviceList = xc.DeviceList
+        get_topology_desc = topologies.get_topology_desc
+
+    return B
+
+
+@contextlib.contextmanager
+def quiet_libtpu() -> Iterator[None]:
+    """Redirect fd 2 around libtpu calls; re-emit (to ``sys.stderr``) every line that is not known noise."""
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            text = tmp.read().decode(errors="replace")
+            kept = [line for line in text.splitlines() if not _NOISE.search(line)]
+            if kept:
+                print("\n".join(kept), file=sys.stderr)
+
+
+def topology_devices(name: str) -> tuple[Any, ...]:
+    """The JAX ``TpuDevice`` objects of a topology (compile-only; e.g. for a ``jax.sharding.Mesh``)."""
+    return _device_list(get_topology(name).name)
+
+
+@cache
+def _device_list(name: str) -> tuple[Any, ...]:
+    topo = get_topology(name)
+    b = _backend()
+    kw = {"chips_per_host_bounds": topo.host_bounds} if topo.host_bounds else {}
+    with quiet_libtpu():
+        desc = b.get_topology_desc(platform="tpu", topology_name=name, **kw)
+    devices = tuple(desc.devices)
+    if len(devices) != topo.chips:
+        raise RuntimeError(f"libtpu describes {name} with {len(devices)} chips, expected {topo.chips}")
+    return devices
+
+
+def _compile_proto(proto: bytes, topo: Topology, disable_passes: tuple[str, ...],
+                   debug_options: Mapping[str, Any]) -> Any:
+    """Compile a pre-partitioning HLO proto for ``topo``; returns the compile-only executable."""
+    import numpy as np
+
+    b = _backend()
+    devices = _device_list(topo.name)
+    shape = b.XlaComputation(proto).program_shape()
+    result = shape.result_shape()
+    n_out = len(result.tuple_shapes()) if result.is_tuple() else 1
+    opts = b.get_compile_options(
+        num_replicas=1, num_partitions=topo.chips, use_spmd_partitioning=True,
+        device_assignment=np.array(devices).reshape(1, topo.chips),
+        env_options_overrides=dict(debug_options) or None,
+    )
+    build = opts.executable_build_options
+    # GSPMD, as torch_xla itself uses. Shardy (JAX 0.7's default) does not read the GSPMD shardings of a
+    # torch_xla proto: it silently compiles a replicated program (measured: no collectives, full weights).
+    build.use_shardy_partitioner = False
+    # Vector sizes must be 1 or exactly the counts, or XLA aborts the process (CHECK failure).
+    build.allow_spmd_sharding_propagation_to_parameters = [True] * len(shape.parameter_shapes())
+    build.allow_spmd_sharding_propagation_to_output = [True] * n_out
+    if disable_passes:
+        build.debug_options.xla_disable_hlo_passes = ",".join(disable_passes)
+    module = b.hlo_to_stablehlo(proto)
+    with quiet_libtpu():
+        return devices[0].client.compile(module, executable_devices=b.DeviceList(devices), compile_options=opts)
+
+
+def _cost(exe: Any) -> dict[str, float]:
+    cost = exe.cost_analysis()
+    if isinstance(cost, list | tuple):
+        cost = cost[0] if cost else {}
+    return {str(k): float(v) for k, v in dict(cost or {}).items() if isinstance(v, int | float)}
+
+
+# -------------------------------------------------------------------------------------------------- public API
+
+_CACHE: dict[tuple[Any, ...], TpuCompile] = {}
+_LOCK = threading.Lock()
+
+
+def compile_tensors(outputs: list[Any], topology: str = DEFAULT_TOPOLOGY, *, disable_passes: tuple[str, ...] = (),
+                    debug_options: Mapping[str, Any] | None = None, label: str = "") -> TpuCompile:
+    """Compile the graph producing ``outputs`` (this process's SPMD world, not synced) for ``topology``.
+
+    ``disable_passes`` names XLA passes to skip (e.g. ``("all-reduce-combiner",)``); ``debug_options`` are
+    XLA / XLA:TPU compiler flags (``{"xla_tpu_...": value}``), passed like ``jax.jit(...).compile(compiler_options=)``.
+    """
+    import torch_xla
+
+    from shardlab import runtime
+
+    topo = get_topology(topology)
+    world = runtime.current()
+    if world.num_devices != topo.chips:
+        raise ValueError(
+            f"topology={topology!r} has {topo.chips} chips but this process's world has "
+            f"num_devices={world.num_devices}: the graph's mesh must span the topology's chips. Use "
+            f"compile_program(build, cfg, {topology!r}) to build the graph in a worker with {topo.chips} devices"
+        )
+    if not outputs:
+        raise ValueError("outputs=[] : pass the tensors whose graph should be compiled")
+    check_backend()
+    debug_options = dict(debug_options or {})
+    disable_passes = tuple(disable_passes)
+    options = {"disable_passes": list(disable_passes), "debug_options": debug_options}
+    proto = torch_xla._XLAC._get_xla_tensors_hlo_proto(outputs)
+    # The graph hash alone is not enough: it ignores settings that change the lowered HLO (measured: the
+    # mat-mul precision; f32 weights are all-gathered in bf16 at "default" and in f32 at "high").
+    key = (bytes(torch_xla._XLAC._get_graph_hash(outputs)), hashlib.sha256(proto).hexdigest(), topology,
+           disable_passes, tuple(sorted((k, repr(v)) for k, v in debug_options.items())))
+    with _LOCK:
+        if key in _CACHE:
+            hit = _CACHE[key]
+            return TpuCompile(**{**hit.__dict__, "cached": True, "label": label or hit.label})
+        t0 = time.perf_counter()
+        try:
+            exe = _compile_proto(proto, topo, disable_passes, debug_options)
+        except Exception as e:  # XlaRuntimeError; only out-of-memory becomes data
+            oom = parse_oom(str(e))
+            if oom is None:
+                raise
+            result = TpuCompile(topology, topo.chips, False, time.perf_counter() - t0, None, None, None, oom,
+                                {}, options, False, label)
+        else:
+            compile_s = time.perf_counter() - t0
+            text = exe.hlo_modules()[0].to_string()
+            memory = TpuMemory.from_stats(exe.get_compiled_memory_stats(), topo.hbm_bytes)
+            result = TpuCompile(topology, topo.chips, True, compile_s, text, parse_hlo(text), memory, None,
+                                _cost(exe), options, False, label)
+        _CACHE[key] = result
+        return result
+
+
+def compile_program(build: Callable[[Any], list[Any]], cfg: Any, topology: str = DEFAULT_TOPOLOGY, *,
+                    disable_passes: tuple[str, ...] = (), debug_options: Mapping[str, Any] | None = None,
+                    label: str = "") -> TpuCompile:
+    """``build(cfg)`` (an importable module-level function returning output tensors), compiled for ``topology``.
+
+    Runs in this process when its world has the topology's chip count; otherwise in a persistent worker
+    process with ``CPU_NUM_DEVICES=<chips>`` (one per chip count, reused), so a 1-device notebook can still show
+    the tensor-parallel program of a 4-chip slice.
+    """
+    from shardlab import runtime
+
+    topo = get_topology(topology)
+    opts: dict[str, Any] = {"disable_passes": tuple(disable_passes), "debug_options": dict(debug_options or {}),
+                            "label": label}
+    try:
+        world = runtime.current()
+    except RuntimeError:
+        world = None
+    if world is not None and world.num_devices == topo.chips:
+        return compile_tensors(list(build(cfg)), topology, **opts)
+    from shardlab.profile.tpu_worker import worker_for
+
+    return worker_for(topo.chips).compile(build, cfg, topology, opts)
