@@ -149,6 +149,8 @@ def setup(num_devices: int | None = 8, device: str | None = None, spmd: bool = T
     import torch_xla  # noqa: F401  (env must be set first)
     import torch_xla.runtime as xr
 
+    _quiet_absl()
+
     if spmd:
         xr.use_spmd()
     count = xr.global_runtime_device_count()
@@ -159,6 +161,16 @@ def setup(num_devices: int | None = 8, device: str | None = None, spmd: bool = T
         )
     _WORLD = World(kind=kind, num_devices=count, spmd=spmd, dump_dir=dump_dir, versions=_versions())
     return _WORLD
+
+
+def _quiet_absl() -> None:
+    """torch_xla's shard_as imports torchax -> flax -> orbax, whose absl logger warns "Tensorflow library not
+    found" (GCS paths only; nothing here uses them) into every notebook that runs a scan backward."""
+    try:
+        import absl.logging
+    except ImportError:
+        return
+    absl.logging.set_verbosity(absl.logging.ERROR)
 
 
 def current() -> World:

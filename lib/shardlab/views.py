@@ -107,7 +107,11 @@ def ledger_view(ledger: Any, phase: str, ops: Iterable[str] = ("all_reduce",), d
 
 
 def compare(views: Iterable[View]) -> list[dict[str, Any]]:
-    """Rows ``{name, unit, <source>: value ..., agree}`` over every name any view has."""
+    """Rows ``{name, unit, <source>: value ..., agree}`` over every name any view has.
+
+    A compiler that combined collectives reports ``<op>.operands`` (logical collectives carried by its tuple
+    instructions); every view without that name carries one operand per collective, so its ``count`` stands in.
+    """
     views = [v for v in views if v.ran]
     names: list[str] = []
     for v in views:
@@ -115,14 +119,20 @@ def compare(views: Iterable[View]) -> list[dict[str, Any]]:
     rows = []
     for name in names:
         row: dict[str, Any] = {"name": name, "unit": next(v.units.get(name, "") for v in views if name in v.values)}
-        checked = []
+        checked, unchecked = [], []
         for v in views:
+            if name not in v.values and name.endswith(".operands") and name[:-9] + ".count" in v.values:
+                v = View(v.source, {name: v.values[name[:-9] + ".count"]})  # one operand per collective
             if name in v.values:
                 row[v.source] = v.values[name]
-                if name not in v.differs:
+                if name in v.differs:
+                    unchecked.append(v.source)
+                else:
                     checked.append(v.values[name])
+                    row.setdefault("checked_sources", []).append(v.source)
         row["agree"] = all(values_equal(checked[0], x) for x in checked[1:]) if checked else True
         row["checked"] = len(checked)
+        row["not compared"] = ", ".join(unchecked)
         rows.append(row)
     return rows
 
@@ -156,12 +166,13 @@ def record(rec: Recorder, prefix: str, *views: View, show: bool = True) -> Any:
     for row in rows:
         if row["checked"] < 2:
             continue
-        srcs = [v.source for v in views if v.ran and row["name"] in v.values and row["name"] not in v.differs]
+        srcs = row["checked_sources"]
         detail = " = ".join(f"{s} {row[s]}" for s in srcs)
         rec.check(f"{prefix}.{row['name']}: {' = '.join(srcs)}", row["agree"],
                   detail if row["agree"] else "disagree: " + detail)
     sources = [v.source for v in views if v.ran]
-    frame = pd.DataFrame(rows, columns=["name", "unit", *sources, "agree"]) if rows else pd.DataFrame()
+    frame = pd.DataFrame(rows, columns=["name", "unit", *sources, "agree", "not compared"], dtype=object) \
+        if rows else pd.DataFrame()
     if not frame.empty:
         frame["name"] = prefix + "." + frame["name"]
     return frame
@@ -244,6 +255,6 @@ def memory_frame(views: Mapping[str, View]) -> Any:
                                "generated code": None, "total": b.total}
         elif v.source == "tpu" and getattr(v.detail, "memory", None) is not None:
             m = v.detail.memory
-            cols[label] = {"arguments": m.argument_bytes, "outputs": m.output_bytes, "temporaries": m.temp_bytes,
-                           "generated code": m.generated_code_bytes, "total": m.total_bytes}
-    return pd.DataFrame(cols)
+            cols[label] = {"arguments": m.argument, "outputs": m.output, "temporaries": m.temp,
+                           "generated code": m.generated_code, "total": m.total}
+    return pd.DataFrame(cols, dtype=object)
