@@ -13,7 +13,7 @@ import torch
 
 from shardlab.comm import DistributedWorld, SimulatedWorld
 from shardlab.fsdp.flat_param import plan_flat_shards_for
-from shardlab.fsdp.gspmd import per_param_shard
+from shardlab.formulas.fsdp import per_param_shard
 from shardlab.fsdp.torch_ref import torch_fsdp_both_program
 from shardlab.fsdp.train import TrainConfig, fsdp_rank_program, make_model
 

@@ -11,7 +11,7 @@ joined the default process group, so PyTorch FSDP just uses it; ``comm`` only su
 * ``torch_fsdp2_program`` applies ``fully_shard`` and returns, per parameter, the local (unpadded) shard
   shape and the padded shard shape: FSDP2 shards each parameter on dim 0 with ``torch.chunk`` semantics
   and pads dim 0 to ceil(d0 / W) — the same per-parameter rule as GSPMD's dim-0 sharding
-  (``shardlab.fsdp.gspmd.per_param_shard``).
+  (``shardlab.formulas.fsdp.per_param_shard``).
 """
 
 from __future__ import annotations
