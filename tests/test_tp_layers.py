@@ -13,6 +13,7 @@ from torch import nn
 
 from shardlab import models
 from shardlab.comm import SimulatedWorld
+from shardlab.formulas.activations import mlp_activation_bytes
 from shardlab.tp import ColumnParallelLinear, ParallelAttention, ParallelMLP, RowParallelLinear, vocab_range
 from shardlab.tp.programs import attention_step, embedding_step, mlp_step
 
@@ -66,6 +67,22 @@ def test_sequence_parallel_mlp_matches_dense(tp: int, data) -> None:
         close(rr["grads"]["fc2.weight"], grads["fc2.weight"][:, r * c : (r + 1) * c])
     # the replicated row bias only saw this rank's tokens: the ranks' partial gradients sum to the dense one
     close(sum(rr["grads"]["fc2.bias"] for rr in res), grads["fc2.bias"])
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_sequence_parallel_mlp_stores_the_input_shard(tp: int, data) -> None:
+    """Activation memory, measured (saved_tensors_hooks) vs formulas.activations.mlp_activation_bytes: with SP
+    the MLP keeps its [b, s/p, h] input shard (re-gathered in the backward), not the gathered [b, s, h]."""
+    x, go = data
+    dense = models.MLP(H, FFN).double()
+    plain = SimulatedWorld(tp).run(mlp_step, dense, x, go)
+    sp = SimulatedWorld(tp).run(mlp_step, dense, x, go, sequence_parallel=True)
+    e = 8  # float64
+    for r in range(tp):
+        assert plain[r]["saved_bytes"] == mlp_activation_bytes(S, B, H, FFN, tp, act_bytes=e)
+        assert sp[r]["saved_bytes"] == mlp_activation_bytes(S, B, H, FFN, tp, sequence_parallel=True, act_bytes=e)
+        # by hand: input B·S·H (SP: /tp) + GeLU input and fc2 input B·S·FFN/tp each
+        assert plain[r]["saved_bytes"] - sp[r]["saved_bytes"] == e * B * S * H * (tp - 1) // tp
 
 
 @pytest.mark.parametrize("tp", [1, 2, 4])

@@ -50,7 +50,7 @@ from shardlab.formulas.common import RECOMPUTE_POLICIES, check_recompute
 
 __all__ = ["ACT_BYTES", "MASK_BYTES", "RECOMPUTE_POLICIES", "ActivationTerms", "activation_bytes_per_layer",
            "attention_score_ratio", "block_activation_bytes", "llama_activation_bytes_per_layer",
-           "selective_recompute_saving"]
+           "mlp_activation_bytes", "selective_recompute_saving"]
 
 ACT_BYTES = 2  # 16-bit activations (the paper's assumption)
 MASK_BYTES = 1  # dropout masks stored as bytes (the paper's assumption)
@@ -141,10 +141,39 @@ def block_activation_bytes(
     core = 0.0 if recompute == "selective" else core
     qkv = e * sbh / t + 2 * e * s * b * kv_local * hd  # Q [b,s,a/t,hd]; K, V [b,s,kv_local,hd]
     attention = (e * sbh + mask) / sp + qkv + e * sbh / t + core  # input, Q K V, out-proj input (O), core
-    inner = (4 if gated_mlp else 2) * e * s * b * ffn / t  # SwiGLU: gate, up, silu(gate), gate·up; GeLU: 2
-    mlp = (e * sbh + mask) / sp + inner
+    mlp = mlp_activation_bytes(s, b, h, ffn, t, sequence_parallel, gated_mlp, dropout, e)
     norms = 2 * e * sbh / sp
     return ActivationTerms(attention, core, mlp, norms, attention + mlp + norms)
+
+
+def mlp_activation_bytes(
+    seq: int,
+    batch: int,
+    hidden: int,
+    ffn: int,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    gated_mlp: bool = False,
+    dropout: bool = False,
+    act_bytes: int = ACT_BYTES,
+) -> float:
+    """The MLP rows of the table: input e·sbh (/t with SP) + inner tensors (/t) (+ dropout mask sbh).
+
+    ``shardlab.tp.ParallelMLP`` (GeLU, no dropout) stores exactly this — its input (the s/t shard with
+    sequence parallelism, which re-gathers it in the backward), the GeLU input and the fc2 input.
+    >>> mlp_activation_bytes(8, 2, 16, 64, tp=4, sequence_parallel=True, act_bytes=4)  # 4·(256/4 + 2·1024/4)
+    2304.0
+    """
+    _check(seq=seq, batch=batch, hidden=hidden, ffn=ffn, tp=tp, act_bytes=act_bytes)
+    if ffn % tp:
+        raise ValueError(f"ffn={ffn} is not divisible by tp={tp}")
+    if sequence_parallel and seq % tp:
+        raise ValueError(f"seq={seq} is not divisible by tp={tp} (sequence parallelism splits the sequence)")
+    s, b, e = seq, batch, act_bytes
+    sbh = s * b * hidden
+    mask = MASK_BYTES * sbh if dropout else 0.0
+    inner = (4 if gated_mlp else 2) * e * s * b * ffn / tp  # SwiGLU: gate, up, silu(gate), gate·up; GeLU: 2
+    return (e * sbh + mask) / (tp if sequence_parallel else 1) + inner
 
 
 def activation_bytes_per_layer(

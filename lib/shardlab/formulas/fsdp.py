@@ -6,8 +6,14 @@ One FSDP unit holds a flat parameter of N elements (alignment padding included) 
 P = W·c, c = ceil(N / W) (see ``shardlab.fsdp.flat_param``). One training step issues::
 
     forward   all-gather      payload c·b per rank  -> result P·b       (unshard params)
-    backward  all-gather      payload c·b per rank  -> result P·b       (params were freed after forward)
+    backward  all-gather      payload c·b per rank  -> result P·b       (params were freed after forward;
+                                                                          NOT for the root unit)
     backward  reduce-scatter  payload P·b per rank  -> result c·b       (averaged gradient shard)
+
+PyTorch (FSDP1 and FSDP2 alike) does not reshard the ROOT unit — the outermost one — after forward, since its
+parameters would be all-gathered again at once for the backward: the root issues one all-gather per step,
+every other unit two. A model wrapped as one unit is the root: one all-gather and one reduce-scatter per step
+(``root=True``). The ring-wire figures below are for a non-root unit.
 
 b = bytes per element. With W = 1 nothing is sharded and the step issues no collective (counts 0; the
 ledger records none and the partitioner emits none). "Payload" is what one rank hands to the collective
@@ -71,17 +77,21 @@ class FlatStepComm(NamedTuple):
         )
 
 
-def flat_step_comm(flat_numel: int, world_size: int, elem_bytes: int = 4) -> FlatStepComm:
-    """Collectives of one FULL_SHARD training step of one flat unit.
+def flat_step_comm(flat_numel: int, world_size: int, elem_bytes: int = 4, *, root: bool = False) -> FlatStepComm:
+    """Collectives of one FULL_SHARD training step of one flat unit (``root``: the outermost unit, kept
+    unsharded from forward to backward: one all-gather instead of two).
 
     >>> flat_step_comm(10, 4).all_gather_payload_bytes, flat_step_comm(10, 4).reduce_scatter_payload_bytes
     (12, 48)
+    >>> flat_step_comm(10, 4).all_gather_count, flat_step_comm(10, 4, root=True).all_gather_count
+    (2, 1)
     """
     if elem_bytes < 1:
         raise ValueError(f"elem_bytes={elem_bytes} must be >= 1")
     p = padded_numel(flat_numel, world_size)
     c = p // world_size
-    n_ag, n_rs = (2, 1) if world_size > 1 else (0, 0)  # one rank holds everything: nothing to communicate
+    # one rank holds everything: nothing to communicate
+    n_ag, n_rs = ((1 if root else 2), 1) if world_size > 1 else (0, 0)
     return FlatStepComm(n_ag, c * elem_bytes, p * elem_bytes, n_rs, p * elem_bytes, c * elem_bytes)
 
 

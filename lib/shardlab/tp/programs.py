@@ -6,7 +6,10 @@ Module-level functions `fn(comm, ...)` so both worlds can run them (DistributedW
 processes).  Each builds its layer with `from_dense`, runs forward and, if `grad_out` is given, backward of
 `(out * grad_out).sum()` (so the output gradient is `grad_out`, a fixed random tensor — not all ones, which
 would hide transposition mistakes).  Each returns plain tensors: the output, the input gradient and this
-rank's parameter gradients (names as in the parallel module), for comparison with the dense oracle.
+rank's parameter gradients (names as in the parallel module), for comparison with the dense oracle, and
+`saved_bytes`: the activation bytes autograd stored for the backward on this rank (every tensor packed by
+`torch.autograd.graph.saved_tensors_hooks`, one count per storage, parameters excluded) — the measured
+counterpart of `formulas.activations`.
 
     results = SimulatedWorld(4).run(mlp_step, dense_mlp, x, grad_out)
     results[r]["out"], results[r]["grad_x"], results[r]["grads"]["fc1.weight"]   # rank r's slice
@@ -28,13 +31,24 @@ def _step(
     module: torch.nn.Module, x: torch.Tensor, grad_out: torch.Tensor | None, input_grad: bool = True
 ) -> dict[str, Any]:
     x = x.detach().clone().requires_grad_(input_grad and x.is_floating_point())
-    out = module(x)
+    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    saved: dict[int, int] = {}  # storage -> bytes of the activations kept for the backward
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params:
+            saved[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):  # this rank's thread only
+        out = module(x)
     if grad_out is not None:
         (out * grad_out).sum().backward()
     return {
         "out": out.detach(),
         "grad_x": x.grad,
         "grads": {n: p.grad for n, p in module.named_parameters()},
+        "saved_bytes": sum(saved.values()),
     }
 
 
