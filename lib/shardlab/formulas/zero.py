@@ -27,6 +27,8 @@ W·ceil(N/W) so every rank holds an equal shard: waste = W·ceil(N/W) - N < W el
 
 from __future__ import annotations
 
+from shardlab.formulas.common import ceil_div
+
 from typing import NamedTuple
 
 ZERO_K = 12
@@ -82,7 +84,8 @@ def zero_comm(psi: float, n: int, stage: int, exact: bool = False) -> ZeroComm:
 
     Stage 0 all-reduces gradients (2Ψ), stages 1-2 reduce-scatter gradients and all-gather updated
     parameters (Ψ + Ψ), stage 3 all-gathers parameters twice (forward, backward) and reduce-scatters
-    gradients (Ψ + Ψ + Ψ = 3Ψ). ``exact`` multiplies each by (N-1)/N.
+    gradients (Ψ + Ψ + Ψ = 3Ψ; PyTorch FSDP's root unit skips the backward all-gather: 2Ψ for it,
+    ``formulas.fsdp.flat_step_comm(..., root=True)``). ``exact`` multiplies each by (N-1)/N.
     """
     _check(psi, n, stage)
     f = (n - 1) / n if exact else 1.0
@@ -99,7 +102,7 @@ def padded_numel(numel: int, world_size: int) -> int:
         raise ValueError(f"numel={numel!r} must be an integer >= 1")
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size={world_size!r} must be an integer >= 1")
-    return world_size * -(-numel // world_size)
+    return world_size * ceil_div(numel, world_size)
 
 
 def padding_waste(numel: int, world_size: int) -> int:
