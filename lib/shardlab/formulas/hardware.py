@@ -7,7 +7,8 @@ bidirectional ICI bandwidth, slice names, and the public document each number ca
 loads them — it is the one place every notebook, formula and the planner read a chip fact from. HBM comes
 twice: `hbm_bytes` is the capacity as Google publishes it ("32 GB" for v6e, read as GiB) and
 `hbm_usable_bytes` the capacity the XLA:TPU compiler lets one chip's program use (v6e: "31.25G"), measured
-with a compile-only probe; fits / does-not-fit verdicts use the usable figure. A *topology* is a slice name such as "v5e-8" or "v6e-256" resolved to (chip, number of chips).
+with a compile-only probe; fits / does-not-fit verdicts use the usable figure. A *topology* is a slice name
+such as "v5e-8" or "v6e-256" resolved to (chip, number of chips).
 
 Roofline (all per chip, one training step; a lower bound that assumes perfect overlap):
 

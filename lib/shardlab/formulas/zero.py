@@ -27,9 +27,9 @@ W·ceil(N/W) so every rank holds an equal shard: waste = W·ceil(N/W) - N < W el
 
 from __future__ import annotations
 
-from shardlab.formulas.common import ceil_div
-
 from typing import NamedTuple
+
+from shardlab.formulas.common import ceil_div
 
 ZERO_K = 12
 """Optimizer-state bytes per parameter for mixed-precision Adam: fp32 master + momentum + variance."""
