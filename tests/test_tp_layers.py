@@ -7,6 +7,8 @@ then the all-reduce), so results agree to rounding, not bitwise — rtol 1e-10 i
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -122,7 +124,7 @@ def test_vocab_range_is_contiguous_and_covers_uneven_vocab() -> None:
         assert ranges[0][0] == 0 and ranges[-1][1] == vocab
         assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
         sizes = [e - s for s, e in ranges]
-        assert max(sizes) - min(sizes) <= 1 and max(sizes) == -(-vocab // p)
+        assert max(sizes) - min(sizes) <= 1 and max(sizes) == math.ceil(vocab / p)
     assert vocab_range(10, 2, 4) == (6, 8)  # sizes 3, 3, 2, 2
     with pytest.raises(ValueError, match="vocab=3 is smaller than tp=4"):
         vocab_range(3, 0, 4)

@@ -86,9 +86,6 @@ class Ledger:
     def append(self, entry: LedgerEntry) -> None:
         self.entries.append(entry)
 
-    def clear(self) -> None:
-        self.entries.clear()
-
     def select(self, op: str | None = None, phase: str | None = None, tag: str | None = None) -> Ledger:
         for name, value, allowed in (("op", op, OPS), ("phase", phase, PHASES)):
             if value is not None and value not in allowed:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from shardlab.formulas.hardware import topologies
 from shardlab.planner import MODEL_PRESETS, Plan, PlanConfig, model_from, plan
 
 GB = 1e9
@@ -72,8 +73,6 @@ class PlannerExplorer:
 
     def __init__(self, initial: PlanConfig) -> None:
         import ipywidgets as w
-
-        from shardlab.formulas.hardware import topologies
 
         self.custom = None if isinstance(initial.model, str) else model_from(initial.model)
         model = initial.model if self.custom is None else self.custom.name
