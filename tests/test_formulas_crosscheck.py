@@ -240,7 +240,7 @@ def test_06_stacked_gradient_bytes_1d_vs_2d(xla_world):
     from shardlab.xla_scan import model as M
 
     p = notebook_defaults("06_scan_shard_as")
-    try:  # shard_as (every SPMD scan backward) needs jax + torchax (+ flax), xla-notes.md
+    try:  # shard_as (every SPMD scan backward) needs jax + torchax (+ flax)
         X.require_shard_as_deps()
     except RuntimeError as e:
         pytest.skip(f"scan backward dependencies missing: {e}")

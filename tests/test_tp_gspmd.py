@@ -71,7 +71,7 @@ def test_embedding_and_cross_entropy_hlo(xla, tp: int, vocab: int) -> None:
     dense = torch.nn.Embedding(vocab, H)
     ids = torch.randint(0, vocab, (B, S))
     emb = torch.nn.Embedding(vocab, H)
-    emb.load_state_dict(dense.state_dict())  # on CPU, then to the device, then shard (xla-notes.md)
+    emb.load_state_dict(dense.state_dict())  # on CPU, then to the device, then shard (device-side RNG breaks lowering)
     emb = gspmd.shard_embedding(emb.to(dev), mesh)
     cap = capture_hlo(lambda: emb(ids.to(dev)))
     assert _all_reduces(cap.module, tp) == ftp.embedding_all_reduce(B, S, H, tp)

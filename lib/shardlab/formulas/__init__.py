@@ -5,7 +5,7 @@ term next to its measured counterpart (ledger, HLO). Units are bytes, FLOPs, ele
 
 Submodules and what they predict:
 
-    common       dtype sizes; payload vs ring-wire bytes of each collective (design.md "Bytes")
+    common       dtype sizes; payload vs ring-wire bytes of each collective
     blocks       block-matrix partitioning algebra: shard shapes and which blocks each device holds
     tp           Megatron tensor parallelism: the f / g collectives of column- and row-parallel layers,
                  MLP / attention / vocab-parallel embedding + cross-entropy communication per step

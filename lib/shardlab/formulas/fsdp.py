@@ -17,7 +17,7 @@ every other unit two. A model wrapped as one unit is the root: one all-gather an
 
 b = bytes per element. With W = 1 nothing is sharded and the step issues no collective (counts 0; the
 ledger records none and the partitioner emits none). "Payload" is what one rank hands to the collective
-(design.md "Bytes"); the ring model puts (W-1)·c·b on the wire per all-gather and (W-1)/W·P·b per
+(``formulas.common``); the ring model puts (W-1)·c·b on the wire per all-gather and (W-1)/W·P·b per
 reduce-scatter, 3·(W-1)·c·b per step in total = the ZeRO-3 "3Ψ" (``formulas.zero.zero_comm``) with Ψ = P.
 
 Per-parameter FSDP (FSDP2 ``fully_shard``, GSPMD ``mark_sharding`` on dim 0): parameter p of shape

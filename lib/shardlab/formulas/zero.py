@@ -19,7 +19,7 @@ Communication per step, in parameter *elements* per rank (section 7): plain DP a
 gradients = reduce-scatter Ψ + all-gather Ψ = 2Ψ; ZeRO-1/2 the same 2Ψ; ZeRO-3 adds one more
 all-gather of the parameters (forward and backward each gather, gradients are reduce-scattered) = 3Ψ.
 The paper quotes the bandwidth-optimal ring volumes rounded up ((N-1)/N ≈ 1); ``exact=True`` keeps the
-(N-1)/N factor (design.md "Bytes": wire bytes of the ring model).
+(N-1)/N factor (the wire bytes of the ring model, ``formulas.common.wire_bytes``).
 
 Padding waste of a flat parameter (FSDP1 / ZeRO-3 flat buffers): the numel N is padded to
 W·ceil(N/W) so every rank holds an equal shard: waste = W·ceil(N/W) - N < W elements.

@@ -180,7 +180,7 @@ def gspmd_step(cfg: TrainConfig, world_size: int, wrapper: str = "mark_sharding"
     mesh = runtime.mesh((world_size, n // world_size), ("fsdp", "replica"))
     dev = runtime.device()
     model = make_model(cfg)
-    model = model.to(dev)  # CPU-initialised, then moved, then sharded (xla-notes.md)
+    model = model.to(dev)  # CPU-initialised, then moved, then sharded (device-side RNG before a sync breaks lowering)
     if wrapper == "torch_xla_fsdpv2":
         from torch_xla.experimental.spmd_fully_sharded_data_parallel import SpmdFullyShardedDataParallel as FSDPv2
 

@@ -14,7 +14,7 @@ The text is parsed in three passes:
 3. collect collectives with per-device operand/result bytes and explicit replica groups (the iota form
    ``[G,S]<=[d0,d1]T(1,0)`` is expanded).
 
-On CPU, XLA lowers a reduce-scatter to ``all-reduce`` followed by ``dynamic-slice`` (xla-notes.md); such an
+On CPU, XLA lowers a reduce-scatter to ``all-reduce`` followed by ``dynamic-slice`` (no reduce-scatter); such an
 all-reduce is flagged ``feeds_dynamic_slice`` so callers can count the pair as the reduce-scatter the formula
 predicts.
 

@@ -16,7 +16,7 @@ ends with the same per-token losses.  The backward needs no communication:
     d loss / d z_j = softmax_j - (1 - eps) [j == t] - eps / V
 
 (Megatron-LM's label smoothing uses the local vocab size and a local mean, so its losses differ by rank at
-tp > 1 — upstream issue 737; this module keeps torch's global V.)
+tp > 1 — NVIDIA/Megatron-LM GitHub issue #737; this module keeps torch's global V.)
 
 The baseline it is compared with, `gathered_cross_entropy`, all-gathers the logits (payload b*s*ceil(V/p)
 per rank: all-gather needs equal shards, so uneven shards are padded) and calls F.cross_entropy.

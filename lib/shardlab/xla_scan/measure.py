@@ -107,7 +107,7 @@ def _prepare(cfg: M.StackConfig, mode: str, mesh: Any, seed: int) -> tuple[torch
 
     model = M.build(mode, M.init_weights(cfg, seed), annotate=S.annotator(mesh), device=runtime.device())
     S.shard_model(model, mesh)
-    x = M.init_input(cfg, seed).to(runtime.device())  # CPU -> device, then mark (xla-notes.md)
+    x = M.init_input(cfg, seed).to(runtime.device())  # CPU -> device, then mark (device RNG breaks lowering)
     S.shard_input(x, mesh)
     x.requires_grad_(True)
     xm.wait_device_ops()
