@@ -130,7 +130,7 @@ def test_viz_headless():
 
     p = P.plan(P.PlanConfig("llama-3-8b", "v6e-8"))
     fig = memory_figure([p, p])
-    assert [t.name for t in fig.data] == [*CATEGORY_ORDER, "HBM per chip"]
+    assert [t.name for t in fig.data] == [*CATEGORY_ORDER, "usable HBM per chip"]
     assert sum(t.y[0] for t in fig.data[:-1]) == pytest.approx(p.memory_total / 1e9)
     assert summary_frame(p)["verdict"][0] == p.verdict
     ex = PlannerExplorer(P.PlanConfig("llama-3-8b", "v6e-8"))

@@ -34,7 +34,7 @@ import torch
 from shardlab import models, runtime
 from shardlab.formulas import tp as ftp
 from shardlab.formulas.common import dtype_bytes
-from shardlab.profile import Recorder, capture_hlo
+from shardlab.profile import Recorder, agree_payload, capture_hlo
 from shardlab.tp.params import check_tp_params
 
 # Validate every parameter before any XLA work (errors name the parameter and the rule).
@@ -178,7 +178,7 @@ rec.check("mlp.hlo.group_size", all(c.group_size == tp for cap in (cap_fwd, cap_
 for phase, f, led, cap in (("fwd", f_fwd, ledger_fwd, cap_fwd), ("fwd_bwd", f_fb, ledger_fb, cap_fb)):
     rec.agree(f"mlp.{phase}.all_reduce.count", "count", formula=f["count"], ledger=led.count("all_reduce"),
               hlo=cap.module.count("all-reduce"))
-    gspmd.agree_payload(rec, f"mlp.{phase}.all_reduce.bytes", f["bytes"], led.payload_bytes("all_reduce"),
+    agree_payload(rec, f"mlp.{phase}.all_reduce.bytes", f["bytes"], led.payload_bytes("all_reduce"),
                         cap.module, "all-reduce", dtype)
 rec.check("mlp.hlo.no_other_collectives", cap_fb.module.count("all-gather") == 0, "only all-reduces")
 rec.measure("mlp.fwd_bwd.compile_s", cap_fb.metrics.compile_s, "s", "metrics", kind="timing")
@@ -206,8 +206,10 @@ if seq % tp == 0:
     rec.agree("mlp.sp.reduce_scatter.bytes", "bytes", formula=f_sp["reduce_scatter.bytes"],
               ledger=led_sp.payload_bytes("reduce_scatter"))
     rec.agree("mlp.sp.wire_bytes", "bytes", formula=f_sp["wire_bytes"], ledger=led_sp.wire_bytes())
-    rec.check("mlp.sp.same_wire_as_all_reduce", abs(led_sp.wire_bytes() - ledger_fb.wire_bytes()) < 1e-6,
-              f"{led_sp.wire_bytes()} vs {ledger_fb.wire_bytes()}")
+    regather = f_sp["wire_bytes"] - f_sp["all_reduce_wire_bytes"]  # the backward re-gather of the s/p shard
+    rec.check("mlp.sp.wire_is_all_reduce_plus_regather",
+              abs(led_sp.wire_bytes() - (ledger_fb.wire_bytes() + regather)) < 1e-6,
+              f"{led_sp.wire_bytes()} vs {ledger_fb.wire_bytes()} + {regather}")
     vtp.ledger_timeline(led_sp, "sequence-parallel MLP: all-gather / reduce-scatter").show()
 else:
     print(f"seq={seq} is not divisible by tp={tp}: sequence parallelism skipped")
