@@ -165,3 +165,10 @@ def test_embedding_rejects_ids_outside_vocab() -> None:
     dense = nn.Embedding(10, H)
     with pytest.raises(Exception, match=r"token ids \[10\] are outside \[0, vocab=10\)"):
         SimulatedWorld(2).run(embedding_step, dense, torch.tensor([[1, 10]]))
+
+
+def test_sequence_parallel_rejects_an_uneven_sequence() -> None:
+    dense = models.MLP(H, FFN)
+    x = torch.randn(B, 6, H)  # 6 tokens over tp = 4
+    with pytest.raises(Exception, match=r"seq=6 is not divisible by tp=4"):
+        SimulatedWorld(4).run(mlp_step, dense, x, None, sequence_parallel=True)

@@ -402,7 +402,7 @@ assert plan_flat_shards_for(make_model(TrainConfig(layer_sizes=(30, 50, 10))), 8
 assert zero_memory(7.5e9, 64, 3).total / 1e9 == ans3
 assert max((padding_waste(2060, w), w) for w in range(1, 17))[::-1] == ans4
 wire = f.wire_bytes(world_size)
-ans5 = 2 * (world_size - 1) * c * b + (world_size - 1) / world_size * c * world_size * b  # 0 for W = 1
+ans5 = (world_size - 1) * c * b + (world_size - 1) / world_size * c * world_size * b  # root: 1 all-gather
 assert abs(sum(e.wire_bytes for e in one_step) - ans5) < 1e-6 and abs(wire - ans5) < 1e-6
 rec.check("fsdp.exercises", True, "all answers asserted")
 print("exercise answers:", ans1, ans2, ans3, ans4, ans5)

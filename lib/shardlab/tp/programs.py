@@ -67,6 +67,9 @@ def mlp_step(
 ) -> dict[str, Any]:
     """x: [b, s, h] (full; sliced along seq here when sequence_parallel)."""
     mlp = ParallelMLP.from_dense(dense, comm, sequence_parallel=sequence_parallel)
+    if sequence_parallel and x.shape[1] % comm.world_size:
+        raise ValueError(f"seq={x.shape[1]} is not divisible by tp={comm.world_size} (sequence parallelism gives "
+                         "every rank an equal slice of the sequence)")
     if sequence_parallel:
         x = x.chunk(comm.world_size, dim=1)[comm.rank]  # [b, s, h] -> [b, s/p, h]
         if grad_out is not None:
