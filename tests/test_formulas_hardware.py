@@ -98,3 +98,15 @@ def test_hardware_dir_override(tmp_path, monkeypatch):
         monkeypatch.delenv("SHARDLAB_HARDWARE_DIR")
         H.chips.cache_clear()
     assert "v5e" in H.chips()
+
+
+def test_every_user_reads_hbm_from_the_profiles():
+    """One fact, one place: the planner's verdicts and the scan seed case use data/hardware's usable HBM."""
+    from shardlab import planner as P
+    from shardlab.formulas.scan import seed_case
+
+    v6e = H.chip("v6e")
+    assert P.plan(P.PlanConfig("llama-3-8b", "v6e-8")).hbm_bytes == v6e.hbm_usable_bytes
+    c = seed_case()
+    assert c.hbm_usable_bytes == v6e.hbm_usable_bytes
+    assert c.one_d_fraction_of_hbm == c.one_d_per_chip_bytes / v6e.hbm_usable_bytes
