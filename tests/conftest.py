@@ -26,7 +26,7 @@ os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Set the XLA world up before any test runs (added by the FSDP helper; additive).
+    """Set the XLA world up before any test runs (the FSDP tests need it).
 
     The autograd engine sizes its per-device ready queues at the FIRST backward of a process. A CPU backward
     before torch_xla has registered its device (test_comm, test_tp_*, test_fsdp_unit ...) makes every later

@@ -1,4 +1,4 @@
-"""shardlab.comm: collectives checked with `ones * rank` arithmetic, ledger rows checked against the design.md
+"""shardlab.comm: collectives checked with `ones * rank` arithmetic, ledger rows checked against the suite's
 byte rules written out independently here, autograd through per-rank threads, and gloo vs simulated."""
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def test_reduce_scatter_gives_each_rank_its_chunk_of_the_sum(w: int) -> None:
     for r, out in enumerate(outs):
         assert torch.equal(out, full[2 * r : 2 * r + 2])
     (e,) = world.ledger
-    assert e.payload_bytes == 2 * w * F32  # the full input (design.md)
+    assert e.payload_bytes == 2 * w * F32  # the full input (payload convention)
     assert e.wire_bytes == pytest.approx((w - 1) / w * 2 * w * F32)
 
 

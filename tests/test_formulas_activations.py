@@ -6,6 +6,7 @@ per-term implementation must add up to them exactly (integer arithmetic in float
 """
 
 import pytest
+import torch
 
 from shardlab.formulas import activations as A
 
@@ -57,3 +58,76 @@ def test_bad_input_names_values():
         A.activation_bytes_per_layer(2048, 1, 12288, 96, tp=5)
     with pytest.raises(ValueError, match="recompute='some'"):
         A.activation_bytes_per_layer(2048, 1, 12288, 96, recompute="some")
+
+
+class _RMSNorm(torch.autograd.Function):
+    """A fused RMSNorm: keeps its input and the per-token rstd (fp32 [b, s, 1]) for the backward, as fused
+    kernels do (eager PyTorch's composite rms_norm keeps fp32 copies instead)."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        rstd = x.float().pow(2).mean(-1, keepdim=True).add(1e-5).rsqrt()  # [b, s, 1] fp32
+        ctx.save_for_backward(x, rstd)
+        return (x.float() * rstd).to(x.dtype) * w
+
+    @staticmethod
+    def backward(ctx, g):  # not run here: only what forward stores is measured
+        raise NotImplementedError
+
+
+def _llama_block_saved_bytes(b: int, s: int, h: int, ffn: int, a: int, kv: int) -> tuple[int, int]:
+    """Bytes autograd keeps for one bf16 Llama block (RMSNorm, GQA via SDPA's CPU flash kernel, SwiGLU),
+    parameters excluded, each storage once; and the bytes of the norms' [b, s, 1] statistics among them."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    hd, dt = h // a, torch.bfloat16
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(b, s, h, dtype=dt, generator=g, requires_grad=True)
+    w = {n: nn.Parameter(torch.randn(*shape, generator=g).to(dt) * 0.1) for n, shape in
+         {"q": (h, h), "k": (kv * hd, h), "v": (kv * hd, h), "o": (h, h), "gate": (ffn, h), "up": (ffn, h),
+          "down": (h, ffn), "n1": (h,), "n2": (h,)}.items()}
+    params = {p.untyped_storage().data_ptr() for p in w.values()}
+    saved: dict[int, tuple[int, tuple[int, ...]]] = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in params:
+            saved[t.untyped_storage().data_ptr()] = (t.untyped_storage().nbytes(), tuple(t.shape))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = _RMSNorm.apply(x, w["n1"])
+        q = F.linear(y, w["q"]).view(b, s, a, hd).transpose(1, 2)  # [b, a, s, hd]
+        k = F.linear(y, w["k"]).view(b, s, kv, hd).transpose(1, 2)  # [b, kv, s, hd]
+        v = F.linear(y, w["v"]).view(b, s, kv, hd).transpose(1, 2)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # flash on CPU: O + lse
+        x2 = x + F.linear(o.transpose(1, 2).reshape(b, s, h), w["o"])  # O's layout is [b, s, a, hd]: a view
+        z = _RMSNorm.apply(x2, w["n2"])
+        _ = x2 + F.linear(F.silu(F.linear(z, w["gate"])) * F.linear(z, w["up"]), w["down"])
+    stats = sum(n for n, shape in saved.values() if shape == (b, s, 1))
+    return sum(n for n, _ in saved.values()), stats
+
+
+@pytest.mark.parametrize("b,s,h,ffn,a,kv", [(2, 16, 64, 96, 8, 2), (1, 32, 128, 352, 4, 4), (2, 8, 96, 256, 12, 3)])
+def test_llama_formula_is_what_a_bf16_block_stores(b, s, h, ffn, a, kv):
+    """Oracle: the tensors autograd actually keeps for a bf16 Llama block (GQA + SwiGLU + flash attention)."""
+    measured, norm_stats = _llama_block_saved_bytes(b, s, h, ffn, a, kv)
+    formula = A.llama_activation_bytes_per_layer(s, b, h, ffn, a, kv)
+    assert formula.total == measured - norm_stats  # the formula leaves RMSNorm's 4·sb-byte statistics out
+    assert norm_stats == 2 * 4 * b * s
+    assert formula.attention_core == 4 * a * s * b  # flash keeps only the fp32 log-sum-exp
+    assert A.llama_activation_bytes_per_layer(s, b, h, ffn, a, kv, recompute="selective").total == (
+        formula.total - formula.attention_core)
+
+
+def test_gqa_and_tp_beyond_kv_heads():
+    # Llama 3 70B: 64 heads, 8 KV heads; with tp=16 each rank keeps one (replicated) KV head, not half of one
+    t8 = A.llama_activation_bytes_per_layer(8192, 1, 8192, 28672, 64, 8, tp=8)
+    t16 = A.llama_activation_bytes_per_layer(8192, 1, 8192, 28672, 64, 8, tp=16)
+    kv_bytes = 2 * 2 * 8192 * 128  # K and V, one head of hd = 128, 16-bit
+    q_etc = 2 * 8192 * 8192 * 2 + 8 * 8192 * 28672 + 4 * 64 * 8192  # Q, O, SwiGLU, log-sum-exp: all /t
+    assert t8.total - t16.total == pytest.approx(q_etc / 8 - q_etc / 16)  # K, V: one head per rank either way
+    sh2 = 2 * 8192 * 8192  # one 16-bit [s, h]
+    assert t16.attention - t16.attention_core == sh2 + 2 * sh2 / 16 + kv_bytes  # input; Q, O (/t); one KV head
+    with pytest.raises(ValueError, match="kv_heads=2 and tp=3: one must divide the other"):
+        A.llama_activation_bytes_per_layer(8192, 1, 8190, 28674, 6, 2, tp=3)

@@ -4,9 +4,29 @@ Oracle for the profiles: each JSON carries the public document's own wording ("v
 fields must be the numbers quoted there (guards against typos when the table was transcribed).
 """
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from shardlab.formulas import hardware as H
+
+# What the XLA:TPU compiler reports as one chip's usable HBM, per chip and topology: a compile-only probe whose
+# arguments cannot fit fails with "Ran out of memory in memory space hbm. Used 120.00G of 31.25G hbm".
+_PROBE = """
+import re, jax, jax.numpy as jnp
+from jax.experimental import topologies
+topo = topologies.get_topology_desc({topology!r}, "tpu", **{bounds!r})
+sh = jax.sharding.SingleDeviceSharding(topo.devices[0])
+big = jax.ShapeDtypeStruct((120 * 2**30 // 4,), jnp.float32, sharding=sh)  # 120 GiB: larger than any chip
+try:
+    jax.jit(lambda x: x * 2).lower(big).compile()
+except Exception as e:
+    print(re.search(r"Used [\\d.]+G of ([\\d.]+G) hbm", str(e)).group(1))
+"""
+_TOPOLOGIES = {"v5e": ("v5e:1x1", {"chips_per_host_bounds": (1, 1, 1)}),
+               "v6e": ("v6e:1x1", {"chips_per_host_bounds": (1, 1, 1)}), "v5p": ("v5p:2x2x1", {})}
 
 
 @pytest.mark.parametrize(
@@ -18,9 +38,31 @@ def test_profiles_match_quoted_source(name, tflops, hbm_gb, ici_gbps):
     quoted = " ".join(s["values"] for s in c.sources)
     assert f"{tflops} TFLOPs" in quoted and f"{hbm_gb} GB" in quoted and f"{ici_gbps} GBps" in quoted
     assert c.bf16_peak_flops_per_s == tflops * 1e12
-    assert c.hbm_bytes == hbm_gb * 10**9
+    assert c.hbm_bytes == hbm_gb * 2**30  # the published GB read as GiB (see the usable-capacity test)
     assert c.ici_bandwidth_bytes_per_s == ici_gbps * 1e9
     assert all(s["url"].startswith("https://") for s in c.sources)
+
+
+def test_published_gb_are_gib_because_the_compiler_allows_more_than_gb():
+    for name in ("v5e", "v6e"):
+        c = H.chip(name)
+        published = int(c.sources[0]["values"].split(" GB")[0].split()[-1].rstrip(","))  # "... 32 GB ..."
+        assert published * 10**9 < c.hbm_usable_bytes < c.hbm_bytes == published * 2**30
+
+
+@pytest.mark.parametrize("name", ["v5e", "v6e", "v5p"])
+def test_usable_hbm_is_what_the_tpu_compiler_reports(name):
+    """Oracle: the XLA:TPU compiler itself (compile-only, libtpu); skipped where libtpu is not installed."""
+    pytest.importorskip("libtpu")
+    pytest.importorskip("jax")
+    topology, bounds = _TOPOLOGIES[name]
+    env = {**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1", "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run([sys.executable, "-c", _PROBE.format(topology=topology, bounds=bounds)], env=env,
+                         capture_output=True, text=True, timeout=300)
+    reported = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr[-2000:]
+    c = H.chip(name)
+    assert c.hbm_usable_bytes == round(float(reported.removesuffix("G")) * 2**30), reported
+    assert reported in c.hbm_usable_as_reported
 
 
 def test_topologies():
@@ -56,3 +98,15 @@ def test_hardware_dir_override(tmp_path, monkeypatch):
         monkeypatch.delenv("SHARDLAB_HARDWARE_DIR")
         H.chips.cache_clear()
     assert "v5e" in H.chips()
+
+
+def test_every_user_reads_hbm_from_the_profiles():
+    """One fact, one place: the planner's verdicts and the scan seed case use data/hardware's usable HBM."""
+    from shardlab import planner as P
+    from shardlab.formulas.scan import seed_case
+
+    v6e = H.chip("v6e")
+    assert P.plan(P.PlanConfig("llama-3-8b", "v6e-8")).hbm_bytes == v6e.hbm_usable_bytes
+    c = seed_case()
+    assert c.hbm_usable_bytes == v6e.hbm_usable_bytes
+    assert c.one_d_fraction_of_hbm == c.one_d_per_chip_bytes / v6e.hbm_usable_bytes

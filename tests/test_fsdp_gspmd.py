@@ -7,13 +7,15 @@ On CPU a reduce-scatter is emitted as all-reduce + dynamic-slice; the step count
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch import nn
 
-from shardlab.formulas.fsdp import flat_step_comm
+from shardlab.formulas.fsdp import flat_step_comm, per_param_shard, per_param_step_bytes
 from shardlab.fsdp.flat_param import plan_flat_shards_for
-from shardlab.fsdp.gspmd import gspmd_step, mlp_backward_needed, per_param_shard, per_param_step_bytes
+from shardlab.fsdp.gspmd import gspmd_step, mlp_backward_needed
 from shardlab.fsdp.train import TrainConfig, make_batch, make_model
 
 
@@ -77,6 +79,31 @@ def test_hlo_matches_per_param_formula_small_world(xla_world, world_size) -> Non
     assert step.loss == pytest.approx(float(ref), rel=1e-5)
     for got, p in zip(step.updated, model.parameters(), strict=True):
         assert torch.allclose(got, (p - cfg.lr * p.grad).detach(), rtol=1e-5, atol=1e-6)
+
+
+# Uneven widths chosen so that some output dims d satisfy d <= W // 2 at each W (XLA then unshards with an
+# all-reduce of the full tensor instead of an all-gather of the padded shard), some sit just above it, and
+# d = 1 takes the partitioner's broadcast path. (7, 13, 2) at W = 4 is the notebook case where the old formula
+# said 764 bytes and the HLO 760.
+UNEVEN_SIZES = [(7, 13, 2), (17, 9, 2), (14, 2, 9), (14, 20, 1), (5, 3, 11, 4), (19, 7, 17), (16, 1, 6)]
+
+
+@pytest.mark.xla
+@pytest.mark.parametrize("world_size", [2, 4, 8])
+@pytest.mark.parametrize("layer_sizes", UNEVEN_SIZES)
+def test_uneven_sizes_formula_equals_hlo(xla_world, layer_sizes, world_size) -> None:  # type: ignore[no-untyped-def]
+    """Oracle: the real partitioned CPU HLO of both graphs, every field (bytes and counts per op and phase)."""
+    cfg = TrainConfig(layer_sizes=layer_sizes, batch=8, optimizer="sgd")
+    step = gspmd_step(cfg, world_size)
+    model = make_model(cfg)
+    shapes = [tuple(p.shape) for p in model.parameters()]
+    assert step.measured == per_param_step_bytes(shapes, world_size, mlp_backward_needed(model), elem_bytes=4)
+    assert step.other_all_reduce_bytes == 4  # only the scalar loss mean is left over
+    # independent of the formula code: every collective byte of both graphs is accounted for
+    every = sum(c.operand_bytes for c in step.forward.collectives + step.backward.collectives)
+    assert every == step.measured.total + 4
+    small = [s for s in shapes if s[0] <= world_size // 2]
+    assert step.measured.unshard_all_reduce_forward == 4 * sum(math.prod(s) for s in small)
 
 
 def test_flat_step_comm_single_rank_has_no_collectives() -> None:

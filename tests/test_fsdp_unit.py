@@ -13,17 +13,17 @@ from torch import nn
 
 from shardlab.comm import DistributedWorld, SimulatedWorld
 from shardlab.formulas.fsdp import flat_rank_memory, flat_step_comm
-from shardlab.fsdp.flat_param import plan_flat_shards, plan_flat_shards_for
-from shardlab.fsdp.train import TrainConfig, fsdp_rank_program, make_model, reference_train
-from shardlab.fsdp.unit import FlatUnit, unflatten
+from shardlab.fsdp.flat_param import module_params, plan_flat_shards, plan_flat_shards_for
+from shardlab.fsdp.train import TrainConfig, fsdp_rank_program, gather_params, make_model, reference_train, unit_plans
+from shardlab.fsdp.unit import FlatUnit
 
 
 def _parity(results, cfg: TrainConfig, world_size: int) -> None:
-    plan = plan_flat_shards_for(make_model(cfg), world_size, use_orig_params=cfg.use_orig_params)
-    ours = unflatten(plan, [r.shard for r in results], results[0].shapes)
+    ours = gather_params(cfg, results)
     ref, ref_losses = reference_train(cfg)
     assert len(ours) == len(ref)
-    for name, a, b in zip(results[0].names, ours, ref, strict=True):
+    names = [n for n, _ in module_params(make_model(cfg))]
+    for name, a, b in zip(names, ours, ref, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=f"{name} differs")
     # the mean of the per-rank losses of step 0 is the full-batch loss (same parameters before any update)
     assert sum(r.losses[0] for r in results) / world_size == pytest.approx(ref_losses[0], rel=1e-5)
@@ -33,11 +33,13 @@ def _parity(results, cfg: TrainConfig, world_size: int) -> None:
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
-@pytest.mark.parametrize(("optimizer", "use_orig_params", "tied"),
-                         [("sgd", False, False), ("adam", False, True), ("adam", True, False), ("sgd", True, True)])
-def test_parity_with_unsharded_training(world_size: int, optimizer: str, use_orig_params: bool, tied: bool) -> None:
+@pytest.mark.parametrize(("optimizer", "use_orig_params", "tied", "nested"),
+                         [("sgd", False, False, False), ("adam", False, True, False), ("adam", True, False, False),
+                          ("sgd", True, True, False), ("adam", False, False, True), ("sgd", True, False, True)])
+def test_parity_with_unsharded_training(world_size: int, optimizer: str, use_orig_params: bool, tied: bool,
+                                        nested: bool) -> None:
     cfg = TrainConfig(layer_sizes=(5, 7, 5), batch=12, steps=3, optimizer=optimizer,
-                      use_orig_params=use_orig_params, tied=tied)
+                      use_orig_params=use_orig_params, tied=tied, nested=nested)
     world = SimulatedWorld(world_size)
     _parity(world.run(fsdp_rank_program, cfg), cfg, world_size)
 
@@ -48,11 +50,11 @@ def test_ledger_and_memory_match_formula(world_size: int) -> None:
     world = SimulatedWorld(world_size)
     results = world.run(fsdp_rank_program, cfg)
     plan = plan_flat_shards_for(make_model(cfg), world_size)
-    f = flat_step_comm(plan.flat_numel, world_size, elem_bytes=4)
+    f = flat_step_comm(plan.flat_numel, world_size, elem_bytes=4, root=True)
     led = world.ledger
-    # per step: forward all-gather, backward all-gather, backward reduce-scatter, in that order
-    assert [(e.op, e.phase) for e in led] == [("all_gather", "forward"), ("all_gather", "backward"),
-                                             ("reduce_scatter", "backward")] * cfg.steps
+    # per step of a model that is one (root) unit: forward all-gather, backward reduce-scatter — the root is not
+    # resharded after forward, so no backward all-gather (PyTorch's rule; test_fsdp_torch compares with it)
+    assert [(e.op, e.phase) for e in led] == [("all_gather", "forward"), ("reduce_scatter", "backward")] * cfg.steps
     assert led.payload_bytes("all_gather") == f.all_gather_bytes * cfg.steps
     assert led.payload_bytes("reduce_scatter") == f.reduce_scatter_bytes * cfg.steps
     assert all(e.payload_bytes == f.all_gather_payload_bytes for e in led.select("all_gather"))
@@ -65,18 +67,42 @@ def test_ledger_and_memory_match_formula(world_size: int) -> None:
         assert r.peak_unsharded_bytes == mem.unsharded_param + mem.unsharded_grad
 
 
-def test_unsharded_copy_is_freed_between_forward_and_backward() -> None:
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_nested_units_ledger_match_formula(world_size: int) -> None:
+    """Inner unit (first Linear, non-root): all-gather in forward AND backward; root: forward only."""
+    cfg = TrainConfig(layer_sizes=(6, 9, 3), batch=12, steps=2, optimizer="sgd", nested=True)
+    world = SimulatedWorld(world_size)
+    world.run(fsdp_rank_program, cfg)
+    plans = unit_plans(cfg, world_size)
+    root = flat_step_comm(plans[""].flat_numel, world_size, root=True)
+    inner = flat_step_comm(plans["0"].flat_numel, world_size)
+    led = world.ledger
+    assert led.count("all_gather") == (root.all_gather_count + inner.all_gather_count) * cfg.steps == 3 * cfg.steps
+    assert led.payload_bytes() == (root.all_gather_bytes + root.reduce_scatter_bytes + inner.all_gather_bytes
+                                   + inner.reduce_scatter_bytes) * cfg.steps
+    assert [(e.op, e.phase, e.payload_bytes) for e in led][:5] == [
+        ("all_gather", "forward", root.all_gather_payload_bytes),  # the root unshards first (outermost forward)
+        ("all_gather", "forward", inner.all_gather_payload_bytes),
+        ("all_gather", "backward", inner.all_gather_payload_bytes),  # only the inner unit was resharded
+        ("reduce_scatter", "backward", inner.reduce_scatter_payload_bytes),
+        ("reduce_scatter", "backward", root.reduce_scatter_payload_bytes),
+    ]
+
+
+@pytest.mark.parametrize(("reshard", "expect_after_forward"), [(None, "kept"), (True, "freed")])
+def test_root_keeps_the_unsharded_copy_from_forward_to_backward(reshard, expect_after_forward) -> None:
     cfg = TrainConfig(layer_sizes=(4, 6, 2), batch=4)
 
     def program(comm):
-        unit = FlatUnit(make_model(cfg), comm)
+        unit = FlatUnit(make_model(cfg), comm, reshard_after_forward=reshard)
         out = unit(torch.randn(2, 4))
         after_forward = unit._full.untyped_storage().nbytes()
         out.sum().backward()
-        return after_forward, unit._full.untyped_storage().nbytes(), unit.shard.grad is not None
+        return unit.is_root, after_forward, unit._full.untyped_storage().nbytes(), unit.shard.grad is not None
 
-    for after_fwd, after_bwd, has_grad in SimulatedWorld(2).run(program):
-        assert (after_fwd, after_bwd, has_grad) == (0, 0, True)
+    for is_root, after_fwd, after_bwd, has_grad in SimulatedWorld(2).run(program):
+        assert is_root and (after_bwd, has_grad) == (0, True)  # always freed after backward
+        assert (after_fwd > 0) == (expect_after_forward == "kept")
 
 
 def test_gloo_matches_simulated_and_oracle() -> None:

@@ -1,4 +1,4 @@
-"""The notebooks in a real JupyterLab, driven by headless Chromium (issue 6, item 4).
+"""The notebooks in a real JupyterLab, driven by headless Chromium.
 
 What a learner sees is not what papermill sees: widgets and plotly figures are drawn by JupyterLab
 extensions in the browser. This test starts JupyterLab on 127.0.0.1 with a random token in a temporary

@@ -1,5 +1,5 @@
 """Notebook 07 through papermill with small parameters: every in-notebook check passes and the record holds
-the measurement names issue 7 requires, with the published values where the issue names them.
+the measurement names the planner notebook promises, with the published values where it names them.
 
 Oracles for the asserted values: ZeRO Figure 1 (7.5B, 64 devices: 120 / 31.4 / 16.6 / 1.9 GB after
 rounding) and pytorch/xla#8883 (per-device stacked gradient [126, 4K, 16K], bf16).

@@ -1,6 +1,6 @@
 """Baseline comparison on hand-made records (no notebooks, no XLA).
 
-The oracle is the rule itself, stated in issue 6: a changed structural value is a regression whatever its
+The oracle is the rule itself, stated for the report: a changed structural value is a regression whatever its
 size; a timing inside the band derived from the baseline's spread is not flagged; new and missing rows are
 listed. Records are written by hand so nothing here comes from the code under test.
 """

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from shardlab.comm import SimulatedWorld
-from shardlab.tp import vocab_parallel_cross_entropy, vocab_range
+from shardlab.tp import gathered_cross_entropy, vocab_parallel_cross_entropy, vocab_range
 from shardlab.tp.programs import ce_step
 
 B, S = 2, 5
@@ -75,7 +75,7 @@ def test_communicates_b_times_s_values_only(eps: float, count: int) -> None:
 
     world.run(ce_step, logits, target, "gather", eps)
     (ag,) = world.ledger
-    assert (ag.op, ag.shape) == ("all_gather", (B, S, -(-vocab // tp)))  # padded to ceil(V/p) = 13
+    assert (ag.op, ag.shape) == ("all_gather", (B, S, 13))  # padded to ceil(50/4) = 13
 
 
 def test_bad_input_names_the_values() -> None:
@@ -92,3 +92,28 @@ def test_bad_input_names_the_values() -> None:
         SimulatedWorld(2).run(wrong_shard)
     with pytest.raises(Exception, match="label_smoothing=1.5"):
         SimulatedWorld(2).run(ce_step, logits, target, "vocab_parallel", 1.5)
+
+
+def _uneven_call(comm, logits, target, fn, vocab):
+    """One rank of a caller that slices its own shard of an uneven vocab and may omit `vocab=`."""
+    start, end = vocab_range(logits.shape[-1], comm.rank, comm.world_size)
+    kw = {} if vocab is None else {"vocab": vocab}
+    return fn(logits[..., start:end], target, comm, 0.1, -100, **kw)
+
+
+@pytest.mark.parametrize("fn", [vocab_parallel_cross_entropy, gathered_cross_entropy])
+def test_uneven_vocab_1003_over_4_never_silently_wrong(fn) -> None:
+    """V = 1003 over tp = 4 (shards 251/251/251/250), label smoothing 0.1, ignore_index -100.
+
+    Oracle: torch's dense F.cross_entropy on the full logits. With vocab= every rank matches it; without, no rank
+    can know V from its own width (ranks 0-2 would guess 1004, rank 3 1000), so the call must be rejected — before
+    the fix it returned losses off by up to 0.6 nats and different on rank 3."""
+    vocab, tp = 1003, 4
+    logits, target = make(vocab, seed=7)
+    target[0, 2] = -100
+    loss, _ = oracle(logits, target, eps=0.1, ignore=-100)
+    res = SimulatedWorld(tp).run(_uneven_call, logits, target, fn, vocab)
+    for r in res:
+        torch.testing.assert_close(r, loss, **TOL)
+    with pytest.raises(Exception, match=r"vocab= \(the global vocabulary size\) is required: rank \d holds 25[01]"):
+        SimulatedWorld(tp).run(_uneven_call, logits, target, fn, None)

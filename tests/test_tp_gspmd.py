@@ -71,7 +71,7 @@ def test_embedding_and_cross_entropy_hlo(xla, tp: int, vocab: int) -> None:
     dense = torch.nn.Embedding(vocab, H)
     ids = torch.randint(0, vocab, (B, S))
     emb = torch.nn.Embedding(vocab, H)
-    emb.load_state_dict(dense.state_dict())  # on CPU, then to the device, then shard (xla-notes.md)
+    emb.load_state_dict(dense.state_dict())  # on CPU, then to the device, then shard (device-side RNG breaks lowering)
     emb = gspmd.shard_embedding(emb.to(dev), mesh)
     cap = capture_hlo(lambda: emb(ids.to(dev)))
     assert _all_reduces(cap.module, tp) == ftp.embedding_all_reduce(B, S, H, tp)
@@ -102,15 +102,15 @@ def test_bf16_collectives_run_in_f32_on_cpu_and_are_compared_on_elements(xla) ->
     """Observed on torch_xla 2.9 CPU: a bf16 MLP's all-reduce is emitted in f32 (twice the bf16 payload).
     agree_payload must record that HLO byte count honestly and agree on elements."""
     dev, capture_hlo, gspmd = xla
-    from shardlab.profile import Recorder
+    from shardlab.profile import Recorder, agree_payload
 
     mlp = gspmd.shard_mlp(models.MLP(H, FFN).to(torch.bfloat16).to(dev), gspmd.tensor_mesh(4))
     cap = capture_hlo(gspmd.step, mlp, torch.randn(B, S, H).to(torch.bfloat16).to(dev))
     (ar,) = [c for c in cap.module.collectives if c.op == "all-reduce"]
     f = ftp.mlp_all_reduce(B, S, H, 4, "bf16")
     rec = Recorder("test_bf16")
-    gspmd.agree_payload(rec, "mlp.fwd.all_reduce.bytes", f["bytes"], f["bytes"], cap.module, "all-reduce",
-                        "bfloat16")
+    agree_payload(rec, "mlp.fwd.all_reduce.bytes", f["bytes"], f["bytes"], cap.module, "all-reduce",
+                  "bfloat16")
     if ar.dtype == "bf16":  # a backend that reduces in bf16: plain byte agreement
         assert rec.values("mlp.fwd.all_reduce.bytes") == dict.fromkeys(("formula", "ledger", "hlo"), f["bytes"])
     else:

@@ -7,12 +7,15 @@ then the all-reduce), so results agree to rounding, not bitwise — rtol 1e-10 i
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch import nn
 
 from shardlab import models
 from shardlab.comm import SimulatedWorld
+from shardlab.formulas.activations import mlp_activation_bytes
 from shardlab.tp import ColumnParallelLinear, ParallelAttention, ParallelMLP, RowParallelLinear, vocab_range
 from shardlab.tp.programs import attention_step, embedding_step, mlp_step
 
@@ -68,6 +71,22 @@ def test_sequence_parallel_mlp_matches_dense(tp: int, data) -> None:
     close(sum(rr["grads"]["fc2.bias"] for rr in res), grads["fc2.bias"])
 
 
+@pytest.mark.parametrize("tp", [2, 4])
+def test_sequence_parallel_mlp_stores_the_input_shard(tp: int, data) -> None:
+    """Activation memory, measured (saved_tensors_hooks) vs formulas.activations.mlp_activation_bytes: with SP
+    the MLP keeps its [b, s/p, h] input shard (re-gathered in the backward), not the gathered [b, s, h]."""
+    x, go = data
+    dense = models.MLP(H, FFN).double()
+    plain = SimulatedWorld(tp).run(mlp_step, dense, x, go)
+    sp = SimulatedWorld(tp).run(mlp_step, dense, x, go, sequence_parallel=True)
+    e = 8  # float64
+    for r in range(tp):
+        assert plain[r]["saved_bytes"] == mlp_activation_bytes(S, B, H, FFN, tp, act_bytes=e)
+        assert sp[r]["saved_bytes"] == mlp_activation_bytes(S, B, H, FFN, tp, sequence_parallel=True, act_bytes=e)
+        # by hand: input B·S·H (SP: /tp) + GeLU input and fc2 input B·S·FFN/tp each
+        assert plain[r]["saved_bytes"] - sp[r]["saved_bytes"] == e * B * S * H * (tp - 1) // tp
+
+
 @pytest.mark.parametrize("tp", [1, 2, 4])
 def test_parallel_attention_matches_dense(tp: int, data) -> None:
     x, go = data
@@ -105,7 +124,7 @@ def test_vocab_range_is_contiguous_and_covers_uneven_vocab() -> None:
         assert ranges[0][0] == 0 and ranges[-1][1] == vocab
         assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
         sizes = [e - s for s, e in ranges]
-        assert max(sizes) - min(sizes) <= 1 and max(sizes) == -(-vocab // p)
+        assert max(sizes) - min(sizes) <= 1 and max(sizes) == math.ceil(vocab / p)
     assert vocab_range(10, 2, 4) == (6, 8)  # sizes 3, 3, 2, 2
     with pytest.raises(ValueError, match="vocab=3 is smaller than tp=4"):
         vocab_range(3, 0, 4)
@@ -146,3 +165,10 @@ def test_embedding_rejects_ids_outside_vocab() -> None:
     dense = nn.Embedding(10, H)
     with pytest.raises(Exception, match=r"token ids \[10\] are outside \[0, vocab=10\)"):
         SimulatedWorld(2).run(embedding_step, dense, torch.tensor([[1, 10]]))
+
+
+def test_sequence_parallel_rejects_an_uneven_sequence() -> None:
+    dense = models.MLP(H, FFN)
+    x = torch.randn(B, 6, H)  # 6 tokens over tp = 4
+    with pytest.raises(Exception, match=r"seq=6 is not divisible by tp=4"):
+        SimulatedWorld(4).run(mlp_step, dense, x, None, sequence_parallel=True)

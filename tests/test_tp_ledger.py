@@ -52,6 +52,8 @@ def test_transformer_layer_is_two_plus_two(tp: int) -> None:
 
 @pytest.mark.parametrize("tp", [2, 4])
 def test_sequence_parallel_ledger_matches_formula(tp: int) -> None:
+    """Megatron SP: per linear pair forward all-gather + reduce-scatter, backward all-gather (output grad),
+    re-gather of the saved input shard, reduce-scatter (input grad)."""
     x, go = _x()
     world = SimulatedWorld(tp)
     world.run(mlp_step, models.MLP(H, FFN), x, go, sequence_parallel=True)
@@ -60,11 +62,20 @@ def test_sequence_parallel_ledger_matches_formula(tp: int) -> None:
     assert led.count("all_reduce") == 0
     for op in ("all_gather", "reduce_scatter"):
         assert led.count(op) == want[f"{op}.count"] and led.payload_bytes(op) == want[f"{op}.bytes"]
+    assert led.count("all_gather", "backward", tag="sp.regather") == want["all_gather.regather.count"] == 1
     assert led.wire_bytes() == pytest.approx(want["wire_bytes"])
-    # same wire bytes as the non-sequence-parallel MLP's two all-reduces
+    # program order (rank arithmetic, not the formula): what Megatron's SP linear pair issues
+    assert [(e.phase, e.op, e.tag) for e in led] == [
+        ("forward", "all_gather", "sp.gather"), ("forward", "reduce_scatter", "sp.reduce_scatter"),
+        ("backward", "all_gather", "sp.reduce_scatter"), ("backward", "all_gather", "sp.regather"),
+        ("backward", "reduce_scatter", "sp.gather"),
+    ]
+    # the plain TP MLP's two all-reduces move (p-1)/p·bsh·e less on the wire: exactly one all-gather of the shard
     plain = SimulatedWorld(tp)
     plain.run(mlp_step, models.MLP(H, FFN), x, go)
-    assert led.wire_bytes() == pytest.approx(plain.ledger.wire_bytes()) == pytest.approx(want["all_reduce_wire_bytes"])
+    full = B * S * H * 4
+    assert plain.ledger.wire_bytes() == pytest.approx(want["all_reduce_wire_bytes"])
+    assert led.wire_bytes() - plain.ledger.wire_bytes() == pytest.approx((tp - 1) * full / tp)
 
 
 @pytest.mark.parametrize("tp,vocab", [(2, 50), (4, 50), (4, 53)])

@@ -65,7 +65,7 @@ def test_block_trace_transfer_terms() -> None:
 @pytest.mark.parametrize("call,match", [
     (lambda: F.stacked_bytes(0, 4, 4, 1, 1), "layers=0"),
     (lambda: F.stacked_bytes(1, 4, 4, 1, 1, sharding="3d"), "sharding='3d'"),
-    (lambda: F.seed_case(fsdp=64, tensor=2), "does not tile 256"),
+    (lambda: F.seed_case(fsdp=64, tensor=2), "does not tile the 256 chips of v6e-256"),
     (lambda: F.shard_as_saving(2, [], 2, 4), "weight_shapes is empty"),
     (lambda: F.block_trace_transfer(8, 8, 0, 4), "hidden=0"),
 ])

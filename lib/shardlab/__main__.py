@@ -1,6 +1,6 @@
 """Command line: ``python -m shardlab report ...`` and ``python -m shardlab sweep ...``.
 
-Exit status (issue 6): 0 all good; 1 a notebook failed (error, timeout, failed check) or a structural value
+Exit status: 0 all good; 1 a notebook failed (error, timeout, failed check) or a structural value
 regressed against the baseline; 2 the runner itself failed (bad input, unusable baseline, internal error).
 
 Examples::

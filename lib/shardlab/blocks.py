@@ -18,7 +18,11 @@ draw them, and its ``result`` equals the dense product (tests compare with ``x @
 Example::
 
     >>> x, W = torch.ones(2, 4), torch.ones(4, 6)
-    >>> row_parallel(x, W, 2).pieces[0]     # x_1 @ W_1: every entry is 2.0, the sum of two of four terms
+    >>> p = row_parallel(x, W, 2)
+    >>> p.partials[0][0][0].unique()     # x_1 @ W_1: every entry sums two of the four products
+    tensor([2.])
+    >>> p.pieces[0][0].unique(), p.result.unique()   # the sum of the partials: the dense product
+    (tensor([4.]), tensor([4.]))
 """
 
 from __future__ import annotations
@@ -50,12 +54,6 @@ def split_cols(a: torch.Tensor, parts: int) -> list[torch.Tensor]:
     """``[A_1 … A_p]``: column blocks of a 2-D tensor."""
     _check_2d(a, "a")
     return list(torch.split(a, split_sizes(a.shape[1], parts, "columns"), dim=1))
-
-
-def split_grid(a: torch.Tensor, grid: tuple[int, int]) -> list[list[torch.Tensor]]:
-    """``A_ij``: a (rows × cols) grid of blocks; ``result[i][j]``."""
-    r, c = grid
-    return [split_cols(block, c) for block in split_rows(a, r)]
 
 
 @dataclass

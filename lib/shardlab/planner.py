@@ -6,21 +6,26 @@ Design note
 TPU slice with a (data, fsdp, tensor) mesh:
 
     memory per chip   model state (`formulas.memory` -> `formulas.zero`, flat-unit padding), activations
-                      (`formulas.activations`, Korthikanti et al.), logits, the FSDP unit being gathered
+                      (`formulas.activations.block_activation_bytes`: the model's own block — GQA KV heads,
+                      SwiGLU or GeLU, flash attention or stored scores), logits, the FSDP unit being gathered
     comm per step     DP all-reduce over `data`, ZeRO / FSDP all-gather + reduce-scatter over `fsdp`
-                      (`formulas.fsdp.flat_step_comm`, one flat unit per layer), Megatron TP all-reduces
-                      over `tensor` (`formulas.tp`: 4 per layer + embedding / LM head / cross-entropy; SP
-                      swaps each for all-gather + reduce-scatter); payload and ring-wire
-                      bytes per chip (`formulas.common.wire_bytes`)
+                      (`formulas.fsdp.flat_step_comm`: one flat unit per layer, resharded after forward, and
+                      the root unit — embedding, final norm, LM head — which PyTorch FSDP does not reshard
+                      after forward), Megatron TP all-reduces over `tensor` (`formulas.tp`: 4 per layer +
+                      embedding / LM head / cross-entropy; SP swaps each pair for all-gathers + reduce-scatters
+                      and re-gathers each layer input in the backward); payload and ring-wire bytes per chip
+                      (`formulas.common.wire_bytes`)
     FLOPs             `formulas.flops.transformer_flops` (model and hardware FLOPs incl. recompute)
-    time              `formulas.hardware.roofline`: max(compute, comm) per chip; MFU = model FLOPs / (step ·
-                      chips · peak) — an upper bound, since the roofline assumes perfect overlap
-    verdict           fits if the per-chip total is within the chip's HBM, with the reason in words
+    time              `formulas.hardware.roofline`: max(compute, comm) per chip; MFU (`formulas.flops.mfu`)
+                      = model FLOPs / (step · chips · peak) — an upper bound: the roofline assumes overlap
+    verdict           fits if the per-chip total is within the HBM the XLA:TPU compiler lets a program use
+                      (`hbm_usable_bytes` of data/hardware), with the reason in words
 
 Assumptions, stated once: bf16 params/grads + fp32 Adam state (ZeRO's K = 12); Megatron's vocabulary
-padding to a multiple of 128·tensor; activations follow the paper's GPT block (for Llama blocks an
-approximation); with `flash_attention` the 5as²b score term is never stored; logits kept in fp32 for the
-loss; the layer being recomputed under full recompute holds its full activations once.
+padding to a multiple of 128·tensor; 16-bit activations without dropout, per the table in
+`formulas.activations` (flash attention keeps only a log-sum-exp, no s² scores; without it the softmax is
+stored); logits kept in fp32 for the loss; the layer being recomputed under full recompute holds its full
+activations once. `Plan.notes` names the block variant used.
 
 Every bad input raises ValueError naming the values, before any arithmetic:
     >>> plan(PlanConfig("llama-3-8b", "v5e-8", data=2, fsdp=2, tensor=1))
@@ -37,14 +42,13 @@ from shardlab.formulas import activations as act
 from shardlab.formulas import hardware as hw
 from shardlab.formulas import memory as mem
 from shardlab.formulas import tp as tp_f
-from shardlab.formulas.common import dtype_bytes, wire_bytes
-from shardlab.formulas.flops import FlopTerms, transformer_flops
+from shardlab.formulas.common import RECOMPUTE_POLICIES, ceil_div, dtype_bytes, wire_bytes
+from shardlab.formulas.flops import FlopTerms, mfu, transformer_flops
 from shardlab.formulas.fsdp import flat_step_comm
 from shardlab.formulas.zero import zero_comm
 from shardlab.presets import MODEL_PRESETS, ModelConfig, model_from, model_preset
 
-__all__ = ["MODEL_PRESETS", "CommTerm", "ModelConfig", "Plan", "PlanConfig", "StackedGrad", "model_from",
-           "model_preset", "plan", "stacked_grad_case"]
+__all__ = ["MODEL_PRESETS", "CommTerm", "ModelConfig", "Plan", "PlanConfig", "model_from", "model_preset", "plan"]
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,7 @@ class Plan:
     num_params: int
     micro_batch: int  # sequences per data-parallel rank
     memory: dict[str, float]  # per chip, bytes, by category
-    hbm_bytes: int
+    hbm_bytes: int  # per chip: the capacity the XLA:TPU compiler lets a program use (hbm_usable_bytes)
     comm: list[CommTerm]
     flops: FlopTerms
     roofline: hw.Roofline
@@ -139,8 +143,8 @@ def _validate(cfg: PlanConfig, m: ModelConfig, chips: int) -> int:
         raise ValueError(f"global_batch={cfg.global_batch} is not divisible by data × fsdp = {d * f}")
     if cfg.sequence_parallel and cfg.seq % t:
         raise ValueError(f"seq={cfg.seq} is not divisible by tensor={t} (sequence parallelism)")
-    if cfg.recompute not in act.RECOMPUTE_POLICIES:
-        raise ValueError(f"recompute={cfg.recompute!r} is not one of {act.RECOMPUTE_POLICIES}")
+    if cfg.recompute not in RECOMPUTE_POLICIES:
+        raise ValueError(f"recompute={cfg.recompute!r} is not one of {RECOMPUTE_POLICIES}")
     stage = (3 if f > 1 else 0) if cfg.zero_stage is None else cfg.zero_stage
     if stage not in (0, 1, 2, 3):
         raise ValueError(f"zero_stage={stage!r} must be one of 0, 1, 2, 3")
@@ -156,12 +160,13 @@ def _comm_terms(cfg: PlanConfig, m: ModelConfig, pc: mem.ParamCounts, stage: int
     d, f, t = cfg.data, cfg.fsdp, cfg.tensor
     comm: list[CommTerm] = []
     psi_local = pc.total / t
-    if f > 1 and stage == 3:  # FSDP: one flat unit per layer + embedding + head
-        units = (("layer", m.layers, pc.per_layer), ("embedding", 1, pc.embedding),
-                 ("head", 1, pc.lm_head + pc.final_norm))
-        for what, n, numel in units:
-            fc = flat_step_comm(-(-numel // t), f, cfg.param_bytes)
-            comm.append(_term("fsdp", f"param all-gather ({what} unit, fwd+bwd)", "all-gather",
+    if f > 1 and stage == 3:  # FSDP: one flat unit per layer (resharded after forward) + the root unit
+        units = (("layer", m.layers, pc.per_layer, False),
+                 ("root: embedding + final norm + LM head", 1, pc.embedding + pc.final_norm + pc.lm_head, True))
+        for what, n, numel, root in units:
+            fc = flat_step_comm(ceil_div(numel, t), f, cfg.param_bytes, root=root)
+            when = "fwd only: not resharded" if root else "fwd+bwd"
+            comm.append(_term("fsdp", f"param all-gather ({what} unit, {when})", "all-gather",
                               n * fc.all_gather_count, fc.all_gather_payload_bytes, f))
             comm.append(_term("fsdp", f"grad reduce-scatter ({what} unit)", "reduce-scatter",
                               n * fc.reduce_scatter_count, fc.reduce_scatter_payload_bytes, f))
@@ -179,13 +184,17 @@ def _comm_terms(cfg: PlanConfig, m: ModelConfig, pc: mem.ParamCounts, stage: int
     if t > 1:  # Megatron (formulas.tp): g after attention and MLP (fwd, + recompute), f before them (bwd)
         bsh = dict(batch=b, seq=cfg.seq, hidden=m.hidden, tp=t, dtype=cfg.act_dtype)
         x = b * cfg.seq * m.hidden * dtype_bytes(cfg.act_dtype)  # one [b, s, h] activation
-        if cfg.sequence_parallel:  # every f/g pair -> all-gather [b, s/t, h] + reduce-scatter [b, s, h]
-            pairs = 2 * m.layers + (2 * m.layers if cfg.recompute == "full" else 0)  # sublayer fwd passes
-            sp = tp_f.sequence_parallel(**bsh, sublayers=pairs, backward=False)
-            sp_b = tp_f.sequence_parallel(**bsh, sublayers=2 * m.layers, backward=False)  # backward passes
-            n = sp["all_gather.count"] + sp_b["all_gather.count"]
-            comm.append(_term("tensor", "layer all-gathers (SP)", "all-gather", n, x / t, t))
-            comm.append(_term("tensor", "layer reduce-scatters (SP)", "reduce-scatter", n, x, t))
+        if cfg.sequence_parallel:  # Megatron SP: each f/g pair -> all-gathers [b, s/t, h] + reduce-scatters
+            step = tp_f.sequence_parallel(**bsh, sublayers=2 * m.layers, backward=True)  # fwd + bwd of 2L pairs
+            again = (tp_f.sequence_parallel(**bsh, sublayers=2 * m.layers, backward=False)  # recomputed forward
+                     if cfg.recompute == "full" else dict.fromkeys(step, 0))
+            regather = step["all_gather.regather.count"]
+            n_ag = step["all_gather.count"] + again["all_gather.count"] - regather
+            n_rs = step["reduce_scatter.count"] + again["reduce_scatter.count"]
+            comm.append(_term("tensor", "layer all-gathers (SP: g_sp fwd, gbar_sp bwd)", "all-gather", n_ag, x / t,
+                              t))
+            comm.append(_term("tensor", "layer input re-gathers (SP, bwd)", "all-gather", regather, x / t, t))
+            comm.append(_term("tensor", "layer reduce-scatters (SP)", "reduce-scatter", n_rs, x, t))
         else:
             layer = tp_f.transformer_layer_all_reduce(**bsh, backward=True)  # 2 fwd + 2 bwd per layer
             n = m.layers * layer["count"]
@@ -214,14 +223,17 @@ def plan(cfg: PlanConfig) -> Plan:
     s, h = cfg.seq, m.hidden
 
     # ---- memory per chip
-    units = [pc.per_layer] * m.layers + [pc.embedding, pc.lm_head + pc.final_norm]  # one flat unit per layer
+    units = [pc.per_layer] * m.layers + [pc.embedding + pc.lm_head + pc.final_norm]  # per layer + the root unit
     st = mem.model_state_bytes(pc.total, t, f, stage, cfg.param_bytes, cfg.grad_bytes, cfg.optimizer_k, units)
-    keep = "selective" if (cfg.flash_attention and cfg.recompute == "none") else cfg.recompute
-    per_layer = act.activation_bytes_per_layer(s, b, h, m.heads, t, cfg.sequence_parallel, keep).total
-    activations = m.layers * per_layer
+
+    def layer_activations(recompute: str) -> float:
+        return act.block_activation_bytes(s, b, h, m.ffn, m.heads, m.kv_heads, t, cfg.sequence_parallel, recompute,
+                                          gated_mlp=m.gated_mlp, flash_attention=cfg.flash_attention,
+                                          dropout=False).total
+
+    activations = m.layers * layer_activations(cfg.recompute)
     if cfg.recompute == "full":  # the layer being recomputed holds its activations once
-        work = "selective" if cfg.flash_attention else "none"
-        activations += act.activation_bytes_per_layer(s, b, h, m.heads, t, cfg.sequence_parallel, work).total
+        activations += layer_activations("none")
     memory = {
         "params": st.params, "grads": st.grads, "optimizer": st.optimizer, "padding": st.padding,
         "activations": activations,
@@ -237,56 +249,24 @@ def plan(cfg: PlanConfig) -> Plan:
                            cfg.recompute)
     wire = sum(c.wire_bytes for c in comm)
     rl = hw.roofline(fl.hardware / chips, wire, profile)
-    mfu_value = fl.model / (rl.step_s * chips * profile.bf16_peak_flops_per_s)
+    mfu_value = mfu(fl.model, rl.step_s, chips, profile.bf16_peak_flops_per_s)
     total = sum(memory.values())
     top = sorted(memory.items(), key=lambda kv: -kv[1])[:2]
     top_s = ", ".join(f"{k} {v / 1e9:.2f} GB" for k, v in top)
-    if total <= profile.hbm_bytes:
-        verdict = (f"fits: {total / 1e9:.2f} GB per chip of {profile.hbm_bytes / 1e9:.0f} GB HBM "
-                   f"({100 * total / profile.hbm_bytes:.0f} %); largest: {top_s}")
+    usable = profile.hbm_usable_bytes  # what the XLA:TPU compiler lets one chip's program use
+    hbm_s = f"{usable / 2**30:.2f} GiB usable HBM ({usable / 1e9:.1f} GB)"
+    if total <= usable:
+        verdict = f"fits: {total / 1e9:.2f} GB per chip of {hbm_s}, {100 * total / usable:.0f} %; largest: {top_s}"
     else:
-        verdict = (f"does not fit: needs {total / 1e9:.2f} GB per chip but a {profile.name} chip has "
-                   f"{profile.hbm_bytes / 1e9:.0f} GB HBM ({total / profile.hbm_bytes:.2f}×); "
-                   f"largest: {top_s}")
+        verdict = (f"does not fit: needs {total / 1e9:.2f} GB per chip but a {profile.name} chip has {hbm_s} "
+                   f"({total / usable:.2f}×); largest: {top_s}")
+    kv = f"GQA {m.kv_heads} KV heads" if m.kv_heads < m.heads else "multi-head attention"
+    block = (f"activations: {'SwiGLU' if m.gated_mlp else 'GeLU'} MLP, {kv}, "
+             f"{'flash attention (log-sum-exp kept, no s² scores)' if cfg.flash_attention else 'softmax stored'}"
+             f", no dropout, 16-bit, recompute={cfg.recompute}"
+             f"{', sequence parallel' if cfg.sequence_parallel else ''} (formulas.activations)")
     notes = [f"vocabulary padded {m.vocab} -> {v_pad} (multiple of 128·tensor = {128 * t})",
              f"ZeRO stage {stage} over fsdp={f}; micro-batch {b} sequence(s) of {s} tokens per "
-             "data-parallel rank"]
-    return Plan(cfg, m, profile.name, chips, v_pad, pc.total, b, memory, profile.hbm_bytes, comm, fl, rl,
-                mfu_value, total <= profile.hbm_bytes, verdict, notes)
-
-
-class StackedGrad(NamedTuple):
-    """The seed case: Llama 3.1 405B's stacked [L, 4K, 16K]-per-chip gradient, v6e-256 (pytorch/xla#8883)."""
-
-    shape_logical: tuple[int, int, int]  # [L, d_out, d_in] of the stacked weight, whole model
-    fsdp: int
-    tensor: int
-    dtype: str
-    one_d_per_chip_bytes: int  # gradient all-reduced over fsdp, sharded over tensor only: [L, 4K, 16K]
-    two_d_per_chip_bytes: int  # sharded like the weight, over fsdp and tensor: [L, 4K, 256]
-    hbm_bytes: int
-    one_d_fits: bool
-    two_d_fits: bool
-
-
-def stacked_grad_case(model: str = "llama-3.1-405b", topology: str = "v6e-256", fsdp: int = 64,
-                      tensor: int = 4, dtype: str = "bfloat16") -> StackedGrad:
-    """Per-chip bytes of one stacked [L, h, h] weight gradient (q_proj / o_proj) with 1-D vs 2-D sharding.
-
-    The issue reports the per-device HLO shapes: the per-layer gradient [1, 4K, 16K] (h/tensor = 16384/4 rows,
-    all 16K columns: all-reduced over fsdp) written into a stacked [126, 4K, 16K] buffer. Those are *per
-    device* shapes after SPMD partitioning, so the logical weight is [126, 16K, 16K], tensor = 4 and
-    fsdp = 256/4 = 64 (torchprime's llama-fsdp-tp mesh). Uses `formulas.scan.stacked_bytes`.
-    """
-    from shardlab.formulas.scan import stacked_bytes
-
-    m = model_preset(model)
-    profile, chips = hw.topology(topology)
-    if fsdp * tensor != chips:
-        raise ValueError(f"fsdp={fsdp} × tensor={tensor} = {fsdp * tensor} does not equal "
-                         f"the {chips} chips of {topology}")
-    # scan.stacked_bytes(layers, d_in, d_out): "2d" = [L, d_in/F, d_out/T], "1d" = [L, d_in, d_out/T]
-    one = stacked_bytes(m.layers, m.hidden, m.hidden, fsdp, tensor, "1d", dtype).per_device_bytes
-    two = stacked_bytes(m.layers, m.hidden, m.hidden, fsdp, tensor, "2d", dtype).per_device_bytes
-    return StackedGrad((m.layers, m.hidden, m.hidden), fsdp, tensor, dtype, one, two, profile.hbm_bytes,
-                       one <= profile.hbm_bytes, two <= profile.hbm_bytes)
+             "data-parallel rank", block]
+    return Plan(cfg, m, profile.name, chips, v_pad, pc.total, b, memory, usable, comm, fl, rl,
+                mfu_value, total <= usable, verdict, notes)

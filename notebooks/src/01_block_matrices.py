@@ -28,6 +28,7 @@ dtype = "float32"  # "float32" or "bfloat16" for the XLA section
 import torch
 
 from shardlab import blocks, runtime
+from shardlab.dtypes import hlo_name
 from shardlab.formulas import blocks as F
 from shardlab.formulas.common import dtype_bytes, reduction_dtype
 from shardlab.profile import Recorder, capture_hlo
@@ -189,7 +190,7 @@ if num_devices >= 2:
 # %%
 rec.agree("blocks.col.collective.count", "count", formula=F.col_split_collectives(),
           ledger=len(ledger_col), hlo=cap_col.module.count("any"))
-rec.check("blocks.row.all_reduce.dtype", all(c.dtype == {"float32": "f32", "bfloat16": "bf16"}[wire_dtype]
+rec.check("blocks.row.all_reduce.dtype", all(c.dtype == hlo_name(wire_dtype)
                                              for c in cap_row.module.collectives),
           f"predicted {wire_dtype} on {world.kind}, HLO {[c.dtype for c in cap_row.module.collectives]}")
 fr = F.row_split_all_reduce(m, n, wire_dtype)

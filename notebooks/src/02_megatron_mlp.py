@@ -142,16 +142,23 @@ memory_frame({"cpu (buffer assignment)": compiler["fwd_bwd"], "tpu (compiled mem
 #
 # ## 6 · Sequence parallelism (Korthikanti et al. 2022)
 # Keep the activations outside the MLP split along the sequence: f becomes an **all-gather** (payload: the shard
-# [b, s/p, h]) and g a **reduce-scatter** (payload: the full [b, s, h]). The ring wire bytes are the same as the
-# all-reduce's — an all-reduce *is* a reduce-scatter followed by an all-gather — but LayerNorm/dropout work and
-# memory outside the MLP drop by p.
+# [b, s/p, h]) and g a **reduce-scatter** (payload: the full [b, s, h]). Forward, that moves exactly the wire bytes
+# of the all-reduce it replaces — an all-reduce *is* a reduce-scatter followed by an all-gather. Megatron's variant
+# then keeps only the s/p shard of the MLP's input for the backward (the stored input shrinks by p, like the
+# LayerNorm and dropout work outside the MLP) and **all-gathers it again** in the backward to form the weight
+# gradient: per MLP, one extra all-gather of (p−1)/p·b·s·h·e wire bytes buys a p-fold smaller saved input.
 
 # %%
 if p.seq % p.tp == 0:
     sp = tpv.MlpConfig.from_params(p, backward=True, sequence_parallel=True)
-    sp_table = record(rec, "mlp.sp", tpv.formula(sp), tpv.ledger(sp))
-    vtp.ledger_timeline(tpv.ledger(sp).detail["ledger"], "sequence-parallel MLP: all-gather / reduce-scatter").show()
-    display(sp_table)
+    sp_formula, sp_ledger = tpv.formula(sp), tpv.ledger(sp)
+    display(record(rec, "mlp.sp", sp_formula, sp_ledger))
+    f_sp, led_sp = sp_formula.detail, sp_ledger.detail["ledger"]
+    regather = f_sp["wire_bytes"] - f_sp["all_reduce_wire_bytes"]  # the backward re-gather of the s/p shard
+    rec.check("mlp.sp.wire_is_all_reduce_plus_regather",
+              abs(led_sp.wire_bytes() - (led_fb.wire_bytes() + regather)) < 1e-6,
+              f"{led_sp.wire_bytes()} vs {led_fb.wire_bytes()} + {regather}")
+    vtp.ledger_timeline(led_sp, "sequence-parallel MLP: all-gather, reduce-scatter, backward re-gather").show()
 else:
     print(f"seq={p.seq} is not divisible by tp={p.tp}: sequence parallelism skipped")
 

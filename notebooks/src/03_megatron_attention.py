@@ -30,7 +30,7 @@ import torch
 from shardlab import models, runtime
 from shardlab.formulas import tp as ftp
 from shardlab.formulas.common import dtype_bytes
-from shardlab.profile import Recorder, capture_hlo
+from shardlab.profile import Recorder, agree_payload, capture_hlo
 from shardlab.tp.params import check_tp_params
 
 check_tp_params(num_devices=num_devices, tp=tp, batch=batch, seq=seq, hidden=hidden, ffn=ffn, heads=heads,
@@ -150,7 +150,7 @@ rec.check("attention.parity.xla_grad_input",
 for phase, f, led, cap in (("fwd", f_fwd, ledger_fwd, cap_fwd), ("fwd_bwd", f_fb, ledger_fb, cap_fb)):
     rec.agree(f"attention.{phase}.all_reduce.count", "count", formula=f["count"], ledger=led.count("all_reduce"),
               hlo=cap.module.count("all-reduce"))
-    gspmd.agree_payload(rec, f"attention.{phase}.all_reduce.bytes", f["bytes"], led.payload_bytes("all_reduce"),
+    agree_payload(rec, f"attention.{phase}.all_reduce.bytes", f["bytes"], led.payload_bytes("all_reduce"),
                         cap.module, "all-reduce", dtype)  # bf16 on CPU: XLA reduces in f32 -> elements
 rec.check("attention.hlo.no_all_gather", cap_fb.module.count("all-gather") == 0,
           "heads stay sharded: no q/k/v all-gather")

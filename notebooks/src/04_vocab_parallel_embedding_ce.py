@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from shardlab import runtime
 from shardlab.formulas import tp as ftp
 from shardlab.formulas.common import dtype_bytes
-from shardlab.profile import Recorder, capture_hlo
+from shardlab.profile import Recorder, agree_payload, capture_hlo, collective_elements
 from shardlab.tp.params import check_tp_params
 
 check_tp_params(num_devices=num_devices, tp=tp, batch=batch, seq=seq, hidden=hidden, ffn=ffn, heads=heads,
@@ -183,17 +183,17 @@ rec.check("ce.parity.xla_gathered", torch.allclose(cap_ga.result.cpu().float(), 
 led_vp, led_ga = ledgers["vocab_parallel", 0.0], ledgers["gather", 0.0]
 rec.agree("embedding.fwd.all_reduce.count", "count", formula=f_emb["count"],
           ledger=ledger_emb.count("all_reduce", "forward"), hlo=cap_emb.module.count("all-reduce"))
-gspmd.agree_payload(rec, "embedding.fwd.all_reduce.bytes", f_emb["bytes"],
+agree_payload(rec, "embedding.fwd.all_reduce.bytes", f_emb["bytes"],
                     ledger_emb.payload_bytes("all_reduce", "forward"), cap_emb.module, "all-reduce", dtype)
 rec.agree("ce.vocab_parallel.count", "count", formula=f_vp["count"], ledger=led_vp.count("all_reduce"),
           hlo=cap_vp.module.count("all-reduce"))
-gspmd.agree_payload(rec, "ce.vocab_parallel.bytes", f_vp["bytes"], led_vp.payload_bytes(), cap_vp.module,
+agree_payload(rec, "ce.vocab_parallel.bytes", f_vp["bytes"], led_vp.payload_bytes(), cap_vp.module,
                     "all-reduce", dtype)
-gspmd.agree_payload(rec, "ce.gather_logits.bytes", f_ga["bytes"], led_ga.payload_bytes("all_gather"), cap_ga.module,
+agree_payload(rec, "ce.gather_logits.bytes", f_ga["bytes"], led_ga.payload_bytes("all_gather"), cap_ga.module,
                     "all-gather", dtype)
 # the ratio in elements: dtype-independent (b, s and the element size cancel in the formula too)
 rec.agree("ce.saving_ratio", "ratio", formula=f_ratio, ledger=led_ga.payload_bytes() / led_vp.payload_bytes(),
-          hlo=gspmd.collective_elements(cap_ga.module, "all-gather") / gspmd.collective_elements(cap_vp.module,
+          hlo=collective_elements(cap_ga.module, "all-gather") / collective_elements(cap_vp.module,
                                                                                                 "all-reduce"))
 f_vps = ftp.vocab_parallel_ce(batch, seq, tp, dtype, label_smoothing)
 rec.agree("ce.vocab_parallel_smoothing.bytes", "bytes", formula=f_vps["bytes"],

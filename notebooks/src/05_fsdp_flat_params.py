@@ -208,14 +208,14 @@ results = sim.run(fsdp_rank_program, cfg)
 train_s = time.perf_counter() - _t
 one_step = list(sim.ledger)[: len(sim.ledger) // steps]
 print(sim.ledger.summary() if len(sim.ledger) else "world_size 1: no communication")
-f = flat_step_comm(plan.flat_numel, world_size, elem_bytes=b)
+f = flat_step_comm(plan.flat_numel, world_size, elem_bytes=b, root=True)  # the whole model is one (root) unit
 led_ag = sum(e.payload_bytes for e in one_step if e.op == "all_gather")
 led_rs = sum(e.payload_bytes for e in one_step if e.op == "reduce_scatter")
 if world_size > 1:
     rec.agree("fsdp.flat.padded_numel", "elements", formula=c * world_size,
               ledger=one_step[-1].payload_bytes // b)
     rec.check("fsdp.step.order", [(e.op, e.phase) for e in one_step] == [
-        ("all_gather", "forward"), ("all_gather", "backward"), ("reduce_scatter", "backward")],
+        ("all_gather", "forward"), ("reduce_scatter", "backward")],  # root unit: not resharded after forward
         str([(e.op, e.phase) for e in one_step]))
 else:
     rec.measure("fsdp.flat.padded_numel", c * world_size, "elements", "formula")
@@ -223,7 +223,7 @@ else:
 rec.agree("fsdp.step.all_gather.bytes", "bytes", formula=f.all_gather_bytes, ledger=led_ag)
 rec.agree("fsdp.step.reduce_scatter.bytes", "bytes", formula=f.reduce_scatter_bytes, ledger=led_rs)
 rec.measure("fsdp.step.wall", train_s / steps, "s", "timer", kind="timing")
-print(f"per step: all-gather {led_ag} B (= 2 × c·b = 2 × {c}·{b}), reduce-scatter {led_rs} B (= P·b = {c * world_size}·{b})")
+print(f"per step: all-gather {led_ag} B (= c·b = {c}·{b}: the root unit gathers once), reduce-scatter {led_rs} B (= P·b = {c * world_size}·{b})")
 
 # %% [markdown]
 # ## 5 · Per-rank memory vs ZeRO
@@ -286,7 +286,8 @@ _ = rec.check("fsdp.parity.params_match_unsharded", err < 1e-5, f"max abs err {e
 # all-reduce (the non-scalar all-reduces of the backward graph) as one reduce-scatter.**
 
 # %%
-from shardlab.fsdp.gspmd import gspmd_step, mlp_backward_needed, per_param_step_bytes
+from shardlab.formulas.fsdp import per_param_step_bytes
+from shardlab.fsdp.gspmd import gspmd_step, mlp_backward_needed
 
 g = gspmd_step(TrainConfig(layer_sizes=tuple(layer_sizes), batch=batch, optimizer="sgd", seed=seed), world_size)
 gf = per_param_step_bytes(g.shapes, world_size, mlp_backward_needed(make_model(cfg)), elem_bytes=b)
@@ -349,7 +350,7 @@ pd.DataFrame({
 # %%
 if torch_fsdp_world:
     from shardlab.comm import DistributedWorld
-    from shardlab.fsdp.gspmd import per_param_shard
+    from shardlab.formulas.fsdp import per_param_shard
     from shardlab.fsdp.torch_ref import torch_fsdp_both_program
 
     wt = torch_fsdp_world
@@ -365,11 +366,11 @@ if torch_fsdp_world:
               and torch.allclose(t["shard"], ours_t[r].shard, rtol=1e-5, atol=1e-6) for r, t in enumerate(t1))
     rec.check("fsdp.torch.fsdp1_matches_flat_unit", ok1, f"W={wt}: shard sizes, padding and trained shards")
     ok2 = all((p["local_shape"], p["padded_shape"]) == per_param_shard(p["orig_shape"], wt, r)
-              for r, params in enumerate(t2) for p in params)
+              for r, t in enumerate(t2) for p in t["params"])
     rec.check("fsdp.torch.fsdp2_per_param_shards", ok2, "dim-0 chunk rule, padded to ceil(d0/W)")
     print("FSDP1 shard numel per rank", [t["shard_numel"] for t in t1], "(ours", plan_t.shard_numel, ")")
-    print("FSDP2 local shard shapes on rank", wt - 1, [p["local_shape"] for p in t2[-1]],
-          "padded", [p["padded_shape"] for p in t2[-1]])
+    print("FSDP2 local shard shapes on rank", wt - 1, [p["local_shape"] for p in t2[-1]["params"]],
+          "padded", [p["padded_shape"] for p in t2[-1]["params"]])
 
 # %% [markdown]
 # **From FSDP1 to FSDP2.** The FlatParameter made communication efficient (one big all-gather per unit, no
@@ -401,7 +402,7 @@ assert plan_flat_shards_for(make_model(TrainConfig(layer_sizes=(30, 50, 10))), 8
 assert zero_memory(7.5e9, 64, 3).total / 1e9 == ans3
 assert max((padding_waste(2060, w), w) for w in range(1, 17))[::-1] == ans4
 wire = f.wire_bytes(world_size)
-ans5 = 2 * (world_size - 1) * c * b + (world_size - 1) / world_size * c * world_size * b  # 0 for W = 1
+ans5 = (world_size - 1) * c * b + (world_size - 1) / world_size * c * world_size * b  # root: 1 all-gather
 assert abs(sum(e.wire_bytes for e in one_step) - ans5) < 1e-6 and abs(wire - ans5) < 1e-6
 rec.check("fsdp.exercises", True, "all answers asserted")
 print("exercise answers:", ans1, ans2, ans3, ans4, ans5)

@@ -25,7 +25,7 @@ Worlds (same interface):
 
 Ledger (`shardlab.comm.ledger`): a list of `LedgerEntry(seq, op, group_size, dtype, shape, payload_bytes,
 wire_bytes, phase, reduce_op, dim, src, tag)` — `shape` is this rank's input shape, `payload_bytes` its bytes
-(design.md "Bytes"), `wire_bytes` the ring model per rank, `phase` "forward" or "backward" (detected from the
+(what this rank hands over), `wire_bytes` the ring model per rank, `phase` "forward" or "backward" (detected from the
 autograd engine).  Helpers: `ledger.count(op, phase, tag)`, `ledger.payload_bytes(...)`,
 `ledger.wire_bytes(...)`, `ledger.select(...)`, `ledger.to_frame()`, `ledger.summary()`,
 `ledger.to_records()`.

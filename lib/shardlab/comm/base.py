@@ -147,8 +147,6 @@ class WorldBase:
     """What SimulatedWorld and DistributedWorld share: the size, the timeout, one ledger per rank."""
 
     def __init__(self, world_size: int, timeout_s: float = 120.0) -> None:
-        from shardlab.comm.ledger import Ledger
-
         if not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world_size={world_size!r} must be a positive int")
         self.world_size = world_size

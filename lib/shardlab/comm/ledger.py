@@ -3,9 +3,9 @@
 Design note
 -----------
 Every `Comm` keeps a `Ledger`.  A collective appends one `LedgerEntry` describing what *this* rank handed to
-the collective: the op, the group size, the dtype, the per-rank input shape, the payload bytes (design.md
-"Bytes": all-reduce -> its input, all-gather -> its shard, reduce-scatter -> its full input, broadcast -> the
-tensor) and the wire bytes per rank of the ring model:
+the collective: the op, the group size, the dtype, the per-rank input shape, the payload bytes (the suite's
+one convention: all-reduce -> its input, all-gather -> its shard, reduce-scatter -> its full input,
+broadcast -> the tensor) and the wire bytes per rank of the ring model:
 
     all_reduce      2 (W - 1) / W * payload
     all_gather      (W - 1) * payload
@@ -39,7 +39,7 @@ PHASES = ("forward", "backward")
 
 
 def ring_wire_bytes(op: str, payload_bytes: int, group_size: int) -> float:
-    """Bytes one rank sends under the ring model (design.md; the one definition lives in
+    """Bytes one rank sends under the ring model (the one definition lives in
     :func:`shardlab.formulas.common.wire_bytes`).
 
     `ring_wire_bytes("all_reduce", 100, 4)` -> 150.0
@@ -68,7 +68,7 @@ class LedgerEntry:
     group_size: int
     dtype: str  # "float32"
     shape: tuple[int, ...]  # per-rank INPUT shape (the tensor this rank hands to the collective)
-    payload_bytes: int  # bytes of that input (design.md "Bytes")
+    payload_bytes: int  # bytes of that input (what this rank hands over)
     wire_bytes: float  # ring model, per rank
     phase: str  # forward | backward
     reduce_op: str | None = None  # "sum" | "max" for all_reduce / reduce_scatter
@@ -85,9 +85,6 @@ class Ledger:
 
     def append(self, entry: LedgerEntry) -> None:
         self.entries.append(entry)
-
-    def clear(self) -> None:
-        self.entries.clear()
 
     def select(self, op: str | None = None, phase: str | None = None, tag: str | None = None) -> Ledger:
         for name, value, allowed in (("op", op, OPS), ("phase", phase, PHASES)):

@@ -1,6 +1,6 @@
 """Shared vocabulary for every formula: element sizes and the ring model of wire bytes.
 
-Bytes (design.md): *payload* is what one rank hands to a collective (all-reduce: its input; all-gather: its
+Bytes: *payload* is what one rank hands to a collective (all-reduce: its input; all-gather: its
 shard; reduce-scatter: its full input). *Wire* bytes one rank sends with a ring algorithm:
 
     all-reduce      2 (W-1)/W * payload      (reduce-scatter then all-gather)
@@ -19,25 +19,30 @@ from __future__ import annotations
 
 from typing import Any
 
-DTYPE_BYTES = {
-    "float32": 4, "fp32": 4, "f32": 4, "float": 4,
-    "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "f16": 2, "half": 2,
-    "float64": 8, "f64": 8, "double": 8,
-    "int64": 8, "s64": 8, "int32": 4, "s32": 4, "int8": 1, "s8": 1, "uint8": 1, "bool": 1, "pred": 1,
-}
+from shardlab.dtypes import dtype_bytes, is_16bit_float, name
+
+__all__ = ["RECOMPUTE_POLICIES", "ceil_div", "check_recompute", "dtype_bytes", "reduction_dtype", "wire_bytes"]
+
+RECOMPUTE_POLICIES = ("none", "selective", "full")
+"""Activation recomputation (Korthikanti et al. 2022): keep everything, recompute the attention core, or keep
+only each layer's input and run its forward again in backward."""
 
 
-def dtype_bytes(dtype: Any) -> int:
-    """Bytes per element of a dtype given as a string ('bf16', 'float32') or a torch dtype."""
-    if not isinstance(dtype, str):
-        itemsize = getattr(dtype, "itemsize", None)
-        if isinstance(itemsize, int):
-            return itemsize
-        dtype = str(dtype)
-    key = dtype.removeprefix("torch.").lower()
-    if key not in DTYPE_BYTES:
-        raise ValueError(f"dtype={dtype!r} is unknown; known: {sorted(DTYPE_BYTES)}")
-    return DTYPE_BYTES[key]
+def check_recompute(recompute: str) -> str:
+    if recompute not in RECOMPUTE_POLICIES:
+        raise ValueError(f"recompute={recompute!r} is not one of {RECOMPUTE_POLICIES}")
+    return recompute
+
+
+def ceil_div(a: int, b: int) -> int:
+    """ceil(a / b) for positive ints, exactly (no float): the size of the largest of b near-equal shards.
+
+    >>> ceil_div(1003, 4)
+    251
+    """
+    if b < 1:
+        raise ValueError(f"ceil_div: divisor b={b} must be >= 1")
+    return -(-a // b)
 
 
 def wire_bytes(op: str, payload: float, world_size: int) -> float:
@@ -62,8 +67,6 @@ def reduction_dtype(dtype: Any, device_kind: str) -> str:
     of its partial sums to f32 (the HLO shows ``all-reduce`` of ``f32[...]`` with ``to_apply=%add.clone_promoted``,
     then a convert back to bf16). TPUs reduce in bf16. Formulas that predict HLO bytes take this dtype.
     """
-    name = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
-    if device_kind == "cpu" and dtype_bytes(name) == 2 and name.lower() in ("bfloat16", "bf16", "float16", "fp16",
-                                                                             "f16", "half"):
+    if device_kind == "cpu" and is_16bit_float(dtype):
         return "float32"
-    return name
+    return name(dtype)

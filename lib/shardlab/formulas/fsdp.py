@@ -1,4 +1,4 @@
-"""FSDP (flat parameter, FULL_SHARD = ZeRO-3) per-step collectives and per-rank memory.
+"""FSDP per-step collectives and per-rank memory: flat-parameter units (FSDP1) and per-parameter sharding.
 
 Design note
 -----------
@@ -6,13 +6,37 @@ One FSDP unit holds a flat parameter of N elements (alignment padding included) 
 P = W·c, c = ceil(N / W) (see ``shardlab.fsdp.flat_param``). One training step issues::
 
     forward   all-gather      payload c·b per rank  -> result P·b       (unshard params)
-    backward  all-gather      payload c·b per rank  -> result P·b       (params were freed after forward)
+    backward  all-gather      payload c·b per rank  -> result P·b       (params were freed after forward;
+                                                                          NOT for the root unit)
     backward  reduce-scatter  payload P·b per rank  -> result c·b       (averaged gradient shard)
+
+PyTorch (FSDP1 and FSDP2 alike) does not reshard the ROOT unit — the outermost one — after forward, since its
+parameters would be all-gathered again at once for the backward: the root issues one all-gather per step,
+every other unit two. A model wrapped as one unit is the root: one all-gather and one reduce-scatter per step
+(``root=True``). The ring-wire figures below are for a non-root unit.
 
 b = bytes per element. With W = 1 nothing is sharded and the step issues no collective (counts 0; the
 ledger records none and the partitioner emits none). "Payload" is what one rank hands to the collective
-(design.md "Bytes"); the ring model puts (W-1)·c·b on the wire per all-gather and (W-1)/W·P·b per
+(``formulas.common``); the ring model puts (W-1)·c·b on the wire per all-gather and (W-1)/W·P·b per
 reduce-scatter, 3·(W-1)·c·b per step in total = the ZeRO-3 "3Ψ" (``formulas.zero.zero_comm``) with Ψ = P.
+
+Per-parameter FSDP (FSDP2 ``fully_shard``, GSPMD ``mark_sharding`` on dim 0): parameter p of shape
+(d, *rest) is split with ``torch.chunk`` semantics and padded to c_p = ceil(d/W) rows per rank. One step on
+XLA's SPMD partitioner (``shardlab.fsdp.gspmd`` measures it)::
+
+    forward   unshard every parameter            all-gather of the padded shard  c_p·rest·b
+    backward  unshard the weights dX reads       same (layers 2..L; layer 1's input is data)
+    backward  reduce-scatter every gradient      payload = the full gradient      d·rest·b
+              (XLA:CPU emits reduce-scatter as all-reduce + dynamic-slice)
+
+except for parameters whose sharded dimension is small: XLA's partitioner replicates a dimension of size d
+split over W partitions with a dynamic-update-slice into zeros and an **all-reduce of the full d·rest·b**
+when d <= W // 2 (most shards are then padding; ``PartitionedHlo::ReplicatePartial`` in XLA's
+``spmd_partitioner.cc``; d == 1 takes its broadcast path — a select of the owning device — also an
+all-reduce of the full tensor). Such an
+unshard is an all-reduce, not an all-gather, in both graphs. :func:`per_param_step_bytes` predicts every
+term; the earlier formula priced those unshards as all-gathers of c_p·rest·b (e.g. 764 vs the HLO's 760 bytes
+at W = 4) — the term it got wrong.
 
 Persistent per-rank model state after a step with Adam: parameter shard c·b + gradient shard c·b +
 optimizer state (exp_avg, exp_avg_sq in fp32) 2·c·4. For fp32 that is 16·c bytes — ZeRO-3's 16Ψ/N with
@@ -23,6 +47,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from shardlab.formulas.common import ceil_div
 from shardlab.formulas.zero import padded_numel
 
 
@@ -52,17 +77,21 @@ class FlatStepComm(NamedTuple):
         )
 
 
-def flat_step_comm(flat_numel: int, world_size: int, elem_bytes: int = 4) -> FlatStepComm:
-    """Collectives of one FULL_SHARD training step of one flat unit.
+def flat_step_comm(flat_numel: int, world_size: int, elem_bytes: int = 4, *, root: bool = False) -> FlatStepComm:
+    """Collectives of one FULL_SHARD training step of one flat unit (``root``: the outermost unit, kept
+    unsharded from forward to backward: one all-gather instead of two).
 
     >>> flat_step_comm(10, 4).all_gather_payload_bytes, flat_step_comm(10, 4).reduce_scatter_payload_bytes
     (12, 48)
+    >>> flat_step_comm(10, 4).all_gather_count, flat_step_comm(10, 4, root=True).all_gather_count
+    (2, 1)
     """
     if elem_bytes < 1:
         raise ValueError(f"elem_bytes={elem_bytes} must be >= 1")
     p = padded_numel(flat_numel, world_size)
     c = p // world_size
-    n_ag, n_rs = (2, 1) if world_size > 1 else (0, 0)  # one rank holds everything: nothing to communicate
+    # one rank holds everything: nothing to communicate
+    n_ag, n_rs = ((1 if root else 2), 1) if world_size > 1 else (0, 0)
     return FlatStepComm(n_ag, c * elem_bytes, p * elem_bytes, n_rs, p * elem_bytes, c * elem_bytes)
 
 
@@ -96,3 +125,105 @@ def flat_rank_memory(
     c = p // world_size
     b = elem_bytes
     return FlatRankMemory(c * b, c * b, c * OPTIMIZER_STATE_BYTES[optimizer], p * b, p * b)
+
+
+# ---- per-parameter FSDP (FSDP2 fully_shard / GSPMD dim-0 sharding) -----------------------------------------
+
+SHARD_DIMS = ("dim0", "largest")
+"""Which dimension a parameter is sharded on: "dim0" (FSDP2 ``fully_shard``) or "largest" (torch_xla's
+``SpmdFullyShardedDataParallel``: ``shard_maximal=True``, the first dimension of maximal size)."""
+
+
+def shard_dim(shape: tuple[int, ...], rule: str = "dim0") -> int:
+    if rule not in SHARD_DIMS:
+        raise ValueError(f"shard rule={rule!r} must be one of {SHARD_DIMS}")
+    if len(shape) == 0:
+        raise ValueError("a 0-d parameter cannot be sharded")
+    return 0 if rule == "dim0" else list(shape).index(max(shape))
+
+
+def per_param_shard(
+    shape: tuple[int, ...], world_size: int, rank: int, rule: str = "dim0"
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(local, padded) shard shape: ``torch.chunk`` on the shard dimension, padded to ceil(d/W).
+
+    Same rule in FSDP2 (``fully_shard``) and in GSPMD ``mark_sharding``:
+    >>> per_param_shard((10, 3), 4, 3)      # chunks 3,3,3,1 -> rank 3 holds 1 row, padded to 3
+    ((1, 3), (3, 3))
+    """
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
+    k = shard_dim(shape, rule)
+    d = shape[k]
+    c = ceil_div(d, world_size)
+    local = max(0, min(c, d - rank * c))
+    return shape[:k] + (local,) + shape[k + 1 :], shape[:k] + (c,) + shape[k + 1 :]
+
+
+def unshard_by_all_reduce(shape: tuple[int, ...], world_size: int, rule: str = "dim0") -> bool:
+    """True when XLA replicates this parameter with DUS + all-reduce of the full tensor (d <= W // 2), not an
+    all-gather of its padded shard.
+
+    >>> unshard_by_all_reduce((2, 9), 4), unshard_by_all_reduce((3, 9), 4)
+    (True, False)
+    """
+    return world_size > 1 and shape[shard_dim(shape, rule)] <= world_size // 2
+
+
+class StepBytes(NamedTuple):
+    """One per-parameter FSDP step, per device, split the way the HLO shows it (payload = operand bytes)."""
+
+    all_gather_forward: int  # unshards by all-gather: padded shards
+    all_gather_backward: int
+    reduce_scatter: int  # full gradients (on CPU: the all-reduce of an all-reduce + dynamic-slice pair)
+    all_gather_count: int  # forward + backward
+    reduce_scatter_count: int
+    unshard_all_reduce_forward: int = 0  # unshards by DUS + all-reduce: full tensors of the small parameters
+    unshard_all_reduce_backward: int = 0
+    unshard_all_reduce_count: int = 0  # forward + backward
+
+    @property
+    def total(self) -> int:
+        return (self.all_gather_forward + self.all_gather_backward + self.reduce_scatter
+                + self.unshard_all_reduce_forward + self.unshard_all_reduce_backward)
+
+    @property
+    def unshard_bytes(self) -> int:
+        """Bytes of every unshard (all-gathers and the all-reduce form), forward + backward."""
+        return (self.all_gather_forward + self.all_gather_backward + self.unshard_all_reduce_forward
+                + self.unshard_all_reduce_backward)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def per_param_step_bytes(
+    shapes: list[tuple[int, ...]], world_size: int, backward_needed: list[bool], elem_bytes: int = 4,
+    rule: str = "dim0",
+) -> StepBytes:
+    """Formula for one per-parameter FSDP step (see the module note).
+
+    ``backward_needed[i]``: the backward reads parameter i (a weight whose layer's input needs a gradient).
+    Layers 16 -> 9 -> 2 at W = 4 (weights [9, 16], [2, 9]; biases [9], [2]): W2 and b2 have d = 2 <= 4 // 2.
+    >>> s = per_param_step_bytes([(9, 16), (9,), (2, 9), (2,)], 4, [False, False, True, False])
+    >>> s.all_gather_forward, s.unshard_all_reduce_forward, s.unshard_all_reduce_backward, s.reduce_scatter
+    (204, 80, 72, 692)
+    """
+    if len(shapes) != len(backward_needed):
+        raise ValueError(f"{len(shapes)} shapes but {len(backward_needed)} backward_needed flags")
+    if world_size == 1:  # nothing sharded: no gathers, no reduce-scatters (the partitioner emits none)
+        return StepBytes(0, 0, 0, 0, 0)
+    ag_f = ag_b = ar_f = ar_b = n_ag = n_ar = 0
+    for shape, need in zip(shapes, backward_needed, strict=True):
+        if unshard_by_all_reduce(shape, world_size, rule):
+            full = _numel(shape) * elem_bytes
+            ar_f, ar_b, n_ar = ar_f + full, ar_b + full * need, n_ar + 1 + need
+        else:
+            shard = _numel(per_param_shard(shape, world_size, 0, rule)[1]) * elem_bytes
+            ag_f, ag_b, n_ag = ag_f + shard, ag_b + shard * need, n_ag + 1 + need
+    rs = sum(_numel(s) * elem_bytes for s in shapes)
+    return StepBytes(ag_f, ag_b, rs, n_ag, len(shapes), ar_f, ar_b, n_ar)

@@ -4,7 +4,11 @@ Design note
 -----------
 Chip numbers live in `data/hardware/<chip>.json` (per-chip HBM, bf16 peak FLOP/s, HBM bandwidth,
 bidirectional ICI bandwidth, slice names, and the public document each number came from); this module only
-loads them. A *topology* is a slice name such as "v5e-8" or "v6e-256" resolved to (chip, number of chips).
+loads them — it is the one place every notebook, formula and the planner read a chip fact from. HBM comes
+twice: `hbm_bytes` is the capacity as Google publishes it ("32 GB" for v6e, read as GiB) and
+`hbm_usable_bytes` the capacity the XLA:TPU compiler lets one chip's program use (v6e: "31.25G"), measured
+with a compile-only probe; fits / does-not-fit verdicts use the usable figure. A *topology* is a slice name
+such as "v5e-8" or "v6e-256" resolved to (chip, number of chips).
 
 Roofline (all per chip, one training step; a lower bound that assumes perfect overlap):
 
@@ -16,8 +20,8 @@ The egress assumption (half of the published bidirectional number, all ports bus
 be argued with; the published numbers themselves are not modified.
 
 Example:
-    >>> chip, n = topology("v6e-256"); chip.hbm_bytes, n
-    (32000000000, 256)
+    >>> chip, n = topology("v6e-256"); chip.hbm_bytes / 2**30, chip.hbm_usable_bytes / 2**30, n
+    (32.0, 31.25, 256)
 """
 
 from __future__ import annotations
@@ -48,7 +52,9 @@ def hardware_dir() -> Path:
 
 class ChipProfile(NamedTuple):
     name: str  # "v5e" | "v6e" | "v5p"
-    hbm_bytes: int  # per chip
+    hbm_bytes: int  # per chip, as published (e.g. "32 GB" = 32 GiB)
+    hbm_usable_bytes: int  # per chip, what the XLA:TPU compiler lets a program use (e.g. "31.25G")
+    hbm_usable_as_reported: str  # the compiler's own words, e.g. "31.25G (G = GiB)"
     hbm_bandwidth_bytes_per_s: float  # per chip
     bf16_peak_flops_per_s: float  # per chip
     ici_bandwidth_bytes_per_s: float  # per chip, bidirectional, as published
@@ -70,6 +76,8 @@ def chips() -> dict[str, ChipProfile]:
         out[d["name"]] = ChipProfile(
             name=d["name"],
             hbm_bytes=int(d["hbm_bytes"]),
+            hbm_usable_bytes=int(d["hbm_usable_bytes"]),
+            hbm_usable_as_reported=str(d["hbm_usable_as_reported"]),
             hbm_bandwidth_bytes_per_s=float(d["hbm_bandwidth_bytes_per_s"]),
             bf16_peak_flops_per_s=float(d["bf16_peak_flops_per_s"]),
             ici_bandwidth_bytes_per_s=float(d["ici_bandwidth_bytes_per_s"]),

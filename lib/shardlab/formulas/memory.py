@@ -2,7 +2,7 @@
 
 Design note
 -----------
-This module *composes* the ZeRO algebra of `formulas.zero` (FSDP helper) and the flat-parameter padding of
+This module *composes* the ZeRO algebra of `formulas.zero` and the flat-parameter padding of
 `formulas.zero.padded_numel`; it adds what the planner needs on top:
 
 * `param_count` — exact parameter count of a decoder-only transformer (GQA, SwiGLU or GeLU MLP, norms),
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from shardlab.formulas.common import ceil_div
 from shardlab.formulas.zero import ZERO_K, padded_numel, zero_memory
 
 MEGATRON_VOCAB_DIVISIBLE_BY = 128  # Megatron-LM default of --make-vocab-size-divisible-by
@@ -89,7 +90,7 @@ def padded_vocab(vocab: int, tp: int = 1, divisible_by: int = MEGATRON_VOCAB_DIV
     if vocab < 1 or tp < 1 or divisible_by < 1:
         raise ValueError(f"vocab={vocab}, tp={tp}, divisible_by={divisible_by} must all be >= 1")
     multiple = divisible_by * tp
-    return -(-vocab // multiple) * multiple
+    return ceil_div(vocab, multiple) * multiple
 
 
 class ModelState(NamedTuple):
@@ -127,7 +128,7 @@ def model_state_bytes(
     if flat_units and stage == 3 and fsdp > 1:
         pad_elems = 0
         for n in flat_units:
-            local = -(-int(n) // tensor)
+            local = ceil_div(int(n), tensor)
             pad_elems += padded_numel(local, fsdp) - local
         pad = pad_elems / fsdp * (param_bytes + grad_bytes + k)  # per rank: its share of every padded unit
     return ModelState(z.params, z.grads, z.optimizer, pad, z.params + z.grads + z.optimizer + pad)

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 from typing import Literal, NamedTuple
 
-from shardlab.formulas.common import dtype_bytes
+from shardlab.formulas import hardware
+from shardlab.formulas.common import ceil_div, dtype_bytes
+from shardlab.presets import model_preset
 
 GIB = 1024**3
 MIB = 1024**2
@@ -29,13 +31,10 @@ Sharding = Literal["1d", "2d", "replicated"]
 
 # The seed case (PyTorch/XLA Llama-3 405B on v6e-256, mesh fsdp 64 × tensor 4): the partitioned HLO showed a
 # per-layer gradient f32/bf16[1, 4K, 16K] all-reduced over fsdp and written into a stacked [126, 4K, 16K]
-# buffer. HLO shapes after SPMD partitioning are *per device*: the logical weight is [126, 16K, 16K]
-# (q_proj / o_proj, h = 16384) and 4K = 16K / tensor. 1-D keeps only that tensor split.
-SEED_LAYERS = 126
-SEED_D_IN = 16 * 1024
-SEED_D_OUT = 16 * 1024
-SEED_CHIPS = 256
-V6E_HBM_BYTES = 32 * GIB  # one v6e (Trillium) chip
+# buffer. HLO shapes after SPMD partitioning are *per device*: the logical weight is [L, h, h] = [126, 16K, 16K]
+# (q_proj / o_proj; L and h from the llama-3.1-405b preset) and 4K = 16K / tensor. 1-D keeps only that split.
+SEED_MODEL = "llama-3.1-405b"
+SEED_TOPOLOGY = "v6e-256"
 
 
 class StackedBytes(NamedTuple):
@@ -55,10 +54,6 @@ def _check_positive(**values: int) -> None:
     for name, v in values.items():
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ValueError(f"{name}={v!r} must be a positive int")
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def stacked_bytes(
@@ -85,10 +80,10 @@ def stacked_bytes(
     total = layers * d_in * d_out * item
     if sharding == "2d":
         shards, replicas = fsdp * tensor, 1
-        local = layers * _ceil_div(d_in, fsdp) * _ceil_div(d_out, tensor) * item
+        local = layers * ceil_div(d_in, fsdp) * ceil_div(d_out, tensor) * item
     elif sharding == "1d":
         shards, replicas = tensor, fsdp
-        local = layers * d_in * _ceil_div(d_out, tensor) * item
+        local = layers * d_in * ceil_div(d_out, tensor) * item
     elif sharding == "replicated":
         shards, replicas = 1, fsdp * tensor
         local = total
@@ -131,22 +126,36 @@ def shard_as_saving(
 
 
 class SeedCase(NamedTuple):
-    """The 405B seed case: one stacked [126, 16K, 16K] weight gradient on a 256-chip mesh (fsdp, tensor)."""
+    """The 405B seed case: one stacked [L, h, h] weight gradient (q_proj / o_proj) on a slice with mesh
+    (fsdp, tensor), per chip with 1-D (all-reduced over fsdp) vs 2-D (sharded like the weight) sharding."""
 
+    model: str  # preset name
+    topology: str  # slice name
     fsdp: int
     tensor: int
     dtype: str
-    total_bytes: int  # the logical [126, 16K, 16K] array
-    one_d_shape: tuple[int, int, int]  # per chip, all-reduced over fsdp: [126, 16K/T, 16K]
-    two_d_shape: tuple[int, int, int]  # per chip, sharded like the weight: [126, 16K/T, 16K/F]
+    total_bytes: int  # the logical [L, h, h] array
+    one_d_shape: tuple[int, int, int]  # per chip, all-reduced over fsdp: [L, h/T, h]
+    two_d_shape: tuple[int, int, int]  # per chip, sharded like the weight: [L, h/T, h/F]
     one_d_per_chip_bytes: int
     two_d_per_chip_bytes: int
-    one_d_fraction_of_hbm: float  # one_d_per_chip_bytes / V6E_HBM_BYTES
+    hbm_usable_bytes: int  # what the XLA:TPU compiler lets one chip's program use (data/hardware)
+    one_d_fraction_of_hbm: float  # one_d_per_chip_bytes / hbm_usable_bytes
     two_d_fraction_of_hbm: float
 
+    @property
+    def one_d_fits(self) -> bool:
+        return self.one_d_per_chip_bytes <= self.hbm_usable_bytes
 
-def seed_case(fsdp: int = 64, tensor: int = 4, dtype: str = "bfloat16", chips: int = SEED_CHIPS) -> SeedCase:
-    """Per-chip cost of the seed's stacked gradient with 1-D vs 2-D sharding.
+    @property
+    def two_d_fits(self) -> bool:
+        return self.two_d_per_chip_bytes <= self.hbm_usable_bytes
+
+
+def seed_case(fsdp: int = 64, tensor: int = 4, dtype: str = "bfloat16", topology: str = SEED_TOPOLOGY,
+              model: str = SEED_MODEL) -> SeedCase:
+    """Per-chip cost of the seed's stacked gradient with 1-D vs 2-D sharding (the one definition: notebooks 06
+    and 07 and the planner use it).
 
     At the reported mesh (64, 4) the 1-D per-chip array is exactly the HLO's [126, 4K, 16K]:
 
@@ -154,17 +163,23 @@ def seed_case(fsdp: int = 64, tensor: int = 4, dtype: str = "bfloat16", chips: i
     >>> c.one_d_shape, c.one_d_per_chip_bytes / GIB, c.two_d_shape, c.two_d_per_chip_bytes / MIB
     ((126, 4096, 16384), 15.75, (126, 4096, 256), 252.0)
     """
-    _check_positive(fsdp=fsdp, tensor=tensor, chips=chips)
+    _check_positive(fsdp=fsdp, tensor=tensor)
+    m = model_preset(model)
+    chip, chips = hardware.topology(topology)
     if fsdp * tensor != chips:
-        raise ValueError(f"mesh fsdp={fsdp} × tensor={tensor} = {fsdp * tensor} does not tile {chips} chips")
-    one = stacked_bytes(SEED_LAYERS, SEED_D_IN, SEED_D_OUT, fsdp, tensor, "1d", dtype)
-    two = stacked_bytes(SEED_LAYERS, SEED_D_IN, SEED_D_OUT, fsdp, tensor, "2d", dtype)
-    rows = -(-SEED_D_IN // tensor)
+        raise ValueError(f"mesh fsdp={fsdp} × tensor={tensor} = {fsdp * tensor} does not tile the {chips} chips "
+                         f"of {topology}")
+    L, h = m.layers, m.hidden
+    # stacked_bytes(layers, d_in, d_out): "2d" = [L, d_in/F, d_out/T], "1d" = [L, d_in, d_out/T]
+    one = stacked_bytes(L, h, h, fsdp, tensor, "1d", dtype)
+    two = stacked_bytes(L, h, h, fsdp, tensor, "2d", dtype)
+    rows = ceil_div(h, tensor)
+    hbm = chip.hbm_usable_bytes
     return SeedCase(
-        fsdp, tensor, dtype, one.total_bytes,
-        (SEED_LAYERS, rows, SEED_D_OUT), (SEED_LAYERS, rows, -(-SEED_D_OUT // fsdp)),
-        one.per_device_bytes, two.per_device_bytes,
-        one.per_device_bytes / V6E_HBM_BYTES, two.per_device_bytes / V6E_HBM_BYTES,
+        model, topology, fsdp, tensor, dtype, one.total_bytes,
+        (L, rows, h), (L, rows, ceil_div(h, fsdp)),
+        one.per_device_bytes, two.per_device_bytes, hbm,
+        one.per_device_bytes / hbm, two.per_device_bytes / hbm,
     )
 
 

@@ -1,14 +1,18 @@
 """Megatron tensor parallelism: collectives per layer per step (Shoeybi et al. 2019; Korthikanti et al. 2022).
 
-Bytes are *payload per rank* (design.md): what one rank hands to the collective.  b batch, s seq, h hidden,
+Bytes are *payload per rank*: what one rank hands to the collective.  b batch, s seq, h hidden,
 V vocab, p = tp, e bytes per element.  At p = 1 nothing is communicated (count 0, bytes 0).
 
     MLP, attention      forward: 1 all-reduce (g) of [b, s, h]; backward: 1 all-reduce (f) of the input
                         gradient [b, s, h] — only when the input needs a gradient
     transformer layer   2 forward + 2 backward: volume 4 b s h e
-    sequence parallel   every all-reduce becomes reduce-scatter (payload b s h e) + all-gather (payload
-                        b s h e / p): wire (p-1)/p b s h e + (p-1) b s h e / p = 2 (p-1)/p b s h e, the same
-                        wire bytes as the all-reduce it replaces
+    sequence parallel   (Megatron's) per f/g pair: forward all-gather of x [b, s/p, h] + reduce-scatter of
+                        [b, s, h]; backward all-gather of the output gradient, reduce-scatter of the input
+                        gradient, and one more all-gather: the column layer kept only its s/p input shard and
+                        gathers it again for the weight gradient.  Each all-reduce's wire 2 (p-1)/p b s h e is
+                        matched by one all-gather + one reduce-scatter; the re-gather adds (p-1)/p b s h e per
+                        pair and step.  In return the stored layer inputs are divided by p
+                        (`formulas.activations`)
     embedding           forward: 1 all-reduce of [b, s, h]
     vocab-parallel CE   all-reduces of [b, s]: max, target logit, sum of exponentials (+ sum of logits with
                         label smoothing): 3 (or 4) b s e
@@ -25,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardlab.formulas.common import dtype_bytes, wire_bytes
+from shardlab.formulas.common import ceil_div, dtype_bytes, wire_bytes
 
 
 def _check(**sizes: int) -> None:
@@ -68,30 +72,36 @@ def transformer_layer_all_reduce(
 def sequence_parallel(
     batch: int, seq: int, hidden: int, tp: int, dtype: Any = "float32", sublayers: int = 1, backward: bool = True
 ) -> dict[str, float]:
-    """Sequence-parallel version of `sublayers` f/g pairs: all-gathers + reduce-scatters and their wire bytes,
-    next to the wire bytes of the all-reduces they replace (equal)."""
+    """Megatron sequence parallelism for `sublayers` f/g pairs (each a column- then row-parallel layer).
+
+    Per pair: forward 1 all-gather (payload [b, s/p, h]) + 1 reduce-scatter (payload [b, s, h]); backward 2
+    all-gathers (the output gradient, and the re-gather of the saved input shard) + 1 reduce-scatter.  Returns
+    counts and payload bytes, `all_gather.regather.count` (the backward re-gathers), the ring wire bytes and
+    the wire bytes of the all-reduces the pairs replace (plain TP: 1 forward + 1 backward per pair).
+
+    >>> sp = sequence_parallel(batch=2, seq=8, hidden=16, tp=4, dtype="float32")
+    >>> sp["all_gather.count"], sp["reduce_scatter.count"], sp["wire_bytes"] - sp["all_reduce_wire_bytes"]
+    (3, 2, 768.0)
+    """
     _check(batch=batch, seq=seq, hidden=hidden, tp=tp, sublayers=sublayers)
     if seq % tp:
         raise ValueError(f"seq={seq} is not divisible by tp={tp} (sequence parallelism splits the sequence)")
     full = batch * seq * hidden * dtype_bytes(dtype)
-    n = sublayers * (2 if backward else 1)  # each of fwd and bwd: one all-gather and one reduce-scatter
+    bwd = sublayers if backward else 0
     if tp == 1:
-        return {
-            "all_gather.count": 0,
-            "all_gather.bytes": 0,
-            "reduce_scatter.count": 0,
-            "reduce_scatter.bytes": 0,
-            "wire_bytes": 0.0,
-            "all_reduce_wire_bytes": 0.0,
-        }
+        return {"all_gather.count": 0, "all_gather.bytes": 0, "all_gather.regather.count": 0,
+                "reduce_scatter.count": 0, "reduce_scatter.bytes": 0, "wire_bytes": 0.0,
+                "all_reduce_wire_bytes": 0.0}
+    n_ag, n_rs = sublayers + 2 * bwd, sublayers + bwd
     ag, rs = full // tp, full
     return {
-        "all_gather.count": n,
-        "all_gather.bytes": n * ag,  # payload = the shard [b, s/p, h]
-        "reduce_scatter.count": n,
-        "reduce_scatter.bytes": n * rs,  # payload = the full input [b, s, h]
-        "wire_bytes": n * (wire_bytes("all_gather", ag, tp) + wire_bytes("reduce_scatter", rs, tp)),
-        "all_reduce_wire_bytes": n * wire_bytes("all_reduce", full, tp),
+        "all_gather.count": n_ag,
+        "all_gather.bytes": n_ag * ag,  # payload = the shard [b, s/p, h]
+        "all_gather.regather.count": bwd,  # backward re-gathers of the saved input shard
+        "reduce_scatter.count": n_rs,
+        "reduce_scatter.bytes": n_rs * rs,  # payload = the full input [b, s, h]
+        "wire_bytes": n_ag * wire_bytes("all_gather", ag, tp) + n_rs * wire_bytes("reduce_scatter", rs, tp),
+        "all_reduce_wire_bytes": (sublayers + bwd) * wire_bytes("all_reduce", full, tp),
     }
 
 
@@ -112,7 +122,7 @@ def vocab_parallel_ce(
 def shard_width(vocab: int, tp: int) -> int:
     """Largest vocab shard ceil(V / p) — all-gather pads every shard to it."""
     _check(vocab=vocab, tp=tp)
-    return -(-vocab // tp)
+    return ceil_div(vocab, tp)
 
 
 def gathered_logits(batch: int, seq: int, vocab: int, tp: int, dtype: Any = "float32") -> dict[str, int]:

@@ -19,7 +19,7 @@ Communication per step, in parameter *elements* per rank (section 7): plain DP a
 gradients = reduce-scatter Ψ + all-gather Ψ = 2Ψ; ZeRO-1/2 the same 2Ψ; ZeRO-3 adds one more
 all-gather of the parameters (forward and backward each gather, gradients are reduce-scattered) = 3Ψ.
 The paper quotes the bandwidth-optimal ring volumes rounded up ((N-1)/N ≈ 1); ``exact=True`` keeps the
-(N-1)/N factor (design.md "Bytes": wire bytes of the ring model).
+(N-1)/N factor (the wire bytes of the ring model, ``formulas.common.wire_bytes``).
 
 Padding waste of a flat parameter (FSDP1 / ZeRO-3 flat buffers): the numel N is padded to
 W·ceil(N/W) so every rank holds an equal shard: waste = W·ceil(N/W) - N < W elements.
@@ -28,6 +28,8 @@ W·ceil(N/W) so every rank holds an equal shard: waste = W·ceil(N/W) - N < W el
 from __future__ import annotations
 
 from typing import NamedTuple
+
+from shardlab.formulas.common import ceil_div
 
 ZERO_K = 12
 """Optimizer-state bytes per parameter for mixed-precision Adam: fp32 master + momentum + variance."""
@@ -82,7 +84,8 @@ def zero_comm(psi: float, n: int, stage: int, exact: bool = False) -> ZeroComm:
 
     Stage 0 all-reduces gradients (2Ψ), stages 1-2 reduce-scatter gradients and all-gather updated
     parameters (Ψ + Ψ), stage 3 all-gathers parameters twice (forward, backward) and reduce-scatters
-    gradients (Ψ + Ψ + Ψ = 3Ψ). ``exact`` multiplies each by (N-1)/N.
+    gradients (Ψ + Ψ + Ψ = 3Ψ; PyTorch FSDP's root unit skips the backward all-gather: 2Ψ for it,
+    ``formulas.fsdp.flat_step_comm(..., root=True)``). ``exact`` multiplies each by (N-1)/N.
     """
     _check(psi, n, stage)
     f = (n - 1) / n if exact else 1.0
@@ -99,7 +102,7 @@ def padded_numel(numel: int, world_size: int) -> int:
         raise ValueError(f"numel={numel!r} must be an integer >= 1")
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size={world_size!r} must be an integer >= 1")
-    return world_size * -(-numel // world_size)
+    return world_size * ceil_div(numel, world_size)
 
 
 def padding_waste(numel: int, world_size: int) -> int:

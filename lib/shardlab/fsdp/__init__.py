@@ -6,5 +6,6 @@
     gspmd       per-parameter (dim-0) FSDP under XLA SPMD, collectives read from the partitioned HLO
     torch_ref   PyTorch's own FSDP1 / FSDP2 as per-rank programs for DistributedWorld (gloo)
 
-Formulas live in shardlab.formulas.fsdp (flat step, per-rank memory) and shardlab.formulas.zero (ZeRO).
+Formulas live in shardlab.formulas.fsdp (flat step, per-rank memory, per-parameter step) and
+shardlab.formulas.zero (ZeRO).
 """

@@ -4,7 +4,7 @@ Design note
 -----------
 FSDP1 concatenates every parameter of a wrapped module into ONE 1-D ``FlatParameter`` and gives each rank a
 contiguous slice of it. Everything about that slice is integer arithmetic on the parameter numels, so it
-lives here as pure functions returning named tuples (style.md #5), testable against PyTorch's own
+lives here as pure functions returning named tuples, testable against PyTorch's own
 ``FlatParamHandle`` (tests/test_fsdp_flat_param.py builds one per rank on a fake process group).
 
 Layout of the unsharded flat parameter (``torch/distributed/fsdp/_flat_param.py``,
@@ -40,6 +40,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+
+from shardlab.formulas.common import ceil_div
 
 FLAT_PARAM_PADDING_VALUE = 42
 """Fill value of alignment padding (PyTorch's ``_FLAT_PARAM_PADDING_VALUE``): a recognisable non-zero so a
@@ -104,10 +106,6 @@ class FlatShardPlan(NamedTuple):
         """All elements moved and stored that are not parameters: padded_numel - sum(numels)."""
         return self.padded_numel - self.param_numel
 
-    def param_offsets(self) -> tuple[tuple[int, int], ...]:
-        """(start, end INCLUSIVE) of each parameter in the flat parameter."""
-        return tuple((s.start, s.start + s.numel - 1) for s in self.segments if s.kind == "param")
-
 
 def aligned_numel(dtype: torch.dtype) -> int:
     """Elements per ALIGNMENT_BYTES: float32 -> 4, bfloat16 -> 8 (PyTorch ``_get_aligned_numel``)."""
@@ -162,7 +160,7 @@ def chunk_bounds(flat_numel: int, world_size: int, rank: int) -> tuple[int, int,
         raise ValueError(f"flat_numel={flat_numel} must be >= 1")
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
-    c = -(-flat_numel // world_size)  # ceil
+    c = ceil_div(flat_numel, world_size)
     start = rank * c
     real = max(0, min(c, flat_numel - start))
     return start, real, c - real
@@ -194,7 +192,7 @@ def plan_flat_shards(numels: list[int] | tuple[int, ...], world_size: int, align
     segments = flat_layout(numels, world_size, align)
     numels = tuple(numels)
     flat_numel = segments[-1].start + segments[-1].numel
-    c = -(-flat_numel // world_size)
+    c = ceil_div(flat_numel, world_size)
     ranks = []
     for r in range(world_size):
         _, real, pad = chunk_bounds(flat_numel, world_size, r)
@@ -203,11 +201,31 @@ def plan_flat_shards(numels: list[int] | tuple[int, ...], world_size: int, align
     return FlatShardPlan(numels, world_size, align, segments, flat_numel, c, c * world_size, tuple(ranks))
 
 
-def module_params(module: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
-    """Parameters in FlatParamHandle's order: ``named_modules`` then each module's own params, shared once."""
+def owned_modules(module: torch.nn.Module, ignored: tuple[torch.nn.Module, ...] = ()) -> list[torch.nn.Module]:
+    """``module`` and its submodules in ``named_modules`` order, skipping the subtrees of ``ignored`` (the
+    submodules an inner FSDP unit wraps: their parameters belong to that unit)."""
+    return [mod for _, mod in _owned(module, ignored)]
+
+
+def _owned(module: torch.nn.Module, ignored: tuple[torch.nn.Module, ...]) -> list[tuple[str, torch.nn.Module]]:
+    out: list[tuple[str, torch.nn.Module]] = []
+    skip = [f"{name}." for name, mod in module.named_modules(remove_duplicate=False)
+            if any(mod is m for m in ignored) and name]
+    for name, mod in module.named_modules(remove_duplicate=False):
+        if any(mod is m for m in ignored) or any(name.startswith(prefix) for prefix in skip):
+            continue
+        out.append((name, mod))
+    return out
+
+
+def module_params(
+    module: torch.nn.Module, ignored: tuple[torch.nn.Module, ...] = ()
+) -> list[tuple[str, torch.nn.Parameter]]:
+    """Parameters in FlatParamHandle's order: ``named_modules`` then each module's own params, shared once;
+    the subtrees of ``ignored`` (inner units) are left out."""
     seen: set[int] = set()
     out: list[tuple[str, torch.nn.Parameter]] = []
-    for mod_name, mod in module.named_modules(remove_duplicate=False):
+    for mod_name, mod in _owned(module, ignored):
         for p_name, p in mod.named_parameters(recurse=False, remove_duplicate=False):
             if id(p) in seen:
                 continue
@@ -225,9 +243,10 @@ def module_params(module: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter
 
 
 def plan_flat_shards_for(
-    module: torch.nn.Module, world_size: int, use_orig_params: bool = False
+    module: torch.nn.Module, world_size: int, use_orig_params: bool = False, ignored: tuple[torch.nn.Module, ...] = ()
 ) -> FlatShardPlan:
-    """Plan for ``module``'s parameters; ``use_orig_params=True`` aligns them like PyTorch (16 bytes)."""
-    params = module_params(module)
+    """Plan for ``module``'s parameters (outside ``ignored``'s subtrees); ``use_orig_params=True`` aligns them
+    like PyTorch (16 bytes)."""
+    params = module_params(module, ignored)
     align = aligned_numel(params[0][1].dtype) if use_orig_params else 0
     return plan_flat_shards([p.numel() for _, p in params], world_size, align)

@@ -11,13 +11,19 @@ graph must all-gather again whatever it needs.
 
 What the HLO shows (CPU, torch_xla 2.9.0; read with ``shardlab.profile.capture_hlo``)::
 
-    forward   all-gather of every parameter: operand = its padded shard  ceil(d0/W)·rest·b
+    forward   unshard of every parameter: all-gather, operand = its padded shard ceil(d0/W)·rest·b — or, when
+              d0 <= W // 2, an all-reduce of the full d0·rest·b (XLA's partitioner, ``ReplicatePartial``: a
+              dynamic-update-slice into zeros, or for d0 = 1 a select of the owning device, then all-reduce)
               all-reduce of the scalar loss (the batch mean)                 — not FSDP traffic
-    backward  all-gather of the weights the input-gradient needs: dX_l = dY_l · W_l for layers 2..L
+    backward  unshard again of the weights the input-gradient needs: dX_l = dY_l · W_l for layers 2..L
               (layer 1's input is data, biases are never needed) — FSDP1 re-gathers the WHOLE flat param
               gradient "reduce-scatter" of every parameter: on CPU XLA emits all-reduce + dynamic-slice
               (reduce-scatter never appears); we count each such all-reduce as one reduce-scatter, its
               operand = the full gradient numel·b
+
+An all-reduce is classified by its operand: one that places this device's shard by its partition-id (a
+dynamic-update-slice into zeros, or a select of the owning device) is an unshard; any other non-scalar
+all-reduce of the backward graph is a gradient reduce-scatter.
 
 The unshards and the reduce-scatter are written out (``_FsdpLinear``): each Linear constrains a copy of its
 weight and bias to replicated before use (-> all-gather), saves the SHARDED weight and re-gathers it in
@@ -28,9 +34,9 @@ another algorithm (measured, layers 30-50-10): it resharded each *transposed* we
 gradient as an all-reduce of half the rows plus a collective-permute to the owner. At W = 4, 8 both forms
 measure the same collective bytes. With W = 1 nothing is sharded: no collective at all (formula: zeros).
 
-``per_param_step_bytes`` is that algebra; ``gspmd_step`` measures it. Compare with the flat design
-(``formulas.fsdp.flat_step_comm``): c·b + c·b + P·b with c = ceil(N/W). Per-parameter padding rounds
-each d0 up instead of the total N, and the backward gathers only what autograd reads.
+``shardlab.formulas.fsdp.per_param_step_bytes`` is that algebra; ``gspmd_step`` measures it. Compare with
+the flat design (``formulas.fsdp.flat_step_comm``): c·b + c·b + P·b with c = ceil(N/W). Per-parameter padding
+rounds each d0 up instead of the total N, and the backward gathers only what autograd reads.
 torch_xla's ``SpmdFullyShardedDataParallel`` (``wrapper="torch_xla_fsdpv2"``) makes the same kind of
 annotations but shards each parameter's LARGEST dimension (``shard_maximal=True``), not dim 0: same
 algebra with ``rule="largest"``. It annotates only parameters and outputs, so at W = 2 on 8 devices the
@@ -44,72 +50,31 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
+from shardlab import runtime
+from shardlab.formulas.fsdp import StepBytes
 from shardlab.fsdp.train import TrainConfig, make_batch, make_model
-
-SHARD_DIMS = ("dim0", "largest")
-"""Which dimension a parameter is sharded on: "dim0" (FSDP2 ``fully_shard``) or "largest" (torch_xla's
-``SpmdFullyShardedDataParallel``: ``shard_maximal=True``, the first dimension of maximal size)."""
+from shardlab.profile import capture_hlo
+from shardlab.profile.hlo import Collective, HloModule
 
 
-def shard_dim(shape: tuple[int, ...], rule: str = "dim0") -> int:
-    if rule not in SHARD_DIMS:
-        raise ValueError(f"shard rule={rule!r} must be one of {SHARD_DIMS}")
-    if len(shape) == 0:
-        raise ValueError("a 0-d parameter cannot be sharded")
-    return 0 if rule == "dim0" else list(shape).index(max(shape))
-
-
-def per_param_shard(
-    shape: tuple[int, ...], world_size: int, rank: int, rule: str = "dim0"
-) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(local, padded) shard shape: ``torch.chunk`` on the shard dimension, padded to ceil(d/W).
-
-    Same rule in FSDP2 (``fully_shard``) and in GSPMD ``mark_sharding``:
-    >>> per_param_shard((10, 3), 4, 3)      # chunks 3,3,3,1 -> rank 3 holds 1 row, padded to 3
-    ((1, 3), (3, 3))
-    """
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
-    k = shard_dim(shape, rule)
-    d = shape[k]
-    c = -(-d // world_size)
-    local = max(0, min(c, d - rank * c))
-    return shape[:k] + (local,) + shape[k + 1 :], shape[:k] + (c,) + shape[k + 1 :]
-
-
-class StepBytes(NamedTuple):
-    all_gather_forward: int  # payload (operand) bytes per device
-    all_gather_backward: int
-    reduce_scatter: int  # payload = full gradient bytes (on CPU: the all-reduce of an AR + dynamic-slice pair)
-    all_gather_count: int
-    reduce_scatter_count: int
-
-    @property
-    def total(self) -> int:
-        return self.all_gather_forward + self.all_gather_backward + self.reduce_scatter
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
-def per_param_step_bytes(
-    shapes: list[tuple[int, ...]], world_size: int, backward_needed: list[bool], elem_bytes: int = 4,
-    rule: str = "dim0",
-) -> StepBytes:
-    """Formula for one per-parameter FSDP step (see the module note)."""
-    if len(shapes) != len(backward_needed):
-        raise ValueError(f"{len(shapes)} shapes but {len(backward_needed)} backward_needed flags")
-    if world_size == 1:  # nothing sharded: no gathers, no reduce-scatters (the partitioner emits none)
-        return StepBytes(0, 0, 0, 0, 0)
-    shard = [_numel(per_param_shard(s, world_size, 0, rule)[1]) * elem_bytes for s in shapes]
-    fwd = sum(shard)
-    bwd = sum(b for b, need in zip(shard, backward_needed, strict=True) if need)
-    rs = sum(_numel(s) * elem_bytes for s in shapes)
-    return StepBytes(fwd, bwd, rs, len(shapes) + sum(backward_needed), len(shapes))
+def _is_unshard_all_reduce(module: HloModule, c: Collective) -> bool:
+    """An all-reduce that replicates a sharded value: its operand places this device's shard by its
+    ``partition-id`` — a dynamic-update-slice into zeros (d <= W // 2) or a select of the owning device (d == 1)
+    — XLA's all-reduce form of an unshard. A gradient reduce-scatter's operand is a partial sum (dot, reduce)."""
+    ins = module.instructions.get(c.name)
+    if ins is None or not ins.operands or ins.operands[0] not in module.instructions:
+        return False
+    op = module.instructions[ins.operands[0]]
+    if op.opcode == "dynamic-update-slice":
+        return True
+    uses_partition_id = any(module.instructions[o].opcode == "partition-id" for o in op.operands
+                            if o in module.instructions)
+    if op.opcode == "select" and uses_partition_id:
+        return True
+    if op.opcode != "fusion":
+        return False
+    inner = [module.instructions[n].opcode for n in module.computations.get(op.attrs.get("calls", "").lstrip("%"), [])]
+    return "dynamic-update-slice" in inner or (uses_partition_id and "select" in inner)
 
 
 def mlp_backward_needed(model: nn.Module) -> list[bool]:
@@ -205,9 +170,6 @@ def gspmd_step(cfg: TrainConfig, world_size: int, wrapper: str = "mark_sharding"
         raise ValueError(f"wrapper={wrapper!r} must be 'mark_sharding' or 'torch_xla_fsdpv2'")
     import torch_xla.distributed.spmd as xs
 
-    from shardlab import runtime
-    from shardlab.profile import capture_hlo
-
     n = runtime.current().num_devices
     if world_size < 1 or n % world_size:
         raise ValueError(f"world_size={world_size} must divide num_devices={n} for the GSPMD mesh")
@@ -218,7 +180,7 @@ def gspmd_step(cfg: TrainConfig, world_size: int, wrapper: str = "mark_sharding"
     mesh = runtime.mesh((world_size, n // world_size), ("fsdp", "replica"))
     dev = runtime.device()
     model = make_model(cfg)
-    model = model.to(dev)  # CPU-initialised, then moved, then sharded (xla-notes.md)
+    model = model.to(dev)  # CPU-initialised, then moved, then sharded (device-side RNG before a sync breaks lowering)
     if wrapper == "torch_xla_fsdpv2":
         from torch_xla.experimental.spmd_fully_sharded_data_parallel import SpmdFullyShardedDataParallel as FSDPv2
 
@@ -262,9 +224,12 @@ def gspmd_step(cfg: TrainConfig, world_size: int, wrapper: str = "mark_sharding"
     fm, bm = fwd.module, bwd.module
     ag_f = [c for c in fm.collectives if c.op == "all-gather"]
     ag_b = [c for c in bm.collectives if c.op == "all-gather"]
-    # gradient reduce-scatters: non-scalar all-reduces of the backward graph (CPU: all-reduce + dynamic-slice)
-    rs = [c for c in bm.collectives if c.op == "all-reduce" and any(len(s) for s in c.operand_shapes)]
-    other = [c for c in fm.collectives + bm.collectives if c.op == "all-reduce" and c not in rs]
+    # non-scalar all-reduces: an unshard in its all-reduce form (operand = dynamic-update-slice into zeros), or,
+    # in the backward graph, a gradient reduce-scatter (CPU: all-reduce + dynamic-slice)
+    ar_f = [c for c in fm.collectives if c.op == "all-reduce" and _is_unshard_all_reduce(fm, c)]
+    ar_b = [c for c in bm.collectives if c.op == "all-reduce" and _is_unshard_all_reduce(bm, c)]
+    rs = [c for c in bm.collectives if c.op == "all-reduce" and c not in ar_b and any(len(s) for s in c.operand_shapes)]
+    other = [c for c in fm.collectives + bm.collectives if c.op == "all-reduce" and c not in rs + ar_f + ar_b]
     unexpected = [c for c in fm.collectives + bm.collectives if c.op not in ("all-gather", "all-reduce")]
     if unexpected and strict:
         raise RuntimeError(f"unexpected collectives {[c.op for c in unexpected]}: the partitioner did not choose "
@@ -272,8 +237,12 @@ def gspmd_step(cfg: TrainConfig, world_size: int, wrapper: str = "mark_sharding"
     resharding: dict[str, int] = {}
     for c in unexpected:
         resharding[c.op] = resharding.get(c.op, 0) + c.operand_bytes
-    measured = StepBytes(sum(c.operand_bytes for c in ag_f), sum(c.operand_bytes for c in ag_b),
-                         sum(c.operand_bytes for c in rs), len(ag_f) + len(ag_b), len(rs))
+
+    def total(cs: list[Collective]) -> int:
+        return sum(c.operand_bytes for c in cs)
+
+    measured = StepBytes(total(ag_f), total(ag_b), total(rs), len(ag_f) + len(ag_b), len(rs), total(ar_f),
+                         total(ar_b), len(ar_f) + len(ar_b))
     return GspmdStep(fm, bm, measured, sum(c.operand_bytes for c in other),
                      sum(c.feeds_dynamic_slice for c in rs), [tuple(p.shape) for p in params],
                      float(held["loss"].detach().cpu()), resharding, [p.detach().cpu() for p in params])

@@ -1,42 +1,81 @@
-"""PyTorch's own FSDP as the reference: FSDP1 (one FlatParameter) and FSDP2 (``fully_shard``, per-parameter).
+"""PyTorch's own FSDP as the reference: FSDP1 (one FlatParameter per unit) and FSDP2 (``fully_shard``, per-parameter).
 
 Design note
 -----------
 Module-level per-rank programs for ``shardlab.comm.DistributedWorld`` (gloo, CPU): the worker has already
 joined the default process group, so PyTorch FSDP just uses it; ``comm`` only supplies rank and world size.
+With ``cfg.nested`` the first Linear becomes its own (inner, non-root) unit and the root unit keeps the rest —
+``FSDP(model[0])`` then ``FSDP(model)`` / ``fully_shard(model[0])`` then ``fully_shard(model)``, what an
+auto-wrap policy does.
 
-* ``torch_fsdp1_program`` wraps ``make_model(cfg)`` in ``FullyShardedDataParallel`` (one root unit -> one
-  FlatParameter), trains ``cfg.steps`` steps on this rank's rows with ``torch.optim`` (SGD/Adam on the flat
-  shard) and returns the local shard plus its metadata — directly comparable with ``FlatUnit``'s shard.
-* ``torch_fsdp2_program`` applies ``fully_shard`` and returns, per parameter, the local (unpadded) shard
-  shape and the padded shard shape: FSDP2 shards each parameter on dim 0 with ``torch.chunk`` semantics
-  and pads dim 0 to ceil(d0 / W) — the same per-parameter rule as GSPMD's dim-0 sharding
-  (``shardlab.fsdp.gspmd.per_param_shard``).
+* ``torch_fsdp1_program`` wraps ``make_model(cfg)`` in ``FullyShardedDataParallel``, trains ``cfg.steps``
+  steps on this rank's rows with ``torch.optim`` and returns the root's local shard plus its metadata —
+  directly comparable with ``FlatUnit``'s shard — and every collective it issued.
+* ``torch_fsdp2_program`` applies ``fully_shard``, returns per parameter the local (unpadded) and padded
+  shard shapes — FSDP2 shards each parameter on dim 0 with ``torch.chunk`` semantics and pads dim 0 to
+  ceil(d0 / W), the same per-parameter rule as GSPMD's dim-0 sharding
+  (``shardlab.formulas.fsdp.per_param_shard``) — and the collectives of the same training run.
+
+Collectives are recorded by :func:`logged_collectives`, which wraps the ``torch.distributed`` functions FSDP
+calls (``all_gather`` — FSDP1 on gloo gathers into a list —, ``all_gather_into_tensor``,
+``reduce_scatter_tensor``, ``all_reduce``, ``broadcast``) for the duration of a block and writes one
+``LedgerEntry`` per call in our own vocabulary (op, payload = the tensor this rank hands over, phase), so a
+test compares PyTorch's list with our ledger row by row.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
-from shardlab.comm import Comm
-from shardlab.fsdp.train import TrainConfig, make_batch, make_model
+from shardlab.comm import Comm, Ledger, LedgerEntry, current_phase, ring_wire_bytes
+from shardlab.comm.ledger import dtype_name
+from shardlab.fsdp.train import INNER, TrainConfig, make_batch, make_model
+
+# torch.distributed function -> (our op name, how to find the tensor this rank hands over)
+_LOGGED = {
+    "all_gather": ("all_gather", lambda a, k: a[1] if len(a) > 1 else k["tensor"]),
+    "all_gather_into_tensor": ("all_gather", lambda a, k: a[1] if len(a) > 1 else k["input_tensor"]),
+    "reduce_scatter_tensor": ("reduce_scatter", lambda a, k: a[1] if len(a) > 1 else k["input"]),
+    "all_reduce": ("all_reduce", lambda a, k: a[0] if a else k["tensor"]),
+    "broadcast": ("broadcast", lambda a, k: a[0] if a else k["tensor"]),
+}
 
 
-def torch_fsdp1_program(comm: Comm, cfg: TrainConfig) -> dict[str, Any]:
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+@contextmanager
+def logged_collectives(world_size: int) -> Iterator[Ledger]:
+    """Record every collective PyTorch issues through ``torch.distributed`` inside the block, as a Ledger."""
+    ledger = Ledger()
+    originals = {name: getattr(dist, name) for name in _LOGGED}
 
-    cfg.validate(comm.world_size)
-    model = FSDP(make_model(cfg), device_id=torch.device("cpu"), use_orig_params=cfg.use_orig_params)
-    fp = model._handle.flat_param  # this rank's shard of the one FlatParameter, (c,)
-    meta = {
-        "shard_numel": fp.numel(),
-        "numel_padded": fp._shard_numel_padded,
-        "flat_numel": fp._unpadded_unsharded_size.numel(),
-        "infos": [tuple(i) for i in fp._shard_param_infos],
-    }
+    def wrap(name: str) -> Any:
+        op, find = _LOGGED[name]
+        fn = originals[name]
+
+        def logged(*args: Any, **kwargs: Any) -> Any:
+            t = find(args, kwargs)
+            payload = t.numel() * t.element_size()
+            ledger.append(LedgerEntry(len(ledger), op, world_size, dtype_name(t.dtype), tuple(t.shape), payload,
+                                      ring_wire_bytes(op, payload, world_size), current_phase(), tag=name))
+            return fn(*args, **kwargs)
+
+        return logged
+
+    for name in _LOGGED:
+        setattr(dist, name, wrap(name))
+    try:
+        yield ledger
+    finally:
+        for name, fn in originals.items():
+            setattr(dist, name, fn)
+
+
+def _train(comm: Comm, cfg: TrainConfig, model: nn.Module) -> None:
     opt = (torch.optim.Adam(model.parameters(), lr=cfg.lr) if cfg.optimizer == "adam"
            else torch.optim.SGD(model.parameters(), lr=cfg.lr))
     rows = cfg.batch // comm.world_size
@@ -46,11 +85,32 @@ def torch_fsdp1_program(comm: Comm, cfg: TrainConfig) -> dict[str, Any]:
         opt.zero_grad()
         nn.functional.mse_loss(model(x[sl]), y[sl]).backward()
         opt.step()
+
+
+def torch_fsdp1_program(comm: Comm, cfg: TrainConfig) -> dict[str, Any]:
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    cfg.validate(comm.world_size)
+    model = make_model(cfg)
+    kw = dict(device_id=torch.device("cpu"), use_orig_params=cfg.use_orig_params)
+    if cfg.nested:
+        model[int(INNER)] = FSDP(model[int(INNER)], **kw)
+    model = FSDP(model, **kw)
+    fp = model._handle.flat_param  # this rank's shard of the root's FlatParameter, (c,)
+    meta = {
+        "shard_numel": fp.numel(),
+        "numel_padded": fp._shard_numel_padded,
+        "flat_numel": fp._unpadded_unsharded_size.numel(),
+        "infos": [tuple(i) for i in fp._shard_param_infos],
+    }
+    with logged_collectives(comm.world_size) as ledger:
+        _train(comm, cfg, model)
     meta["shard"] = model._handle.flat_param.detach().clone()
+    meta["collectives"] = ledger.to_records()
     return meta
 
 
-def torch_fsdp2_program(comm: Comm, cfg: TrainConfig) -> list[dict[str, Any]]:
+def torch_fsdp2_program(comm: Comm, cfg: TrainConfig) -> dict[str, Any]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -58,18 +118,23 @@ def torch_fsdp2_program(comm: Comm, cfg: TrainConfig) -> list[dict[str, Any]]:
     mesh = init_device_mesh("cpu", (comm.world_size,))
     model = make_model(cfg)
     names = {id(p): n for n, p in model.named_parameters()}
+    if cfg.nested:
+        fully_shard(model[int(INNER)], mesh=mesh)
     fully_shard(model, mesh=mesh)
-    out = []
-    for fsdp_param in model._get_fsdp_state()._fsdp_param_group.fsdp_params:
-        out.append({
-            "orig_shape": tuple(fsdp_param._orig_size),
-            "local_shape": tuple(fsdp_param.sharded_param.to_local().shape),  # unpadded
-            "padded_shape": tuple(fsdp_param.padded_sharded_param_size),
-            "name": names.get(id(fsdp_param.sharded_param), ""),
-        })
-    return out
+    params = []
+    for module in (model[int(INNER)], model) if cfg.nested else (model,):
+        for fsdp_param in module._get_fsdp_state()._fsdp_param_group.fsdp_params:
+            params.append({
+                "orig_shape": tuple(fsdp_param._orig_size),
+                "local_shape": tuple(fsdp_param.sharded_param.to_local().shape),  # unpadded
+                "padded_shape": tuple(fsdp_param.padded_sharded_param_size),
+                "name": names.get(id(fsdp_param.sharded_param), ""),
+            })
+    with logged_collectives(comm.world_size) as ledger:
+        _train(comm, cfg, model)
+    return {"params": params, "collectives": ledger.to_records()}
 
 
-def torch_fsdp_both_program(comm: Comm, cfg: TrainConfig) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def torch_fsdp_both_program(comm: Comm, cfg: TrainConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     """FSDP1 then FSDP2 in the same processes: one spawn instead of two (process start-up dominates)."""
     return torch_fsdp1_program(comm, cfg), torch_fsdp2_program(comm, cfg)

@@ -10,32 +10,52 @@ Design note
 2. *Unshard before forward* (``forward``): ``all_gather(shard) -> (P,)`` into ``self._full`` (whose storage
    is reallocated), ``flat = leaf(P,) requires_grad``; every parameter becomes a view
    ``flat[start:start+numel].view(shape)`` (shared parameters: the same view at every registration).
-3. *Free after forward*: ``_full``'s storage is resized to 0 — autograd's saved views now point at nothing.
+3. *Free after forward* (``reshard_after_forward``): ``_full``'s storage is resized to 0 — autograd's saved
+   views now point at nothing. PyTorch's rule, which is the default here: every unit reshards after forward
+   EXCEPT the root (the outermost unit, the first whose forward runs): its parameters would be all-gathered
+   again at once for the backward, so FSDP1 (``_post_forward_reshard``: ``not state._is_root``) and FSDP2
+   (the root's ``post_forward_mesh_info = None``) keep them. A model that is one root unit therefore issues
+   ONE all-gather per step.
 4. *Unshard before backward*: a hook on the unit's output (fires when its gradient is ready, i.e. before
-   the module's own backward nodes run) reallocates the storage and all-gathers into it again.
+   the module's own backward nodes run) reallocates the storage and all-gathers into it again — only if
+   step 3 freed it.
 5. *Reduce-scatter after backward*: a post-accumulate-grad hook on ``flat`` reduce-scatters ``flat.grad``
    (P,) -> (c,), divides by W (average over data-parallel ranks) and accumulates into ``shard.grad``; then
    the unsharded parameter and gradient are freed.
 6. *Optimizer on the shard*: ``ShardSGD`` / ``ShardAdam`` update the (c,) shard only. Padding stays inert:
    its gradient is always zero (never read by the module), so SGD and Adam leave it unchanged.
 
-Per step and unit the ledger shows exactly: forward all-gather (payload c·b), backward all-gather (c·b),
-backward reduce-scatter (P·b) — ``formulas.fsdp.flat_step_comm``.
+Nesting, as with PyTorch's auto-wrap: wrap submodules first, then the whole model; the outer unit flattens
+only the parameters no inner unit owns. Per step the ledger shows exactly, per unit: forward all-gather
+(payload c·b), backward all-gather (c·b; non-root units only), backward reduce-scatter (P·b) —
+``formulas.fsdp.flat_step_comm(..., root=...)`` — in the order PyTorch FSDP1 issues them on gloo (tested
+against its collectives).
 """
 
 from __future__ import annotations
+
+import threading
 
 import torch
 from torch import nn
 
 from shardlab.comm import Comm
-from shardlab.fsdp.flat_param import FLAT_PARAM_PADDING_VALUE, FlatShardPlan, module_params, plan_flat_shards_for
+from shardlab.fsdp.flat_param import (
+    FLAT_PARAM_PADDING_VALUE,
+    FlatShardPlan,
+    module_params,
+    owned_modules,
+    plan_flat_shards_for,
+)
+
+_RUNNING = threading.local()  # per thread (= per SimulatedWorld rank): units whose forward is running
 
 
-def _registrations(module: nn.Module) -> dict[int, list[tuple[nn.Module, str]]]:
-    """id(param) -> every (submodule, attribute name) that registers it (shared params: several)."""
+def _registrations(module: nn.Module, ignored: tuple[nn.Module, ...]) -> dict[int, list[tuple[nn.Module, str]]]:
+    """id(param) -> every (submodule, attribute name) that registers it (shared params: several), outside the
+    subtrees of ``ignored`` (inner units own those)."""
     regs: dict[int, list[tuple[nn.Module, str]]] = {}
-    for _, mod in module.named_modules(remove_duplicate=False):
+    for mod in owned_modules(module, ignored):
         for name, p in mod.named_parameters(recurse=False, remove_duplicate=False):
             if (mod, name) not in regs.setdefault(id(p), []):
                 regs[id(p)].append((mod, name))
@@ -43,14 +63,19 @@ def _registrations(module: nn.Module) -> dict[int, list[tuple[nn.Module, str]]]:
 
 
 class FlatUnit(nn.Module):
-    """FULL_SHARD wrapper of ``module`` for one rank of ``comm``; ``plan`` (optional) must match it."""
+    """FULL_SHARD wrapper of ``module`` for one rank of ``comm``; ``plan`` (optional) must match it.
+
+    ``reshard_after_forward``: None = PyTorch's rule (non-root units free after forward, the root does not);
+    True / False force it. Inner FlatUnits inside ``module`` keep their own parameters."""
 
     def __init__(
-        self, module: nn.Module, comm: Comm, use_orig_params: bool = False, plan: FlatShardPlan | None = None
+        self, module: nn.Module, comm: Comm, use_orig_params: bool = False, plan: FlatShardPlan | None = None,
+        reshard_after_forward: bool | None = None,
     ) -> None:
         super().__init__()
-        params = module_params(module)  # errors: no params, non-float, mixed dtypes
-        mine = plan_flat_shards_for(module, comm.world_size, use_orig_params=use_orig_params)
+        inner = tuple(m for m in module.modules() if isinstance(m, FlatUnit))
+        params = module_params(module, inner)  # errors: no params, non-float, mixed dtypes
+        mine = plan_flat_shards_for(module, comm.world_size, use_orig_params=use_orig_params, ignored=inner)
         if plan is not None and plan != mine:
             raise ValueError(
                 f"plan does not match the module: plan numels={list(plan.numels)}, world_size={plan.world_size}, "
@@ -59,10 +84,12 @@ class FlatUnit(nn.Module):
             )
         self.plan, self.comm = mine, comm
         self.module = module
+        self.reshard_after_forward = reshard_after_forward
+        self.is_root: bool | None = None  # decided at the first forward, like PyTorch's lazy init
         dtype = params[0][1].dtype
         self.names = [n for n, _ in params]
         self.shapes = [tuple(p.shape) for _, p in params]
-        regs = _registrations(module)
+        regs = _registrations(module, inner)
         self._regs = [regs[id(p)] for _, p in params]
         # 1. flatten (alignment padding = named fill value), zero-pad to P, keep this rank's slice
         full = torch.zeros(mine.padded_numel, dtype=dtype)  # (P,)
@@ -102,8 +129,22 @@ class FlatUnit(nn.Module):
         return held
 
     # ---- forward / backward --------------------------------------------------------------------------------
+    def _reshards_after_forward(self) -> bool:
+        return (not self.is_root) if self.reshard_after_forward is None else self.reshard_after_forward
+
     def forward(self, *args, **kwargs):
-        self._unshard("fsdp.forward.unshard")  # 2. all-gather before forward
+        running: list[FlatUnit] = _RUNNING.__dict__.setdefault("units", [])
+        if self.is_root is None:
+            self.is_root = not running  # no unit's forward encloses this one
+        running.append(self)
+        try:
+            return self._forward(*args, **kwargs)
+        finally:
+            running.pop()
+
+    def _forward(self, *args, **kwargs):
+        if self._full.untyped_storage().nbytes() == 0:  # not kept from a previous forward
+            self._unshard("fsdp.forward.unshard")  # 2. all-gather before forward
         flat = self._full.data.requires_grad_(True)  # leaf (P,) sharing _full's storage
         self._flat = flat
         for seg in self.plan.segments:
@@ -115,7 +156,8 @@ class FlatUnit(nn.Module):
         flat.register_post_accumulate_grad_hook(self._post_backward)
         out = self.module(*args, **kwargs)
         self.peak_unsharded_bytes = max(self.peak_unsharded_bytes, self.unsharded_bytes())
-        self._free_storage(self._full)  # 3. free after forward (autograd keeps views of the freed storage)
+        if self._reshards_after_forward():
+            self._free_storage(self._full)  # 3. free after forward (autograd keeps views of the freed storage)
         self._regathered = False
         outs = out if isinstance(out, tuple) else (out,)
         for o in outs:
@@ -124,9 +166,10 @@ class FlatUnit(nn.Module):
         return out
 
     def _pre_backward(self, grad: torch.Tensor) -> None:
-        if not self._regathered:  # 4. all-gather again before this unit's backward
+        if not self._regathered:  # 4. all-gather again before this unit's backward, if step 3 freed it
             self._regathered = True
-            self._unshard("fsdp.backward.unshard")
+            if self._full.untyped_storage().nbytes() == 0:
+                self._unshard("fsdp.backward.unshard")
 
     def _post_backward(self, flat: torch.Tensor) -> None:
         self.peak_unsharded_bytes = max(self.peak_unsharded_bytes, self.unsharded_bytes())

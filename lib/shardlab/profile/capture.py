@@ -1,7 +1,7 @@
 """Capture the partitioned HLO of one step: run, sync, read the new dump files, parse, clean up.
 
 Design: ``runtime.setup()`` points ``--xla_dump_to`` at a per-process directory (fixed for the life of the
-process, xla-notes.md). :func:`capture_hlo` lists that directory, runs ``fn``, cuts the lazy graph with
+process: XLA reads the flag once). :func:`capture_hlo` lists that directory, runs ``fn``, cuts the lazy graph with
 ``torch_xla.sync()``, waits for the devices, and parses the files that appeared: each compiled
 ``SyncTensorsGraph`` module's ``*after_optimizations.txt`` (per-device program) and its buffer assignment.
 The files are deleted afterwards. ``.cpu()`` of a sharded tensor compiles a ``ReplicateShardedData`` module;

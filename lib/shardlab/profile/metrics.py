@@ -1,7 +1,7 @@
 """torch_xla metrics around a step: what compiled, how long, and what crossed host -> device.
 
 Design: ``torch_xla.debug.metrics`` keeps process-wide counters and metrics. :func:`metrics_delta` snapshots
-them before and after a block and exposes the differences. Naming trap (xla-notes.md): ``OutboundData`` is
+them before and after a block and exposes the differences. Naming trap (measured, torch_xla 2.9): ``OutboundData`` is
 host -> device bytes, ``InboundData`` is device -> host; we expose them as ``h2d_*`` / ``d2h_*``.
 
 Example::

@@ -1,10 +1,11 @@
-"""Records: the JSON a notebook leaves behind (design.md, "Record").
+"""Records: the JSON a notebook leaves behind: params, environment, measurements (one row per source) and checks.
 
 Design
 ------
-A :class:`Recorder` collects *measurements* (one row per source: formula, ledger, hlo, metrics, timer) and
-*checks*. It rewrites ``<results_dir>/<notebook>.json`` after every call, so a notebook that dies half-way
-still leaves a record with ``status: "running"`` (the report runner then marks it failed and shows the cell).
+A :class:`Recorder` collects *measurements* (one row per source, :data:`SOURCES`: formula, ledger, hlo, tpu,
+metrics, timer) and *checks*. It rewrites ``<results_dir>/<notebook>.json`` after every call, so a notebook
+that dies half-way still leaves a record with ``status: "running"`` (the report runner then marks it failed
+and shows the cell).
 ``agree()`` is the three-way comparison the suite is built around: it records each source's value and one
 check that they are equal — exactly for ints and strings (structural numbers are deterministic), to a tight
 relative tolerance for floats — and raises :class:`CheckFailed` when they are not.

@@ -1,6 +1,6 @@
 """shardlab.tp — Megatron tensor parallelism written per rank over a `shardlab.comm.Comm`.
 
-mappings       f, g (and gather / scatter, sequence-parallel pair) as autograd functions
+mappings       f, g (and gather / scatter, the sequence-parallel pair g_sp, gbar_sp) as autograd functions
 layers         ColumnParallelLinear, RowParallelLinear, ParallelMLP, ParallelAttention,
                VocabParallelEmbedding, vocab_range — each with `from_dense(module, comm)`
 cross_entropy  vocab_parallel_cross_entropy (b*s all-reduces) and the gathered-logits baseline
@@ -23,8 +23,10 @@ from shardlab.tp.mappings import (
     copy_to_tp_region,
     f,
     g,
+    g_sp,
     gather_from_sp_region,
     gather_from_tp_region,
+    gbar_sp,
     reduce_from_tp_region,
     reduce_scatter_to_sp_region,
     scatter_to_tp_region,
@@ -40,9 +42,11 @@ __all__ = [
     "divide",
     "f",
     "g",
+    "g_sp",
     "gather_from_sp_region",
     "gather_from_tp_region",
     "gathered_cross_entropy",
+    "gbar_sp",
     "reduce_from_tp_region",
     "reduce_scatter_to_sp_region",
     "scatter_to_tp_region",

@@ -16,10 +16,18 @@ ends with the same per-token losses.  The backward needs no communication:
     d loss / d z_j = softmax_j - (1 - eps) [j == t] - eps / V
 
 (Megatron-LM's label smoothing uses the local vocab size and a local mean, so its losses differ by rank at
-tp > 1 — upstream issue 737; this module keeps torch's global V.)
+tp > 1 — NVIDIA/Megatron-LM GitHub issue #737; this module keeps torch's global V.)
 
 The baseline it is compared with, `gathered_cross_entropy`, all-gathers the logits (payload b*s*ceil(V/p)
 per rank: all-gather needs equal shards, so uneven shards are padded) and calls F.cross_entropy.
+
+The global vocab V is a required argument, never inferred from the local width.  With V = 1003 over p = 4 the
+shards are 251/251/251/250: ranks 0-2 would infer 251·4 = 1004, rank 3 250·4 = 1000, and each width is
+consistent with its own guess (vocab_range(1004, 0, 4) also has 251 rows), so no rank could notice — the
+smoothing term eps/V and the target's row range would silently differ by rank.  Inferring V correctly needs a
+collective (an all-reduce of the widths) on every call, an extra row in the ledger that the formula's 3 (or 4)
+all-reduces would have to carry; every caller already knows V (it built the embedding with it).  So a call
+without `vocab` is rejected with an error that says why.
 
 Example::
 
@@ -33,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from shardlab.comm import Comm
+from shardlab.formulas.common import ceil_div
 from shardlab.tp.layers import vocab_range
 from shardlab.tp.mappings import gather_from_tp_region
 
@@ -46,7 +55,15 @@ def _check(
     label_smoothing: float,
 ) -> tuple[int, int, int]:
     n = local_logits.shape[-1]
-    v = n * comm.world_size if vocab is None else vocab
+    if vocab is None:
+        raise ValueError(
+            f"vocab= (the global vocabulary size) is required: rank {comm.rank} holds {n} logits columns, which "
+            f"fits a global vocab of {n * comm.world_size} but also any uneven split that gives this rank {n} rows "
+            f"(e.g. V=1003 over tp=4 is 251/251/251/250); a local shard cannot tell"
+        )
+    if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1:
+        raise ValueError(f"vocab={vocab!r} must be a positive int (the global vocabulary size)")
+    v = vocab
     start, end = vocab_range(v, comm.rank, comm.world_size)
     if end - start != n:
         raise ValueError(
@@ -107,7 +124,7 @@ def vocab_parallel_cross_entropy(
 ) -> torch.Tensor:
     """Per-token losses [b, s] (same on every rank) from this rank's logits [b, s, V_i].
 
-    `vocab` is the global vocab size; it defaults to V_i * tp, so pass it when V is not divisible by tp.
+    `vocab` is the global vocab size V (required; this rank's columns must be `vocab_range(V, rank, tp)`).
     """
     v, start, end = _check(local_logits, target, comm, vocab, ignore_index, label_smoothing)
     if comm.world_size == 1:
@@ -130,10 +147,12 @@ def gathered_cross_entropy(
     *,
     vocab: int | None = None,
 ) -> torch.Tensor:
-    """Baseline: all-gather the logits shards (padded to ceil(V/p)), then dense F.cross_entropy."""
+    """Baseline: all-gather the logits shards (padded to ceil(V/p)), then dense F.cross_entropy.
+
+    `vocab` (the global V) is required, for the same reason as in `vocab_parallel_cross_entropy`."""
     v, start, end = _check(local_logits, target, comm, vocab, ignore_index, label_smoothing)
     p = comm.world_size
-    width = -(-v // p)  # ceil(V / p): the largest shard
+    width = ceil_div(v, p)  # the largest shard
     padded = F.pad(local_logits, (0, width - (end - start)))  # [b, s, V_i] -> [b, s, ceil(V/p)]
     full = gather_from_tp_region(padded, comm)  # [b, s, p * ceil(V/p)]
     keep = torch.cat(

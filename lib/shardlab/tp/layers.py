@@ -15,10 +15,22 @@ sum that still needs a reduction over X.  p = tp = comm.world_size, rank i holds
 
 The bias of a row-parallel layer is added once, after the reduction (adding it per rank would count it p
 times).  `from_dense(module, comm)` copies this rank's slice of a `shardlab.models` module, so a test can
-compare with the dense oracle.  Sequence parallelism (Korthikanti et al.): `ParallelMLP(...,
-sequence_parallel=True)` takes and returns activations split along the sequence dim; f becomes an all-gather
-and g a reduce-scatter (same wire bytes).  Its row bias gradient is then a per-rank partial sum (Megatron
-all-reduces such "sequence-parallel" parameter gradients separately).
+compare with the dense oracle.
+
+Sequence parallelism (Korthikanti et al. 2022, as Megatron-LM implements it): `ParallelMLP(...,
+sequence_parallel=True)` takes and returns activations split along the sequence dim, [b, s/p, h].  f becomes
+an all-gather of the input (g_sp) and g a reduce-scatter of the output (gbar_sp).  The column-parallel layer
+keeps only its s/p input shard for the backward and all-gathers it again there for the weight gradient
+(`ColumnParallelLinear(..., sequence_parallel=True)`; Megatron's LinearWithGradAccumulationAndAsync-
+Communication), so the stored MLP input is divided by p — the point of SP.  Per linear pair and step:
+
+    forward   all-gather x [b, s/p, h] -> [b, s, h]          reduce-scatter z [b, s, h] -> [b, s/p, h]
+    backward  all-gather dz (gbar_sp's backward)             all-gather x again (the re-gather)
+              reduce-scatter dx [b, s, h] -> [b, s/p, h]
+
+i.e. the two all-reduces' wire bytes plus one all-gather of [b, s/p, h] (`formulas.tp.sequence_parallel`).  The
+row bias gradient is then a per-rank partial sum (Megatron all-reduces such "sequence-parallel" parameter
+gradients separately).
 """
 
 from __future__ import annotations
@@ -31,7 +43,6 @@ from shardlab import models
 from shardlab.comm import Comm
 from shardlab.tp.mappings import (
     copy_to_tp_region,
-    gather_from_sp_region,
     gather_from_tp_region,
     reduce_from_tp_region,
     reduce_scatter_to_sp_region,
@@ -68,26 +79,59 @@ def _slice_copy(dst: torch.Tensor, src: torch.Tensor) -> None:
         dst.copy_(src)
 
 
+class _SequenceParallelColumnLinear(torch.autograd.Function):
+    """Y_i = g_sp(X) A_i + b_i that saves only the s/p shard of X: all-gather in forward, all-gather again in
+    backward for dA_i, reduce-scatter dX (Megatron's sequence-parallel linear)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, comm, dim):  # x [b, s/p, h] (this rank's sequence chunk)
+        ctx.comm, ctx.dim, ctx.has_bias = comm, dim, bias is not None
+        ctx.save_for_backward(x, weight)  # the SHARD, not the gathered [b, s, h]
+        full = comm.all_gather(x, dim=dim, tag="sp.gather")  # [b, s, h]
+        return F.linear(full, weight, bias)  # [b, s, h] @ [h, out/p] -> [b, s, out/p]
+
+    @staticmethod
+    def backward(ctx, gy):  # gy [b, s, out/p]
+        x, weight = ctx.saved_tensors
+        full = ctx.comm.all_gather(x, dim=ctx.dim, tag="sp.regather")  # [b, s/p, h] -> [b, s, h], again
+        gx = ctx.comm.reduce_scatter(gy @ weight, dim=ctx.dim, tag="sp.gather")  # [b, s, h] -> [b, s/p, h]
+        gw = gy.flatten(0, -2).t() @ full.flatten(0, -2)  # [out/p, b·s] @ [b·s, h] -> [out/p, h]
+        gb = gy.flatten(0, -2).sum(0) if ctx.has_bias else None  # [out/p]
+        return gx, gw, gb, None, None
+
+
 class ColumnParallelLinear(nn.Module):
-    """Y_i = f(X) A_i + b_i with weight [out/p, in] (nn.Linear layout, rows = output features of block i)."""
+    """Y_i = f(X) A_i + b_i with weight [out/p, in] (nn.Linear layout, rows = output features of block i).
+
+    sequence_parallel: X arrives as [b, s/p, in] and is all-gathered along the sequence (g_sp); only the shard is
+    kept for the backward, which all-gathers it again."""
 
     def __init__(
-        self, in_features: int, out_features: int, comm: Comm, bias: bool = True, gather_output: bool = False
+        self, in_features: int, out_features: int, comm: Comm, bias: bool = True, gather_output: bool = False,
+        sequence_parallel: bool = False,
     ) -> None:
         super().__init__()
-        self.comm, self.gather_output = comm, gather_output
+        if sequence_parallel and gather_output:
+            raise ValueError("sequence_parallel=True with gather_output=True is not supported (the output stays "
+                             "split over the out features)")
+        self.comm, self.gather_output, self.sequence_parallel = comm, gather_output, sequence_parallel
         self.out_local = divide(out_features, comm.world_size, "out_features")
         self.weight = nn.Parameter(torch.empty(self.out_local, in_features))
         self.bias = nn.Parameter(torch.zeros(self.out_local)) if bias else None
         nn.init.normal_(self.weight, std=0.02)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.sequence_parallel and self.comm.world_size > 1:  # [b, s/p, in] -> [b, s, out/p]
+            return _SequenceParallelColumnLinear.apply(x, self.weight, self.bias, self.comm, 1)
         y = F.linear(copy_to_tp_region(x, self.comm), self.weight, self.bias)  # [.., in] -> [.., out/p]
         return gather_from_tp_region(y, self.comm) if self.gather_output else y
 
     @classmethod
-    def from_dense(cls, dense: nn.Linear, comm: Comm, gather_output: bool = False) -> ColumnParallelLinear:
-        m = _like(cls(dense.in_features, dense.out_features, comm, dense.bias is not None, gather_output), dense)
+    def from_dense(
+        cls, dense: nn.Linear, comm: Comm, gather_output: bool = False, sequence_parallel: bool = False
+    ) -> ColumnParallelLinear:
+        m = _like(cls(dense.in_features, dense.out_features, comm, dense.bias is not None, gather_output,
+                      sequence_parallel), dense)
         rows = slice(comm.rank * m.out_local, (comm.rank + 1) * m.out_local)
         _slice_copy(m.weight, dense.weight[rows])
         if m.bias is not None:
@@ -120,27 +164,26 @@ class RowParallelLinear(nn.Module):
 
 
 class ParallelMLP(nn.Module):
-    """column -> GeLU -> row.  With sequence_parallel, x and the output are [b, s/p, h] shards."""
+    """column -> GeLU -> row.  With sequence_parallel, x and the output are [b, s/p, h] shards (module note)."""
 
     def __init__(self, hidden: int, ffn: int, comm: Comm, bias: bool = True, sequence_parallel: bool = False) -> None:
         super().__init__()
         divide(ffn, comm.world_size, "ffn")
         self.comm, self.sequence_parallel = comm, sequence_parallel
-        self.fc1 = ColumnParallelLinear(hidden, ffn, comm, bias)
+        self.fc1 = ColumnParallelLinear(hidden, ffn, comm, bias, sequence_parallel=sequence_parallel)
         self.fc2 = RowParallelLinear(ffn, hidden, comm, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.sequence_parallel:
             return self.fc2(F.gelu(self.fc1(x)))  # [b, s, h] -> [b, s, ffn/p] -> [b, s, h]
-        full = gather_from_sp_region(x, self.comm, dim=1)  # [b, s/p, h] -> [b, s, h]
-        y = F.gelu(F.linear(full, self.fc1.weight, self.fc1.bias))  # [b, s, h] -> [b, s, ffn/p]
+        y = F.gelu(self.fc1(x))  # [b, s/p, h] -> all-gather -> [b, s, h] -> [b, s, ffn/p]
         z = reduce_scatter_to_sp_region(F.linear(y, self.fc2.weight), self.comm, dim=1)  # -> [b, s/p, h]
         return z + self.fc2.bias if self.fc2.bias is not None else z
 
     @classmethod
     def from_dense(cls, dense: models.MLP, comm: Comm, sequence_parallel: bool = False) -> ParallelMLP:
         m = cls(dense.fc1.in_features, dense.fc1.out_features, comm, dense.fc1.bias is not None, sequence_parallel)
-        m.fc1 = ColumnParallelLinear.from_dense(dense.fc1, comm)
+        m.fc1 = ColumnParallelLinear.from_dense(dense.fc1, comm, sequence_parallel=sequence_parallel)
         m.fc2 = RowParallelLinear.from_dense(dense.fc2, comm)
         return m
 

@@ -6,17 +6,22 @@ The raw collectives in `shardlab.comm` are not differentiable; each operator her
 with the backward collective the chain rule demands (Shoeybi et al. 2019, Fig. 3; Korthikanti et al. 2022 for
 the sequence-parallel pair).  Every one returns its input unchanged at world size 1 (and records nothing).
 
-    f  copy_to_tp_region             forward: identity          backward: all-reduce
-    g  reduce_from_tp_region         forward: all-reduce        backward: identity
-       gather_from_tp_region         forward: all-gather(-1)    backward: keep own chunk of the last dim
-       scatter_to_tp_region          forward: keep own chunk    backward: all-gather(-1)
-    ḡ  gather_from_sp_region(dim)    forward: all-gather(dim)   backward: reduce-scatter(dim)
-    g̅  reduce_scatter_to_sp_region   forward: reduce-scatter    backward: all-gather(dim)
+    f        copy_to_tp_region             forward: identity          backward: all-reduce
+    g        reduce_from_tp_region         forward: all-reduce        backward: identity
+             gather_from_tp_region         forward: all-gather(-1)    backward: keep own chunk of the last dim
+             scatter_to_tp_region          forward: keep own chunk    backward: all-gather(-1)
+    g_sp     gather_from_sp_region(dim)    forward: all-gather(dim)   backward: reduce-scatter(dim)
+    gbar_sp  reduce_scatter_to_sp_region   forward: reduce-scatter    backward: all-gather(dim)
+
+The paper draws the two sequence-parallel operators as g (g_sp here, it replaces f: all-gather before a
+column-parallel layer) and g with a bar (gbar_sp, it replaces g: reduce-scatter after a row-parallel layer).
 
 f sits where a replicated activation enters a column-parallel layer: every rank uses the whole input, so the
 input's gradient is the sum of the ranks' partial gradients.  g sits where a row-parallel layer's partial sums
 leave: the forward needs the sum, and the sum's gradient is the same on every rank.  Ledger tags name the
-operator ("f", "g", "gather", "scatter", "sp.gather", "sp.reduce_scatter").
+operator ("f", "g", "gather", "scatter", "sp.gather", "sp.reduce_scatter").  The column-parallel layer of
+Megatron's sequence parallelism does not use g_sp as an autograd op: it keeps only the s/p shard for its
+backward and all-gathers it again there ("sp.regather", `shardlab.tp.layers.ColumnParallelLinear`).
 
 Example (`ones * rank`, W = 4)::
 
@@ -123,14 +128,16 @@ def scatter_to_tp_region(x: torch.Tensor, comm: Comm) -> torch.Tensor:
 
 
 def gather_from_sp_region(x: torch.Tensor, comm: Comm, dim: int = 1) -> torch.Tensor:
-    """Sequence parallel: forward all-gather along `dim` (seq), backward reduce-scatter."""
+    """g_sp — sequence parallel: forward all-gather along `dim` (seq), backward reduce-scatter."""
     return x if comm.world_size == 1 else _GatherFromSP.apply(x, comm, dim)
 
 
 def reduce_scatter_to_sp_region(x: torch.Tensor, comm: Comm, dim: int = 1) -> torch.Tensor:
-    """Sequence parallel: forward reduce-scatter along `dim` (seq), backward all-gather."""
+    """gbar_sp — sequence parallel: forward reduce-scatter along `dim` (seq), backward all-gather."""
     return x if comm.world_size == 1 else _ReduceScatterToSP.apply(x, comm, dim)
 
 
 f = copy_to_tp_region
 g = reduce_from_tp_region
+g_sp = gather_from_sp_region
+gbar_sp = reduce_scatter_to_sp_region

@@ -6,20 +6,28 @@ Module-level functions `fn(comm, ...)` so both worlds can run them (DistributedW
 processes).  Each builds its layer with `from_dense`, runs forward and, if `grad_out` is given, backward of
 `(out * grad_out).sum()` (so the output gradient is `grad_out`, a fixed random tensor — not all ones, which
 would hide transposition mistakes).  Each returns plain tensors: the output, the input gradient and this
-rank's parameter gradients (names as in the parallel module), for comparison with the dense oracle.
+rank's parameter gradients (names as in the parallel module), for comparison with the dense oracle, and
+`saved_bytes`: the activation bytes autograd stored for the backward on this rank (every tensor packed by
+`torch.autograd.graph.saved_tensors_hooks`, one count per storage, parameters excluded) — the measured
+counterpart of `formulas.activations`.
 
     results = SimulatedWorld(4).run(mlp_step, dense_mlp, x, grad_out)
     results[r]["out"], results[r]["grad_x"], results[r]["grads"]["fc1.weight"]   # rank r's slice
+
+`formula_and_ledger(kind, ...)` runs one small configuration in a SimulatedWorld next to its formula (what the
+notebooks' explorers show).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from shardlab import models
-from shardlab.comm import Comm
+from shardlab.comm import Comm, Ledger, SimulatedWorld
+from shardlab.formulas import tp as ftp
 from shardlab.tp.cross_entropy import gathered_cross_entropy, vocab_parallel_cross_entropy
 from shardlab.tp.layers import ParallelAttention, ParallelMLP, VocabParallelEmbedding, vocab_range
 
@@ -28,13 +36,24 @@ def _step(
     module: torch.nn.Module, x: torch.Tensor, grad_out: torch.Tensor | None, input_grad: bool = True
 ) -> dict[str, Any]:
     x = x.detach().clone().requires_grad_(input_grad and x.is_floating_point())
-    out = module(x)
+    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    saved: dict[int, int] = {}  # storage -> bytes of the activations kept for the backward
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params:
+            saved[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):  # this rank's thread only
+        out = module(x)
     if grad_out is not None:
         (out * grad_out).sum().backward()
     return {
         "out": out.detach(),
         "grad_x": x.grad,
         "grads": {n: p.grad for n, p in module.named_parameters()},
+        "saved_bytes": sum(saved.values()),
     }
 
 
@@ -48,6 +67,9 @@ def mlp_step(
 ) -> dict[str, Any]:
     """x: [b, s, h] (full; sliced along seq here when sequence_parallel)."""
     mlp = ParallelMLP.from_dense(dense, comm, sequence_parallel=sequence_parallel)
+    if sequence_parallel and x.shape[1] % comm.world_size:
+        raise ValueError(f"seq={x.shape[1]} is not divisible by tp={comm.world_size} (sequence parallelism gives "
+                         "every rank an equal slice of the sequence)")
     if sequence_parallel:
         x = x.chunk(comm.world_size, dim=1)[comm.rank]  # [b, s, h] -> [b, s/p, h]
         if grad_out is not None:
@@ -88,3 +110,40 @@ def ce_step(
     if backward:
         loss.sum().backward()
     return {"loss": loss.detach(), "grad_logits": local.grad, "range": (start, end)}
+
+
+def formula_and_ledger(
+    kind: str, tp: int, batch: int, seq: int, hidden: int, heads: int, vocab: int, seed: int = 0
+) -> dict[str, Any]:
+    """Formula vs ledger of one small config (forward + backward) for the explorers: `kind` is "mlp",
+    "attention" or "embedding_ce".  Returns {"formula", "ledger": {"count", "bytes"}, "ledger_obj"} (+
+    "gathered_bytes" for embedding_ce).  Raises ValueError on bad sizes."""
+    torch.manual_seed(seed)
+    x, go = torch.randn(batch, seq, hidden), torch.randn(batch, seq, hidden)
+    world = SimulatedWorld(tp)
+    if kind == "mlp":
+        world.run(mlp_step, models.MLP(hidden, 4 * hidden), x, go)
+        f = ftp.mlp_all_reduce(batch, seq, hidden, tp, backward=True)
+    elif kind == "attention":
+        world.run(attention_step, models.Attention(hidden, heads), x, go)
+        f = ftp.attention_all_reduce(batch, seq, hidden, tp, backward=True)
+    elif kind == "embedding_ce":
+        ids = torch.randint(0, vocab, (batch, seq))
+        world.run(embedding_step, torch.nn.Embedding(vocab, hidden), ids, go)
+        e = ftp.embedding_all_reduce(batch, seq, hidden, tp)
+        emb_ledger = world.ledger
+        world.run(ce_step, torch.randn(batch, seq, vocab), ids)
+        c = ftp.vocab_parallel_ce(batch, seq, tp)
+        f = {"count": e["count"] + c["count"], "bytes": e["bytes"] + c["bytes"]}
+        ledger = Ledger([replace(e, seq=i) for i, e in enumerate(emb_ledger.entries + world.ledger.entries)])
+        gathered = ftp.gathered_logits(batch, seq, vocab, tp)["bytes"]
+        return {
+            "formula": f,
+            "ledger": {"count": ledger.count(), "bytes": ledger.payload_bytes()},
+            "gathered_bytes": gathered,
+            "ledger_obj": ledger,
+        }
+    else:
+        raise ValueError(f"kind={kind!r} is not one of 'mlp', 'attention', 'embedding_ce'")
+    led = world.ledger
+    return {"formula": f, "ledger": {"count": led.count(), "bytes": led.payload_bytes()}, "ledger_obj": led}

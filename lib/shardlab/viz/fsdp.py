@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from shardlab.fsdp.flat_param import FlatShardPlan, plan_flat_shards_for
+from shardlab.fsdp.train import TrainConfig, make_model
 from shardlab.viz.common import PADDING, device_color
 
 PARAM_PALETTE = ("#8DD3C7", "#FFFFB3", "#BEBADA", "#FB8072", "#80B1D3", "#FDB462", "#B3DE69", "#FCCDE5",
@@ -103,8 +104,6 @@ def explorer(layer_sizes: tuple[int, ...] = (16, 32, 8), world_size: int = 4, us
              ) -> tuple[Any, Callable[..., dict[str, Any]]]:
     """Widgets for (layer sizes, world size, alignment); returns ``(ui, update)``."""
     import ipywidgets as widgets
-
-    from shardlab.fsdp.train import TrainConfig, make_model
 
     w_sizes = widgets.Text(value=", ".join(map(str, layer_sizes)), description="widths")
     w_world = widgets.IntSlider(value=world_size, min=1, max=16, description="world size")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from shardlab.formulas.hardware import topologies
 from shardlab.planner import MODEL_PRESETS, Plan, PlanConfig, model_from, plan
 
 GB = 1e9
@@ -36,7 +37,7 @@ def memory_figure(plans: Plan | list[Plan], title: str = "Per-chip memory") -> A
     fig = go.Figure()
     for cat in CATEGORY_ORDER:
         fig.add_bar(name=cat, x=labels, y=[p.memory.get(cat, 0.0) / GB for p in plans])
-    fig.add_scatter(name="HBM per chip", x=labels, y=[p.hbm_bytes / GB for p in plans], mode="markers",
+    fig.add_scatter(name="usable HBM per chip", x=labels, y=[p.hbm_bytes / GB for p in plans], mode="markers",
                     marker={"symbol": "line-ew-open", "size": 40, "line": {"width": 3}, "color": "black"})
     fig.update_layout(barmode="stack", title=title, yaxis_title="GB per chip", height=420,
                       legend={"orientation": "h", "y": -0.25})
@@ -53,7 +54,7 @@ def summary_frame(plans: Plan | list[Plan]) -> Any:
         rows.append({
             "plan": _label(p),
             "memory GB/chip": round(p.memory_total / GB, 2),
-            "HBM GB": round(p.hbm_bytes / GB, 1),
+            "usable HBM GB": round(p.hbm_bytes / GB, 1),
             "comm payload GB/step/chip": round(p.comm_payload_bytes / GB, 3),
             "comm wire GB/step/chip": round(p.comm_wire_bytes / GB, 3),
             "PFLOP/step": round(p.flops.hardware / 1e15, 2),
@@ -72,8 +73,6 @@ class PlannerExplorer:
 
     def __init__(self, initial: PlanConfig) -> None:
         import ipywidgets as w
-
-        from shardlab.formulas.hardware import topologies
 
         self.custom = None if isinstance(initial.model, str) else model_from(initial.model)
         model = initial.model if self.custom is None else self.custom.name

@@ -8,8 +8,9 @@ Design note
 - `ledger_frame(ledger)` / `ledger_timeline(ledger)`: the collectives a per-rank run issued, as a table and as
   bars in program order (height = payload bytes, colour = forward / backward).
 - `saving_ratio_figure(vocabs, tps)`: gathered-logits payload over vocab-parallel CE payload.
-- `explorer(kind, ...)`: sliders (tp, batch, seq, hidden, heads, vocab); `update(**overrides)` recomputes the
-  formula, re-runs the small config in a SimulatedWorld, compares the ledger with it and lists the ledger.
+- `explorer(kind, ...)`: sliders (tp, batch, seq, hidden, heads, vocab); `update(**overrides)` asks
+  `shardlab.tp.programs.formula_and_ledger` for the formula and a SimulatedWorld ledger of the small config and
+  draws them (this package only draws).
   Bad combinations are shown as a message, not raised; `update` returns what it showed, so a headless run
   exercises the code path.
 """
@@ -17,17 +18,14 @@ Design note
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
-import torch
 
-from shardlab import models
-from shardlab.comm import Ledger, SimulatedWorld
+from shardlab.comm import Ledger
 from shardlab.formulas import tp as ftp
 from shardlab.tp.layers import vocab_range
-from shardlab.tp.programs import attention_step, ce_step, embedding_step, mlp_step
+from shardlab.tp.programs import formula_and_ledger
 from shardlab.viz.common import device_color, discrete_colorscale
 
 Panel = tuple[str, np.ndarray]  # (title, owner id per cell)
@@ -142,41 +140,6 @@ def saving_ratio_figure(vocabs: list[int], tps: list[int], label_smoothing: floa
     return fig
 
 
-def predicted_and_ledger(
-    kind: str, tp: int, batch: int, seq: int, hidden: int, heads: int, vocab: int, seed: int = 0
-) -> dict[str, Any]:
-    """Formula vs ledger for one small config (forward + backward).  Raises ValueError on bad sizes."""
-    torch.manual_seed(seed)
-    x, go = torch.randn(batch, seq, hidden), torch.randn(batch, seq, hidden)
-    world = SimulatedWorld(tp)
-    if kind == "mlp":
-        world.run(mlp_step, models.MLP(hidden, 4 * hidden), x, go)
-        f = ftp.mlp_all_reduce(batch, seq, hidden, tp, backward=True)
-    elif kind == "attention":
-        world.run(attention_step, models.Attention(hidden, heads), x, go)
-        f = ftp.attention_all_reduce(batch, seq, hidden, tp, backward=True)
-    elif kind == "embedding_ce":
-        ids = torch.randint(0, vocab, (batch, seq))
-        world.run(embedding_step, torch.nn.Embedding(vocab, hidden), ids, go)
-        e = ftp.embedding_all_reduce(batch, seq, hidden, tp)
-        emb_ledger = world.ledger
-        world.run(ce_step, torch.randn(batch, seq, vocab), ids)
-        c = ftp.vocab_parallel_ce(batch, seq, tp)
-        f = {"count": e["count"] + c["count"], "bytes": e["bytes"] + c["bytes"]}
-        ledger = Ledger([replace(e, seq=i) for i, e in enumerate(emb_ledger.entries + world.ledger.entries)])
-        gathered = ftp.gathered_logits(batch, seq, vocab, tp)["bytes"]
-        return {
-            "formula": f,
-            "ledger": {"count": ledger.count(), "bytes": ledger.payload_bytes()},
-            "gathered_bytes": gathered,
-            "ledger_obj": ledger,
-        }
-    else:
-        raise ValueError(f"kind={kind!r} is not one of 'mlp', 'attention', 'embedding_ce'")
-    led = world.ledger
-    return {"formula": f, "ledger": {"count": led.count(), "bytes": led.payload_bytes()}, "ledger_obj": led}
-
-
 def explorer(
     kind: str, tp: int = 2, batch: int = 2, seq: int = 8, hidden: int = 16, heads: int = 4, vocab: int = 50
 ) -> tuple[Any, Callable[..., dict[str, Any]]]:
@@ -198,7 +161,7 @@ def explorer(
     def update(**kw: Any) -> dict[str, Any]:
         args = {name: kw.get(name, s.value) for name, s in sliders.items()}
         try:
-            res = predicted_and_ledger(kind, **args)
+            res = formula_and_ledger(kind, **args)
         except Exception as e:  # noqa: BLE001 — a bad combination is shown, not raised
             msg = str(e.__cause__ or e)
             status.value = f"<b style='color:#c00'>{msg}</b>"

@@ -20,7 +20,10 @@ from typing import Any
 
 import torch
 
+from shardlab import runtime
+from shardlab.profile import capture_hlo
 from shardlab.xla_scan import sharding as S
+from shardlab.xla_scan.patches import lowered_hlo
 
 
 @dataclass
@@ -34,9 +37,6 @@ def shard_as_demo(mesh_fsdp: int, mesh_tensor: int, rows: int = 16, cols: int = 
     """``a[rows_fsdp, cols_tensor]`` annotated, ``b = 2·ones`` not; after ``shard_as(a, b)`` b is tiled like a."""
     import torch_xla.distributed.spmd as xs
     from torch_xla.distributed.spmd.xla_sharding import shard_as
-
-    from shardlab import runtime
-    from shardlab.profile import capture_hlo
 
     for name, size, n in (("rows", rows, mesh_fsdp), ("cols", cols, mesh_tensor)):
         if size % n:
@@ -72,10 +72,6 @@ def linear_trap(mesh_fsdp: int, mesh_tensor: int, batch: int, seq: int, hidden: 
     """``x[B_fsdp, S_tensor, H] · W[O, H]ᵀ`` with ``F.linear`` and with the einsum patch; HLO shapes of both."""
     import torch_xla.distributed.spmd as xs
     from torch_xla.distributed.spmd.xla_sharding import XLAPatchedLinear
-
-    from shardlab import runtime
-    from shardlab.profile import capture_hlo
-    from shardlab.xla_scan.patches import lowered_hlo
 
     for name, size, axis, n in (("batch", batch, "fsdp", mesh_fsdp), ("seq", seq, "tensor", mesh_tensor)):
         if size % n:

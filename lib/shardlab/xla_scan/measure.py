@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from shardlab import runtime
+from shardlab.profile import capture_hlo, metrics_delta
 from shardlab.xla_scan import model as M
 from shardlab.xla_scan import sharding as S
 from shardlab.xla_scan.patches import placeholders_enabled, shard_as_enabled
@@ -103,11 +105,9 @@ def graph_size(module: Any) -> int:
 def _prepare(cfg: M.StackConfig, mode: str, mesh: Any, seed: int) -> tuple[torch.nn.Module, torch.Tensor]:
     import torch_xla.core.xla_model as xm
 
-    from shardlab import runtime
-
     model = M.build(mode, M.init_weights(cfg, seed), annotate=S.annotator(mesh), device=runtime.device())
     S.shard_model(model, mesh)
-    x = M.init_input(cfg, seed).to(runtime.device())  # CPU -> device, then mark (xla-notes.md)
+    x = M.init_input(cfg, seed).to(runtime.device())  # CPU -> device, then mark (device RNG breaks lowering)
     S.shard_input(x, mesh)
     x.requires_grad_(True)
     xm.wait_device_ops()
@@ -121,9 +121,6 @@ def _grads(model: torch.nn.Module) -> dict[str, list[torch.Tensor]]:
 def measure_step(cfg: M.StackConfig, mode: str, mesh_fsdp: int, mesh_tensor: int, seed: int = 0,
                  shard_as: bool = True, check: bool = False) -> StepMeasure:
     """Compile and run one forward+backward step of ``mode``; HLO structure, timings, gradient specs."""
-    from shardlab import runtime
-    from shardlab.profile import capture_hlo
-
     S.check_sharding(cfg, mesh_fsdp, mesh_tensor, runtime.current().num_devices)
     if mode != "loop":
         require_shard_as_deps()
@@ -194,9 +191,6 @@ class TraceTransfers:
 def trace_transfers(cfg: M.StackConfig, mode: str, mesh_fsdp: int, mesh_tensor: int, placeholders: bool = True,
                     seed: int = 0) -> TraceTransfers:
     """Host→device traffic of *tracing* one forward+backward step (second of two traces; never executed)."""
-    from shardlab import runtime
-    from shardlab.profile import metrics_delta
-
     S.check_sharding(cfg, mesh_fsdp, mesh_tensor, runtime.current().num_devices)
     if mode != "loop":
         require_shard_as_deps()
@@ -251,7 +245,6 @@ def _main(argv: list[str]) -> None:
     req = json.loads(argv[0])
     if req.get("task") not in ("step", "sweep"):
         raise ValueError(f"task={req.get('task')!r} is not one of 'step', 'sweep'")
-    from shardlab import runtime
 
     runtime.setup(num_devices=req["num_devices"])
     fsdp, tensor = req["mesh"]

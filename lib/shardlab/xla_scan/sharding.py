@@ -23,6 +23,8 @@ from typing import Any, NamedTuple
 
 import torch
 
+from shardlab import runtime
+from shardlab.formulas.common import ceil_div
 from shardlab.xla_scan.model import StackConfig
 
 AXES = ("fsdp", "tensor")
@@ -46,8 +48,6 @@ def check_sharding(cfg: StackConfig, mesh_fsdp: int, mesh_tensor: int, num_devic
 
 
 def make_mesh(mesh_fsdp: int, mesh_tensor: int) -> Any:
-    from shardlab import runtime
-
     return runtime.mesh((mesh_fsdp, mesh_tensor), AXES)
 
 
@@ -128,7 +128,7 @@ def parse_spec(spec: str, rank: int) -> Tiling:
 def local_bytes(shape: tuple[int, ...] | torch.Size, spec: str, itemsize: int) -> int:
     """Bytes one device holds of a tensor with this sharding (uneven tiles padded, as XLA does)."""
     tiling = parse_spec(spec, len(shape))
-    return math.prod(-(-s // t) for s, t in zip(shape, tiling.tiles, strict=True)) * itemsize
+    return math.prod(ceil_div(s, t) for s, t in zip(shape, tiling.tiles, strict=True)) * itemsize
 
 
 def layer_spec(stacked_spec: str) -> str:
