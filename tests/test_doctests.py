@@ -16,7 +16,6 @@ import pytest
 import shardlab
 
 SKIP = {
-    "shardlab.profile.hlo": "the module example parses TEXT, a hand-written HLO module the docstring only names",
     "shardlab.report.baseline": "the example compares a record `rec` the docstring does not build",
     "shardlab.report.notebooks": "the example's last line raises on purpose (an undeclared parameter) without a "
                                  "Traceback block",

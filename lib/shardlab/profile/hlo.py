@@ -35,11 +35,23 @@ while body), which gives ``in_while`` and, for async ones, :meth:`HloModule.asyn
 between start and done). An ``all-gather`` whose result is summed over the gathered dimension is flagged
 ``decomposed_all_reduce`` (XLA:TPU also emits all-gather + reduce over a size-1 dimension: not flagged).
 
-Example (hand-written HLO)::
+Example (a hand-written per-device program: the row-parallel half of a Megatron MLP on 8 devices)::
 
-    >>> m = parse_hlo(TEXT)
-    >>> m.count("all-reduce"), m.bytes("all-reduce")
-    (1, 32768)
+    >>> text = '''HloModule SyncTensorsGraph.9_spmd, num_partitions=8
+    ... %add (a: f32[], b: f32[]) -> f32[] {
+    ...   %a = f32[] parameter(0)
+    ...   %b = f32[] parameter(1)
+    ...   ROOT %s = f32[] add(%a, %b)
+    ... }
+    ... ENTRY %main (p0: f32[32,128], p1: f32[128,256]) -> f32[32,256] {
+    ...   %p0 = f32[32,128]{1,0} parameter(0)
+    ...   %p1 = f32[128,256]{1,0} parameter(1)
+    ...   %dot = f32[32,256]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+    ...   ROOT %all-reduce = f32[32,256]{1,0} all-reduce(%dot), replica_groups={{0,1,2,3,4,5,6,7}}, to_apply=%add
+    ... }'''
+    >>> m = parse_hlo(text)
+    >>> m.count("all-reduce"), m.bytes("all-reduce"), m.collectives[0].group_size
+    (1, 32768, 8)
 """
 
 from __future__ import annotations

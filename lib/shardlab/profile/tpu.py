@@ -27,9 +27,14 @@ builder in a worker process with the topology's device count when this process's
 
 Example::
 
-    >>> out = compile_tensors([y, w1.grad, w2.grad], "v5e:2x4")   # the 8-device world's graph, for 8 v5e chips
-    >>> out.fits, out.count("all-reduce"), out.memory.temp
-    (True, 1, 0)
+    >>> import torch, torch_xla.distributed.spmd as xs
+    >>> from shardlab import runtime
+    >>> mesh = runtime.mesh((2, 4), ("data", "tensor"))             # this process: 8 CPU devices
+    >>> x = torch.randn(16, 64).to(runtime.device()); _ = xs.mark_sharding(x, mesh, (None, "tensor"))
+    >>> w = torch.randn(64, 32).to(runtime.device()); _ = xs.mark_sharding(w, mesh, ("tensor", None))
+    >>> out = compile_tensors([x @ w], "v5e:2x4")                     # not executed: compiled for 8 v5e chips
+    >>> out.fits, out.count("all-reduce"), out.module.collectives[0].group_size
+    (True, 1, 4)
 """
 
 from __future__ import annotations
@@ -48,13 +53,12 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
+from shardlab.formulas import hardware
 from shardlab.profile.hlo import HloModule, parse_hlo
 from shardlab.profile.tpu_memory import OutOfMemory, TpuMemory, parse_oom
 
 PINS = {"jax": "0.7.1", "jaxlib": "0.7.1", "libtpu": "0.0.21"}
 GiB = 1024**3
-# Usable HBM per chip as the compiler reports it in its out-of-memory message ("Used X of 15.75G hbm").
-HBM_CAPACITY = {"v5e": int(15.75 * GiB), "v6e": int(31.25 * GiB)}
 # libtpu's complaints about the missing TPU (written to fd 2 at C level); harmless for compile-only use.
 _NOISE = re.compile(
     r"Failed to find host bounds|could not determine TPU (accelerator type|worker hostnames)|"
@@ -77,7 +81,9 @@ class Topology:
 
 def _topology(generation: str, shape: str, host_bounds: tuple[int, int, int] | None = None) -> Topology:
     x, y = (int(v) for v in shape.split("x"))
-    return Topology(f"{generation}:{shape}", generation, x * y, host_bounds, HBM_CAPACITY.get(generation))
+    # Usable HBM per chip as the compiler reports it ("Used X of 15.75G hbm"): one fact, in data/hardware.
+    chip = hardware.chips().get(generation)
+    return Topology(f"{generation}:{shape}", generation, x * y, host_bounds, chip.hbm_usable_bytes if chip else None)
 
 
 # 1- and 2-chip slices need explicit host bounds; the larger ones are the names libtpu's default bounds accept.

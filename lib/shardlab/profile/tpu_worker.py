@@ -15,8 +15,11 @@ is quoted when the worker fails. The worker's compile cache lives as long as the
 
 Example::
 
+    >>> from shardlab.tp.views import MlpConfig, build_graph
     >>> w = worker_for(4)                      # ~5 s the first time (torch_xla import + 4-device world)
-    >>> w.compile(build_mlp, cfg, "v5e:2x2", {}).count("all-reduce")
+    >>> cfg = MlpConfig(tp=4, batch=2, seq=8, hidden=64, ffn=256)   # a Megatron MLP step, tp = 4
+    >>> w.compile(build_graph, cfg, "v5e:2x2", {}).count("all-reduce")   # fwd + bwd all-reduces, combined
+    1
 """
 
 from __future__ import annotations
