@@ -62,6 +62,7 @@ class StepConfig:
     hidden: int = 256
     dtype: str = "float32"
     seed: int = 0
+    placeholders: bool = False  # compile-only inputs (nothing allocated; the graph must never run)
 
     def validate(self, devices: int) -> StepConfig:
         if self.mode not in MODES:
@@ -103,10 +104,11 @@ def train_step(cfg: StepConfig) -> list[torch.Tensor]:
     axis = "data" if cfg.mode == "dp" else "fsdp"
     mesh = runtime.mesh((n,), (axis,))
     g = torch.Generator().manual_seed(cfg.seed)
-    dt, dev = _dtype(cfg.dtype), runtime.device()
-    ws = [(torch.randn(cfg.hidden, cfg.hidden, generator=g) / cfg.hidden**0.5).to(dt).to(dev).requires_grad_()
-          for _ in range(cfg.layers)]  # L x [h, h]
-    x = _mark(torch.randn(cfg.batch, cfg.hidden, generator=g).to(dt).to(dev), mesh, (axis, None))  # [B, h]
+    dt = _dtype(cfg.dtype)
+    # a placeholder cannot carry a sharding itself: annotate a value computed from it (placeholder * 1)
+    ws = [(_input((cfg.hidden, cfg.hidden), dt, cfg.placeholders, g) * (1.0 if cfg.placeholders
+           else cfg.hidden**-0.5)).detach().requires_grad_() for _ in range(cfg.layers)]  # L x [h, h]
+    x = _mark(_input((cfg.batch, cfg.hidden), dt, cfg.placeholders, g) * 1.0, mesh, (axis, None))  # [B, h]
     for w in ws:
         _mark(w, mesh, (None, None) if cfg.mode == "dp" else ("fsdp", None))
     h = x
@@ -208,9 +210,7 @@ def weight_update(cfg: UpdateConfig) -> list[torch.Tensor]:
         grads = [ph((h, h), dt) for _ in ws]
         return [t for w, gr, s in zip(ws, grads, states, strict=True) for t in _update(w, gr, s, cfg.optimizer)]
     x = ph((cfg.batch, h), dt)  # [B, h]
-    params = [w * 1.0 for w in ws]  # differentiable copies of the (placeholder) weights
-    for p in params:
-        p.retain_grad()
+    params = [(w * 1.0).detach().requires_grad_() for w in ws]  # differentiable leaves over the placeholders
     act = x
     for p in params:
         act = torch.tanh(act @ p)  # [B, h] @ [h, h]
