@@ -194,13 +194,14 @@ class LeversParams(NotebookParams):
     gloo_repeats: int = 5  # timed samples per point (after 2 warm-up rounds)
     gloo_numels: tuple = (4096, 262144)  # float32 elements per timed point (all k calls together)
     gloo_calls: tuple = (1, 8, 32)  # k: the point's elements are split over k all-reduces
-    mlp_seq: int = 512  # Megatron MLP (bf16, batch 2, tp = num_devices) for overlap and fusion
+    mlp_seq: int = 512  # Megatron MLP (bf16, batch 2, tp equal to num_devices) for overlap and fusion
     mlp_hidden: int = 512
     mlp_ffn: int = 2048
     toy_rows: int = 262144  # memory-order toy on the TPU: one unit = [toy_rows, 256] bf16 per chip
-    update_layers: int = 8  # memory-aware weight update: L [h, h] bf16 weights, batch [B, h]
-    update_hidden: int = 4096
-    update_batch: int = 4096
+    overlap_hidden: int = 2048  # the FSDP step of the overlap section (compile-only, bf16, L = layers)
+    overlap_batch: int = 8192  # its global batch
+    update_hidden: int = 1024  # the memory-aware weight update (compile-only, bf16, L = layers, replicated)
+    update_batch: int = 256
     optimizer: str = "adam"  # "sgd" or "adam"
     search: str = "small"  # layouts compiled for the TPU: "off", "small" (4 meshes), "full" (every mesh+layout)
     auto_sharding: bool = True  # also try XLA's auto-sharding (compile-only) on the Megatron MLP
@@ -210,7 +211,7 @@ class LeversParams(NotebookParams):
         boolean("run_tpu", self.run_tpu)
         boolean("auto_sharding", self.auto_sharding)
         for name in ("layers", "hidden", "batch", "gloo_repeats", "mlp_seq", "mlp_hidden", "mlp_ffn", "toy_rows",
-                     "update_layers", "update_hidden", "update_batch"):
+                     "overlap_hidden", "overlap_batch", "update_hidden", "update_batch"):
             positive_int(name, getattr(self, name))
         if isinstance(self.bucket_bytes, bool) or not isinstance(self.bucket_bytes, int) or self.bucket_bytes < 0:
             raise ValueError(f"bucket_bytes={self.bucket_bytes!r} must be an int >= 0 (0: one bucket per gradient)")
@@ -232,6 +233,8 @@ class LeversParams(NotebookParams):
         divisible("hidden", self.hidden, "num_devices", n, "FSDP shards each [hidden, hidden] weight's rows")
         divisible("mlp_ffn", self.mlp_ffn, "num_devices", n, "the Megatron MLP splits ffn over tp = num_devices")
         divisible("mlp_hidden", self.mlp_hidden, "num_devices", n, "the layout search splits hidden too")
+        divisible("overlap_batch", self.overlap_batch, "num_devices", n, "the FSDP step shards its batch")
+        divisible("overlap_hidden", self.overlap_hidden, "num_devices", n, "FSDP shards each weight's rows")
 
 
 NOTEBOOK_PARAMS: dict[str, type[NotebookParams]] = {

@@ -227,3 +227,34 @@ def fit_spread(points: Sequence[Point]) -> dict[str, dict[str, float]]:
     return {"alpha_s": {"min": min(alphas), "max": max(alphas), "n": len(alphas),
                         "median": statistics.median(alphas)},
             "beta_Bps": {"min": min(betas), "max": max(betas), "n": len(betas), "median": statistics.median(betas)}}
+
+
+def bucket_sizes(num_grads: int, grad_bytes: int) -> list[int]:
+    """The bucket sizes of the curve: 0 (one all-reduce per gradient), then 1, 2, 4 ... gradients per bucket
+    until one bucket holds them all."""
+    out, per = [0], 1
+    while True:
+        out.append(per * grad_bytes)
+        if per >= num_grads:
+            return out
+        per *= 2
+
+
+def bucket_curve(num_grads: int, numel: int, world_size: int, fit: AlphaBeta | None = None,
+                 sizes: Sequence[int] | None = None) -> list[dict[str, Any]]:
+    """For each bucket size: the formula's all-reduces, the ledger's (``bucket_program`` in a SimulatedWorld),
+    the payload bytes, whether every rank got the rank-arithmetic sums, and the α–β time of the bucketed step."""
+    from shardlab.comm import SimulatedWorld
+
+    grad_bytes = numel * ELEMENT_BYTES
+    tri = world_size * (world_size + 1) // 2  # sum over ranks of (rank + 1)
+    rows = []
+    for b in (sizes if sizes is not None else bucket_sizes(num_grads, grad_bytes)):
+        sim = SimulatedWorld(world_size)
+        out = sim.run(bucket_program, num_grads, numel, b)
+        exact = all(torch.equal(g, torch.full((numel,), float((i + 1) * tri))) for r in out for i, g in enumerate(r))
+        count = sim.ledger.count("all_reduce")
+        rows.append({"bucket_bytes": b, "formula": bucket_count(num_grads, grad_bytes, b), "ledger": count,
+                     "payload_bytes": sim.ledger.payload_bytes("all_reduce"), "sums_exact": exact,
+                     "model_ms": fit.time_s(count, num_grads * grad_bytes) * 1e3 if fit else None})
+    return rows

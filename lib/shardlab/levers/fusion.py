@@ -37,13 +37,14 @@ def _scheduled(module: Any) -> list[str]:
     return names
 
 
-def kernel_kind(module: Any, name: str) -> str | None:
+def kernel_kind(module: Any, name: str, collective_names: set[str] | None = None) -> str | None:
     """``matmul`` | ``memory-bound`` | ``collective`` | None (no kernel / bookkeeping)."""
     ins = module.instructions[name]
     op = ins.opcode
     if op in NO_KERNEL or op in BOOKKEEPING:
         return None
-    collective_names = {c.start for c in module.collectives} | {c.name for c in module.collectives}
+    if collective_names is None:
+        collective_names = {c.start for c in module.collectives} | {c.name for c in module.collectives}
     if op.removesuffix("-start").removesuffix("-done") in COLLECTIVES or name in collective_names:
         return "collective"
     if op in ("while", "call", "conditional"):
@@ -56,8 +57,9 @@ def fusion_counts(module: Any) -> dict[str, int]:
     kinds: Counter[str] = Counter()
     fusion_kinds: Counter[str] = Counter()
     fused_ops = 0
+    colls = {c.start for c in module.collectives} | {c.name for c in module.collectives}
     for n in _scheduled(module):
-        k = kernel_kind(module, n)
+        k = kernel_kind(module, n, colls)
         if k is None:
             continue
         kinds[k] += 1

@@ -78,12 +78,16 @@ def _contracted(module: Any, ins: Any) -> int:
 
 
 def matmul_flops(module: Any, name: str) -> int:
-    """FLOPs (multiply + add) of the matmul work of instruction ``name`` in a parsed HLO module."""
-    total = 0
-    for ins in _matmul_instructions(module, name):
-        out = math.prod(ins.shape[0].dims) if ins.shape else 0
-        total += 2 * out * _contracted(module, ins)
-    return total
+    """FLOPs (multiply + add) of the matmul work of instruction ``name`` in a parsed HLO module (memoised on
+    the module: a TPU program has hundreds of scheduled instructions, each priced several times)."""
+    cache = module.__dict__.setdefault("_matmul_flops", {})
+    if name not in cache:
+        total = 0
+        for ins in _matmul_instructions(module, name):
+            out = math.prod(ins.shape[0].dims) if ins.shape else 0
+            total += 2 * out * _contracted(module, ins)
+        cache[name] = total
+    return cache[name]
 
 
 def schedule_flops(module: Any) -> int:

@@ -83,3 +83,28 @@ def rank(rows: list[dict[str, Any]], planner: tuple[int, int, int] | None = None
     out = pd.concat([fits, rest]).reset_index(drop=True)
     out.index += 1
     return out
+
+
+def auto_sharding(build: Any, cfg: Any, generation: str = "v5e") -> dict[str, Any]:
+    """XLA's auto-sharding (``use_auto_spmd_partitioning``) on the graph of ``build(cfg)``, compile-only, over a
+    1-D mesh of all chips, with the user's shardings removed so the solver chooses every array's sharding.
+
+    Returns ``{"compile": TpuCompile, "metrics": ...}`` or ``{"skipped": reason}`` when the TPU compile module of
+    this installation has no auto-sharding option, or the compiler rejects it.
+    """
+    import inspect
+
+    from shardlab import runtime
+    from shardlab.profile import tpu as T
+
+    n = runtime.current().num_devices
+    if "auto_spmd_mesh" not in inspect.signature(T.compile_program).parameters:
+        return {"skipped": "shardlab.profile.tpu.compile_program has no auto_spmd_mesh option in this version "
+                           "(the build option use_auto_spmd_partitioning is not reachable)"}
+    try:
+        comp = T.compile_program(build, cfg, T.topology_for(n, generation), auto_spmd_mesh=(n,),
+                                 debug_options={"xla_tpu_auto_spmd_remove_all_user_shardings": True},
+                                 label="auto-sharding")
+    except Exception as exc:  # noqa: BLE001 — the compiler's refusal is the finding
+        return {"skipped": f"the TPU compiler rejected auto-sharding: {type(exc).__name__}: {str(exc)[:300]}"}
+    return {"compile": comp, "metrics": {"what": "auto-sharding", **metrics(comp)}}
