@@ -198,9 +198,10 @@ class LeversParams(NotebookParams):
     mlp_hidden: int = 512
     mlp_ffn: int = 2048
     toy_rows: int = 262144  # memory-order toy on the TPU: one unit = [toy_rows, 256] bf16 per chip
-    overlap_hidden: int = 2048  # the FSDP step of the overlap section (compile-only, bf16, L = layers)
+    big_layers: int = 4  # layers of the two large compile-only steps (overlap, weight update)
+    overlap_hidden: int = 2048  # the FSDP step of the overlap section (compile-only, bf16)
     overlap_batch: int = 8192  # its global batch
-    update_hidden: int = 1024  # the memory-aware weight update (compile-only, bf16, L = layers, replicated)
+    update_hidden: int = 1024  # the memory-aware weight update (compile-only, bf16, replicated)
     update_batch: int = 256
     optimizer: str = "adam"  # "sgd" or "adam"
     search: str = "small"  # layouts compiled for the TPU: "off", "small" (4 meshes), "full" (every mesh+layout)
@@ -211,7 +212,7 @@ class LeversParams(NotebookParams):
         boolean("run_tpu", self.run_tpu)
         boolean("auto_sharding", self.auto_sharding)
         for name in ("layers", "hidden", "batch", "gloo_repeats", "mlp_seq", "mlp_hidden", "mlp_ffn", "toy_rows",
-                     "overlap_hidden", "overlap_batch", "update_hidden", "update_batch"):
+                     "big_layers", "overlap_hidden", "overlap_batch", "update_hidden", "update_batch"):
             positive_int(name, getattr(self, name))
         if isinstance(self.bucket_bytes, bool) or not isinstance(self.bucket_bytes, int) or self.bucket_bytes < 0:
             raise ValueError(f"bucket_bytes={self.bucket_bytes!r} must be an int >= 0 (0: one bucket per gradient)")

@@ -16,9 +16,10 @@ mlp_seq = 512  # Megatron MLP (bf16, batch 2, tp equal to num_devices) for overl
 mlp_hidden = 512
 mlp_ffn = 2048
 toy_rows = 262144  # memory-order toy on the TPU: one unit is [toy_rows, 256] bf16 per chip
-overlap_hidden = 2048  # the FSDP step of the overlap section (compile-only, bf16, L layers): [h, h] weights
+big_layers = 4  # layers of the two large compile-only steps (overlap, weight update)
+overlap_hidden = 2048  # the FSDP step of the overlap section (compile-only, bf16): [h, h] weights
 overlap_batch = 8192  # and its global batch [B, h]
-update_hidden = 1024  # the memory-aware weight update (compile-only, bf16, L layers, replicated)
+update_hidden = 1024  # the memory-aware weight update (compile-only, bf16, replicated)
 update_batch = 256
 optimizer = "adam"  # "sgd" or "adam"
 search = "small"  # layouts compiled for the TPU: "off", "small" (4 meshes), "full" (every mesh and layout)
@@ -53,6 +54,8 @@ world
 # on this machine's CPU cores, labelled as such.
 
 # %%
+import re
+
 import pandas as pd
 
 from shardlab.formulas.hardware import chip
@@ -247,7 +250,7 @@ else:
 # ### 2.2 · An FSDP step, large enough to matter (compile-only: the inputs are placeholders)
 
 # %%
-big = P.StepConfig(mode="fsdp", layers=p.layers, batch=p.overlap_batch, hidden=p.overlap_hidden, dtype="bfloat16",
+big = P.StepConfig(mode="fsdp", layers=p.big_layers, batch=p.overlap_batch, hidden=p.overlap_hidden, dtype="bfloat16",
                    placeholders=True)
 if p.run_tpu:
     overlap["fsdp"] = {lhs: tpu_compile(P.train_step, big, f"FSDP big step, LHS {lhs}",
@@ -377,7 +380,7 @@ except ValueError as exc:
 wu = {}
 if p.run_tpu:
     for stage in P.STAGES:
-        ucfg = P.UpdateConfig(stage=stage, optimizer=p.optimizer, layers=p.layers, batch=p.update_batch,
+        ucfg = P.UpdateConfig(stage=stage, optimizer=p.optimizer, layers=p.big_layers, batch=p.update_batch,
                               hidden=p.update_hidden)
         wu[stage] = tpu_compile(P.weight_update, ucfg, f"weight update: {stage}").memory
     peak = {k: m.argument + m.output - m.alias + m.temp for k, m in wu.items()}
@@ -404,6 +407,9 @@ if p.run_tpu:
 #
 # ## 4 · Automatic strategy
 # ### 4.1 · XLA's auto-sharding, compile-only
+# The MLP graph of section 2.1 with its annotations removed (`xla_tpu_auto_spmd_remove_all_user_shardings`) and
+# XLA's auto-sharding pass (`use_auto_spmd_partitioning`, an ILP over every array's sharding on a 1-D mesh of the
+# n chips) in place of sharding propagation: what does the solver choose, against Megatron's plan?
 
 # %%
 auto = None
@@ -413,7 +419,13 @@ if p.run_tpu and p.auto_sharding:
         print("auto-sharding:", auto["skipped"])
     else:
         compiles.append(auto["compile"])
-        display(pd.DataFrame([auto["metrics"]]))
+        rec.measure("levers.auto.wire_bytes", auto["metrics"]["wire_bytes"], "bytes", "tpu")
+        rec.measure("levers.auto.memory_bytes", auto["metrics"]["memory_bytes"], "bytes", "tpu")
+        shardings = [m.group(1) for ln in auto["compile"].hlo_text.splitlines() if " parameter(" in ln
+                     for m in [re.search(r"sharding=(\{[^}]*\})", ln)] if m]
+        print("auto-sharding's parameter shardings:", ", ".join(shardings))
+        display(pd.DataFrame([{"what": "Megatron (annotated)", **S.metrics(overlap["mlp"]["on"])},
+                              auto["metrics"]]).set_index("what"))
 
 # %% [markdown]
 # ### 4.2 · Exhaustive search: every (data, fsdp, tensor) mesh and weight layout
