@@ -37,6 +37,11 @@ def _scheduled(module: Any) -> list[str]:
     return names
 
 
+def _collective_names(module: Any) -> set[str]:
+    """Names of collective instructions and of the instructions that issue them (a TPU async start)."""
+    return {n for c in module.collectives for n in (c.name, getattr(c, "start", ""), getattr(c, "done", "")) if n}
+
+
 def kernel_kind(module: Any, name: str, collective_names: set[str] | None = None) -> str | None:
     """``matmul`` | ``memory-bound`` | ``collective`` | None (no kernel / bookkeeping)."""
     ins = module.instructions[name]
@@ -44,7 +49,7 @@ def kernel_kind(module: Any, name: str, collective_names: set[str] | None = None
     if op in NO_KERNEL or op in BOOKKEEPING:
         return None
     if collective_names is None:
-        collective_names = {c.start for c in module.collectives} | {c.name for c in module.collectives}
+        collective_names = _collective_names(module)
     if op.removesuffix("-start").removesuffix("-done") in COLLECTIVES or name in collective_names:
         return "collective"
     if op in ("while", "call", "conditional"):
@@ -57,7 +62,7 @@ def fusion_counts(module: Any) -> dict[str, int]:
     kinds: Counter[str] = Counter()
     fusion_kinds: Counter[str] = Counter()
     fused_ops = 0
-    colls = {c.start for c in module.collectives} | {c.name for c in module.collectives}
+    colls = _collective_names(module)
     for n in _scheduled(module):
         k = kernel_kind(module, n, colls)
         if k is None:

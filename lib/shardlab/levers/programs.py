@@ -274,7 +274,7 @@ def layouts(devices: int, tensor_layouts: tuple[str, ...] = LAYOUTS) -> list[tup
 
 
 def mlp_layout(cfg: LayoutConfig) -> list[torch.Tensor]:
-    """Forward + backward of (out * grad_out).sum() for the layout; returns [out, grad A, grad B]."""
+    """Forward + backward of (out * grad_out).sum() for the layout; returns [out, grad x, grad A, grad B]."""
     from shardlab import models
 
     n = runtime.current().num_devices
@@ -296,8 +296,8 @@ def mlp_layout(cfg: LayoutConfig) -> list[torch.Tensor]:
         _mark(mlp.fc1.weight, mesh, ("fsdp", "tensor"))
         _mark(mlp.fc2.weight, mesh, ("tensor", "fsdp"))
     batch_axes = tuple(a for a, k in (("data", cfg.data), ("fsdp", cfg.fsdp)) if k > 1) or None
-    x = _mark(x.to(dev), mesh, (batch_axes, None, None))
+    x = _mark(x.to(dev), mesh, (batch_axes, None, None)).requires_grad_()  # a layer inside a network: dX needed
     gout = _mark(gout.to(dev), mesh, (batch_axes, None, None))
     out = mlp(x)  # [b, s, h]
     (out * gout).sum().backward()
-    return [out, mlp.fc1.weight.grad, mlp.fc2.weight.grad]
+    return [out, x.grad, mlp.fc1.weight.grad, mlp.fc2.weight.grad]

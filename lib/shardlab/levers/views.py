@@ -14,7 +14,14 @@ the process's n devices) answered the suite's way (``shardlab.views``), with val
 - :func:`tpu` — XLA:TPU, compile-only, for an n-chip slice; ``combiners=False`` disables
   :data:`COMBINER_PASSES` (verified names: with them disabled the counts are back to one per gradient).
   A combined tuple collective is one instruction carrying k operands: ``count`` is then listed as differing
-  (with the measured k) and ``operands`` is recorded and checked against the formula's count instead.
+  (with the measured k) and ``operands`` is recorded instead.
+
+Every view also carries ``reductions``: the logical gradient/loss reductions (reduce-scatters + all-reduces,
+operands of tuple collectives counted). It is what must agree everywhere: the TPU compiler may legitimately
+reduce an FSDP gradient with an all-reduce and keep its shard instead of a reduce-scatter (measured on a
+4-chip slice with 16 KiB gradients), and may decompose a large reduce-scatter into a ring of
+collective-permutes interleaved with the matmuls that produce it (measured at 2048² weights) — such per-op values
+are listed as differing, with the measured reason.
 """
 
 from __future__ import annotations
@@ -58,6 +65,7 @@ def formula(cfg: StepConfig, devices: int) -> View:
         view.add(f"{op}.count", count, "count")
         view.add(f"{op}.bytes", nbytes, "bytes")
         view.add(f"{op}.elements", elems, "elements")
+    view.add("reductions", (L + 1) if sharded else 0, "count")
     view.notes.append(f"{cfg.mode}: L={L} gradients of {g} bytes ({e} B per element) over {devices} devices")
     return view
 
@@ -67,8 +75,10 @@ def compiler(cfg: StepConfig) -> View:
     from shardlab.profile import capture_hlo
 
     cap = capture_hlo(train_step, cfg)
-    return _strip(collectives_view("hlo", cap.module, cfg.mode, ops(cfg), cfg.dtype, cpu_reduce_scatter=True,
+    view = _strip(collectives_view("hlo", cap.module, cfg.mode, ops(cfg), cfg.dtype, cpu_reduce_scatter=True,
                                    detail=cap), cfg.mode)
+    view.add("reductions", sum(view.get(f"{op}.count", 0) for op in ("reduce_scatter", "all_reduce")), "count")
+    return view
 
 
 def tpu(cfg: StepConfig, generation: str = "v5e", combiners: bool = True) -> View:
@@ -82,6 +92,30 @@ def tpu(cfg: StepConfig, generation: str = "v5e", combiners: bool = True) -> Vie
     comp = T.compile_program(train_step, cfg, topology, disable_passes=() if combiners else COMBINER_PASSES,
                              label=f"{cfg.mode} step, combiners {'on' if combiners else 'off'}")
     view = _strip(collectives_view("tpu", comp.module, cfg.mode, ops(cfg), cfg.dtype, detail=comp), cfg.mode)
+    view.add("reductions", sum(logical(view, op) or 0 for op in ("reduce_scatter", "all_reduce")
+                               if f"{op}.count" in view.values), "count")
+    colls = comp.module.collectives
+    view.add("instructions", len(colls), "count")
+    view.add("operands", sum(getattr(c, "operands", 1) for c in colls), "operands")
+    expect = formula(cfg, world.num_devices)
+    permutes = sum(c.op == "collective-permute" for c in colls)
+    for op in ops(cfg):
+        if logical(view, op) == expect[f"{op}.count"]:
+            continue
+        if permutes:
+            why = (f"the tpu compiler decomposed collectives into {permutes} collective-permutes interleaved with "
+                   "the matmuls (a ring it overlaps with compute)")
+        elif op in ("reduce_scatter", "all_reduce"):
+            why = (f"the tpu compiler reduced {expect['reduce_scatter.count'] - logical(view, 'reduce_scatter')} "
+                   "FSDP gradient(s) with an all-reduce (each chip keeps its shard) instead of a reduce-scatter")
+        else:
+            why = f"the tpu program has {logical(view, op)} {op.replace('_', '-')}(s) (formula: " \
+                  f"{expect[f'{op}.count']})"
+        for q in ("count", "bytes", "elements", "operands"):
+            if f"{op}.{q}" in view.values:
+                view.differs[f"{op}.{q}"] = why
+    if permutes:
+        view.differs["reductions"] = f"decomposed into {permutes} collective-permutes"
     if not combiners:  # a separate set of names: the same program with the passes disabled
         view.values = {f"{k}.combiner_off": v for k, v in view.values.items()}
         view.units = {f"{k}.combiner_off": v for k, v in view.units.items()}
@@ -94,7 +128,7 @@ def tpu(cfg: StepConfig, generation: str = "v5e", combiners: bool = True) -> Vie
 def logical(view: View, op: str) -> int:
     """Logical collectives ``op`` in a compiler view: its operands when combined, else its count."""
     suffix = ".combiner_off" if any(k.endswith(".combiner_off") for k in view.values) else ""
-    return view.get(f"{op}.operands{suffix}", view.get(f"{op}.count{suffix}"))
+    return view.get(f"{op}.operands{suffix}", view.get(f"{op}.count{suffix}", 0))
 
 
 def summary(views: dict[str, View], cfg: StepConfig) -> Any:
