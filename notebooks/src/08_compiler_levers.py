@@ -70,6 +70,9 @@ from shardlab.views import record
 from shardlab.viz import levers as VL
 
 n = world.num_devices
+use_tpu = p.run_tpu and world.kind == "cpu"  # on a TPU host the "hlo" programs below are already the TPU's own
+if p.run_tpu and not use_tpu:
+    print("this kernel runs on a TPU: the compile-only TPU sections are skipped (the hlo views are the TPU's)")
 compiles = []  # every TPU compile of this run: the compile-time budget is printed at the end
 
 
@@ -101,7 +104,7 @@ steps = {mode: P.StepConfig(mode=mode, layers=p.layers, batch=p.batch, hidden=p.
 combine = {}
 for mode, cfg in steps.items():
     v = {"formula": LV.formula(cfg, n), "XLA:CPU": LV.compiler(cfg)}
-    if p.run_tpu:
+    if use_tpu:
         v["XLA:TPU"] = LV.tpu(cfg, p.generation, combiners=True)
         v["XLA:TPU combiners off"] = LV.tpu(cfg, p.generation, combiners=False)
         compiles += [v["XLA:TPU"].detail, v["XLA:TPU combiners off"].detail]
@@ -130,12 +133,15 @@ display(tables["fsdp"])
 LV.summary(combine["fsdp"], steps["fsdp"]).assign(step="FSDP")
 
 # %% [markdown]
-# **Interpretation.** The formula, the CPU program and the TPU program with its combiners off agree: one collective
-# per gradient (plus one scalar all-reduce for the mean loss). With its combiners on, the TPU compiler emits **one
-# tuple all-reduce** that carries all L + 1 (data parallel), and for FSDP one reduce-scatter carrying all L
-# gradients; the bytes do not change (the table above checks them) — only the number of calls does. The FSDP
-# all-gathers stay separate: each is needed by a different layer's matmul, and the TPU runs them asynchronously
-# instead (section 2).
+# **Interpretation.** The formula and the CPU program agree: one collective per gradient (plus one scalar
+# all-reduce for the mean loss) — XLA:CPU has no combiner. With its combiners on, the TPU compiler emits **one
+# tuple all-reduce** that carries all L + 1 (data parallel) and, at the default sizes, one reduce-scatter carrying
+# all L FSDP gradients; disabling the three passes gives one instruction per operand again. The operands and the
+# bytes do not change (checked) — only the number of calls does. On a small slice with small gradients the TPU
+# compiler may even reduce the FSDP gradients with one tuple all-reduce and keep each chip's shard: the table then
+# marks the per-op values as differing, and the `reductions` row (every logical reduction, wherever it went) is
+# what must agree. The FSDP all-gathers stay separate: each feeds a different layer's matmul, and the TPU runs them
+# asynchronously instead (section 2).
 #
 # ### 1.2 · What a call costs: k all-reduces of n/k elements on gloo
 # Measured for real, on `gloo_world` processes of this machine (CPU, gloo over shared memory/TCP): for each total
@@ -203,7 +209,7 @@ pd.DataFrame(curve)
 
 # %%
 saving = []
-if p.run_tpu and fit is not None:
+if use_tpu and fit is not None:
     for mode, v in combine.items():
         for op in LV.ops(steps[mode]):
             k, c = LV.logical(v["XLA:TPU"], op), v["XLA:TPU"][f"{op}.count"]
@@ -232,7 +238,7 @@ v5 = chip(p.generation)
 mlp_cfg = tpv.MlpConfig(tp=n, batch=2, seq=p.mlp_seq, hidden=p.mlp_hidden, ffn=p.mlp_ffn, dtype="bfloat16",
                         seed=p.seed)
 overlap = {}
-if p.run_tpu:
+if use_tpu:
     overlap["mlp"] = {lhs: tpu_compile(tpv.build_graph, mlp_cfg, f"MLP, LHS {lhs}",
                                        debug_options={} if lhs == "on" else LHS_OFF) for lhs in ("on", "off")}
     mlp_rows, mlp_total = OV.exposed(overlap["mlp"]["on"].module, v5)
@@ -241,17 +247,17 @@ else:
     print("TPU compiles skipped (run_tpu=False)")
 
 # %% [markdown]
-# **Interpretation.** The MLP's forward all-reduce (g) and backward all-reduce (f) are independent of each other
-# in this graph (the output gradient is an *input*, as in notebook 02), so the TPU combiner merges them into one tuple
-# all-reduce — and it runs **synchronously**: nothing in the graph is independent of it and still left to do.
-# Overlap needs independent work; the next program has plenty.
+# **Interpretation** (measured at the default sizes). The MLP's forward all-reduce (g) and backward all-reduce (f)
+# are independent of each other in this graph (the output gradient is an *input*, as in notebook 02), so the TPU
+# combiner merges them into one tuple all-reduce — and it runs **synchronously**: no work independent of it is
+# left to do, so there is nothing to hide it behind. Overlap needs independent work; the next program has plenty.
 #
 # ### 2.2 · An FSDP step, large enough to matter (compile-only: the inputs are placeholders)
 
 # %%
 big = P.StepConfig(mode="fsdp", layers=p.big_layers, batch=p.overlap_batch, hidden=p.overlap_hidden, dtype="bfloat16",
                    placeholders=True)
-if p.run_tpu:
+if use_tpu:
     overlap["fsdp"] = {lhs: tpu_compile(P.train_step, big, f"FSDP big step, LHS {lhs}",
                                         debug_options={} if lhs == "on" else LHS_OFF) for lhs in ("on", "off")}
     exposure = {lhs: OV.exposed(c.module, v5) for lhs, c in overlap["fsdp"].items()}
@@ -270,7 +276,7 @@ if p.run_tpu:
 # synchronous one all of it. This is a model — no TPU ran — and it ignores per-call latency and HBM-bound work.
 
 # %%
-if p.run_tpu:
+if use_tpu:
     model = pd.DataFrame({f"scheduler {lhs}": {k: v * 1e6 for k, v in tot.items()}
                           for lhs, (rows, tot) in exposure.items()}).rename(index=lambda k: k.replace("_s", " µs"))
     for lhs, (rows, tot) in exposure.items():
@@ -287,11 +293,12 @@ if p.run_tpu:
     display(model)
 
 # %% [markdown]
-# **Interpretation.** With the scheduler on, the weight all-gathers are async collective fusions with the previous
-# layer's matmul in their window, and at this size the gradient reduce-scatters are decomposed into rings of
+# **Interpretation** (measured at the default sizes). With the scheduler on, the weight all-gathers are async
+# collective fusions with a matmul in their window, and the gradient reduce-scatters are decomposed into rings of
 # asynchronous collective-permutes interleaved with the gradient matmuls. The model then hides most of the
-# communication; with the scheduler off the collectives are synchronous (or their windows empty) and almost all of
-# it is exposed. Overlap is not free: buffers in flight raise the temporaries (printed above).
+# communication; with the scheduler off the all-gathers are synchronous, half of the permute windows are empty, and
+# most of it is exposed. Overlap is not free: buffers in flight raise the temporaries (printed above). With small
+# sizes (try `overlap_hidden=512`) there is little compute to hide behind and the two schedules come out close.
 #
 # ## 3 · Memory order
 # ### 3.1 · The toy: every order of four operators
@@ -334,7 +341,7 @@ rec.measure("levers.order.toy.cpu.heap_temp_units", cap.module.buffers.temp / un
 order_rows = [{"program": "XLA:CPU", "orders": ext_cpu.orders, "best order": ext_cpu.best.peak / unit,
                "XLA's order": xla_cpu.peak / unit, "worst order": ext_cpu.worst.peak / unit,
                "compiler's own number": cap.module.buffers.temp / unit, "which": "heap-simulated temporaries"}]
-if p.run_tpu:
+if use_tpu:
     toy_tpu = P.ToyConfig(rows=p.toy_rows)
     comp = tpu_compile(P.order_toy, toy_tpu, "order toy")
     rec.measure("levers.order.toy.tpu.temp_units", comp.memory.temp / toy_tpu.unit_bytes, "units", "tpu")
@@ -347,8 +354,9 @@ pd.DataFrame(order_rows)
 # %% [markdown]
 # **Interpretation.** XLA:CPU computes both of V0's products first and then both branches: the order our model
 # prices at 17 units, and its heap simulation agrees. (In its graph V0 is two separate matmuls, so the best order
-# there — b, d, then a, c — reaches 11.) XLA:TPU's temporaries are 12 units: it ran the shrinking branch first, the
-# toy's best order.
+# there — b, d, then a, c — reaches 11.) With the default 128 MiB unit, XLA:TPU's temporaries are 12 units: it ran
+# the shrinking branch first, the toy's best order. With smaller units (`toy_rows`) part of the toy fits in the
+# TPU's on-chip memory, which HBM temporaries do not count, and the number drops below 12.
 #
 # ### 3.3 · A real training step
 # The data-parallel step of section 1 on XLA:CPU, priced the same way (when the graph is narrow enough for the exact
@@ -377,7 +385,7 @@ except ValueError as exc:
 
 # %%
 wu = {}
-if p.run_tpu:
+if use_tpu:
     for stage in P.STAGES:
         ucfg = P.UpdateConfig(stage=stage, optimizer=p.optimizer, layers=p.big_layers, batch=p.update_batch,
                               hidden=p.update_hidden)
@@ -412,7 +420,7 @@ if p.run_tpu:
 
 # %%
 auto = None
-if p.run_tpu and p.auto_sharding:
+if use_tpu and p.auto_sharding:
     auto = S.auto_sharding(tpv.build_graph, mlp_cfg, p.generation)
     if auto.get("skipped"):
         print("auto-sharding:", auto["skipped"])
@@ -435,7 +443,7 @@ if p.run_tpu and p.auto_sharding:
 # %%
 lay_kw = dict(batch=8, seq=p.mlp_seq // 8, hidden=p.mlp_hidden, ffn=p.mlp_ffn, dtype="bfloat16", seed=p.seed)
 found = None
-if p.run_tpu and p.search != "off":
+if use_tpu and p.search != "off":
     planner = S.planner_choice(lay_kw["batch"], lay_kw["seq"], p.mlp_hidden, p.mlp_ffn, heads=8,
                                topology=f"{p.generation}-{n}", devices=n)
     cands = P.layouts(n)
@@ -478,7 +486,7 @@ fus = {"XLA:CPU": FU.fusion_counts(tpv.compiler(tpv.MlpConfig(tp=n, batch=2, seq
                                                              hidden=p.mlp_hidden // 4, ffn=p.mlp_ffn // 4,
                                                              seed=p.seed)).detail.module)
        if n > 1 else None}
-if p.run_tpu:
+if use_tpu:
     fus["XLA:TPU"] = FU.fusion_counts(overlap["mlp"]["on"].module)
 fus = {k: v for k, v in fus.items() if v is not None}
 for k, v in fus.items():
@@ -506,8 +514,8 @@ summary_rows = [
     {"lever": "combining: what it buys", "off": saving[0]["model ms, k calls"] if saving else None,
      "on": saving[0]["model ms, c calls"] if saving else None, "unit": "ms",
      "where": "α–β model with this machine's gloo α, β (DP step's bytes)"},
-    {"lever": "overlap: FSDP step", "off": round(exposure["off"][1]["exposed_s"] * 1e6, 1) if p.run_tpu else None,
-     "on": round(exposure["on"][1]["exposed_s"] * 1e6, 1) if p.run_tpu else None, "unit": "µs exposed",
+    {"lever": "overlap: FSDP step", "off": round(exposure["off"][1]["exposed_s"] * 1e6, 1) if use_tpu else None,
+     "on": round(exposure["on"][1]["exposed_s"] * 1e6, 1) if use_tpu else None, "unit": "µs exposed",
      "where": "XLA:TPU schedule, latency-hiding scheduler off / on (model)"},
     {"lever": "memory order: toy", "off": ext_cpu.worst.peak / unit, "on": value("levers.order.toy.tpu.temp_units",
                                                                                 "tpu"),
@@ -516,8 +524,8 @@ summary_rows = [
      "on": None if ext_step is None else xla_step.peak / 1024, "unit": "KiB",
      "where": "XLA:CPU: worst order / XLA's order" + ("" if ext_step is None
                                                      else f" (best {ext_step.best.peak / 1024:g})")},
-    {"lever": "weight update in the backward graph", "off": mib(peaks["separate"]) if p.run_tpu else None,
-     "on": mib(peaks["fused"]) if p.run_tpu else None, "unit": "MiB peak per chip", "where": "XLA:TPU"},
+    {"lever": "weight update in the backward graph", "off": mib(peaks["separate"]) if use_tpu else None,
+     "on": mib(peaks["fused"]) if use_tpu else None, "unit": "MiB peak per chip", "where": "XLA:TPU"},
     {"lever": "strategy search", "off": None if found is None or not (found["data"] == n).any()
      else int(found[found["data"] == n]["wire_bytes"].iloc[0]),
      "on": None if found is None else int(found.iloc[0]["wire_bytes"]), "unit": "wire bytes per chip",
