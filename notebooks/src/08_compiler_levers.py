@@ -263,7 +263,8 @@ if use_tpu:
     exposure = {lhs: OV.exposed(c.module, v5) for lhs, c in overlap["fsdp"].items()}
     VL.schedule_figure({f"scheduler {lhs}": OV.schedule(c.module) for lhs, c in overlap["fsdp"].items()},
                        "FSDP step on the TPU: matmuls and collectives in schedule order").show()
-    win = pd.DataFrame(exposure["on"][0])
+    win = pd.DataFrame(exposure["on"][0], columns=["collective", "op", "form", "bytes", "matmuls_between", "comm_s",
+                                                   "exposed_s"])
     display(win.groupby(["op", "form"]).agg(collectives=("collective", "count"), bytes=("bytes", "sum"),
                                             matmuls_between=("matmuls_between", "sum"),
                                             comm_us=("comm_s", lambda s: s.sum() * 1e6),
