@@ -58,3 +58,10 @@ def test_tpu_combiner_on_and_off(xla_world, mode: str) -> None:  # type: ignore[
     if mode == "dp":  # the verified fact the notebook rests on: one tuple all-reduce of L + 1 operands
         assert (on["all_reduce.count"], on["all_reduce.operands"]) == (1, f["all_reduce.count"])
         assert on["all_reduce.elements"] == f["all_reduce.elements"]
+
+
+@pytest.mark.skipif(not HAS_TPU, reason="needs shardlab.profile.tpu (the compile-only TPU view)")
+def test_pass_names_verified_by_effect(xla_world) -> None:  # type: ignore[no-untyped-def]
+    frame, _ = LV.pass_effects(P.StepConfig("dp", **SMALL), passes=("all-reduce-combiner", "no-such-pass"))
+    assert bool(frame.loc["all-reduce-combiner", "changes the program"])  # the real pass
+    assert not bool(frame.loc["no-such-pass", "changes the program"])  # XLA ignores unknown names silently

@@ -133,10 +133,25 @@ display(tables["fsdp"])
 LV.summary(combine["fsdp"], steps["fsdp"]).assign(step="FSDP")
 
 # %% [markdown]
+# Which of the three passes did it? XLA ignores a pass name it does not know — silently — so each name is verified
+# only by its effect: the same programs with one pass disabled at a time, and a made-up name as the control.
+
+# %%
+if use_tpu:
+    for mode, cfg in steps.items():
+        effects, comps = LV.pass_effects(cfg, p.generation)
+        compiles += comps
+        rec.check(f"{prefix[mode]}.tpu: an unknown pass name changes nothing",
+                  not effects.loc["no-such-pass", "changes the program"], "the control")
+        display(effects.assign(step=mode))
+
+# %% [markdown]
 # **Interpretation.** The formula and the CPU program agree: one collective per gradient (plus one scalar
 # all-reduce for the mean loss) — XLA:CPU has no combiner. With its combiners on, the TPU compiler emits **one
 # tuple all-reduce** that carries all L + 1 (data parallel) and, at the default sizes, one reduce-scatter carrying
-# all L FSDP gradients; disabling the three passes gives one instruction per operand again. The operands and the
+# all L FSDP gradients; disabling the passes gives one instruction per operand again — and `all-reduce-combiner`
+# alone does it for both steps: the TPU reduces FSDP gradients as all-reduces, combines those, and only then turns
+# them into a reduce-scatter fusion (`reduce-scatter-combiner` and `all-gather-combiner` change nothing here). The operands and the
 # bytes do not change (checked) — only the number of calls does. On a small slice with small gradients the TPU
 # compiler may even reduce the FSDP gradients with one tuple all-reduce and keep each chip's shard: the table then
 # marks the per-op values as differing, and the `reductions` row (every logical reduction, wherever it went) is

@@ -12,7 +12,11 @@ the process's n devices) answered the suite's way (``shardlab.views``), with val
 - :func:`compiler` — XLA:CPU (no combiner in torch_xla 2.9: one instruction per logical collective; its
   reduce-scatter is an all-reduce + dynamic-slice, counted as the reduce-scatter it is).
 - :func:`tpu` — XLA:TPU, compile-only, for an n-chip slice; ``combiners=False`` disables
-  :data:`COMBINER_PASSES` (verified names: with them disabled the counts are back to one per gradient).
+  :data:`COMBINER_PASSES`. XLA ignores an unknown pass name silently (measured: ``"no-such-pass"`` leaves the
+  program unchanged), so a name is verified only by its effect — :func:`pass_effects` measures it per pass.
+  Measured (libtpu 0.0.21): ``all-reduce-combiner`` alone undoes all the combining in both steps, FSDP's
+  reduce-scatters included (the TPU reduces them as all-reduces, combines those, and only then turns them into
+  a reduce-scatter fusion); ``reduce-scatter-combiner`` and ``all-gather-combiner`` change nothing here.
   A combined tuple collective is one instruction carrying k operands: ``count`` is then listed as differing
   (with the measured k) and ``operands`` is recorded instead.
 
@@ -123,6 +127,30 @@ def tpu(cfg: StepConfig, generation: str = "v5e", combiners: bool = True) -> Vie
     view.notes.append(f"XLA:TPU {topology}, combiners {'on' if combiners else 'off'}: compiled in "
                       f"{comp.compile_s:.2f} s")
     return view
+
+
+def pass_effects(cfg: StepConfig, generation: str = "v5e",
+                 passes: tuple[str, ...] = (*COMBINER_PASSES, "no-such-pass")) -> Any:
+    """Collective instructions (and operands) of the TPU program with each pass disabled on its own — a pass
+    name is verified when disabling it changes the program. Returns a DataFrame and the compiles."""
+    import pandas as pd
+
+    from shardlab.profile import tpu as T
+
+    topology = T.topology_for(runtime.current().num_devices, generation)
+    rows, comps = [], []
+    for disabled in ((), *((q,) for q in passes)):
+        comp = T.compile_program(train_step, cfg, topology, disable_passes=disabled,
+                                 label=f"{cfg.mode} step without {disabled or 'nothing'}")
+        comps.append(comp)
+        row: dict[str, Any] = {"disabled": disabled[0] if disabled else "(none)"}
+        for op, s in sorted(comp.module.summary().items()):
+            row[op] = f"{s['count']}" if s["count"] == s["operands"] else f"{s['count']} (carrying {s['operands']})"
+        rows.append(row)
+    frame = pd.DataFrame(rows).set_index("disabled").fillna("0")
+    base = frame.iloc[0]
+    frame["changes the program"] = [not r.equals(base) for _, r in frame.iterrows()]
+    return frame, comps
 
 
 def logical(view: View, op: str) -> int:
