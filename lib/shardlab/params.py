@@ -166,6 +166,78 @@ class VocabParams(TensorParallelParams):
             raise ValueError(f"label_smoothing={self.label_smoothing!r} is not a number in [0, 1]")
 
 
+# ------------------------------------------------------------------------------------------ compiler levers
+GENERATIONS = ("v5e", "v6e")
+SEARCHES = ("off", "small", "full")
+
+
+def int_sequence(name: str, value: Any) -> None:
+    if not isinstance(value, list | tuple) or not value:
+        raise ValueError(f"{name}={value!r} must be a non-empty list of positive ints")
+    for v in value:
+        positive_int(f"{name} entry", v)
+
+
+@dataclass(frozen=True)
+class LeversParams(NotebookParams):
+    """Notebook 08: combining, overlap, memory order, automatic strategy, fusion — each off vs on."""
+
+    NOTEBOOK: ClassVar[str] = "08_compiler_levers"
+
+    generation: str = "v5e"  # TPU generation compiled for (compile-only): "v5e" or "v6e"
+    run_tpu: bool = True  # False: formula, ledger, CPU compiler and timings only (no TPU compiles)
+    layers: int = 8  # L weight gradients of the data-parallel / FSDP step (combining, overlap)
+    hidden: int = 256  # width of those square layers
+    batch: int = 64  # global batch of that step, sharded over all devices
+    bucket_bytes: int = 1048576  # hand-made gradient bucket for the ledger (DDP's rule), bytes
+    gloo_world: int = 2  # processes for the real all-reduce timings; 0 skips them
+    gloo_repeats: int = 5  # timed samples per point (after 2 warm-up rounds)
+    gloo_numels: tuple = (4096, 262144)  # float32 elements per timed point (all k calls together)
+    gloo_calls: tuple = (1, 8, 32)  # k: the point's elements are split over k all-reduces
+    mlp_seq: int = 512  # Megatron MLP (bf16, batch 2, tp equal to num_devices) for overlap and fusion
+    mlp_hidden: int = 512
+    mlp_ffn: int = 2048
+    toy_rows: int = 262144  # memory-order toy on the TPU: one unit = [toy_rows, 256] bf16 per chip
+    big_layers: int = 4  # layers of the two large compile-only steps (overlap, weight update)
+    overlap_hidden: int = 2048  # the FSDP step of the overlap section (compile-only, bf16)
+    overlap_batch: int = 8192  # its global batch
+    update_hidden: int = 1024  # the memory-aware weight update (compile-only, bf16, replicated)
+    update_batch: int = 256
+    optimizer: str = "adam"  # "sgd" or "adam"
+    search: str = "small"  # layouts compiled for the TPU: "off", "small" (4 meshes), "full" (every mesh+layout)
+    auto_sharding: bool = True  # also try XLA's auto-sharding (compile-only) on the Megatron MLP
+
+    def checks(self) -> None:
+        one_of("generation", self.generation, GENERATIONS)
+        boolean("run_tpu", self.run_tpu)
+        boolean("auto_sharding", self.auto_sharding)
+        for name in ("layers", "hidden", "batch", "gloo_repeats", "mlp_seq", "mlp_hidden", "mlp_ffn", "toy_rows",
+                     "big_layers", "overlap_hidden", "overlap_batch", "update_hidden", "update_batch"):
+            positive_int(name, getattr(self, name))
+        if isinstance(self.bucket_bytes, bool) or not isinstance(self.bucket_bytes, int) or self.bucket_bytes < 0:
+            raise ValueError(f"bucket_bytes={self.bucket_bytes!r} must be an int >= 0 (0: one bucket per gradient)")
+        if isinstance(self.gloo_world, bool) or not isinstance(self.gloo_world, int) or self.gloo_world < 0 \
+                or self.gloo_world == 1:
+            raise ValueError(f"gloo_world={self.gloo_world!r} must be 0 (skip the timings) or an int >= 2")
+        int_sequence("gloo_numels", self.gloo_numels)
+        int_sequence("gloo_calls", self.gloo_calls)
+        for n in self.gloo_numels:
+            for k in self.gloo_calls:
+                divisible("gloo_numels entry", n, "gloo_calls entry", k, "k all-reduces of n / k elements each")
+        if self.gloo_world and (len(set(self.gloo_calls)) < 2 or len(set(self.gloo_numels)) < 2):
+            raise ValueError(f"gloo_numels={self.gloo_numels} and gloo_calls={self.gloo_calls} need >= 2 distinct "
+                             "values each: the α–β fit separates the per-call and the per-byte cost")
+        one_of("optimizer", self.optimizer, ("sgd", "adam"))
+        one_of("search", self.search, SEARCHES)
+        n = self.num_devices or 1
+        divisible("batch", self.batch, "num_devices", n, "the step shards the batch over every device")
+        divisible("hidden", self.hidden, "num_devices", n, "FSDP shards each [hidden, hidden] weight's rows")
+        divisible("mlp_ffn", self.mlp_ffn, "num_devices", n, "the Megatron MLP splits ffn over tp = num_devices")
+        divisible("mlp_hidden", self.mlp_hidden, "num_devices", n, "the layout search splits hidden too")
+        divisible("overlap_batch", self.overlap_batch, "num_devices", n, "the FSDP step shards its batch")
+        divisible("overlap_hidden", self.overlap_hidden, "num_devices", n, "FSDP shards each weight's rows")
+
+
 NOTEBOOK_PARAMS: dict[str, type[NotebookParams]] = {
-    cls.NOTEBOOK: cls for cls in (MlpParams, AttentionParams, VocabParams)
+    cls.NOTEBOOK: cls for cls in (MlpParams, AttentionParams, VocabParams, LeversParams)
 }

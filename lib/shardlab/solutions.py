@@ -14,6 +14,27 @@ from typing import Any
 from shardlab.formulas import tp as ftp
 
 
+def _toy_peaks(a: int, b: int, c: int, d: int, o: int) -> tuple[int, int]:
+    """Peaks of V0-V1-V2-V3 and V0-V2-V1-V3 for the memory-order toy with these sizes."""
+    from shardlab.levers import order
+
+    g = order.graph({"V0": ((), {"a": a, "b": b}), "V1": (("a",), {"c": c}), "V2": (("b",), {"d": d}),
+                     "V3": (("c", "d"), {"o": o})}, outputs=("o",))
+    return order.peak(g, ("V0", "V1", "V2", "V3")).peak, order.peak(g, ("V0", "V2", "V1", "V3")).peak
+
+
+def _saving_ms(alpha_s: float, beta_Bps: float, calls_before: int, calls_after: int) -> float:
+    from shardlab.levers.combine import AlphaBeta, combining_saving_s
+
+    return combining_saving_s(AlphaBeta(alpha_s, beta_Bps, 1.0, 0.0, 0), calls_before, calls_after) * 1e3
+
+
+def _buckets(num: int, grad_bytes: int, bucket_bytes: int) -> int:
+    from shardlab.levers.combine import bucket_count
+
+    return bucket_count(num, grad_bytes, bucket_bytes)
+
+
 @dataclass(frozen=True)
 class Solution:
     expected: Callable[..., Any]  # (**measured) -> the reference answer
@@ -31,5 +52,16 @@ SOLUTIONS: dict[str, dict[int, Solution]] = {
                     "f's backward all-reduce sums the INPUT gradient — is there one to sum?"),
         3: Solution(lambda: 2,
                     "GeLU(a + b) ≠ GeLU(a) + GeLU(b): with A split by rows, where must the partial sums be added?"),
+    },
+    "08_compiler_levers": {
+        1: Solution(lambda: _saving_ms(50e-6, 10e9, 32, 1),
+                    "the bytes are the same before and after: which term of k·α + bytes/β changes?", rel_tol=1e-3),
+        2: Solution(lambda: _toy_peaks(2, 8, 5, 1, 1),
+                    "an operator's outputs exist while its inputs are still alive; a tensor dies after its last "
+                    "reader — walk both orders step by step"),
+        3: Solution(lambda: _buckets(24, 4 * 2**20, 25 * 2**20),
+                    "a bucket closes once it holds at least the cap: how many 4 MiB gradients until >= 25 MiB?"),
+        4: Solution(lambda: max(0.0, 30.0 - 20.0), "only the part of the transfer the window does not cover is exposed",
+                    rel_tol=1e-9),
     },
 }

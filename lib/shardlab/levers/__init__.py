@@ -1,0 +1,10 @@
+"""Compiler levers (the ones TorchAcc relies on), each measured off vs on, on XLA:CPU and XLA:TPU (compile-only).
+
+- ``programs``: the graphs (DP / FSDP step, memory-order toy, fused or separate weight update, MLP layouts);
+- ``views``: combining in four views — formula, CPU compiler, TPU compiler with its combiner passes on and off;
+- ``combine``: the α–β model, gloo timings of k all-reduces of n/k elements, hand-made buckets (DDP's rule);
+- ``overlap``: matmul FLOPs, async windows and a model of exposed communication time;
+- ``order``: peak memory of every operator order (brute force, exact search), XLA's chosen order;
+- ``search``: layouts ranked by communication and memory, the planner's choice, XLA's auto-sharding;
+- ``fusion``: kernels by kind (matmul, memory-bound, collective) in a compiled program.
+"""

@@ -1,0 +1,148 @@
+"""Overlap: what the TPU scheduler puts between an asynchronous collective's start and its done, and a model
+of the communication time that is left exposed.
+
+Design
+------
+XLA:TPU issues a collective asynchronously (a ``*-start`` / ``*-done`` pair, an ``async-start``, or an *async
+collective fusion*) and its latency-hiding scheduler moves independent work between the two; that work runs
+while the bytes travel. The parser (:meth:`shardlab.profile.hlo.HloModule.async_windows`) lists, per async
+collective, the instructions scheduled in between. This module prices them:
+
+- :func:`matmul_flops` — FLOPs of the matmul work of one instruction (a ``dot``, or a ``convolution`` — the
+  TPU writes matmuls as convolutions — directly or inside the fusion it calls): ``2 · output elements · K``,
+  K the contracted size (``lhs_contracting_dims`` for a dot; the input-feature dimension times the window for
+  a convolution).
+- :func:`exposed` — the model, per chip, clearly a model: a collective takes ``wire bytes / ICI egress``
+  (ring model of ``shardlab.formulas.common.wire_bytes``, egress = half the published bidirectional ICI
+  bandwidth of ``data/hardware/<chip>.json``; no start-up latency); the compute of its window takes
+  ``FLOPs / peak bf16 FLOP/s``. Exposed time: a synchronous collective's whole time; an asynchronous one's
+  ``max(0, comm − window compute)``. "No overlap" is the sum of all collective times.
+
+Example::
+
+    rows, total = exposed(tpu_module, chip("v5e"))
+    total["exposed_s"] <= total["no_overlap_s"]      # always
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from shardlab.formulas.common import wire_bytes
+
+MATMUL_OPCODES = ("dot", "convolution")
+
+
+def _called(ins: Any) -> list[str]:
+    names = [ins.attrs[a].lstrip("%") for a in ("calls", "to_apply") if a in ins.attrs]
+    return [n for n in names if n]
+
+
+def _matmul_instructions(module: Any, name: str) -> list[Any]:
+    """The dot / convolution instructions executed by instruction ``name`` (itself, or inside its fusions)."""
+    ins = module.instructions[name]
+    if ins.opcode in MATMUL_OPCODES:
+        return [ins]
+    out, stack, seen = [], list(_called(ins)) if ins.opcode == "fusion" else [], set()
+    while stack:
+        comp = stack.pop()
+        if comp in seen or comp not in module.computations:
+            continue
+        seen.add(comp)
+        for n in module.computations[comp]:
+            i = module.instructions[n]
+            if i.opcode in MATMUL_OPCODES:
+                out.append(i)
+            elif i.opcode == "fusion":
+                stack.extend(_called(i))
+    return out
+
+
+def _contracted(module: Any, ins: Any) -> int:
+    lhs = module.instructions.get(ins.operands[0]) if ins.operands else None
+    if lhs is None or not lhs.shape:
+        return 0
+    dims = lhs.shape[0].dims
+    if ins.opcode == "dot":
+        idx = [int(d) for d in re.findall(r"\d+", ins.attrs.get("lhs_contracting_dims", ""))]
+        return math.prod(dims[i] for i in idx if i < len(dims))
+    labels = ins.attrs.get("dim_labels", "")
+    lhs_labels = labels.split("_")[0] if labels else ""
+    k = dims[lhs_labels.index("f")] if "f" in lhs_labels and lhs_labels.index("f") < len(dims) else 1
+    wm = re.search(r"size=([\dx]+)", ins.attrs.get("window", ""))
+    window = math.prod(int(v) for v in wm.group(1).split("x")) if wm else 1
+    groups = int(ins.attrs.get("feature_group_count", "1"))
+    return k * window // max(groups, 1)
+
+
+def matmul_flops(module: Any, name: str) -> int:
+    """FLOPs (multiply + add) of the matmul work of instruction ``name`` in a parsed HLO module (memoised on
+    the module: a TPU program has hundreds of scheduled instructions, each priced several times)."""
+    cache = module.__dict__.setdefault("_matmul_flops", {})
+    if name not in cache:
+        total = 0
+        for ins in _matmul_instructions(module, name):
+            out = math.prod(ins.shape[0].dims) if ins.shape else 0
+            total += 2 * out * _contracted(module, ins)
+        cache[name] = total
+    return cache[name]
+
+
+def schedule_flops(module: Any) -> int:
+    """Matmul FLOPs of every instruction the entry computation schedules (compare the compiler's cost analysis)."""
+    return sum(matmul_flops(module, n) for n in module.computations[module.entry])
+
+
+def _windows(module: Any) -> dict[str, list[str]]:
+    """``{collective name: instructions scheduled between its start and done}`` (async collectives only)."""
+    return {w.collective.name: list(w.between) for w in module.async_windows()}
+
+
+def exposed(module: Any, chip: Any) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """Per-collective rows and totals of the exposed-communication model (see the module note)."""
+    wins = _windows(module)
+    rows = []
+    for c in module.collectives:
+        group = c.group_size or 2
+        wire = wire_bytes(c.op, c.operand_bytes, group) if c.op != "collective-permute" else c.operand_bytes
+        comm_s = wire / chip.ici_egress_bytes_per_s
+        between = wins.get(c.name, [])
+        flops = sum(matmul_flops(module, n) for n in between)
+        window_s = flops / chip.bf16_peak_flops_per_s
+        exp = max(0.0, comm_s - window_s) if c.async_ else comm_s
+        rows.append({"collective": c.name, "op": c.op, "form": c.form, "operands": c.operands,
+                     "bytes": c.operand_bytes, "group": group, "wire_bytes": wire,
+                     "between": len(between), "matmuls_between": sum(1 for n in between if matmul_flops(module, n)),
+                     "window_flops": flops, "comm_s": comm_s, "window_s": window_s, "exposed_s": exp})
+    comm = sum(r["comm_s"] for r in rows)
+    compute = schedule_flops(module) / chip.bf16_peak_flops_per_s
+    total = {"compute_s": compute, "comm_s": comm, "no_overlap_s": comm,
+             "exposed_s": sum(r["exposed_s"] for r in rows), "hidden_s": comm - sum(r["exposed_s"] for r in rows),
+             "step_no_overlap_s": compute + comm, "step_s": compute + sum(r["exposed_s"] for r in rows)}
+    return rows, total
+
+
+def schedule(module: Any) -> list[tuple[str, str]]:
+    """The entry computation's schedule as (instruction, kind): kind ``matmul``, ``collective-start``,
+    ``collective-done``, ``collective`` (synchronous), or ``other`` (bookkeeping left out)."""
+    starts = {c.start: c for c in module.collectives if c.async_}
+    dones = {c.done: c for c in module.collectives if c.async_}
+    syncs = {c.start: c for c in module.collectives if not c.async_}
+    skip = ("parameter", "constant", "get-tuple-element", "tuple", "bitcast", "copy-start", "copy-done",
+            "slice-start", "slice-done")
+    out = []
+    for n in module.computations[module.entry]:
+        ins = module.instructions[n]
+        if n in starts:
+            out.append((n, "collective-start"))
+        elif n in dones:
+            out.append((n, "collective-done"))
+        elif n in syncs:
+            out.append((n, "collective"))
+        elif matmul_flops(module, n):
+            out.append((n, "matmul"))
+        elif ins.opcode not in skip:
+            out.append((n, "other"))
+    return out

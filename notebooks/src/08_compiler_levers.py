@@ -1,0 +1,592 @@
+# %% tags=["parameters"]
+num_devices = 8  # virtual CPU devices (or TPU chips); needs a kernel restart to change
+results_dir = None  # where the JSON record goes (the report runner sets it)
+seed = 0
+generation = "v5e"  # TPU generation compiled for (compile-only): "v5e" or "v6e"
+run_tpu = True  # False: formula, ledger, CPU compiler and timings only (no TPU compiles)
+layers = 8  # L weight gradients of the data-parallel / FSDP step (combining, overlap)
+hidden = 256  # width of those square layers
+batch = 64  # global batch of that step, sharded over all devices
+bucket_bytes = 1048576  # hand-made gradient bucket for the ledger (DDP's rule), bytes
+gloo_world = 2  # processes for the real all-reduce timings; 0 skips them
+gloo_repeats = 5  # timed samples per point (after 2 warm-up rounds)
+gloo_numels = (4096, 262144)  # float32 elements per timed point (all k calls together)
+gloo_calls = (1, 8, 32)  # k: the point's elements are split over k all-reduces
+mlp_seq = 512  # Megatron MLP (bf16, batch 2, tp equal to num_devices) for overlap and fusion
+mlp_hidden = 512
+mlp_ffn = 2048
+toy_rows = 262144  # memory-order toy on the TPU: one unit is [toy_rows, 256] bf16 per chip
+big_layers = 4  # layers of the two large compile-only steps (overlap, weight update)
+overlap_hidden = 2048  # the FSDP step of the overlap section (compile-only, bf16): [h, h] weights
+overlap_batch = 8192  # and its global batch [B, h]
+update_hidden = 1024  # the memory-aware weight update (compile-only, bf16, replicated)
+update_batch = 256
+optimizer = "adam"  # "sgd" or "adam"
+search = "small"  # layouts compiled for the TPU: "off", "small" (4 meshes), "full" (every mesh and layout)
+auto_sharding = True  # also try XLA's auto-sharding (compile-only) on the Megatron MLP
+answers = None  # exercise answer key (the tests and the report inject it); leave None
+
+# %%
+from shardlab import runtime
+from shardlab.params import LeversParams
+from shardlab.profile import Recorder
+
+p = LeversParams.from_namespace(globals())  # every parameter checked here, before any XLA work
+world = runtime.setup(num_devices=p.num_devices)
+rec = Recorder.for_params(p, world)
+world
+
+# %% [markdown]
+# # 08 · Compiler levers: combining, overlap, memory order, automatic strategy
+#
+# Alibaba's **TorchAcc** trains PyTorch models on XLA and gets much of its speed and memory not from a new parallel
+# layout but from *compiler levers*: it **merges** scattered collectives, **overlaps** communication with compute
+# (XLA's latency-hiding scheduler), **reorders** operators and places tensors to cut peak memory (its ROAM work:
+# 16 % / 13 % / 27 % less memory than PyTorch, a heuristic and an ILP baseline), and **searches** parallel strategies
+# automatically. This notebook measures each lever *off* and *on*, on both compilers the suite has:
+#
+# - **XLA:CPU** (the partitioned HLO of the 8 virtual devices): torch_xla 2.9's CPU compiler has no collective
+#   combiner and no asynchronous collectives, so it shows most levers *off*;
+# - **XLA:TPU**, compile-only: the real TPU compiler (`libtpu`) compiles the same traced graph for a TPU slice we do
+#   not own. Nothing runs on a TPU; we read the per-chip program, its memory and its schedule.
+#
+# Times that depend on a TPU are a **model** (hardware numbers from `data/hardware`); times measured here are gloo
+# on this machine's CPU cores, labelled as such.
+
+# %%
+import re
+
+import pandas as pd
+
+from shardlab.formulas.hardware import chip
+from shardlab.levers import combine as C
+from shardlab.levers import fusion as FU
+from shardlab.levers import order as O
+from shardlab.levers import overlap as OV
+from shardlab.levers import programs as P
+from shardlab.levers import search as S
+from shardlab.levers import views as LV
+from shardlab.views import record
+from shardlab.viz import levers as VL
+
+n = world.num_devices
+use_tpu = p.run_tpu and world.kind == "cpu"  # on a TPU host the "hlo" programs below are already the TPU's own
+if p.run_tpu and not use_tpu:
+    print("this kernel runs on a TPU: the compile-only TPU sections are skipped (the hlo views are the TPU's)")
+compiles = []  # every TPU compile of this run: the compile-time budget is printed at the end
+
+
+def tpu_compile(build, cfg, label, **options):
+    """Compile ``build(cfg)`` for the n-chip slice (compile-only) and keep the result for the time budget."""
+    from shardlab.profile import tpu as T
+
+    comp = T.compile_program(build, cfg, T.topology_for(n, p.generation), label=label, **options)
+    compiles.append(comp)
+    return comp
+
+
+def mib(b):
+    return None if b is None else round(b / 2**20, 2)
+
+
+# %% [markdown]
+# ## 1 · Combining collectives
+# A data-parallel step with L weights reduces L gradients; FSDP gathers L weight shards and reduce-scatters L
+# gradients. Issued one by one, each is a separate collective — each pays the start-up cost again. The TPU compiler
+# has passes that merge them (`all-reduce-combiner`, `all-gather-combiner`, `reduce-scatter-combiner`); we compile
+# the same step with them on and with them disabled (`xla_disable_hlo_passes`).
+#
+# ### 1.1 · Config → four views
+
+# %%
+steps = {mode: P.StepConfig(mode=mode, layers=p.layers, batch=p.batch, hidden=p.hidden, seed=p.seed)
+         for mode in ("dp", "fsdp")}
+combine = {}
+for mode, cfg in steps.items():
+    v = {"formula": LV.formula(cfg, n), "XLA:CPU": LV.compiler(cfg)}
+    if use_tpu:
+        v["XLA:TPU"] = LV.tpu(cfg, p.generation, combiners=True)
+        v["XLA:TPU combiners off"] = LV.tpu(cfg, p.generation, combiners=False)
+        compiles += [v["XLA:TPU"].detail, v["XLA:TPU combiners off"].detail]
+    combine[mode] = v
+prefix = {"dp": "levers.combine", "fsdp": "levers.combine.fsdp"}
+tables = {}
+for mode, v in combine.items():
+    frame = record(rec, prefix[mode], *v.values())
+    frame.columns = ["name", "unit", *v, "agree"]  # both TPU columns are source "tpu": label them
+    tables[mode] = frame
+for mode, cfg in steps.items():  # the combiner's invariants (the record already checked "reductions" everywhere)
+    if "XLA:TPU" not in combine[mode]:
+        continue
+    f, on, off = combine[mode]["formula"], combine[mode]["XLA:TPU"], combine[mode]["XLA:TPU combiners off"]
+    rec.check(f"{prefix[mode]}.tpu: combining never adds instructions", on["instructions"]
+              <= off["instructions.combiner_off"], f"{on['instructions']} <= {off['instructions.combiner_off']}")
+    rec.check(f"{prefix[mode]}.tpu: combining keeps every operand", on["operands"] == off["operands.combiner_off"],
+              f"{on['operands']} = {off['operands.combiner_off']}")
+    rec.check(f"{prefix[mode]}.tpu.combiner_off: one operand per instruction", off["operands.combiner_off"]
+              == off["instructions.combiner_off"], "no tuple collective without the combiner passes")
+display(tables["dp"])
+LV.summary(combine["dp"], steps["dp"]).assign(step="data parallel")
+
+# %%
+display(tables["fsdp"])
+LV.summary(combine["fsdp"], steps["fsdp"]).assign(step="FSDP")
+
+# %% [markdown]
+# Which of the three passes did it? XLA ignores a pass name it does not know — silently — so each name is verified
+# only by its effect: the same programs with one pass disabled at a time, and a made-up name as the control.
+
+# %%
+if use_tpu:
+    for mode, cfg in steps.items():
+        effects, comps = LV.pass_effects(cfg, p.generation)
+        compiles += comps
+        rec.check(f"{prefix[mode]}.tpu: an unknown pass name changes nothing",
+                  not effects.loc["no-such-pass", "changes the program"], "the control")
+        display(effects.assign(step=mode))
+
+# %% [markdown]
+# **Interpretation.** The formula and the CPU program agree: one collective per gradient (plus one scalar
+# all-reduce for the mean loss) — XLA:CPU has no combiner. With its combiners on, the TPU compiler emits **one
+# tuple all-reduce** that carries all L + 1 (data parallel) and, at the default sizes, one reduce-scatter carrying
+# all L FSDP gradients; disabling the passes gives one instruction per operand again — and `all-reduce-combiner`
+# alone does it for both steps: the TPU reduces FSDP gradients as all-reduces, combines those, and only then turns
+# them into a reduce-scatter fusion (`reduce-scatter-combiner` and `all-gather-combiner` change nothing here). The operands and the
+# bytes do not change (checked) — only the number of calls does. On a small slice with small gradients the TPU
+# compiler may even reduce the FSDP gradients with one tuple all-reduce and keep each chip's shard: the table then
+# marks the per-op values as differing, and the `reductions` row (every logical reduction, wherever it went) is
+# what must agree. The FSDP all-gathers stay separate: each feeds a different layer's matmul, and the TPU runs them
+# asynchronously instead (section 2).
+#
+# ### 1.2 · What a call costs: k all-reduces of n/k elements on gloo
+# Measured for real, on `gloo_world` processes of this machine (CPU, gloo over shared memory/TCP): for each total
+# size n and each k, k all-reduces of n/k float32 elements, median of `gloo_repeats` samples (each the slowest
+# rank's time).
+
+# %%
+points, fit, spread = [], None, {}
+if p.gloo_world:
+    points = C.time_all_reduces(p.gloo_world, p.gloo_numels, p.gloo_calls, p.gloo_repeats)
+    fit = C.fit_points(points)
+    spread = C.fit_spread(points)
+    for pt in points:
+        rec.timing(f"levers.combine.gloo.n{pt.numel}.k{pt.calls}", pt.timing)
+    rec.measure("levers.combine.alpha_s", fit.alpha_s, "s", "timer", kind="timing", spread=spread.get("alpha_s"))
+    rec.measure("levers.combine.beta_Bps", fit.beta_Bps, "B/s", "timer", kind="timing", spread=spread.get("beta_Bps"))
+    rec.measure("levers.combine.fit_r2", fit.r2, "1", "timer", kind="timing")
+    timing_table = pd.DataFrame([{"n": pt.numel, "k": pt.calls, "median ms": pt.timing.median_s * 1e3,
+                                  "min ms": pt.timing.min_s * 1e3, "max ms": pt.timing.max_s * 1e3,
+                                  "model ms": fit.time_s(pt.calls, pt.payload_bytes) * 1e3,
+                                  "k calls / 1 call": pt.timing.median_s / next(
+                                      q.timing.median_s for q in points if q.numel == pt.numel and q.calls == min(
+                                          p.gloo_calls))} for pt in points])
+    print(f"α = {fit.alpha_s * 1e6:.1f} µs per call, β = {fit.beta_Bps / 1e9:.3f} GB/s payload; "
+          f"R² = {fit.r2:.3f}, relative RMS residual {fit.rel_rms:.0%} over {fit.points} points; "
+          f"α over the repeats: {spread.get('alpha_s', {}).get('min', float('nan')) * 1e6:.0f}–"
+          f"{spread.get('alpha_s', {}).get('max', float('nan')) * 1e6:.0f} µs")
+    VL.timing_figure(points, fit).show()
+    display(timing_table)
+else:
+    print("gloo timings skipped (gloo_world=0)")
+
+# %% [markdown]
+# **Interpretation.** At a fixed total size the time grows with k: every call pays α again. The α–β model
+# $T = k\,\alpha + n\,e/\beta$ (least squares over all points, relative residuals) separates the per-call cost from
+# the per-byte cost; R² and the residual say how well two numbers describe this noisy, shared machine. On a TPU
+# the per-call cost is smaller (ICI, no kernel launches through a host), but it is never zero — which is why the
+# compiler bothers to combine.
+#
+# ### 1.3 · Hand-made buckets in the ledger
+# DDP's rule (`bucket_cap_mb`): add gradients to the open bucket until it holds at least `bucket_bytes`, then
+# all-reduce it as one flat tensor. The formula predicts the number of buckets; the ledger — every rank's
+# `bucketed_all_reduce` in a `SimulatedWorld` — shows the all-reduces actually issued and must agree, move the same
+# bytes at every bucket size, and give every rank the exact sums (gradient i on rank r is `(i+1)(r+1)`).
+
+# %%
+ledger_world = max(n, 2)
+grad_numel = p.hidden * p.hidden
+curve = C.bucket_curve(p.layers, grad_numel, ledger_world, fit)
+for row in curve:
+    rec.check(f"levers.combine.bucket.{row['bucket_bytes']}: formula = ledger", row["formula"] == row["ledger"],
+              f"formula {row['formula']} = ledger {row['ledger']}")
+    rec.check(f"levers.combine.bucket.{row['bucket_bytes']}: bytes and sums", row["sums_exact"]
+              and row["payload_bytes"] == p.layers * grad_numel * C.ELEMENT_BYTES, "bucketing never changes bytes")
+mine = C.bucket_curve(p.layers, grad_numel, ledger_world, fit, sizes=[p.bucket_bytes])[0]
+rec.agree("levers.combine.bucket.count", "count", formula=mine["formula"], ledger=mine["ledger"])
+VL.bucket_figure(curve).show()
+pd.DataFrame(curve)
+
+# %% [markdown]
+# ### 1.4 · What the TPU's combining saves, by the model
+# The TPU program carries the same bytes in fewer calls. With the α measured above, combining k calls into c saves
+# $(k - c)\,\alpha$ — a model applied to this machine's gloo, not a TPU measurement (the hardware profiles publish
+# ICI bandwidth, not a per-call latency, so we do not invent a TPU α).
+
+# %%
+saving = []
+if use_tpu and fit is not None:
+    for mode, v in combine.items():
+        for op in LV.ops(steps[mode]):
+            k, c = LV.logical(v["XLA:TPU"], op), v["XLA:TPU"][f"{op}.count"]
+            if k:
+                nbytes = v["XLA:TPU"][f"{op}.bytes"]
+                saving.append({"step": mode, "collective": op, "logical k": k, "TPU calls c": c,
+                               "model ms, k calls": fit.time_s(k, nbytes) * 1e3,
+                               "model ms, c calls": fit.time_s(c, nbytes) * 1e3,
+                               "saving ms": C.combining_saving_s(fit, k, c) * 1e3})
+pd.DataFrame(saving)
+
+# %% [markdown]
+# ## 2 · Overlap: asynchronous collectives and the latency-hiding scheduler
+# XLA:TPU can issue a collective asynchronously — a start, later a done — and its **latency-hiding scheduler** moves
+# independent work in between. We compile two programs with the scheduler on (default) and off
+# (`xla_tpu_enable_latency_hiding_scheduler=false`, an XLA:TPU flag passed in the compile options: verified to
+# work compile-only) and list, for each collective, its form and the compute placed between its start and done.
+#
+# ### 2.1 · The Megatron MLP (notebook 02's graph, bf16, tp = num_devices)
+
+# %%
+from shardlab.tp import views as tpv
+
+LHS_OFF = {"xla_tpu_enable_latency_hiding_scheduler": False}
+v5 = chip(p.generation)
+mlp_cfg = tpv.MlpConfig(tp=n, batch=2, seq=p.mlp_seq, hidden=p.mlp_hidden, ffn=p.mlp_ffn, dtype="bfloat16",
+                        seed=p.seed)
+overlap = {}
+if use_tpu:
+    overlap["mlp"] = {lhs: tpu_compile(tpv.build_graph, mlp_cfg, f"MLP, LHS {lhs}",
+                                       debug_options={} if lhs == "on" else LHS_OFF) for lhs in ("on", "off")}
+    mlp_rows, mlp_total = OV.exposed(overlap["mlp"]["on"].module, v5)
+    display(pd.DataFrame(mlp_rows))
+else:
+    print("TPU compiles skipped (run_tpu=False)")
+
+# %% [markdown]
+# **Interpretation** (measured at the default sizes). The MLP's forward all-reduce (g) and backward all-reduce (f)
+# are independent of each other in this graph (the output gradient is an *input*, as in notebook 02), so the TPU
+# combiner merges them into one tuple all-reduce — and it runs **synchronously**: no work independent of it is
+# left to do, so there is nothing to hide it behind. Overlap needs independent work; the next program has plenty.
+#
+# ### 2.2 · An FSDP step, large enough to matter (compile-only: the inputs are placeholders)
+
+# %%
+big = P.StepConfig(mode="fsdp", layers=p.big_layers, batch=p.overlap_batch, hidden=p.overlap_hidden, dtype="bfloat16",
+                   placeholders=True)
+if use_tpu:
+    overlap["fsdp"] = {lhs: tpu_compile(P.train_step, big, f"FSDP big step, LHS {lhs}",
+                                        debug_options={} if lhs == "on" else LHS_OFF) for lhs in ("on", "off")}
+    exposure = {lhs: OV.exposed(c.module, v5) for lhs, c in overlap["fsdp"].items()}
+    VL.schedule_figure({f"scheduler {lhs}": OV.schedule(c.module) for lhs, c in overlap["fsdp"].items()},
+                       "FSDP step on the TPU: matmuls and collectives in schedule order").show()
+    win = pd.DataFrame(exposure["on"][0], columns=["collective", "op", "form", "bytes", "matmuls_between", "comm_s",
+                                                   "exposed_s"])
+    display(win.groupby(["op", "form"]).agg(collectives=("collective", "count"), bytes=("bytes", "sum"),
+                                            matmuls_between=("matmuls_between", "sum"),
+                                            comm_us=("comm_s", lambda s: s.sum() * 1e6),
+                                            exposed_us=("exposed_s", lambda s: s.sum() * 1e6)))
+
+# %% [markdown]
+# ### 2.3 · Exposed communication, a model
+# Per chip: a collective takes its ring wire bytes over the ICI egress (half the published bidirectional bandwidth),
+# the matmuls of its window their FLOPs at peak; an async collective exposes only what its window does not cover, a
+# synchronous one all of it. This is a model — no TPU ran — and it ignores per-call latency and HBM-bound work.
+
+# %%
+if use_tpu:
+    model = pd.DataFrame({f"scheduler {lhs}": {k: v * 1e6 for k, v in tot.items()}
+                          for lhs, (rows, tot) in exposure.items()}).rename(index=lambda k: k.replace("_s", " µs"))
+    for lhs, (rows, tot) in exposure.items():
+        rec.check(f"levers.overlap.fsdp.{lhs}: exposed <= communication", tot["exposed_s"] <= tot["comm_s"] + 1e-12,
+                  f"{tot['exposed_s'] * 1e6:.1f} <= {tot['comm_s'] * 1e6:.1f} µs")
+        rec.measure(f"levers.overlap.fsdp.exposed_s.lhs_{lhs}", tot["exposed_s"], "s (model)", "tpu")
+        rec.measure(f"levers.overlap.fsdp.async.lhs_{lhs}",
+                    sum(c.async_ for c in overlap["fsdp"][lhs].module.collectives), "count", "tpu")
+    flops = overlap["fsdp"]["on"].cost.get("flops")
+    rec.check("levers.overlap.matmul_flops <= cost analysis", OV.schedule_flops(overlap["fsdp"]["on"].module)
+              <= (flops or 0) * 1.0001, "the matmul FLOPs we price are part of the compiler's own count")
+    mem = {lhs: overlap["fsdp"][lhs].memory for lhs in ("on", "off")}
+    print(f"temporaries per chip: scheduler on {mib(mem['on'].temp)} MiB, off {mib(mem['off'].temp)} MiB")
+    display(model)
+
+# %% [markdown]
+# **Interpretation** (measured at the default sizes). With the scheduler on, the weight all-gathers are async
+# collective fusions with a matmul in their window, and the gradient reduce-scatters are decomposed into rings of
+# asynchronous collective-permutes interleaved with the gradient matmuls. The model then hides most of the
+# communication; with the scheduler off the all-gathers are synchronous, half of the permute windows are empty, and
+# most of it is exposed. Overlap is not free: buffers in flight raise the temporaries (printed above). With small
+# sizes (try `overlap_hidden=512`) there is little compute to hide behind and the two schedules come out close.
+#
+# ## 3 · Memory order
+# ### 3.1 · The toy: every order of four operators
+
+# %%
+toy = O.roam_toy()
+orders = O.all_orders(toy)
+ext = O.extremes(toy)
+rec.check("levers.order.toy: brute force = dynamic programme", (orders[0].peak, orders[-1].peak)
+          == (ext.best.peak, ext.worst.peak), f"best {ext.best.peak}, worst {ext.worst.peak}")
+ratio = O.peak(toy, ("V0", "V2", "V1", "V3")).peak / O.peak(toy, ("V0", "V1", "V2", "V3")).peak
+rec.measure("levers.order.toy.peak_ratio", ratio, "ratio", "formula")
+VL.profile_figure({"V0-V1-V2-V3": O.peak(toy, ("V0", "V1", "V2", "V3")),
+                   "V0-V2-V1-V3": O.peak(toy, ("V0", "V2", "V1", "V3"))}).show()
+pd.DataFrame([{"order": "-".join(pr.order), "peak (MB)": pr.peak, "peak while": pr.peak_op} for pr in orders])
+
+# %% [markdown]
+# V0 writes a small `a` and a large `b`; V1 expands `a`, V2 shrinks `b`. Running the shrinking branch first frees
+# `b` before the expansion allocates: **12 instead of 17 (71 %)** — the effect of the ROAM paper's motivating
+# example (Shu et al. 2023, TorchAcc), whose exact sizes we could not obtain: these sizes are ours.
+#
+# ### 3.2 · Which order does XLA choose?
+# The same four operators as tensors (each V a matmul; optimisation barriers keep V0's two outputs and every
+# intermediate materialised on the TPU). **XLA:CPU**: we turn its scheduled entry computation into a graph, price
+# XLA's order and every other order with the same model, and compare with its buffer assignment's heap
+# simulation. **XLA:TPU**: the compiled temporaries, in units of one [rows, 256] tensor.
+
+# %%
+toy_cpu = P.ToyConfig(rows=64, cols=64, dtype="float32", placeholders=False)
+from shardlab.profile import capture_hlo
+
+cap = capture_hlo(P.order_toy, toy_cpu)
+g_cpu = O.graph_from_hlo(cap.module)
+ext_cpu, xla_cpu = O.extremes(g_cpu), O.peak(g_cpu)
+unit = toy_cpu.unit_bytes
+rec.check("levers.order.cpu: best <= XLA's order <= worst", ext_cpu.best.peak <= xla_cpu.peak <= ext_cpu.worst.peak,
+          f"{ext_cpu.best.peak} <= {xla_cpu.peak} <= {ext_cpu.worst.peak}")
+rec.measure("levers.order.toy.cpu.xla_order_units", xla_cpu.peak / unit, "units", "hlo")
+rec.measure("levers.order.toy.cpu.heap_temp_units", cap.module.buffers.temp / unit, "units", "hlo")
+order_rows = [{"program": "XLA:CPU", "orders": ext_cpu.orders, "best order": ext_cpu.best.peak / unit,
+               "XLA's order": xla_cpu.peak / unit, "worst order": ext_cpu.worst.peak / unit,
+               "compiler's own number": cap.module.buffers.temp / unit, "which": "heap-simulated temporaries"}]
+if use_tpu:
+    toy_tpu = P.ToyConfig(rows=p.toy_rows)
+    comp = tpu_compile(P.order_toy, toy_tpu, "order toy")
+    rec.measure("levers.order.toy.tpu.temp_units", comp.memory.temp / toy_tpu.unit_bytes, "units", "tpu")
+    order_rows.append({"program": "XLA:TPU", "orders": None, "best order": 12, "XLA's order": None,
+                       "worst order": 17, "compiler's own number": comp.memory.temp / toy_tpu.unit_bytes,
+                       "which": "compiled temporaries (toy's best 12 / worst 17)"})
+print("XLA:CPU's schedule:", " ".join(xla_cpu.order), "| best:", " ".join(ext_cpu.best.order))
+pd.DataFrame(order_rows)
+
+# %% [markdown]
+# **Interpretation.** XLA:CPU computes both of V0's products first and then both branches: the order our model
+# prices at 17 units, and its heap simulation agrees. (In its graph V0 is two separate matmuls, so the best order
+# there — b, d, then a, c — reaches 11.) With the default 128 MiB unit, XLA:TPU's temporaries are 12 units: it ran
+# the shrinking branch first, the toy's best order. With smaller units (`toy_rows`) part of the toy fits in the
+# TPU's on-chip memory, which HBM temporaries do not count, and the number drops below 12.
+#
+# ### 3.3 · A real training step
+# The data-parallel step of section 1 on XLA:CPU, priced the same way (when the graph is narrow enough for the exact
+# search).
+
+# %%
+step_cap = combine["dp"]["XLA:CPU"].detail
+g_step = O.graph_from_hlo(step_cap.module)
+ext_step = xla_step = None
+try:
+    ext_step, xla_step = O.extremes(g_step), O.peak(g_step)
+    rec.check("levers.order.step.cpu: best <= XLA's order <= worst",
+              ext_step.best.peak <= xla_step.peak <= ext_step.worst.peak,
+              f"{ext_step.best.peak} <= {xla_step.peak} <= {ext_step.worst.peak}")
+    display(pd.DataFrame([{"operators": len(g_step.ops), "orders": ext_step.orders, "best KiB": ext_step.best.peak / 1024,
+                           "XLA's order KiB": xla_step.peak / 1024, "worst KiB": ext_step.worst.peak / 1024,
+                           "heap-simulated temp KiB": step_cap.module.buffers.temp / 1024}]))
+except ValueError as exc:
+    print(f"exact search skipped: {exc}")
+
+# %% [markdown]
+# ### 3.4 · Memory-aware weight update
+# The optimizer step compiled **in the same graph as the backward** (each gradient can be consumed by its update as
+# soon as it exists) vs **after a separate sync** (the backward's graph returns every gradient; a second graph
+# applies the update). Per chip, from the TPU compiler; inputs are placeholders.
+
+# %%
+wu = {}
+if use_tpu:
+    for stage in P.STAGES:
+        ucfg = P.UpdateConfig(stage=stage, optimizer=p.optimizer, layers=p.big_layers, batch=p.update_batch,
+                              hidden=p.update_hidden)
+        wu[stage] = tpu_compile(P.weight_update, ucfg, f"weight update: {stage}").memory
+    peak = {k: m.argument + m.output - m.alias + m.temp for k, m in wu.items()}
+    temp = {"fused": wu["fused"].temp, "separate": max(wu["backward"].temp, wu["update"].temp)}
+    peaks = {"fused": peak["fused"], "separate": max(peak["backward"], peak["update"])}
+    for k in ("fused", "separate"):
+        rec.measure(f"levers.order.weight_update.temp_bytes.{k}", temp[k], "bytes", "tpu")
+        rec.measure(f"levers.order.weight_update.peak_bytes.{k}", peaks[k], "bytes", "tpu")
+    grads = ucfg.weight_bytes
+    rec.check("levers.order.weight_update.separate: gradients leave the backward graph",
+              wu["backward"].output >= grads, f"backward outputs {wu['backward'].output} >= gradients {grads}")
+    display(pd.DataFrame({k: {"arguments MiB": mib(m.argument), "outputs MiB": mib(m.output),
+                              "temporaries MiB": mib(m.temp), "aliased MiB": mib(m.alias),
+                              "peak MiB": mib(peak[k])} for k, m in wu.items()}))
+    print(f"peak per chip: fused {mib(peaks['fused'])} MiB, separate {mib(peaks['separate'])} MiB "
+          f"(the gradients: {mib(grads)} MiB)")
+
+# %% [markdown]
+# **Interpretation.** The temporaries hardly move; what moves is *where the gradients live*. Fused, they are
+# temporaries that die as soon as their update has read them. Separated, the backward must hand all of them out as
+# outputs, and the update graph takes them — plus the weights and the optimizer state — as arguments: its peak holds
+# every gradient at once. (These compile-only programs carry no input/output aliasing — a TPU run of torch_xla
+# donates the updated weights, which lowers both columns by the weights it updates in place.)
+#
+# ## 4 · Automatic strategy
+# ### 4.1 · XLA's auto-sharding, compile-only
+# The MLP graph of section 2.1 with its annotations removed (`xla_tpu_auto_spmd_remove_all_user_shardings`) and
+# XLA's auto-sharding pass (`use_auto_spmd_partitioning`, an ILP over every array's sharding on a 1-D mesh of the
+# n chips) in place of sharding propagation: what does the solver choose, against Megatron's plan?
+
+# %%
+auto = None
+if use_tpu and p.auto_sharding:
+    auto = S.auto_sharding(tpv.build_graph, mlp_cfg, p.generation)
+    if auto.get("skipped"):
+        print("auto-sharding:", auto["skipped"])
+    else:
+        compiles.append(auto["compile"])
+        rec.measure("levers.auto.wire_bytes", auto["metrics"]["wire_bytes"], "bytes", "tpu")
+        rec.measure("levers.auto.memory_bytes", auto["metrics"]["memory_bytes"], "bytes", "tpu")
+        shardings = [m.group(1) for ln in auto["compile"].hlo_text.splitlines() if " parameter(" in ln
+                     for m in [re.search(r"sharding=(\{[^}]*\})", ln)] if m]
+        print("auto-sharding's parameter shardings:", ", ".join(shardings))
+        display(pd.DataFrame([{"what": "Megatron (annotated)", **S.metrics(overlap["mlp"]["on"])},
+                              auto["metrics"]]).set_index("what"))
+
+# %% [markdown]
+# ### 4.2 · Exhaustive search: every (data, fsdp, tensor) mesh and weight layout
+# The Megatron MLP on an n-chip slice, each candidate compiled for the TPU; ranked by the bytes each chip puts on the
+# interconnect, then by memory per chip. `search="small"` compiles up to four candidates (pure data parallel, pure
+# FSDP, Megatron, and the planner's mesh), `"full"` every mesh and both layouts.
+
+# %%
+lay_kw = dict(batch=8, seq=p.mlp_seq // 8, hidden=p.mlp_hidden, ffn=p.mlp_ffn, dtype="bfloat16", seed=p.seed)
+found = None
+if use_tpu and p.search != "off":
+    planner = S.planner_choice(lay_kw["batch"], lay_kw["seq"], p.mlp_hidden, p.mlp_ffn, heads=8,
+                               topology=f"{p.generation}-{n}", devices=n)
+    cands = P.layouts(n)
+    if p.search == "small":  # pure data parallel, pure FSDP, Megatron, and the planner's mesh
+        want = {(n, 1, 1, "megatron"), (1, n, 1, "megatron"), (1, 1, n, "megatron"), (*(planner or (n, 1, 1)),
+                                                                                     "megatron")}
+        cands = [c for c in cands if c in want]
+    rows = []
+    for d, f, t, lay in cands:
+        lcfg = P.LayoutConfig(d, f, t, lay, **lay_kw)
+        try:
+            lcfg.validate(n)
+        except ValueError as exc:
+            print(f"{lcfg.name}: skipped ({exc})")
+            continue
+        rows.append({"data": d, "fsdp": f, "tensor": t, "layout": lay,
+                     **S.metrics(tpu_compile(P.mlp_layout, lcfg, lcfg.name))})
+    found = S.rank(rows, planner)
+    best = found.iloc[0]
+    rec.measure("levers.search.best.bytes", int(best["wire_bytes"]), "bytes", "tpu")
+    rec.check("levers.search.best <= every candidate", all(best["wire_bytes"] <= w for w in found["wire_bytes"]
+                                                          if w is not None), f"best {best['mesh']} {best['layout']}")
+    VL.search_figure(found).show()
+    display(found[["mesh", "layout", "ops", "payload_bytes", "wire_bytes", "memory_bytes", "compile_s",
+                   "megatron", "planner"]])
+    print(f"planner's mesh (data, fsdp, tensor): {planner}")
+
+# %% [markdown]
+# **Interpretation.** The ranking is by communication first: for this block and batch, which axis pays depends on
+# whether activations (tensor parallelism moves [b, s, h]) or weights (FSDP and data parallelism move [h, ffn]) are
+# larger per chip. Memory per chip falls as weights are sharded. The planner judges a whole layer with its
+# attention and a roofline time, so it need not pick the block's cheapest-to-communicate layout.
+#
+# ## 5 · Fusion
+# The kernels each compiler launches for the same block: matmuls, memory-bound kernels (elementwise, reductions,
+# copies — each reads and writes memory), collectives, and how many HLO ops disappeared into fusions.
+
+# %%
+fus = {"XLA:CPU": FU.fusion_counts(tpv.compiler(tpv.MlpConfig(tp=n, batch=2, seq=p.mlp_seq // 8,
+                                                             hidden=p.mlp_hidden // 4, ffn=p.mlp_ffn // 4,
+                                                             seed=p.seed)).detail.module)
+       if n > 1 else None}
+if use_tpu:
+    fus["XLA:TPU"] = FU.fusion_counts(overlap["mlp"]["on"].module)
+fus = {k: v for k, v in fus.items() if v is not None}
+for k, v in fus.items():
+    rec.check(f"levers.fusion.{k}: kernels add up", v["kernels"] == v["matmul"] + v["memory-bound"]
+              + v["collective"], str(v))
+    rec.measure(f"levers.fusion.kernels.{'cpu' if k == 'XLA:CPU' else 'tpu'}", v["kernels"], "count",
+                "hlo" if k == "XLA:CPU" else "tpu")
+pd.DataFrame(fus).fillna(0).astype(int)
+
+# %% [markdown]
+# (The CPU column is a smaller MLP of the same shape ratios: it runs, while the TPU program is compile-only.)
+#
+# ## Summary: the levers, off vs on
+
+# %%
+def value(name, source):
+    return rec.values(name).get(source)
+
+
+dp_tpu = combine["dp"].get("XLA:TPU")
+summary_rows = [
+    {"lever": "combining: DP step all-reduces", "off": value("levers.combine.all_reduce.count.combiner_off", "tpu"),
+     "on": value("levers.combine.all_reduce.count", "tpu"), "unit": "instructions",
+     "where": f"XLA:TPU (XLA:CPU: {value('levers.combine.all_reduce.count', 'hlo')}, no combiner)"},
+    {"lever": "combining: what it buys", "off": saving[0]["model ms, k calls"] if saving else None,
+     "on": saving[0]["model ms, c calls"] if saving else None, "unit": "ms",
+     "where": "α–β model with this machine's gloo α, β (DP step's bytes)"},
+    {"lever": "overlap: FSDP step", "off": round(exposure["off"][1]["exposed_s"] * 1e6, 1) if use_tpu else None,
+     "on": round(exposure["on"][1]["exposed_s"] * 1e6, 1) if use_tpu else None, "unit": "µs exposed",
+     "where": "XLA:TPU schedule, latency-hiding scheduler off / on (model)"},
+    {"lever": "memory order: toy", "off": ext_cpu.worst.peak / unit, "on": value("levers.order.toy.tpu.temp_units",
+                                                                                "tpu"),
+     "unit": "units", "where": f"worst order / XLA:TPU (XLA:CPU chose {xla_cpu.peak / unit:g})"},
+    {"lever": "memory order: DP step", "off": None if ext_step is None else ext_step.worst.peak / 1024,
+     "on": None if ext_step is None else xla_step.peak / 1024, "unit": "KiB",
+     "where": "XLA:CPU: worst order / XLA's order" + ("" if ext_step is None
+                                                     else f" (best {ext_step.best.peak / 1024:g})")},
+    {"lever": "weight update in the backward graph", "off": mib(peaks["separate"]) if use_tpu else None,
+     "on": mib(peaks["fused"]) if use_tpu else None, "unit": "MiB peak per chip", "where": "XLA:TPU"},
+    {"lever": "strategy search", "off": None if found is None or not (found["data"] == n).any()
+     else int(found[found["data"] == n]["wire_bytes"].iloc[0]),
+     "on": None if found is None else int(found.iloc[0]["wire_bytes"]), "unit": "wire bytes per chip",
+     "where": "XLA:TPU: pure data parallel / best candidate" + ("" if found is None else
+                                                                f" ({found.iloc[0]['mesh']} {found.iloc[0]['layout']})")},
+    {"lever": "fusion", "off": fus.get("XLA:CPU", {}).get("kernels"), "on": fus.get("XLA:TPU", {}).get("kernels"),
+     "unit": "kernels", "where": "XLA:CPU / XLA:TPU, MLP block"},
+]
+tpu_s = sum(c.compile_s for c in compiles if not c.cached)
+rec.measure("levers.tpu.compile_s", tpu_s, "s", "timer", kind="timing", spread={"n": len(compiles)})
+print(f"TPU compile time of this run: {tpu_s:.1f} s over {len(compiles)} compiles")
+pd.DataFrame(summary_rows)
+
+# %% [markdown]
+# ## Exercises
+# Write your answer into the variable and run the cell: the grader says right or gives a hint.
+#
+# 1. With α = 50 µs and β = 10 GB/s, how many **milliseconds** does combining 32 all-reduces of 1 MiB each into one
+#    save?
+# 2. The toy with other sizes: V0 writes `a` = 2 and `b` = 8, V1 expands `a` into `c` = 5, V2 shrinks `b` into
+#    `d` = 1, V3 writes `o` = 1. What are the peaks of V0-V1-V2-V3 and of V0-V2-V1-V3? (a tuple)
+# 3. 24 gradients of 4 MiB each, DDP's rule with a 25 MiB bucket: how many all-reduces?
+# 4. An async all-gather needs 30 µs on the wire; the scheduler put 20 µs of matmuls in its window. How many µs are
+#    exposed, by section 2.3's model?
+
+# %%
+from shardlab.exercises import Exercises
+
+ex = Exercises(p.NOTEBOOK, rec, p.answers)
+answer_1 = None  # milliseconds (a float)
+answer_2 = None  # (peak of V0-V1-V2-V3, peak of V0-V2-V1-V3)
+answer_3 = None  # a count
+answer_4 = None  # microseconds
+for k, a in enumerate((answer_1, answer_2, answer_3, answer_4), start=1):
+    ex.show(k, a)
+
+# %% [markdown]
+# <details><summary>Why (open after trying)</summary>
+#
+# 1. Combining changes the number of calls, not the bytes: the saving is the start-ups that disappear, $(k-c)\alpha$.
+# 2. Walk the orders: an operator's outputs are allocated while its inputs are still live; a tensor dies after its
+#    last reader. The expanding branch first keeps `b` alive next to `c`; the shrinking branch first frees `b`.
+# 3. A bucket closes once it holds at least 25 MiB: ⌈25/4⌉ gradients per bucket, then count the buckets.
+# 4. Only what the window does not cover is exposed: $\max(0, 30 - 20)$.
+# </details>
+
+# %%
+rec.close()["status"]

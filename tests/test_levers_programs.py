@@ -1,0 +1,108 @@
+"""The lever graphs on the CPU compiler: the memory-order toy's schedule priced by the order module against
+XLA's own heap simulation; the layouts enumerated and the Megatron layout's all-reduces worked out by hand;
+the search ranking and the planner's choice; the notebook's parameter rules."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from shardlab.levers import order as O
+from shardlab.levers import programs as P
+from shardlab.levers import search as S
+from shardlab.params import LeversParams
+
+
+def test_order_toy_on_cpu(xla_world) -> None:  # type: ignore[no-untyped-def]
+    from shardlab.profile import capture_hlo
+
+    cfg = P.ToyConfig(rows=32, cols=32, dtype="float32", placeholders=False)
+    cap = capture_hlo(P.order_toy, cfg)
+    g = O.graph_from_hlo(cap.module)
+    ext, xla = O.extremes(g), O.peak(g)
+    assert ext.best.peak <= xla.peak <= ext.worst.peak
+    u = cfg.unit_bytes
+    # the four matmuls write 1 (a), 10 (b), 6 (c), 1 (d) units: every order holds b with d or with a, so the
+    # best order over the CPU graph (V0 split into its two matmuls) is b + d = 11 units; the worst a + b + c = 17
+    assert (ext.best.peak, ext.worst.peak) == (11 * u, 17 * u)
+    # XLA's heap simulation of its own schedule never exceeds our (no buffer sharing) model of the same order
+    assert cap.module.buffers.temp <= xla.peak + 64 * len(g.ops)  # + allocation alignment
+
+
+def test_layouts_enumerated() -> None:
+    eight = P.layouts(8)
+    # ordered (d, f, t) with d·f·t = 8: 10; those with t > 1 (6 of them) come in both layouts
+    assert len(eight) == 16
+    assert all(d * f * t == 8 for d, f, t, _ in eight)
+    assert {lay for *_, t, lay in [(0, 0, t, lay) for _, _, t, lay in eight if t == 1]} == {"megatron"}
+    assert P.layouts(1) == [(1, 1, 1, "megatron")]
+    with pytest.raises(ValueError, match="does not equal the 8 devices"):
+        P.LayoutConfig(2, 2, 1).validate(8)
+    with pytest.raises(ValueError, match="hidden=100 is not divisible by fsdp × tensor = 8"):
+        P.LayoutConfig(1, 1, 8, hidden=100).validate(8)
+
+
+def test_megatron_layout_on_cpu(xla_world) -> None:  # type: ignore[no-untyped-def]
+    from shardlab.profile import capture_hlo
+
+    cfg = P.LayoutConfig(1, 1, 8, "megatron", batch=2, seq=4, hidden=16, ffn=64, dtype="float32")
+    cap = capture_hlo(P.mlp_layout, cfg)
+    ar = [c for c in cap.module.collectives if c.op == "all-reduce"]
+    # g forward + f backward, each of the [b, s, h] activation: 2·4·16·4 = 512 bytes (no combiner on CPU)
+    assert [c.operand_bytes for c in ar] == [512, 512]
+
+
+def test_rank_and_marks() -> None:
+    rows = [
+        {"data": 8, "fsdp": 1, "tensor": 1, "layout": "megatron", "fits": True, "wire_bytes": 300, "memory_bytes": 9},
+        {"data": 1, "fsdp": 1, "tensor": 8, "layout": "megatron", "fits": True, "wire_bytes": 100, "memory_bytes": 5},
+        {"data": 2, "fsdp": 1, "tensor": 4, "layout": "swapped", "fits": True, "wire_bytes": 100, "memory_bytes": 4},
+        {"data": 1, "fsdp": 8, "tensor": 1, "layout": "megatron", "fits": False, "wire_bytes": None,
+         "memory_bytes": 99},
+    ]
+    frame = S.rank(rows, planner=(8, 1, 1))
+    assert list(frame["mesh"]) == ["d2·f1·t4", "d1·f1·t8", "d8·f1·t1", "d1·f8·t1"]  # bytes, then memory; misfits last
+    assert list(frame["megatron"]) == [False, True, False, False]
+    assert list(frame["planner"]) == [False, False, True, False]
+
+
+def test_planner_choice_is_a_legal_fitting_mesh() -> None:
+    from shardlab.planner import PlanConfig, plan
+
+    d, f, t = S.planner_choice(8, 64, 512, 2048, heads=8, topology="v5e-8", devices=8)
+    assert d * f * t == 8
+    model = {"name": "x", "layers": 1, "hidden": 512, "ffn": 2048, "heads": 8, "kv_heads": 8, "vocab": 128,
+             "gated_mlp": False}
+    assert plan(PlanConfig(model, "v5e-8", data=d, fsdp=f, tensor=t, recompute="none", global_batch=8,
+                           seq=64)).fits
+
+
+def test_update_config_rules() -> None:
+    with pytest.raises(ValueError, match="stage='later' must be one of"):
+        P.UpdateConfig(stage="later").validate()
+    with pytest.raises(ValueError, match="optimizer='lion' must be one of"):
+        P.UpdateConfig(optimizer="lion").validate()
+    assert P.UpdateConfig(layers=2, hidden=8, dtype="bfloat16").weight_bytes == 2 * 8 * 8 * 2
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"gloo_world": 1}, "gloo_world=1 must be 0 (skip the timings) or an int >= 2"),
+    ({"gloo_calls": (3, 8)}, "gloo_numels entry=4096 is not divisible by gloo_calls entry=3"),
+    ({"gloo_calls": (8,)}, "need >= 2 distinct values each"),
+    ({"batch": 12}, "batch=12 is not divisible by num_devices=8"),
+    ({"search": "huge"}, "search='huge' must be one of"),
+    ({"generation": "v4"}, "generation='v4' must be one of"),
+    ({"bucket_bytes": -1}, "bucket_bytes=-1 must be an int >= 0"),
+    ({"optimizer": "lion"}, "optimizer='lion' must be one of"),
+    ({"mlp_ffn": 100}, "mlp_ffn=100 is not divisible by num_devices=8"),
+])
+def test_params_name_the_rule(change: dict, words: str) -> None:
+    with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        dataclasses.replace(LeversParams(), **change).validate()
+
+
+def test_params_defaults_and_lists() -> None:
+    assert LeversParams().validate().layers == 8
+    assert LeversParams(gloo_numels=[64, 128], gloo_calls=[1, 2]).validate()  # papermill passes lists
+    assert LeversParams(gloo_world=0, gloo_calls=(1,)).validate()  # no timings: no fit to feed
