@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.metadata
+import math
 import os
 import re
 import sys
@@ -228,7 +229,7 @@ def _device_list(name: str) -> tuple[Any, ...]:
 
 
 def _compile_proto(proto: bytes, topo: Topology, disable_passes: tuple[str, ...],
-                   debug_options: Mapping[str, Any]) -> Any:
+                   debug_options: Mapping[str, Any], auto_spmd_mesh: tuple[int, ...] | None = None) -> Any:
     """Compile a pre-partitioning HLO proto for ``topo``; returns the compile-only executable."""
     import numpy as np
 
@@ -251,9 +252,31 @@ def _compile_proto(proto: bytes, topo: Topology, disable_passes: tuple[str, ...]
     build.allow_spmd_sharding_propagation_to_output = [True] * n_out
     if disable_passes:
         build.debug_options.xla_disable_hlo_passes = ",".join(disable_passes)
+    if auto_spmd_mesh:  # XLA's auto-sharding (an ILP over every array's sharding) instead of propagation
+        build.use_auto_spmd_partitioning = True
+        build.auto_spmd_partitioning_mesh_shape = list(auto_spmd_mesh)
+        build.auto_spmd_partitioning_mesh_ids = list(range(topo.chips))
     module = b.hlo_to_stablehlo(proto)
-    with quiet_libtpu():
+    with quiet_libtpu(), _quiet_stdout(bool(auto_spmd_mesh)):
         return devices[0].client.compile(module, executable_devices=b.DeviceList(devices), compile_options=opts)
+
+
+@contextlib.contextmanager
+def _quiet_stdout(active: bool) -> Iterator[None]:
+    """Swallow fd 1 while the auto-sharding solver (OR-tools) prints its progress log there."""
+    if not active:
+        yield
+        return
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    saved = os.dup(1)
+    with open(os.devnull, "wb") as null:
+        os.dup2(null.fileno(), 1)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
 
 
 def _cost(exe: Any) -> dict[str, float]:
@@ -270,11 +293,15 @@ _LOCK = threading.Lock()
 
 
 def compile_tensors(outputs: list[Any], topology: str = DEFAULT_TOPOLOGY, *, disable_passes: tuple[str, ...] = (),
-                    debug_options: Mapping[str, Any] | None = None, label: str = "") -> TpuCompile:
+                    debug_options: Mapping[str, Any] | None = None, label: str = "",
+                    auto_spmd_mesh: tuple[int, ...] | None = None) -> TpuCompile:
     """Compile the graph producing ``outputs`` (this process's SPMD world, not synced) for ``topology``.
 
     ``disable_passes`` names XLA passes to skip (e.g. ``("all-reduce-combiner",)``); ``debug_options`` are
     XLA / XLA:TPU compiler flags (``{"xla_tpu_...": value}``), passed like ``jax.jit(...).compile(compiler_options=)``.
+    ``auto_spmd_mesh`` (e.g. ``(8,)``): let XLA's auto-sharding choose the shardings on a mesh of that shape
+    (the build option ``use_auto_spmd_partitioning``); with the XLA:TPU flag
+    ``xla_tpu_auto_spmd_remove_all_user_shardings`` it also ignores the graph's own annotations.
     """
     import torch_xla
 
@@ -293,19 +320,24 @@ def compile_tensors(outputs: list[Any], topology: str = DEFAULT_TOPOLOGY, *, dis
     check_backend()
     debug_options = dict(debug_options or {})
     disable_passes = tuple(disable_passes)
-    options = {"disable_passes": list(disable_passes), "debug_options": debug_options}
+    auto_spmd_mesh = tuple(auto_spmd_mesh) if auto_spmd_mesh else None
+    if auto_spmd_mesh and math.prod(auto_spmd_mesh) != topo.chips:
+        raise ValueError(f"auto_spmd_mesh={auto_spmd_mesh} has {math.prod(auto_spmd_mesh)} devices but "
+                         f"topology={topology!r} has {topo.chips} chips")
+    options = {"disable_passes": list(disable_passes), "debug_options": debug_options,
+               "auto_spmd_mesh": list(auto_spmd_mesh) if auto_spmd_mesh else None}
     proto = torch_xla._XLAC._get_xla_tensors_hlo_proto(outputs)
     # The graph hash alone is not enough: it ignores settings that change the lowered HLO (measured: the
     # mat-mul precision; f32 weights are all-gathered in bf16 at "default" and in f32 at "high").
     key = (bytes(torch_xla._XLAC._get_graph_hash(outputs)), hashlib.sha256(proto).hexdigest(), topology,
-           disable_passes, tuple(sorted((k, repr(v)) for k, v in debug_options.items())))
+           disable_passes, tuple(sorted((k, repr(v)) for k, v in debug_options.items())), auto_spmd_mesh)
     with _LOCK:
         if key in _CACHE:
             hit = _CACHE[key]
             return TpuCompile(**{**hit.__dict__, "cached": True, "label": label or hit.label})
         t0 = time.perf_counter()
         try:
-            exe = _compile_proto(proto, topo, disable_passes, debug_options)
+            exe = _compile_proto(proto, topo, disable_passes, debug_options, auto_spmd_mesh)
         except Exception as e:  # XlaRuntimeError; only out-of-memory becomes data
             oom = parse_oom(str(e))
             if oom is None:
@@ -324,7 +356,7 @@ def compile_tensors(outputs: list[Any], topology: str = DEFAULT_TOPOLOGY, *, dis
 
 def compile_program(build: Callable[[Any], list[Any]], cfg: Any, topology: str = DEFAULT_TOPOLOGY, *,
                     disable_passes: tuple[str, ...] = (), debug_options: Mapping[str, Any] | None = None,
-                    label: str = "") -> TpuCompile:
+                    label: str = "", auto_spmd_mesh: tuple[int, ...] | None = None) -> TpuCompile:
     """``build(cfg)`` (an importable module-level function returning output tensors), compiled for ``topology``.
 
     Runs in this process when its world has the topology's chip count; otherwise in a persistent worker
@@ -335,7 +367,7 @@ def compile_program(build: Callable[[Any], list[Any]], cfg: Any, topology: str =
 
     topo = get_topology(topology)
     opts: dict[str, Any] = {"disable_passes": tuple(disable_passes), "debug_options": dict(debug_options or {}),
-                            "label": label}
+                            "label": label, "auto_spmd_mesh": tuple(auto_spmd_mesh) if auto_spmd_mesh else None}
     try:
         world = runtime.current()
     except RuntimeError:
