@@ -8,7 +8,8 @@ TPU slice with a (data, fsdp, tensor) mesh:
     memory per chip   model state (`formulas.memory` -> `formulas.zero`, flat-unit padding), activations
                       (`formulas.activations.block_activation_bytes`: the model's own block — GQA KV heads,
                       SwiGLU or GeLU, flash attention or stored scores), logits, the FSDP unit being gathered
-    comm per step     DP all-reduce over `data`, ZeRO / FSDP all-gather + reduce-scatter over `fsdp`
+    comm per step     (`step_comm(cfg)`, also for meshes no slice has) DP all-reduce over `data`, ZeRO / FSDP
+                      all-gather + reduce-scatter over `fsdp`
                       (`formulas.fsdp.flat_step_comm`: one flat unit per layer, resharded after forward, and
                       the root unit — embedding, final norm, LM head — which PyTorch FSDP does not reshard
                       after forward), Megatron TP all-reduces over `tensor` (`formulas.tp`: 4 per layer +

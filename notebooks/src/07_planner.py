@@ -307,11 +307,12 @@ record(rec, "planner.validate.dp", *dp_views)
 # %% [markdown]
 # **CPU vs TPU.** Both compilers issue the same collectives with the same bytes, but XLA:TPU **combines**
 # independent all-reduces into one tuple instruction: the data-parallel step's two weight gradients travel in
-# one all-reduce with two operands (the planner's single "grad all-reduce" term is exactly that bucket), and in
-# the layer the forward all-reduce of the output and the backward all-reduce of an input gradient, which do not
-# depend on each other, are merged the same way. The tables therefore check the TPU's operands, not its
-# instruction count. Per-device memory of the data-parallel step, side by side (the TPU pads arrays to its
-# (8, 128) tiles and fuses differently, so the two are not expected to match):
+# one all-reduce with two operands (the planner's single "grad all-reduce" term is exactly that bucket). In the
+# MLP and in the layer it merges the forward all-reduce that produces the step's output with the first backward
+# all-reduce (the MLP's input gradient): the backward starts from the given output gradient, not from the
+# output, so neither waits for the other. The tables therefore check the TPU's operands, not its instruction
+# count. Per-device memory of the data-parallel step, side by side (the TPU pads arrays to its (8, 128) tiles
+# and fuses differently, so the two are not expected to match):
 
 # %%
 memory_frame({"cpu (buffer assignment)": dp_views[1], "tpu (compiled memory stats)": dp_views[2]})
@@ -323,9 +324,10 @@ pc.collectives_frame({"cpu": fsdp_views[1], "tpu": fsdp_views[2]})
 
 # %% [markdown]
 # Weights merely *annotated* as sharded hold exactly the ZeRO-3 parameter bytes, but the partitioner picks its
-# own collectives — and the two compilers pick differently: XLA:CPU all-gathers fp32 weights, an all-to-all and
-# an all-reduce of the weight gradient; XLA:TPU all-gathers the same weights in **bf16**, half the bytes (at the
-# default matmul precision the TPU multiplies fp32 inputs in bf16 passes, so it converts before gathering).
+# own collectives: it all-gathers one weight and the token-sharded input, exchanges pieces with an all-to-all
+# and all-reduces a weight gradient. The two compilers agree on that plan but not on the bytes: XLA:TPU
+# gathers in **bf16**, half of XLA:CPU's fp32 (at the default matmul precision the TPU multiplies fp32 matrices
+# in bf16, so it converts the operands before gathering them).
 # Neither is the flat-unit pattern the planner prices, so FSDP's communication is checked against our
 # `FlatUnit` ledger (notebook 05): a `SimulatedWorld` of `val_world` ranks trains `Linear(h, ffn) → tanh →
 # Linear(ffn, h + 1)` one step with Adam, the first Linear wrapped as an inner unit and the rest as the root
@@ -339,7 +341,7 @@ units = (pc.units_formula(vc), pc.units_ledger(vc))
 record(rec, "planner.validate.fsdp_units", *units)
 
 # %% [markdown]
-# Every term the planner adds up per chip matched what runs: the Megatron all-reduces of the MLP and of a
+# Every term the planner adds up per chip matched what ran here: the Megatron all-reduces of the MLP and of a
 # whole layer, the data-parallel gradient all-reduce, ZeRO's replicated and sharded parameter bytes, and the
 # flat units' all-gathers, reduce-scatters and padded model state. The planner multiplies these by the layer
 # count and the model's sizes; the compilers' combining and precision choices change instruction counts and
