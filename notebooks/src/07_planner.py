@@ -294,13 +294,14 @@ record(rec, "planner.validate.tp_mlp", *mlp_views)
 
 # %%
 layer_views = (pc.layer_formula(vc), pc.layer_compiler(vc), pc.layer_tpu(vc))
+layer_f, mlp_f = layer_views[0], mlp_views[0]
+rec.check("planner.validate.tp_layer: the planner's layer term is two MLP-sized all-reduce pairs",
+          layer_f["fwd_bwd.all_reduce.count"] == 2 * mlp_f["fwd_bwd.all_reduce.count"]
+          and layer_f["fwd_bwd.all_reduce.bytes"] == 2 * mlp_f["fwd_bwd.all_reduce.bytes"],
+          f"{layer_f['fwd_bwd.all_reduce.count']} vs 2 × {mlp_f['fwd_bwd.all_reduce.count']}")
 record(rec, "planner.validate.tp_layer", *layer_views)
 
 # %%
-layer_count, mlp_count = layer_views[0]["fwd_bwd.all_reduce.count"], mlp_views[0]["fwd_bwd.all_reduce.count"]
-rec.check("planner.validate.tp_layer: the planner's layer term is two MLP-sized all-reduce pairs",
-          layer_count == 2 * mlp_count and layer_views[0]["fwd_bwd.all_reduce.bytes"]
-          == 2 * mlp_views[0]["fwd_bwd.all_reduce.bytes"], f"{layer_count} vs 2 × {mlp_count}")
 dp_views = (pc.dp_formula(vc), pc.dp_compiler(vc), pc.dp_tpu(vc))
 record(rec, "planner.validate.dp", *dp_views)
 
@@ -319,7 +320,7 @@ memory_frame({"cpu (buffer assignment)": dp_views[1], "tpu (compiled memory stat
 
 # %%
 fsdp_views = (pc.fsdp_formula(vc), pc.fsdp_compiler(vc), pc.fsdp_tpu(vc))
-record(rec, "planner.validate.fsdp", *fsdp_views)
+display(record(rec, "planner.validate.fsdp", *fsdp_views))
 pc.collectives_frame({"cpu": fsdp_views[1], "tpu": fsdp_views[2]})
 
 # %% [markdown]
