@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from shardlab.params import NOTEBOOK_PARAMS, AttentionParams, MlpParams, VocabParams
+from shardlab.params import NOTEBOOK_PARAMS, AttentionParams, MlpParams, PlannerParams, VocabParams
 from shardlab.report.notebooks import read_parameters
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
@@ -45,6 +45,18 @@ def test_from_namespace_reads_every_field_and_rejects_a_missing_one():
     (VocabParams, {"tp": 1}, "tp=1 communicates nothing"),
     (VocabParams, {"vocab": 4}, "vocab=4 is smaller than tp=8"),
     (VocabParams, {"label_smoothing": 1.5}, "label_smoothing=1.5 is not a number in"),
+    (PlannerParams, {"data": 2}, "data=2 × fsdp=8 × tensor=1 = 16 does not equal the 8 chips of v6e-8"),
+    (PlannerParams, {"model": "llama-9b"}, "unknown model preset 'llama-9b'"),
+    (PlannerParams, {"model": 7}, "model=7 must be a preset name or a dict"),
+    (PlannerParams, {"model": {"layers": 2}}, "missing keys ['hidden', 'ffn', 'heads', 'kv_heads', 'vocab']"),
+    (PlannerParams, {"topology": "v9-8"}, "unknown topology 'v9-8'"),
+    (PlannerParams, {"recompute": "half"}, "recompute='half' must be one of"),
+    (PlannerParams, {"global_batch": 4}, "global_batch=4 is not divisible by data × fsdp = 8"),
+    (PlannerParams, {"val_world": 0}, "val_world=0 must be a positive int"),
+    (PlannerParams, {"val_world": 3}, "val_ffn=512 is not divisible by val_world=3"),
+    (PlannerParams, {"val_hidden": 100}, "val_hidden=100 is not divisible by val_heads=8"),
+    (PlannerParams, {"val_heads": 6}, "val_heads=6 is not divisible by val_world=8"),
+    (PlannerParams, {"val_tokens": 60}, "val_tokens=60 is not divisible by val_world=8"),
 ])
 def test_rules_name_the_parameter(cls, change, words):
     with pytest.raises(ValueError, match=words.replace("[", r"\[").replace("(", r"\(")):
@@ -54,6 +66,12 @@ def test_rules_name_the_parameter(cls, change, words):
 def test_tp_may_exceed_the_device_count():
     """Formula and ledger need no devices: tp=8 on a 1-device world is legal (compiler views are skipped)."""
     assert MlpParams(num_devices=1, tp=8).validate().tp == 8
+
+
+def test_planner_validation_may_exceed_the_device_count():
+    """The plan is arithmetic and the validation's formula / ledger need no devices: val_world=8 on 1 device."""
+    assert PlannerParams(num_devices=1).validate().val_world == 8
+    assert PlannerParams().plan_config().fsdp == 8
 
 
 def test_record_leaves_out_where_and_the_answer_key():

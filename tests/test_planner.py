@@ -157,3 +157,16 @@ def test_custom_model_dict():
     ex = PlannerExplorer(P.PlanConfig({"layers": 2, "hidden": 512, "ffn": 2048, "heads": 8, "kv_heads": 8,
                                        "vocab": 32000}, "v5e-8"))
     assert ex.update().model == m and "custom" in ex.model.options
+
+
+def test_step_comm_is_the_plans_comm_without_the_slice():
+    cfg = P.PlanConfig(GPT_SMALL, "v5e-8", fsdp=2, tensor=4, global_batch=4, seq=256)
+    assert P.step_comm(cfg) == P.plan(cfg).comm
+    # 2 tensor ranks: no slice has 2 chips, the terms exist anyway (Megatron: 2 + 2 all-reduces per layer)
+    two = P.PlanConfig(GPT_SMALL, data=1, fsdp=1, tensor=2, global_batch=1, seq=64, recompute="none",
+                       act_dtype="float32")
+    layer = P.step_comm(two)[0]
+    assert (layer.count, layer.payload_bytes) == (4 * GPT_SMALL.layers, 64 * 1024 * 4)
+    assert layer.wire_bytes == layer.count * 2 * 1 / 2 * layer.payload_bytes
+    with pytest.raises(ValueError, match=r"heads=16 is not divisible by tensor=3|hidden=1024 is not divisible"):
+        P.step_comm(P.PlanConfig(GPT_SMALL, fsdp=1, tensor=3, global_batch=1))

@@ -8,7 +8,8 @@ TPU slice with a (data, fsdp, tensor) mesh:
     memory per chip   model state (`formulas.memory` -> `formulas.zero`, flat-unit padding), activations
                       (`formulas.activations.block_activation_bytes`: the model's own block — GQA KV heads,
                       SwiGLU or GeLU, flash attention or stored scores), logits, the FSDP unit being gathered
-    comm per step     DP all-reduce over `data`, ZeRO / FSDP all-gather + reduce-scatter over `fsdp`
+    comm per step     (`step_comm(cfg)`, also for meshes no slice has) DP all-reduce over `data`, ZeRO / FSDP
+                      all-gather + reduce-scatter over `fsdp`
                       (`formulas.fsdp.flat_step_comm`: one flat unit per layer, resharded after forward, and
                       the root unit — embedding, final norm, LM head — which PyTorch FSDP does not reshard
                       after forward), Megatron TP all-reduces over `tensor` (`formulas.tp`: 4 per layer +
@@ -48,7 +49,8 @@ from shardlab.formulas.fsdp import flat_step_comm
 from shardlab.formulas.zero import zero_comm
 from shardlab.presets import MODEL_PRESETS, ModelConfig, model_from, model_preset
 
-__all__ = ["MODEL_PRESETS", "CommTerm", "ModelConfig", "Plan", "PlanConfig", "model_from", "model_preset", "plan"]
+__all__ = ["MODEL_PRESETS", "CommTerm", "ModelConfig", "Plan", "PlanConfig", "model_from", "model_preset", "plan",
+           "step_comm"]
 
 
 @dataclass(frozen=True)
@@ -125,13 +127,14 @@ class Plan:
         }
 
 
-def _validate(cfg: PlanConfig, m: ModelConfig, chips: int) -> int:
+def _validate(cfg: PlanConfig, m: ModelConfig, chips: int | None) -> int:
+    """Every rule of a configuration (``chips``: the slice's chip count, None = not tied to a slice)."""
     d, f, t = cfg.data, cfg.fsdp, cfg.tensor
     sizes = (("data", d), ("fsdp", f), ("tensor", t), ("global_batch", cfg.global_batch), ("seq", cfg.seq))
     for name, v in sizes:
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name}={v!r} must be an integer >= 1")
-    if d * f * t != chips:
+    if chips is not None and d * f * t != chips:
         raise ValueError(f"data={d} × fsdp={f} × tensor={t} = {d * f * t} does not equal "
                          f"the {chips} chips of {cfg.topology}")
     for name, v in (("hidden", m.hidden), ("heads", m.heads), ("ffn", m.ffn)):
@@ -209,6 +212,27 @@ def _comm_terms(cfg: PlanConfig, m: ModelConfig, pc: mem.ParamCounts, stage: int
         comm.append(_term("tensor", "vocab-parallel cross-entropy", "all-reduce", ce["count"],
                           ce["bytes"] / ce["count"], t))
     return comm
+
+
+def step_comm(cfg: PlanConfig) -> list[CommTerm]:
+    """The communication terms of ``plan(cfg)`` for a (data, fsdp, tensor) mesh of any size, without the slice.
+
+    ``cfg.topology`` is not read: the degrees need not multiply to a TPU slice's chip count (notebook 07 checks
+    these terms against the compiler at 2 ranks, a size no TPU slice has). Every other rule of :func:`plan`
+    applies.
+
+    >>> one_layer = ModelConfig("one layer", layers=1, hidden=128, ffn=512, heads=8, kv_heads=8, vocab=1024,
+    ...                         gated_mlp=False)
+    >>> terms = step_comm(PlanConfig(one_layer, data=1, fsdp=1, tensor=2, global_batch=1, seq=64,
+    ...                              recompute="none", act_dtype="float32"))
+    >>> [(t.what, t.count, t.payload_bytes) for t in terms][0]     # 2 fwd (g) + 2 bwd (f), each [1, 64, 128] f32
+    ('layer all-reduces (g fwd, f bwd)', 4, 32768)
+    """
+    m = model_from(cfg.model)
+    stage = _validate(cfg, m, None)
+    pc = mem.param_count(m.layers, m.hidden, m.ffn, m.heads, m.kv_heads, mem.padded_vocab(m.vocab, cfg.tensor),
+                         m.gated_mlp)
+    return _comm_terms(cfg, m, pc, stage, cfg.global_batch // (cfg.data * cfg.fsdp))
 
 
 def plan(cfg: PlanConfig) -> Plan:

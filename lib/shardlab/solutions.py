@@ -7,10 +7,12 @@ answer keys in ``data/answers/`` are graded against these by the tests and the r
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from shardlab.formulas import activations, hardware, memory
 from shardlab.formulas import tp as ftp
 
 
@@ -42,6 +44,12 @@ class Solution:
     rel_tol: float = 0.0  # numbers: accepted relative error (0: exact)
 
 
+def _llama_8b_selective_share(flash_attention: bool) -> float:
+    """Share of one Llama 3 8B layer's stored activations that selective recompute drops (s 8192, b 1, t 1)."""
+    t = activations.llama_activation_bytes_per_layer(8192, 1, 4096, 14336, 32, 8, flash_attention=flash_attention)
+    return t.attention_core / t.total
+
+
 SOLUTIONS: dict[str, dict[int, Solution]] = {
     "02_megatron_mlp": {
         1: Solution(lambda: ftp.mlp_all_reduce(1, 2048, 12288, 8, "bfloat16")["bytes"],
@@ -52,6 +60,18 @@ SOLUTIONS: dict[str, dict[int, Solution]] = {
                     "f's backward all-reduce sums the INPUT gradient — is there one to sum?"),
         3: Solution(lambda: 2,
                     "GeLU(a + b) ≠ GeLU(a) + GeLU(b): with A split by rows, where must the partial sums be added?"),
+    },
+    "07_planner": {
+        1: Solution(lambda: math.ceil(16 * memory.param_count(80, 8192, 28672, 64, 8, 128256).total
+                                      / hardware.chip("v6e").hbm_usable_bytes),
+                    "16 bytes per parameter spread over n chips must fit the HBM the compiler lets one program use "
+                    "(31.25 GiB on v6e, not the published 32 GiB); count Llama 3 70B's parameters exactly (GQA, "
+                    "SwiGLU, untied embedding and LM head) and round up"),
+        2: Solution(lambda: memory.padded_vocab(128256, tp=4), "round 128256 up to a multiple of 128 × tensor"),
+        3: Solution(lambda: (_llama_8b_selective_share(True), _llama_8b_selective_share(False)),
+                    "selective recompute drops the attention core only: with flash attention that is a log-sum-exp "
+                    "per token and head, without it the s × s softmax of every head; divide by the layer's total",
+                    rel_tol=0.01),
     },
     "08_compiler_levers": {
         1: Solution(lambda: _saving_ms(50e-6, 10e9, 32, 1),

@@ -1,6 +1,6 @@
 # %% tags=["parameters"]
-num_devices = 8
-results_dir = None
+num_devices = 8  # virtual CPU devices (or TPU chips); needs a kernel restart to change
+results_dir = None  # where the JSON record goes (the report runner sets it)
 seed = 0
 model = "llama-3-8b"  # llama-3-8b | llama-3-70b | llama-3.1-405b, or custom sizes as a dict, e.g.
 # {"layers": 24, "hidden": 2048, "ffn": 8192, "heads": 16, "kv_heads": 16, "vocab": 50257, "gated_mlp": False}
@@ -11,57 +11,45 @@ tensor = 1  # Megatron tensor-parallel degree
 recompute = "full"  # none | selective | full
 global_batch = 8  # sequences per step
 seq = 8192  # tokens per sequence
-val_tokens = 64  # validation on CPU: tokens of the small Megatron MLP
+val_world = 8  # ranks of the validation configurations (section 4)
+val_tokens = 64  # validation: tokens (b = 1, s = val_tokens)
 val_hidden = 128
 val_ffn = 512
-val_heads = 8  # heads of the validation transformer layer (divisible by num_devices)
+val_heads = 8  # heads of the validation transformer layer
+answers = None  # exercise answer key (the tests and the report inject it); leave None
+
+# %%
+from shardlab import runtime
+from shardlab.params import PlannerParams
+from shardlab.profile import Recorder
+
+p = PlannerParams.from_namespace(globals())  # every parameter checked here, the plan's degrees included
+world = runtime.setup(num_devices=p.num_devices)
+rec = Recorder.for_params(p, world)
+world
 
 # %% [markdown]
 # # 07 · Planner: from 8 CPU devices to a TPU pod
 #
-# The topic notebooks measured each sharding idea on 8 virtual CPU devices, where the formula, our ledger
-# and the compiler agreed. This notebook turns those formulas into a **planner**: pick a model and a TPU
+# The topic notebooks measured each sharding idea on a few virtual CPU devices, where the formula, our ledger
+# and the compilers agreed. This notebook turns those formulas into a **planner**: pick a model and a TPU
 # slice, choose data / fsdp / tensor degrees and a recompute policy, and read off what one chip holds, what
 # it sends per step, how long a step takes at best, and whether it fits at all — before renting the pod.
+# "Fits" means: within the HBM the XLA:TPU compiler lets one chip's program use (31.25 GiB of a v6e chip's
+# published 32 GiB, 15.75 of a v5e's 16), because out of memory on a TPU is a compile error.
 #
 # Order: (1) the published figures the formulas must reproduce, (2) the seed case — Llama 3.1 405B's
 # stacked gradient on v6e-256, (3) your plan and an explorer, (4) a validation section that runs a small
-# configuration on the CPU devices and compares each formula term with the HLO, (5) exercises.
+# configuration and compares each formula term with our ledger, the CPU compiler and the TPU compiler,
+# (5) exercises.
 
 # %%
-from shardlab import runtime
-
-world = runtime.setup(num_devices=num_devices)
-
 from shardlab import planner as P
 from shardlab.formulas import activations, flops, hardware, memory
 from shardlab.formulas.scan import seed_case
-from shardlab.profile import Recorder
 
-# validate every parameter before any XLA work: plan() raises with the values named
-for _name, _v in (("val_tokens", val_tokens), ("val_hidden", val_hidden), ("val_ffn", val_ffn),
-                  ("val_heads", val_heads)):
-    if not isinstance(_v, int) or _v < 1:
-        raise ValueError(f"{_name}={_v!r} must be a positive int")
-if val_ffn % num_devices:
-    raise ValueError(f"val_ffn={val_ffn} is not divisible by num_devices={num_devices} (tensor-parallel MLP)")
-if val_tokens % num_devices:
-    raise ValueError(f"val_tokens={val_tokens} is not divisible by num_devices={num_devices} (data parallel)")
-if val_heads % num_devices or val_hidden % val_heads:
-    raise ValueError(f"val_heads={val_heads} must be divisible by num_devices={num_devices} and divide "
-                     f"val_hidden={val_hidden}")
-if val_hidden % num_devices:
-    raise ValueError(f"val_hidden={val_hidden} is not divisible by num_devices={num_devices} (FSDP shards)")
-config = P.PlanConfig(P.model_from(model), topology, data=data, fsdp=fsdp, tensor=tensor, recompute=recompute,
-                      global_batch=global_batch, seq=seq)
-my_plan = P.plan(config)
-
-rec = Recorder("07_planner", params=dict(num_devices=num_devices, seed=seed, model=model, topology=topology,
-                                         data=data, fsdp=fsdp, tensor=tensor, recompute=recompute,
-                                         global_batch=global_batch, seq=seq, val_tokens=val_tokens,
-                                         val_hidden=val_hidden, val_ffn=val_ffn, val_heads=val_heads),
-               results_dir=results_dir, world=world)
 GB = 1e9
+GiB = 2**30
 
 # %% [markdown]
 # ## 1 · Published figures, reproduced
@@ -80,11 +68,11 @@ for stage, published in enumerate(zero_published_gb):
               round(b / GB, 1) == published, f"{b / GB:.3f} GB")
 
 # %% [markdown]
-# **Korthikanti et al. 2022.** Activation memory per layer is sbh(34 + 5as/h) bytes; for GPT-3
-# (a = 96, s = 2048, h = 12288) the attention-score term 5as/h is **80** — more than twice the 34 of
-# everything else — so recomputing only the attention core ("selective recompute") removes 80/114 ≈ **70 %**
-# of the activations at a few percent extra FLOPs. Megatron pads the vocabulary to a multiple of
-# 128 × tensor: GPT-2's 50257 becomes **51200** with tensor = 8.
+# **Korthikanti et al. 2022, memory.** Activation memory per layer is sbh(34 + 5as/h) bytes (16-bit
+# activations, 1-byte dropout masks, the softmax stored); for GPT-3 (a = 96, s = 2048, h = 12288) the
+# attention-core term 5as/h is **80** — more than twice the 34 of everything else — so recomputing only the
+# attention core in the backward ("selective recompute") removes 80/114 ≈ **70 %** of the activations. Megatron
+# pads the vocabulary to a multiple of 128 × tensor: GPT-2's 50257 becomes **51200** with tensor = 8.
 
 # %%
 ratio = activations.attention_score_ratio(heads=96, seq=2048, hidden=12288)
@@ -96,6 +84,39 @@ rec.check("planner.korthikanti.gpt3: 5as/h = 80", ratio == 80)
 rec.check("planner.korthikanti.gpt3: selective recompute saves 70 %", round(saving, 2) == 0.70, f"{saving:.4f}")
 rec.measure("planner.vocab.padded", vpad, "tokens", "formula")
 rec.check("planner.vocab: 50257 -> 51200 (multiple of 128 x 8)", vpad == 51200)
+
+# %% [markdown]
+# **Korthikanti et al. 2022, FLOPs.** What does selective recompute cost? The paper's formula for a step with
+# it, 72·B·L·s·h²(1 + s/(3h) + V/(12hL)), against 72·B·L·s·h²(1 + s/(6h) + V/(12hL)) without recompute, gives
+# **2.7 %** more FLOPs for GPT-3 175B and **1.6 %** for MT-NLG 530B (h = 20480, L = 105) — the overheads the
+# paper publishes, reproduced below. Counting the matmuls gives a third of each, **0.9 %** and **0.55 %**:
+# the attention core's QKᵀ and AV cost 4·B·s²·h per layer in the forward and 12·B·s²·h forward + backward
+# (that is the s/(6h) term); running the core's forward once more in the backward adds 4·B·s²·h, i.e.
+# s/(18h). The paper's s/(3h) adds 12·B·s²·h — as much as the core's forward *and* backward together. The
+# planner's hardware FLOPs use the forward-only count (`formulas.flops.transformer_flops`). Either way the
+# price is small; that is the paper's point.
+#
+# One more difference matters more for today's models: with **flash attention** (the planner's default) the
+# s × s scores are never stored — the kernel keeps one log-sum-exp per token and head and recomputes the scores
+# in its own backward — so selective recompute has little left to drop (exercise 3).
+
+# %%
+import math
+
+gpt_like = {"gpt3": dict(seq=2048, hidden=12288, layers=96, vocab=51200, published=2.7),
+            "mtnlg": dict(seq=2048, hidden=20480, layers=105, vocab=51200, published=1.6)}
+for name, m in gpt_like.items():
+    sizes = {k: v for k, v in m.items() if k != "published"}
+    paper = flops.selective_recompute_overhead(**sizes, count="paper")
+    ours = flops.selective_recompute_overhead(**sizes, count="forward_only")
+    print(f"{name:6s} selective recompute: paper's formula +{100 * paper:.2f} % (published {m['published']} %), "
+          f"forward-only count +{100 * ours:.2f} %")
+    rec.measure(f"planner.korthikanti.{name}.selective_flops.paper", paper, "1", "formula")
+    rec.measure(f"planner.korthikanti.{name}.selective_flops.forward_only", ours, "1", "formula")
+    rec.check(f"planner.korthikanti.{name}: the paper's formula gives the published {m['published']} %",
+              round(100 * paper, 1) == m["published"], f"{100 * paper:.3f} %")
+    rec.check(f"planner.korthikanti.{name}: the forward-only count is a third of the paper's overhead",
+              math.isclose(paper, 3 * ours, rel_tol=1e-9), f"{paper:.6f} vs 3 × {ours:.6f}")
 
 # Narayanan et al. 2021: GPT-3 on 300B tokens, 1024 GPUs at 140 TFLOP/s takes about 34 days
 days = flops.training_days(flops.gpt_hardware_flops(1, 2048, 96, 12288, 51200, "full") * 300e9 / 2048,
@@ -118,8 +139,8 @@ seed_bf16 = seed_case(dtype="bfloat16")
 seed_f32 = seed_case(dtype="float32")
 hbm = hardware.chip("v6e").hbm_usable_bytes  # what the XLA:TPU compiler lets one chip's program use
 for c in (seed_bf16, seed_f32):
-    print(f"{c.dtype:9s} 1-D {c.one_d_per_chip_bytes / GB:6.2f} GB   2-D {c.two_d_per_chip_bytes / GB:6.3f} GB   "
-          f"HBM {hbm / GB:.0f} GB")
+    print(f"{c.dtype:9s} 1-D {c.one_d_per_chip_bytes / GiB:6.2f} GiB   2-D {c.two_d_per_chip_bytes / GiB:6.3f} GiB"
+          f"   usable HBM {hbm / GiB:.2f} GiB")
 rec.measure("planner.stacked_grad.per_chip.bytes.1d", seed_bf16.one_d_per_chip_bytes, "bytes", "formula")
 rec.measure("planner.stacked_grad.per_chip.bytes.2d", seed_bf16.two_d_per_chip_bytes, "bytes", "formula")
 rec.check("planner.stacked_grad: 1-D per chip is [126, 4K, 16K] bf16",
@@ -130,16 +151,17 @@ rec.check("planner.stacked_grad: 2-D is fsdp = 64 times smaller",
 plan_405 = P.plan(P.PlanConfig("llama-3.1-405b", "v6e-256", data=1, fsdp=64, tensor=4, global_batch=64,
                                seq=8192, recompute="full"))
 state_405 = plan_405.memory["params"] + plan_405.memory["grads"] + plan_405.memory["optimizer"]
-print(f"405B model state per chip (ZeRO-3 over 64, TP 4): {state_405 / GB:.2f} GB;"
-      f" + 1-D stacked gradient = {(state_405 + seed_bf16.one_d_per_chip_bytes) / GB:.1f} GB > {hbm / GB:.0f} GB")
-rec.check("planner.stacked_grad: model state + 1-D gradient exceeds v6e HBM, + 2-D does not",
+print(f"405B model state per chip (ZeRO-3 over 64, TP 4): {state_405 / GiB:.2f} GiB;"
+      f" + 1-D stacked gradient = {(state_405 + seed_bf16.one_d_per_chip_bytes) / GiB:.2f} GiB"
+      f" > {hbm / GiB:.2f} GiB usable")
+rec.check("planner.stacked_grad: model state + 1-D gradient exceeds v6e's usable HBM, + 2-D does not",
           state_405 + seed_bf16.one_d_per_chip_bytes > hbm > state_405 + seed_bf16.two_d_per_chip_bytes)
 
 # %% [markdown]
-# The model state alone (16 bytes × 405.9B / 256 chips ≈ 25.4 GB) already takes most of a 32 GB chip; one
-# 1-D stacked gradient adds 16.9 GB (33.8 GB in fp32) and the chip is out of memory, while the 2-D gradient
-# costs 0.26 GB. This is the factor `fsdp` that `shard_as` in `scan`'s backward removes (notebook 06 measures
-# the same factor at small scale).
+# The model state alone (16 bytes × 405.9B parameters / 256 chips = 23.6 GiB) already takes three quarters of
+# the 31.25 GiB a v6e program may use; one 1-D stacked gradient adds 15.75 GiB (31.5 GiB in fp32 — more than
+# a v6e program may use in all) and the program no longer fits, while the 2-D gradient costs 0.25 GiB. That factor `fsdp` is
+# what `shard_as` in `scan`'s backward removes (notebook 06 measures the same factor at small scale).
 
 # %% [markdown]
 # ## 3 · Your plan
@@ -147,11 +169,13 @@ rec.check("planner.stacked_grad: model state + 1-D gradient exceeds v6e HBM, + 2
 # %%
 from shardlab.viz.planner import PlannerExplorer, memory_figure, summary_frame
 
+config = p.plan_config()
+my_plan = P.plan(config)
 print(my_plan.verdict)
 for note in my_plan.notes:
     print(" -", note)
 display(summary_frame(my_plan))
-memory_figure(my_plan, title=f"Per-chip memory: {my_plan.model.name} on {topology}").show()
+memory_figure(my_plan, title=f"Per-chip memory: {my_plan.model.name} on {p.topology}").show()
 rec.measure("planner.memory.per_chip.bytes", my_plan.memory_total, "bytes", "formula")
 rec.measure("planner.step.comm.bytes", my_plan.comm_payload_bytes, "bytes", "formula")
 rec.measure("planner.step.comm.wire_bytes", my_plan.comm_wire_bytes, "bytes", "formula")
@@ -163,6 +187,17 @@ rec.measure("planner.step.mfu_bound", my_plan.mfu, "1", "formula")
 import pandas as pd
 
 pd.DataFrame([t._asdict() for t in my_plan.comm])
+
+# %% [markdown]
+# Every collective of one step, per chip: `count` calls of `payload_bytes` each, and the ring-model bytes
+# each chip sends for all of them (`wire_bytes`). With FSDP every layer is one flat unit, all-gathered before its
+# forward and again before its backward (it is resharded after forward); the root unit — embedding, final norm
+# and LM head — is gathered once, because PyTorch's FSDP does not reshard the root unit after forward.
+#
+# ### The compiler's verdict
+# *(to be added: this plan traced at full size and compiled by XLA:TPU for the slice — its per-chip bytes next
+# to the planner's and whether it fits.)* Until then, section 4 checks each formula term against the compilers
+# at a small size.
 
 # %% [markdown]
 # **Explorer.** Change the model, slice, degrees or recompute policy; invalid combinations show the error
@@ -178,243 +213,175 @@ rec.check("planner.explorer: update() reproduces the plan", explored is not None
 explorer.tensor.value = 3  # an invalid degree: the explorer reports it instead of raising
 rec.check("planner.explorer: bad degrees give a named error", explorer.error is not None
           and "does not equal" in explorer.error, str(explorer.error))
-explorer.tensor.value = tensor
+explorer.tensor.value = p.tensor
 
 # %% [markdown]
-# **Side by side.** The same model on different slices and meshes.
+# **Side by side.** The same model on different slices, meshes and recompute policies.
 
 # %%
-compare = [
-    P.plan(P.PlanConfig("llama-3-8b", "v5e-8", fsdp=8, global_batch=8, seq=8192)),
-    P.plan(P.PlanConfig("llama-3-8b", "v6e-8", fsdp=8, global_batch=8, seq=8192)),
-    P.plan(P.PlanConfig("llama-3-70b", "v6e-256", fsdp=256, global_batch=256, seq=8192)),
-    P.plan(P.PlanConfig("llama-3-70b", "v6e-256", fsdp=64, tensor=4, global_batch=64, seq=8192)),
-    plan_405,
-    P.plan(P.PlanConfig("llama-3.1-405b", "v6e-256", fsdp=64, tensor=4, global_batch=64, seq=8192,
-                        sequence_parallel=True)),
-]
-display(summary_frame(compare))
-memory_figure(compare, title="Per-chip memory, several plans").show()
+compare = {
+    "8b v5e": P.plan(P.PlanConfig("llama-3-8b", "v5e-8", fsdp=8, global_batch=8, seq=8192)),
+    "8b v6e": P.plan(P.PlanConfig("llama-3-8b", "v6e-8", fsdp=8, global_batch=8, seq=8192)),
+    "8b v6e none": P.plan(P.PlanConfig("llama-3-8b", "v6e-8", fsdp=8, global_batch=8, seq=8192, recompute="none")),
+    "8b v6e selective": P.plan(P.PlanConfig("llama-3-8b", "v6e-8", fsdp=8, global_batch=8, seq=8192,
+                                            recompute="selective")),
+    "70b fsdp": P.plan(P.PlanConfig("llama-3-70b", "v6e-256", fsdp=256, global_batch=256, seq=8192)),
+    "70b 2-D": P.plan(P.PlanConfig("llama-3-70b", "v6e-256", fsdp=64, tensor=4, global_batch=64, seq=8192)),
+    "405b": plan_405,
+    "405b SP": P.plan(P.PlanConfig("llama-3.1-405b", "v6e-256", fsdp=64, tensor=4, global_batch=64, seq=8192,
+                                   sequence_parallel=True)),
+}
+display(summary_frame(list(compare.values())))
+memory_figure(list(compare.values()), title="Per-chip memory, several plans").show()
+c = compare
 rec.check("planner.compare: Llama 3 8B does not fit a v5e-8 but fits a v6e-8 (same mesh)",
-          not compare[0].fits and compare[1].fits, f"{compare[0].verdict} | {compare[1].verdict}")
-# stored layer inputs 2sbh -> 2sbh/t; the one layer being recomputed: sbh(10 + 24/t) -> 34sbh/t
-sp_ratio = compare[4].memory["activations"] / compare[5].memory["activations"]
-print(f"405B activations per chip: {compare[4].memory['activations'] / GB:.1f} GB without SP, "
-      f"{compare[5].memory['activations'] / GB:.1f} GB with SP ({sp_ratio:.2f}x smaller)")
+          not c["8b v5e"].fits and c["8b v6e"].fits, f"{c['8b v5e'].verdict} | {c['8b v6e'].verdict}")
+act = {r: c[k].memory["activations"] for r, k in (("none", "8b v6e none"), ("selective", "8b v6e selective"),
+                                                    ("full", "8b v6e"))}
+print("Llama 3 8B activations per chip, recompute " + ", ".join(f"{r}: {v / GB:.3f} GB" for r, v in act.items()))
+rec.check("planner.compare: with flash attention selective recompute saves under 1 % of the activations",
+          0 < 1 - act["selective"] / act["none"] < 0.01, f"{act['none'] / GB:.3f} -> {act['selective'] / GB:.3f} GB")
+# stored layer inputs 2sbh -> 2sbh/t; the one layer being recomputed: its full block -> its block with SP
+sp_ratio = c["405b"].memory["activations"] / c["405b SP"].memory["activations"]
+print(f"405B activations per chip: {c['405b'].memory['activations'] / GB:.1f} GB without SP, "
+      f"{c['405b SP'].memory['activations'] / GB:.1f} GB with SP ({sp_ratio:.2f}x smaller)")
 rec.check("planner.compare: sequence parallelism shrinks 405B activations (between 1x and tensor = 4x)",
           1 < sp_ratio <= 4, f"{sp_ratio:.3f}")
 
 # %% [markdown]
-# Reading the table: the same 8B run needs ~24 GB per chip — a v5e chip (16 GB) cannot hold it, a v6e chip
-# (32 GB) can. The optimizer state (12 of the 16 bytes per parameter) dominates until the batch grows; with
-# 128K-token vocabularies the fp32 logits are the next largest item. On 256 chips, 2-D sharding (fsdp 64 ×
-# tensor 4) cuts the all-gathered bytes per chip compared to pure FSDP over 256 (each chip gathers Ψ/4, not
-# Ψ) but adds Megatron all-reduces of activations, so the comm / compute ratio rises. Llama 3.1 405B does not
-# fit by this accounting even with full recompute: the replicated layer inputs (2sbh per layer on every tensor
-# rank) alone exceed the chip; sequence parallelism divides those by 4 and it is still over — torchprime's
-# 405B recipe offloads the scanned activations to host memory ("scan-offload"), which this planner does not
-# model. The roofline MFU is an upper bound (perfect overlap, peak FLOP/s); real runs land well below it.
+# Reading the table: the 8B run with full recompute needs 24.7 GB per chip — more than the 15.75 GiB (16.9 GB)
+# a v5e program may use, well within v6e's 31.25 GiB (33.6 GB). The optimizer state (12 of the 16 bytes per
+# parameter) dominates; with a 128K-token vocabulary the fp32 logits are next. Without recompute the stored
+# activations of 32 layers at 8192 tokens (44 GB) sink it, and **selective** recompute does not help here: with
+# flash attention the attention core keeps only its log-sum-exp, so dropping it saves 34 MB of 44 GB — the
+# 70 % of the paper's GPT-3 block was the stored s × s softmax. On 256 chips, 2-D sharding (fsdp 64 × tensor 4)
+# cuts the all-gathered bytes per chip compared to pure FSDP over 256 (each chip gathers Ψ/4, not Ψ) but adds
+# Megatron all-reduces of activations, so the comm / compute ratio rises. Llama 3.1 405B does not fit by this
+# accounting even with full recompute: the layer inputs kept for the backward (2sbh bytes per layer, replicated
+# on every tensor rank: 126 × 2 × 8192 × 16384 B = 33.8 GB) alone exceed the 33.6 GB a v6e program may use;
+# sequence parallelism divides those by 4 and the total is still over — torchprime's 405B recipe offloads the
+# scanned activations to host memory ("scan-offload"), which this planner does not model. The roofline MFU is
+# an upper bound (perfect overlap, peak FLOP/s); real runs land well below it.
 
 # %% [markdown]
-# ## 4 · Validation on the CPU devices: formula vs compiler, term by term
+# ## 4 · Validation: each term against the ledger and the compilers
 #
-# The planner's communication and memory terms are the topic notebooks' formulas. Here they are evaluated at
-# a small size and compared with what XLA's SPMD partitioner produced for the same computation on
-# `num_devices` virtual devices (fp32 on CPU, so 4 bytes per element):
+# The planner's communication and memory terms are the topic notebooks' formulas. Here they are evaluated for
+# a small configuration on `val_world` ranks (T = `val_tokens` tokens of width `val_hidden`, fp32 so 4 bytes
+# per element) and compared with what runs: the per-rank **ledger** (a `SimulatedWorld`), the **CPU compiler**
+# (the HLO XLA's SPMD partitioner produced on this process's devices; it needs `val_world` to tile them, and is
+# skipped with a note otherwise) and the **TPU compiler** (the same graph compiled by XLA:TPU for a v5e slice,
+# compile-only — in a helper process when this one has fewer devices than `val_world`).
 #
-# * **TP** (Megatron MLP `gelu(x A) B`, A column-, B row-sharded): one all-reduce of `[T, h]` in the forward
-#   (g) and one in the backward (f, the input gradient); then a whole transformer layer through `P.plan`.
-# * **DP** (batch-sharded `x`, replicated weights): the weight gradients are all-reduced, 2·h·ffn elements.
-# * **Parameter bytes per device**: replicated (ZeRO stage 0) vs sharded over all devices (stage 3) — the
-#   `params` term of `memory.model_state_bytes`, read from XLA's buffer assignment.
+# * **TP, the Megatron MLP** — notebook 02's own views: one all-reduce of `[T, h]` forward (g), one backward (f).
+# * **TP, a whole layer** — the planner's per-layer term (attention + MLP: 2 all-reduces forward, 2 backward)
+#   read from `P.step_comm` for a one-layer model, against the GSPMD-annotated `TransformerBlock`.
+# * **DP** — tokens split, weights replicated: each weight gradient all-reduced, Ψ = 2·h·ffn elements in all;
+#   parameter bytes per device are the replicated (ZeRO stage 0) term.
+# * **FSDP by annotation** — weights sharded over all ranks: parameter bytes per device are the ZeRO-3 term.
+# * **FSDP units** — our `FlatUnit`s: an inner unit (resharded after forward) and the root unit (not).
 
 # %%
-import torch
-import torch_xla.distributed.spmd as xs
+from shardlab import planner_check as pc
+from shardlab.tp import views as tpv
+from shardlab.views import memory_frame, record
 
-from shardlab.formulas.common import wire_bytes
-from shardlab.profile import capture_hlo
+vc = pc.CheckConfig.from_params(p)
+mlp = pc.mlp(vc)
+mlp_views = (tpv.formula(mlp), tpv.ledger(mlp), pc.only(tpv.compiler(mlp), "all-reduce"),
+             pc.only(tpv.tpu(mlp), "all-reduce"))
+record(rec, "planner.validate.tp_mlp", *mlp_views)
 
-torch.manual_seed(seed)
-dev = runtime.device()
-T, h, f_ = val_tokens, val_hidden, val_ffn
-F32 = 4
+# %%
+layer_views = (pc.layer_formula(vc), pc.layer_compiler(vc), pc.layer_tpu(vc))
+layer_f, mlp_f = layer_views[0], mlp_views[0]
+rec.check("planner.validate.tp_layer: the planner's layer term is two MLP-sized all-reduce pairs",
+          layer_f["fwd_bwd.all_reduce.count"] == 2 * mlp_f["fwd_bwd.all_reduce.count"]
+          and layer_f["fwd_bwd.all_reduce.bytes"] == 2 * mlp_f["fwd_bwd.all_reduce.bytes"],
+          f"{layer_f['fwd_bwd.all_reduce.count']} vs 2 × {mlp_f['fwd_bwd.all_reduce.count']}")
+record(rec, "planner.validate.tp_layer", *layer_views)
 
-
-def tp_mlp_formula(tokens, hidden):
-    """Megatron MLP, one step: (count, payload bytes per all-reduce) — g forward + f backward."""
-    return 2, tokens * hidden * F32
-
-
-mesh_t = runtime.mesh((num_devices,), ("tensor",))
-x = torch.randn(T, h).to(dev)  # [T, h] replicated
-A = torch.randn(h, f_).to(dev)  # [h, ffn] -> A[:, J_tensor]
-B = torch.randn(f_, h).to(dev)  # [ffn, h] -> B[I_tensor, :]
-xs.mark_sharding(A, mesh_t, (None, "tensor"))
-xs.mark_sharding(B, mesh_t, ("tensor", None))
-for t_ in (x, A, B):
-    t_.requires_grad_(True)
-
-
-def tp_step():
-    y = torch.nn.functional.gelu(x @ A) @ B  # [T, ffn/n] @ [ffn/n, h] -> partial [T, h], all-reduced
-    gx, gA, gB = torch.autograd.grad(y.sum(), (x, A, B))
-    return y, gx, gA, gB
-
-
-m_tp = capture_hlo(tp_step).module
-n_ar, payload = tp_mlp_formula(T, h)
-ars = [c for c in m_tp.collectives if c.op == "all-reduce"]
-rec.agree("planner.validate.tp_mlp.all_reduce.count", "1", formula=n_ar, hlo=len(ars))
-rec.agree("planner.validate.tp_mlp.all_reduce.bytes", "bytes", formula=n_ar * payload,
-          hlo=m_tp.bytes("all-reduce", which="operand"))
-rec.agree("planner.validate.tp_mlp.collectives.count", "1", formula=n_ar, hlo=len(m_tp.collectives))
-# per device parameters: x replicated + A, B sharded over n
-rec.agree("planner.validate.tp_mlp.param.bytes", "bytes",
-          formula=T * h * F32 + memory.model_state_bytes(2 * h * f_, tensor=num_devices, stage=0,
-                                                         param_bytes=F32).params,
-          hlo=m_tp.buffers.parameter)
+# %%
+dp_views = (pc.dp_formula(vc), pc.dp_compiler(vc), pc.dp_tpu(vc))
+record(rec, "planner.validate.dp", *dp_views)
 
 # %% [markdown]
-# **A whole transformer layer, through the planner itself.** The planner's tensor-axis term for one layer
-# (attention + MLP: 2 all-reduces forward, 2 backward) is read from `P.plan` for a one-layer model with
-# tensor = `num_devices`, and compared with the HLO of the TP helper's GSPMD-sharded `TransformerBlock`.
+# **CPU vs TPU.** Both compilers issue the same collectives with the same bytes, but XLA:TPU **combines**
+# independent all-reduces into one tuple instruction: the data-parallel step's two weight gradients travel in
+# one all-reduce with two operands (the planner's single "grad all-reduce" term is exactly that bucket). In the
+# MLP and in the layer it merges the forward all-reduce that produces the step's output with the first backward
+# all-reduce (the MLP's input gradient): the backward starts from the given output gradient, not from the
+# output, so neither waits for the other. The tables therefore check the TPU's operands, not its instruction
+# count. Per-device memory of the data-parallel step, side by side (the TPU pads arrays to its (8, 128) tiles
+# and fuses differently, so the two are not expected to match):
 
 # %%
-from shardlab import models
-from shardlab.tp import gspmd
-
-val_model = P.ModelConfig("validation", layers=1, hidden=val_hidden, ffn=val_ffn, heads=val_heads,
-                          kv_heads=val_heads, vocab=1024, gated_mlp=False)
-val_plan = P.plan(P.PlanConfig(val_model, f"v5e-{num_devices}", data=1, fsdp=1, tensor=num_devices,
-                               global_batch=1, seq=T, recompute="none", act_dtype="float32"))
-layer_term = next(t for t in val_plan.comm if t.what.startswith("layer all-reduces"))
-block = models.TransformerBlock(h, val_heads, f_).to(dev)
-mesh_tp = gspmd.tensor_mesh(num_devices)
-gspmd.shard_attention(block.attn, mesh_tp)
-gspmd.shard_mlp(block.mlp, mesh_tp)
-xb, gb = torch.randn(1, T, h).to(dev), torch.randn(1, T, h).to(dev)  # [b=1, s=T, h]
-m_layer = capture_hlo(lambda: gspmd.step(block, xb, gb)).module
-rec.agree("planner.validate.tp_layer.all_reduce.count", "1", formula=layer_term.count,
-          hlo=m_layer.count("all-reduce"))
-rec.agree("planner.validate.tp_layer.all_reduce.bytes", "bytes", formula=layer_term.count * layer_term.payload_bytes,
-          hlo=m_layer.bytes("all-reduce"))
-rec.agree("planner.validate.tp_layer.all_reduce.wire_bytes", "bytes", formula=layer_term.wire_bytes,
-          hlo=sum(wire_bytes("all-reduce", c.operand_bytes, c.group_size) for c in m_layer.collectives
-                  if c.op == "all-reduce"))
+memory_frame({"cpu (buffer assignment)": dp_views[1], "tpu (compiled memory stats)": dp_views[2]})
 
 # %%
-mesh_d = runtime.mesh((num_devices,), ("data",))
-xd = torch.randn(T, h).to(dev)
-Ad, Bd = torch.randn(h, f_).to(dev), torch.randn(f_, h).to(dev)
-xs.mark_sharding(xd, mesh_d, ("data", None))  # x[I_data, :]
-for w_ in (Ad, Bd):
-    xs.mark_sharding(w_, mesh_d, (None, None))  # replicated weights
-    w_.requires_grad_(True)
-
-
-def dp_step():
-    y = torch.nn.functional.gelu(xd @ Ad) @ Bd  # [T/n, h] per device
-    return torch.autograd.grad(y.sum(), (Ad, Bd))  # partial weight gradients -> all-reduce over data
-
-
-m_dp = capture_hlo(dp_step).module
-psi = 2 * h * f_
-grad_ar = memory.model_state_bytes(psi, fsdp=1, stage=0, grad_bytes=F32).grads  # all-reduce payload = grads
-rec.agree("planner.validate.dp.all_reduce.bytes", "bytes", formula=grad_ar, hlo=m_dp.bytes("all-reduce"))
-rec.agree("planner.validate.dp.all_reduce.wire_bytes", "bytes",
-          formula=wire_bytes("all-reduce", grad_ar, num_devices),
-          hlo=sum(wire_bytes("all-reduce", c.operand_bytes, c.group_size) for c in m_dp.collectives
-                  if c.op == "all-reduce"))
-rec.agree("planner.validate.dp.param.bytes", "bytes",
-          formula=T // num_devices * h * F32 + memory.model_state_bytes(psi, stage=0, param_bytes=F32).params,
-          hlo=m_dp.buffers.parameter)
-
-# %%
-xf = torch.randn(T, h).to(dev)
-Af, Bf = torch.randn(h, f_).to(dev), torch.randn(f_, h).to(dev)
-xs.mark_sharding(xf, mesh_d, ("data", None))
-for w_ in (Af, Bf):
-    xs.mark_sharding(w_, mesh_d, ("data", None))  # weights sharded over all devices (FSDP / ZeRO-3)
-    w_.requires_grad_(True)
-
-
-def fsdp_step():
-    y = torch.nn.functional.gelu(xf @ Af) @ Bf
-    return torch.autograd.grad(y.sum(), (Af, Bf))
-
-
-m_fsdp = capture_hlo(fsdp_step).module
-rec.agree("planner.validate.fsdp.param.bytes", "bytes",
-          formula=T // num_devices * h * F32
-          + memory.model_state_bytes(psi, fsdp=num_devices, stage=3, param_bytes=F32).params,
-          hlo=m_fsdp.buffers.parameter)
-print("collectives GSPMD chose for the FSDP-sharded MLP:")
-for c in m_fsdp.collectives:
-    print(f"  {c.op:18s} {c.dtype} {c.shape[0] if len(c.shape) == 1 else c.shape}  operand {c.operand_bytes} B")
+fsdp_views = (pc.fsdp_formula(vc), pc.fsdp_compiler(vc), pc.fsdp_tpu(vc))
+display(record(rec, "planner.validate.fsdp", *fsdp_views))
+pc.collectives_frame({"cpu": fsdp_views[1], "tpu": fsdp_views[2]})
 
 # %% [markdown]
-# **FSDP communication and model state, from our ledger.** Annotations alone do not give the flat-unit
-# pattern, so the planner's fsdp-axis terms are checked against the FSDP helper's per-rank `FlatUnit`
-# (notebook 05) run in a `SimulatedWorld` of `num_devices` ranks: per step two all-gathers of the shard and
-# one reduce-scatter of the padded flat gradient (`formulas.fsdp.flat_step_comm`), and per rank the ZeRO-3
-# model state with flat-parameter padding (`memory.model_state_bytes`; fp32 Adam: 4 + 4 + 8 bytes/element).
+# Weights merely *annotated* as sharded hold exactly the ZeRO-3 parameter bytes, but the partitioner picks its
+# own collectives: it all-gathers one weight and the token-sharded input, exchanges pieces with an all-to-all
+# and all-reduces a weight gradient. The two compilers agree on that plan but not on the bytes: XLA:TPU
+# gathers in **bf16**, half of XLA:CPU's fp32 (at the default matmul precision the TPU multiplies fp32 matrices
+# in bf16, so it converts the operands before gathering them).
+# Neither is the flat-unit pattern the planner prices, so FSDP's communication is checked against our
+# `FlatUnit` ledger (notebook 05): a `SimulatedWorld` of `val_world` ranks trains `Linear(h, ffn) → tanh →
+# Linear(ffn, h + 1)` one step with Adam, the first Linear wrapped as an inner unit and the rest as the root
+# unit. The inner unit is resharded after forward and all-gathered again for the backward, like every layer
+# unit the planner counts; the root unit is all-gathered once per step, like the planner's root unit. Both
+# reduce-scatter their padded flat gradient; the model state is ZeRO-3's 16 bytes per element (fp32 Adam:
+# 4 + 4 + 8) of each rank's padded shard.
 
 # %%
-from shardlab.comm import SimulatedWorld
-from shardlab.formulas.fsdp import flat_step_comm
-from shardlab.fsdp.train import TrainConfig, fsdp_rank_program
-
-sizes = (val_hidden, val_ffn, val_hidden + 1)  # Linear(h, ffn) -> tanh -> Linear(ffn, h+1): an uneven numel
-numel = sum(i * o + o for i, o in zip(sizes[:-1], sizes[1:], strict=True))  # weights + biases
-sim = SimulatedWorld(num_devices)
-ranks = sim.run(fsdp_rank_program, TrainConfig(layer_sizes=sizes, batch=val_tokens, steps=1, optimizer="adam"))
-fc = flat_step_comm(numel, num_devices, elem_bytes=F32, root=True)  # the model is one (root) unit
-rec.agree("planner.validate.fsdp.all_gather.bytes", "bytes", formula=fc.all_gather_bytes,
-          ledger=sim.ledger.payload_bytes("all_gather"))
-rec.agree("planner.validate.fsdp.reduce_scatter.bytes", "bytes", formula=fc.reduce_scatter_bytes,
-          ledger=sim.ledger.payload_bytes("reduce_scatter"))
-rec.agree("planner.validate.fsdp.wire_bytes", "bytes", formula=fc.wire_bytes(num_devices),
-          ledger=sim.ledger.wire_bytes())
-state = memory.model_state_bytes(numel, fsdp=num_devices, stage=3, param_bytes=F32, grad_bytes=F32, k=8,
-                                 flat_units=[numel])
-rec.agree("planner.validate.fsdp.model_state.bytes", "bytes", formula=state.total,
-          ledger=sum(ranks[0].persistent_bytes.values()))
-print(f"flat numel {numel} padded to {num_devices} x {fc.all_gather_payload_bytes // F32}; "
-      f"padding per rank {state.padding:.0f} B of {state.total:.0f} B model state")
-rec.table("planner.validate")
+units = (pc.units_formula(vc), pc.units_ledger(vc))
+record(rec, "planner.validate.fsdp_units", *units)
 
 # %% [markdown]
-# TP and DP match the formulas exactly: two all-reduces of one `[T, h]` activation for the Megatron MLP, one
-# all-reduce of every weight gradient for data parallelism, and parameter bytes per device that are the
-# replicated or sharded ZeRO terms. For weights merely *annotated* as sharded, GSPMD picks its own
-# collectives (all-gathers, all-to-alls and an all-reduce + dynamic-slice for the reduce-scatter): the
-# parameter memory follows the ZeRO-3 term, but the communication pattern of an explicit FSDP unit had to be
-# checked against our ledger's `FlatUnit` instead — where payloads, wire bytes and the padded model state
-# match the planner's formulas exactly.
+# Every term the planner adds up per chip matched what ran here: the Megatron all-reduces of the MLP and of a
+# whole layer, the data-parallel gradient all-reduce, ZeRO's replicated and sharded parameter bytes, and the
+# flat units' all-gathers, reduce-scatters and padded model state. The planner multiplies these by the layer
+# count and the model's sizes; the compilers' combining and precision choices change instruction counts and
+# bytes on the wire, not the terms.
 
 # %% [markdown]
 # ## 5 · Exercises
+# Write your answer into the variable and run the cell: the grader says right or gives a hint.
 #
 # 1. Counting model state only (16 bytes per parameter, ZeRO-3, no TP), how many v6e chips does Llama 3 70B
-#    need at least?
+#    need at least, given the HBM the compiler lets a program use?
 # 2. With tensor = 4, what vocabulary size does Megatron's padding give Llama 3's 128256?
-# 3. What fraction of activations does selective recompute save for Llama 3 8B at s = 8192 (a = 32,
-#    h = 4096), by the paper's formula?
-
-# %% jupyter={"source_hidden": true}
-import math
-
-p70 = memory.param_count(80, 8192, 28672, 64, 8, 128256).total
-answer_1 = math.ceil(16 * p70 / hardware.chip("v6e").hbm_usable_bytes)
-answer_2 = memory.padded_vocab(128256, tp=4)
-answer_3 = activations.selective_recompute_saving(heads=32, seq=8192, hidden=4096)
-print(answer_1, answer_2, round(answer_3, 3))
-assert answer_1 == 34  # 16 · 70.55e9 / 31.25 GiB (33.55e9 B the compiler allows) = 33.6 -> 34 chips
-assert answer_2 == 128512  # next multiple of 128 · 4 = 512 above 128256 (= 250.5 · 512)
-assert round(answer_3, 2) == 0.90  # 5as/h = 320; 320 / 354
-rec.check("planner.exercises: answers", True)
+# 3. Take the activation formula the planner uses for Llama 3 8B (GQA with 8 KV heads, SwiGLU, no dropout,
+#    16-bit; s = 8192, b = 1, tensor = 1). What fraction of one layer's stored activations does selective
+#    recompute drop **with** flash attention, and what fraction **without** it (the softmax stored)? Answer a
+#    pair `(with, without)`.
 
 # %%
-rec.close()
-rec.table()
+from shardlab.exercises import Exercises
+
+ex = Exercises(p.NOTEBOOK, rec, p.answers)
+answer_1 = None  # chips (an int)
+answer_2 = None  # padded vocabulary (an int)
+answer_3 = None  # (fraction with flash attention, fraction without), e.g. (0.5, 0.25)
+for n, a in enumerate((answer_1, answer_2, answer_3), start=1):
+    ex.show(n, a)
+
+# %% [markdown]
+# <details><summary>Why (open after trying)</summary>
+#
+# 1. Llama 3 70B has 70.55B parameters (80 layers of 855.7M, plus a 1.05B embedding and a 1.05B LM head), so
+#    its model state is 16 × 70.55B bytes; divide by the 31.25 GiB a v6e program may use and round up. With
+#    the published 32 GiB you would get one chip fewer — which would not compile.
+# 2. The multiple is 128 × 4 = 512, and 128256 = 250.5 × 512: round up to 251 × 512.
+# 3. Selective recompute drops the attention core. With flash attention that is one fp32 log-sum-exp per token
+#    and head (4·a·s bytes) against everything else a Llama layer keeps — its input, Q, the smaller K and V,
+#    O, the MLP input, two norm inputs and SwiGLU's four [s, ffn] tensors — so almost nothing is saved. Without
+#    flash attention it is the 2·a·s² bytes of the softmax, which at s = 8192 outweighs the rest three to one.
+# </details>
+
+# %%
+rec.close()["status"]
