@@ -113,7 +113,7 @@ prefix = {"dp": "levers.combine", "fsdp": "levers.combine.fsdp"}
 tables = {}
 for mode, v in combine.items():
     frame = record(rec, prefix[mode], *v.values())
-    frame.columns = ["name", "unit", *v, "agree"]  # both TPU columns are source "tpu": label them
+    frame.columns = ["name", "unit", *v, *frame.columns[2 + len(v):]]  # both TPU columns are "tpu": label them
     tables[mode] = frame
 for mode, cfg in steps.items():  # the combiner's invariants (the record already checked "reductions" everywhere)
     if "XLA:TPU" not in combine[mode]:

@@ -324,8 +324,9 @@ def compile_tensors(outputs: list[Any], topology: str = DEFAULT_TOPOLOGY, *, dis
     if auto_spmd_mesh and math.prod(auto_spmd_mesh) != topo.chips:
         raise ValueError(f"auto_spmd_mesh={auto_spmd_mesh} has {math.prod(auto_spmd_mesh)} devices but "
                          f"topology={topology!r} has {topo.chips} chips")
-    options = {"disable_passes": list(disable_passes), "debug_options": debug_options,
-               "auto_spmd_mesh": list(auto_spmd_mesh) if auto_spmd_mesh else None}
+    options: dict[str, Any] = {"disable_passes": list(disable_passes), "debug_options": debug_options}
+    if auto_spmd_mesh:
+        options["auto_spmd_mesh"] = list(auto_spmd_mesh)
     proto = torch_xla._XLAC._get_xla_tensors_hlo_proto(outputs)
     # The graph hash alone is not enough: it ignores settings that change the lowered HLO (measured: the
     # mat-mul precision; f32 weights are all-gathered in bf16 at "default" and in f32 at "high").
