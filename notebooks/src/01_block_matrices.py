@@ -144,6 +144,8 @@ import pandas as pd
 from shardlab.views import record
 
 tables = [record(rec, "blocks", formula[r], ledger[r], compiler[r], tpu[r]) for r in configs]
+bv.record_compile_seconds(rec, "blocks", {c.phase: compiler[r] for r, c in configs.items()},
+                          {c.phase: tpu[r] for r, c in configs.items()})
 pd.concat(tables, ignore_index=True)
 
 # %% [markdown]
@@ -152,23 +154,23 @@ pd.concat(tables, ignore_index=True)
 # collective in the compiler columns, marked "not compared", with the reason. The row rule's partial sums are
 # full-size whatever the split of k, so an uneven k changes nothing there.
 
-# %%
-for rule, v in compiler.items():
-    if v.ran:
-        rec.measure(f"blocks.{bv.PHASES[rule]}.compile_s", v.detail.metrics.compile_s, "s", "metrics", kind="timing")
-for rule, v in tpu.items():
-    if v.ran:
-        rec.measure(f"blocks.{bv.PHASES[rule]}.tpu_compile_s", v.detail.compile_s, "s", "tpu", kind="timing")
-
 # %% [markdown]
 # ### The 2-D mesh
 # Lay the same p devices out as a grid `(r 2, c p/2)`: `x[M_r, K_c]`, `W[K_c, N]`. Each device multiplies its
 # $(m/2)\times(k/p_c)$ block of x by its $(k/p_c)\times n$ block of W. The sum runs over `c` only, so XLA needs one
 # all-reduce inside each group of $p_c$ = p/2 devices, of $(m/2)\cdot n$ elements per device — half of the 1-D row
 # rule's payload, over half as many devices. The ledger runs it as two independent row-rule worlds of p/2 ranks,
-# one per row block of x; the table above has its `grid.*` rows (`grid.all_reduce.group_size` is p/2). An odd p has
-# no such grid: then the section is left out, with a note.
-#
+# one per row block of x; the compilers put it on a mesh `(copies, r, c)`. The table above has its `grid.*` rows
+# (`grid.all_reduce.group_size` is p/2). An odd p has no such grid: then the section is left out, with a note.
+
+# %%
+if "grid" in configs:
+    vb.split_figure(p.m, p.k, p.n, p.parts, "grid").show()
+else:
+    print(f"no grid: {grid_problem}")
+
+# %% [markdown]
+# ### Memory
 # Per-device memory of the row rule's programs, side by side: XLA:CPU's buffer assignment (parameters, outputs and
 # the heap-simulated peak of temporaries) and XLA:TPU's compiled memory statistics. They are not expected to match:
 # the TPU pads every array to its (8, 128) tiles and lays buffers out differently.
@@ -193,7 +195,8 @@ from shardlab.formulas.common import reduction_dtype
 carried = [record(rec, "blocks.carried", bv.carried(c), bv.on_device(compiler[r], world.kind, c.phase),
                   bv.on_device(tpu[r], "tpu", c.phase))
            for r, c in configs.items() if r != "column"]
-print(f"dtype={p.dtype}: XLA:CPU adds in {reduction_dtype(p.dtype, 'cpu')}, the TPU in {reduction_dtype(p.dtype, 'tpu')}")
+print(f"dtype={p.dtype}: XLA:CPU adds in {reduction_dtype(p.dtype, 'cpu')}, "
+      f"the TPU in {reduction_dtype(p.dtype, 'tpu')}")
 pd.concat(carried, ignore_index=True)
 
 # %% [markdown]

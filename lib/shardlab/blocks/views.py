@@ -536,6 +536,17 @@ def on_device(view: View, kind: str, phase: str) -> View:
     return out
 
 
+def record_compile_seconds(rec: Any, prefix: str, compilers: dict[str, View], tpus: dict[str, View]) -> None:
+    """Timing rows ``<prefix>.<phase>.compile_s`` (XLA:CPU, from torch_xla's metrics) and ``.tpu_compile_s``
+    (XLA:TPU) for the compiler views that ran, keyed by phase."""
+    for phase, v in compilers.items():
+        if v.ran:
+            rec.measure(f"{prefix}.{phase}.compile_s", v.detail.metrics.compile_s, "s", "metrics", kind="timing")
+    for phase, v in tpus.items():
+        if v.ran and v.detail is not None:
+            rec.measure(f"{prefix}.{phase}.tpu_compile_s", v.detail.compile_s, "s", "tpu", kind="timing")
+
+
 def measured(name: str, *views: View) -> Any:
     """The first compiler measurement of ``name`` among ``views`` that ran (None when none did)."""
     return next((v.values[name] for v in views if v.ran and name in v.values), None)

@@ -265,7 +265,7 @@ _PARAMETER = re.compile(r"=\s*\S+\s+parameter\((\d+)\)(.*)$")
 
 
 def _unannotated_parameters(entry_text: str, count: int) -> list[bool]:
-    """Per entry parameter: True when the graph gave it no sharding (XLA may then choose one), False when it did.
+    r"""Per entry parameter: True when the graph gave it no sharding (XLA may then choose one), False when it did.
 
     >>> _unannotated_parameters("ENTRY e {\n p1 = f32[4] parameter(1), sharding={replicated}\n"
     ...                         " p0 = f32[4] parameter(0)\n}", 2)
