@@ -124,3 +124,13 @@ def test_config_rules() -> None:
         bv.CollectiveConfig("reduce_scatter", 4, (10,))
     with pytest.raises(ValueError, match="op='scatter' must be one of"):
         bv.CollectiveConfig("scatter", 4, (8,))
+
+
+def test_tpu_view_skips_without_libtpu(xla_world, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A hosted CPU runtime has no libtpu: the TPU view is a skip with the reason, not an exception."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "libtpu" else real(name, *a))
+    v = bv.tpu(bv.BlockConfig("row", 4, 8, 8, 2))
+    assert not v.ran and "libtpu is not installed" in v.skipped

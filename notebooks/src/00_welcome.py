@@ -69,7 +69,8 @@ world
 # - **Kaggle: a v5e-8** (eight chips) → `num_devices = 8`: everything runs, and the compiler column *is* the TPU's
 #   own program, so the separate TPU-compiler view steps aside.
 # - **This machine** (CPU, 8 virtual devices by default): everything runs; the compiler column is XLA:CPU and the
-#   TPU-compiler column the real TPU compiler, compile-only.
+#   TPU-compiler column the real TPU compiler, compile-only (from the pinned `libtpu` wheel; the hosted cell
+#   installs it only on TPU runtimes, so on a hosted *CPU* runtime the TPU-compiler view is skipped with a note).
 #
 # Timings are always labelled with their device; only structural numbers (collectives, bytes, shapes) are
 # comparable across devices.
@@ -155,15 +156,15 @@ vc.before_after(p.world_size).show()
 # ## 3 · Why a ring all-reduce costs each device 2(W−1)/W of its payload
 # Put the W ranks in a ring; rank r only ever sends to rank r + 1. Cut every rank's vector into W chunks.
 #
-# 1. **Reduce-scatter, W − 1 steps.** At step s, rank r sends chunk r − s (mod W) — what it received the step
-#    before plus its own — and the receiver adds its own copy. After W − 1 steps rank r holds chunk r summed over
-#    all ranks.
+# 1. **Reduce-scatter, W − 1 steps.** At step s, rank r sends chunk r − s (mod W) — its own copy at step 1, after
+#    that the partial sum it built at the step before — and the receiver adds it to its own copy. After W − 1 steps
+#    rank r holds chunk r summed over all ranks.
 # 2. **All-gather, W − 1 steps.** At step s, rank r sends the complete chunk r − s + 1, and the receiver keeps it.
 #    After W − 1 steps every rank has every complete chunk.
 #
 # Each step every rank sends exactly one chunk of payload/W bytes, so each rank sends
-# 2(W − 1)·payload/W — just under twice the payload, **whatever W is**: adding devices does not add traffic per
-# device, because each link only ever carries 1/W of the data at a time. `shardlab.blocks.ring.simulate` runs this
+# 2(W − 1)·payload/W — just under twice the payload, **whatever W is**: adding devices barely changes the traffic
+# per device, because each link only ever carries 1/W of the data at a time. `shardlab.blocks.ring.simulate` runs this
 # schedule on real tensors and counts what each rank sent; below it is drawn for 4 ranks, then counted for every
 # ring size and compared with the formula.
 

@@ -41,14 +41,10 @@ world
 # %%
 from shardlab.blocks import views as bv
 
-configs = {"column": bv.BlockConfig.from_params(p, "column"), "row": bv.BlockConfig.from_params(p, "row")}
-grid_problem = None
-try:
-    configs["grid"] = bv.BlockConfig.from_params(p, "grid")
-except ValueError as e:  # an odd p has no (2, p/2) grid: that section is left out
-    grid_problem = str(e)
-    rec.note("blocks.grid", f"grid section skipped: {grid_problem}")
-    print(f"grid section skipped: {grid_problem}")
+configs, skipped = bv.configs_from_params(p)  # column, row, and the (2, p/2) grid when p is even
+for rule, why in skipped.items():
+    rec.note(f"blocks.{rule}", f"{rule} section skipped: {why}")
+    print(f"{rule} section skipped: {why}")
 
 # %% [markdown]
 # ## 1 · The algebra on the CPU
@@ -126,7 +122,8 @@ ledger["row"].detail["ledger"].summary()
 # this process's devices the CPU view is skipped with a note.
 #
 # The **TPU compiler** compiles the same graph for a v5e slice of num_devices chips — or, when p does not tile
-# this process, of p chips, built in a helper process with p virtual devices.
+# this process, of p chips, built in a helper process with p virtual devices (skipped, with a note, when no v5e
+# slice has p chips).
 
 # %%
 compiler = {rule: bv.compiler(c) for rule, c in configs.items()}
@@ -167,7 +164,7 @@ pd.concat(tables, ignore_index=True)
 if "grid" in configs:
     vb.split_figure(p.m, p.k, p.n, p.parts, "grid").show()
 else:
-    print(f"no grid: {grid_problem}")
+    print(f"no grid: {skipped['grid']}")
 
 # %% [markdown]
 # ### Memory

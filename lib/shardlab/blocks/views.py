@@ -36,6 +36,7 @@ Example::
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from dataclasses import dataclass
 from functools import singledispatch
@@ -111,6 +112,18 @@ class BlockConfig:
     def from_params(cls, p: Any, rule: str, **overrides: Any) -> BlockConfig:
         kw = dict(rule=rule, m=p.m, k=p.k, n=p.n, parts=p.parts, dtype=p.dtype, seed=p.seed)
         return cls(**{**kw, **overrides})
+
+
+def configs_from_params(p: Any) -> tuple[dict[str, BlockConfig], dict[str, str]]:
+    """Notebook 01's configurations — column, row and, when p is even, the (2, p/2) grid — and the rules left out
+    with the reason (``{"grid": "parts=3 is odd: ..."}``)."""
+    configs, skipped = {}, {}
+    for rule in RULES:
+        try:
+            configs[rule] = BlockConfig.from_params(p, rule)
+        except ValueError as exc:
+            skipped[rule] = str(exc)
+    return configs, skipped
 
 
 @dataclass(frozen=True)
@@ -481,6 +494,9 @@ def tpu_plan(cfg: BlockConfig | CollectiveConfig, generation: str = "v5e") -> tu
 
     world = runtime.current()
     fits = mesh_problem(cfg.parts, world.num_devices, _name(cfg)) is None
+    if importlib.util.find_spec("libtpu") is None:  # e.g. a hosted CPU runtime: only TPU runtimes install it
+        return None, ("libtpu is not installed here: the TPU compiler ships in it (`pip install libtpu==0.0.21`; "
+                      "hosted TPU runtimes get it with torch_xla[tpu])")
     if world.kind == "tpu" and fits:
         return None, "this process runs on a TPU: the hlo column is the TPU compiler's own program"
     chips = world.num_devices if fits else cfg.parts
