@@ -231,6 +231,7 @@ views = {k: (bv.formula(c), bv.ledger(c), bv.compiler(c), bv.tpu(c)) for k, c in
 
 # %%
 tables = [record(rec, "welcome", *v) for v in views.values()]
+bv.record_compile_seconds(rec, "welcome", {k: v[2] for k, v in views.items()}, {k: v[3] for k, v in views.items()})
 pd.concat(tables, ignore_index=True)
 
 # %% [markdown]
