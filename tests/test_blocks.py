@@ -78,3 +78,25 @@ def test_viz_owner_maps_and_explorer_headless() -> None:
     assert shown["ok"] and shown["max_abs_err"] < 1e-12
     bad = update(parts=3)  # odd parts cannot form a (2 x parts/2) grid
     assert not bad["ok"] and "even number of parts" in bad["error"]
+
+
+def test_collective_pictures_show_what_the_per_rank_code_returned() -> None:
+    """Rank arithmetic (rank r holds r + 1): all-reduce gives 1 + ... + W = W(W+1)/2 everywhere, reduce-scatter
+    rank r that sum in slot r, all-gather [1, ..., W] on every rank."""
+    import torch
+
+    from shardlab.blocks import ring
+    from shardlab.viz import collectives as vc
+
+    w = 4
+    _, after = vc.rank_arithmetic("all_reduce", w)
+    assert all(a.tolist() == [10.0] * w for a in after)
+    _, after = vc.rank_arithmetic("reduce_scatter", w)
+    assert [a.tolist() for a in after] == [[10.0]] * w
+    _, after = vc.rank_arithmetic("all_gather", w)
+    assert all(a.tolist() == [1.0, 2.0, 3.0, 4.0] for a in after)
+    assert len(vc.before_after(w).data) == 6
+    trace = ring.simulate("all_reduce", [torch.ones(8)] * w)
+    assert len(vc.ring_figure(trace).data) == 2 * (w - 1) + 1  # one panel per step, plus "before"
+    strings = {"cols": "{devices=[1,4,2]0,4,1,5,2,6,3,7 last_tile_dim_replicate}", "all": "{replicated}"}
+    assert len(vc.tiles_figure(strings, (8, 8), 8).data) == 2

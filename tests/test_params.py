@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from shardlab.params import NOTEBOOK_PARAMS, AttentionParams, MlpParams, PlannerParams, VocabParams
+from shardlab.params import (
+    NOTEBOOK_PARAMS,
+    AttentionParams,
+    BlocksParams,
+    MlpParams,
+    PlannerParams,
+    VocabParams,
+    WelcomeParams,
+)
 from shardlab.report.notebooks import read_parameters
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
@@ -57,10 +65,25 @@ def test_from_namespace_reads_every_field_and_rejects_a_missing_one():
     (PlannerParams, {"val_hidden": 100}, "val_hidden=100 is not divisible by val_heads=8"),
     (PlannerParams, {"val_heads": 6}, "val_heads=6 is not divisible by val_world=8"),
     (PlannerParams, {"val_tokens": 60}, "val_tokens=60 is not divisible by val_world=8"),
+    (WelcomeParams, {"world_size": 3}, "world_size=3 must be one of"),
+    (WelcomeParams, {"n": 1001}, "n=1001 is not divisible by world_size=8"),
+    (WelcomeParams, {"n": 0}, "n=0 must be a positive int"),
+    (BlocksParams, {"parts": 0}, "parts=0 must be a positive int"),
+    (BlocksParams, {"k": 3}, "parts=4 is more than k=3"),
+    (BlocksParams, {"n": 2}, "parts=4 is more than n=2"),
+    (BlocksParams, {"m": 15}, "m=15 is odd"),
+    (BlocksParams, {"dtype": "float16"}, "dtype='float16' must be one of"),
 ])
 def test_rules_name_the_parameter(cls, change, words):
     with pytest.raises(ValueError, match=words.replace("[", r"\[").replace("(", r"\(")):
         dataclasses.replace(cls(), **change).validate()
+
+
+def test_blocks_and_world_may_exceed_the_device_count():
+    """Formula and ledger need no devices: p = 8 blocks or an 8-rank collective on one device are legal."""
+    assert BlocksParams(num_devices=1, parts=8).validate().parts == 8
+    assert WelcomeParams(num_devices=1, world_size=8).validate().world_size == 8
+    assert BlocksParams(parts=3, m=5).validate().m == 5  # an odd p has no grid, so m may be odd
 
 
 def test_tp_may_exceed_the_device_count():

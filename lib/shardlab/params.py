@@ -98,6 +98,56 @@ class NotebookParams:
         return out
 
 
+# ------------------------------------------------------------------------------------------- 00 and 01
+@dataclass(frozen=True)
+class WelcomeParams(NotebookParams):
+    """Notebook 00. ``world_size`` ranks take part in every collective shown (formula, ledger, both compilers);
+    it may exceed ``num_devices``: the CPU compiler view is then skipped with a note, and the TPU compiler
+    compiles for a ``world_size``-chip topology in a helper process."""
+
+    NOTEBOOK: ClassVar[str] = "00_welcome"
+    WORLD_SIZES: ClassVar[tuple[int, ...]] = (2, 4, 8)
+
+    n: int = 1024  # elements of each rank's vector in the collectives
+    world_size: int = 8  # ranks in the collectives (2, 4 or 8)
+
+    def checks(self) -> None:
+        positive_int("n", self.n)
+        positive_int("world_size", self.world_size)
+        if self.world_size not in self.WORLD_SIZES:
+            raise ValueError(f"world_size={self.world_size} must be one of {self.WORLD_SIZES} (a collective needs "
+                             "2 or more ranks, and the TPU compiler has a slice of that many chips)")
+        divisible("n", self.n, "world_size", self.world_size,
+                  "the all-gather and the reduce-scatter split the vector evenly over the ranks")
+
+
+@dataclass(frozen=True)
+class BlocksParams(NotebookParams):
+    """Notebook 01. Every view splits the product over ``parts`` = p blocks, one per device; p may exceed
+    ``num_devices``: formula and ledger need no devices, the CPU compiler view is then skipped with a note, and
+    the TPU compiler compiles for a p-chip topology in a helper process."""
+
+    NOTEBOOK: ClassVar[str] = "01_block_matrices"
+
+    m: int = 16  # x is m×k
+    k: int = 64  # inner dimension
+    n: int = 32  # W is k×n
+    parts: int = 4  # p, the number of blocks and of devices in the split; the 2-D grid is 2 by p/2
+    dtype: str = "float32"  # "float32" or "bfloat16"
+
+    def checks(self) -> None:
+        for name in ("m", "k", "n", "parts"):
+            positive_int(name, getattr(self, name))
+        one_of("dtype", self.dtype, DTYPES)
+        for name in ("k", "n"):
+            if self.parts > getattr(self, name):
+                raise ValueError(f"parts={self.parts} is more than {name}={getattr(self, name)}: every block "
+                                 "needs at least one row/column")
+        if self.parts % 2 == 0 and self.m % 2:
+            raise ValueError(f"m={self.m} is odd: the 2-D grid (2, parts/2) splits x's rows in 2 (choose an even m, "
+                             "or an odd parts to leave the grid out)")
+
+
 # ------------------------------------------------------------------------------------------- tensor parallel
 @dataclass(frozen=True)
 class TensorParallelParams(NotebookParams):
@@ -292,5 +342,6 @@ class PlannerParams(NotebookParams):
 
 
 NOTEBOOK_PARAMS: dict[str, type[NotebookParams]] = {
-    cls.NOTEBOOK: cls for cls in (MlpParams, AttentionParams, VocabParams, PlannerParams, LeversParams)
+    cls.NOTEBOOK: cls for cls in (WelcomeParams, BlocksParams, MlpParams, AttentionParams, VocabParams,
+                                  PlannerParams, LeversParams)
 }

@@ -12,8 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from shardlab.blocks.tiles import sharding_string
 from shardlab.formulas import activations, hardware, memory
+from shardlab.formulas import blocks as fblocks
 from shardlab.formulas import tp as ftp
+from shardlab.formulas.common import reduction_dtype
 
 
 def _toy_peaks(a: int, b: int, c: int, d: int, o: int) -> tuple[int, int]:
@@ -48,9 +51,45 @@ def _llama_8b_selective_share(flash_attention: bool) -> float:
     """Share of one Llama 3 8B layer's stored activations that selective recompute drops (s 8192, b 1, t 1)."""
     t = activations.llama_activation_bytes_per_layer(8192, 1, 4096, 14336, 32, 8, flash_attention=flash_attention)
     return t.attention_core / t.total
+def _measured(value: Any = None, what: str = "") -> Any:
+    """A "predict it, then check" solution: the value the notebook measured and passed in."""
+    if value is None:
+        raise ValueError(f"this exercise is graded against a measurement ({what}) the notebook passes in; "
+                         "none was given")
+    return value
 
 
 SOLUTIONS: dict[str, dict[int, Solution]] = {
+    "00_welcome": {
+        1: Solution(lambda steps=None: _measured(steps, "the ring trace's step count"),
+                    "the ring all-reduce is a reduce-scatter followed by an all-gather; each phase moves one chunk "
+                    "per rank per step until every rank has seen every chunk"),
+        2: Solution(lambda sent=None: _measured(sent, "bytes rank 0 sent in the ring trace"),
+                    "count the chunks one rank sends (one per step) and multiply by the chunk size: payload / W"),
+        3: Solution(lambda sent=None: _measured(sent, "bytes rank 0 sent in the ring all-gather trace"),
+                    "in an all-gather each rank must receive the W - 1 shards it does not have, and in a ring it "
+                    "forwards as many as it receives"),
+        4: Solution(lambda operand_bytes=None: _measured(operand_bytes, "the compiler's all-gather operand bytes"),
+                    "the operand is what ONE device hands in — its own shard, not the gathered result"),
+        5: Solution(lambda: sharding_string((2, 4), ("data", "model"), (None, "data")),
+                    "one tile count per tensor dim, then the copies count; the device list is the mesh's id array "
+                    "with the spec's axis first and the unnamed axis last, flattened"),
+    },
+    "01_block_matrices": {
+        1: Solution(lambda: fblocks.row_split_all_reduce(16, 32, 4, "float32")["bytes"],
+                    "the row rule adds full-size partial sums: how large is Y, and how many bytes is a float32?"),
+        2: Solution(lambda: [fblocks.grid_all_reduce(16, 32, (2, 4))["group_size"],
+                             8 // fblocks.grid_all_reduce(16, 32, (2, 4))["group_size"]],
+                    "partial sums are added only along the mesh axis that splits k; answer [group size, groups]"),
+        3: Solution(lambda: [fblocks.row_split_all_reduce(16, 32, 4, reduction_dtype("bfloat16", kind))["bytes"]
+                             for kind in ("cpu", "tpu")],
+                    "which element type does each compiler add the partial sums in? answer [XLA:CPU bytes, TPU bytes]"),
+        4: Solution(lambda: sharding_string((2, 2), ("r", "c"), ("c", None)),
+                    "W's rows follow the mesh axis c, its columns are not split, and the r axis holds copies: "
+                    "tile counts, then the copies, then the device ids with c first"),
+        5: Solution(lambda count=None: _measured(count, "the compiler's collective count for the column rule"),
+                    "x is on every device already; does any output column block depend on another device's W?"),
+    },
     "02_megatron_mlp": {
         1: Solution(lambda: ftp.mlp_all_reduce(1, 2048, 12288, 8, "bfloat16")["bytes"],
                     "the forward all-reduce (g) sums the full activation [b, s, h]; payload = elements × bytes "

@@ -2,32 +2,49 @@
 num_devices = 8  # virtual CPU devices (or TPU chips); a kernel holds one device world
 results_dir = None  # where the JSON record goes (the report runner sets it)
 seed = 0
-n = 1024  # length of the vector summed in the three-views example
+n = 1024  # elements of each rank's vector in the collectives (divisible by world_size)
+world_size = 8  # ranks in the collectives: 2, 4 or 8 (may exceed num_devices)
+answers = None  # exercise answer key (the tests and the report inject it); leave None
+
+# %%
+from shardlab import runtime
+from shardlab.params import WelcomeParams
+from shardlab.profile import Recorder
+
+p = WelcomeParams.from_namespace(globals())  # every parameter checked here, before any XLA work
+world = runtime.setup(num_devices=p.num_devices)  # env vars, then torch_xla, then SPMD on
+rec = Recorder.for_params(p, world)
+world
 
 # %% [markdown]
 # # 00 · Welcome to shardlab
 #
 # shardlab teaches **and measures** how large models are split across accelerators, on PyTorch/XLA. Every
-# notebook answers a question with a number measured three ways that must agree:
+# notebook answers a question with a number measured four ways that must agree:
 #
 # | view | what it is | where |
 # |---|---|---|
 # | **formula** | the paper's algebra (Megatron, ZeRO, Korthikanti et al.) as plain functions | `shardlab.formulas` |
 # | **ledger** | our own per-rank code, written Megatron-style (each rank holds its shard and calls collectives), run in an in-process `SimulatedWorld` that records every collective | `shardlab.comm`, `tp`, `fsdp` |
-# | **compiler** | the same math as GSPMD `mark_sharding` annotations; collectives and buffers read from the HLO that XLA's SPMD partitioner produced | `shardlab.profile` |
+# | **compiler** | the same math as GSPMD `mark_sharding` annotations; collectives and buffers read from the HLO that XLA's SPMD partitioner produced on this machine's devices (XLA:CPU) | `shardlab.profile` |
+# | **TPU compiler** | the same traced graph handed to the real XLA:TPU compiler (`libtpu`) for a TPU slice we do not own — compile-only, nothing runs on a TPU: the per-chip program, its collectives and its memory | `shardlab.profile.tpu` |
 #
-# When the three disagree the notebook fails — loudly, with both numbers.
+# When views disagree where they must agree, the notebook fails — loudly, with both numbers. Where the two
+# compilers legitimately differ (the TPU keeps bf16 in bf16, merges collectives, has a native reduce-scatter),
+# the table shows both and the notebook says why.
 #
 # ## The notebooks
 # | # | topic |
 # |---|---|
-# | 01 | block matrices: split by columns → concatenate; by rows → sum |
-# | 02 | Megatron MLP: column- then row-parallel, the `f` / `g` operators |
+# | 01 | block matrices: split by columns → concatenate; by rows → sum (one all-reduce); a 2-D mesh |
+# | 02 | Megatron MLP: column- then row-parallel, the `f` / `g` operators, sequence parallelism |
 # | 03 | Megatron attention: heads split over devices |
 # | 04 | vocab-parallel embedding and cross-entropy |
-# | 05 | FSDP flat parameters, exactly as PyTorch shards them; ZeRO memory |
+# | 05 | FSDP flat parameters: the FlatParameter itself, exactly as PyTorch shards it; ZeRO memory |
+# | 05b | FSDP under GSPMD, compared collective by collective with PyTorch's FSDP1 and FSDP2 |
 # | 06 | `scan` over layers, 2-D sharding, `shard_as` (the 405B OOM in miniature), placeholder tensors |
 # | 07 | planner: from 8 CPU devices to a TPU pod |
+# | 08 | compiler levers (TorchAcc's): combining collectives, overlapping them with compute, memory order, automatic sharding |
 #
 # ## Notation (used everywhere)
 # - Shapes: `b` batch, `s` sequence, `h` hidden, `f` FFN width, `a` heads, `v` vocabulary, `L` layers,
@@ -38,126 +55,259 @@ n = 1024  # length of the vector summed in the three-views example
 #   added across X (an all-reduce, or a reduce-scatter if the result may stay split).
 # - Bytes are **payload per device**: what one device hands to a collective (all-reduce: its input; all-gather:
 #   its shard; reduce-scatter: its full input). The ring model turns payload into bytes sent per device:
-#   all-reduce 2(W−1)/W·payload, all-gather (W−1)·payload, reduce-scatter (W−1)/W·payload.
+#   all-reduce 2(W−1)/W·payload, all-gather (W−1)·payload, reduce-scatter (W−1)/W·payload (section 3 shows why).
 #
 # ## Running on a TPU (Kaggle, Colab, Cloud TPU VMs)
-# The cell right after the parameters cell installs the pinned `torch==2.9.0`, `torch_xla[tpu]==2.9.0` and the
-# JAX pins `shard_as` needs when it runs on Colab or Kaggle, and sets `PJRT_DEVICE=TPU`; on your own machine it
-# does nothing. Kaggle's v5e-8 is the free multi-chip option; free Colab gives one TPU chip (set
-# `num_devices = 1` there, or use `None` for "all chips"). Timings are always labelled with their device; only
-# structural numbers (collectives, bytes, shapes) are comparable across devices.
+# The cell right after the parameters cell installs the pinned `torch==2.9.0`, `torch_xla[tpu]==2.9.0` (which
+# brings `libtpu`) and the JAX pins when it runs on Colab or Kaggle, and sets `PJRT_DEVICE=TPU`; on your own
+# machine it does nothing. What runs where:
+#
+# - **Free Colab: one v5e chip** → set `num_devices = 1`. Formula and ledger run at the notebook's own sizes (they
+#   need no devices), and the TPU-compiler view compiles the multi-chip program for a slice of the right size
+#   (in a helper process). The compiler views that need more devices than one chip are skipped, each with a
+#   printed note; nothing fails for it.
+# - **Kaggle: a v5e-8** (eight chips) → `num_devices = 8`: everything runs, and the compiler column *is* the TPU's
+#   own program, so the separate TPU-compiler view steps aside.
+# - **This machine** (CPU, 8 virtual devices by default): everything runs; the compiler column is XLA:CPU and the
+#   TPU-compiler column the real TPU compiler, compile-only (from the pinned `libtpu` wheel; the hosted cell
+#   installs it only on TPU runtimes, so on a hosted *CPU* runtime the TPU-compiler view is skipped with a note).
+#
+# Timings are always labelled with their device; only structural numbers (collectives, bytes, shapes) are
+# comparable across devices.
+
+# %% [markdown]
+# ## 1 · Devices, meshes and sharding strings
+# `runtime.setup` must run before anything imports `torch_xla`: it sets `PJRT_DEVICE`, `CPU_NUM_DEVICES` and an
+# HLO dump directory, then switches SPMD on. Under SPMD all devices appear as **one** logical XLA device; a
+# `Mesh` gives them names (axes), and `mark_sharding(t, mesh, spec)` says, per tensor dimension, which mesh axis
+# splits it. XLA records the result as a **sharding string**, and you will meet those strings in every HLO dump.
+# Here are a few, on a mesh of this process's devices, next to what `shardlab.blocks.tiles` predicts for them.
 
 # %%
 import torch
-
-from shardlab import runtime
-from shardlab.formulas.common import dtype_bytes, wire_bytes
-from shardlab.profile import Recorder, capture_hlo
-
-if not isinstance(n, int) or n < 1:
-    raise ValueError(f"n={n!r} must be a positive int")
-if isinstance(num_devices, int) and n % num_devices:
-    raise ValueError(f"n={n} is not divisible by num_devices={num_devices} (the vector is split evenly)")
-
-world = runtime.setup(num_devices=num_devices)  # env vars, then torch_xla, then SPMD on
-rec = Recorder("00_welcome", params=dict(num_devices=num_devices, seed=seed, n=n), results_dir=results_dir,
-               world=world)
-torch.manual_seed(seed)
-print(world)
-
-# %% [markdown]
-# ## The device world
-# `runtime.setup` must run before anything imports `torch_xla`: it sets `PJRT_DEVICE`, `CPU_NUM_DEVICES` and an
-# HLO dump directory, then switches SPMD on. Under SPMD all devices appear as **one** logical XLA device; a
-# `Mesh` gives them names, and `mark_sharding` says how a tensor is split over the mesh axes.
-
-# %%
+import torch_xla
 import torch_xla.distributed.spmd as xs
 
-mesh = runtime.mesh((2, num_devices // 2), ("data", "model")) if num_devices % 2 == 0 and num_devices > 1 \
-    else runtime.mesh(num_devices, "model")
-t = torch.arange(8 * 8, dtype=torch.float32).reshape(8, 8).to(runtime.device())
-spec = ("data", "model") if len(mesh.shape()) == 2 else (None, "model")
-st = xs.mark_sharding(t, mesh, spec)
-print("mesh:", mesh.shape(), " spec:", spec)
-print("sharding annotation:", __import__("torch_xla")._XLAC._get_xla_sharding_spec(t))
-for shard in st.local_shards[:4]:
-    print(f"{shard.shard_device}: indices {shard.indices} -> shard shape {tuple(shard.data.shape)}")
+from shardlab.blocks import tiles
+from shardlab.viz import collectives as vc
 
-# %%
-from shardlab.viz.common import device_color
-
-try:
-    import plotly.graph_objects as go
-
-    shape = list(mesh.shape().values()) if len(mesh.shape()) == 2 else [1, num_devices]
-    fig = go.Figure()
-    for d in range(num_devices):
-        r, c = divmod(d, shape[1])
-        fig.add_shape(type="rect", x0=c, x1=c + 0.95, y0=-r, y1=-r + 0.95, fillcolor=device_color(d), line_width=0)
-        fig.add_annotation(x=c + 0.47, y=-r + 0.47, text=f"device {d}", showarrow=False, font_color="white")
-    fig.update_xaxes(visible=False, range=[0, shape[1]])
-    fig.update_yaxes(visible=False, range=[-shape[0] + 1, 1])
-    fig.update_layout(height=160 + 60 * shape[0], title=f"the mesh {mesh.shape()}: one colour per device, "
-                      "in every notebook", margin={"t": 50, "b": 10, "l": 10, "r": 10})
-    fig.show()
-except ImportError as e:  # plotly is a pinned dependency; this only guards a broken install
-    print("plotly unavailable:", e)
+data_axis = 2 if world.num_devices % 2 == 0 and world.num_devices >= 4 else 1
+mesh_shape, axes = (data_axis, world.num_devices // data_axis), ("data", "model")
+mesh = runtime.mesh(mesh_shape, axes)
+specs = {"(None, 'model')": (None, "model"), "('model', None)": ("model", None),
+         "('data', 'model')": ("data", "model"), "(None, None)": (None, None)}
+strings = {}
+for label, spec in specs.items():
+    t = torch.arange(64.0).reshape(8, 8).to(runtime.device())  # created on the CPU, moved, then annotated
+    xs.mark_sharding(t, mesh, spec)
+    strings[label] = torch_xla._XLAC._get_xla_sharding_spec(t)
+    predicted = tiles.sharding_string(mesh_shape, axes, spec)
+    rec.check(f"welcome.sharding.{label}", strings[label] == predicted,
+              f"torch_xla {strings[label]} vs predicted {predicted}")
+    same = "the same" if strings[label] == predicted else predicted
+    print(f"mesh {dict(zip(axes, mesh_shape))}, spec {label:>18}: {strings[label]:<58} predicted: {same}")
+if world.num_devices == 1:
+    print("this process has one device: every tensor lives whole on it, so every string is {replicated}; the "
+          "explanation below uses a mesh (data 2, model 4) of 8 devices (predicted strings, no devices needed)")
+vc.tiles_figure({k: strings[k] for k in list(specs)[:3]}, (8, 8), world.num_devices).show()
 
 # %% [markdown]
-# ## Three views of one collective
-# The simplest reduction: every device holds a **full-length** vector of `n` partial values and we add them up
-# across devices — exactly what the row rule of notebook 01 produces. Three views:
+# ### Reading a sharding string
+# Take `W[K, N_model]`: an [8, 8] tensor with spec `(None, "model")` on a mesh `(data 2, model 4)` of 8 devices.
+# XLA writes
 #
-# - **formula**: one all-reduce, payload n·4 bytes per device;
-# - **ledger**: per-rank code `comm.all_reduce(x_r)` in a `SimulatedWorld`;
-# - **compiler**: `x` of shape `[num_devices, n]` sharded by rows, `x.sum(0)` — XLA sums locally, then
-#   all-reduces the `[n]` partials.
+# `{devices=[1,4,2]0,4,1,5,2,6,3,7 last_tile_dim_replicate}`
+#
+# - **`[1,4,2]` — the tile assignment dims.** One count per tensor dim: how many blocks (*tiles*) that dim is cut
+#   into. Rows: 1 (not split); columns: 4 (the `model` axis). A sharded tensor is a grid of blocks — notebook 01
+#   is about exactly these blocks.
+# - **`last_tile_dim_replicate` — the last count is copies, not a dim.** The assignment has one extra, last
+#   entry: how many devices hold a copy of each tile. The spec does not name the `data` axis, so every column
+#   block lives on 2 devices. Without the flag every tile lives on exactly one device; `{replicated}` means one
+#   tile, held by every device.
+# - **`0,4,1,5,2,6,3,7` — the device order.** The device ids, row-major over `[1,4,2]`: tile (0, 0) is on
+#   devices 0 and 4, tile (0, 1) on 1 and 5, … It is the mesh's id array `[[0,1,2,3],[4,5,6,7]]` with its axes
+#   reordered — the axes the spec names first (dim by dim), the unnamed ones (the copies) last — and flattened:
+#   `(model, data)` order gives 0,4 · 1,5 · 2,6 · 3,7.
+#
+# `tiles.tile_devices` reads a string back into that array (shape `(*tiles, copies)`):
 
 # %%
-from shardlab.comm import SimulatedWorld
+tiles.tile_devices(tiles.sharding_string((2, 4), ("data", "model"), (None, "model")), rank=2)
 
-parts = torch.randn(num_devices, n)
-sim = SimulatedWorld(num_devices)
-ledger_out = sim.run(lambda comm: comm.all_reduce(parts[comm.rank]))
-print(sim.ledger.summary())
-
-xla_parts = parts.to(runtime.device())
-xs.mark_sharding(xla_parts, runtime.mesh(num_devices, "d"), ("d", None))
-cap = capture_hlo(lambda: xla_parts.sum(0))
-print([c.as_dict() for c in cap.module.collectives])
+# %% [markdown]
+# ## 2 · What the three collectives do
+# Every rank (device) starts with its own tensor; a collective is one call that every rank makes together.
+# The picture runs the per-rank code (`comm.all_reduce(x)`, `comm.reduce_scatter(x)`, `comm.all_gather(x)`)
+# in a `SimulatedWorld` on *rank arithmetic* — rank r holds the value r + 1 — and draws what each rank held
+# before and what the call returned:
+#
+# - **all-reduce**: every rank hands in a full tensor and gets back the elementwise sum over ranks
+#   (1 + 2 + … + W everywhere). Payload: the whole tensor.
+# - **reduce-scatter**: the same sum, but rank r keeps only block r of it. Payload: the whole tensor; result: 1/W.
+# - **all-gather**: rank r hands in its block and every rank gets all W blocks, in rank order. Payload: one block.
+#
+# An all-reduce is a reduce-scatter followed by an all-gather — the next section builds it that way.
 
 # %%
-formula_bytes = n * dtype_bytes("float32")
-if num_devices > 1:
-    rec.agree("welcome.sum.all_reduce.count", "count", formula=1, ledger=sim.ledger.count("all_reduce"),
-              hlo=cap.module.count("all-reduce"))
-    rec.agree("welcome.sum.all_reduce.bytes", "bytes", formula=formula_bytes,
-              ledger=sim.ledger.payload_bytes("all_reduce"), hlo=cap.module.bytes("all-reduce"))
-    rec.agree("welcome.sum.all_reduce.wire_bytes", "bytes", formula=wire_bytes("all_reduce", formula_bytes,
-                                                                              num_devices),
-              ledger=sim.ledger.wire_bytes("all_reduce"))
-ref = parts.sum(0)
-rec.check("welcome.sum.values", all(torch.allclose(o, ref, atol=1e-4) for o in ledger_out)
-          and torch.allclose(cap.result.cpu(), ref, atol=1e-4), "ledger and XLA both equal the dense sum")
-rec.table("welcome.")
+vc.before_after(p.world_size).show()
+
+# %% [markdown]
+# ## 3 · Why a ring all-reduce costs each device 2(W−1)/W of its payload
+# Put the W ranks in a ring; rank r only ever sends to rank r + 1. Cut every rank's vector into W chunks.
+#
+# 1. **Reduce-scatter, W − 1 steps.** At step s, rank r sends chunk r − s (mod W) — its own copy at step 1, after
+#    that the partial sum it built at the step before — and the receiver adds it to its own copy. After W − 1 steps
+#    rank r holds chunk r summed over all ranks.
+# 2. **All-gather, W − 1 steps.** At step s, rank r sends the complete chunk r − s + 1, and the receiver keeps it.
+#    After W − 1 steps every rank has every complete chunk.
+#
+# Each step every rank sends exactly one chunk of payload/W bytes, so each rank sends
+# 2(W − 1)·payload/W — just under twice the payload, **whatever W is**: adding devices barely changes the traffic
+# per device, because each link only ever carries 1/W of the data at a time. `shardlab.blocks.ring.simulate` runs this
+# schedule on real tensors and counts what each rank sent; below it is drawn for 4 ranks, then counted for every
+# ring size and compared with the formula.
+
+# %%
+from shardlab.blocks import ring
+
+ring4 = ring.simulate("all_reduce", [torch.full((4,), float(r + 1)) for r in range(4)])
+vc.ring_figure(ring4).show()
+
+# %%
+import pandas as pd
+
+from shardlab.formulas.common import wire_bytes
+
+rows = []
+for w in sorted(w for w in {2, 4, 8, p.world_size} if p.n % w == 0):  # even chunks: every rank sends alike
+    vectors = [torch.randn(p.n, generator=torch.Generator().manual_seed(p.seed + r)) for r in range(w)]
+    for op, inputs, payload in (("all_reduce", vectors, p.n * 4),
+                                ("reduce_scatter", vectors, p.n * 4),
+                                ("all_gather", [v[: p.n // w] for v in vectors], p.n // w * 4)):
+        trace = ring.simulate(op, inputs)
+        sent = [trace.sent_bytes(r) for r in range(w)]
+        if op == "all_reduce":
+            dense = torch.stack(vectors).sum(0)
+            rec.check(f"welcome.ring.all_reduce.W{w}.sum",
+                      all(torch.allclose(r, dense, atol=1e-4) for r in trace.results),
+                      "every rank's ring result == the sum of the vectors")
+        formula = wire_bytes(op, payload, w)
+        rows.append({"W": w, "op": op, "payload bytes": payload, "steps": trace.steps, "sent by each rank": sent[0],
+                     "formula": formula, "sent / payload": round(sent[0] / payload, 4)})
+        rec.check(f"welcome.ring.{op}.W{w}.sent_bytes", all(s == formula for s in sent),
+                  f"every rank sent {sorted(set(sent))} bytes, the ring formula says {formula}")
+pd.DataFrame(rows)
+
+# %% [markdown]
+# The all-reduce column approaches 2 as W grows; the all-gather's payload is one shard, so its (W − 1)·shard is
+# the same (W − 1)/W of the *gathered* vector that the reduce-scatter sends — half of the all-reduce each.
+#
+# ## 4 · Four views of one collective
+# Now the same three collectives, each measured four ways at `world_size` = W ranks, every rank holding a vector of
+# `n` float32 values (for the all-gather: a shard of n/W):
+#
+# - **formula**: one collective, payload per device (n·4 bytes, or (n/W)·4 for the all-gather's shard), ring wire
+#   bytes;
+# - **ledger**: the per-rank code of section 2 in a `SimulatedWorld(W)`;
+# - **compiler**: `x` of shape `[W, n]` sharded by rows over a mesh axis of W devices (device r holds row r), then
+#   `x.sum(0)` (XLA sums locally, then all-reduces the partial sums), the same sum asked to stay split along its
+#   dim 0 (a reduce-scatter), and `x * 2` asked for on every device (an all-gather). The mesh is
+#   `(num_devices / W, W)`; when W does not tile this process's devices the view is skipped, with a note;
+# - **TPU compiler**: the same graph compiled for a v5e slice — of `num_devices` chips, or of W chips in a helper
+#   process when W does not tile this process.
+
+# %%
+from shardlab.blocks import views as bv
+from shardlab.views import record
+
+W = p.world_size
+configs = {
+    "sum": bv.CollectiveConfig("all_reduce", W, (p.n,), label="sum", seed=p.seed),
+    "gather": bv.CollectiveConfig("all_gather", W, (p.n // W,), label="gather", seed=p.seed),
+    "scatter": bv.CollectiveConfig("reduce_scatter", W, (p.n,), label="scatter", seed=p.seed),
+}
+views = {k: (bv.formula(c), bv.ledger(c), bv.compiler(c), bv.tpu(c)) for k, c in configs.items()}
+
+# %%
+tables = [record(rec, "welcome", *v) for v in views.values()]
+bv.record_compile_seconds(rec, "welcome", {k: v[2] for k, v in views.items()}, {k: v[3] for k, v in views.items()})
+pd.concat(tables, ignore_index=True)
 
 # %% [markdown]
 # **Reading the table.** Each row is one quantity; each column one way of getting it. `agree` is checked, not
-# eyeballed: the notebook raises if it is False. Bytes in the HLO come from the per-device program, so they are
-# per-device numbers, like the ledger's payload.
+# eyeballed: the notebook raises if it is False. The compilers' bytes are the operand of the collective in the
+# per-device program, so they are per-device numbers, like the ledger's payload. Wire bytes exist only where an
+# algorithm is assumed (the formula's ring model, the ledger's entries); the HLO names the collective, not the
+# algorithm that will run it.
 #
+# **CPU vs TPU: the reduce-scatter.** XLA:CPU has no reduce-scatter instruction at all: it all-reduces the whole
+# vector and each device cuts out its block with a `dynamic-slice` (the table counts that pair as the reduce-scatter
+# it implements). The TPU has a native reduce-scatter, but its compiler picks the form by shape and size: in our
+# runs (libtpu 0.0.21) a 1-D vector stayed an all-reduce + `dynamic-slice` at every size we tried, a [32, 128]
+# float32 block too, and a [64, 256] one became a real reduce-scatter, whose result is 1/W of its operand. This
+# run, both forms:
+
+# %%
+big = bv.CollectiveConfig("reduce_scatter", W, (64, 256), label="scatter_64x256", seed=p.seed)
+big_views = (bv.formula(big), bv.ledger(big), bv.compiler(big), bv.tpu(big))
+display(record(rec, "welcome", *big_views))
+for label, v in (("the n-element vector", views["scatter"][3]), ("the [64, 256] block", big_views[3])):
+    if v.ran:
+        c = v.detail.module.collectives[0]
+        form = "all-reduce + dynamic-slice" if c.feeds_dynamic_slice else f"{c.op} ({c.form})"
+        print(f"TPU, {label}: {form}, operand {c.operand_bytes} B, result {c.result_bytes} B per chip")
+
+# %% [markdown]
 # ## Exercises
-# 1. With 8 devices and n = 1024 float32 values, how many bytes does each device *send* in a ring all-reduce?
-# 2. The same data as an all-gather of 128-element shards: payload and bytes sent per device?
+# Write your answer into the variable and run the cell: the grader says right or gives a hint. Exercises 1–4 are
+# "predict it, then check": the grader compares your number with what the notebook measures — the ring simulation
+# for 1–3, the compiler's program for 4.
 #
-# <details><summary>Answers (asserted below)</summary>
+# 1. A ring all-reduce over W = 8 devices: how many steps does it take?
+# 2. With W = 8 and a vector of 1024 float32 values, how many bytes does each device *send* in that ring
+#    all-reduce?
+# 3. The same data as a ring all-gather of 128-element float32 shards: how many bytes does each device send?
+# 4. Each of the W devices holds a shard of 256 float32 values; the program asks for the gathered tensor on every
+#    device. What operand bytes does the compiler's all-gather show per device?
+# 5. A tensor [8, 8] on the mesh `(data 2, model 4)` of devices 0–7, spec `(None, "data")`: write the sharding string
+#    XLA prints for it.
+
+# %%
+from shardlab.exercises import Exercises
+
+ring8 = ring.simulate("all_reduce", [torch.zeros(1024)] * 8)
+gather8 = ring.simulate("all_gather", [torch.zeros(128)] * 8)
+shard = bv.CollectiveConfig("all_gather", W, (256,), label="exercise_gather", seed=p.seed)
+shard_views = (bv.formula(shard), bv.ledger(shard), bv.compiler(shard), bv.tpu(shard))
+record(rec, "welcome", *shard_views, show=False)
+
+ex = Exercises(p.NOTEBOOK, rec, p.answers)
+answer_1 = None  # a count
+answer_2 = None  # bytes
+answer_3 = None  # bytes
+answer_4 = None  # bytes
+answer_5 = None  # a string like "{devices=[...]...}"
+ex.show(1, answer_1, steps=ring8.steps)
+ex.show(2, answer_2, sent=ring8.sent_bytes(0))
+ex.show(3, answer_3, sent=gather8.sent_bytes(0))
+ex.show(4, answer_4, operand_bytes=bv.measured("exercise_gather.all_gather.bytes", shard_views[3], shard_views[2]))
+ex.show(5, answer_5)
+
+# %% [markdown]
+# <details><summary>Why (open after trying)</summary>
 #
-# 1. payload 4096 B; ring: 2·7/8·4096 = 7168 B. 2. payload 512 B; ring: 7·512 = 3584 B — half of the
-#    all-reduce, because an all-reduce is a reduce-scatter followed by an all-gather.
+# 1. W − 1 steps of reduce-scatter, then W − 1 of all-gather.
+# 2. Every step each device sends one chunk of payload/W; there are 2(W − 1) steps. So 2(W − 1)/W of the payload —
+#    it would be the same fraction on 64 devices.
+# 3. An all-gather is only the second half of the ring: W − 1 steps of one shard each. Half of exercise 2 — an
+#    all-reduce *is* a reduce-scatter plus an all-gather.
+# 4. The operand of an all-gather is what one device contributes, its own shard: 256 × 4 bytes, whatever W is. The
+#    result is W times larger.
+# 5. One tile count per tensor dim (rows not split, columns cut in 2 by `data`), then the copies (`model`'s 4
+#    devices hold each tile), flagged `last_tile_dim_replicate`. The device ids in `(data, model)` order are the
+#    mesh's own order.
 # </details>
 
 # %%
-assert wire_bytes("all_reduce", 1024 * 4, 8) == 7168
-assert wire_bytes("all_gather", 128 * 4, 8) == 3584 == wire_bytes("all_reduce", 1024 * 4, 8) / 2
 rec.close()["status"]

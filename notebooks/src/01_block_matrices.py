@@ -5,55 +5,46 @@ seed = 0
 m = 16  # x is m×k
 k = 64  # inner dimension
 n = 32  # W is k×n
-parts = 4  # blocks in the CPU algebra section
-dtype = "float32"  # "float32" or "bfloat16" for the XLA section
+parts = 4  # p, the number of blocks and of devices in the split; the 2-D grid is 2 by p/2
+dtype = "float32"  # "float32" or "bfloat16"
+answers = None  # exercise answer key (the tests and the report inject it); leave None
+
+# %%
+from shardlab import runtime
+from shardlab.params import BlocksParams
+from shardlab.profile import Recorder
+
+p = BlocksParams.from_namespace(globals())  # every parameter checked here, before any XLA work
+world = runtime.setup(num_devices=p.num_devices)
+rec = Recorder.for_params(p, world)
+world
 
 # %% [markdown]
 # # 01 · Block matrices: the two rules every sharding scheme is made of
 #
 # Every tensor-parallel layer, every FSDP all-gather and every GSPMD decision in this suite reduces to two
-# facts about a product $Y = xW$ with $x$ of shape $m\times k$ and $W$ of shape $k\times n$:
+# facts about a product $Y = xW$ with $x$ of shape $m\times k$ and $W$ of shape $k\times n$, split into p blocks
+# held by p devices:
 #
 # 1. **Split W by columns** — $W = [W_1 \dots W_p]$ (`W[K, N_X]`): $Y = [xW_1 \dots xW_p]$. Each device computes a
 #    column block of $Y$ on its own; the blocks are *concatenated*. **No communication.**
 # 2. **Split W by rows and x by columns** — $W = [W_1; \dots; W_p]$, $x = [x_1 \dots x_p]$ (`x[M, K_X]`,
 #    `W[K_X, N]`): $Y = \sum_i x_i W_i$. Each device holds a full-size *partial sum* `Y{U_X}`; the partial sums
-#    must be *added*: **one all-reduce of m·n elements per device.**
+#    must be *added*: **one all-reduce of m·n elements per device** (none when p = 1: nothing to add).
 #
-# We check each rule three ways — the **formula** (this algebra), the **ledger** (per-rank code that calls the
-# collective itself, in `SimulatedWorld`) and the **compiler** (the collectives in the HLO that XLA's SPMD
-# partitioner emitted for `mark_sharding` annotations) — and the notebook fails if they disagree.
+# We check each rule four ways, every view at the same p: the **formula** (this algebra), the **ledger** (per-rank
+# code that calls the collective itself, in a `SimulatedWorld` of p ranks), the **compiler** (the collectives in the
+# HLO that XLA's SPMD partitioner emitted for `mark_sharding` annotations on this process's devices) and the
+# **TPU compiler** (the same graph compiled by XLA:TPU for a TPU slice, compile-only). The notebook fails if they
+# disagree.
 
 # %%
-import torch
+from shardlab.blocks import views as bv
 
-from shardlab import blocks, runtime
-from shardlab.dtypes import hlo_name
-from shardlab.formulas import blocks as F
-from shardlab.formulas.common import dtype_bytes, reduction_dtype
-from shardlab.profile import Recorder, capture_hlo
-
-# Validate every parameter before any XLA work (errors name the parameter and the rule).
-for _name, _v in {"m": m, "k": k, "n": n, "parts": parts, "num_devices": num_devices}.items():
-    if not isinstance(_v, int) or _v < 1:
-        raise ValueError(f"{_name}={_v!r} must be a positive int")
-if dtype not in ("float32", "bfloat16"):
-    raise ValueError(f"dtype={dtype!r} must be 'float32' or 'bfloat16'")
-blocks.split_sizes(k, parts, "k")  # parts may not exceed k or n
-blocks.split_sizes(n, parts, "n")
-for _name, _v in {"k": k, "n": n}.items():
-    if _v % num_devices:
-        raise ValueError(f"{_name}={_v} is not divisible by num_devices={num_devices} (the 1-D mesh shards it evenly)")
-grid_cols = num_devices // 2 if num_devices >= 2 else 1
-if num_devices >= 2 and (num_devices % 2 or m % 2 or k % grid_cols):
-    raise ValueError(f"the 2-D mesh (2, {grid_cols}) needs an even num_devices={num_devices}, m={m} divisible by 2 "
-                     f"and k={k} divisible by {grid_cols}")
-
-world = runtime.setup(num_devices=num_devices)
-rec = Recorder("01_block_matrices", params=dict(num_devices=num_devices, seed=seed, m=m, k=k, n=n, parts=parts,
-                                                dtype=dtype), results_dir=results_dir, world=world)
-torch.manual_seed(seed)
-world
+configs, skipped = bv.configs_from_params(p)  # column, row, and the (2, p/2) grid when p is even
+for rule, why in skipped.items():
+    rec.note(f"blocks.{rule}", f"{rule} section skipped: {why}")
+    print(f"{rule} section skipped: {why}")
 
 # %% [markdown]
 # ## 1 · The algebra on the CPU
@@ -62,12 +53,17 @@ world
 # dense product in float64, so "equal" means equal up to rounding.
 
 # %%
-x64 = torch.randn(m, k, dtype=torch.float64)
-w64 = torch.randn(k, n, dtype=torch.float64)
-col = blocks.column_parallel(x64, w64, parts)
-row = blocks.row_parallel(x64, w64, parts)
-print("column split: pieces", [tuple(p.shape) for p in col.pieces[0]], "-> concatenated to", tuple(col.result.shape))
-print("row split:    partials", [tuple(p.shape) for p in row.partials[0][0]], "-> summed to", tuple(row.result.shape))
+import torch
+
+from shardlab import blocks
+
+torch.manual_seed(p.seed)
+x64 = torch.randn(p.m, p.k, dtype=torch.float64)
+w64 = torch.randn(p.k, p.n, dtype=torch.float64)
+col = blocks.column_parallel(x64, w64, p.parts)
+row = blocks.row_parallel(x64, w64, p.parts)
+print("column split: pieces", [tuple(t.shape) for t in col.pieces[0]], "-> concatenated to", tuple(col.result.shape))
+print("row split:    partials", [tuple(t.shape) for t in row.partials[0][0]], "-> summed to", tuple(row.result.shape))
 err_col = float((col.result - x64 @ w64).abs().max())
 err_row = float((row.result - x64 @ w64).abs().max())
 rec.check("blocks.algebra.column_equals_dense", err_col < 1e-10, f"max abs err {err_col:.1e}")
@@ -76,8 +72,8 @@ rec.check("blocks.algebra.row_equals_dense", err_row < 1e-10, f"max abs err {err
 # %%
 from shardlab.viz import blocks as vb
 
-vb.split_figure(m, k, n, parts, "column").show()
-vb.split_figure(m, k, n, parts, "row").show()
+vb.split_figure(p.m, p.k, p.n, p.parts, "column").show()
+vb.split_figure(p.m, p.k, p.n, p.parts, "row").show()
 
 # %% [markdown]
 # ### Explore
@@ -85,155 +81,173 @@ vb.split_figure(m, k, n, parts, "row").show()
 # impossible split (more parts than columns, an odd grid) is reported, not raised.
 
 # %%
-ui, update = vb.explorer(m=min(m, 32), k=min(k, 32), n=min(n, 32), parts=min(parts, 8), kind="row")
+ui, update = vb.explorer(m=min(p.m, 32), k=min(p.k, 32), n=min(p.n, 32), parts=min(p.parts, 8), kind="row")
 shown = update()  # what a slider move does; run here so a headless run exercises it too
 rec.check("blocks.explorer.update", shown["ok"], f"max abs err {shown.get('max_abs_err')}")
 rec.check("blocks.explorer.rejects_bad_split", not update(parts=33, k=8)["ok"], "parts > k is reported")
-update(parts=min(parts, 8), k=min(k, 32))
+update(parts=min(p.parts, 8), k=min(p.k, 32))
 ui
 
 # %% [markdown]
-# ## 2 · The ledger: per-rank code that calls the collective itself
-# Rank `r` holds only its blocks. In the row rule it computes its partial sum and calls `all_reduce`; in the
-# column rule it never talks to anyone. `SimulatedWorld` runs the same function on `parts` ranks in this process
-# and records every collective.
+# ## 2 · The formula
+# Column rule: no collective. Row rule: one all-reduce over the p devices, payload m·n·e bytes per device (e: bytes
+# per element), ring wire bytes 2(p−1)/p of that (notebook 00). Independent of k: the partial sums are full-size
+# whatever the inner dimension.
 
 # %%
-from shardlab.comm import SimulatedWorld
-
-b = dtype_bytes("float32")  # the ledger runs in float32 on the CPU
-x32, w32 = x64.float(), w64.float()
-
-
-def row_rank(comm):
-    xs = blocks.split_cols(x32, comm.world_size)[comm.rank]  # [m, k_r]
-    ws = blocks.split_rows(w32, comm.world_size)[comm.rank]  # [k_r, n]
-    return comm.all_reduce(xs @ ws)  # [m, n] partial -> sum
-
-
-def col_rank(comm):
-    ws = blocks.split_cols(w32, comm.world_size)[comm.rank]  # [k, n_r]
-    return x32 @ ws  # [m, n_r]: this rank's column block of Y
-
-
-sim = SimulatedWorld(parts)
-y_row = sim.run(row_rank)
-ledger_row = sim.ledger
-y_col = sim.run(col_rank)
-ledger_col = sim.ledger
-rec.check("blocks.ledger.row_equals_dense", all(torch.allclose(y, x32 @ w32, atol=1e-4) for y in y_row), "every rank")
-rec.check("blocks.ledger.col_equals_dense", torch.allclose(torch.cat(y_col, 1), x32 @ w32, atol=1e-4), "concat")
-ledger_row.summary()
+formula = {rule: bv.formula(c) for rule, c in configs.items()}
+{rule: v.values for rule, v in formula.items()}
 
 # %% [markdown]
-# ## 3 · The compiler: the same products as GSPMD annotations on XLA
-# Now the real thing: tensors live on a mesh of `num_devices` XLA devices, `mark_sharding` says how each operand
-# is split, and XLA's SPMD partitioner decides what to communicate. We read its per-device program from the HLO
-# dump: every collective, its shape on one device and its bytes.
+# ## 3 · The ledger: per-rank code that calls the collective itself
+# Rank `r` holds only its blocks. In the row rule it computes its partial sum and calls `all_reduce`; in the
+# column rule it never talks to anyone. `SimulatedWorld(p)` runs the same function on p ranks in this process
+# and records every collective. This is the whole per-rank program:
 
 # %%
-import torch_xla.distributed.spmd as xs
+import inspect
 
-tdtype = getattr(torch, dtype)
-# XLA:CPU has no bf16 arithmetic: it promotes a bf16 dot and the all-reduce of its partial sums to f32.
-wire_dtype = reduction_dtype(dtype, world.kind)
-eb = dtype_bytes(wire_dtype)
-dev = runtime.device()
-mesh1 = runtime.mesh(num_devices, "model")
+print(inspect.getsource(bv.col_rank))
+print(inspect.getsource(bv.row_rank))
+ledger = {rule: bv.ledger(c) for rule, c in configs.items()}
+ledger["row"].detail["ledger"].summary()
 
-
-def on_xla(t, mesh, spec):
-    t = t.to(tdtype).to(dev)  # create on the CPU, then move, then annotate (xla-notes.md)
-    xs.mark_sharding(t, mesh, spec)
-    return t
-
-
-# column rule: x replicated, W[K, N_model]
-xc, wc = x32.to(tdtype).to(dev), on_xla(w32, mesh1, (None, "model"))
-cap_col = capture_hlo(lambda: xc @ wc)
-# row rule: x[M, K_model], W[K_model, N]
-xr, wr = on_xla(x32, mesh1, (None, "model")), on_xla(w32, mesh1, ("model", None))
-cap_row = capture_hlo(lambda: xr @ wr)
-for label, cap in (("column", cap_col), ("row", cap_row)):
-    print(f"{label}: {[c.as_dict() for c in cap.module.collectives]}")
+# %% [markdown]
+# ## 4 · The compilers: the same products as GSPMD annotations
+# Now the real thing: tensors live on a mesh of XLA devices, `mark_sharding` says how each operand is split, and
+# XLA's SPMD partitioner decides what to communicate. The mesh is `(copies, model)` = (num_devices / p, p): the
+# `model` axis holds the p blocks, and the `copies` axis — whatever devices are left — holds identical copies
+# (so the program runs num_devices / p independent groups of p). x and W are annotated `x[M, K_model]`,
+# `W[K_model, N]` for the row rule and `W[K, N_model]` (x replicated) for the column rule. When p does not tile
+# this process's devices the CPU view is skipped with a note.
+#
+# The **TPU compiler** compiles the same graph for a v5e slice of num_devices chips — or, when p does not tile
+# this process, of p chips, built in a helper process with p virtual devices (skipped, with a note, when no v5e
+# slice has p chips).
 
 # %%
-tol = 1e-3 if dtype == "float32" else 5e-2  # sharded sums add in a different order: approximate
-ref = (x32.to(tdtype) @ w32.to(tdtype)).float()
-rec.check("blocks.xla.col_equals_dense", torch.allclose(cap_col.result.cpu().float(), ref, rtol=tol, atol=tol * k),
-          "Y from the column-sharded product")
-rec.check("blocks.xla.row_equals_dense", torch.allclose(cap_row.result.cpu().float(), ref, rtol=tol, atol=tol * k),
-          "Y from the row-sharded product")
+compiler = {rule: bv.compiler(c) for rule, c in configs.items()}
+tpu = {rule: bv.tpu(c) for rule, c in configs.items()}
+
+# %% [markdown]
+# ## 5 · Four ways, one number
+# Bytes are the *payload per device*: what one device hands to the collective. The compilers report the operand
+# bytes of each collective in the per-device program. (The CPU view also prints the sharding strings torch_xla
+# gave x and W — read them as notebook 00 explains; the view checks them against `blocks.tiles`' prediction.)
+
+# %%
+import pandas as pd
+
+from shardlab.views import record
+
+tables = [record(rec, "blocks", formula[r], ledger[r], compiler[r], tpu[r]) for r in configs]
+bv.record_compile_seconds(rec, "blocks", {c.phase: compiler[r] for r, c in configs.items()},
+                          {c.phase: tpu[r] for r, c in configs.items()})
+pd.concat(tables, ignore_index=True)
+
+# %% [markdown]
+# When n does not split evenly over p (say n = 10 over 4), XLA pads every column block to ⌈n/p⌉ and — measured on
+# both compilers — hands the unevenly split Y back whole, through an all-gather: the table then shows that
+# collective in the compiler columns, marked "not compared", with the reason. The row rule's partial sums are
+# full-size whatever the split of k, so an uneven k changes nothing there.
 
 # %% [markdown]
 # ### The 2-D mesh
-# On a `(2, num_devices/2)` mesh with axes `(r, c)`: `x[M_r, K_c]`, `W[K_c, N]`. Each device multiplies its
+# Lay the same p devices out as a grid `(r 2, c p/2)`: `x[M_r, K_c]`, `W[K_c, N]`. Each device multiplies its
 # $(m/2)\times(k/p_c)$ block of x by its $(k/p_c)\times n$ block of W. The sum runs over `c` only, so XLA needs one
-# all-reduce inside each group of $p_c$ devices, of $(m/2)\cdot n$ elements per device — half of the 1-D row rule.
+# all-reduce inside each group of $p_c$ = p/2 devices, of $(m/2)\cdot n$ elements per device — half of the 1-D row
+# rule's payload, over half as many devices. The ledger runs it as two independent row-rule worlds of p/2 ranks,
+# one per row block of x; the compilers put it on a mesh `(copies, r, c)`. The table above has its `grid.*` rows
+# (`grid.all_reduce.group_size` is p/2). An odd p has no such grid: then the section is left out, with a note.
 
 # %%
-if num_devices >= 2:
-    mesh2 = runtime.mesh((2, grid_cols), ("r", "c"))
-    xg, wg = on_xla(x32, mesh2, ("r", "c")), on_xla(w32, mesh2, ("c", None))
-    cap_grid = capture_hlo(lambda: xg @ wg)
-    grid_hlo = cap_grid.module.collectives
-    print([c.as_dict() for c in grid_hlo])
-    rec.check("blocks.xla.grid_equals_dense",
-              torch.allclose(cap_grid.result.cpu().float(), ref, rtol=tol, atol=tol * k), "Y from the 2-D product")
-    rec.check("blocks.grid.groups", all(len(g) == grid_cols for c in grid_hlo for g in c.replica_groups),
-              f"replica groups of size p_c={grid_cols}")
+if "grid" in configs:
+    vb.split_figure(p.m, p.k, p.n, p.parts, "grid").show()
+else:
+    print(f"no grid: {skipped['grid']}")
 
 # %% [markdown]
-# ## 4 · Three ways, one number
-# Bytes are the *payload per device* (design.md): what one device hands to the collective.
+# ### Memory
+# Per-device memory of the row rule's programs, side by side: XLA:CPU's buffer assignment (parameters, outputs and
+# the heap-simulated peak of temporaries) and XLA:TPU's compiled memory statistics. They are not expected to match:
+# the TPU pads every array to its (8, 128) tiles and lays buffers out differently.
 
 # %%
-rec.agree("blocks.col.collective.count", "count", formula=F.col_split_collectives(),
-          ledger=len(ledger_col), hlo=cap_col.module.count("any"))
-rec.check("blocks.row.all_reduce.dtype", all(c.dtype == hlo_name(wire_dtype)
-                                             for c in cap_row.module.collectives),
-          f"predicted {wire_dtype} on {world.kind}, HLO {[c.dtype for c in cap_row.module.collectives]}")
-fr = F.row_split_all_reduce(m, n, wire_dtype)
-rec.agree("blocks.row.all_reduce.count", "count", formula=fr["count"], ledger=ledger_row.count("all_reduce"),
-          hlo=cap_row.module.count("all-reduce"))
-rec.agree("blocks.row.all_reduce.bytes", "bytes", formula=fr["bytes"],
-          ledger=ledger_row.payload_bytes("all_reduce") * eb // b, hlo=cap_row.module.bytes("all-reduce"))
-if num_devices >= 2:
-    fg = F.grid_all_reduce(m, n, (2, grid_cols), wire_dtype)
-    rec.agree("blocks.grid.collective.bytes", "bytes", formula=fg["bytes"], hlo=cap_grid.module.bytes("any"))
-for name, cap in (("col", cap_col), ("row", cap_row)):
-    rec.measure(f"blocks.{name}.compile_s", cap.metrics.compile_s, "s", "metrics", kind="timing")
-rec.table("blocks.")
+from shardlab.views import memory_frame
+
+memory_frame({"cpu (buffer assignment)": compiler["row"], "tpu (compiled memory stats)": tpu["row"]})
 
 # %% [markdown]
-# The ledger runs in float32, so its bytes are scaled by the element size of the HLO's collective: the *count of
-# elements* is what the per-rank code decides; the element size is a property of the tensors.
-#
-# **bfloat16 on the CPU.** Run this notebook with `dtype="bfloat16"` and the all-reduce still carries f32: XLA:CPU
-# has no bf16 arithmetic, so its float-normalization pass computes the dot in f32 and all-reduces the f32 partial
-# sums (`to_apply=%add.clone_promoted` in the HLO), converting back to bf16 afterwards. On a TPU the same program
-# reduces in bf16 and moves half the bytes. The formula takes the element type the platform reduces in
-# (`reduction_dtype`), and the notebook checks that prediction against the dtype printed in the HLO.
-#
+# ## 6 · What element type the partial sums travel in
+# The tables above compare what the views agree on. One thing they legitimately do not: with `dtype="bfloat16"`,
+# XLA:CPU has no bf16 arithmetic, so its float-normalization pass computes the dot in f32 and all-reduces the f32
+# partial sums (`to_apply=%add.clone_promoted` in the HLO), converting back to bf16 afterwards — twice the bytes.
+# The TPU adds bf16 partial sums in bf16. The formula takes the device kind (`reduction_dtype(dtype, kind)`) and
+# predicts each compiler's element type and bytes; this table checks each compiler against its own prediction
+# (in float32 both columns say f32).
+
+# %%
+from shardlab.formulas.common import reduction_dtype
+
+carried = [record(rec, "blocks.carried", bv.carried(c), bv.on_device(compiler[r], world.kind, c.phase),
+                  bv.on_device(tpu[r], "tpu", c.phase))
+           for r, c in configs.items() if r != "column"]
+print(f"dtype={p.dtype}: XLA:CPU adds in {reduction_dtype(p.dtype, 'cpu')}, "
+      f"the TPU in {reduction_dtype(p.dtype, 'tpu')}")
+pd.concat(carried, ignore_index=True)
+
+# %% [markdown]
 # **Interpretation.** The column rule is free because nothing is summed; the row rule pays one all-reduce of the
 # *output* size, independent of k. That is why Megatron pairs them (notebook 02): a column-parallel layer leaves
 # its output split by columns, which is exactly the row-parallel layer's input split — one all-reduce per pair.
+# The ledger's per-rank code, the CPU partitioner and the TPU compiler all arrive at the same single collective
+# from the same annotations; only the element type the sum travels in depends on the hardware.
 
 # %% [markdown]
 # ## Exercises
-# 1. With m = 16, n = 32 in float32, how many bytes does each device hand to the row rule's all-reduce?
-# 2. On the 2-D mesh (2, 4), how large is each replica group, and how many groups are there?
-# 3. Why does the column rule need no collective even though x is used by every device?
+# Write your answer into the variable and run the cell: the grader says right or gives a hint.
 #
-# <details><summary>Answers (asserted below)</summary>
+# 1. With m = 16, n = 32 in float32 and p = 4, how many bytes does each device hand to the row rule's all-reduce?
+# 2. On the 2-D grid (2, 4) of 8 devices, how large is each group of devices that adds partial sums, and how many
+#    groups are there? Answer `[group size, groups]`.
+# 3. The row rule with m = 16, n = 32, p = 4 in bfloat16: bytes per device in the all-reduce on XLA:CPU and on the
+#    TPU? Answer `[cpu, tpu]`.
+# 4. In the grid on a 4-device mesh `(r 2, c 2)` (devices 0–3), W is annotated `("c", None)`. Write the sharding
+#    string XLA prints for W.
+# 5. Predict it, then check the HLO: how many collectives does the compiler emit for the column rule when W's
+#    columns split evenly over the p devices? (The grader compiles such a product at this notebook's p and counts.)
+
+# %%
+from shardlab.exercises import Exercises
+
+ex = Exercises(p.NOTEBOOK, rec, p.answers)
+answer_1 = None  # bytes
+answer_2 = None  # [group size, groups]
+answer_3 = None  # [cpu bytes, tpu bytes]
+answer_4 = None  # a string like "{devices=[...]...}"
+answer_5 = None  # a count
+for i, a in enumerate((answer_1, answer_2, answer_3, answer_4), start=1):
+    ex.show(i, a)
+even = bv.BlockConfig("column", 8, max(8, p.parts), 4 * p.parts, p.parts, seed=p.seed)  # W's columns split evenly
+col_count = bv.measured("col.collective.count", bv.tpu(even), bv.compiler(even))
+if col_count is None:  # both compiler views skipped (e.g. an odd p that neither this world nor a TPU slice has)
+    print("exercise 5 is graded against a compiler's program, and no compiler view ran here: "
+          f"{compiler['column'].skipped}; {tpu['column'].skipped}")
+else:
+    ex.show(5, answer_5, count=col_count)
+
+# %% [markdown]
+# <details><summary>Why (open after trying)</summary>
 #
-# 1. 16·32·4 = 2048 bytes. 2. Groups of 4 devices (the `c` axis), 2 groups. 3. x is replicated: every device
-#    already has all of it, and each output column block depends only on its own W block.
+# 1. Each device holds a full m × n partial sum: 16 · 32 · 4 bytes. k and p do not appear.
+# 2. Partial sums exist only along the axis that splits k (`c`, 4 devices); each of the 2 row blocks of x has its
+#    own group.
+# 3. XLA:CPU promotes the bf16 partial sums to f32 (4 bytes each), the TPU keeps bf16 (2 bytes).
+# 4. Rows of W cut in 2 by `c`, columns not cut, and the `r` axis (2 devices) holds copies: `[2,1,2]` with
+#    `last_tile_dim_replicate`. The ids in `(c, r)` order from the mesh `[[0,1],[2,3]]`: 0,2 then 1,3.
+# 5. None: x is replicated — every device already has all of it — and each output column block depends only on
+#    its own W block.
 # </details>
 
 # %%
-assert F.row_split_all_reduce(16, 32, "float32")["bytes"] == 16 * 32 * 4 == 2048
-assert F.grid_all_reduce(16, 32, (2, 4))["group_size"] == 4
-if num_devices == 8:
-    assert len(cap_grid.module.collectives[0].replica_groups) == 2
 rec.close()["status"]

@@ -7,7 +7,11 @@ The ``libtpu`` wheel contains the TPU compiler; JAX can describe a TPU slice we 
 notebook builds on its CPU device world (torch_xla under SPMD, shardings annotated, *not* synced) is lowered to
 the pre-partitioning HLO proto with its shardings (``torch_xla._XLAC._get_xla_tensors_hlo_proto``) and compiled
 for the topology exactly like torch_xla would on a TPU: GSPMD partitioning, sharding propagation allowed to the
-parameters and the outputs (without output propagation the program all-gathers every unannotated output).
+outputs (as torch_xla does; without it the program all-gathers every unannotated output) and to the parameters
+that carry no sharding (placeholders annotated through ``placeholder * 1``). A parameter the graph annotated keeps
+its sharding, as device data does under torch_xla: allowed to propagate, XLA:TPU replaced the annotated sharding of
+an unevenly split operand by a replicated one (measured: x[6, 30] @ W[30, 10] split over k in 4 compiled to no
+all-reduce at all, with both parameters replicated).
 Nothing executes, and the outputs are never synced (graphs over placeholders crash when executed).
 
 What comes back (:class:`TpuCompile`): the per-chip program after every TPU pass (HLO text, parsed with
@@ -248,7 +252,8 @@ def _compile_proto(proto: bytes, topo: Topology, disable_passes: tuple[str, ...]
     # torch_xla proto: it silently compiles a replicated program (measured: no collectives, full weights).
     build.use_shardy_partitioner = False
     # Vector sizes must be 1 or exactly the counts, or XLA aborts the process (CHECK failure).
-    build.allow_spmd_sharding_propagation_to_parameters = [True] * len(shape.parameter_shapes())
+    build.allow_spmd_sharding_propagation_to_parameters = _unannotated_parameters(
+        b.XlaComputation(proto).as_hlo_text(), len(shape.parameter_shapes()))
     build.allow_spmd_sharding_propagation_to_output = [True] * n_out
     if disable_passes:
         build.debug_options.xla_disable_hlo_passes = ",".join(disable_passes)
@@ -256,6 +261,8 @@ def _compile_proto(proto: bytes, topo: Topology, disable_passes: tuple[str, ...]
         build.use_auto_spmd_partitioning = True
         build.auto_spmd_partitioning_mesh_shape = list(auto_spmd_mesh)
         build.auto_spmd_partitioning_mesh_ids = list(range(topo.chips))
+        # the solver chooses every input's sharding too (with xla_tpu_auto_spmd_remove_all_user_shardings)
+        build.allow_spmd_sharding_propagation_to_parameters = [True] * len(shape.parameter_shapes())
     module = b.hlo_to_stablehlo(proto)
     with quiet_libtpu(), _quiet_stdout(bool(auto_spmd_mesh)):
         return devices[0].client.compile(module, executable_devices=b.DeviceList(devices), compile_options=opts)
@@ -277,6 +284,26 @@ def _quiet_stdout(active: bool) -> Iterator[None]:
         finally:
             os.dup2(saved, 1)
             os.close(saved)
+
+
+_PARAMETER = re.compile(r"=\s*\S+\s+parameter\((\d+)\)(.*)$")
+
+
+def _unannotated_parameters(entry_text: str, count: int) -> list[bool]:
+    r"""Per entry parameter: True when the graph gave it no sharding (XLA may then choose one), False when it did.
+
+    >>> _unannotated_parameters("ENTRY e {\n p1 = f32[4] parameter(1), sharding={replicated}\n"
+    ...                         " p0 = f32[4] parameter(0)\n}", 2)
+    [True, False]
+    """
+    allow = [True] * count
+    entry = entry_text[entry_text.index("ENTRY"):] if "ENTRY" in entry_text else entry_text
+    body = entry.split("\n}", 1)[0]
+    for line in body.splitlines():
+        m = _PARAMETER.search(line)
+        if m and int(m.group(1)) < count and "sharding=" in m.group(2):
+            allow[int(m.group(1))] = False
+    return allow
 
 
 def _cost(exe: Any) -> dict[str, float]:

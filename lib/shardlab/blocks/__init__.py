@@ -1,4 +1,9 @@
-"""Block matrix partitioning: the algebra every sharding scheme is built from.
+"""Block matrix partitioning: the algebra every sharding scheme is built from (notebooks 00 and 01).
+
+The package: this module is the algebra (pure torch, no devices); :mod:`shardlab.blocks.views` answers "what does
+this split communicate" four ways (formula, ledger, CPU compiler, TPU compiler); :mod:`shardlab.blocks.ring`
+runs the ring schedule of the collectives step by step; :mod:`shardlab.blocks.tiles` predicts and reads XLA's
+sharding strings (which device holds which block).
 
 Notation (00_welcome): x is m×k, W is k×n, Y = xW; ``A[I_X, J_Y]`` means A's rows split over mesh axis X
 and columns over Y; ``{U_X}`` marks a partial sum still to be reduced over X.
