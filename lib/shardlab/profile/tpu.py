@@ -7,7 +7,8 @@ The ``libtpu`` wheel contains the TPU compiler; JAX can describe a TPU slice we 
 notebook builds on its CPU device world (torch_xla under SPMD, shardings annotated, *not* synced) is lowered to
 the pre-partitioning HLO proto with its shardings (``torch_xla._XLAC._get_xla_tensors_hlo_proto``) and compiled
 for the topology exactly like torch_xla would on a TPU: GSPMD partitioning, sharding propagation allowed to the
-parameters and the outputs (without output propagation the program all-gathers every unannotated output).
+outputs (without it the program all-gathers every unannotated output) and to the parameters the graph left
+without a sharding (placeholders) — never to a parameter torch_xla already laid out (:func:`parameter_propagation`).
 Nothing executes, and the outputs are never synced (graphs over placeholders crash when executed).
 
 What comes back (:class:`TpuCompile`): the per-chip program after every TPU pass (HLO text, parsed with
@@ -227,6 +228,31 @@ def _device_list(name: str) -> tuple[Any, ...]:
     return devices
 
 
+_PARAMETER_RE = re.compile(r"=\s*\S+\s+parameter\((\d+)\)(.*)$")
+
+
+def parameter_propagation(hlo_text: str, count: int) -> list[bool]:
+    r"""Per entry parameter: may the partitioner choose its sharding? Only when the graph gave it none.
+
+    torch_xla gives every device-data parameter a sharding (``{replicated}`` when unannotated): on a TPU the data
+    is already laid out that way, so the compiled program must keep it. Allowing propagation there let the
+    compiler replace a parameter's sharding (measured: vocab-sharded logits became a replicated argument, and the
+    gathered cross-entropy's all-gather disappeared). Placeholders (``create_placeholder_tensor``) carry no
+    sharding and take the one their users imply.
+
+    >>> parameter_propagation('ENTRY %m {\n  %p0 = f32[4]{0} parameter(0), sharding={replicated}\n'
+    ...                       '  %p1 = f32[4]{0} parameter(1)\n}', 2)
+    [False, True]
+    """
+    entry = hlo_text[hlo_text.find("ENTRY"):] if "ENTRY" in hlo_text else hlo_text
+    sharded: dict[int, bool] = {}
+    for line in entry.splitlines():
+        m = _PARAMETER_RE.search(line)
+        if m:
+            sharded[int(m.group(1))] = "sharding=" in m.group(2)
+    return [not sharded.get(i, False) for i in range(count)]
+
+
 def _compile_proto(proto: bytes, topo: Topology, disable_passes: tuple[str, ...],
                    debug_options: Mapping[str, Any]) -> Any:
     """Compile a pre-partitioning HLO proto for ``topo``; returns the compile-only executable."""
@@ -234,7 +260,8 @@ def _compile_proto(proto: bytes, topo: Topology, disable_passes: tuple[str, ...]
 
     b = _backend()
     devices = _device_list(topo.name)
-    shape = b.XlaComputation(proto).program_shape()
+    computation = b.XlaComputation(proto)
+    shape = computation.program_shape()
     result = shape.result_shape()
     n_out = len(result.tuple_shapes()) if result.is_tuple() else 1
     opts = b.get_compile_options(
@@ -247,7 +274,8 @@ def _compile_proto(proto: bytes, topo: Topology, disable_passes: tuple[str, ...]
     # torch_xla proto: it silently compiles a replicated program (measured: no collectives, full weights).
     build.use_shardy_partitioner = False
     # Vector sizes must be 1 or exactly the counts, or XLA aborts the process (CHECK failure).
-    build.allow_spmd_sharding_propagation_to_parameters = [True] * len(shape.parameter_shapes())
+    build.allow_spmd_sharding_propagation_to_parameters = parameter_propagation(
+        computation.as_hlo_text(), len(shape.parameter_shapes()))
     build.allow_spmd_sharding_propagation_to_output = [True] * n_out
     if disable_passes:
         build.debug_options.xla_disable_hlo_passes = ",".join(disable_passes)
