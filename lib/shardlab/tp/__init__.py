@@ -1,7 +1,7 @@
 """shardlab.tp — Megatron tensor parallelism written per rank over a `shardlab.comm.Comm`.
 
 mappings       f, g (and gather / scatter, the sequence-parallel pair g_sp, gbar_sp) as autograd functions
-layers         ColumnParallelLinear, RowParallelLinear, ParallelMLP, ParallelAttention,
+layers         ColumnParallelLinear, RowParallelLinear, ParallelMLP, ParallelAttention, ParallelTransformerBlock,
                VocabParallelEmbedding, vocab_range — each with `from_dense(module, comm)`
 cross_entropy  vocab_parallel_cross_entropy (b*s all-reduces) and the gathered-logits baseline
 programs       per-rank step functions runnable in SimulatedWorld and DistributedWorld
@@ -14,6 +14,7 @@ from shardlab.tp.layers import (
     ColumnParallelLinear,
     ParallelAttention,
     ParallelMLP,
+    ParallelTransformerBlock,
     RowParallelLinear,
     VocabParallelEmbedding,
     divide,
@@ -36,6 +37,7 @@ __all__ = [
     "ColumnParallelLinear",
     "ParallelAttention",
     "ParallelMLP",
+    "ParallelTransformerBlock",
     "RowParallelLinear",
     "VocabParallelEmbedding",
     "copy_to_tp_region",
