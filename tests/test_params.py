@@ -45,6 +45,8 @@ def test_from_namespace_reads_every_field_and_rejects_a_missing_one():
     (VocabParams, {"tp": 1}, "tp=1 communicates nothing"),
     (VocabParams, {"vocab": 4}, "vocab=4 is smaller than tp=8"),
     (VocabParams, {"label_smoothing": 1.5}, "label_smoothing=1.5 is not a number in"),
+    (VocabParams, {"memory_tokens": -1}, "memory_tokens=-1 must be an int >= 0"),
+    (AttentionParams, {"ffn": 30}, "ffn=30 is not divisible by tp=4"),
 ])
 def test_rules_name_the_parameter(cls, change, words):
     with pytest.raises(ValueError, match=words.replace("[", r"\[").replace("(", r"\(")):

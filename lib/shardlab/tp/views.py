@@ -10,17 +10,34 @@ so every view computes the same step from the same numbers::
     compiler(cfg)   the dense module with mark_sharding on the CPU devices; the HLO of XLA's partitioner
     tpu(cfg)        the same graph compiled by XLA:TPU for a TPU topology (compile-only)
 
-Each returns a :class:`shardlab.views.View` whose values are named ``<phase>.<op>.{count,bytes,elements}``
-(``phase`` = ``fwd`` or ``fwd_bwd``). The compiler view runs on a mesh (data = n / tp, tensor = tp) over the
+Configurations (the views dispatch on the type):
+
+    MlpConfig               Z = gelu(X A) B, A column-, B row-parallel (notebook 02)
+    AttentionConfig         heads split; fused QKV column-parallel, output row-parallel (notebook 03)
+    TransformerLayerConfig  pre-LayerNorm layer: attention + MLP, LayerNorms replicated (notebook 03)
+    EmbeddingConfig         vocab rows split by `vocab_range` (uneven V allowed) (notebook 04)
+    CrossEntropyConfig      vocab-sharded logits; "vocab_parallel" reductions or "gather" (notebook 04)
+
+Each view returns a :class:`shardlab.views.View` whose values are named ``<phase>.<op>.{count,bytes,elements}``
+(``phase`` = ``fwd`` or ``fwd_bwd``); the cross-entropy's are ``<key>.{count,bytes,elements,wire_bytes,
+largest_array.elements}`` with ``key`` = vocab_parallel / gather_logits (+ ``_smoothing``), and
+:func:`ce_table_views` adds the two ratios gathered / vocab-parallel (``saving_ratio``: wire bytes per rank,
+``payload_ratio``: payload per rank). The compiler view runs on a mesh (data = n / tp, tensor = tp) over the
 process's n devices and is skipped (with the reason) when tp does not tile them; the TPU view compiles the
 same mesh for an n-chip topology, or — when the process has fewer devices than tp — a (1, tp) mesh for a
 tp-chip topology in a helper process (``shardlab.profile.tpu.compile_program``). Parity with the dense
-oracle is part of the ledger and compiler views (``View.checks``).
+oracle is part of the ledger and compiler views (``View.checks``); so are structural invariants of the compiled
+programs (:func:`program_extras`: collectives within tp groups, nothing sharded gathered, attention scores
+of local heads only) and, for attention, how many [b, nh/p, s, s] arrays each compiler writes — a fusion
+decision recorded but never compared (``View.differs``).
 
 Example::
 
     cfg = MlpConfig(tp=4, batch=2, seq=8, hidden=64, ffn=256)
     record(rec, "mlp", formula(cfg), ledger(cfg), compiler(cfg), tpu(cfg))
+    vp, ga = (CrossEntropyConfig(8, 1, 8, 50257, method=m) for m in CE_METHODS)
+    views = {c.key: [formula(c), ledger(c), compiler(c), tpu(c)] for c in (vp, ga)}
+    record(rec, "ce", *ce_table_views(views["vocab_parallel"], views["gather_logits"], 50257, 8))
 """
 
 from __future__ import annotations
