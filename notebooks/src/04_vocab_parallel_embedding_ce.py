@@ -206,7 +206,7 @@ fig.show()
 # ## 7 · Memory: the gathered logits
 # Per device, the vocab-parallel loss never holds more than its logits shard [b, s, ⌈V/p⌉] (the
 # `largest_array` rows above: the gradient shard); the gathered loss holds the padded [b, s, p⌈V/p⌉] — p times
-# more, and at b·s = 8192 tokens of Llama 3 in bf16 already 2 GB per device. The compiled programs' memory:
+# more, gigabytes per device for a Llama-3-sized vocabulary and batch (exercise 3). The compiled programs' memory:
 
 # %%
 from shardlab.views import memory_frame
