@@ -764,8 +764,11 @@ def _(cfg: CrossEntropyConfig) -> list[torch.Tensor]:
     if not cfg.backward:
         return [loss]
     loss.sum().backward()
+    # Returned padded to [b, s, p ceil(V/p)] (even shards): measured with libtpu 0.0.21, XLA:TPU returns an
+    # UNEVENLY sharded output replicated — an all-gather of the gradient that no training step would issue (the
+    # gradient feeds the output layer's backward, it is not a program output); XLA:CPU keeps it sharded.
     pad = cfg.tp * ftp.shard_width(cfg.vocab, cfg.tp) - cfg.vocab
-    grad = F.pad(leaf.grad, (0, pad)) if pad else leaf.grad  # [b, s, p ceil(V/p)]: even shards
+    grad = F.pad(leaf.grad, (0, pad)) if pad else leaf.grad
     xs.mark_sharding(grad, mesh, spec)  # the gradient stays a vocab shard, like the logits it belongs to
     return [loss, grad]
 
