@@ -148,8 +148,8 @@ display(record(rec, "embedding", tpv.formula(emb), emb_ledger["fwd"], *emb_compi
 record(rec, "embedding", tpv.formula(emb_fb), emb_ledger["fwd_bwd"])
 
 # %% [markdown]
-# The loss, both methods side by side (`largest_array.elements`: the largest array each device holds — the
-# logits shard, or the gathered logits), and the ratios gathered / vocab-parallel in both conventions. The
+# The loss, both methods side by side (`largest_array.elements`: the largest array each compiled program writes
+# per device — the logits shard, or the gathered logits), and the ratios gathered / vocab-parallel in both conventions. The
 # measured ratios come from elements, so they hold for bf16 too (XLA:CPU all-reduces 16-bit floats in f32).
 
 # %%
@@ -164,10 +164,10 @@ record(rec, "ce", *tpv.ce_table_views(views["vocab_parallel"], views["gather_log
 #
 # **CPU vs TPU.** XLA:TPU issues the target-logit and sum-of-exponentials all-reduces as **one** tuple
 # all-reduce (count 2, operands 3): the all-reduce combiner merges the two independent sums, while the max stays
-# alone — it is another reduction (max, not sum) and both sums need its result. XLA:CPU has no combiner. For
-# the gathered loss, XLA:CPU partitions the backward of `F.cross_entropy` along the vocabulary (the gradient is
-# annotated vocab-sharded) and adds a few [b, s] all-reduces there (the note above); the TPU program does not.
-# Neither changes the lesson: the logits stay put, or they all move.
+# alone — it is another reduction (max, not sum) and both sums need its result. XLA:CPU has no combiner. Any
+# collective a program issues beyond its method's own is listed in a note above the table: XLA:CPU partitions the
+# backward of the gathered `F.cross_entropy` along the vocabulary (the gradient is annotated vocab-sharded) and
+# adds a few [b, s] all-reduces there. Neither changes the lesson: the logits stay put, or they all move.
 #
 # ### Label smoothing
 # One more all-reduce (the sum of the logits) for the vocab-parallel loss; the gathered loss moves the same shard.
@@ -185,8 +185,8 @@ else:
 
 # %% [markdown]
 # ## 6 · The saving as the vocabulary grows
-# Both conventions per tp (solid: wire, dashed: payload). The wire lines lie on top of each other — the saving
-# does not depend on tp — while the payload lines drop by 2× per doubling of tp. Ledger points (small b·s, the
+# Both conventions per tp (solid: wire, dashed: payload). The wire lines nearly coincide — the saving does not
+# depend on tp (only the padding of p⌈V/p⌉ does) — while the payload lines drop by 2× per doubling of tp. Ledger points (small b·s, the
 # notebook's tp) sit on the wire line.
 
 # %%
