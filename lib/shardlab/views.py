@@ -17,7 +17,10 @@ while a comparable value (elements instead of bytes, operands instead of ops) is
 
 :func:`record` writes every value of every view into the notebook's record (one row per source, the
 measurement names the report and the baselines use) and checks, per name, that every view that has it and
-does not list it in ``differs`` agrees — exactly, since these are structural numbers.
+does not list it in ``differs`` agrees — exactly, since these are structural numbers. :func:`merge` joins
+several views of one source into one table column (two programs compared side by side), :meth:`View.renamed`
+gives values the names a notebook already records, and :func:`record_compile_s` records the compile seconds
+behind the compiler views (timing, never compared).
 
 Example::
 
