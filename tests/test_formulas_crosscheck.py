@@ -7,11 +7,12 @@ measurement must be equal, not close. A notebook whose source has not landed yet
 
     notebook                 formula                                   measured by
     02 Megatron MLP          tp.mlp_all_reduce (fwd, fwd+bwd)          HLO of tp.gspmd.shard_mlp
-    03 Megatron attention    tp.attention_all_reduce                   HLO of tp.gspmd.shard_attention
-    03 (transformer layer)   planner TP layer term = tp.transformer_   HLO of a sharded models.TransformerBlock
+    03 Megatron attention    tp.attention_all_reduce                   tp.views.compiler(AttentionConfig)
+    03 (transformer layer)   planner TP layer term = tp.transformer_   tp.views.compiler(TransformerLayerConfig)
                              layer_all_reduce
-    04 embedding + CE        tp.embedding_all_reduce,                  HLO of shard_embedding / vocab_parallel_ce
-                             tp.vocab_parallel_ce
+    04 embedding + CE        tp.embedding_all_reduce,                  tp.views.compiler(EmbeddingConfig /
+                             tp.vocab_parallel_ce, tp.gathered_logits,   CrossEntropyConfig), the notebook's
+                             tp.ce_logits_bytes                          own views
     05 FSDP flat params      fsdp.flat_step_comm, zero.padded_numel,   ledger of fsdp.train.fsdp_rank_program;
                              memory.model_state_bytes (stage 3 + pad)  the unit's persistent tensor bytes
     05 (sizes)               zero.zero_comm stage 0 (DP all-reduce)    HLO of a batch-sharded MLP
@@ -21,6 +22,7 @@ measurement must be equal, not close. A notebook whose source has not landed yet
 from __future__ import annotations
 
 import ast
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +57,7 @@ def test_defaults_parser_reads_the_parameters_cell():
 
 
 # --------------------------------------------------------------------------------------------- TP (02-04)
-def _tp_setup(xla_world: Any, p: dict[str, Any]) -> tuple[Any, Any, Any]:
+def _tp_setup(xla_world: Any, p: dict[str, Any]) -> tuple[Any, Any, Any]:  # 02 (the exemplar's own test)
     import torch
 
     from shardlab import runtime
@@ -87,73 +89,79 @@ def test_02_mlp_all_reduces_vs_hlo(xla_world):
         assert all(c.group_size == p["tp"] for c in m.collectives)
 
 
+def _tp_params(stem: str) -> Any:
+    """The notebook's parameter dataclass at its defaults (read from its parameters cell)."""
+    from shardlab.params import NOTEBOOK_PARAMS
+
+    cls = NOTEBOOK_PARAMS[stem]
+    d = notebook_defaults(stem)
+    return cls(**{k: v for k, v in d.items() if k in {f.name for f in dataclasses.fields(cls)}}).validate()
+
+
+def _hlo_view(view: Any) -> Any:
+    if not view.ran:
+        pytest.skip(f"compiler view skipped: {view.skipped}")
+    bad = {n: d for n, (ok, d) in view.checks.items() if not ok}
+    assert not bad, bad
+    return view
+
+
 @pytest.mark.xla
 def test_03_transformer_layer_planner_term_vs_hlo(xla_world):
-    from shardlab import models
     from shardlab import planner as P
-    from shardlab.profile import capture_hlo
-    from shardlab.tp import gspmd
+    from shardlab.tp import views as tpv
 
-    p = notebook_defaults("03_megatron_attention")  # its transformer-layer section
-    torch, dev, mesh = _tp_setup(xla_world, p)
-    b, s, h, a, f, t = p["batch"], p["seq"], p["hidden"], p["heads"], p["ffn"], p["tp"]
-    cfg = P.ModelConfig("xcheck", layers=1, hidden=h, ffn=f, heads=a, kv_heads=a, vocab=p["vocab"], gated_mlp=False)
-    dt = getattr(torch, p["dtype"])
+    p = _tp_params("03_megatron_attention")  # its transformer-layer section
+    b, s, h, a, f, t = p.batch, p.seq, p.hidden, p.heads, p.ffn, p.tp
+    cfg = P.ModelConfig("xcheck", layers=1, hidden=h, ffn=f, heads=a, kv_heads=a, vocab=1000, gated_mlp=False)
     plan = P.plan(P.PlanConfig(cfg, f"v5e-{t}", data=1, fsdp=1, tensor=t, global_batch=b, seq=s, recompute="none",
-                               act_dtype=p["dtype"]))
+                               act_dtype=p.dtype))
     term = next(x for x in plan.comm if x.what.startswith("layer all-reduces"))
     assert (term.count, term.count * term.payload_bytes) == tuple(
-        ftp.transformer_layer_all_reduce(b, s, h, t, p["dtype"]).values())
-    torch.manual_seed(p["seed"])
-    blk = models.TransformerBlock(h, a, f).to(dt).to(dev)
-    gspmd.shard_attention(blk.attn, mesh)
-    gspmd.shard_mlp(blk.mlp, mesh)
-    x, g = torch.randn(b, s, h, dtype=dt).to(dev), torch.randn(b, s, h, dtype=dt).to(dev)
-    m = capture_hlo(gspmd.step, blk, x, g).module
-    assert m.count("all-reduce") == term.count
-    assert m.bytes("all-reduce") == term.count * term.payload_bytes
+        ftp.transformer_layer_all_reduce(b, s, h, t, p.dtype).values())
+    view = _hlo_view(tpv.compiler(tpv.TransformerLayerConfig.from_params(p)))  # the notebook's own view
+    m = view.detail.module
+    assert view["fwd_bwd.all_reduce.count"] == m.count("all-reduce") == term.count
+    assert view["fwd_bwd.all_reduce.bytes"] == term.count * term.payload_bytes
     hlo_wire = sum(wire_bytes("all-reduce", c.operand_bytes, c.group_size) for c in m.collectives)
     assert hlo_wire == pytest.approx(term.wire_bytes, rel=1e-12)
 
 
 @pytest.mark.xla
 def test_03_attention_all_reduces_vs_hlo(xla_world):
-    from shardlab import models
-    from shardlab.profile import capture_hlo
-    from shardlab.tp import gspmd
+    from shardlab.tp import views as tpv
 
-    p = notebook_defaults("03_megatron_attention")
-    torch, dev, mesh = _tp_setup(xla_world, p)
-    torch.manual_seed(p.get("seed", 0))
-    dt = getattr(torch, p["dtype"])
-    attn = gspmd.shard_attention(models.Attention(p["hidden"], p["heads"]).to(dt).to(dev), mesh)
-    x = torch.randn(p["batch"], p["seq"], p["hidden"], dtype=dt).to(dev)
-    g = torch.randn(p["batch"], p["seq"], p["hidden"], dtype=dt).to(dev)
-    m = capture_hlo(gspmd.step, attn, x, g).module
-    f = ftp.attention_all_reduce(p["batch"], p["seq"], p["hidden"], p["tp"], p["dtype"], backward=True)
-    assert (m.count("all-reduce"), m.bytes("all-reduce")) == (f["count"], f["bytes"])
+    p = _tp_params("03_megatron_attention")
+    for backward in (False, True):
+        view = _hlo_view(tpv.compiler(tpv.AttentionConfig.from_params(p, backward=backward)))
+        f = ftp.attention_all_reduce(p.batch, p.seq, p.hidden, p.tp, p.dtype, backward=backward)
+        ph = "fwd_bwd" if backward else "fwd"
+        assert (view[f"{ph}.all_reduce.count"], view[f"{ph}.all_reduce.bytes"]) == (f["count"], f["bytes"])
+        m = view.detail.module  # and straight from the parsed module
+        assert (m.count("all-reduce"), m.bytes("all-reduce")) == (f["count"], f["bytes"])
 
 
 @pytest.mark.xla
 def test_04_embedding_and_vocab_parallel_ce_vs_hlo(xla_world):
-    from shardlab import models
-    from shardlab.profile import capture_hlo
-    from shardlab.tp import gspmd
+    from shardlab.tp import views as tpv
 
-    p = notebook_defaults("04_vocab_parallel_embedding_ce")
-    torch, dev, mesh = _tp_setup(xla_world, p)
-    b, s, h, V, t = p["batch"], p["seq"], p["hidden"], p["vocab"], p["tp"]
-    torch.manual_seed(p.get("seed", 0))
-    emb = gspmd.shard_embedding(models.Embedding(V, h).to(dev), mesh)
-    ids = torch.randint(0, V, (b, s)).to(dev)
-    m = capture_hlo(lambda: emb(ids)).module  # forward: one all-reduce of [b, s, h]
-    f = ftp.embedding_all_reduce(b, s, h, t, "float32")
-    assert (m.count("all-reduce"), m.bytes("all-reduce")) == (f["count"], f["bytes"])
-    logits = gspmd.shard_logits(torch.randn(b, s, V).to(dev), mesh)  # [b, s, V/t] per device
-    target = torch.randint(0, V, (b, s)).to(dev)
-    m = capture_hlo(lambda: gspmd.vocab_parallel_ce(logits, target)).module
-    f = ftp.vocab_parallel_ce(b, s, t, "float32")
-    assert (m.count("all-reduce"), m.bytes("all-reduce")) == (f["count"], f["bytes"])
+    p = _tp_params("04_vocab_parallel_embedding_ce")
+    b, s, h, V, t = p.batch, p.seq, p.hidden, p.vocab, p.tp
+    emb = _hlo_view(tpv.compiler(tpv.EmbeddingConfig.from_params(p)))  # forward: one all-reduce of [b, s, h]
+    f = ftp.embedding_all_reduce(b, s, h, t, p.dtype)
+    assert (emb.detail.module.count("all-reduce"), emb.detail.module.bytes("all-reduce")) == (f["count"], f["bytes"])
+    vp = _hlo_view(tpv.compiler(tpv.CrossEntropyConfig.from_params(p, method="vocab_parallel")))
+    f = ftp.vocab_parallel_ce(b, s, t, p.dtype)
+    assert (vp.detail.module.count("all-reduce"), vp.detail.module.bytes("all-reduce")) == (f["count"], f["bytes"])
+    ga = _hlo_view(tpv.compiler(tpv.CrossEntropyConfig.from_params(p, method="gather")))
+    f = ftp.gathered_logits(b, s, V, t, p.dtype)
+    assert (ga.detail.module.count("all-gather"), ga.detail.module.bytes("all-gather")) == (f["count"], f["bytes"])
+    hlo_wire = sum(wire_bytes("all-gather", c.operand_bytes, c.group_size) for c in ga.detail.module.collectives
+                   if c.op == "all-gather")
+    assert hlo_wire == pytest.approx(f["wire_bytes"], rel=1e-12)
+    mem = ftp.ce_logits_bytes(b, s, V, t, p.dtype)  # the largest array of each program, in elements
+    assert vp["vocab_parallel.largest_array.elements"] * dtype_bytes(p.dtype) == mem["vocab_parallel"]
+    assert ga["gather_logits.largest_array.elements"] * dtype_bytes(p.dtype) == mem["gathered"]
 
 
 # --------------------------------------------------------------------------------------------- FSDP (05)

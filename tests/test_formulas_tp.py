@@ -41,13 +41,42 @@ def test_sequence_parallel_wire_bytes_are_all_reduce_plus_one_regather() -> None
 
 def test_embedding_and_cross_entropy() -> None:
     assert ftp.embedding_all_reduce(b, s, h, 4) == {"count": 1, "bytes": b * s * h * 4}
-    assert ftp.vocab_parallel_ce(b, s, 8) == {"count": 3, "bytes": 3 * b * s * 4}
-    assert ftp.vocab_parallel_ce(b, s, 8, label_smoothing=0.1) == {"count": 4, "bytes": 4 * b * s * 4}
+    # 3 all-reduces of [b, s] f32; ring wire of each = 2 (p-1)/p of its payload = 2 * 7/8 at p = 8
+    assert ftp.vocab_parallel_ce(b, s, 8) == {"count": 3, "bytes": 3 * b * s * 4, "wire_bytes": 3 * b * s * 4 * 1.75}
+    assert ftp.vocab_parallel_ce(b, s, 8, label_smoothing=0.1)["count"] == 4
+    assert ftp.vocab_parallel_ce(b, s, 8, label_smoothing=0.1)["bytes"] == 4 * b * s * 4
     assert ftp.shard_width(V, 8) == 6283  # 50257 = 8 * 6282 + 1 -> the largest shard has 6283 rows
-    assert ftp.gathered_logits(b, s, V, 8) == {"count": 1, "bytes": b * s * 6283 * 4}
-    assert ftp.ce_saving_ratio(V, 8) == pytest.approx(6283 / 3)
-    assert ftp.ce_saving_ratio(V, 8, 0.1) == pytest.approx(6283 / 4)
-    with pytest.raises(ValueError, match="tp=1"):
-        ftp.ce_saving_ratio(V, 1)
+    # one all-gather: payload = this rank's padded shard; wire (ring) = p - 1 = 7 shards sent per rank
+    shard = b * s * 6283 * 4
+    assert ftp.gathered_logits(b, s, V, 8) == {"count": 1, "bytes": shard, "wire_bytes": 7 * shard}
+    assert ftp.gathered_logits(b, s, V, 1) == {"count": 0, "bytes": 0, "wire_bytes": 0.0}
     with pytest.raises(ValueError, match="batch=0"):
         ftp.vocab_parallel_ce(0, s, 8)
+    with pytest.raises(ValueError, match="label_smoothing=1.5"):
+        ftp.vocab_parallel_ce(b, s, 8, label_smoothing=1.5)
+
+
+def test_cross_entropy_ratios_in_both_conventions() -> None:
+    """Payload: one shard / the [b, s] all-reduce inputs = ceil(V/p) / 3, shrinking with p. Wire (ring): (p-1)
+    shards against 3 * 2 (p-1)/p = p ceil(V/p) / 6, about V / 6 at every p (the (p-1) cancels)."""
+    assert ftp.ce_payload_ratio(V, 8) == pytest.approx(6283 / 3)
+    assert ftp.ce_payload_ratio(V, 8, 0.1) == pytest.approx(6283 / 4)
+    assert ftp.ce_wire_ratio(V, 8) == pytest.approx(8 * 6283 / 6)
+    assert ftp.ce_wire_ratio(V, 8, 0.1) == pytest.approx(8 * 6283 / 8)
+    for p in (2, 4, 8, 64):  # the wire ratio is the ratio of the two wire terms, at any b, s, dtype
+        ga, vp = ftp.gathered_logits(b, s, V, p, "bf16"), ftp.vocab_parallel_ce(b, s, p, "bf16")
+        assert ftp.ce_wire_ratio(V, p) == pytest.approx(ga["wire_bytes"] / vp["wire_bytes"], rel=1e-12)
+        assert ftp.ce_payload_ratio(V, p) == pytest.approx(ga["bytes"] / vp["bytes"], rel=1e-12)
+        assert V / 6 <= ftp.ce_wire_ratio(V, p) < (V + p) / 6  # p ceil(V/p) is V plus < p padding
+    assert ftp.ce_wire_ratio(128256, 8) == ftp.ce_wire_ratio(128256, 64) == 128256 / 6  # 128256 = 64 * 2004
+    assert ftp.ce_payload_ratio(128256, 64) == 2004 / 3  # while the payload ratio fell 8-fold
+    with pytest.raises(ValueError, match="tp=1"):
+        ftp.ce_wire_ratio(V, 1)
+    with pytest.raises(ValueError, match="tp=1"):
+        ftp.ce_payload_ratio(V, 1)
+
+
+def test_cross_entropy_logits_memory() -> None:
+    # per device: the shard [b, s, 6283] vs the gathered, padded [b, s, 8 * 6283] (~ b s V)
+    assert ftp.ce_logits_bytes(b, s, V, 8, "bf16") == {"vocab_parallel": b * s * 6283 * 2,
+                                                       "gathered": b * s * 50264 * 2}

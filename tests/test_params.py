@@ -73,6 +73,8 @@ def test_from_namespace_reads_every_field_and_rejects_a_missing_one():
     (BlocksParams, {"n": 2}, "parts=4 is more than n=2"),
     (BlocksParams, {"m": 15}, "m=15 is odd"),
     (BlocksParams, {"dtype": "float16"}, "dtype='float16' must be one of"),
+    (VocabParams, {"memory_tokens": -1}, "memory_tokens=-1 must be an int >= 0"),
+    (AttentionParams, {"ffn": 30}, "ffn=30 is not divisible by tp=4"),
 ])
 def test_rules_name_the_parameter(cls, change, words):
     with pytest.raises(ValueError, match=words.replace("[", r"\[").replace("(", r"\(")):

@@ -81,12 +81,14 @@ def test_embedding_and_cross_entropy_hlo(xla, tp: int, vocab: int) -> None:
     want = torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids.flatten(), reduction="none").view(B, S)
     ld = gspmd.shard_logits(logits.to(dev), mesh)
     vp = capture_hlo(gspmd.vocab_parallel_ce, ld, ids.to(dev))
-    assert _all_reduces(vp.module, tp) == ftp.vocab_parallel_ce(B, S, tp)
+    f = ftp.vocab_parallel_ce(B, S, tp)
+    assert _all_reduces(vp.module, tp) == {"count": f["count"], "bytes": f["bytes"]}
     torch.testing.assert_close(vp.result.cpu(), want, rtol=1e-5, atol=1e-5)
 
     ga = capture_hlo(gspmd.gathered_ce, ld, ids.to(dev), mesh)
     ags = [c for c in ga.module.collectives if c.op == "all-gather"]
-    assert {"count": len(ags), "bytes": sum(c.operand_bytes for c in ags)} == ftp.gathered_logits(B, S, vocab, tp)
+    f = ftp.gathered_logits(B, S, vocab, tp)
+    assert {"count": len(ags), "bytes": sum(c.operand_bytes for c in ags)} == {"count": f["count"], "bytes": f["bytes"]}
     torch.testing.assert_close(ga.result.cpu(), want, rtol=1e-5, atol=1e-5)
 
 
@@ -117,3 +119,44 @@ def test_bf16_collectives_run_in_f32_on_cpu_and_are_compared_on_elements(xla) ->
         assert ar.dtype == "f32" and ar.operand_bytes == 2 * f["bytes"]
         assert rec.values("mlp.fwd.all_reduce.bytes")["hlo"] == 2 * f["bytes"]
         assert rec.values("mlp.fwd.all_reduce.elements") == dict.fromkeys(("formula", "ledger", "hlo"), B * S * H)
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_cross_entropy_spellings_with_smoothing_and_ignore_index(xla, eps: float) -> None:
+    """Both dense spellings equal torch's F.cross_entropy (global V, ignore_index -100) on vocab-sharded logits;
+    the reductions spelling all-reduces [b, s] values 3 times, 4 with smoothing (the sum of the logits)."""
+    dev, capture_hlo, gspmd = xla
+    mesh = gspmd.tensor_mesh(4)
+    torch.manual_seed(3)
+    vocab = 1003  # 251/251/251/250 over 4
+    logits, ids = torch.randn(B, S, vocab), torch.randint(0, vocab, (B, S))
+    ids[0, 1] = -100
+    want = torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids.flatten(), reduction="none",
+                                             label_smoothing=eps).view(B, S)
+    ld = gspmd.shard_logits(logits.to(dev), mesh)
+    vp = capture_hlo(gspmd.vocab_parallel_ce, ld, ids.to(dev), eps)
+    f = ftp.vocab_parallel_ce(B, S, 4, label_smoothing=eps)
+    assert _all_reduces(vp.module, 4) == {"count": f["count"], "bytes": f["bytes"]}
+    assert f["count"] == 3 + (eps > 0) and f["bytes"] == f["count"] * B * S * 4
+    torch.testing.assert_close(vp.result.cpu(), want, rtol=1e-5, atol=1e-5)
+    ga = capture_hlo(gspmd.gathered_ce, ld, ids.to(dev), mesh, eps)
+    torch.testing.assert_close(ga.result.cpu(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_transformer_block_hlo_is_two_plus_two(xla) -> None:
+    """A sharded pre-LayerNorm block: 2 + 2 all-reduces of [b, s, h] (the LayerNorms add none), output and input
+    gradient equal to the dense block's."""
+    dev, capture_hlo, gspmd = xla
+    torch.manual_seed(4)
+    dense = models.TransformerBlock(H, NH, FFN)
+    x, go = torch.randn(B, S, H), torch.randn(B, S, H)
+    xr = x.clone().requires_grad_(True)
+    out = dense(xr)
+    (out * go).sum().backward()
+    block = models.TransformerBlock(H, NH, FFN)
+    block.load_state_dict(dense.state_dict())
+    block = gspmd.shard_transformer_block(block.to(dev), gspmd.tensor_mesh(4))
+    cap = capture_hlo(gspmd.step, block, x.to(dev), go.to(dev))
+    assert _all_reduces(cap.module, 4) == ftp.transformer_layer_all_reduce(B, S, H, 4)
+    torch.testing.assert_close(cap.result[0].cpu(), out.detach(), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(cap.result[1].cpu(), xr.grad, rtol=1e-4, atol=1e-5)

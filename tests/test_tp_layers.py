@@ -17,7 +17,7 @@ from shardlab import models
 from shardlab.comm import SimulatedWorld
 from shardlab.formulas.activations import mlp_activation_bytes
 from shardlab.tp import ColumnParallelLinear, ParallelAttention, ParallelMLP, RowParallelLinear, vocab_range
-from shardlab.tp.programs import attention_step, embedding_step, mlp_step
+from shardlab.tp.programs import attention_step, embedding_step, mlp_step, transformer_layer_step
 
 B, S, H, NH, FFN = 2, 4, 8, 4, 16
 TOL = dict(rtol=1e-10, atol=1e-12)
@@ -101,6 +101,32 @@ def test_parallel_attention_matches_dense(tp: int, data) -> None:
         close(res["grads"]["qkv.bias"], torch.cat([grads[f"{n}.bias"][cols] for n in "qkv"]))
         close(res["grads"]["out.weight"], grads["out.weight"][:, cols])
         close(res["grads"]["out.bias"], grads["out.bias"])
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_parallel_transformer_block_matches_dense(tp: int, data) -> None:
+    """LayerNorm + attention + residual + LayerNorm + MLP + residual: each rank's output and input gradient equal
+    the dense block's; its attention/MLP gradients are its slices; the replicated LayerNorms' gradients are the
+    dense ones on every rank (their inputs are the full activations)."""
+    x, go = data
+    torch.manual_seed(1)
+    dense = models.TransformerBlock(H, NH, FFN).double()
+    with torch.no_grad():  # non-trivial LayerNorm parameters (defaults are ones and zeros)
+        for ln in (dense.ln1, dense.ln2):
+            ln.weight.uniform_(0.5, 1.5)
+            ln.bias.uniform_(-0.5, 0.5)
+    out, gx, grads = dense_step(dense, x, go)
+    c, f = H // tp, FFN // tp
+    for r, res in enumerate(SimulatedWorld(tp).run(transformer_layer_step, dense, x, go)):
+        close(res["out"], out)
+        close(res["grad_x"], gx)
+        cols = slice(r * c, (r + 1) * c)
+        close(res["grads"]["attn.qkv.weight"], torch.cat([grads[f"attn.{n}.weight"][cols] for n in "qkv"]))
+        close(res["grads"]["attn.out.weight"], grads["attn.out.weight"][:, cols])
+        close(res["grads"]["mlp.fc1.weight"], grads["mlp.fc1.weight"][r * f : (r + 1) * f])
+        close(res["grads"]["mlp.fc2.weight"], grads["mlp.fc2.weight"][:, r * f : (r + 1) * f])
+        for name in ("ln1.weight", "ln1.bias", "ln2.weight", "ln2.bias"):
+            close(res["grads"][name], grads[name])
 
 
 @pytest.mark.parametrize("tp,vocab", [(1, 10), (2, 10), (4, 10), (4, 13), (2, 7)])

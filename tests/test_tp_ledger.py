@@ -10,7 +10,7 @@ from torch import nn
 from shardlab import models
 from shardlab.comm import DistributedWorld, SimulatedWorld
 from shardlab.formulas import tp as ftp
-from shardlab.tp.programs import attention_step, ce_step, embedding_step, mlp_step
+from shardlab.tp.programs import attention_step, ce_step, embedding_step, mlp_step, transformer_layer_step
 
 B, S, H, NH, FFN, V = 2, 8, 16, 4, 32, 50
 
@@ -37,14 +37,9 @@ def test_mlp_and_attention_ledger_match_formula(tp: int, backward: bool, input_g
 @pytest.mark.parametrize("tp", [2, 4])
 def test_transformer_layer_is_two_plus_two(tp: int) -> None:
     x, go = _x()
-    attn, mlp = models.Attention(H, NH), models.MLP(H, FFN)
-
-    def layer(c):  # attention then MLP (no layer norm: communication only)
-        a = attention_step(c, attn, x, go)
-        return mlp_step(c, mlp, a["out"], go)
-
     world = SimulatedWorld(tp)
-    world.run(layer)
+    world.run(transformer_layer_step, models.TransformerBlock(H, NH, FFN), x, go)  # LN, attention, LN, MLP
+    assert [e.phase for e in world.ledger] == ["forward", "forward", "backward", "backward"]
     want = ftp.transformer_layer_all_reduce(B, S, H, tp)
     assert (world.ledger.count("all_reduce"), world.ledger.payload_bytes()) == (want["count"], want["bytes"])
     assert want["bytes"] == 4 * B * S * H * 4  # volume 4 b s h elements of 4 bytes
@@ -91,9 +86,11 @@ def test_embedding_and_ce_ledger_match_formula(tp: int, vocab: int) -> None:
         world.run(ce_step, logits, ids, "vocab_parallel", eps)
         want = ftp.vocab_parallel_ce(B, S, tp, "float32", eps)
         assert (world.ledger.count("all_reduce"), world.ledger.payload_bytes()) == (want["count"], want["bytes"])
+        assert world.ledger.wire_bytes() == pytest.approx(want["wire_bytes"], rel=1e-12)  # the ring model
     world.run(ce_step, logits, ids, "gather")
     want = ftp.gathered_logits(B, S, vocab, tp)
     assert (world.ledger.count("all_gather"), world.ledger.payload_bytes()) == (want["count"], want["bytes"])
+    assert world.ledger.wire_bytes() == pytest.approx(want["wire_bytes"], rel=1e-12)
 
 
 # ---- gloo ---------------------------------------------------------------------------------------------------

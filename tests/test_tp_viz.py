@@ -48,5 +48,7 @@ def test_figures_build() -> None:
     assert sum(len(t.x) for t in fig.data) == 4
     assert list(vtp.ledger_frame(res["ledger_obj"])["op"]) == ["all_reduce"] * 4
     ratio = vtp.saving_ratio_figure([1000, 50257], [8])
-    assert list(ratio.data[0].y) == pytest.approx([125 / 3, 6283 / 3])
+    wire, payload = ratio.data  # tp=8: wire p ceil(V/p) / 6, payload ceil(V/p) / 3
+    assert list(wire.y) == pytest.approx([8 * 125 / 6, 8 * 6283 / 6])
+    assert list(payload.y) == pytest.approx([125 / 3, 6283 / 3])
     assert len(vtp.ownership_figure(vtp.mlp_panels(4, 8, 2), 2).data) == 2

@@ -186,7 +186,7 @@ class AttentionParams(TensorParallelParams):
     NOTEBOOK: ClassVar[str] = "03_megatron_attention"
 
     ffn: int = 256  # MLP inner size of the transformer-layer section (attention + MLP)
-    heads: int = 8
+    heads: int = 4  # head dim hidden / heads = 16 differs from seq = 8, so the [s, s] score arrays are countable
 
     def checks(self) -> None:
         super().checks()
@@ -205,10 +205,14 @@ class VocabParams(TensorParallelParams):
     batch: int = 1
     vocab: int = 50257  # GPT-2's vocabulary: NOT divisible by 8 (50257 = 8 * 6282 + 1)
     label_smoothing: float = 0.1  # for the parity section (torch's global definition)
+    memory_tokens: int = 0  # b·s of an extra compile-only TPU pair (gathered vs vocab-parallel loss); 0 skips it
 
     def checks(self) -> None:
         super().checks()
         positive_int("vocab", self.vocab)
+        if isinstance(self.memory_tokens, bool) or not isinstance(self.memory_tokens, int) or self.memory_tokens < 0:
+            raise ValueError(f"memory_tokens={self.memory_tokens!r} must be an int >= 0 (0 skips the TPU memory "
+                             "comparison)")
         if self.tp == 1:
             raise ValueError("tp=1 communicates nothing: choose tp >= 2 to compare vocab-parallel CE with "
                              "gathered logits")

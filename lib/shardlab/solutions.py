@@ -16,7 +16,8 @@ from shardlab.blocks.tiles import sharding_string
 from shardlab.formulas import activations, hardware, memory
 from shardlab.formulas import blocks as fblocks
 from shardlab.formulas import tp as ftp
-from shardlab.formulas.common import reduction_dtype
+from shardlab.formulas.common import reduction_dtype, wire_bytes
+from shardlab.tp.layers import vocab_range
 
 
 def _toy_peaks(a: int, b: int, c: int, d: int, o: int) -> tuple[int, int]:
@@ -122,5 +123,31 @@ SOLUTIONS: dict[str, dict[int, Solution]] = {
                     "a bucket closes once it holds at least the cap: how many 4 MiB gradients until >= 25 MiB?"),
         4: Solution(lambda: max(0.0, 30.0 - 20.0), "only the part of the transfer the window does not cover is exposed",
                     rel_tol=1e-9),
+    },
+    "03_megatron_attention": {
+        1: Solution(lambda: [t for t in (1, 2, 3, 4, 6, 8, 12) if 12 % t == 0],
+                    "each device must own whole heads: which degrees split 12 heads evenly?"),
+        2: Solution(lambda: ftp.transformer_layer_all_reduce(8, 1024, 4096, 8, "bfloat16")["bytes"],
+                    "count the all-reduces of one layer (attention and MLP, forward and backward); each carries "
+                    "the whole activation [b, s, h] in bf16"),
+        3: Solution(lambda: wire_bytes("all_reduce", ftp.transformer_layer_all_reduce(8, 1024, 4096, 8,
+                                                                                     "bfloat16")["bytes"], 8),
+                    "a ring all-reduce sends 2 (p - 1) / p of its payload per rank"),
+        4: Solution(lambda: 4, "one g after the output projection, and one f per column-parallel input layer"),
+    },
+    "04_vocab_parallel_embedding_ce": {
+        1: Solution(lambda: ftp.gathered_logits(1, 8192, 128256, 8, "bfloat16")["wire_bytes"],
+                    "an all-gather hands over one padded shard [b·s, ceil(V/p)] and, in a ring, each rank sends "
+                    "p - 1 shards"),
+        2: Solution(lambda: [ftp.ce_wire_ratio(128256, 8), ftp.ce_wire_ratio(128256, 64)],
+                    "divide the gathered wire bytes by the three all-reduces' 3 · 2 (p - 1)/p · b·s · e; what "
+                    "is left of p?"),
+        3: Solution(lambda: ftp.ce_logits_bytes(1, 8192, 128256, 8, "bfloat16")["gathered"],
+                    "after the all-gather every device holds all p padded shards of the logits"),
+        4: Solution(lambda: [next(r for r in range(8) if vocab_range(50257, r, 8)[0] <= 6283
+                                  < vocab_range(50257, r, 8)[1]),
+                             vocab_range(50257, 7, 8)[1] - vocab_range(50257, 7, 8)[0]],
+                    "50257 = 8 · 6282 + 1: the first V mod p ranks own one row more"),
+        5: Solution(lambda: 0, "the softmax needs only the max and the sum the forward already all-reduced"),
     },
 }

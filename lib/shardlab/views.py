@@ -17,7 +17,10 @@ while a comparable value (elements instead of bytes, operands instead of ops) is
 
 :func:`record` writes every value of every view into the notebook's record (one row per source, the
 measurement names the report and the baselines use) and checks, per name, that every view that has it and
-does not list it in ``differs`` agrees — exactly, since these are structural numbers.
+does not list it in ``differs`` agrees — exactly, since these are structural numbers. :func:`merge` joins
+several views of one source into one table column (two programs compared side by side), :meth:`View.renamed`
+gives values the names a notebook already records, and :func:`record_compile_s` records the compile seconds
+behind the compiler views (timing, never compared).
 
 Example::
 
@@ -29,7 +32,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,6 +77,51 @@ class View:
 
     def get(self, name: str, default: Any = None) -> Any:
         return self.values.get(name, default)
+
+    def renamed(self, rename: Callable[[str], str]) -> View:
+        """The same view with every value name (and its unit, ``differs`` entry) passed through ``rename``.
+
+        >>> View("formula", {"ce.all_reduce.count": 3}, {"ce.all_reduce.count": "count"}).renamed(
+        ...     lambda n: n.replace("ce.all_reduce", "vocab_parallel")).values
+        {'vocab_parallel.count': 3}
+        """
+        return View(self.source, {rename(k): v for k, v in self.values.items()},
+                    {rename(k): u for k, u in self.units.items()}, self.skipped,
+                    {rename(k): w for k, w in self.differs.items()}, list(self.notes), dict(self.checks),
+                    self.detail)
+
+
+def merge(*views: View) -> View:
+    """Several views of ONE source (disjoint value names) as one: values, units, differs, notes and checks
+    together, ``detail`` the list of the parts' details. If any part was skipped, the merged view is skipped
+    with that reason (a table row must not mix a measured half with a missing half).
+
+    >>> a = View("formula", {"x.count": 1}, {"x.count": "count"})
+    >>> merge(a, View("formula", {"y.count": 2}, {"y.count": "count"})).values
+    {'x.count': 1, 'y.count': 2}
+    >>> merge(a, View.skip("formula", "no devices")).skipped
+    'no devices'
+    """
+    if not views:
+        raise ValueError("merge() needs at least one view")
+    sources = {v.source for v in views}
+    if len(sources) > 1:
+        raise ValueError(f"merge() joins views of one source; got {sorted(sources)}")
+    source = views[0].source
+    skipped = next((v.skipped for v in views if not v.ran), None)
+    if skipped is not None:
+        return View.skip(source, skipped)
+    out = View(source, detail=[v.detail for v in views])
+    for v in views:
+        clash = set(out.values) & set(v.values)
+        if clash:
+            raise ValueError(f"merge(): the {source} views both have {sorted(clash)}")
+        out.values |= v.values
+        out.units |= v.units
+        out.differs |= v.differs
+        out.notes += v.notes
+        out.checks |= v.checks
+    return out
 
 
 def traffic(view: View, phase: str, counts: Mapping[str, int], byte_totals: Mapping[str, int], dtype: str,
@@ -176,6 +224,21 @@ def record(rec: Recorder, prefix: str, *views: View, show: bool = True) -> Any:
     if not frame.empty:
         frame["name"] = prefix + "." + frame["name"]
     return frame
+
+
+def record_compile_s(rec: Recorder, name: str, *views: View) -> dict[str, float]:
+    """Record the compile seconds behind compiler views as timing measurements ``name``: an ``hlo`` view's
+    XLA:CPU compile (source ``metrics``, torch_xla's CompileTime of the captured step; 0 when served from its
+    cache) and a ``tpu`` view's XLA:TPU compile (source ``tpu``). Skipped views and other sources are left out."""
+    out: dict[str, float] = {}
+    for v in views:
+        if not v.ran or v.detail is None:
+            continue
+        if v.source == "hlo" and getattr(v.detail, "metrics", None) is not None:
+            out["metrics"] = rec.measure(name, v.detail.metrics.compile_s, "s", "metrics", kind="timing")
+        elif v.source == "tpu" and getattr(v.detail, "fits", False):
+            out["tpu"] = rec.measure(name, v.detail.compile_s, "s", "tpu", kind="timing")
+    return out
 
 
 # --------------------------------------------------------------------------------- compiler views from HLO

@@ -6,10 +6,20 @@ tp = 4  # tensor-parallel degree (ranks in the ledger, size of the `tensor` mesh
 batch = 2
 seq = 8
 hidden = 64
-ffn = 256  # used by the transformer-layer section (attention + MLP)
-heads = 8
-vocab = 1000  # unused here (notebook 04)
 dtype = "float32"  # "float32" or "bfloat16"
+ffn = 256  # MLP inner size of the transformer-layer section (attention + MLP)
+heads = 4  # head dim hidden / heads = 16 differs from seq = 8, so the [s, s] score arrays are countable
+answers = None  # exercise answer key (the tests and the report inject it); leave None
+
+# %%
+from shardlab import runtime
+from shardlab.params import AttentionParams
+from shardlab.profile import Recorder
+
+p = AttentionParams.from_namespace(globals())  # every parameter checked here, before any XLA work
+world = runtime.setup(num_devices=p.num_devices)
+rec = Recorder.for_params(p, world)
+world
 
 # %% [markdown]
 # # 03 · Megatron attention: heads split over devices — again one all-reduce each way
@@ -18,54 +28,29 @@ dtype = "float32"  # "float32" or "bfloat16"
 # $i$ the heads $[i\cdot n_h/p, (i+1)\cdot n_h/p)$: the Q, K and V projections are **column-parallel** (each
 # device holds the columns of its heads, $W_Q[H, (N\,D)_X]$), the attention core runs on local heads only, and the
 # output projection is **row-parallel** ($W_O[(N\,D)_X, H]$), leaving a partial sum `Z{U_X}` that **one
-# all-reduce** (g) completes. As in the MLP, one f before (copy forward, all-reduce backward) and one g after.
-# Q, K and V share **one** f: Megatron fuses them into one column-parallel linear, so the input gradient is one
-# sum and one all-reduce, not three.
+# all-reduce** (g) completes. As in the MLP (notebook 02), one f before (copy forward, all-reduce backward) and one
+# g after. Q, K and V share **one** f: Megatron fuses them into one column-parallel linear, so the input gradient
+# is one sum and one all-reduce, not three. Requirement: `heads` divisible by `tp` (whole heads per device).
 #
-# Requirement: `heads` divisible by `tp` (whole heads per device).
+# Four views, one number: the **formula**, the **ledger** (per-rank code in a `SimulatedWorld`), the **compiler**
+# (XLA's SPMD partitioner on the CPU devices) and the **TPU compiler** (the same graph compiled by XLA:TPU for a
+# TPU slice, compile-only).
 
 # %%
-import torch
+from shardlab.tp import views as tpv
+from shardlab.views import record
 
-from shardlab import models, runtime
-from shardlab.formulas import tp as ftp
-from shardlab.formulas.common import dtype_bytes
-from shardlab.profile import Recorder, agree_payload, capture_hlo
-from shardlab.tp.params import check_tp_params
-
-check_tp_params(num_devices=num_devices, tp=tp, batch=batch, seq=seq, hidden=hidden, ffn=ffn, heads=heads,
-                vocab=vocab, dtype=dtype, divisible=("heads", "ffn"))
-if hidden % heads:
-    raise ValueError(f"hidden={hidden} is not divisible by heads={heads}")
-
-world = runtime.setup(num_devices=num_devices)
-rec = Recorder("03_megatron_attention", params=dict(num_devices=num_devices, seed=seed, tp=tp, batch=batch, seq=seq,
-                                                     hidden=hidden, ffn=ffn, heads=heads, vocab=vocab, dtype=dtype),
-               results_dir=results_dir, world=world)
-tdtype = getattr(torch, dtype)
-e = dtype_bytes(dtype)
-tol = dict(rtol=1e-4, atol=1e-5) if dtype == "float32" else dict(rtol=5e-2, atol=5e-2)
-torch.manual_seed(seed)
-world
+fwd = tpv.AttentionConfig.from_params(p, backward=False)  # one forward
+fb = tpv.AttentionConfig.from_params(p, backward=True)  # forward + backward of (out * grad_out).sum()
 
 # %% [markdown]
 # ## 1 · The formula
 # Same pattern as the MLP: forward 1 all-reduce of [b, s, h], backward 1 more when the input needs a gradient.
 # Nothing depends on the number of heads or on s² — the attention matrix never leaves its device.
 
-
 # %%
-def attention_comm(b, s, h, p, e, backward):
-    """Megatron attention all-reduces: (count, payload bytes per rank)."""
-    n = (1 + int(backward)) if p > 1 else 0
-    return n, n * b * s * h * e
-
-
-f_fwd = ftp.attention_all_reduce(batch, seq, hidden, tp, dtype)
-f_fb = ftp.attention_all_reduce(batch, seq, hidden, tp, dtype, backward=True)
-assert (f_fwd["count"], f_fwd["bytes"]) == attention_comm(batch, seq, hidden, tp, e, False)
-assert (f_fb["count"], f_fb["bytes"]) == attention_comm(batch, seq, hidden, tp, e, True)
-print(f"forward: {f_fwd}   forward+backward: {f_fb}")
+formula = {c.phase: tpv.formula(c) for c in (fwd, fb)}
+{phase: v.values for phase, v in formula.items()}
 
 # %% [markdown]
 # ## 2 · The split, drawn
@@ -74,143 +59,139 @@ print(f"forward: {f_fwd}   forward+backward: {f_fb}")
 # %%
 from shardlab.viz import tp as vtp
 
-vtp.ownership_figure(vtp.attention_panels(min(hidden, 64), heads, tp), tp,
-                     f"attention weights, {heads} heads over tp={tp} devices").show()
+vtp.ownership_figure(vtp.attention_panels(min(p.hidden, 64), p.heads, p.tp), p.tp,
+                     f"attention weights, {p.heads} heads over tp={p.tp} devices").show()
 
 # %% [markdown]
 # ## 3 · The ledger: per-rank Megatron code
 # `ParallelAttention.from_dense` stacks rank $r$'s rows of $W_Q, W_K, W_V$ into one fused column-parallel weight
-# $[q_r; k_r; v_r]$ of shape [3h/p, h] and keeps columns of $W_O$. Causal attention on $n_h/p$ local heads.
+# $[q_r; k_r; v_r]$ of shape [3h/p, h] and keeps the matching columns of $W_O$; causal attention runs on the
+# $n_h/p$ local heads. Every rank's output, input gradient and weight gradients are compared with the dense module.
 
 # %%
-from shardlab.comm import SimulatedWorld
-from shardlab.tp.programs import attention_step
-
-dense = models.Attention(hidden, heads).to(tdtype)
-x = torch.randn(batch, seq, hidden, dtype=tdtype)
-grad_out = torch.randn(batch, seq, hidden, dtype=tdtype)
-
-sim = SimulatedWorld(tp)
-sim.run(attention_step, dense, x)
-ledger_fwd = sim.ledger
-ranks = sim.run(attention_step, dense, x, grad_out)
-ledger_fb = sim.ledger
-
-xr = x.clone().requires_grad_(True)
-out = dense(xr)
-(out * grad_out).sum().backward()
-c = hidden // tp
-ok_w = True
-for i, r in enumerate(ranks):
-    cols = slice(i * c, (i + 1) * c)
-    want_qkv = torch.cat([getattr(dense, n).weight.grad[cols] for n in "qkv"])
-    ok_w &= torch.allclose(r["grads"]["qkv.weight"].float(), want_qkv.float(), **tol)
-    ok_w &= torch.allclose(r["grads"]["out.weight"].float(), dense.out.weight.grad[:, cols].float(), **tol)
-rec.check("attention.parity.output", all(torch.allclose(r["out"].float(), out.detach().float(), **tol) for r in ranks),
-          "every rank's output == dense output")
-rec.check("attention.parity.grad_input",
-          all(torch.allclose(r["grad_x"].float(), xr.grad.float(), **tol) for r in ranks), "input gradient == dense")
-rec.check("attention.parity.grad_weights", bool(ok_w), "rank i's Q/K/V/O gradients == dense slices of its heads")
-vtp.ledger_frame(ledger_fb)
-
-# %%
-vtp.ledger_timeline(ledger_fb, f"attention forward + backward, tp={tp}").show()
+ledger = {c.phase: tpv.ledger(c) for c in (fwd, fb)}
+led_fb = ledger["fwd_bwd"].detail["ledger"]
+vtp.ledger_timeline(led_fb, f"attention forward + backward, tp={p.tp}: g forward, f backward").show()
+vtp.ledger_frame(led_fb)
 
 # %% [markdown]
-# ## 4 · The compiler: GSPMD on the dense module
-# `shard_attention` annotates $W_Q, W_K, W_V$ by output rows `("tensor", None)` and $W_O$ by input columns
-# `(None, "tensor")`. Two details of the dense `models.Attention` matter to the partitioner (measured on
-# torch_xla 2.9): Q/K/V come from **one** einsum over the stacked weights — three separate projections gave three
-# backward all-reduces of the input gradient — and the attention core keeps (b, heads) as separate batch dims
-# (`@` merges them into one dim that cannot be heads-sharded, and the partitioner then all-gathered q, k, v).
+# ## 4 · The compilers
+# **CPU.** The dense `models.Attention` on a mesh (data = num_devices / tp, tensor = tp): $W_Q, W_K, W_V$
+# annotated by output rows `("tensor", None)`, $W_O$ by input columns `(None, "tensor")`. Two details of the dense
+# module matter to the partitioner (measured on torch_xla 2.9): Q/K/V come from **one** einsum over the stacked
+# weights — three separate projections gave three backward all-reduces of the input gradient — and the attention
+# core keeps (b, heads) as separate batch dims (`@` merges them into one dim that cannot be heads-sharded, and the
+# partitioner then all-gathered q, k, v). This view needs `tp` devices in this process; with fewer it is skipped.
+#
+# **TPU.** The same graph, not executed, compiled by XLA:TPU for a v5e slice of the same size — or, when this
+# process has fewer devices than `tp`, rebuilt in a helper process on `tp` virtual devices for a `tp`-chip slice.
 
 # %%
-from shardlab.tp import gspmd
-
-dev = runtime.device()
-mesh = gspmd.tensor_mesh(tp)
-xattn = models.Attention(hidden, heads)
-xattn.load_state_dict(dense.float().state_dict())
-dense = dense.to(tdtype)
-xattn = gspmd.shard_attention(xattn.to(tdtype).to(dev), mesh)
-xd, god = x.to(dev), grad_out.to(dev)
-cap_fwd = capture_hlo(gspmd.step, xattn, xd)
-cap_fb = capture_hlo(gspmd.step, xattn, xd, god)
-for label, cap in (("forward", cap_fwd), ("forward+backward", cap_fb)):
-    print(label, [c.as_dict() for c in cap.module.collectives])
-rec.check("attention.parity.xla_output",
-          torch.allclose(cap_fb.result[0].cpu().float(), out.detach().float(), **tol), "GSPMD output == dense")
-rec.check("attention.parity.xla_grad_input",
-          torch.allclose(cap_fb.result[1].cpu().float(), xr.grad.float(), **tol), "GSPMD input gradient == dense")
+compiler = {c.phase: tpv.compiler(c) for c in (fwd, fb)}
+tpu = {c.phase: tpv.tpu(c) for c in (fwd, fb)}
 
 # %% [markdown]
-# ## 5 · Three ways, one number
+# ## 5 · Four ways, one number
+# Bytes are the payload per rank (notebook 00): for an all-reduce, its input. `scores.arrays` counts the
+# [b, n_h/p, s, s] arrays each compiled program writes — how the compiler lowered the attention core.
 
 # %%
-for phase, f, led, cap in (("fwd", f_fwd, ledger_fwd, cap_fwd), ("fwd_bwd", f_fb, ledger_fb, cap_fb)):
-    rec.agree(f"attention.{phase}.all_reduce.count", "count", formula=f["count"], ledger=led.count("all_reduce"),
-              hlo=cap.module.count("all-reduce"))
-    agree_payload(rec, f"attention.{phase}.all_reduce.bytes", f["bytes"], led.payload_bytes("all_reduce"),
-                        cap.module, "all-reduce", dtype)  # bf16 on CPU: XLA reduces in f32 -> elements
-rec.check("attention.hlo.no_all_gather", cap_fb.module.count("all-gather") == 0,
-          "heads stay sharded: no q/k/v all-gather")
-rec.measure("attention.fwd_bwd.compile_s", cap_fb.metrics.compile_s, "s", "metrics", kind="timing")
-rec.table("attention.")
+from shardlab.views import record_compile_s
+
+tables = [record(rec, "attention", formula[ph], ledger[ph], compiler[ph], tpu[ph]) for ph in ("fwd", "fwd_bwd")]
+record_compile_s(rec, "attention.fwd_bwd.compile_s", compiler["fwd_bwd"], tpu["fwd_bwd"])
+tables[0]
+
+# %%
+tables[1]
 
 # %% [markdown]
 # **Interpretation.** Attention costs the same communication as the MLP: the all-reduce moves the output
-# activation, never the s×s scores nor the K/V of other heads. A full transformer layer is therefore
-# attention + MLP = **2 all-reduces forward and 2 backward**, volume $4\,b\,s\,h$ elements per step per layer —
-# the ledger of one layer (without LayerNorm, which runs replicated) shows it:
+# activation, never the s×s scores nor the K/V of other heads — both partitioners keep every score array at
+# $n_h/p$ heads (checked: no all-gather, no array with all heads' scores).
+#
+# **CPU vs TPU.** Two differences, both measured above. First, the TPU program carries the forward g and the
+# backward f in **one** tuple all-reduce (count 1, operands 2, the same bytes): the backward of
+# `(out * grad_out).sum()` does not wait for the output, so nothing orders the two, and XLA:TPU's all-reduce
+# combiner merges independent all-reduces into one launch (XLA:CPU has no combiner). Second, **the attention core
+# is lowered differently** (`scores.arrays`): XLA:CPU writes the scores and several steps of the softmax after
+# them (the scaled and masked scores, the exponentials, the probabilities) as separate [b, n_h/p, s, s] arrays;
+# XLA:TPU fuses the scaling, the mask and parts of the softmax into the matmul kernels around them and writes
+# fewer. It places them in on-chip memory at these sizes: the TPU's temporaries below are 0 because its compiled
+# memory statistics count only the temporaries it puts in main memory (HBM). Neither changes a collective: the
+# scores of a head never leave the device that owns the head.
 
 # %%
-from shardlab.tp.programs import mlp_step
+from shardlab.views import memory_frame
 
-dense_mlp = models.MLP(hidden, ffn).to(tdtype)
-
-
-def layer_step(comm):
-    a = attention_step(comm, dense, x, grad_out)
-    return mlp_step(comm, dense_mlp, a["out"], grad_out)
-
-
-sim.run(layer_step)
-f_layer = ftp.transformer_layer_all_reduce(batch, seq, hidden, tp, dtype)
-rec.agree("layer.fwd_bwd.all_reduce.count", "count", formula=f_layer["count"], ledger=sim.ledger.count("all_reduce"))
-rec.agree("layer.fwd_bwd.all_reduce.bytes", "bytes", formula=f_layer["bytes"], ledger=sim.ledger.payload_bytes())
-vtp.ledger_timeline(sim.ledger, "attention then MLP (each with its own backward): 2 + 2 all-reduces").show()
+memory_frame({"cpu (buffer assignment)": compiler["fwd_bwd"], "tpu (compiled memory stats)": tpu["fwd_bwd"]})
 
 # %% [markdown]
+# ## 6 · A transformer layer: attention + MLP
+# A pre-LayerNorm layer, $x + \mathrm{Attn}(\mathrm{LN}(x))$ then $+\,\mathrm{MLP}(\mathrm{LN}(\cdot))$: each
+# sub-layer brings its own f and g, the LayerNorms run replicated (their inputs are the full activations, so
+# their gradients agree on every rank without communication). Per layer and step: **2 all-reduces forward and 2
+# backward**, volume $4\,b\,s\,h$ elements. The same four views, on `models.TransformerBlock`
+# (`ParallelTransformerBlock` per rank; `shard_attention` + `shard_mlp` for the compilers).
+
+# %%
+layer = tpv.TransformerLayerConfig.from_params(p)
+layer_views = [tpv.formula(layer), tpv.ledger(layer), tpv.compiler(layer), tpv.tpu(layer)]
+display(record(rec, "layer", *layer_views))
+vtp.ledger_timeline(layer_views[1].detail["ledger"],
+                    "attention then MLP: g, g forward; f (MLP), f (attention) backward").show()
+
+# %% [markdown]
+# The TPU compiler combines here too: of the four logical all-reduces, the independent ones share tuple
+# instructions (the operands row still counts four), so the count differs and the bytes agree.
+#
 # ### Explore
 # Move the sliders (tp, batch, seq, hidden, heads): formula and ledger of the small config are recomputed. Heads
 # not divisible by tp, or hidden not divisible by heads, are reported, not raised.
 
 # %%
-ui, update = vtp.explorer("attention", tp=min(tp, 4), batch=batch, seq=min(seq, 16), hidden=min(hidden, 32),
-                          heads=min(heads, 8) if min(hidden, 32) % min(heads, 8) == 0 else 4)
-shown = update()
+ui, update = vtp.explorer("attention", tp=min(p.tp, 4), batch=p.batch, seq=min(p.seq, 16), hidden=min(p.hidden, 32),
+                          heads=min(p.heads, 8) if min(p.hidden, 32) % min(p.heads, 8) == 0 else 4)
+shown = update()  # what a slider move does; run here so a headless run exercises it too
 rec.check("attention.explorer.update", shown["ok"], f"{shown.get('formula')} vs {shown.get('ledger')}")
 rec.check("attention.explorer.rejects_bad_heads", not update(tp=4, heads=6, hidden=24)["ok"],
           "heads=6 over tp=4 is reported")
-update(tp=min(tp, 4), heads=4, hidden=min(hidden, 32))
+update(tp=min(p.tp, 4), heads=4, hidden=min(p.hidden, 32))
 ui
 
 # %% [markdown]
 # ## Exercises
+# Write your answer into the variable and run the cell: the grader says right or gives a hint.
+#
 # 1. A model with 12 heads: which tensor-parallel degrees from {1, 2, 3, 4, 6, 8, 12} can this layer use?
-# 2. With b = 8, s = 1024, h = 4096 in bf16, what is one layer's all-reduce volume per step (forward + backward)?
-# 3. If Q, K and V were three *independent* column-parallel layers each with its own f, how many all-reduces would
+#    (a list, ascending)
+# 2. With b = 8, s = 1024, h = 4096 in bf16, what is one transformer layer's all-reduce payload per rank and step
+#    (forward + backward), in bytes?
+# 3. Same layer at tp = 8: how many bytes does each rank send over the wire for those all-reduces (ring model)?
+# 4. If Q, K and V were three *independent* column-parallel layers each with its own f, how many all-reduces would
 #    one attention forward + backward issue?
+
+# %%
+from shardlab.exercises import Exercises
+
+ex = Exercises(p.NOTEBOOK, rec, p.answers)
+answer_1 = None  # a list of ints
+answer_2 = None  # bytes
+answer_3 = None  # bytes
+answer_4 = None  # a count
+for n, a in enumerate((answer_1, answer_2, answer_3, answer_4), start=1):
+    ex.show(n, a)
+
+# %% [markdown]
+# <details><summary>Why (open after trying)</summary>
 #
-# <details><summary>Answers (asserted below)</summary>
-#
-# 1. The divisors of 12: 1, 2, 3, 4, 6, 12 (not 8). 2. 4·8·1024·4096·2 = 268,435,456 bytes (256 MiB).
-# 3. 1 forward (g) + 3 backward (one per f) = 4 — which is why Megatron fuses QKV (and why the GSPMD version needs
-#    the stacked einsum).
+# 1. Whole heads per device: tp must divide the head count (8 does not divide 12).
+# 2. Two all-reduces forward (attention's g, the MLP's g) and two backward (their f's), each of the activation
+#    [b, s, h]: four activations in the model's dtype.
+# 3. A ring all-reduce sends 2 (p−1)/p of its payload per rank: a little under twice the payload.
+# 4. One g forward, and one f backward per projection — which is why Megatron fuses QKV (and why the GSPMD version
+#    needs the stacked einsum).
 # </details>
 
 # %%
-assert [p for p in (1, 2, 3, 4, 6, 8, 12) if 12 % p == 0] == [1, 2, 3, 4, 6, 12]
-assert ftp.transformer_layer_all_reduce(8, 1024, 4096, 8, "bf16")["bytes"] == 4 * 8 * 1024 * 4096 * 2 == 268_435_456
-assert 1 + 3 == 4
 rec.close()["status"]

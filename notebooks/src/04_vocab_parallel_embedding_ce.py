@@ -6,81 +6,71 @@ tp = 8  # tensor-parallel degree (ranks in the ledger, size of the `tensor` mesh
 batch = 1
 seq = 8
 hidden = 64
-ffn = 256  # unused here (notebook 02)
-heads = 8  # unused here (notebook 03)
-vocab = 50257  # GPT-2's vocabulary: NOT divisible by 8 (50257 = 8 * 6282 + 1)
 dtype = "float32"  # "float32" or "bfloat16"
+vocab = 50257  # GPT-2's vocabulary: NOT divisible by 8 (50257 = 8 * 6282 + 1)
 label_smoothing = 0.1  # for the parity section (torch's global definition)
+memory_tokens = 0  # b·s of an extra compile-only TPU pair (gathered vs vocab-parallel loss); 0 skips it
+answers = None  # exercise answer key (the tests and the report inject it); leave None
+
+# %%
+from shardlab import runtime
+from shardlab.params import VocabParams
+from shardlab.profile import Recorder
+
+p = VocabParams.from_namespace(globals())  # every parameter checked here, before any XLA work
+world = runtime.setup(num_devices=p.num_devices)
+rec = Recorder.for_params(p, world)
+world
 
 # %% [markdown]
 # # 04 · Vocab-parallel embedding and cross-entropy: never move the logits
 #
 # The largest matrices of a language model are often the embedding table $E$ [V, h] and the logits [b, s, V]
-# (V = 50257 for GPT-2, ~128k for Llama 3). Megatron (Shoeybi et al. 2019, §3) splits the **vocabulary**:
+# (V = 50257 for GPT-2, 128256 for Llama 3). Megatron (Shoeybi et al. 2019, §3) splits the **vocabulary**:
 #
 # - **Embedding** — device $i$ holds rows $E[V_X, H]$, a contiguous range of token ids (`vocab_range`). Each
 #   device looks up the ids it owns, writes zeros for the others, and **one all-reduce** of [b, s, h] sums the
-#   rows — exactly one device contributes each token.
+#   rows — exactly one device contributes each token. The backward (the rows' gradient) is local.
 # - **Output layer + cross-entropy** — the tied output layer gives each device the logits of its vocab range,
-#   [b, s, V/p]. Gathering them would move $b\cdot s\cdot V/p$ values per device. Instead, the loss is built from
+#   [b, s, V/p]. Gathering them would need an all-gather of the logits. Instead, the loss is built from
 #   reductions over the vocab: the **max** (for stability), the **target logit**, the **sum of exponentials** —
 #   each a per-token number, so three all-reduces of [b, s]: $\mathrm{loss} = \log\sum_j e^{z_j - m} - (z_t - m)$.
 #   With label smoothing one more: the sum of the logits. The backward needs **no** communication.
 #
-# The vocabulary need not divide evenly: ranks own $\lfloor V/p\rfloor$ or $\lceil V/p\rceil$ rows.
+# The vocabulary need not divide evenly: ranks own $\lfloor V/p\rfloor$ or $\lceil V/p\rceil$ rows, and an
+# all-gather pads every shard to $\lceil V/p\rceil$.
 
 # %%
-import torch
-import torch.nn.functional as F
-
-from shardlab import runtime
 from shardlab.formulas import tp as ftp
-from shardlab.formulas.common import dtype_bytes
-from shardlab.profile import Recorder, agree_payload, capture_hlo, collective_elements
-from shardlab.tp.params import check_tp_params
+from shardlab.tp import views as tpv
+from shardlab.tp import vocab_range
+from shardlab.views import record
 
-check_tp_params(num_devices=num_devices, tp=tp, batch=batch, seq=seq, hidden=hidden, ffn=ffn, heads=heads,
-                vocab=vocab, dtype=dtype, divisible=())
-if vocab < tp:
-    raise ValueError(f"vocab={vocab} is smaller than tp={tp}: some rank would own no rows")
-if not 0.0 <= label_smoothing <= 1.0:
-    raise ValueError(f"label_smoothing={label_smoothing} is not in [0, 1]")
-if tp == 1:
-    raise ValueError("tp=1 communicates nothing: choose tp >= 2 to compare vocab-parallel CE with gathered logits")
-
-world = runtime.setup(num_devices=num_devices)
-rec = Recorder("04_vocab_parallel_embedding_ce",
-               params=dict(num_devices=num_devices, seed=seed, tp=tp, batch=batch, seq=seq, hidden=hidden, ffn=ffn,
-                           heads=heads, vocab=vocab, dtype=dtype, label_smoothing=label_smoothing),
-               results_dir=results_dir, world=world)
-tdtype = getattr(torch, dtype)
-e = dtype_bytes(dtype)
-tol = dict(rtol=1e-4, atol=1e-5) if dtype == "float32" else dict(rtol=5e-2, atol=5e-2)
-torch.manual_seed(seed)
-world
+emb = tpv.EmbeddingConfig.from_params(p)  # one forward lookup
+emb_fb = tpv.EmbeddingConfig.from_params(p, backward=True)  # + the weight gradient
+vp = tpv.CrossEntropyConfig.from_params(p, method="vocab_parallel")  # loss + backward, no label smoothing
+ga = tpv.CrossEntropyConfig.from_params(p, method="gather")
 
 # %% [markdown]
-# ## 1 · The formulas
-
+# ## 1 · The formulas, and two ways to count bytes
+# Bytes per rank come in two conventions (notebook 00). **Payload**: what one rank hands to the collective — an
+# all-reduce's whole input, an all-gather's one shard. **Wire**: what one rank sends in a ring — an all-reduce
+# 2(p−1)/p of its payload, an all-gather (p−1) shards. The vocab-parallel loss hands over $3\,b\,s\,e$ bytes and
+# sends $3\cdot 2\frac{p-1}{p}\,b\,s\,e$; gathering the logits hands over one shard $b\,s\,\lceil V/p\rceil\,e$ and
+# sends $(p-1)\,b\,s\,\lceil V/p\rceil\,e$. Divided, the **payload ratio** $\lceil V/p\rceil/3$ shrinks with p — it
+# compares one shard with the whole [b, s] inputs — while the **wire ratio** $p\lceil V/p\rceil/6 \approx V/6$ does
+# not: the (p−1) cancels. The wire ratio is the saving (`ce.saving_ratio`); the payload ratio is recorded too
+# (`ce.payload_ratio`). And memory: after the all-gather every device holds the padded logits
+# [b, s, p⌈V/p⌉] (≈ b·s·V), p times its own shard.
 
 # %%
-def shard_rows(V, p):
-    """Rows per rank: the first V mod p ranks get one extra."""
-    return [V // p + (1 if r < V % p else 0) for r in range(p)]
-
-
-def ce_payloads(b, s, V, p, e, smoothing):
-    """(vocab-parallel CE bytes, gathered-logits bytes) per rank; all-gather pads shards to ceil(V/p)."""
-    return (3 + int(smoothing > 0)) * b * s * e, b * s * max(shard_rows(V, p)) * e
-
-
-f_emb = ftp.embedding_all_reduce(batch, seq, hidden, tp, dtype)
-f_vp = ftp.vocab_parallel_ce(batch, seq, tp, dtype)
-f_ga = ftp.gathered_logits(batch, seq, vocab, tp, dtype)
-f_ratio = ftp.ce_saving_ratio(vocab, tp)
-assert (f_vp["bytes"], f_ga["bytes"]) == ce_payloads(batch, seq, vocab, tp, e, 0.0)
-print(f"rows per rank: {shard_rows(vocab, tp)}")
-print(f"embedding: {f_emb}   vocab-parallel CE: {f_vp}   gathered logits: {f_ga}   ratio {f_ratio:.1f}")
+print(f"rows per rank: {[e - s for s, e in (vocab_range(p.vocab, r, p.tp) for r in range(p.tp))]}")
+formula = {c.key: tpv.formula(c) for c in (vp, ga)}
+print(f"embedding {tpv.formula(emb).values}")
+print(f"payload ratio ceil(V/p)/3 = {ftp.ce_payload_ratio(p.vocab, p.tp):.1f}, "
+      f"wire ratio p·ceil(V/p)/6 = {ftp.ce_wire_ratio(p.vocab, p.tp):.1f}, logits per device "
+      f"{ftp.ce_logits_bytes(p.batch, p.seq, p.vocab, p.tp, p.dtype)} bytes")
+{key: v.values for key, v in formula.items()}
 
 # %% [markdown]
 # ## 2 · The split, drawn
@@ -90,145 +80,156 @@ print(f"embedding: {f_emb}   vocab-parallel CE: {f_vp}   gathered logits: {f_ga}
 # %%
 from shardlab.viz import tp as vtp
 
-vtp.ownership_figure(vtp.embedding_panels(vocab, hidden, tp), tp, f"V={vocab} over tp={tp} devices").show()
+vtp.ownership_figure(vtp.embedding_panels(p.vocab, p.hidden, p.tp), p.tp, f"V={p.vocab} over tp={p.tp} devices").show()
 
 # %% [markdown]
 # ## 3 · The ledger: per-rank code
 # `VocabParallelEmbedding.from_dense` keeps rows `vocab_range(V, rank, tp)`; `vocab_parallel_cross_entropy` gets
 # each rank's logit columns. The oracles are `nn.Embedding` and `torch.nn.functional.cross_entropy` on the full
 # logits — including label smoothing (torch's *global* definition: ε/V over the whole vocabulary; Megatron-LM's
-# own implementation uses the local vocab and differs by rank at tp > 1, upstream issue 737) and `ignore_index`.
+# own implementation uses the local vocab and differs by rank at tp > 1, upstream issue 737) and `ignore_index`
+# (one position of the targets is ignored).
+#
+# **The global vocabulary is a required argument.** A rank holding 251 logit columns of an uneven split cannot
+# tell V = 1003 (251/251/251/250 over 4 ranks) from V = 1004 without asking the others — one more all-reduce on
+# every call — and a wrong guess silently changes the smoothing term ε/V and which rank owns the target. So
+# `vocab_parallel_cross_entropy(local, target, comm, vocab=V)` needs `vocab=` and refuses the call without it:
 
 # %%
 from shardlab.comm import SimulatedWorld
-from shardlab.tp import vocab_range
-from shardlab.tp.programs import ce_step, embedding_step
+from shardlab.tp import vocab_parallel_cross_entropy
 
-dense_emb = torch.nn.Embedding(vocab, hidden).to(tdtype)
-ids = torch.randint(0, vocab, (batch, seq))
-ids[0, 0], ids[0, -1] = 0, vocab - 1  # both ends of the table
-grad_out = torch.randn(batch, seq, hidden, dtype=tdtype)
 
-sim = SimulatedWorld(tp)
-ranks = sim.run(embedding_step, dense_emb, ids, grad_out)
-ledger_emb = sim.ledger
-out = dense_emb(ids)
-(out * grad_out).sum().backward()
-rec.check("embedding.parity.output", all(torch.equal(r["out"], out.detach()) for r in ranks),
-          "exact: one rank contributes each row, the others add zeros")
-rec.check("embedding.parity.grad_weight",
-          all(torch.allclose(r["grads"]["weight"], dense_emb.weight.grad[slice(*vocab_range(vocab, i, tp))], **tol)
-              for i, r in enumerate(ranks)), "rank i's rows of the gradient == dense rows")
+def without_vocab(comm):
+    logits, target = tpv.ce_inputs(vp)
+    start, end = vocab_range(p.vocab, comm.rank, comm.world_size)
+    return vocab_parallel_cross_entropy(logits[..., start:end], target, comm)  # no vocab=
 
-logits = (torch.randn(batch, seq, vocab) * 2).to(tdtype)
-target = ids.clone()
-if seq > 1:
-    target[0, 1] = -100  # an ignored position
-ledgers = {}
-for eps in (0.0, label_smoothing):
-    z = logits.clone().requires_grad_(True)
-    want = F.cross_entropy(z.flatten(0, 1).float(), target.flatten(), reduction="none", label_smoothing=eps,
-                           ignore_index=-100).view_as(target)
-    want.sum().backward()
-    for method in ("vocab_parallel", "gather"):
-        res = sim.run(ce_step, logits, target, method, eps)
-        ledgers[method, eps] = sim.ledger
-        ok_loss = all(torch.allclose(r["loss"].float(), want.detach(), **tol) for r in res)
-        ok_grad = all(torch.allclose(r["grad_logits"].float(), z.grad[..., slice(*r["range"])].float(), **tol)
-                      for r in res)
-        rec.check(f"ce.parity.{method}.eps{eps:g}.loss", ok_loss, "per-token loss == F.cross_entropy on every rank")
-        rec.check(f"ce.parity.{method}.eps{eps:g}.grad", ok_grad, "logits gradient shard == dense gradient columns")
-vtp.ledger_frame(ledgers["vocab_parallel", label_smoothing])
+
+try:
+    SimulatedWorld(p.tp).run(without_vocab)
+    refused = ""
+except Exception as err:  # a rank's ValueError, re-raised by the simulated world
+    refused = str(err.__cause__ or err)
+print(refused)
+rec.check("ce.requires_vocab", "vocab=" in refused, refused or "the call without vocab= was accepted")
 
 # %%
-vtp.ledger_timeline(ledgers["vocab_parallel", label_smoothing],
-                    f"vocab-parallel CE (label smoothing {label_smoothing}): [b, s] all-reduces only").show()
-vtp.ledger_frame(ledgers["gather", 0.0])
+emb_ledger = {c.phase: tpv.ledger(c) for c in (emb, emb_fb)}
+ledger = {c.key: tpv.ledger(c) for c in (vp, ga)}
+vtp.ledger_timeline(ledger["vocab_parallel"].detail["ledger"],
+                    "vocab-parallel CE, forward + backward: [b, s] all-reduces only").show()
+vtp.ledger_frame(ledger["gather_logits"].detail["ledger"])
 
 # %% [markdown]
-# ## 4 · The compiler: GSPMD
-# The dense `nn.Embedding` with its weight annotated `("tensor", None)`; the full logits annotated
+# ## 4 · The compilers
+# **CPU.** The dense `nn.Embedding` with its weight annotated `("tensor", None)`; the full logits annotated
 # `(None, None, "tensor")`. For the loss, two dense spellings: `vocab_parallel_ce` (max, masked target sum, sum of
 # exp — reductions the partitioner can finish with [b, s] all-reduces) and `gathered_ce` (re-annotate the logits as
-# replicated, then `F.cross_entropy`: an all-gather). XLA pads an uneven vocabulary to ⌈V/p⌉ rows per device.
-
-# %%
-from shardlab.tp import gspmd
-
-dev = runtime.device()
-mesh = gspmd.tensor_mesh(tp)
-xemb = torch.nn.Embedding(vocab, hidden)
-xemb.load_state_dict(dense_emb.float().state_dict())  # on CPU, then to the device, then annotate
-dense_emb = dense_emb.to(tdtype)
-xemb = gspmd.shard_embedding(xemb.to(tdtype).to(dev), mesh)
-cap_emb = capture_hlo(lambda: xemb(ids.to(dev)))
-xlogits = gspmd.shard_logits(logits.to(dev), mesh)
-xtarget = ids.to(dev)  # no ignored positions in the GSPMD spelling
-cap_vp = capture_hlo(gspmd.vocab_parallel_ce, xlogits, xtarget)
-cap_ga = capture_hlo(gspmd.gathered_ce, xlogits, xtarget, mesh)
-for label, cap in (("embedding", cap_emb), ("vocab-parallel CE", cap_vp), ("gathered CE", cap_ga)):
-    print(label, [c.as_dict() for c in cap.module.collectives])
-want_nr = F.cross_entropy(logits.flatten(0, 1).float(), ids.flatten(), reduction="none").view_as(ids)
-rec.check("embedding.parity.xla_output", torch.allclose(cap_emb.result.cpu(), out.detach(), **tol), "GSPMD == dense")
-rec.check("ce.parity.xla_vocab_parallel", torch.allclose(cap_vp.result.cpu().float(), want_nr, **tol), "== torch")
-rec.check("ce.parity.xla_gathered", torch.allclose(cap_ga.result.cpu().float(), want_nr, **tol), "== torch")
-
-# %% [markdown]
-# ## 5 · Three ways, one number
-# Bytes are the payload per rank. All-reduce: its input; all-gather: the shard (operand) — padded to ⌈V/p⌉ columns.
-# With `dtype="bfloat16"` on CPU, XLA runs bf16 all-reduces in f32; `agree_payload` then reports the HLO bytes with
-# that reason and compares elements instead.
-
-# %%
-led_vp, led_ga = ledgers["vocab_parallel", 0.0], ledgers["gather", 0.0]
-rec.agree("embedding.fwd.all_reduce.count", "count", formula=f_emb["count"],
-          ledger=ledger_emb.count("all_reduce", "forward"), hlo=cap_emb.module.count("all-reduce"))
-agree_payload(rec, "embedding.fwd.all_reduce.bytes", f_emb["bytes"],
-                    ledger_emb.payload_bytes("all_reduce", "forward"), cap_emb.module, "all-reduce", dtype)
-rec.agree("ce.vocab_parallel.count", "count", formula=f_vp["count"], ledger=led_vp.count("all_reduce"),
-          hlo=cap_vp.module.count("all-reduce"))
-agree_payload(rec, "ce.vocab_parallel.bytes", f_vp["bytes"], led_vp.payload_bytes(), cap_vp.module,
-                    "all-reduce", dtype)
-agree_payload(rec, "ce.gather_logits.bytes", f_ga["bytes"], led_ga.payload_bytes("all_gather"), cap_ga.module,
-                    "all-gather", dtype)
-# the ratio in elements: dtype-independent (b, s and the element size cancel in the formula too)
-rec.agree("ce.saving_ratio", "ratio", formula=f_ratio, ledger=led_ga.payload_bytes() / led_vp.payload_bytes(),
-          hlo=collective_elements(cap_ga.module, "all-gather") / collective_elements(cap_vp.module,
-                                                                                                "all-reduce"))
-f_vps = ftp.vocab_parallel_ce(batch, seq, tp, dtype, label_smoothing)
-rec.agree("ce.vocab_parallel_smoothing.bytes", "bytes", formula=f_vps["bytes"],
-          ledger=ledgers["vocab_parallel", label_smoothing].payload_bytes())
-rec.check("ce.vocab_parallel.no_backward_collectives",
-          ledgers["vocab_parallel", label_smoothing].count(phase="backward") == 0, "the backward is local")
-rec.table("")
-
-# %% [markdown]
-# **Interpretation.** The vocabulary-parallel loss moves $3\,b\,s$ numbers per rank where gathering moves
-# $b\,s\,\lceil V/p\rceil$ — a saving of $\lceil V/p\rceil/3$, independent of batch and sequence. The HLO shows the
-# partitioner reaching the same plan when the loss is *written* as reductions; written as "replicate, then
-# `F.cross_entropy`", it all-gathers. (The HLO parser may flag the max all-reduce as feeding a dynamic-slice —
-# that is the target-logit selection, not a reduce-scatter; we count all-reduces here.)
+# replicated, then `F.cross_entropy`: an all-gather). Each runs forward and backward; the logits gradient is kept
+# vocab-sharded like the logits (padded to p⌈V/p⌉ columns so that its shards are even). XLA pads an uneven
+# vocabulary to ⌈V/p⌉ columns per device. These views need `tp` devices in this process; with fewer they are
+# skipped.
 #
-# ## 6 · The saving as the vocabulary grows
-# The ratio grows linearly in V/p. Ledger points (small b·s, tp from the parameters) sit on the formula's line.
+# **TPU.** The same graphs compiled by XLA:TPU for a v5e slice (compile-only; in a helper process with `tp`
+# virtual devices when this process has fewer).
 
 # %%
-vocabs = sorted({1000, 8000, 32000, 50257, 128256, vocab})
+emb_compiled = [tpv.compiler(emb), tpv.tpu(emb)]
+compiler = {c.key: tpv.compiler(c) for c in (vp, ga)}
+tpu = {c.key: tpv.tpu(c) for c in (vp, ga)}
+
+# %% [markdown]
+# ## 5 · Four ways, one number
+# The embedding: one all-reduce of [b, s, h] forward; with the backward still one (formula and ledger).
+
+# %%
+display(record(rec, "embedding", tpv.formula(emb), emb_ledger["fwd"], *emb_compiled))
+record(rec, "embedding", tpv.formula(emb_fb), emb_ledger["fwd_bwd"])
+
+# %% [markdown]
+# The loss, both methods side by side (`largest_array.elements`: the largest array each compiled program writes
+# per device — the logits shard, or the gathered logits), and the ratios gathered / vocab-parallel in both conventions. The
+# measured ratios come from elements, so they hold for bf16 too (XLA:CPU all-reduces 16-bit floats in f32).
+
+# %%
+views = {key: [formula[key], ledger[key], compiler[key], tpu[key]] for key in formula}
+record(rec, "ce", *tpv.ce_table_views(views["vocab_parallel"], views["gather_logits"], p.vocab, p.tp))
+
+# %% [markdown]
+# **Interpretation.** The vocabulary-parallel loss moves a few numbers per token where gathering moves a slice of
+# the vocabulary per token: in wire bytes $p\lceil V/p\rceil/6 \approx V/6$ times less, at every tp. Both
+# partitioners reach the same plan when the loss is *written* as reductions; written as "replicate, then
+# `F.cross_entropy`", they all-gather, and every device then holds the whole padded logits.
+#
+# **CPU vs TPU.** XLA:TPU issues the target-logit and sum-of-exponentials all-reduces as **one** tuple
+# all-reduce (count 2, operands 3): the all-reduce combiner merges the two independent sums, while the max stays
+# alone — it is another reduction (max, not sum) and both sums need its result. XLA:CPU has no combiner. Any
+# collective a program issues beyond its method's own is listed in a note above the table: XLA:CPU partitions the
+# backward of the gathered `F.cross_entropy` along the vocabulary (the gradient is annotated vocab-sharded) and
+# adds a few [b, s] all-reduces there. Neither changes the lesson: the logits stay put, or they all move.
+#
+# ### Label smoothing
+# One more all-reduce (the sum of the logits) for the vocab-parallel loss; the gathered loss moves the same shard.
+# Formula and ledger (with the per-rank parity against torch's global definition):
+
+# %%
+if p.label_smoothing > 0:
+    smooth = {m: tpv.CrossEntropyConfig.from_params(p, method=m, label_smoothing=p.label_smoothing)
+              for m in tpv.CE_METHODS}
+    display(record(rec, "ce", *tpv.ce_table_views(
+        [tpv.formula(smooth["vocab_parallel"]), tpv.ledger(smooth["vocab_parallel"])],
+        [tpv.formula(smooth["gather"]), tpv.ledger(smooth["gather"])], p.vocab, p.tp, p.label_smoothing)))
+else:
+    print("label_smoothing=0: the smoothed loss is the plain one above")
+
+# %% [markdown]
+# ## 6 · The saving as the vocabulary grows
+# Both conventions per tp (solid: wire, dashed: payload). The wire lines nearly coincide — the saving does not
+# depend on tp (only the padding of p⌈V/p⌉ does) — while the payload lines drop by 2× per doubling of tp. Ledger points (small b·s, the
+# notebook's tp) sit on the wire line.
+
+# %%
+vocabs = sorted({1000, 8000, 32000, 50257, 128256, p.vocab})
 ledger_ratio = {}
-for V in [v for v in vocabs if v <= 60000]:
-    zz = torch.randn(1, 2, V)
-    tt = torch.randint(0, V, (1, 2))
-    sim.run(ce_step, zz, tt, "vocab_parallel", 0.0, -100, False)
-    vp_b = sim.ledger.payload_bytes()
-    sim.run(ce_step, zz, tt, "gather", 0.0, -100, False)
-    ledger_ratio[V] = sim.ledger.payload_bytes() / vp_b
+for V in [v for v in vocabs if v <= 60000 and v >= p.tp]:
+    small = [tpv.ledger(tpv.CrossEntropyConfig(p.tp, 1, 2, V, method=m, backward=False)) for m in tpv.CE_METHODS]
+    ledger_ratio[V] = small[1]["gather_logits.wire_bytes"] / small[0]["vocab_parallel.wire_bytes"]
 rec.check("ce.saving_ratio.ledger_on_formula_line",
-          all(abs(r - ftp.ce_saving_ratio(V, tp)) < 1e-9 * r for V, r in ledger_ratio.items()), str(ledger_ratio))
-fig = vtp.saving_ratio_figure(vocabs, sorted({2, 4, 8, tp}))
-fig.add_scatter(x=list(ledger_ratio), y=list(ledger_ratio.values()), mode="markers", name=f"ledger, tp={tp}",
+          all(abs(r - ftp.ce_wire_ratio(V, p.tp)) < 1e-9 * r for V, r in ledger_ratio.items()), str(ledger_ratio))
+fig = vtp.saving_ratio_figure(vocabs, sorted({2, 4, 8, p.tp}))
+fig.add_scatter(x=list(ledger_ratio), y=list(ledger_ratio.values()), mode="markers", name=f"ledger (wire), tp={p.tp}",
                 marker=dict(size=12, symbol="x", color="black"))
 fig.show()
-print(f"V={vocab}, tp={tp}: rows per rank {shard_rows(vocab, tp)}, ratio = ceil(V/p)/3 = {f_ratio:.2f}")
+
+# %% [markdown]
+# ## 7 · Memory: the gathered logits
+# Per device, the vocab-parallel loss never holds more than its logits shard [b, s, ⌈V/p⌉] (the
+# `largest_array` rows above: the gradient shard); the gathered loss holds the padded [b, s, p⌈V/p⌉] — p times
+# more, gigabytes per device for a Llama-3-sized vocabulary and batch (exercise 3). The compiled programs' memory:
+
+# %%
+from shardlab.views import memory_frame
+
+memory_frame({"cpu vocab-parallel": compiler["vocab_parallel"], "cpu gathered": compiler["gather_logits"],
+              "tpu vocab-parallel": tpu["vocab_parallel"], "tpu gathered": tpu["gather_logits"]})
+
+# %% [markdown]
+# XLA:CPU's temporaries include the gathered logits (and the loss's intermediates of the same size). XLA:TPU's
+# compiled memory statistics count only the temporaries it places in main memory (HBM); at these sizes the
+# gathered logits fit in on-chip memory and the TPU columns show no temporaries. Set `memory_tokens` (e.g. 512 at
+# the default vocab, float32: 103 MB of gathered logits per chip) to compile a forward-only pair for that many
+# tokens on the TPU, where the gathered logits no longer fit on chip (a few seconds per compile):
+
+# %%
+if p.memory_tokens:
+    big = {m: tpv.tpu(tpv.CrossEntropyConfig(p.tp, 1, p.memory_tokens, p.vocab, p.dtype, method=m, backward=False))
+           for m in tpv.CE_METHODS}
+    print(f"b·s = {p.memory_tokens}: gathered logits "
+          f"{ftp.ce_logits_bytes(1, p.memory_tokens, p.vocab, p.tp, p.dtype)['gathered']:,} bytes per chip")
+    display(memory_frame({f"tpu {m}, b·s={p.memory_tokens}": v for m, v in big.items()}))
+else:
+    print("memory_tokens=0: the large TPU memory comparison is skipped")
 
 # %% [markdown]
 # ### Explore
@@ -236,31 +237,51 @@ print(f"V={vocab}, tp={tp}: rows per rank {shard_rows(vocab, tp)}, ratio = ceil(
 # compared with the formula, and the gathered-logits bytes are shown for contrast.
 
 # %%
-ui, update = vtp.explorer("embedding_ce", tp=min(tp, 4), batch=batch, seq=min(seq, 8), hidden=min(hidden, 32),
-                          vocab=min(vocab, 1003))
-shown = update()
+ui, update = vtp.explorer("embedding_ce", tp=min(p.tp, 4), batch=p.batch, seq=min(p.seq, 8), hidden=min(p.hidden, 32),
+                          vocab=min(p.vocab, 1003))
+shown = update()  # what a slider move does; run here so a headless run exercises it too
 rec.check("embedding_ce.explorer.update", shown["ok"], f"{shown.get('formula')} vs {shown.get('ledger')}")
 rec.check("embedding_ce.explorer.rejects_tiny_vocab", not update(tp=8, vocab=4)["ok"], "vocab=4 < tp=8 is reported")
-update(tp=min(tp, 4), vocab=min(vocab, 1003))
+update(tp=min(p.tp, 4), vocab=min(p.vocab, 1003))
 ui
 
 # %% [markdown]
 # ## Exercises
-# 1. Llama 3 has V = 128256. With tp = 8, b·s = 8192 tokens in bf16, how many bytes per rank would gathering the
-#    logits hand to the all-gather, and what is the saving ratio of the vocab-parallel loss?
-# 2. GPT-2's V = 50257 over tp = 8: which rank owns token 6283, and how many rows does rank 7 own?
-# 3. Why does the backward of the vocab-parallel loss need no communication?
+# Write your answer into the variable and run the cell: the grader says right or gives a hint.
 #
-# <details><summary>Answers (asserted below)</summary>
+# 1. Llama 3 has V = 128256. With tp = 8 and b·s = 8192 tokens in bf16, how many bytes does each rank send over
+#    the wire (ring model) to gather the logits?
+# 2. What is the wire saving ratio of the vocab-parallel loss (no label smoothing) for Llama 3 at tp = 8, and at
+#    tp = 64? (a list of two numbers)
+# 3. In exercise 1's set-up, how many bytes does the gathered logits buffer take on each device?
+# 4. GPT-2's V = 50257 over tp = 8: which rank owns token 6283, and how many rows does rank 7 own?
+#    (a list of two ints)
+# 5. How many collectives does the backward of the vocab-parallel loss issue?
+
+# %%
+from shardlab.exercises import Exercises
+
+ex = Exercises(p.NOTEBOOK, rec, p.answers)
+answer_1 = None  # bytes
+answer_2 = None  # [ratio at tp=8, ratio at tp=64]
+answer_3 = None  # bytes
+answer_4 = None  # [rank, rows]
+answer_5 = None  # a count
+for n, a in enumerate((answer_1, answer_2, answer_3, answer_4, answer_5), start=1):
+    ex.show(n, a)
+
+# %% [markdown]
+# <details><summary>Why (open after trying)</summary>
 #
-# 1. ⌈128256/8⌉ = 16032 columns: 8192·16032·2 = 262,668,288 bytes (~250 MiB) per rank; ratio 16032/3 = 5344.
-# 2. Rank 0 owns [0, 6283), so token 6283 is rank 1's first row; rank 7 owns 6282 rows ([43975, 50257)).
-# 3. $\partial\,\mathrm{loss}/\partial z_j = \mathrm{softmax}_j - (1-\varepsilon)[j=t] - \varepsilon/V$: the softmax
-#    needs only the already all-reduced max and sum, and each rank's columns are its own.
+# 1. An all-gather rank hands over its padded shard [b·s, ⌈V/p⌉] and, in a ring, sends p − 1 of them.
+# 2. $(p-1)\,b\,s\,\lceil V/p\rceil$ over $3\cdot 2\frac{p-1}{p}\,b\,s$ is $p\lceil V/p\rceil/6$: with V
+#    divisible by p that is V/6 whatever p. The payload ratio ⌈V/p⌉/3 would have fallen 8-fold between the two.
+# 3. After the all-gather a device holds all p padded shards: b·s·p·⌈V/p⌉ elements.
+# 4. 50257 = 8·6282 + 1: rank 0 owns one row more, [0, 6283), so token 6283 is the first row of the next rank;
+#    the last rank owns the base 6282 rows.
+# 5. $\partial\,\mathrm{loss}/\partial z_j = \mathrm{softmax}_j - (1-\varepsilon)[j=t] - \varepsilon/V$: the softmax
+#    needs only the max and the sum that the forward already all-reduced, and each rank's columns are its own.
 # </details>
 
 # %%
-assert ftp.gathered_logits(1, 8192, 128256, 8, "bf16")["bytes"] == 8192 * 16032 * 2 == 262_668_288
-assert ftp.ce_saving_ratio(128256, 8) == 16032 / 3 == 5344
-assert vocab_range(50257, 1, 8)[0] == 6283 and vocab_range(50257, 7, 8) == (43975, 50257)
 rec.close()["status"]

@@ -14,10 +14,18 @@ V vocab, p = tp, e bytes per element.  At p = 1 nothing is communicated (count 0
                         pair and step.  In return the stored layer inputs are divided by p
                         (`formulas.activations`)
     embedding           forward: 1 all-reduce of [b, s, h]
-    vocab-parallel CE   all-reduces of [b, s]: max, target logit, sum of exponentials (+ sum of logits with
-                        label smoothing): 3 (or 4) b s e
-    gathered logits     1 all-gather of this rank's logits [b, s, ceil(V/p)] (uneven shards padded)
-    saving ratio        gathered / vocab-parallel = ceil(V/p) / 3 (or / 4)
+    vocab-parallel CE   n = 3 all-reduces of [b, s]: max, target logit, sum of exponentials (n = 4 with label
+                        smoothing: + the sum of logits).  Payload n b s e; wire n 2(p-1)/p b s e
+    gathered logits     1 all-gather of this rank's logits [b, s, ceil(V/p)] (uneven shards padded).
+                        Payload b s ceil(V/p) e (one shard); wire (p-1) b s ceil(V/p) e
+    CE ratios           two conventions, both named:
+                        payload ratio  ceil(V/p) / n            what one rank hands over: shrinks with p
+                        wire ratio     p ceil(V/p) / (2 n)      bytes one rank sends (ring): ~ V / 6, does
+                                                                not shrink with p (the saving)
+    CE logits memory    per device: the vocab-parallel loss keeps its shard [b, s, ceil(V/p)]; gathering
+                        builds the padded [b, s, p ceil(V/p)] (~ b s V) buffer — p times more
+
+Bytes are payload per rank unless a term says ``wire_bytes`` (the ring model of ``formulas.common``).
 
 Example::
 
@@ -111,12 +119,27 @@ def embedding_all_reduce(batch: int, seq: int, hidden: int, tp: int, dtype: Any 
     return _all_reduce(1, batch * seq * hidden, dtype, tp)
 
 
+def _ce_reductions(label_smoothing: float) -> int:
+    """All-reduces of the vocab-parallel loss: max, target logit, sum of exp (+ sum of logits when smoothing)."""
+    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, int | float) \
+            or not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"label_smoothing={label_smoothing!r} is not a number in [0, 1]")
+    return 3 + int(label_smoothing > 0)
+
+
 def vocab_parallel_ce(
     batch: int, seq: int, tp: int, dtype: Any = "float32", label_smoothing: float = 0.0
-) -> dict[str, int]:
-    """All-reduces of [b, s]: max, target logit, sum exp (+ sum of logits if label_smoothing > 0)."""
+) -> dict[str, Any]:
+    """All-reduces of [b, s]: max, target logit, sum exp (+ sum of logits if label_smoothing > 0).
+
+    Terms: ``count``, ``bytes`` (payload per rank) and ``wire_bytes`` (ring: 2 (p-1)/p of the payload).
+
+    >>> vocab_parallel_ce(batch=1, seq=8, tp=8)
+    {'count': 3, 'bytes': 96, 'wire_bytes': 168.0}
+    """
     _check(batch=batch, seq=seq, tp=tp)
-    return _all_reduce(3 + int(label_smoothing > 0), batch * seq, dtype, tp)
+    f: dict[str, Any] = _all_reduce(_ce_reductions(label_smoothing), batch * seq, dtype, tp)
+    return f | {"wire_bytes": wire_bytes("all_reduce", f["bytes"], tp)}
 
 
 def shard_width(vocab: int, tp: int) -> int:
@@ -125,17 +148,60 @@ def shard_width(vocab: int, tp: int) -> int:
     return ceil_div(vocab, tp)
 
 
-def gathered_logits(batch: int, seq: int, vocab: int, tp: int, dtype: Any = "float32") -> dict[str, int]:
-    """1 all-gather of this rank's logits shard, padded to ceil(V/p): payload b s ceil(V/p) e per rank."""
+def gathered_logits(batch: int, seq: int, vocab: int, tp: int, dtype: Any = "float32") -> dict[str, Any]:
+    """1 all-gather of this rank's logits shard, padded to ceil(V/p).
+
+    Terms: ``count``, ``bytes`` (payload: the shard b s ceil(V/p) e) and ``wire_bytes`` (ring: (p-1) shards).
+
+    >>> gathered_logits(batch=1, seq=8, vocab=50257, tp=8)
+    {'count': 1, 'bytes': 201056, 'wire_bytes': 1407392.0}
+    """
     _check(batch=batch, seq=seq, vocab=vocab, tp=tp)
     if tp == 1:
-        return {"count": 0, "bytes": 0}
-    return {"count": 1, "bytes": batch * seq * shard_width(vocab, tp) * dtype_bytes(dtype)}
+        return {"count": 0, "bytes": 0, "wire_bytes": 0.0}
+    shard = batch * seq * shard_width(vocab, tp) * dtype_bytes(dtype)
+    return {"count": 1, "bytes": shard, "wire_bytes": float(wire_bytes("all_gather", shard, tp))}
 
 
-def ce_saving_ratio(vocab: int, tp: int, label_smoothing: float = 0.0) -> float:
-    """Payload of gathered logits / payload of vocab-parallel CE = ceil(V/p) / (3 or 4); b, s, e cancel."""
+def _ratio_check(vocab: int, tp: int) -> None:
     _check(vocab=vocab, tp=tp)
     if tp == 1:
-        raise ValueError("tp=1 communicates nothing either way: the saving ratio is undefined")
-    return shard_width(vocab, tp) / (3 + int(label_smoothing > 0))
+        raise ValueError("tp=1 communicates nothing either way: the cross-entropy ratio is undefined")
+
+
+def ce_payload_ratio(vocab: int, tp: int, label_smoothing: float = 0.0) -> float:
+    """Payload convention: gathered-logits payload / vocab-parallel payload = ceil(V/p) / n (n = 3, or 4 with
+    label smoothing); b, s, e cancel.  It divides ONE shard (what an all-gather rank hands over) by the whole
+    [b, s] inputs of the all-reduces, so it shrinks with p although the wire bytes do not.
+
+    >>> ce_payload_ratio(50257, 8)   # ceil(50257 / 8) / 3 = 6283 / 3
+    2094.3333333333335
+    """
+    _ratio_check(vocab, tp)
+    return shard_width(vocab, tp) / _ce_reductions(label_smoothing)
+
+
+def ce_wire_ratio(vocab: int, tp: int, label_smoothing: float = 0.0) -> float:
+    """Wire convention (the saving): bytes one rank sends, ring model, gathered / vocab-parallel
+
+        (p-1) ceil(V/p)  /  (n 2 (p-1)/p)  =  p ceil(V/p) / (2 n)   ~ V / 6 for n = 3, whatever p.
+
+    >>> ce_wire_ratio(50257, 8)      # 8 * 6283 / 6
+    8377.333333333334
+    >>> ce_wire_ratio(128256, 8) == ce_wire_ratio(128256, 64) == 128256 / 6
+    True
+    """
+    _ratio_check(vocab, tp)
+    return tp * shard_width(vocab, tp) / (2 * _ce_reductions(label_smoothing))
+
+
+def ce_logits_bytes(batch: int, seq: int, vocab: int, tp: int, dtype: Any = "float32") -> dict[str, int]:
+    """Per-device logits buffer: ``vocab_parallel`` keeps the shard [b, s, ceil(V/p)]; ``gathered`` builds the
+    all-gather's result [b, s, p ceil(V/p)] (padded; ~ b s V), p times larger.
+
+    >>> ce_logits_bytes(batch=1, seq=8, vocab=50257, tp=8)
+    {'vocab_parallel': 201056, 'gathered': 1608448}
+    """
+    _check(batch=batch, seq=seq, vocab=vocab, tp=tp)
+    shard = batch * seq * shard_width(vocab, tp) * dtype_bytes(dtype)
+    return {"vocab_parallel": shard, "gathered": tp * shard}

@@ -7,11 +7,8 @@ The ``libtpu`` wheel contains the TPU compiler; JAX can describe a TPU slice we 
 notebook builds on its CPU device world (torch_xla under SPMD, shardings annotated, *not* synced) is lowered to
 the pre-partitioning HLO proto with its shardings (``torch_xla._XLAC._get_xla_tensors_hlo_proto``) and compiled
 for the topology exactly like torch_xla would on a TPU: GSPMD partitioning, sharding propagation allowed to the
-outputs (as torch_xla does; without it the program all-gathers every unannotated output) and to the parameters
-that carry no sharding (placeholders annotated through ``placeholder * 1``). A parameter the graph annotated keeps
-its sharding, as device data does under torch_xla: allowed to propagate, XLA:TPU replaced the annotated sharding of
-an unevenly split operand by a replicated one (measured: x[6, 30] @ W[30, 10] split over k in 4 compiled to no
-all-reduce at all, with both parameters replicated).
+outputs (without it the program all-gathers every unannotated output) and to the parameters the graph left
+without a sharding (placeholders) — never to a parameter torch_xla already laid out (:func:`parameter_propagation`).
 Nothing executes, and the outputs are never synced (graphs over placeholders crash when executed).
 
 What comes back (:class:`TpuCompile`): the per-chip program after every TPU pass (HLO text, parsed with
@@ -232,6 +229,31 @@ def _device_list(name: str) -> tuple[Any, ...]:
     return devices
 
 
+_PARAMETER_RE = re.compile(r"=\s*\S+\s+parameter\((\d+)\)(.*)$")
+
+
+def parameter_propagation(hlo_text: str, count: int) -> list[bool]:
+    r"""Per entry parameter: may the partitioner choose its sharding? Only when the graph gave it none.
+
+    torch_xla gives every device-data parameter a sharding (``{replicated}`` when unannotated): on a TPU the data
+    is already laid out that way, so the compiled program must keep it. Allowing propagation there let the
+    compiler replace a parameter's sharding (measured: vocab-sharded logits became a replicated argument, and the
+    gathered cross-entropy's all-gather disappeared). Placeholders (``create_placeholder_tensor``) carry no
+    sharding and take the one their users imply.
+
+    >>> parameter_propagation('ENTRY %m {\n  %p0 = f32[4]{0} parameter(0), sharding={replicated}\n'
+    ...                       '  %p1 = f32[4]{0} parameter(1)\n}', 2)
+    [False, True]
+    """
+    entry = hlo_text[hlo_text.find("ENTRY"):] if "ENTRY" in hlo_text else hlo_text
+    sharded: dict[int, bool] = {}
+    for line in entry.splitlines():
+        m = _PARAMETER_RE.search(line)
+        if m:
+            sharded[int(m.group(1))] = "sharding=" in m.group(2)
+    return [not sharded.get(i, False) for i in range(count)]
+
+
 def _compile_proto(proto: bytes, topo: Topology, disable_passes: tuple[str, ...],
                    debug_options: Mapping[str, Any], auto_spmd_mesh: tuple[int, ...] | None = None) -> Any:
     """Compile a pre-partitioning HLO proto for ``topo``; returns the compile-only executable."""
@@ -239,7 +261,8 @@ def _compile_proto(proto: bytes, topo: Topology, disable_passes: tuple[str, ...]
 
     b = _backend()
     devices = _device_list(topo.name)
-    shape = b.XlaComputation(proto).program_shape()
+    computation = b.XlaComputation(proto)
+    shape = computation.program_shape()
     result = shape.result_shape()
     n_out = len(result.tuple_shapes()) if result.is_tuple() else 1
     opts = b.get_compile_options(
@@ -252,8 +275,8 @@ def _compile_proto(proto: bytes, topo: Topology, disable_passes: tuple[str, ...]
     # torch_xla proto: it silently compiles a replicated program (measured: no collectives, full weights).
     build.use_shardy_partitioner = False
     # Vector sizes must be 1 or exactly the counts, or XLA aborts the process (CHECK failure).
-    build.allow_spmd_sharding_propagation_to_parameters = _unannotated_parameters(
-        b.XlaComputation(proto).as_hlo_text(), len(shape.parameter_shapes()))
+    build.allow_spmd_sharding_propagation_to_parameters = parameter_propagation(
+        computation.as_hlo_text(), len(shape.parameter_shapes()))
     build.allow_spmd_sharding_propagation_to_output = [True] * n_out
     if disable_passes:
         build.debug_options.xla_disable_hlo_passes = ",".join(disable_passes)
@@ -284,26 +307,6 @@ def _quiet_stdout(active: bool) -> Iterator[None]:
         finally:
             os.dup2(saved, 1)
             os.close(saved)
-
-
-_PARAMETER = re.compile(r"=\s*\S+\s+parameter\((\d+)\)(.*)$")
-
-
-def _unannotated_parameters(entry_text: str, count: int) -> list[bool]:
-    r"""Per entry parameter: True when the graph gave it no sharding (XLA may then choose one), False when it did.
-
-    >>> _unannotated_parameters("ENTRY e {\n p1 = f32[4] parameter(1), sharding={replicated}\n"
-    ...                         " p0 = f32[4] parameter(0)\n}", 2)
-    [True, False]
-    """
-    allow = [True] * count
-    entry = entry_text[entry_text.index("ENTRY"):] if "ENTRY" in entry_text else entry_text
-    body = entry.split("\n}", 1)[0]
-    for line in body.splitlines():
-        m = _PARAMETER.search(line)
-        if m and int(m.group(1)) < count and "sharding=" in m.group(2):
-            allow[int(m.group(1))] = False
-    return allow
 
 
 def _cost(exe: Any) -> dict[str, float]:

@@ -1,12 +1,13 @@
 """shardlab.tp — Megatron tensor parallelism written per rank over a `shardlab.comm.Comm`.
 
 mappings       f, g (and gather / scatter, the sequence-parallel pair g_sp, gbar_sp) as autograd functions
-layers         ColumnParallelLinear, RowParallelLinear, ParallelMLP, ParallelAttention,
+layers         ColumnParallelLinear, RowParallelLinear, ParallelMLP, ParallelAttention, ParallelTransformerBlock,
                VocabParallelEmbedding, vocab_range — each with `from_dense(module, comm)`
 cross_entropy  vocab_parallel_cross_entropy (b*s all-reduces) and the gathered-logits baseline
 programs       per-rank step functions runnable in SimulatedWorld and DistributedWorld
 gspmd          the same layers as GSPMD shardings of the dense modules (compiler view; imports torch_xla
                lazily)
+views          one configuration, four views (formula, ledger, CPU compiler, TPU compiler) for notebooks 02-04
 """
 
 from shardlab.tp.cross_entropy import gathered_cross_entropy, vocab_parallel_cross_entropy
@@ -14,6 +15,7 @@ from shardlab.tp.layers import (
     ColumnParallelLinear,
     ParallelAttention,
     ParallelMLP,
+    ParallelTransformerBlock,
     RowParallelLinear,
     VocabParallelEmbedding,
     divide,
@@ -36,6 +38,7 @@ __all__ = [
     "ColumnParallelLinear",
     "ParallelAttention",
     "ParallelMLP",
+    "ParallelTransformerBlock",
     "RowParallelLinear",
     "VocabParallelEmbedding",
     "copy_to_tp_region",

@@ -20,10 +20,12 @@ every collective runs within groups of tp devices.  Specs in nn.Linear layout (w
                  the partitioner all-gathered q, k and v).
     Embedding    weight [V, h]        ("tensor", None)  vocab rows split (uneven V: padded per device)
     logits       [b, s, V]            (None, None, "tensor")
+    Block        `shard_transformer_block`: attention + MLP as above, LayerNorms replicated
 
-The cross-entropy comes in two dense spellings: `vocab_parallel_ce` writes the loss from row reductions
-(max, masked target-logit sum, sum of exp) so the partitioner can keep the logits sharded and all-reduce
-[b, s] values; `gathered_ce` first re-annotates the logits as replicated, which forces an all-gather.
+The cross-entropy comes in two dense spellings (both torch's definition, with label smoothing and
+ignore_index): `vocab_parallel_ce` writes the loss from row reductions (max, masked target-logit sum, sum of
+exp, + sum of logits when smoothing) so the partitioner can keep the logits sharded and all-reduce [b, s]
+values; `gathered_ce` first re-annotates the logits as replicated, which forces an all-gather.
 
 Example::
 
@@ -92,21 +94,35 @@ def shard_logits(logits: torch.Tensor, mesh: Any) -> torch.Tensor:
     return logits
 
 
-def vocab_parallel_ce(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Per-token CE from row reductions only (no label smoothing / ignore_index): the partitioner keeps the
-    vocab-sharded logits in place and all-reduces [b, s] partials."""
+def shard_transformer_block(block: models.TransformerBlock, mesh: Any) -> models.TransformerBlock:
+    """Attention heads and the MLP's inner dimension over `tensor`; the LayerNorms stay replicated."""
+    shard_attention(block.attn, mesh)
+    shard_mlp(block.mlp, mesh)
+    return block
+
+
+def vocab_parallel_ce(logits: torch.Tensor, target: torch.Tensor, label_smoothing: float = 0.0,
+                      ignore_index: int = -100) -> torch.Tensor:
+    """Per-token CE from row reductions only (torch's definition, global V): the partitioner keeps the
+    vocab-sharded logits in place and all-reduces [b, s] partials — 3, or 4 with label smoothing."""
+    v = logits.shape[-1]
     m = logits.max(dim=-1, keepdim=True).values.detach()  # [b, s, 1]   all-reduce max
     zs = logits - m  # [b, s, V]
-    hit = torch.arange(logits.shape[-1], device=logits.device) == target.unsqueeze(-1)  # [b, s, V]
+    hit = torch.arange(v, device=logits.device) == target.unsqueeze(-1)  # [b, s, V] (no hit for ignore_index)
     zt = (zs * hit).sum(dim=-1)  # [b, s]   all-reduce sum
-    return zs.exp().sum(dim=-1).log() - zt  # [b, s]   all-reduce sum (of exp)
+    loss = zs.exp().sum(dim=-1).log() - (1.0 - label_smoothing) * zt  # [b, s]   all-reduce sum (of exp)
+    if label_smoothing > 0:
+        loss = loss - label_smoothing / v * zs.sum(dim=-1)  # [b, s]   all-reduce sum (of logits)
+    return loss.masked_fill(target == ignore_index, 0.0)
 
 
-def gathered_ce(logits: torch.Tensor, target: torch.Tensor, mesh: Any) -> torch.Tensor:
+def gathered_ce(logits: torch.Tensor, target: torch.Tensor, mesh: Any, label_smoothing: float = 0.0,
+                ignore_index: int = -100) -> torch.Tensor:
     """Replicate the logits first (an all-gather of [b, s, V/tp] per device), then torch's cross-entropy."""
     full = logits * 1.0  # a new value to annotate
     _mark(full, mesh, (None,) * full.dim())
-    return F.cross_entropy(full.flatten(0, 1), target.flatten(), reduction="none").view_as(target)
+    return F.cross_entropy(full.flatten(0, 1), target.flatten(), reduction="none", label_smoothing=label_smoothing,
+                           ignore_index=ignore_index).view_as(target)
 
 
 def step(module: torch.nn.Module, x: torch.Tensor, grad_out: torch.Tensor | None = None) -> list[torch.Tensor]:

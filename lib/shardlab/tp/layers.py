@@ -10,6 +10,7 @@ sum that still needs a reduction over X.  p = tp = comm.world_size, rank i holds
     ParallelMLP            Z = g(gelu(f(X) A_i) B_i) + b2          1 all-reduce forward, 1 backward
     ParallelAttention      heads split: rank i owns heads [i*nh/p, (i+1)*nh/p); Q/K/V column-parallel (one
                            fused f), output projection row-parallel (one g)
+    ParallelTransformerBlock  x + Attn(LN(x)), then + MLP(LN(.)); LayerNorms replicated   2 + 2 all-reduces
     VocabParallelEmbedding rows of E split by `vocab_range`; ids outside the rank's range look up a zero
                            row; g sums the ranks' rows                  1 all-reduce forward
 
@@ -220,6 +221,35 @@ class ParallelAttention(nn.Module):
         if m.qkv.bias is not None:
             _slice_copy(m.qkv.bias, torch.cat([lin.bias[cols] for lin in (dense.q, dense.k, dense.v)]))
         m.out = RowParallelLinear.from_dense(dense.out, comm)
+        return m
+
+
+class ParallelTransformerBlock(nn.Module):
+    """A pre-LayerNorm transformer layer with ParallelAttention and ParallelMLP (no sequence parallelism).
+
+    The LayerNorms run replicated on every rank (their inputs are the full activations, so their gradients are
+    identical on every rank without communication); the residual adds are local.  Per step: 2 all-reduces
+    forward (each sub-layer's g), 2 backward (each sub-layer's f)."""
+
+    def __init__(self, hidden: int, heads: int, ffn: int, comm: Comm, bias: bool = True) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(hidden)
+        self.attn = ParallelAttention(hidden, heads, comm, bias)
+        self.ln2 = nn.LayerNorm(hidden)
+        self.mlp = ParallelMLP(hidden, ffn, comm, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))  # [b, s, h]
+        return x + self.mlp(self.ln2(x))  # [b, s, h]
+
+    @classmethod
+    def from_dense(cls, dense: models.TransformerBlock, comm: Comm) -> ParallelTransformerBlock:
+        attn, mlp = dense.attn, dense.mlp
+        m = _like(cls(attn.hidden, attn.heads, mlp.fc1.out_features, comm, attn.q.bias is not None), dense)
+        m.ln1.load_state_dict(dense.ln1.state_dict())
+        m.ln2.load_state_dict(dense.ln2.state_dict())
+        m.attn = ParallelAttention.from_dense(attn, comm)
+        m.mlp = ParallelMLP.from_dense(mlp, comm)
         return m
 
 

@@ -29,7 +29,13 @@ from shardlab import models
 from shardlab.comm import Comm, Ledger, SimulatedWorld
 from shardlab.formulas import tp as ftp
 from shardlab.tp.cross_entropy import gathered_cross_entropy, vocab_parallel_cross_entropy
-from shardlab.tp.layers import ParallelAttention, ParallelMLP, VocabParallelEmbedding, vocab_range
+from shardlab.tp.layers import (
+    ParallelAttention,
+    ParallelMLP,
+    ParallelTransformerBlock,
+    VocabParallelEmbedding,
+    vocab_range,
+)
 
 
 def _step(
@@ -81,6 +87,13 @@ def attention_step(
     comm: Comm, dense: models.Attention, x: torch.Tensor, grad_out: torch.Tensor | None = None, input_grad: bool = True
 ) -> dict[str, Any]:
     return _step(ParallelAttention.from_dense(dense, comm), x, grad_out, input_grad)
+
+
+def transformer_layer_step(
+    comm: Comm, dense: models.TransformerBlock, x: torch.Tensor, grad_out: torch.Tensor | None = None
+) -> dict[str, Any]:
+    """x: [b, s, h] (full, replicated). One pre-LayerNorm layer: attention then MLP, each with its f and g."""
+    return _step(ParallelTransformerBlock.from_dense(dense, comm), x, grad_out)
 
 
 def embedding_step(

@@ -7,7 +7,7 @@ Design note
   `mlp_panels`, `attention_panels`, `embedding_panels` (uneven vocab shows as unequal bands).
 - `ledger_frame(ledger)` / `ledger_timeline(ledger)`: the collectives a per-rank run issued, as a table and as
   bars in program order (height = payload bytes, colour = forward / backward).
-- `saving_ratio_figure(vocabs, tps)`: gathered-logits payload over vocab-parallel CE payload.
+- `saving_ratio_figure(vocabs, tps)`: gathered logits over vocab-parallel CE, wire and payload conventions.
 - `explorer(kind, ...)`: sliders (tp, batch, seq, hidden, heads, vocab); `update(**overrides)` asks
   `shardlab.tp.programs.formula_and_ledger` for the formula and a SimulatedWorld ledger of the small config and
   draws them (this package only draws).
@@ -116,26 +116,29 @@ def ledger_timeline(ledger: Ledger, title: str = "collectives in program order")
 
 
 def saving_ratio_figure(vocabs: list[int], tps: list[int], label_smoothing: float = 0.0):
+    """Gathered logits / vocab-parallel CE per tp, in both conventions: wire bytes per rank (solid, the saving:
+    ~V/6 at every tp) and payload per rank (dashed: one shard over the [b, s] inputs, shrinking with tp)."""
     import plotly.graph_objects as go
 
     fig = go.Figure()
     for tp in tps:
-        fig.add_trace(
-            go.Scatter(
-                x=vocabs,
-                y=[ftp.ce_saving_ratio(v, tp, label_smoothing) for v in vocabs],
-                mode="lines+markers",
-                name=f"tp={tp}",
-                line_color=device_color(tp),
+        for conv, fn, dash in (("wire", ftp.ce_wire_ratio, "solid"), ("payload", ftp.ce_payload_ratio, "dash")):
+            fig.add_trace(
+                go.Scatter(
+                    x=vocabs,
+                    y=[fn(v, tp, label_smoothing) for v in vocabs],
+                    mode="lines+markers",
+                    name=f"{conv}, tp={tp}",
+                    line=dict(color=device_color(tp), dash=dash),
+                )
             )
-        )
     fig.update_layout(
-        title="gathered logits / vocab-parallel CE (payload per rank)",
+        title="gathered logits / vocab-parallel CE: wire bytes per rank (solid) and payload per rank (dashed)",
         xaxis_title="vocab V",
-        yaxis_title="saving ratio = ceil(V/tp) / 3",
+        yaxis_title="ratio (wire: p·ceil(V/p)/6, payload: ceil(V/p)/3)",
         xaxis_type="log",
         yaxis_type="log",
-        height=340,
+        height=360,
     )
     return fig
 
