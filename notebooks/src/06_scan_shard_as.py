@@ -95,7 +95,8 @@ if rows:
 # its size grows with L, by a few instructions per layer instead of a whole block. Pre-stacked `scan` holds
 # weights as `[L, …]` parameters, so the program is the same for every L — only shapes change.
 #
-# Published TPU figures (PyTorch/XLA's scan guide: a 50-layer decoder trained on one TPU chip): the maximum
+# Published TPU figures ([PyTorch/XLA's scan guide](https://docs.pytorch.org/xla/release/r2.8/features/scan.html):
+# a 50-layer decoder trained on one TPU chip): the maximum
 # compile time dropped from 1 min 03 s with a Python for loop to 19 s with `scan_layers`. What transfers to CPU:
 # the *graph sizes* — backend-independent up to the CPU outlining noted above, with the same L-linear vs
 # constant shapes. What does not: absolute seconds (XLA:CPU compiles this small MLP in about a second) and the
@@ -119,8 +120,9 @@ V.devices_sweep(rec, on, p.devices_sweep)
 #
 # ## 3 · 2-D sharding and `shard_as`
 # ### Why the gradient loses its fsdp split
-# The weight gradient is $dW_{up} = x^\top \cdot dh$, a sum over the batch (and sequence) rows. The batch is split
-# over fsdp, so each device can only form a *partial* sum — the rule for a contraction over a split dimension:
+# The weight gradient is $dW_{up} = x^\top \cdot dh$ ($dh$: the gradient at $xW_{up}$), a sum over the batch (and
+# sequence) rows. The batch is split over fsdp, so each device can only form a *partial* sum — the rule for a
+# contraction over a split dimension:
 #
 # $$x^\top[H, B_{fsdp}] \cdot dh[B_{fsdp}, F_{tensor}] = dW_{up}[H, F_{tensor}]\{U_{fsdp}\}$$
 #
@@ -165,18 +167,19 @@ V.contrast(rec, views["on"], views["off"])
 # finished by an all-reduce over fsdp and come out 1-D (`[L, H, F/t]`), with it by a reduce-scatter over fsdp
 # and 2-D (`[L, H/f, F/t]`); the stacked gradients differ by exactly the fsdp factor. The backward `While`'s
 # loop state holds an array of exactly each stacked gradient's per-device shape in every program (checked) — the
-# carried sharding *is* the stack's — so the loop state is larger without `shard_as` by the same bytes.
+# carried sharding *is* the stack's — so the loop state is larger without `shard_as` by the stacked gradients'
+# difference (give or take a few bytes of loop bookkeeping).
 #
 # **CPU vs TPU.** XLA:CPU has no reduce-scatter: it all-reduces and then cuts its share out with a
 # dynamic-slice (the table counts that pair as the reduce-scatter it is). XLA:TPU, at the default sizes, emits a
 # real reduce-scatter, and its collective combiner merges the two weights' reductions into one tuple instruction
-# (count 1 with 2 operands; the operands and bytes agree). Both choices are the compiler's: at other sizes
-# XLA:TPU also finishes one of them as all-reduce + dynamic-slice (the `[tpu]` note above the table says so
-# when it happens), and the count of logical reductions stays the same. The loop states are each compiler's own: XLA:TPU keeps some
-# saved activations and weight copies in bf16 even in this f32 model (the default matmul precision) and carries
-# different bookkeeping, so the totals differ while the stacked gradients inside them are identical. At this
-# small size the TPU compiler reproduces the 1-D vs 2-D difference exactly; whether it does at the seed's full
-# size is the subject of the section "At full size" below.
+# (count 1 with 2 operands; the operands and bytes agree). Both are the compiler's choices: at other sizes XLA:TPU
+# also finishes one of them as all-reduce + dynamic-slice (a `[tpu]` note above the table says so when it
+# happens); the number of logical reductions stays the same. The loop states are each compiler's own: XLA:TPU's
+# holds bf16 copies of some saved tensors in this f32 model (at torch_xla's default matmul precision XLA:TPU
+# multiplies f32 operands in bf16) and other bookkeeping, so the totals differ while the stacked gradients inside
+# them are identical. At this small size the TPU compiler reproduces the 1-D vs 2-D difference exactly; whether
+# it does at the seed's full size is the subject of the section "At full size" below.
 
 # %%
 memory_frame({f"cpu · {t} (buffer assignment)": views[t][1] for t in ("on", "off")}
@@ -210,13 +213,14 @@ V.transposed(rec, on)
 
 # %% [markdown]
 # ### The seed case: `[126, 4K, 16K]` on v6e-256
-# PyTorch/XLA's report of the OOM (pytorch/xla issue 8883, "Use shard_as to improve sharding and avoid OOM",
-# March 2025) describes Llama 3.1 405B on v6e-256 with 2-D (FSDP + TP) sharding: in the backward `scan`, a
+# PyTorch/XLA's report of the OOM ([pytorch/xla#8883](https://github.com/pytorch/xla/issues/8883), "Use shard_as
+# to improve sharding and avoid OOM", March 2025) describes Llama 3.1 405B on v6e-256 with 2-D (FSDP + TP) sharding: in the backward `scan`, a
 # per-layer gradient of shape `[1, 4K, 16K]` was all-reduced over the FSDP axis and written into a stacked
 # `[126, 4K, 16K]` output, too large for one chip (126 = the model's layers). Those are per-chip shapes: the
-# logical weight is `[126, 16K, 16K]` (o_proj; q_proj has the same shape), and 4K = 16K / 4 is the tensor split —
-# so the mesh below is (fsdp 64, tensor 4), our reading of the 256 chips. Per chip, in bf16, against the 31.25 GiB
-# of HBM the XLA:TPU compiler lets one v6e chip's program use (32 GiB published):
+# logical weight is `[126, 16K, 16K]` (o_proj's, the gradient [torchprime#160](https://github.com/AI-Hypercomputer/torchprime/issues/160) names; q_proj has the same
+# shape), and 4K = 16K / 4 is the tensor split — so the mesh below is (fsdp 64, tensor 4), our reading of the
+# 256 chips. Per chip, in bf16, against the 31.25 GiB of HBM the XLA:TPU compiler lets one v6e chip's program use
+# (32 GiB published):
 
 # %%
 V.seed_table(rec)
@@ -227,7 +231,7 @@ V.seed_table(rec)
 # weights, optimizer state and activations. `shard_as` divides it by 64.
 #
 # ### At full size
-# <!-- full-size TPU compile of the seed (issue 11): section to be added here -->
+# <!-- the full-size XLA:TPU compile of the seed goes here -->
 # *Not part of this notebook yet.* The tables above compile the small stack. Whether XLA:TPU, compiling the
 # full 405B-size stack for a TPU slice, reproduces the same off/on difference is being measured separately;
 # that comparison will appear here.
@@ -281,11 +285,11 @@ rec.check("placeholder.read_error_is_clear", read_error is not None and "placeho
 print(f"logical {P.logical_bytes(big) / 2**30:.0f} GiB, RSS grew {rss_grew_mib:.1f} MiB\n{read_error}")
 
 # %% [markdown]
-# **Tracing must not move data.** The upstream report (pytorch/xla issue 8612, "Placeholder tensors", January
-# 2025) compared one model run with a for loop and with `scan`: *"From the metrics, it transfers 23 GiB compared
+# **Tracing must not move data.** The upstream report ([pytorch/xla#8612](https://github.com/pytorch/xla/issues/8612),
+# "Placeholder tensors", January 2025) compared one model run with a for loop and with `scan`: *"From the metrics, it transfers 23 GiB compared
 # to 182 MiB when using for loops. The metric `IrValueTensorToXlaData` has a large count (>200) under scan
 # compared to 0 under for loop."* The cause: scan traced its function on fake inputs that were real device tensors.
-# The fix (pytorch/xla pull request 8785) makes them placeholders; torch_xla 2.9, used here, has it.
+# The fix ([pytorch/xla#8785](https://github.com/pytorch/xla/pull/8785)) makes them placeholders; torch_xla 2.9, used here, has it.
 #
 # We trace one forward+backward step (twice; the second is measured, after torch_xla has cached its scalar
 # constants) and read `OutboundData` — host→device bytes despite the name — and the same

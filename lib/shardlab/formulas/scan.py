@@ -39,10 +39,12 @@ MIB = 1024**2
 
 Sharding = Literal["1d", "2d", "replicated"]
 
-# The seed case (PyTorch/XLA Llama-3 405B on v6e-256, mesh fsdp 64 × tensor 4): the partitioned HLO showed a
-# per-layer gradient f32/bf16[1, 4K, 16K] all-reduced over fsdp and written into a stacked [126, 4K, 16K]
-# buffer. HLO shapes after SPMD partitioning are *per device*: the logical weight is [L, h, h] = [126, 16K, 16K]
-# (q_proj / o_proj; L and h from the llama-3.1-405b preset) and 4K = 16K / tensor. 1-D keeps only that split.
+# The seed case (pytorch/xla issue #8883: Llama 3.1 405B on v6e-256 with FSDP + TP): the partitioned HLO showed a
+# per-layer gradient [1, 4K, 16K] all-reduced over the FSDP axis and written into a stacked [126, 4K, 16K]
+# output. HLO shapes after SPMD partitioning are *per device*: the logical weight is [L, h, h] = [126, 16K, 16K]
+# (o_proj, per AI-Hypercomputer/torchprime issue #160; q_proj has the same shape; L and h from the
+# llama-3.1-405b preset) and 4K = 16K / tensor, so tensor = 4 and fsdp = 256 / 4 = 64 (our reading; the report
+# does not state the mesh). 1-D keeps only the tensor split.
 SEED_MODEL = "llama-3.1-405b"
 SEED_TOPOLOGY = "v6e-256"
 
@@ -221,8 +223,10 @@ def flattened_rows(batch: int, seq: int, fsdp: int, tensor: int) -> FlattenedRow
     (T = 1). Otherwise a tiling of B·S cannot describe it: the merged dim keeps the major (batch) split only,
     the sequence split is undone (gathered), and each device multiplies T times the rows.
 
-    >>> flattened_rows(8, 8, fsdp=2, tensor=4).rows_per_device, flattened_rows(2, 8, fsdp=2, tensor=4).rows_per_device
-    (32, 8)
+    >>> flattened_rows(8, 8, fsdp=2, tensor=4).rows_per_device  # 4 batch rows per device: only the batch split
+    32
+    >>> flattened_rows(2, 8, fsdp=2, tensor=4).rows_per_device  # 1 batch row per device: both splits, 16 / 8
+    2
     """
     _check_positive(batch=batch, seq=seq, fsdp=fsdp, tensor=tensor)
     for name, size, axis, n in (("batch", batch, "fsdp", fsdp), ("seq", seq, "tensor", tensor)):
