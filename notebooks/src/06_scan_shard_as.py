@@ -96,10 +96,9 @@ if rows:
 # weights as `[L, …]` parameters, so the program is the same for every L — only shapes change.
 #
 # Published TPU figures ([PyTorch/XLA's scan guide](https://docs.pytorch.org/xla/release/r2.8/features/scan.html):
-# a 50-layer decoder trained on one TPU chip): the maximum
-# compile time dropped from 1 min 03 s with a Python for loop to 19 s with `scan_layers`. What transfers to CPU:
-# the *graph sizes* — backend-independent up to the CPU outlining noted above, with the same L-linear vs
-# constant shapes. What does not: absolute seconds (XLA:CPU compiles this small MLP in about a second) and the
+# a 50-layer decoder trained on one TPU chip): the maximum compile time dropped from 1 min 03 s with a Python for
+# loop to 19 s with `scan_layers`. What transfers to CPU: the *graph sizes* — backend-independent up to the CPU
+# outlining noted above, with the same L-linear vs constant shapes. What does not: absolute seconds (XLA:CPU compiles this small MLP in about a second) and the
 # ratio at small L, where fixed costs dominate. The default sweep is short to keep the notebook fast; run with
 # `layers_sweep=[2, 4, 8, 16, 32, 64]` to see the loop's compile time pull away.
 #

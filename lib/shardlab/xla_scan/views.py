@@ -333,6 +333,15 @@ def tpu(cfg: ScanConfig, generation: str = "v5e") -> View:
     return view
 
 
+def record_tpu_seconds(rec: Any, prefix: str, views: dict[str, View]) -> None:
+    """XLA:TPU compile seconds of each view that compiled (``<prefix>.<tag>.tpu_compile_s``, a timing; 0 when the
+    program came from the in-process compile cache)."""
+    for tag, v in views.items():
+        if v.source == "tpu" and v.ran and v.detail is not None:
+            rec.measure(f"{prefix}.{tag}.tpu_compile_s", 0.0 if v.detail.cached else v.detail.compile_s, "s", "tpu",
+                        kind="timing")
+
+
 def contrast(rec: Any, on: list[View], off: list[View]) -> Any:
     """Per compiler that ran: OFF/ON ratios recorded, "OFF holds more" checked; a DataFrame of on vs off.
 
@@ -350,6 +359,8 @@ def contrast(rec: Any, on: list[View], off: list[View]) -> Any:
             pairs["buffers.total"] = (v_off["buffers.total.bytes"], v_on["buffers.total.bytes"])
         else:
             pairs["outputs"] = (v_off.detail.memory.output, v_on.detail.memory.output)
+        if src == "tpu":
+            record_tpu_seconds(rec, "shard_as", {"on": v_on, "off": v_off})
         for label, (a, b) in pairs.items():
             rec.measure(f"shard_as.off_on_ratio.{label}", a / b, "x", src)
             rec.check(f"shard_as.off_exceeds_on.{label}.{src}", a > b, f"off {a} B > on {b} B per device")
@@ -470,6 +481,7 @@ def transposed(rec: Any, cfg: ScanConfig) -> Any:
         cols[f"shard_as {tag}"] = {"tpu grad_shape.w_up": t.get("grad_shape.w_up"),
                                    "tpu stacked_grads.bytes": t.get("stacked_grads.bytes")}
     t_on, t_off = views[True][1], views[False][1]
+    record_tpu_seconds(rec, prefix, {"on": t_on, "off": t_off})
     if t_on.ran and t_off.ran and t_on.get("stacked_grads.bytes"):
         ratio = FS.shard_as_saving(c.layers, list(c.stack.weight_shapes.values()), c.mesh_fsdp, c.mesh_tensor).ratio
         rec.agree(f"{prefix}.stacked_grads.ratio", "x", formula=ratio,
