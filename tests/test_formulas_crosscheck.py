@@ -243,22 +243,25 @@ def test_05_sizes_data_parallel_all_reduce_vs_hlo(xla_world):
 @pytest.mark.xla
 @pytest.mark.slow
 def test_06_stacked_gradient_bytes_1d_vs_2d(xla_world):
+    """The notebook's own view functions at its defaults: the formula view's stacked-gradient bytes, per-device shapes
+    and fsdp reductions equal the CPU compiler's; and the formula itself equals shard_as_saving's bytes."""
     from shardlab.formulas import scan as fscan
+    from shardlab.params import ScanParams
     from shardlab.xla_scan import measure as X
-    from shardlab.xla_scan import model as M
+    from shardlab.xla_scan import views as V
 
-    p = notebook_defaults("06_scan_shard_as")
+    p = ScanParams(**{k: v for k, v in notebook_defaults("06_scan_shard_as").items() if k != "answers"})
     try:  # shard_as (every SPMD scan backward) needs jax + torchax (+ flax)
         X.require_shard_as_deps()
     except RuntimeError as e:
         pytest.skip(f"scan backward dependencies missing: {e}")
-    if p["mesh_fsdp"] * p["mesh_tensor"] != xla_world.num_devices:
+    if p.mesh_fsdp * p.mesh_tensor != xla_world.num_devices:
         pytest.skip("mesh does not tile the device world")
-    cfg = M.StackConfig(max(p["layers_sweep"]), p["hidden"], p["ffn"], p["batch"], p["seq"])
-    formula = fscan.shard_as_saving(cfg.layers, list(cfg.weight_shapes.values()), p["mesh_fsdp"], p["mesh_tensor"],
-                                    dtype=str(cfg.dtype))
-    on = X.measure_step(cfg, "scan", p["mesh_fsdp"], p["mesh_tensor"], p["seed"], shard_as=True)
-    off = X.measure_step(cfg, "scan", p["mesh_fsdp"], p["mesh_tensor"], p["seed"], shard_as=False)
-    assert sum(on.grad_bytes.values()) == formula.on_bytes
-    assert sum(off.grad_bytes.values()) == formula.off_bytes
-    assert dtype_bytes(cfg.dtype) == 4
+    for flag in (True, False):
+        cfg = V.ScanConfig.from_params(p, shard_as=flag)
+        formula, hlo = V.formula(cfg), V.compiler(cfg)
+        for name in formula.values:
+            assert hlo[name] == formula[name], (flag, name)
+        saving = fscan.shard_as_saving(cfg.layers, list(cfg.stack.weight_shapes.values()), p.mesh_fsdp, p.mesh_tensor)
+        assert formula["stacked_grads.bytes"] == (saving.on_bytes if flag else saving.off_bytes)
+    assert dtype_bytes(str(cfg.stack.dtype)) == 4

@@ -14,6 +14,7 @@ from shardlab.params import (
     BlocksParams,
     MlpParams,
     PlannerParams,
+    ScanParams,
     VocabParams,
     WelcomeParams,
 )
@@ -27,7 +28,8 @@ def test_parameters_cell_declares_exactly_the_dataclass_fields(stem):
     declared, err = read_parameters(NOTEBOOKS / f"{stem}.ipynb")
     assert err is None, err
     cls = NOTEBOOK_PARAMS[stem]
-    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+    defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+                for f in dataclasses.fields(cls)}
     assert sorted(declared) == sorted(defaults), f"{stem}: cell {sorted(declared)} vs dataclass {sorted(defaults)}"
     assert declared == defaults
     cls(**declared).validate()  # the defaults are legal
@@ -75,6 +77,15 @@ def test_from_namespace_reads_every_field_and_rejects_a_missing_one():
     (BlocksParams, {"dtype": "float16"}, "dtype='float16' must be one of"),
     (VocabParams, {"memory_tokens": -1}, "memory_tokens=-1 must be an int >= 0"),
     (AttentionParams, {"ffn": 30}, "ffn=30 is not divisible by tp=4"),
+    (ScanParams, {"layers_sweep": [1, 4]}, "layers_sweep=[1, 4] has entries [1]: each must be an int >= 2"),
+    (ScanParams, {"layers_sweep": []}, "layers_sweep=[] must be a non-empty list"),
+    (ScanParams, {"mesh_fsdp": 1, "mesh_tensor": 8}, "mesh_fsdp=1 leaves shard_as nothing to do"),
+    (ScanParams, {"hidden": 65}, "hidden=65 is not divisible by mesh_fsdp=2"),
+    (ScanParams, {"ffn": 510}, "ffn=510 is not divisible by mesh_tensor=4"),
+    (ScanParams, {"seq": 6}, "seq=6 is not divisible by mesh_tensor=4"),
+    (ScanParams, {"batch": 2}, "batch=2 is not divisible by mesh_tensor=4 (the transposed mesh"),
+    (ScanParams, {"devices_sweep": [3]}, "devices_sweep entry 3"),
+    (ScanParams, {"placeholder_hiddens": [63]}, "placeholder_hiddens entry 63"),
 ])
 def test_rules_name_the_parameter(cls, change, words):
     with pytest.raises(ValueError, match=words.replace("[", r"\[").replace("(", r"\(")):

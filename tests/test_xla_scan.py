@@ -149,18 +149,86 @@ def test_shard_as_demo_copies_the_annotated_sharding(xla_world: Any) -> None:
     assert d.b_spec_with == d.a_spec
 
 
-def test_linear_flattens_but_einsum_keeps_leading_shardings(xla_world: Any) -> None:
-    from shardlab.xla_scan.demos import linear_trap
+# The nn.Linear trap at several meshes, including the one where no collective happens at all (B/fsdp = 1: the
+# merged B·S dim keeps both splits). Oracle: formulas.scan.flattened_rows (checked against an enumeration of the
+# devices' blocks in test_xla_scan_formulas.py) and the einsum's B·S/(f·t) rows.
+TRAP_CASES = [(2, 4, 8, 16), (4, 2, 4, 16), (4, 2, 8, 8), (8, 1, 8, 8), (2, 4, 2, 8)]
 
-    B, Sq, H, Out = 4, 16, 64, 128
-    lin, ein = linear_trap(*MESH, B, Sq, H, Out)
-    assert lin.dot_before.startswith(f"f32[{B * Sq},{H}]")  # flattened to a 2-D dot
-    assert ein.dot_before.startswith(f"f32[{B},{Sq},{H}]")  # einsum keeps [B, S, H]
-    assert ein.collectives == {} and ein.out_spec == "{devices=[2,4,1]0,1,2,3,4,5,6,7}"
-    assert "all-gather" in lin.collectives and "last_tile_dim_replicate" in lin.out_spec
-    # per device: einsum multiplies B·S/8 rows, linear B·S/2 (S was gathered)
-    assert ein.dot_per_device.startswith(f"f32[{B * Sq // 8},{H}]")
-    assert lin.dot_per_device.startswith(f"f32[{B * Sq // 2},{H}]")
+
+@pytest.mark.parametrize("f,t,B,Sq", TRAP_CASES)
+def test_linear_trap_rows_and_tiles_follow_the_flattening(xla_world: Any, f: int, t: int, B: int, Sq: int) -> None:
+    from shardlab.xla_scan import views as V
+
+    formula, cpu, tpu = V.linear_trap(f, t, B, Sq, 32, 64)
+    want = F.flattened_rows(B, Sq, f, t)
+    assert cpu.values["linear.rows"] == formula.values["linear.rows"] == want.rows_per_device
+    assert cpu.values["einsum.rows"] == B * Sq // (f * t)
+    assert cpu.values["linear.out_tiles"] == formula.values["linear.out_tiles"]
+    assert cpu.values["einsum.out_tiles"] == f"[{f}, {t}, 1]" and cpu.values["einsum.collectives"] == 0
+    assert (cpu.values["linear.collectives"] > 0) == (not want.keeps_both)  # data moves iff a split is undone
+    assert all(ok for ok, _ in cpu.checks.values()) and all(ok for ok, _ in tpu.checks.values()), (cpu.checks,
+                                                                                                  tpu.checks)
+
+
+def test_linear_trap_on_tpu_keeps_both_splits(xla_world: Any) -> None:
+    # measured with libtpu 0.0.21: XLA:TPU multiplies a 3-D [B/f, S/t, O] per-chip dot for F.linear too, so the
+    # view lists rows / tiles / collectives in differs (with the per-chip dot in the reason) instead of failing
+    from shardlab.xla_scan import views as V
+
+    formula, cpu, tpu = V.linear_trap(2, 4, 8, 16, 32, 64)
+    assert tpu.values["linear.rows"] == tpu.values["einsum.rows"] == 8 * 16 // 8
+    assert tpu.values["linear.collectives"] == 0
+    assert set(tpu.differs) == {"linear.rows", "linear.out_tiles", "linear.collectives"}
+    assert "[4, 4, 64]" in tpu.differs["linear.rows"]
+    assert formula.values["linear.rows"] == cpu.values["linear.rows"] == 64
+
+
+# shard_as on/off through the views at several meshes: every value the formula has, the CPU and TPU compilers have
+# the same (the TPU's combined count excepted, its operands compared instead); every view check holds.
+VIEW_MESHES = [(2, 4), (4, 2), (8, 1)]
+
+
+@pytest.mark.parametrize("mesh", VIEW_MESHES)
+def test_views_agree_with_the_formula_on_and_off(xla_world: Any, mesh: tuple[int, int]) -> None:
+    from shardlab.views import compare
+    from shardlab.xla_scan import views as V
+
+    base = V.ScanConfig(layers=2, hidden=32, ffn=64, batch=8, seq=2, mesh_fsdp=mesh[0], mesh_tensor=mesh[1])
+    views = {}
+    for flag in (True, False):
+        c = base.replace(shard_as=flag)
+        views[flag] = vs = [V.formula(c), V.compiler(c), V.tpu(c)]
+        assert all(v.ran for v in vs), [v.skipped for v in vs]
+        rows = compare(vs)
+        assert all(r["agree"] for r in rows), [r for r in rows if not r["agree"]]
+        assert all(r["checked"] >= 2 for r in rows if r["name"] in vs[0].values)  # formula vs at least one compiler
+        for v in vs:
+            assert all(ok for ok, _ in v.checks.values()), v.checks
+        # oracle: the per-device shapes by hand, W_up [L, H, F] = [2, 32, 64] split (H over fsdp, F over tensor)
+        f, t = mesh
+        assert vs[1]["grad_shape.w_up"] == f"[2, {32 // f if flag else 32}, {64 // t}]"
+    for src in (1, 2):  # CPU and TPU programs: what shard_as changed in the backward body
+        assert V.what_shard_as_changed(views[False][src], views[True][src], *mesh) == \
+            ("all-reduce fsdp", "reduce-scatter fsdp")
+
+
+def test_mesh_axis_of_replica_groups() -> None:
+    from shardlab.xla_scan.views import mesh_axis
+
+    # mesh (fsdp 2, tensor 4): device d at (d // 4, d % 4)
+    assert mesh_axis([0, 4], 2, 4) == "fsdp"
+    assert mesh_axis([4, 5, 6, 7], 2, 4) == "tensor"
+    assert mesh_axis(list(range(8)), 2, 4) == "fsdp+tensor"
+    assert mesh_axis([0, 5], 2, 4) == "other"
+
+
+def test_scan_config_rejects_a_mode_and_views_reject_unstacked_modes() -> None:
+    from shardlab.xla_scan import views as V
+
+    with pytest.raises(ValueError, match="mode='while'"):
+        V.ScanConfig(2, 8, 8, 2, 2, 2, 1, mode="while")
+    with pytest.raises(ValueError, match="mode='loop': the views compare the pre-stacked scan"):
+        V.formula(V.ScanConfig(2, 8, 8, 2, 2, 2, 1, mode="loop"))
 
 
 @pytest.mark.parametrize("kwargs,match", [

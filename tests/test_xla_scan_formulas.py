@@ -72,3 +72,62 @@ def test_block_trace_transfer_terms() -> None:
 def test_bad_input_names_the_value(call, match: str) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match=match):
         call()
+
+
+# ------------------------------------------------------------------------------------- per-device shapes
+@pytest.mark.parametrize("fsdp,tensor", [(2, 4), (4, 2), (8, 1), (3, 5)])
+@pytest.mark.parametrize("sharding", ["2d", "1d", "replicated"])
+def test_per_device_shape_matches_chunked_tensor(fsdp: int, tensor: int, sharding: str) -> None:
+    # oracle: cut a real [L, d_out, d_in] tensor (W_down-like: d_in over tensor, d_out over fsdp) with torch.chunk
+    shape, axes = (3, 20, 12), (None, "tensor", "fsdp")
+    kept = {"2d": {"fsdp": fsdp, "tensor": tensor}, "1d": {"tensor": tensor}, "replicated": {}}[sharding]
+    splits = tuple(kept.get(a, 1) if a else 1 for a in axes)
+    t = torch.zeros(shape)
+    for dim, n in enumerate(splits):
+        t = torch.chunk(t, n, dim=dim)[0]  # chunk's first piece is ceil(d / n) long, like XLA's padded tile
+    assert F.per_device_shape(shape, axes, fsdp, tensor, sharding) == tuple(t.shape)
+
+
+# ------------------------------------------------------------------------------------------ grad reduction
+def test_grad_reduction_by_hand() -> None:
+    # W_up [64, 256] and W_down [256, 64] on (fsdp 2, tensor 4): each partial gradient is 64·256/4 = 4096 values
+    off = F.grad_reduction([(64, 256), (256, 64)], fsdp=2, tensor=4, shard_as=False)
+    assert (off.op, off.count, off.operand_elements, off.result_elements) == ("all_reduce", 2, 8192, 8192)
+    assert off.operand_bytes == 8192 * 4 and off.group_size == 2
+    on = F.grad_reduction([(64, 256), (256, 64)], fsdp=2, tensor=4, shard_as=True)
+    assert (on.op, on.operand_elements, on.result_elements) == ("reduce_scatter", 8192, 8192 // 2)
+    with pytest.raises(ValueError, match="fsdp=1: the batch is not split"):
+        F.grad_reduction([(64, 256)], fsdp=1, tensor=8, shard_as=False)
+
+
+# ----------------------------------------------------------------------------------------- linear trap
+def _contiguous_tiles(batch: int, seq: int, fsdp: int, tensor: int) -> int:
+    """Oracle by enumeration: the merged index b·S + s of every device's (b, s) block; if every block is one
+    contiguous run, the merged dim is tiled fsdp·tensor ways, else it keeps the batch split only (fsdp)."""
+    for i in range(fsdp):
+        for j in range(tensor):
+            idx = sorted(b * seq + s for b in range(i * batch // fsdp, (i + 1) * batch // fsdp)
+                         for s in range(j * seq // tensor, (j + 1) * seq // tensor))
+            if idx != list(range(idx[0], idx[0] + len(idx))):
+                return fsdp
+    return fsdp * tensor
+
+
+@pytest.mark.parametrize("batch,seq,fsdp,tensor", [(8, 16, 2, 4), (4, 16, 4, 2), (4, 8, 4, 2), (8, 8, 8, 1),
+                                                   (4, 8, 1, 8), (2, 8, 2, 4), (16, 4, 4, 2), (6, 9, 3, 3)])
+def test_flattened_rows_matches_enumeration(batch: int, seq: int, fsdp: int, tensor: int) -> None:
+    f = F.flattened_rows(batch, seq, fsdp, tensor)
+    tiles = _contiguous_tiles(batch, seq, fsdp, tensor)
+    assert f.merged_tiles == tiles and f.keeps_both == (tiles == fsdp * tensor)
+    assert f.rows_per_device == batch * seq // tiles
+    assert f.einsum_rows_per_device == batch * seq // (fsdp * tensor)
+
+
+def test_flattened_rows_rejects_an_unsplittable_size() -> None:
+    with pytest.raises(ValueError, match="seq=6 is not divisible by tensor=4"):
+        F.flattened_rows(8, 6, 2, 4)
+
+
+def test_trace_transfer_count_is_the_fake_inputs() -> None:
+    assert F.block_trace_transfer(2, 2, 8, 16, placeholders=False).transfers == 3 + 6
+    assert F.block_trace_transfer(2, 2, 8, 16, placeholders=True).transfers == 0

@@ -26,7 +26,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar, Self
 
 from shardlab import planner
@@ -345,7 +345,62 @@ class PlannerParams(NotebookParams):
         planner.plan(self.plan_config())  # the plan's own rules: degrees x slice, divisibility, known names
 
 
+
+
+def int_list(name: str, value: Any, least: int = 1, empty_ok: bool = False) -> None:
+    if not isinstance(value, list | tuple) or (not value and not empty_ok):
+        raise ValueError(f"{name}={value!r} must be a {'' if empty_ok else 'non-empty '}list of ints >= {least}")
+    bad = [v for v in value if isinstance(v, bool) or not isinstance(v, int) or v < least]
+    if bad:
+        raise ValueError(f"{name}={list(value)} has entries {bad}: each must be an int >= {least}")
+
+
+# ------------------------------------------------------------------------------------------------------ scan
+@dataclass(frozen=True)
+class ScanParams(NotebookParams):
+    """Notebook 06. The mesh (fsdp, tensor) may differ from ``num_devices``: the formulas and the TPU compiler
+    (a fsdp·tensor-chip slice, in a helper process when the counts differ) run at the mesh anyway; the CPU
+    sections need exactly fsdp·tensor devices in this process and are skipped with a note otherwise."""
+
+    NOTEBOOK: ClassVar[str] = "06_scan_shard_as"
+
+    layers_sweep: list = field(default_factory=lambda: [2, 4])  # L values of the compile curves (>= 2 each)
+    hidden: int = 64  # H: W_up [H, F] is split H over fsdp
+    ffn: int = 256  # F: split over tensor
+    batch: int = 8  # B: split over fsdp
+    seq: int = 8  # S: split over tensor in the nn.Linear trap
+    mesh_fsdp: int = 2  # mesh (fsdp, tensor)
+    mesh_tensor: int = 4
+    devices_sweep: list = field(default_factory=list)  # compile time vs device count: one fresh process per count
+    placeholder_hiddens: list = field(default_factory=lambda: [64, 256])  # widths for the trace transfers
+
+    def checks(self) -> None:
+        for name in ("hidden", "ffn", "batch", "seq", "mesh_fsdp", "mesh_tensor"):
+            positive_int(name, getattr(self, name))
+        int_list("layers_sweep", self.layers_sweep, least=2)  # XLA removes a While that runs once
+        if self.mesh_fsdp == 1:
+            raise ValueError("mesh_fsdp=1 leaves shard_as nothing to do (the gradient's 1-D and 2-D shardings "
+                             "coincide when the batch is not split): choose mesh_fsdp >= 2")
+        f, t = self.mesh_fsdp, self.mesh_tensor
+        for name, size, axis, n in (("hidden", self.hidden, "mesh_fsdp", f), ("ffn", self.ffn, "mesh_tensor", t),
+                                    ("batch", self.batch, "mesh_fsdp", f), ("seq", self.seq, "mesh_tensor", t)):
+            divisible(name, size, axis, n, f"it is split over {axis.removeprefix('mesh_')}")
+        for name, size, axis, n in (("hidden", self.hidden, "mesh_tensor", t), ("ffn", self.ffn, "mesh_fsdp", f),
+                                    ("batch", self.batch, "mesh_tensor", t)):
+            divisible(name, size, axis, n, "the transposed mesh (fsdp and tensor sizes swapped) splits it so")
+        int_list("devices_sweep", self.devices_sweep, empty_ok=True)
+        for n in self.devices_sweep:
+            if n > 8 or self.hidden % n or self.batch % n:
+                raise ValueError(f"devices_sweep entry {n}: must be <= 8 CPU devices and divide hidden={self.hidden} "
+                                 f"and batch={self.batch} (it runs mesh (fsdp={n}, tensor=1))")
+        int_list("placeholder_hiddens", self.placeholder_hiddens)
+        for h in self.placeholder_hiddens:
+            if h % f or (4 * h) % t:
+                raise ValueError(f"placeholder_hiddens entry {h}: must be divisible by mesh_fsdp={f}, and ffn = 4·{h} "
+                                 f"by mesh_tensor={t} (the traced stack is split like the notebook's)")
+
+
 NOTEBOOK_PARAMS: dict[str, type[NotebookParams]] = {
     cls.NOTEBOOK: cls for cls in (WelcomeParams, BlocksParams, MlpParams, AttentionParams, VocabParams,
-                                  PlannerParams, LeversParams)
+                                  ScanParams, PlannerParams, LeversParams)
 }

@@ -12,6 +12,16 @@ last_tile_dim_replicate``).  Written into the stacked gradient it forces the who
 to that sharding: ``L·d_in·d_out / T`` elements per device, F times the 2-D cost.  ``shard_as(w, dw)`` in
 ``Scan.backward`` makes the gradient inherit the weight's 2-D sharding and removes the factor F.
 
+Why the gradient is 1-D (the root cause): ``dW = xᵀ · dy`` contracts over the batch, and the batch is split over
+fsdp: ``xᵀ[H, B_fsdp] · dy[B_fsdp, F_tensor] = dW[H, F_tensor]{U_fsdp}`` — each device holds a partial sum, and the
+contracted mesh axis (fsdp) is gone from the result's tiling.  Nothing asks for it back, so the partitioner
+finishes with an **all-reduce over fsdp** (:func:`grad_reduction`); ``shard_as`` asks for ``dW[H_fsdp, F_tensor]``
+and gets a **reduce-scatter over fsdp** instead.  The backward ``While`` carries the stacked gradient as one
+loop-state array with one sharding, so the per-layer choice becomes the whole ``[L, H, F]`` buffer's.
+
+The ``nn.Linear`` trap (:func:`flattened_rows`): ``F.linear`` on ``x[B_fsdp, S_tensor, H]`` reshapes to a 2-D
+``[B·S, H]`` dot; the merged dim keeps both splits only when each device's (B, S) block is contiguous in B·S.
+
 Everything here is plain arithmetic on ints: no torch, no XLA.  Functions return NamedTuples with named terms
 so a notebook can print each term next to its measured counterpart.
 """
@@ -29,10 +39,12 @@ MIB = 1024**2
 
 Sharding = Literal["1d", "2d", "replicated"]
 
-# The seed case (PyTorch/XLA Llama-3 405B on v6e-256, mesh fsdp 64 × tensor 4): the partitioned HLO showed a
-# per-layer gradient f32/bf16[1, 4K, 16K] all-reduced over fsdp and written into a stacked [126, 4K, 16K]
-# buffer. HLO shapes after SPMD partitioning are *per device*: the logical weight is [L, h, h] = [126, 16K, 16K]
-# (q_proj / o_proj; L and h from the llama-3.1-405b preset) and 4K = 16K / tensor. 1-D keeps only that split.
+# The seed case (pytorch/xla issue #8883: Llama 3.1 405B on v6e-256 with FSDP + TP): the partitioned HLO showed a
+# per-layer gradient [1, 4K, 16K] all-reduced over the FSDP axis and written into a stacked [126, 4K, 16K]
+# output. HLO shapes after SPMD partitioning are *per device*: the logical weight is [L, h, h] = [126, 16K, 16K]
+# (o_proj, per AI-Hypercomputer/torchprime issue #160; q_proj has the same shape; L and h from the
+# llama-3.1-405b preset) and 4K = 16K / tensor, so tensor = 4 and fsdp = 256 / 4 = 64 (our reading; the report
+# does not state the mesh). 1-D keeps only the tensor split.
 SEED_MODEL = "llama-3.1-405b"
 SEED_TOPOLOGY = "v6e-256"
 
@@ -125,6 +137,106 @@ def shard_as_saving(
     return ShardAsSaving(off, on, off / on)
 
 
+AXES = ("fsdp", "tensor")
+
+
+def per_device_shape(shape: tuple[int, ...], dim_axes: tuple[str | None, ...], fsdp: int, tensor: int,
+                     sharding: Sharding = "2d") -> tuple[int, ...]:
+    """Per-device shape of an array whose dims are split over ``dim_axes`` (``"fsdp"``, ``"tensor"`` or None).
+
+    ``1d`` drops the fsdp split (the array all-reduced over fsdp), ``replicated`` drops both; uneven dims are
+    padded (rounded up), as XLA does.
+
+    >>> per_device_shape((4, 128, 512), (None, "fsdp", "tensor"), fsdp=2, tensor=4)          # W_up[∅, H_f, F_t]
+    (4, 64, 128)
+    >>> per_device_shape((4, 128, 512), (None, "fsdp", "tensor"), fsdp=2, tensor=4, sharding="1d")
+    (4, 128, 128)
+    """
+    if len(shape) != len(dim_axes):
+        raise ValueError(f"shape {shape} has {len(shape)} dims but dim_axes {dim_axes} names {len(dim_axes)}")
+    _check_positive(fsdp=fsdp, tensor=tensor)
+    if sharding not in ("2d", "1d", "replicated"):
+        raise ValueError(f"sharding={sharding!r} must be one of '2d', '1d', 'replicated'")
+    kept = {"2d": AXES, "1d": ("tensor",), "replicated": ()}[sharding]
+    size = {"fsdp": fsdp, "tensor": tensor}
+    out = []
+    for d, axis in zip(shape, dim_axes, strict=True):
+        if axis is not None and axis not in size:
+            raise ValueError(f"dim_axes entry {axis!r} is not one of {AXES} or None")
+        out.append(ceil_div(d, size[axis]) if axis in kept else d)
+    return tuple(out)
+
+
+class GradReduction(NamedTuple):
+    """The collectives over fsdp that finish the weight gradients inside the backward While body (one per weight
+    per layer; the body is one computation, so the program holds ``count`` of them whatever L is)."""
+
+    op: str  # "all_reduce" (shard_as off: the result stays whole over fsdp) | "reduce_scatter" (on)
+    count: int  # one per weight
+    operand_elements: int  # per device: each weight's partial gradient [d_in, d_out / tensor], summed
+    result_elements: int  # per device: whole (all-reduce) or 1/fsdp of it (reduce-scatter)
+    operand_bytes: int
+    group_size: int  # fsdp
+
+
+def grad_reduction(weight_shapes: list[tuple[int, int]], fsdp: int, tensor: int, shard_as: bool,
+                   dtype: str = "float32") -> GradReduction:
+    """What finishes ``dW = xᵀ·dy`` per layer: the batch (contracted) is split over fsdp, so each device holds a
+    partial sum of its ``[d_in, d_out/T]`` tile; off: all-reduce over fsdp, on: reduce-scatter over fsdp.
+
+    >>> r = grad_reduction([(128, 512), (512, 128)], fsdp=2, tensor=4, shard_as=False)
+    >>> r.op, r.count, r.operand_elements, r.result_elements           # 2 · 128 · 512/4, nothing scattered
+    ('all_reduce', 2, 32768, 32768)
+    >>> grad_reduction([(128, 512), (512, 128)], fsdp=2, tensor=4, shard_as=True).result_elements  # 1/fsdp kept
+    16384
+    """
+    _check_positive(fsdp=fsdp, tensor=tensor)
+    if not weight_shapes:
+        raise ValueError("weight_shapes is empty: give at least one (d_in, d_out)")
+    if fsdp == 1:
+        raise ValueError("fsdp=1: the batch is not split, so no device holds a partial gradient to reduce")
+    elems = sum(d_in * ceil_div(d_out, tensor) for d_in, d_out in weight_shapes)  # the tensor split of either dim
+    result = elems if not shard_as else sum(ceil_div(d_in, fsdp) * ceil_div(d_out, tensor)
+                                            for d_in, d_out in weight_shapes)
+    return GradReduction("reduce_scatter" if shard_as else "all_reduce", len(weight_shapes), elems, result,
+                         elems * dtype_bytes(dtype), fsdp)
+
+
+class FlattenedRows(NamedTuple):
+    """What ``F.linear``'s reshape ``[B, S, H] -> [B·S, H]`` leaves of ``x[B_fsdp, S_tensor, H]``'s two splits."""
+
+    batch: int
+    seq: int
+    fsdp: int
+    tensor: int
+    keeps_both: bool  # each device's (B, S) block is one contiguous run of B·S: batch / fsdp == 1 or tensor == 1
+    merged_tiles: int  # tiles the merged B·S dim carries: fsdp·tensor if keeps_both, else only the major dim's fsdp
+    rows_per_device: int  # rows of the 2-D dot on one device: B·S / merged_tiles
+    einsum_rows_per_device: int  # the 3-D dot (einsum) keeps both splits: B·S / (fsdp·tensor)
+
+
+def flattened_rows(batch: int, seq: int, fsdp: int, tensor: int) -> FlattenedRows:
+    """Rows each device multiplies when ``F.linear`` flattens ``x[B_fsdp, S_tensor, H]`` to a 2-D dot.
+
+    Device (i, j) holds batch rows ``[i·B/F, (i+1)·B/F)`` and sequence positions ``[j·S/T, (j+1)·S/T)``; in the
+    merged index ``b·S + s`` that block is contiguous only when it spans one batch row (B/F = 1) or all of S
+    (T = 1). Otherwise a tiling of B·S cannot describe it: the merged dim keeps the major (batch) split only,
+    the sequence split is undone (gathered), and each device multiplies T times the rows.
+
+    >>> flattened_rows(8, 8, fsdp=2, tensor=4).rows_per_device  # 4 batch rows per device: only the batch split
+    32
+    >>> flattened_rows(2, 8, fsdp=2, tensor=4).rows_per_device  # 1 batch row per device: both splits, 16 / 8
+    2
+    """
+    _check_positive(batch=batch, seq=seq, fsdp=fsdp, tensor=tensor)
+    for name, size, axis, n in (("batch", batch, "fsdp", fsdp), ("seq", seq, "tensor", tensor)):
+        if size % n:
+            raise ValueError(f"{name}={size} is not divisible by {axis}={n} (it is split over {axis})")
+    keeps = batch // fsdp == 1 or tensor == 1
+    tiles = fsdp * tensor if keeps else fsdp
+    return FlattenedRows(batch, seq, fsdp, tensor, keeps, tiles, batch * seq // tiles, batch * seq // (fsdp * tensor))
+
+
 class SeedCase(NamedTuple):
     """The 405B seed case: one stacked [L, h, h] weight gradient (q_proj / o_proj) on a slice with mesh
     (fsdp, tensor), per chip with 1-D (all-reduced over fsdp) vs 2-D (sharded like the weight) sharding."""
@@ -190,6 +302,7 @@ class TraceTransfer(NamedTuple):
     backward_elems: int  # fake grad-carry + one slice of every saved activation
     replicas: int  # an unsharded .to(device) under SPMD is copied to every device
     total_bytes: int  # (forward + backward) · itemsize · replicas
+    transfers: int  # fake inputs made real: carry + 2 weights fwd, grad carry + 5 saved bwd (0 with placeholders)
 
 
 def block_trace_transfer(batch: int, seq: int, hidden: int, ffn: int, devices: int = 1,
@@ -213,8 +326,9 @@ def block_trace_transfer(batch: int, seq: int, hidden: int, ffn: int, devices: i
     _check_positive(batch=batch, seq=seq, hidden=hidden, ffn=ffn, devices=devices)
     if not placeholders:
         bsh, bsf, hf = batch * seq * hidden, batch * seq * ffn, hidden * ffn
-        fwd = bsh + 2 * hf
-        bwd = bsh + (bsh + 2 * bsf + 2 * hf)
+        fwd = bsh + 2 * hf  # carry x, W_up, W_down
+        bwd = bsh + (bsh + 2 * bsf + 2 * hf)  # grad carry; saved x, u, g, W_up, W_down
+        count = 3 + 6
     else:
-        fwd = bwd = 0
-    return TraceTransfer(fwd, bwd, devices, (fwd + bwd) * dtype_bytes(dtype) * devices)
+        fwd = bwd = count = 0
+    return TraceTransfer(fwd, bwd, devices, (fwd + bwd) * dtype_bytes(dtype) * devices, count)

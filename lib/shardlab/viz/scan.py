@@ -1,7 +1,8 @@
 """Figures and an explorer for notebook 06 (scan over layers, shard_as).
 
 * :func:`compile_curves` — compile time and HLO size vs L, one line per mode (loop / scan_layers / scan).
-* :func:`bytes_vs_layers` — per-device backward while-loop state and buffer bytes vs L, shard_as on vs off.
+* :func:`bytes_vs_layers` — per-device stacked-gradient bytes vs L, shard_as on vs off: the formula's lines and the
+  compilers' measured points.
 * :func:`tiling_figure` — which device holds which tile of a [d_in, d_out] gradient, read from XLA's spec
   string: 2-D (one device per tile) next to 1-D (each tile replicated over the fsdp axis).
 * :func:`explorer` — ipywidgets controls (mesh, L, hidden) that re-run the small case; headless-safe.
@@ -39,21 +40,26 @@ def compile_curves(rows: Sequence[dict[str, Any]]) -> Any:
     return fig
 
 
-def bytes_vs_layers(on: Sequence[dict[str, Any]], off: Sequence[dict[str, Any]]) -> Any:
-    """on/off: dicts with layers, backward_while_state_bytes, buffers_total_bytes (MiB on the y axis)."""
-    from plotly.subplots import make_subplots
+def bytes_vs_layers(lines: dict[str, list[tuple[int, int]]], points: dict[str, list[tuple[int, int]]]) -> Any:
+    """Stacked-gradient MiB per device vs L: ``lines`` {label: [(L, bytes)]} (the formula, drawn as lines) and
+    ``points`` {label: [(L, bytes)]} (measured, drawn as markers). A label containing "off" is drawn red."""
+    import plotly.graph_objects as go
 
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("backward while state (MiB/device)",
-                                                        "buffer assignment total (MiB/device)"))
-    for label, rs, dash, color in (("shard_as on", on, "solid", "#2E91E5"), ("shard_as off", off, "dash", "#FB0D0D")):
-        rs = sorted(rs, key=lambda r: r["layers"])
-        x = [r["layers"] for r in rs]
-        style = dict(mode="lines+markers", name=label, line=dict(dash=dash, color=color), legendgroup=label)
-        fig.add_scatter(x=x, y=[r["backward_while_state_bytes"] / 2**20 for r in rs], row=1, col=1, **style)
-        fig.add_scatter(x=x, y=[r["buffers_total_bytes"] / 2**20 for r in rs], row=1, col=2, showlegend=False,
-                        **style)
+    fig = go.Figure()
+    for label, xy in lines.items():
+        xy = sorted(xy)
+        color = "#FB0D0D" if "off" in label else "#2E91E5"
+        fig.add_scatter(x=[x for x, _ in xy], y=[y / 2**20 for _, y in xy], mode="lines", name=label,
+                        line=dict(color=color, dash="dash" if "off" in label else "solid"))
+    symbols = ["circle", "x", "diamond", "square", "triangle-up", "cross"]
+    for i, (label, xy) in enumerate(points.items()):
+        color = "#FB0D0D" if "off" in label else "#2E91E5"
+        fig.add_scatter(x=[x for x, _ in xy], y=[y / 2**20 for _, y in xy], mode="markers", name=label,
+                        marker=dict(color=color, symbol=symbols[i % len(symbols)], size=10,
+                                    line=dict(width=1, color="black")))
     fig.update_xaxes(title_text="layers L")
-    fig.update_layout(height=360, title="Without shard_as the stacked gradients are 1-D: bytes grow faster in L")
+    fig.update_yaxes(title_text="stacked gradients, MiB per device")
+    fig.update_layout(height=360, title="Without shard_as the stacked gradients are 1-D: the slope is fsdp× steeper")
     return fig
 
 

@@ -20,12 +20,14 @@ compiled — so measuring the no-placeholder variant costs no compile.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from functools import lru_cache
 from typing import Any
 
 import torch
@@ -58,6 +60,7 @@ class StepMeasure:
     weight_specs: dict[str, list[str]] = field(default_factory=dict)  # weight -> spec of each weight tensor
     max_abs_err: float | None = None  # vs the CPU loop oracle, when check=True
     max_rel_err: float | None = None  # max over tensors of max|xla - cpu| / max|cpu| (depth-scale free)
+    module: Any = field(default=None, repr=False)  # the parsed per-device HloModule (not part of as_dict)
 
     @property
     def backward_while_state_bytes(self) -> int:
@@ -67,7 +70,8 @@ class StepMeasure:
         return self.while_state_bytes[-1]
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Every field but the parsed module (plain data: JSON-ready)."""
+        return asdict(replace(self, module=None)) | {"module": None}
 
 
 CPU_OUTLINED_PREFIX = "parallel_"
@@ -144,13 +148,13 @@ def measure_step(cfg: M.StackConfig, mode: str, mesh_fsdp: int, mesh_tensor: int
               for n, gs in _grads(model).items()}
     err = rel = None
     if check:
-        ref_out, ref_grads = M.reference(M.init_weights(cfg, seed), M.init_input(cfg, seed))
+        ref_out, ref_grads = _reference(cfg, seed)
         got = {"out": cap.result[0].detach().cpu(), "x": x.grad.cpu()}
         got.update({n: torch.stack([g.cpu() for g in gs]).reshape(ref_grads[n].shape)
                     for n, gs in _grads(model).items()})
-        ref_grads["out"] = ref_out
-        err = max(float((got[k] - ref_grads[k]).abs().max()) for k in got)
-        rel = max(float((got[k] - ref_grads[k]).abs().max() / ref_grads[k].abs().max()) for k in got)
+        ref = {**ref_grads, "out": ref_out}
+        err = max(float((got[k] - ref[k]).abs().max()) for k in got)
+        rel = max(float((got[k] - ref[k]).abs().max() / ref[k].abs().max()) for k in got)
     return StepMeasure(
         mode=mode, layers=cfg.layers, mesh=(mesh_fsdp, mesh_tensor), shard_as=shard_as, trace_s=trace["s"],
         compile_s=cap.metrics.compile_s, execute_s=cap.metrics.metric("ExecuteReplicatedTime")[1] * NS
@@ -158,25 +162,38 @@ def measure_step(cfg: M.StackConfig, mode: str, mesh_fsdp: int, mesh_tensor: int
         hlo_instructions_raw=m.instruction_count,
         while_state_bytes=[w.state_bytes for w in m.while_loops],
         buffers_total_bytes=m.buffers.total if m.buffers else 0, grad_specs=specs, grad_bytes=nbytes,
-        weight_specs=wspecs, max_abs_err=err, max_rel_err=rel,
+        weight_specs=wspecs, max_abs_err=err, max_rel_err=rel, module=m,
     )
 
 
-def warm_up(cfg: M.StackConfig, mesh_fsdp: int, mesh_tensor: int, seed: int = 0, mode: str = "scan") -> None:
-    """Compile one L=1 scan step first: the first scan backward imports JAX (shard_as) and the first compile
-    initialises XLA — one-off seconds that would otherwise land on whichever (mode, L) runs first.
-    Uses ``seq + 1`` so the warm-up graph can never be the cached twin of a measured step; ``mode="loop"``
-    skips the JAX import when only loops will be measured."""
+@lru_cache(maxsize=8)
+def _reference(cfg: M.StackConfig, seed: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The CPU loop oracle for (cfg, seed), computed once: every mode at the same L shares it (read-only)."""
+    return M.reference(M.init_weights(cfg, seed), M.init_input(cfg, seed))
+
+
+def warm_up(cfg: M.StackConfig, mesh_fsdp: int, mesh_tensor: int, seed: int = 0, mode: str = "loop") -> None:
+    """Compile one small L=1 step first: the first compile of a process initialises XLA, and the first scan
+    backward imports JAX (shard_as) — one-off seconds that would otherwise land on whichever (mode, L) runs first.
+    The default ``loop`` step is the cheapest compile; the JAX import is paid here too (``require_shard_as_deps``).
+    Uses ``seq + 1`` so the warm-up graph can never be the cached twin of a measured step."""
     c = M.StackConfig(1, cfg.hidden, cfg.ffn, cfg.batch, cfg.seq + 1, cfg.dtype)
     measure_step(c, mode, mesh_fsdp, mesh_tensor, seed)
+    with contextlib.suppress(RuntimeError):  # loops need no JAX; a scan step raises the clear error itself
+        require_shard_as_deps()
+
+
+MIN_LAYERS = 2  # XLA's loop simplifier removes a While that runs once: at L = 1 scan's program has no loop
 
 
 def check_layers_sweep(layers_sweep: list[int]) -> None:
-    if not layers_sweep:
-        raise ValueError("layers_sweep=[] is empty: give at least one L >= 1")
-    bad = [L for L in layers_sweep if isinstance(L, bool) or not isinstance(L, int) or L < 1]
+    """Every L of a sweep is an int >= 2 (at L = 1 XLA removes the While, so there is no scan program to see)."""
+    if not isinstance(layers_sweep, list | tuple) or not layers_sweep:
+        raise ValueError(f"layers_sweep={layers_sweep!r} must be a non-empty list of ints >= {MIN_LAYERS}")
+    bad = [L for L in layers_sweep if isinstance(L, bool) or not isinstance(L, int) or L < MIN_LAYERS]
     if bad:
-        raise ValueError(f"layers_sweep={layers_sweep} has entries {bad}: every L must be an int >= 1")
+        raise ValueError(f"layers_sweep={layers_sweep} has entries {bad}: every L must be an int >= {MIN_LAYERS} "
+                         "(XLA removes a While that runs once, so at L = 1 scan's program has no loop)")
 
 
 @dataclass
@@ -189,19 +206,22 @@ class TraceTransfers:
 
 
 def trace_transfers(cfg: M.StackConfig, mode: str, mesh_fsdp: int, mesh_tensor: int, placeholders: bool = True,
-                    seed: int = 0) -> TraceTransfers:
-    """Host→device traffic of *tracing* one forward+backward step (second of two traces; never executed)."""
+                    seed: int = 0, warm: bool = True) -> TraceTransfers:
+    """Host→device traffic of *tracing* one forward+backward step (never executed).
+
+    ``warm``: trace twice and measure the second trace, so torch_xla's cache of scalar constants is filled first.
+    A caller that has just traced the same (cfg, mode) — e.g. with placeholders on — may pass ``warm=False``."""
     S.check_sharding(cfg, mesh_fsdp, mesh_tensor, runtime.current().num_devices)
     if mode != "loop":
         require_shard_as_deps()
     model, x = _prepare(cfg, mode, S.make_mesh(mesh_fsdp, mesh_tensor), seed)
     with placeholders_enabled(placeholders):
-        for attempt in range(2):
+        for attempt in range(2 if warm else 1):
             with metrics_delta() as md:
                 out = model(x)
                 M.loss_fn(out).backward()
             del out
-            if attempt == 0:
+            if attempt == 0 and warm:
                 model.zero_grad(set_to_none=True)
                 x.grad = None
     h2d = TraceTransfers(mode, placeholders, md.h2d_bytes, md.h2d_count, md.metric("IrValueTensorToXlaData")[0])

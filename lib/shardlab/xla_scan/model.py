@@ -7,7 +7,7 @@ One block is the MLP half of a decoder layer with a residual::
     y = x + gelu(x · W_up) · W_down        x: [B, S, H], W_up: [H, F], W_down: [F, H]
 
 Matmuls are written as ``einsum`` so a [B, S, H] activation keeps its leading-dim sharding (``nn.Linear``
-flattens to a 2-D dot; see ``measure.linear_trap``).
+flattens to a 2-D dot; see ``views.linear_trap``).
 
 Three ways to run L of them (the *loop is the oracle*):
 
