@@ -6,8 +6,14 @@ The ``libtpu`` wheel contains the TPU compiler; JAX can describe a TPU slice we 
 (``jax.experimental.topologies.get_topology_desc``) and hand its compile-only client an HLO module. The graph a
 notebook builds on its CPU device world (torch_xla under SPMD, shardings annotated, *not* synced) is lowered to
 the pre-partitioning HLO proto with its shardings (``torch_xla._XLAC._get_xla_tensors_hlo_proto``) and compiled
-for the topology exactly like torch_xla would on a TPU: GSPMD partitioning, sharding propagation allowed to the
-parameters and the outputs (without output propagation the program all-gathers every unannotated output).
+for the topology the way torch_xla compiles it: GSPMD partitioning; every parameter and every output that
+carries a sharding keeps it (an output's is the tensor's own sharding spec, set as the result's sharding), and
+sharding propagation chooses only the shardings nobody gave (a placeholder argument, an unannotated output;
+without output propagation the program all-gathers every unannotated output). Measured why both pins matter,
+per-parameter FSDP (weights sharded on dim 0, each used through a replicated copy; gradients constrained back
+to dim 0): with propagation allowed everywhere, the compiler replicated the sharded weights (no all-gather at
+all) and returned replicated gradients — the XLA:CPU program of the same graph, which torch_xla compiles itself,
+keeps both sharded.
 Nothing executes, and the outputs are never synced (graphs over placeholders crash when executed).
 
 What comes back (:class:`TpuCompile`): the per-chip program after every TPU pass (HLO text, parsed with
@@ -176,7 +182,9 @@ def _backend() -> Any:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")  # JAX must not grab libtpu as a runtime backend
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # several processes may compile at once
     from jax._src import compiler
+    from jax._src.interpreters import mlir as jax_mlir
     from jax._src.lib import xla_client as xc
+    from jax._src.lib.mlir import ir as mlir_ir
     from jax.experimental import topologies
 
     class B:  # one namespace so tests can check every name
@@ -185,6 +193,9 @@ def _backend() -> Any:
         XlaComputation = xc.XlaComputation
         DeviceList = xc.DeviceList
         get_topology_desc = topologies.get_topology_desc
+        make_ir_context = jax_mlir.make_ir_context
+        module_to_bytecode = jax_mlir.module_to_bytecode
+        ir = mlir_ir
 
     return B
 
@@ -227,16 +238,34 @@ def _device_list(name: str) -> tuple[Any, ...]:
     return devices
 
 
+def pin_shardings(proto: bytes, output_shardings: list[str]) -> tuple[bytes, list[bool], list[bool]]:
+    """The StableHLO module of ``proto`` with ``output_shardings[i]`` (HLO sharding text, "" = none) set as result
+    i's sharding, and which parameters / results sharding propagation may still choose: those without one."""
+    b = _backend()
+    with b.make_ir_context():
+        module = b.ir.Module.parse(b.hlo_to_stablehlo(proto))
+        main = next(op for op in module.body.operations
+                    if "sym_name" in op.attributes and b.ir.StringAttr(op.attributes["sym_name"]).value == "main")
+        n_args = len(main.regions[0].blocks[0].arguments)
+        arg_attrs = list(main.attributes["arg_attrs"]) if "arg_attrs" in main.attributes else []
+        free_params = [i >= len(arg_attrs) or "mhlo.sharding" not in b.ir.DictAttr(arg_attrs[i])
+                       for i in range(n_args)]
+        n_out = len(b.ir.FunctionType(b.ir.TypeAttr(main.attributes["function_type"]).value).results)
+        if len(output_shardings) != n_out:
+            raise ValueError(f"{len(output_shardings)} output shardings for a program with {n_out} results")
+        main.attributes["res_attrs"] = b.ir.ArrayAttr.get([
+            b.ir.DictAttr.get({"mhlo.sharding": b.ir.StringAttr.get(s)} if s else {}) for s in output_shardings])
+        return b.module_to_bytecode(module), free_params, [not s for s in output_shardings]
+
+
 def _compile_proto(proto: bytes, topo: Topology, disable_passes: tuple[str, ...],
-                   debug_options: Mapping[str, Any]) -> Any:
+                   debug_options: Mapping[str, Any], output_shardings: list[str]) -> Any:
     """Compile a pre-partitioning HLO proto for ``topo``; returns the compile-only executable."""
     import numpy as np
 
     b = _backend()
     devices = _device_list(topo.name)
-    shape = b.XlaComputation(proto).program_shape()
-    result = shape.result_shape()
-    n_out = len(result.tuple_shapes()) if result.is_tuple() else 1
+    module, free_params, free_outputs = pin_shardings(proto, output_shardings)
     opts = b.get_compile_options(
         num_replicas=1, num_partitions=topo.chips, use_spmd_partitioning=True,
         device_assignment=np.array(devices).reshape(1, topo.chips),
@@ -247,11 +276,10 @@ def _compile_proto(proto: bytes, topo: Topology, disable_passes: tuple[str, ...]
     # torch_xla proto: it silently compiles a replicated program (measured: no collectives, full weights).
     build.use_shardy_partitioner = False
     # Vector sizes must be 1 or exactly the counts, or XLA aborts the process (CHECK failure).
-    build.allow_spmd_sharding_propagation_to_parameters = [True] * len(shape.parameter_shapes())
-    build.allow_spmd_sharding_propagation_to_output = [True] * n_out
+    build.allow_spmd_sharding_propagation_to_parameters = free_params
+    build.allow_spmd_sharding_propagation_to_output = free_outputs
     if disable_passes:
         build.debug_options.xla_disable_hlo_passes = ",".join(disable_passes)
-    module = b.hlo_to_stablehlo(proto)
     with quiet_libtpu():
         return devices[0].client.compile(module, executable_devices=b.DeviceList(devices), compile_options=opts)
 
@@ -295,17 +323,18 @@ def compile_tensors(outputs: list[Any], topology: str = DEFAULT_TOPOLOGY, *, dis
     disable_passes = tuple(disable_passes)
     options = {"disable_passes": list(disable_passes), "debug_options": debug_options}
     proto = torch_xla._XLAC._get_xla_tensors_hlo_proto(outputs)
+    output_shardings = [torch_xla._XLAC._get_xla_sharding_spec(t) for t in outputs]  # "" when none
     # The graph hash alone is not enough: it ignores settings that change the lowered HLO (measured: the
     # mat-mul precision; f32 weights are all-gathered in bf16 at "default" and in f32 at "high").
     key = (bytes(torch_xla._XLAC._get_graph_hash(outputs)), hashlib.sha256(proto).hexdigest(), topology,
-           disable_passes, tuple(sorted((k, repr(v)) for k, v in debug_options.items())))
+           disable_passes, tuple(sorted((k, repr(v)) for k, v in debug_options.items())), tuple(output_shardings))
     with _LOCK:
         if key in _CACHE:
             hit = _CACHE[key]
             return TpuCompile(**{**hit.__dict__, "cached": True, "label": label or hit.label})
         t0 = time.perf_counter()
         try:
-            exe = _compile_proto(proto, topo, disable_passes, debug_options)
+            exe = _compile_proto(proto, topo, disable_passes, debug_options, output_shardings)
         except Exception as e:  # XlaRuntimeError; only out-of-memory becomes data
             oom = parse_oom(str(e))
             if oom is None:
