@@ -171,7 +171,8 @@ def layer_widths(name: str, value: Any) -> tuple[int, ...]:
     """A list/tuple of >= 2 positive ints (MLP widths), returned as a tuple."""
     if (not isinstance(value, list | tuple) or len(value) < 2
             or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in value)):
-        raise ValueError(f"{name}={value!r} must be a list of >= 2 positive ints (MLP widths)")
+        shown = list(value) if isinstance(value, tuple) else value
+        raise ValueError(f"{name}={shown!r} must be a list of >= 2 positive ints (MLP widths)")
     return tuple(value)
 
 

@@ -65,15 +65,19 @@ fv.param_frame(cfg)
 formula = fv.formula(cfg)  # device_kind="cpu": what XLA:CPU's partitioner emits
 compiler = fv.compiler(cfg)  # the CPU HLO of both graphs (+ parity with the unsharded SGD step)
 tpu = fv.tpu(cfg)  # XLA:TPU, compile-only
-table = record(rec, "fsdp.gspmd", formula, compiler, tpu)
-table
+record(rec, "fsdp.gspmd", formula, compiler, tpu, show=False)
 
 # %% [markdown]
 # Counts are collective instructions; `.operands` is how many logical collectives they carry where a compiler
-# combined several into one instruction. The CPU columns agree with the formula exactly — including the padding
-# of every sharded dimension and the all-reduce form of small dims. The TPU column differs on purpose; each
-# difference is listed above with what the TPU program shows, and the formula for `device_kind="tpu"` predicts
-# it:
+# combined several into one instruction. The CPU column agrees with the formula exactly — including the padding
+# of every sharded dimension and the all-reduce form of small dims. The TPU column differs on purpose (it is not
+# compared with the CPU formula there); what its program shows, value by value:
+
+# %%
+fv.explain(formula, compiler, tpu)
+
+# %% [markdown]
+# The formula for `device_kind="tpu"` predicts the TPU column (the TPU view checks it, `fsdp.gspmd.tpu_formula.*`):
 
 # %%
 fv.device_frame(formula, compiler, tpu)
@@ -111,14 +115,15 @@ memory_frame({"cpu (buffer assignment)": compiler, "tpu (compiled memory stats)"
 
 # %% [markdown]
 # ### A wider MLP on the TPU
-# The same step for layers 256 → 512 → 128 (TPU only, compile-only): the weight gradients now go through a real
-# reduce-scatter fusion (one instruction, two gradients), the biases through one combined all-reduce, and the
-# 512-wide bias is gathered or all-reduced depending on its shard length at this W.
+# The same step for layers 256 → 512 → 128 (TPU only, compile-only). For W > 1 the weight gradients now go
+# through a real reduce-scatter fusion (one instruction, two gradients), the bias gradients through one combined
+# all-reduce, and the 512-wide bias is gathered or all-reduced depending on its shard length at this W.
 
 # %%
 wide = fv.GspmdConfig.from_params(p, layer_sizes=(256, 512, 128))
 wide_tpu = fv.tpu(wide)
-record(rec, "fsdp.gspmd_wide", fv.formula(wide), wide_tpu)
+display(record(rec, "fsdp.gspmd_wide", fv.formula(wide), wide_tpu, show=False))
+fv.explain(wide_tpu)
 
 # %% [markdown]
 # ## 3 · Flat vs per-parameter
@@ -148,7 +153,9 @@ fv.designs_frame(flat_cfg, {"per-parameter (formula)": formula, "per-parameter (
 
 # %%
 v2 = fv.GspmdConfig.from_params(p, wrapper="torch_xla_fsdpv2")
-record(rec, "fsdp.gspmd_fsdpv2", fv.formula(v2), fv.compiler(v2), fv.tpu(v2))
+v2_views = fv.formula(v2), fv.compiler(v2), fv.tpu(v2)
+display(record(rec, "fsdp.gspmd_fsdpv2", *v2_views, show=False))
+fv.explain(*v2_views)
 
 # %% [markdown]
 # ## 5 · PyTorch's own FSDP1 and FSDP2, on real gloo processes

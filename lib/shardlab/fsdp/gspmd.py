@@ -45,6 +45,7 @@ partitioner reshards over the replica axis as above (``strict=False`` reports th
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from typing import Any, NamedTuple
 
@@ -328,7 +329,9 @@ def _forward(model: nn.Module, x: torch.Tensor, y: torch.Tensor, kept: list[torc
 
 
 def _backward(loss: torch.Tensor, params: list[torch.Tensor], lr: float) -> list[torch.Tensor]:
-    loss.backward()
+    with warnings.catch_warnings():  # torch_xla's FSDPv2 wrapper hooks a first layer whose input needs no grad
+        warnings.filterwarnings("ignore", message="Full backward hook is firing")
+        loss.backward()
     with torch.no_grad():
         for p in params:
             p -= lr * p.grad
