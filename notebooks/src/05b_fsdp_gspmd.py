@@ -36,7 +36,7 @@ world
 #
 # | graph | collective (XLA:CPU) | payload per device |
 # |---|---|---|
-# | forward | all-gather of each parameter (an **all-reduce of the full tensor** when $d \le W/2$) | $c_p\cdot\text{rest}\cdot b$ ($d\cdot\text{rest}\cdot b$) |
+# | forward | all-gather of each parameter (an **all-reduce of the full tensor** when $d \le \lfloor W/2 \rfloor$) | $c_p\cdot\text{rest}\cdot b$ ($d\cdot\text{rest}\cdot b$) |
 # | backward | the same unshard of each weight that $dX_l = dY_l W_l$ reads (layers 2..L) | same |
 # | backward | reduce-scatter of every gradient — **XLA:CPU emits all-reduce + dynamic-slice** | $d\cdot\text{rest}\cdot b$ |
 #
@@ -54,7 +54,8 @@ fv.param_frame(cfg)
 
 # %% [markdown]
 # Per parameter: its padded shard and the collective each compiler uses to replicate it (and the bytes one
-# device hands over in forward). The TPU columns come from the TPU rules of the formula, explained in §2.
+# device hands over in forward). The TPU columns come from the formula's TPU rules, explained in §2 (with the
+# domain where they hold).
 #
 # ## 1 · The views
 # The CPU view needs `world_size` to tile this process's devices (mesh (fsdp, replica) = (W, n / W)); otherwise
