@@ -6,14 +6,13 @@ The ``libtpu`` wheel contains the TPU compiler; JAX can describe a TPU slice we 
 (``jax.experimental.topologies.get_topology_desc``) and hand its compile-only client an HLO module. The graph a
 notebook builds on its CPU device world (torch_xla under SPMD, shardings annotated, *not* synced) is lowered to
 the pre-partitioning HLO proto with its shardings (``torch_xla._XLAC._get_xla_tensors_hlo_proto``) and compiled
-for the topology the way torch_xla compiles it: GSPMD partitioning; every parameter and every output that
-carries a sharding keeps it (an output's is the tensor's own sharding spec, set as the result's sharding), and
-sharding propagation chooses only the shardings nobody gave (a placeholder argument, an unannotated output;
-without output propagation the program all-gathers every unannotated output). Measured why both pins matter,
-per-parameter FSDP (weights sharded on dim 0, each used through a replicated copy; gradients constrained back
-to dim 0): with propagation allowed everywhere, the compiler replicated the sharded weights (no all-gather at
-all) and returned replicated gradients — the XLA:CPU program of the same graph, which torch_xla compiles itself,
-keeps both sharded.
+for the topology exactly like torch_xla would on a TPU: GSPMD partitioning, sharding propagation allowed to the
+outputs the graph left without a sharding (without it the program all-gathers every unannotated output) and to
+the parameters the graph left without a sharding (placeholders) — never to a parameter torch_xla already laid
+out (:func:`parameter_propagation`), nor to an output tensor that has a sharding spec: that spec is set as the
+result's sharding, as torch_xla's own program keeps it (:func:`pin_shardings`). Measured why: allowed to
+propagate, XLA:TPU returned the dim-0 sharded gradients and updated parameters of a per-parameter FSDP step
+replicated, and all-gathered every parameter to produce them (``shardlab.fsdp.gspmd.backward_graph``).
 Nothing executes, and the outputs are never synced (graphs over placeholders crash when executed).
 
 What comes back (:class:`TpuCompile`): the per-chip program after every TPU pass (HLO text, parsed with
@@ -48,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.metadata
+import math
 import os
 import re
 import sys
@@ -238,18 +238,41 @@ def _device_list(name: str) -> tuple[Any, ...]:
     return devices
 
 
+_PARAMETER_RE = re.compile(r"=\s*\S+\s+parameter\((\d+)\)(.*)$")
+
+
+def parameter_propagation(hlo_text: str, count: int) -> list[bool]:
+    r"""Per entry parameter: may the partitioner choose its sharding? Only when the graph gave it none.
+
+    torch_xla gives every device-data parameter a sharding (``{replicated}`` when unannotated): on a TPU the data
+    is already laid out that way, so the compiled program must keep it. Allowing propagation there let the
+    compiler replace a parameter's sharding (measured: vocab-sharded logits became a replicated argument, and the
+    gathered cross-entropy's all-gather disappeared). Placeholders (``create_placeholder_tensor``) carry no
+    sharding and take the one their users imply.
+
+    >>> parameter_propagation('ENTRY %m {\n  %p0 = f32[4]{0} parameter(0), sharding={replicated}\n'
+    ...                       '  %p1 = f32[4]{0} parameter(1)\n}', 2)
+    [False, True]
+    """
+    entry = hlo_text[hlo_text.find("ENTRY"):] if "ENTRY" in hlo_text else hlo_text
+    sharded: dict[int, bool] = {}
+    for line in entry.splitlines():
+        m = _PARAMETER_RE.search(line)
+        if m:
+            sharded[int(m.group(1))] = "sharding=" in m.group(2)
+    return [not sharded.get(i, False) for i in range(count)]
+
+
 def pin_shardings(proto: bytes, output_shardings: list[str]) -> tuple[bytes, list[bool], list[bool]]:
     """The StableHLO module of ``proto`` with ``output_shardings[i]`` (HLO sharding text, "" = none) set as result
     i's sharding, and which parameters / results sharding propagation may still choose: those without one."""
     b = _backend()
+    computation = b.XlaComputation(proto)
+    free_params = parameter_propagation(computation.as_hlo_text(), len(computation.program_shape().parameter_shapes()))
     with b.make_ir_context():
         module = b.ir.Module.parse(b.hlo_to_stablehlo(proto))
         main = next(op for op in module.body.operations
                     if "sym_name" in op.attributes and b.ir.StringAttr(op.attributes["sym_name"]).value == "main")
-        n_args = len(main.regions[0].blocks[0].arguments)
-        arg_attrs = list(main.attributes["arg_attrs"]) if "arg_attrs" in main.attributes else []
-        free_params = [i >= len(arg_attrs) or "mhlo.sharding" not in b.ir.DictAttr(arg_attrs[i])
-                       for i in range(n_args)]
         n_out = len(b.ir.FunctionType(b.ir.TypeAttr(main.attributes["function_type"]).value).results)
         if len(output_shardings) != n_out:
             raise ValueError(f"{len(output_shardings)} output shardings for a program with {n_out} results")
@@ -259,13 +282,17 @@ def pin_shardings(proto: bytes, output_shardings: list[str]) -> tuple[bytes, lis
 
 
 def _compile_proto(proto: bytes, topo: Topology, disable_passes: tuple[str, ...],
-                   debug_options: Mapping[str, Any], output_shardings: list[str]) -> Any:
+                   debug_options: Mapping[str, Any], auto_spmd_mesh: tuple[int, ...] | None = None,
+                   output_shardings: list[str] | None = None) -> Any:
     """Compile a pre-partitioning HLO proto for ``topo``; returns the compile-only executable."""
     import numpy as np
 
     b = _backend()
     devices = _device_list(topo.name)
-    module, free_params, free_outputs = pin_shardings(proto, output_shardings)
+    computation = b.XlaComputation(proto)
+    shape = computation.program_shape()
+    result = shape.result_shape()
+    n_out = len(result.tuple_shapes()) if result.is_tuple() else 1
     opts = b.get_compile_options(
         num_replicas=1, num_partitions=topo.chips, use_spmd_partitioning=True,
         device_assignment=np.array(devices).reshape(1, topo.chips),
@@ -276,12 +303,38 @@ def _compile_proto(proto: bytes, topo: Topology, disable_passes: tuple[str, ...]
     # torch_xla proto: it silently compiles a replicated program (measured: no collectives, full weights).
     build.use_shardy_partitioner = False
     # Vector sizes must be 1 or exactly the counts, or XLA aborts the process (CHECK failure).
+    module, free_params, free_outputs = pin_shardings(proto, list(output_shardings or [""] * n_out))
     build.allow_spmd_sharding_propagation_to_parameters = free_params
     build.allow_spmd_sharding_propagation_to_output = free_outputs
     if disable_passes:
         build.debug_options.xla_disable_hlo_passes = ",".join(disable_passes)
-    with quiet_libtpu():
+    if auto_spmd_mesh:  # XLA's auto-sharding (an ILP over every array's sharding) instead of propagation
+        build.use_auto_spmd_partitioning = True
+        build.auto_spmd_partitioning_mesh_shape = list(auto_spmd_mesh)
+        build.auto_spmd_partitioning_mesh_ids = list(range(topo.chips))
+        # the solver chooses every input's sharding too (with xla_tpu_auto_spmd_remove_all_user_shardings)
+        build.allow_spmd_sharding_propagation_to_parameters = [True] * len(shape.parameter_shapes())
+        build.allow_spmd_sharding_propagation_to_output = [True] * n_out
+    with quiet_libtpu(), _quiet_stdout(bool(auto_spmd_mesh)):
         return devices[0].client.compile(module, executable_devices=b.DeviceList(devices), compile_options=opts)
+
+
+@contextlib.contextmanager
+def _quiet_stdout(active: bool) -> Iterator[None]:
+    """Swallow fd 1 while the auto-sharding solver (OR-tools) prints its progress log there."""
+    if not active:
+        yield
+        return
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    saved = os.dup(1)
+    with open(os.devnull, "wb") as null:
+        os.dup2(null.fileno(), 1)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
 
 
 def _cost(exe: Any) -> dict[str, float]:
@@ -298,11 +351,15 @@ _LOCK = threading.Lock()
 
 
 def compile_tensors(outputs: list[Any], topology: str = DEFAULT_TOPOLOGY, *, disable_passes: tuple[str, ...] = (),
-                    debug_options: Mapping[str, Any] | None = None, label: str = "") -> TpuCompile:
+                    debug_options: Mapping[str, Any] | None = None, label: str = "",
+                    auto_spmd_mesh: tuple[int, ...] | None = None) -> TpuCompile:
     """Compile the graph producing ``outputs`` (this process's SPMD world, not synced) for ``topology``.
 
     ``disable_passes`` names XLA passes to skip (e.g. ``("all-reduce-combiner",)``); ``debug_options`` are
     XLA / XLA:TPU compiler flags (``{"xla_tpu_...": value}``), passed like ``jax.jit(...).compile(compiler_options=)``.
+    ``auto_spmd_mesh`` (e.g. ``(8,)``): let XLA's auto-sharding choose the shardings on a mesh of that shape
+    (the build option ``use_auto_spmd_partitioning``); with the XLA:TPU flag
+    ``xla_tpu_auto_spmd_remove_all_user_shardings`` it also ignores the graph's own annotations.
     """
     import torch_xla
 
@@ -321,20 +378,27 @@ def compile_tensors(outputs: list[Any], topology: str = DEFAULT_TOPOLOGY, *, dis
     check_backend()
     debug_options = dict(debug_options or {})
     disable_passes = tuple(disable_passes)
-    options = {"disable_passes": list(disable_passes), "debug_options": debug_options}
+    auto_spmd_mesh = tuple(auto_spmd_mesh) if auto_spmd_mesh else None
+    if auto_spmd_mesh and math.prod(auto_spmd_mesh) != topo.chips:
+        raise ValueError(f"auto_spmd_mesh={auto_spmd_mesh} has {math.prod(auto_spmd_mesh)} devices but "
+                         f"topology={topology!r} has {topo.chips} chips")
+    options: dict[str, Any] = {"disable_passes": list(disable_passes), "debug_options": debug_options}
+    if auto_spmd_mesh:
+        options["auto_spmd_mesh"] = list(auto_spmd_mesh)
     proto = torch_xla._XLAC._get_xla_tensors_hlo_proto(outputs)
     output_shardings = [torch_xla._XLAC._get_xla_sharding_spec(t) for t in outputs]  # "" when none
     # The graph hash alone is not enough: it ignores settings that change the lowered HLO (measured: the
     # mat-mul precision; f32 weights are all-gathered in bf16 at "default" and in f32 at "high").
     key = (bytes(torch_xla._XLAC._get_graph_hash(outputs)), hashlib.sha256(proto).hexdigest(), topology,
-           disable_passes, tuple(sorted((k, repr(v)) for k, v in debug_options.items())), tuple(output_shardings))
+           disable_passes, tuple(sorted((k, repr(v)) for k, v in debug_options.items())), auto_spmd_mesh,
+           tuple(output_shardings))
     with _LOCK:
         if key in _CACHE:
             hit = _CACHE[key]
             return TpuCompile(**{**hit.__dict__, "cached": True, "label": label or hit.label})
         t0 = time.perf_counter()
         try:
-            exe = _compile_proto(proto, topo, disable_passes, debug_options, output_shardings)
+            exe = _compile_proto(proto, topo, disable_passes, debug_options, auto_spmd_mesh, output_shardings)
         except Exception as e:  # XlaRuntimeError; only out-of-memory becomes data
             oom = parse_oom(str(e))
             if oom is None:
@@ -353,7 +417,7 @@ def compile_tensors(outputs: list[Any], topology: str = DEFAULT_TOPOLOGY, *, dis
 
 def compile_program(build: Callable[[Any], list[Any]], cfg: Any, topology: str = DEFAULT_TOPOLOGY, *,
                     disable_passes: tuple[str, ...] = (), debug_options: Mapping[str, Any] | None = None,
-                    label: str = "") -> TpuCompile:
+                    label: str = "", auto_spmd_mesh: tuple[int, ...] | None = None) -> TpuCompile:
     """``build(cfg)`` (an importable module-level function returning output tensors), compiled for ``topology``.
 
     Runs in this process when its world has the topology's chip count; otherwise in a persistent worker
@@ -364,7 +428,7 @@ def compile_program(build: Callable[[Any], list[Any]], cfg: Any, topology: str =
 
     topo = get_topology(topology)
     opts: dict[str, Any] = {"disable_passes": tuple(disable_passes), "debug_options": dict(debug_options or {}),
-                            "label": label}
+                            "label": label, "auto_spmd_mesh": tuple(auto_spmd_mesh) if auto_spmd_mesh else None}
     try:
         world = runtime.current()
     except RuntimeError:
