@@ -366,11 +366,15 @@ def backward_graph(spec: StepSpec) -> list[torch.Tensor]:
 
     if runtime.current().dump_dir:
         capture_hlo(forward)
-    else:  # a TPU compile worker keeps no dumps: nothing to capture, just cut the graph
+    else:  # a TPU compile worker keeps no dumps: nothing to capture, just cut the graph and wait for it
         import torch_xla
+        import torch_xla.core.xla_model as xm
 
         forward()
         torch_xla.sync()
+        # the sync returns before the buffers exist; lowering the next graph reads their handles (a null handle
+        # segfaulted the worker, measured)
+        xm.wait_device_ops()
     return _backward(held["out"][0], params, spec.train.lr)
 
 
