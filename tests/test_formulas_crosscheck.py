@@ -13,9 +13,11 @@ measurement must be equal, not close. A notebook whose source has not landed yet
     04 embedding + CE        tp.embedding_all_reduce,                  tp.views.compiler(EmbeddingConfig /
                              tp.vocab_parallel_ce, tp.gathered_logits,   CrossEntropyConfig), the notebook's
                              tp.ce_logits_bytes                          own views
-    05 FSDP flat params      fsdp.flat_step_comm, zero.padded_numel,   ledger of fsdp.train.fsdp_rank_program;
-                             memory.model_state_bytes (stage 3 + pad)  the unit's persistent tensor bytes
+    05 FSDP flat params      fsdp.views.formula(FlatConfig):           fsdp.views.ledger(FlatConfig): FlatUnit
+                             flat_step_comm, zero (root unit, nested)  per rank; + zero.zero_comm,
+                                                                       memory.model_state_bytes (stage 3 + pad)
     05 (sizes)               zero.zero_comm stage 0 (DP all-reduce)    HLO of a batch-sharded MLP
+    05b per-parameter FSDP   fsdp.views.formula(GspmdConfig, "cpu")    fsdp.views.compiler(GspmdConfig): HLO
     06 scan + shard_as       scan.shard_as_saving (1-D / 2-D bytes)    compiler-assigned gradient shardings
 """
 
@@ -165,40 +167,47 @@ def test_04_embedding_and_vocab_parallel_ce_vs_hlo(xla_world):
 
 
 # --------------------------------------------------------------------------------------------- FSDP (05)
-def _fsdp_cfg(p: dict[str, Any]) -> Any:
-    from shardlab.fsdp.train import TrainConfig
-
-    return TrainConfig(layer_sizes=tuple(p["layer_sizes"]), batch=p["batch"], steps=1, optimizer="adam",
-                       use_orig_params=p["align"], seed=p["seed"])
-
-
 def test_05_flat_unit_comm_and_memory_vs_ledger():
-    from shardlab.comm import SimulatedWorld
-    from shardlab.fsdp.train import fsdp_rank_program
+    """The notebook's own views at its defaults (root unit, then nested), plus two relations the views do not
+    use: ZeRO-3's communication volume and the planner's model-state composition."""
+    from shardlab.fsdp import views as fv
+    from shardlab.views import compare
 
     p = notebook_defaults("05_fsdp_flat_params")
-    w, sizes = p["world_size"], p["layer_sizes"]
-    if p["align"]:
-        pytest.skip("alignment padding default: numel needs the alignment plan, not the bare parameter count")
-    numel = sum(i * o + o for i, o in zip(sizes[:-1], sizes[1:], strict=True))  # Linear weights + biases
-    sim = SimulatedWorld(w)
-    results = sim.run(fsdp_rank_program, _fsdp_cfg(p))
-    led = sim.ledger
-    f = ffsdp.flat_step_comm(numel, w, elem_bytes=4, root=True)  # the model is one (root) unit
-    assert led.count("all_gather") == f.all_gather_count
-    assert led.payload_bytes("all_gather") == f.all_gather_bytes
-    assert led.count("reduce_scatter") == f.reduce_scatter_count
-    assert led.payload_bytes("reduce_scatter") == f.reduce_scatter_bytes
-    assert led.wire_bytes() == pytest.approx(f.wire_bytes(w), rel=1e-12)
+    w = p["world_size"]
+    for nested in (False, True):
+        cfg = fv.FlatConfig(world_size=w, layer_sizes=tuple(p["layer_sizes"]), batch=p["batch"], steps=1,
+                            align=p["align"], seed=p["seed"], nested=nested)
+        f, led = fv.formula(cfg), fv.ledger(cfg)
+        assert all(r["agree"] for r in compare([f, led])), [r for r in compare([f, led]) if not r["agree"]]
+        assert all(ok for ok, _ in led.checks.values()), led.checks
+    cfg = fv.FlatConfig(world_size=w, layer_sizes=tuple(p["layer_sizes"]), batch=p["batch"], steps=1,
+                        align=p["align"], seed=p["seed"])
+    led = fv.ledger(cfg)
+    numel, padded = led["flat.numel"], led["flat.padded_numel"]
     # ZeRO-3 volume 3·(W-1)/W·P less the backward all-gather the root unit skips: (W-1)/W·P (P padded)
-    padded = fzero.padded_numel(numel, w)
     zc = fzero.zero_comm(padded, w, 3, exact=True)
-    assert led.wire_bytes() == pytest.approx((zc.total - zc.all_gather / 2) * 4, rel=1e-12)
+    assert led["step.wire.bytes"] == pytest.approx((zc.total - zc.all_gather / 2) * 4, rel=1e-12)
     # persistent model state per rank (fp32 param + grad shards, Adam m and v) = the planner's composition
-    measured = results[0].persistent_bytes
     formula = fmem.model_state_bytes(numel, fsdp=w, stage=3, param_bytes=4, grad_bytes=4, k=8, flat_units=[numel])
-    assert sum(measured.values()) == formula.total
-    assert measured["param_shard"] == padded // w * 4
+    assert led["memory.per_rank.bytes"] == formula.total
+    assert led.detail["results"][0].persistent_bytes["param_shard"] == padded // w * 4
+    assert ffsdp.flat_step_comm(numel, w, root=True).reduce_scatter_payload_bytes == padded * 4
+
+
+@pytest.mark.xla
+def test_05b_per_parameter_step_vs_hlo(xla_world):
+    from shardlab.fsdp import views as fv
+    from shardlab.views import compare
+
+    p = notebook_defaults("05b_fsdp_gspmd")
+    if xla_world.num_devices % p["world_size"]:
+        pytest.skip(f"world_size={p['world_size']} does not tile the {xla_world.num_devices}-device world")
+    cfg = fv.GspmdConfig(world_size=p["world_size"], layer_sizes=tuple(p["layer_sizes"]), batch=p["batch"],
+                         seed=p["seed"])
+    f, h = fv.formula(cfg, "cpu"), fv.compiler(cfg)
+    assert not h.differs and all(r["agree"] for r in compare([f, h]))
+    assert all(ok for ok, _ in h.checks.values()), h.checks
 
 
 @pytest.mark.xla

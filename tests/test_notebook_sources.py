@@ -15,7 +15,8 @@ def test_notebooks_in_sync_with_sources() -> None:
 
 
 def test_notebooks_clean_and_parameterised() -> None:
-    notebooks = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    notebooks = sorted([*(ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"),  # NN_name and NNx_name (05b_...)
+                        *(ROOT / "notebooks").glob("[0-9][0-9][a-z]_*.ipynb")])
     assert notebooks, "no notebooks"
     for path in notebooks:
         nb = json.loads(path.read_text())

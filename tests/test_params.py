@@ -12,6 +12,8 @@ from shardlab.params import (
     NOTEBOOK_PARAMS,
     AttentionParams,
     BlocksParams,
+    FsdpGspmdParams,
+    FsdpParams,
     MlpParams,
     PlannerParams,
     ScanParams,
@@ -86,6 +88,14 @@ def test_from_namespace_reads_every_field_and_rejects_a_missing_one():
     (ScanParams, {"batch": 2}, "batch=2 is not divisible by mesh_tensor=4 (the transposed mesh"),
     (ScanParams, {"devices_sweep": [3]}, "devices_sweep entry 3"),
     (ScanParams, {"placeholder_hiddens": [63]}, "placeholder_hiddens entry 63"),
+    (FsdpParams, {"batch": 60}, "batch=60 is not divisible by world_size=8"),
+    (FsdpParams, {"layer_sizes": [30]}, "layer_sizes=[30] must be a list of >= 2 positive ints"),
+    (FsdpParams, {"layer_sizes": [30, 0]}, "layer_sizes=[30, 0] must be a list of >= 2 positive ints"),
+    (FsdpParams, {"align": 1}, "align=1 must be True or False"),
+    (FsdpParams, {"steps": 0}, "steps=0 must be a positive int"),
+    (FsdpParams, {"world_size": 0}, "world_size=0 must be a positive int"),
+    (FsdpGspmdParams, {"torch_fsdp_world": 5}, "torch_fsdp_world=5 must be an int in [0, 4]"),
+    (FsdpGspmdParams, {"world_size": 3, "batch": 64}, "batch=64 is not divisible by world_size=3"),
 ])
 def test_rules_name_the_parameter(cls, change, words):
     with pytest.raises(ValueError, match=words.replace("[", r"\[").replace("(", r"\(")):
@@ -113,3 +123,10 @@ def test_planner_validation_may_exceed_the_device_count():
 def test_record_leaves_out_where_and_the_answer_key():
     rec = MlpParams(results_dir="/tmp/x", answers={"1": 2}).as_record()
     assert "results_dir" not in rec and "answers" not in rec and rec["tp"] == 4
+
+
+def test_fsdp_world_size_needs_no_devices():
+    """The FlatParameter, the formulas and the TPU view need no devices: W = 8 on one device is legal (the CPU
+    compiler view of 05b is then skipped with a note); papermill's YAML lists become tuples."""
+    assert FsdpParams(num_devices=1, world_size=8).validate().world_size == 8
+    assert FsdpGspmdParams(num_devices=1, layer_sizes=[4, 6, 2]).validate().layer_sizes == (4, 6, 2)

@@ -400,7 +400,68 @@ class ScanParams(NotebookParams):
                                  f"by mesh_tensor={t} (the traced stack is split like the notebook's)")
 
 
+
+
+# ------------------------------------------------------------------------------------------------------ FSDP
+def layer_widths(name: str, value: Any) -> tuple[int, ...]:
+    """A list/tuple of >= 2 positive ints (MLP widths), returned as a tuple."""
+    if (not isinstance(value, list | tuple) or len(value) < 2
+            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in value)):
+        shown = list(value) if isinstance(value, tuple) else value
+        raise ValueError(f"{name}={shown!r} must be a list of >= 2 positive ints (MLP widths)")
+    return tuple(value)
+
+
+@dataclass(frozen=True)
+class FsdpParamsBase(NotebookParams):
+    """Shared by 05 and 05b: an MLP Linear(d0, d1) -> tanh -> ... trained data-parallel on ``world_size`` FSDP
+    ranks. ``world_size`` may exceed ``num_devices``: the FlatParameter and the formulas need no devices."""
+
+    world_size: int = 8  # FSDP ranks W (SimulatedWorld ranks; the GSPMD mesh's fsdp axis)
+    layer_sizes: tuple[int, ...] = (30, 50, 10)  # MLP widths: Linear(30, 50) -> tanh -> Linear(50, 10)
+    batch: int = 64  # global batch, split evenly over the W ranks
+
+    def __post_init__(self) -> None:
+        if isinstance(self.layer_sizes, list):  # papermill injects YAML lists
+            object.__setattr__(self, "layer_sizes", tuple(self.layer_sizes))
+
+    def checks(self) -> None:
+        positive_int("world_size", self.world_size)
+        layer_widths("layer_sizes", self.layer_sizes)
+        positive_int("batch", self.batch)
+        divisible("batch", self.batch, "world_size", self.world_size, "every rank trains on batch / world_size rows")
+
+
+@dataclass(frozen=True)
+class FsdpParams(FsdpParamsBase):
+    NOTEBOOK: ClassVar[str] = "05_fsdp_flat_params"
+
+    align: bool = False  # True: alignment padding like use_orig_params (16-byte parameter starts)
+    steps: int = 3  # training steps for the parity check
+
+    def checks(self) -> None:
+        super().checks()
+        boolean("align", self.align)
+        positive_int("steps", self.steps)
+
+
+@dataclass(frozen=True)
+class FsdpGspmdParams(FsdpParamsBase):
+    """``world_size`` must tile ``num_devices`` for the CPU compiler view (else it is skipped with a note)."""
+
+    NOTEBOOK: ClassVar[str] = "05b_fsdp_gspmd"
+
+    torch_fsdp_world: int = 2  # ranks (gloo processes) for PyTorch FSDP1 / FSDP2; 0 skips them (process start-up)
+
+    def checks(self) -> None:
+        super().checks()
+        if isinstance(self.torch_fsdp_world, bool) or not isinstance(self.torch_fsdp_world, int) \
+                or not 0 <= self.torch_fsdp_world <= 4:
+            raise ValueError(f"torch_fsdp_world={self.torch_fsdp_world!r} must be an int in [0, 4] "
+                             "(0 skips PyTorch FSDP)")
+
+
 NOTEBOOK_PARAMS: dict[str, type[NotebookParams]] = {
     cls.NOTEBOOK: cls for cls in (WelcomeParams, BlocksParams, MlpParams, AttentionParams, VocabParams,
-                                  ScanParams, PlannerParams, LeversParams)
+                                  FsdpParams, FsdpGspmdParams, ScanParams, PlannerParams, LeversParams)
 }

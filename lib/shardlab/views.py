@@ -170,7 +170,9 @@ def compare(views: Iterable[View]) -> list[dict[str, Any]]:
         checked, unchecked = [], []
         for v in views:
             if name not in v.values and name.endswith(".operands") and name[:-9] + ".count" in v.values:
-                v = View(v.source, {name: v.values[name[:-9] + ".count"]})  # one operand per collective
+                count = name[:-9] + ".count"  # one operand per collective; unchecked where the count is
+                v = View(v.source, {name: v.values[count]},
+                         differs={name: v.differs[count]} if count in v.differs else {})
             if name in v.values:
                 row[v.source] = v.values[name]
                 if name in v.differs:

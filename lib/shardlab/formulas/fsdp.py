@@ -38,6 +38,26 @@ unshard is an all-reduce, not an all-gather, in both graphs. :func:`per_param_st
 term; the earlier formula priced those unshards as all-gathers of c_p·rest·b (e.g. 764 vs the HLO's 760 bytes
 at W = 4) — the term it got wrong.
 
+The XLA:TPU compiler (libtpu 0.0.21, compile-only) partitions the same graph and then rewrites it; measured
+on the per-parameter FSDP step (``device_kind="tpu"``)::
+
+    unshard of a vector (a bias, or any parameter whose only non-1 dimension is the sharded one) whose
+              shard is shorter than 128 elements (one TPU vector-register row): an all-reduce of the PADDED
+              full vector W·c_p·b (a dynamic-update-slice into zeros), not an all-gather — all-gathering along
+              the minor dimension moves less than a row per device, and the all-reduce can be combined with
+              others; the d <= W // 2 rule above still gives the unpadded full tensor
+    weights read by a matmul (forward, and the backward re-gather for dX) travel in bf16 when the model is
+              f32 and the mat-mul precision is torch_xla's "default" (the TPU's bf16 passes): c_p·rest·2
+              — unless the matmul is degenerate (a dimension of 1: XLA rewrites it without a dot)
+    gradients: the same full f32 gradients, reduced by real reduce-scatters (an ``all-reduce-scatter``
+              fusion) where the compiler chooses to, by all-reduce + dynamic-slice elsewhere, and COMBINED:
+              one collective instruction carries several gradients (tuple operands)
+
+so the byte totals are predicted per operand, and the instruction counts are not (the combiner decides them).
+These rules hold where :func:`tpu_rules_apply` says so (dim-0 sharding, every dimension > 1, weight shards of
+at least two rows), tested against the compiler on a grid of layer sizes and world sizes; elsewhere XLA:TPU
+makes choices the formula does not model, and the notebook says so instead of comparing.
+
 Persistent per-rank model state after a step with Adam: parameter shard c·b + gradient shard c·b +
 optimizer state (exp_avg, exp_avg_sq in fp32) 2·c·4. For fp32 that is 16·c bytes — ZeRO-3's 16Ψ/N with
 Ψ = P. Transient: the unsharded padded parameter (P·b) and its gradient (P·b) while a unit runs.
@@ -75,6 +95,23 @@ class FlatStepComm(NamedTuple):
             self.all_gather_count * (w - 1) * self.all_gather_payload_bytes
             + self.reduce_scatter_count * (w - 1) / w * self.reduce_scatter_payload_bytes
         )
+
+
+def flat_numel(numels: list[int] | tuple[int, ...], world_size: int, align: int = 0) -> int:
+    """N of a flat unit by hand: the parameter numels in order; with ``align`` > 0 (``use_orig_params``) each
+    parameter starts at a multiple of ``align`` elements and the total is padded to a multiple of W.
+
+    >>> flat_numel([1500, 50, 500, 10], 8), flat_numel([1500, 50, 500, 10], 8, align=4)   # 1550 -> 1552, 2062 -> 2064
+    (2060, 2064)
+    """
+    total = 0
+    for n in numels:
+        if align and total % align:
+            total += align - total % align
+        total += n
+    if align and total % world_size:
+        total += world_size - total % world_size
+    return total
 
 
 def flat_step_comm(flat_numel: int, world_size: int, elem_bytes: int = 4, *, root: bool = False) -> FlatStepComm:
@@ -160,6 +197,54 @@ def per_param_shard(
     return shape[:k] + (local,) + shape[k + 1 :], shape[:k] + (c,) + shape[k + 1 :]
 
 
+DEVICE_KINDS = ("cpu", "tpu")
+"""Compilers the per-parameter formula predicts: XLA:CPU (torch_xla's own CPU program) and XLA:TPU (compile-only)."""
+MATMUL_PRECISIONS = ("default", "high", "highest")
+"""torch_xla's mat-mul precision (``torch_xla.backends.set_mat_mul_precision``); "default" = one bf16 pass on TPU."""
+UNSHARD_FORMS = ("none", "all_gather", "all_reduce", "all_reduce_padded")
+"""How a parameter is replicated before use: nothing (W = 1), an all-gather of its padded shard, the partitioner's
+all-reduce of the full tensor (d <= W // 2), or XLA:TPU's all-reduce of the padded full vector."""
+
+
+def unshard_form(shape: tuple[int, ...], world_size: int, rule: str = "dim0", device_kind: str = "cpu") -> str:
+    """Which collective unshards a parameter of ``shape`` (see the module note).
+
+    >>> [unshard_form(s, 8, device_kind=k) for s in ((50, 30), (50,), (2, 9)) for k in ("cpu", "tpu")]
+    ['all_gather', 'all_gather', 'all_gather', 'all_reduce_padded', 'all_reduce', 'all_reduce']
+    """
+    if device_kind not in DEVICE_KINDS:
+        raise ValueError(f"device_kind={device_kind!r} must be one of {DEVICE_KINDS}")
+    if world_size == 1:
+        return "none"
+    if unshard_by_all_reduce(shape, world_size, rule):
+        return "all_reduce"
+    if device_kind == "tpu" and _numel(shape) == shape[shard_dim(shape, rule)] \
+            and ceil_div(shape[shard_dim(shape, rule)], world_size) < TPU_LANES:
+        return "all_reduce_padded"
+    return "all_gather"
+
+
+TPU_LANES = 128
+"""Width of a TPU vector register row: XLA:TPU all-gathers a vector whose shard fills at least one row (measured:
+shards of 128 and 256 elements), and all-reduces the padded vector when the shard is shorter (25 ... 64)."""
+
+
+def tpu_rules_apply(shapes: list[tuple[int, ...]], world_size: int, rule: str = "dim0") -> str | None:
+    """None when :func:`per_param_step_bytes` (``device_kind="tpu"``) models XLA:TPU for these parameters, else why
+    not. Outside this domain the compiler applies choices the formula does not describe (measured: a one-row
+    weight shard all-gathered in f32, a degenerate matmul rewritten without a dot)."""
+    if world_size == 1:
+        return None
+    if rule != "dim0":
+        return f"rule={rule!r}: the TPU rules are measured for dim-0 sharding only"
+    if any(1 in s for s in shapes):
+        return "a dimension of size 1 (a degenerate matmul: XLA rewrites it without a dot)"
+    thin = [s for s in shapes if len(s) >= 2 and ceil_div(s[0], world_size) < 2]
+    if thin:
+        return f"weight(s) {thin} have shards of one row at W = {world_size} (XLA:TPU's element type then varies)"
+    return None
+
+
 def unshard_by_all_reduce(shape: tuple[int, ...], world_size: int, rule: str = "dim0") -> bool:
     """True when XLA replicates this parameter with DUS + all-reduce of the full tensor (d <= W // 2), not an
     all-gather of its padded shard.
@@ -201,29 +286,55 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
+def unshard_elem_bytes(shape: tuple[int, ...], elem_bytes: int, read_by_matmul: bool, device_kind: str = "cpu",
+                       matmul_precision: str = "default") -> int:
+    """Bytes per element an unshard of this parameter moves: XLA:TPU all-gathers an f32 weight that a (non-
+    degenerate) matmul reads in bf16 at the "default" mat-mul precision; otherwise the parameter's own type."""
+    if matmul_precision not in MATMUL_PRECISIONS:
+        raise ValueError(f"matmul_precision={matmul_precision!r} must be one of {MATMUL_PRECISIONS}")
+    if (device_kind == "tpu" and read_by_matmul and elem_bytes == 4 and matmul_precision == "default"
+            and min(shape) > 1):
+        return 2
+    return elem_bytes
+
+
 def per_param_step_bytes(
     shapes: list[tuple[int, ...]], world_size: int, backward_needed: list[bool], elem_bytes: int = 4,
-    rule: str = "dim0",
+    rule: str = "dim0", device_kind: str = "cpu", read_by_matmul: list[bool] | None = None,
+    matmul_precision: str = "default",
 ) -> StepBytes:
-    """Formula for one per-parameter FSDP step (see the module note).
+    """Formula for one per-parameter FSDP step on ``device_kind``'s compiler (see the module note).
 
     ``backward_needed[i]``: the backward reads parameter i (a weight whose layer's input needs a gradient).
+    ``read_by_matmul[i]``: a matmul reads parameter i (default: every parameter of rank >= 2) — only XLA:TPU's
+    element type depends on it. Counts are logical collectives (one per parameter and use): XLA:TPU combines
+    several into one instruction, so its instruction counts are smaller.
     Layers 16 -> 9 -> 2 at W = 4 (weights [9, 16], [2, 9]; biases [9], [2]): W2 and b2 have d = 2 <= 4 // 2.
     >>> s = per_param_step_bytes([(9, 16), (9,), (2, 9), (2,)], 4, [False, False, True, False])
     >>> s.all_gather_forward, s.unshard_all_reduce_forward, s.unshard_all_reduce_backward, s.reduce_scatter
     (204, 80, 72, 692)
+    >>> t = per_param_step_bytes([(9, 16), (9,), (2, 9), (2,)], 4, [False, False, True, False], device_kind="tpu")
+    >>> t.all_gather_forward, t.unshard_all_reduce_forward, t.unshard_all_reduce_backward, t.reduce_scatter
+    (96, 92, 36, 692)
     """
     if len(shapes) != len(backward_needed):
         raise ValueError(f"{len(shapes)} shapes but {len(backward_needed)} backward_needed flags")
+    if read_by_matmul is None:
+        read_by_matmul = [len(s) >= 2 for s in shapes]
+    if len(read_by_matmul) != len(shapes):
+        raise ValueError(f"{len(shapes)} shapes but {len(read_by_matmul)} read_by_matmul flags")
     if world_size == 1:  # nothing sharded: no gathers, no reduce-scatters (the partitioner emits none)
         return StepBytes(0, 0, 0, 0, 0)
     ag_f = ag_b = ar_f = ar_b = n_ag = n_ar = 0
-    for shape, need in zip(shapes, backward_needed, strict=True):
-        if unshard_by_all_reduce(shape, world_size, rule):
-            full = _numel(shape) * elem_bytes
-            ar_f, ar_b, n_ar = ar_f + full, ar_b + full * need, n_ar + 1 + need
-        else:
-            shard = _numel(per_param_shard(shape, world_size, 0, rule)[1]) * elem_bytes
+    for shape, need, mm in zip(shapes, backward_needed, read_by_matmul, strict=True):
+        form = unshard_form(shape, world_size, rule, device_kind)
+        e = unshard_elem_bytes(shape, elem_bytes, mm, device_kind, matmul_precision)
+        if form == "all_gather":
+            shard = _numel(per_param_shard(shape, world_size, 0, rule)[1]) * e
             ag_f, ag_b, n_ag = ag_f + shard, ag_b + shard * need, n_ag + 1 + need
+        else:
+            padded = _numel(per_param_shard(shape, world_size, 0, rule)[1]) * world_size  # W·c_p·rest
+            full = (_numel(shape) if form == "all_reduce" else padded) * e
+            ar_f, ar_b, n_ar = ar_f + full, ar_b + full * need, n_ar + 1 + need
     rs = sum(_numel(s) * elem_bytes for s in shapes)
     return StepBytes(ag_f, ag_b, rs, n_ag, len(shapes), ar_f, ar_b, n_ar)

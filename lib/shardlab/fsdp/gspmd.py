@@ -21,9 +21,14 @@ What the HLO shows (CPU, torch_xla 2.9.0; read with ``shardlab.profile.capture_h
               (reduce-scatter never appears); we count each such all-reduce as one reduce-scatter, its
               operand = the full gradient numel·b
 
-An all-reduce is classified by its operand: one that places this device's shard by its partition-id (a
-dynamic-update-slice into zeros, or a select of the owning device) is an unshard; any other non-scalar
-all-reduce of the backward graph is a gradient reduce-scatter.
+Every collective is classified operand by operand (:func:`moved_operands`; XLA:TPU packs several operands into
+one tuple collective): an all-gather operand is an unshard; an all-reduce operand whose value places this
+device's shard by its partition-id (a dynamic-update-slice into zeros, or a select of the owning device) is an
+unshard in its all-reduce form; any other non-scalar all-reduce operand of the backward graph is a gradient
+reduce-scatter, and so is every operand of a real reduce-scatter (XLA:TPU's ``all-reduce-scatter`` fusion).
+
+The same two graphs, unsynced, come from :func:`forward_graph` and :func:`backward_graph` (a :class:`StepSpec`
+picklable for the TPU compile worker): ``shardlab.fsdp.views.tpu`` hands them to XLA:TPU (compile-only).
 
 The unshards and the reduce-scatter are written out (``_FsdpLinear``): each Linear constrains a copy of its
 weight and bias to replicated before use (-> all-gather), saves the SHARDED weight and re-gathers it in
@@ -35,7 +40,8 @@ gradient as an all-reduce of half the rows plus a collective-permute to the owne
 measure the same collective bytes. With W = 1 nothing is sharded: no collective at all (formula: zeros).
 
 ``shardlab.formulas.fsdp.per_param_step_bytes`` is that algebra; ``gspmd_step`` measures it. Compare with
-the flat design (``formulas.fsdp.flat_step_comm``): c·b + c·b + P·b with c = ceil(N/W). Per-parameter padding
+the flat design (``formulas.fsdp.flat_step_comm``): c·b (+ c·b unless the unit is the root) + P·b with
+c = ceil(N/W). Per-parameter padding
 rounds each d0 up instead of the total N, and the backward gathers only what autograd reads.
 torch_xla's ``SpmdFullyShardedDataParallel`` (``wrapper="torch_xla_fsdpv2"``) makes the same kind of
 annotations but shards each parameter's LARGEST dimension (``shard_maximal=True``), not dim 0: same
@@ -45,6 +51,8 @@ partitioner reshards over the replica axis as above (``strict=False`` reports th
 
 from __future__ import annotations
 
+import warnings
+import weakref
 from typing import Any, NamedTuple
 
 import torch
@@ -54,17 +62,49 @@ from shardlab import runtime
 from shardlab.formulas.fsdp import StepBytes
 from shardlab.fsdp.train import TrainConfig, make_batch, make_model
 from shardlab.profile import capture_hlo
-from shardlab.profile.hlo import Collective, HloModule
+from shardlab.profile.hlo import HloModule
+
+# Ops a value passes through unchanged in content on its way to a collective (layout, type, tuple plumbing).
+_PLUMBING = ("bitcast", "copy", "convert", "get-tuple-element", "reshape", "copy-done")
+_COMPUTE = ("dot", "convolution", "reduce")
+KINDS = ("all_gather", "unshard_all_reduce", "reduce_scatter", "other", "resharding")
+"""What one operand of a collective does in the FSDP step: an unshard by all-gather, an unshard by all-reduce,
+a gradient reduction (CPU: all-reduce + dynamic-slice; TPU: a reduce-scatter fusion or an all-reduce), anything
+else reduced (the scalar loss), or a collective outside the FSDP algorithm (collective-permute, all-to-all)."""
 
 
-def _is_unshard_all_reduce(module: HloModule, c: Collective) -> bool:
-    """An all-reduce that replicates a sharded value: its operand places this device's shard by its
-    ``partition-id`` — a dynamic-update-slice into zeros (d <= W // 2) or a select of the owning device (d == 1)
-    — XLA's all-reduce form of an unshard. A gradient reduce-scatter's operand is a partial sum (dot, reduce)."""
-    ins = module.instructions.get(c.name)
-    if ins is None or not ins.operands or ins.operands[0] not in module.instructions:
+def _producer(module: HloModule, name: str) -> Any:
+    ins = module.instructions.get(name)
+    for _ in range(8):
+        if ins is None or ins.opcode not in _PLUMBING or not ins.operands:
+            return ins
+        ins = module.instructions.get(ins.operands[0])
+    return ins
+
+
+def _inner_opcodes(module: HloModule, ins: Any) -> set[str]:
+    """Opcodes inside a fusion, nested fusions included."""
+    seen, stack, out = set(), [ins.attrs.get("calls", "").lstrip("%")], set()
+    while stack:
+        comp = stack.pop()
+        if comp in seen or comp not in module.computations:
+            continue
+        seen.add(comp)
+        for n in module.computations[comp]:
+            inner = module.instructions[n]
+            out.add(inner.opcode)
+            if inner.opcode == "fusion":
+                stack.append(inner.attrs.get("calls", "").lstrip("%"))
+    return out
+
+
+def _is_unshard_value(module: HloModule, name: str) -> bool:
+    """A value that places this device's shard into zeros by its ``partition-id`` — a dynamic-update-slice
+    (d <= W // 2, or XLA:TPU's all-reduce form of a vector all-gather) or a select of the owning device (d == 1):
+    summed over the devices it is the replicated parameter. A gradient's value is a partial sum (dot, reduce)."""
+    op = _producer(module, name)
+    if op is None:
         return False
-    op = module.instructions[ins.operands[0]]
     if op.opcode == "dynamic-update-slice":
         return True
     uses_partition_id = any(module.instructions[o].opcode == "partition-id" for o in op.operands
@@ -73,8 +113,71 @@ def _is_unshard_all_reduce(module: HloModule, c: Collective) -> bool:
         return True
     if op.opcode != "fusion":
         return False
-    inner = [module.instructions[n].opcode for n in module.computations.get(op.attrs.get("calls", "").lstrip("%"), [])]
+    inner = _inner_opcodes(module, op)
+    if inner & set(_COMPUTE):
+        return False
     return "dynamic-update-slice" in inner or (uses_partition_id and "select" in inner)
+
+
+class Moved(NamedTuple):
+    """One operand of one collective of the step, classified (bytes per device)."""
+
+    graph: str  # "forward" | "backward"
+    kind: str  # one of KINDS
+    op: str  # the HLO collective carrying it
+    instruction: str  # the collective instruction (several operands may share one: a combined collective)
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+
+
+def moved_operands(module: HloModule, graph: str) -> list[Moved]:
+    """Every operand of every collective in one graph of the step, classified (see :data:`KINDS`).
+
+    An all-gather operand is its shard; an all-reduce operand is counted with its RESULT element type (XLA:TPU
+    prints some all-reduces with an f32 operand and a bf16 result: the convert moved into the collective, so the
+    reduction travels in bf16); a reduce-scatter operand is the full gradient."""
+    out: list[Moved] = []
+    for c in module.collectives:
+        ins = module.instructions[c.name]
+        operands = [a for o in ins.operands if o in module.instructions for a in module.instructions[o].shape]
+        results = list(ins.shape) if len(ins.shape) == len(operands) else operands
+        for i, (arr, o) in enumerate(zip(operands, ins.operands, strict=False)):
+            if c.op == "all-gather":
+                kind, shown = "all_gather", arr
+            elif c.op == "reduce-scatter":
+                kind, shown = "reduce_scatter", arr
+            elif c.op == "all-reduce":
+                shown = results[i]
+                if not arr.dims:  # the scalar loss mean
+                    kind = "other"
+                elif _is_unshard_value(module, o):
+                    kind = "unshard_all_reduce"
+                else:
+                    kind = "reduce_scatter" if graph == "backward" else "other"
+            else:
+                kind, shown = "resharding", arr
+            out.append(Moved(graph, kind, c.op, c.name, tuple(arr.dims), shown.dtype, shown.nbytes))
+    return out
+
+
+def step_bytes(moved: list[Moved]) -> StepBytes:
+    """The step's collectives per kind and graph (counts = logical collectives, one per operand)."""
+
+    def total(kind: str, graph: str | None = None) -> int:
+        return sum(m.nbytes for m in moved if m.kind == kind and graph in (None, m.graph))
+
+    def count(kind: str) -> int:
+        return sum(m.kind == kind for m in moved)
+
+    return StepBytes(total("all_gather", "forward"), total("all_gather", "backward"), total("reduce_scatter"),
+                     count("all_gather"), count("reduce_scatter"), total("unshard_all_reduce", "forward"),
+                     total("unshard_all_reduce", "backward"), count("unshard_all_reduce"))
+
+
+def instruction_counts(moved: list[Moved]) -> dict[str, int]:
+    """Collective instructions per kind (a combined collective carrying k operands of one kind counts once)."""
+    return {k: len({(m.graph, m.instruction) for m in moved if m.kind == k}) for k in KINDS}
 
 
 def mlp_backward_needed(model: nn.Module) -> list[bool]:
@@ -99,6 +202,8 @@ class GspmdStep(NamedTuple):
     loss: float
     resharding: dict[str, int]  # operand bytes of collectives outside the FSDP algorithm, by op (strict=False)
     updated: list[torch.Tensor]  # the parameters after the SGD step, gathered to the host (parity oracle)
+    moved: list[Moved] = []  # every collective operand of both graphs, classified
+    captures: tuple[Any, ...] = ()  # the two Captures (buffer assignment, compile metrics)
 
     @property
     def is_fsdp(self) -> bool:
@@ -153,23 +258,21 @@ class _FsdpLinear(torch.autograd.Function):
         return gx, _reduce_scatter(gw, ctx.mesh), _reduce_scatter(gy.sum(0), ctx.mesh), None  # gb: (d_out,)
 
 
-def gspmd_step(cfg: TrainConfig, world_size: int, wrapper: str = "mark_sharding", strict: bool = True) -> GspmdStep:
-    """Run one SGD step of ``make_model(cfg)`` with per-parameter FSDP sharding; read both graphs' HLO.
+WRAPPERS = ("mark_sharding", "torch_xla_fsdpv2")
 
-    Needs ``runtime.setup()`` first; the mesh is (world_size, num_devices // world_size) named
-    ("fsdp", "replica"): parameters and batch sharded over ``fsdp``, replicated over ``replica``.
-    ``wrapper="mark_sharding"``: dim 0 of every parameter (FSDP2's rule), Linear outputs kept batch-sharded.
-    ``wrapper="torch_xla_fsdpv2"``: every Linear wrapped in torch_xla's ``SpmdFullyShardedDataParallel``
-    (shards each parameter's LARGEST dim, shards each output on the batch, adds backward optimization
-    barriers) — its formula is ``per_param_step_bytes(..., rule="largest")``.
-    Collectives other than all-gather / all-reduce mean the partitioner chose another algorithm: ``strict``
-    raises; ``strict=False`` returns them in ``resharding`` (``is_fsdp`` False) — then ``measured`` is NOT the
-    FSDP algebra and must not be compared with ``per_param_step_bytes``.
-    """
-    if wrapper not in ("mark_sharding", "torch_xla_fsdpv2"):
-        raise ValueError(f"wrapper={wrapper!r} must be 'mark_sharding' or 'torch_xla_fsdpv2'")
-    import torch_xla.distributed.spmd as xs
 
+class StepSpec(NamedTuple):
+    """What :func:`forward_graph` / :func:`backward_graph` build (picklable: the TPU compile worker gets it)."""
+
+    train: TrainConfig
+    world_size: int
+    wrapper: str = "mark_sharding"
+
+
+def _check_spec(spec: StepSpec) -> None:
+    cfg, world_size = spec.train, spec.world_size
+    if spec.wrapper not in WRAPPERS:
+        raise ValueError(f"wrapper={spec.wrapper!r} must be one of {WRAPPERS}")
     n = runtime.current().num_devices
     if world_size < 1 or n % world_size:
         raise ValueError(f"world_size={world_size} must divide num_devices={n} for the GSPMD mesh")
@@ -177,6 +280,15 @@ def gspmd_step(cfg: TrainConfig, world_size: int, wrapper: str = "mark_sharding"
         raise ValueError("tied=True is not supported by gspmd_step (the per-param formula assumes an MLP)")
     if cfg.batch % world_size:
         raise ValueError(f"batch={cfg.batch} is not divisible by world_size={world_size}")
+
+
+def _build(spec: StepSpec) -> tuple[nn.Module, list[torch.Tensor], torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """The sharded model and batch on the current world: (model, params, x, y, kept activations list)."""
+    import torch_xla.distributed.spmd as xs
+
+    _check_spec(spec)
+    cfg, world_size, wrapper = spec.train, spec.world_size, spec.wrapper
+    n = runtime.current().num_devices
     mesh = runtime.mesh((world_size, n // world_size), ("fsdp", "replica"))
     dev = runtime.device()
     model = make_model(cfg)
@@ -200,49 +312,106 @@ def gspmd_step(cfg: TrainConfig, world_size: int, wrapper: str = "mark_sharding"
         if isinstance(mod, nn.Linear) and wrapper == "mark_sharding":
             if mod.bias is None:
                 raise ValueError("gspmd_step expects Linear layers with a bias (make_model's MLP)")
-            mod.forward = lambda x, m=mod: _FsdpLinear.apply(x, m.weight, m.bias, mesh)  # type: ignore[method-assign]
+            # through a weak proxy: a Linear whose forward closed over itself would be a reference cycle, kept
+            # alive (with its pending, unsynced update graph) until the garbage collector runs — and the next
+            # captured step would compile that graph too
+            m = weakref.proxy(mod)
+            mod.forward = lambda x, m=m: _FsdpLinear.apply(x, m.weight, m.bias, mesh)  # type: ignore[method-assign]
             mod.register_forward_hook(shard_output)
+    kept: list[torch.Tensor] = []  # what autograd saves between the graphs: every Tanh output, the model output
+    for mod in model.modules():
+        if isinstance(mod, nn.Tanh):
+            mod.register_forward_hook(lambda _m, _i, out: kept.append(out))
     x, y = make_batch(cfg, 0)  # (B, d_in), (B, d_out)
     x, y = x.to(dev), y.to(dev)
     xs.mark_sharding(x, mesh, ("fsdp", None))
     xs.mark_sharding(y, mesh, ("fsdp", None))
-    held: dict[str, torch.Tensor] = {}
+    return model, params, x, y, kept
 
-    def forward():
-        held["loss"] = nn.functional.mse_loss(model(x), y)
-        return held["loss"]
 
-    def backward():
-        held["loss"].backward()
-        with torch.no_grad():
-            for p in params:
-                p -= cfg.lr * p.grad
-        return params + [p.grad for p in params]
+def _forward(model: nn.Module, x: torch.Tensor, y: torch.Tensor, kept: list[torch.Tensor]) -> list[torch.Tensor]:
+    out = model(x)
+    return [nn.functional.mse_loss(out, y), out, *kept]  # the loss first; what the backward graph reads after it
+
+
+def _backward(loss: torch.Tensor, params: list[torch.Tensor], lr: float) -> list[torch.Tensor]:
+    with warnings.catch_warnings():  # torch_xla's FSDPv2 wrapper hooks a first layer whose input needs no grad
+        warnings.filterwarnings("ignore", message="Full backward hook is firing")
+        loss.backward()
+    with torch.no_grad():
+        for p in params:
+            p -= lr * p.grad
+    return params + [p.grad for p in params]
+
+
+def forward_graph(spec: StepSpec) -> list[torch.Tensor]:
+    """The step's first graph, NOT synced: [loss, model output, tanh outputs] (the TPU view compiles it)."""
+    model, _, x, y, kept = _build(spec)
+    return _forward(model, x, y, kept)
+
+
+def backward_graph(spec: StepSpec) -> list[torch.Tensor]:
+    """The step's second graph, NOT synced: [updated params, grads]. The forward graph runs first, on this
+    process's CPU devices: between the graphs only sharded parameters and the saved activations persist.
+
+    That forward carries one extra output, so torch_xla caches it as another graph than :func:`gspmd_step`'s
+    forward (whose HLO a later capture must still see compiled), and it is run through ``capture_hlo`` so its
+    dump files are cleaned up."""
+    model, params, x, y, kept = _build(spec)
+    held: dict[str, list[torch.Tensor]] = {}
+
+    def forward() -> list[torch.Tensor]:
+        held["out"] = _forward(model, x, y, kept)
+        return [*held["out"], y.sum() * 0.0]  # the marker output: a graph hash of its own
+
+    if runtime.current().dump_dir:
+        capture_hlo(forward)
+    else:  # a TPU compile worker keeps no dumps: nothing to capture, just cut the graph and wait for it
+        import torch_xla
+        import torch_xla.core.xla_model as xm
+
+        forward()
+        torch_xla.sync()
+        # the sync returns before the buffers exist; lowering the next graph reads their handles (a null handle
+        # segfaulted the worker, measured)
+        xm.wait_device_ops()
+    return _backward(held["out"][0], params, spec.train.lr)
+
+
+def gspmd_step(cfg: TrainConfig, world_size: int, wrapper: str = "mark_sharding", strict: bool = True) -> GspmdStep:
+    """Run one SGD step of ``make_model(cfg)`` with per-parameter FSDP sharding; read both graphs' HLO.
+
+    Needs ``runtime.setup()`` first; the mesh is (world_size, num_devices // world_size) named
+    ("fsdp", "replica"): parameters and batch sharded over ``fsdp``, replicated over ``replica``.
+    ``wrapper="mark_sharding"``: dim 0 of every parameter (FSDP2's rule), Linear outputs kept batch-sharded.
+    ``wrapper="torch_xla_fsdpv2"``: every Linear wrapped in torch_xla's ``SpmdFullyShardedDataParallel``
+    (shards each parameter's LARGEST dim, shards each output on the batch, adds backward optimization
+    barriers) — its formula is ``per_param_step_bytes(..., rule="largest")``.
+    Collectives other than all-gather / all-reduce mean the partitioner chose another algorithm: ``strict``
+    raises; ``strict=False`` returns them in ``resharding`` (``is_fsdp`` False) — then ``measured`` is NOT the
+    FSDP algebra and must not be compared with ``per_param_step_bytes``.
+    """
+    spec = StepSpec(cfg, world_size, wrapper)
+    model, params, x, y, kept = _build(spec)
+    held: dict[str, list[torch.Tensor]] = {}
+
+    def forward() -> list[torch.Tensor]:
+        held["out"] = _forward(model, x, y, kept)
+        return held["out"]
 
     fwd = capture_hlo(forward)
-    bwd = capture_hlo(backward)
+    bwd = capture_hlo(_backward, held["out"][0], params, cfg.lr)
     fm, bm = fwd.module, bwd.module
-    ag_f = [c for c in fm.collectives if c.op == "all-gather"]
-    ag_b = [c for c in bm.collectives if c.op == "all-gather"]
-    # non-scalar all-reduces: an unshard in its all-reduce form (operand = dynamic-update-slice into zeros), or,
-    # in the backward graph, a gradient reduce-scatter (CPU: all-reduce + dynamic-slice)
-    ar_f = [c for c in fm.collectives if c.op == "all-reduce" and _is_unshard_all_reduce(fm, c)]
-    ar_b = [c for c in bm.collectives if c.op == "all-reduce" and _is_unshard_all_reduce(bm, c)]
-    rs = [c for c in bm.collectives if c.op == "all-reduce" and c not in ar_b and any(len(s) for s in c.operand_shapes)]
-    other = [c for c in fm.collectives + bm.collectives if c.op == "all-reduce" and c not in rs + ar_f + ar_b]
-    unexpected = [c for c in fm.collectives + bm.collectives if c.op not in ("all-gather", "all-reduce")]
+    moved = moved_operands(fm, "forward") + moved_operands(bm, "backward")
+    unexpected = [m for m in moved if m.kind == "resharding"]
     if unexpected and strict:
-        raise RuntimeError(f"unexpected collectives {[c.op for c in unexpected]}: the partitioner did not choose "
-                           f"per-parameter FSDP (world_size={world_size}, wrapper={wrapper!r})")
+        raise RuntimeError(f"unexpected collectives {sorted({m.op for m in unexpected})}: the partitioner did not "
+                           f"choose per-parameter FSDP (world_size={world_size}, wrapper={wrapper!r})")
     resharding: dict[str, int] = {}
-    for c in unexpected:
-        resharding[c.op] = resharding.get(c.op, 0) + c.operand_bytes
-
-    def total(cs: list[Collective]) -> int:
-        return sum(c.operand_bytes for c in cs)
-
-    measured = StepBytes(total(ag_f), total(ag_b), total(rs), len(ag_f) + len(ag_b), len(rs), total(ar_f),
-                         total(ar_b), len(ar_f) + len(ar_b))
-    return GspmdStep(fm, bm, measured, sum(c.operand_bytes for c in other),
-                     sum(c.feeds_dynamic_slice for c in rs), [tuple(p.shape) for p in params],
-                     float(held["loss"].detach().cpu()), resharding, [p.detach().cpu() for p in params])
+    for m in unexpected:
+        resharding[m.op] = resharding.get(m.op, 0) + m.nbytes
+    rs = {m.instruction for m in moved if m.kind == "reduce_scatter" and m.graph == "backward"}
+    pairs = sum(c.feeds_dynamic_slice for c in bm.collectives if c.name in rs)
+    return GspmdStep(fm, bm, step_bytes(moved), sum(m.nbytes for m in moved if m.kind == "other"), pairs,
+                     [tuple(p.shape) for p in params], float(held["out"][0].detach().cpu()), resharding,
+                     [p.detach().cpu() for p in params], moved, (fwd, bwd))

@@ -25,6 +25,8 @@ test compares PyTorch's list with our ledger row by row.
 
 from __future__ import annotations
 
+import gc
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -138,3 +140,65 @@ def torch_fsdp2_program(comm: Comm, cfg: TrainConfig) -> dict[str, Any]:
 def torch_fsdp_both_program(comm: Comm, cfg: TrainConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     """FSDP1 then FSDP2 in the same processes: one spawn instead of two (process start-up dominates)."""
     return torch_fsdp1_program(comm, cfg), torch_fsdp2_program(comm, cfg)
+
+
+@contextmanager
+def _without_stderr_lines(text: str) -> Iterator[None]:
+    """Drop the lines containing ``text`` that C++ code writes to file descriptor 2 inside the block."""
+    import os
+    import sys
+    import tempfile
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            kept = [line for line in tmp.read().decode(errors="replace").splitlines() if text not in line]
+            if kept:
+                print("\n".join(kept), file=sys.stderr)
+
+
+def flat_param_handle_shards(module: nn.Module, world_size: int, use_orig_params: bool = False) -> list[dict[str, Any]]:
+    """PyTorch's own ``FlatParamHandle`` for every rank of ``world_size``, built on a *fake* process group (no
+    communication: the handle only reads rank and world size) and sharded: per rank its shard numel, zero
+    padding, the padded segment numels of the unsharded flat parameter and the in-shard ``_ShardParamInfo``s
+    ``{param_index: (offset_in_shard, numel_in_shard, intra_start, intra_end)}`` — directly comparable with
+    ``shardlab.fsdp.flat_param.plan_flat_shards_for(module, world_size, use_orig_params)``."""
+    import copy
+
+    from torch.distributed.fsdp._flat_param import FlatParamHandle, HandleShardingStrategy
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise RuntimeError("a process group is already initialised here: the fake group needs the default slot")
+    out = []
+    # The handle re-views the module's parameters; freeing it makes PyTorch warn "Deallocating Tensor that still
+    # has live PyObject references" — from C++ straight to stderr, once per rank (harmless: nothing is used
+    # afterwards). Free it here, with that one message filtered.
+    with warnings.catch_warnings(), _without_stderr_lines("Deallocating Tensor that still has live PyObject"):
+        warnings.filterwarnings("ignore", message="Deallocating Tensor")
+        for rank in range(world_size):
+            dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+            try:
+                m = copy.deepcopy(module)
+                h = FlatParamHandle(list(m.parameters()), m, torch.device("cpu"), HandleShardingStrategy.FULL_SHARD,
+                                    False, None, None, False, dist.group.WORLD, use_orig_params)
+                h.shard()
+                fp = h.flat_param
+                out.append({
+                    "shard_numel": fp.numel(),
+                    "numel_padded": fp._shard_numel_padded,
+                    "segments": list(fp._numels_with_padding),
+                    "infos": {i: tuple(info)[1:] for i, info in enumerate(fp._shard_param_infos) if info.in_shard},
+                })
+                del m, h, fp
+                gc.collect()
+            finally:
+                dist.destroy_process_group()
+    return out

@@ -7,8 +7,12 @@ The ``libtpu`` wheel contains the TPU compiler; JAX can describe a TPU slice we 
 notebook builds on its CPU device world (torch_xla under SPMD, shardings annotated, *not* synced) is lowered to
 the pre-partitioning HLO proto with its shardings (``torch_xla._XLAC._get_xla_tensors_hlo_proto``) and compiled
 for the topology exactly like torch_xla would on a TPU: GSPMD partitioning, sharding propagation allowed to the
-outputs (without it the program all-gathers every unannotated output) and to the parameters the graph left
-without a sharding (placeholders) — never to a parameter torch_xla already laid out (:func:`parameter_propagation`).
+outputs the graph left without a sharding (without it the program all-gathers every unannotated output) and to
+the parameters the graph left without a sharding (placeholders) — never to a parameter torch_xla already laid
+out (:func:`parameter_propagation`), nor to an output tensor that has a sharding spec: that spec is set as the
+result's sharding, as torch_xla's own program keeps it (:func:`pin_shardings`). Measured why: allowed to
+propagate, XLA:TPU returned the dim-0 sharded gradients and updated parameters of a per-parameter FSDP step
+replicated, and all-gathered every parameter to produce them (``shardlab.fsdp.gspmd.backward_graph``).
 Nothing executes, and the outputs are never synced (graphs over placeholders crash when executed).
 
 What comes back (:class:`TpuCompile`): the per-chip program after every TPU pass (HLO text, parsed with
@@ -178,7 +182,9 @@ def _backend() -> Any:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")  # JAX must not grab libtpu as a runtime backend
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # several processes may compile at once
     from jax._src import compiler
+    from jax._src.interpreters import mlir as jax_mlir
     from jax._src.lib import xla_client as xc
+    from jax._src.lib.mlir import ir as mlir_ir
     from jax.experimental import topologies
 
     class B:  # one namespace so tests can check every name
@@ -187,6 +193,9 @@ def _backend() -> Any:
         XlaComputation = xc.XlaComputation
         DeviceList = xc.DeviceList
         get_topology_desc = topologies.get_topology_desc
+        make_ir_context = jax_mlir.make_ir_context
+        module_to_bytecode = jax_mlir.module_to_bytecode
+        ir = mlir_ir
 
     return B
 
@@ -254,8 +263,27 @@ def parameter_propagation(hlo_text: str, count: int) -> list[bool]:
     return [not sharded.get(i, False) for i in range(count)]
 
 
+def pin_shardings(proto: bytes, output_shardings: list[str]) -> tuple[bytes, list[bool], list[bool]]:
+    """The StableHLO module of ``proto`` with ``output_shardings[i]`` (HLO sharding text, "" = none) set as result
+    i's sharding, and which parameters / results sharding propagation may still choose: those without one."""
+    b = _backend()
+    computation = b.XlaComputation(proto)
+    free_params = parameter_propagation(computation.as_hlo_text(), len(computation.program_shape().parameter_shapes()))
+    with b.make_ir_context():
+        module = b.ir.Module.parse(b.hlo_to_stablehlo(proto))
+        main = next(op for op in module.body.operations
+                    if "sym_name" in op.attributes and b.ir.StringAttr(op.attributes["sym_name"]).value == "main")
+        n_out = len(b.ir.FunctionType(b.ir.TypeAttr(main.attributes["function_type"]).value).results)
+        if len(output_shardings) != n_out:
+            raise ValueError(f"{len(output_shardings)} output shardings for a program with {n_out} results")
+        main.attributes["res_attrs"] = b.ir.ArrayAttr.get([
+            b.ir.DictAttr.get({"mhlo.sharding": b.ir.StringAttr.get(s)} if s else {}) for s in output_shardings])
+        return b.module_to_bytecode(module), free_params, [not s for s in output_shardings]
+
+
 def _compile_proto(proto: bytes, topo: Topology, disable_passes: tuple[str, ...],
-                   debug_options: Mapping[str, Any], auto_spmd_mesh: tuple[int, ...] | None = None) -> Any:
+                   debug_options: Mapping[str, Any], auto_spmd_mesh: tuple[int, ...] | None = None,
+                   output_shardings: list[str] | None = None) -> Any:
     """Compile a pre-partitioning HLO proto for ``topo``; returns the compile-only executable."""
     import numpy as np
 
@@ -275,9 +303,9 @@ def _compile_proto(proto: bytes, topo: Topology, disable_passes: tuple[str, ...]
     # torch_xla proto: it silently compiles a replicated program (measured: no collectives, full weights).
     build.use_shardy_partitioner = False
     # Vector sizes must be 1 or exactly the counts, or XLA aborts the process (CHECK failure).
-    build.allow_spmd_sharding_propagation_to_parameters = parameter_propagation(
-        computation.as_hlo_text(), len(shape.parameter_shapes()))
-    build.allow_spmd_sharding_propagation_to_output = [True] * n_out
+    module, free_params, free_outputs = pin_shardings(proto, list(output_shardings or [""] * n_out))
+    build.allow_spmd_sharding_propagation_to_parameters = free_params
+    build.allow_spmd_sharding_propagation_to_output = free_outputs
     if disable_passes:
         build.debug_options.xla_disable_hlo_passes = ",".join(disable_passes)
     if auto_spmd_mesh:  # XLA's auto-sharding (an ILP over every array's sharding) instead of propagation
@@ -286,7 +314,7 @@ def _compile_proto(proto: bytes, topo: Topology, disable_passes: tuple[str, ...]
         build.auto_spmd_partitioning_mesh_ids = list(range(topo.chips))
         # the solver chooses every input's sharding too (with xla_tpu_auto_spmd_remove_all_user_shardings)
         build.allow_spmd_sharding_propagation_to_parameters = [True] * len(shape.parameter_shapes())
-    module = b.hlo_to_stablehlo(proto)
+        build.allow_spmd_sharding_propagation_to_output = [True] * n_out
     with quiet_libtpu(), _quiet_stdout(bool(auto_spmd_mesh)):
         return devices[0].client.compile(module, executable_devices=b.DeviceList(devices), compile_options=opts)
 
@@ -358,17 +386,19 @@ def compile_tensors(outputs: list[Any], topology: str = DEFAULT_TOPOLOGY, *, dis
     if auto_spmd_mesh:
         options["auto_spmd_mesh"] = list(auto_spmd_mesh)
     proto = torch_xla._XLAC._get_xla_tensors_hlo_proto(outputs)
+    output_shardings = [torch_xla._XLAC._get_xla_sharding_spec(t) for t in outputs]  # "" when none
     # The graph hash alone is not enough: it ignores settings that change the lowered HLO (measured: the
     # mat-mul precision; f32 weights are all-gathered in bf16 at "default" and in f32 at "high").
     key = (bytes(torch_xla._XLAC._get_graph_hash(outputs)), hashlib.sha256(proto).hexdigest(), topology,
-           disable_passes, tuple(sorted((k, repr(v)) for k, v in debug_options.items())), auto_spmd_mesh)
+           disable_passes, tuple(sorted((k, repr(v)) for k, v in debug_options.items())), auto_spmd_mesh,
+           tuple(output_shardings))
     with _LOCK:
         if key in _CACHE:
             hit = _CACHE[key]
             return TpuCompile(**{**hit.__dict__, "cached": True, "label": label or hit.label})
         t0 = time.perf_counter()
         try:
-            exe = _compile_proto(proto, topo, disable_passes, debug_options, auto_spmd_mesh)
+            exe = _compile_proto(proto, topo, disable_passes, debug_options, auto_spmd_mesh, output_shardings)
         except Exception as e:  # XlaRuntimeError; only out-of-memory becomes data
             oom = parse_oom(str(e))
             if oom is None:
