@@ -246,7 +246,8 @@ def compile_seed(cfg: SeedConfig, topology: str = "v6e:8x8") -> SeedResult:
                            c.oom.message.split("\n", 1)[0])
         res.used_bytes, res.capacity_bytes = c.oom.used, c.oom.capacity
         res.largest = [(b.size, b.shape, b.label) for b in c.oom.buffers[:5]]
-        res.argument_bytes = c.oom.breakdown.get("arguments")
+        # "arguments 0B" in the message means "not evaluated" (the program alone already exceeded the HBM)
+        res.argument_bytes = c.oom.breakdown.get("arguments") or None
         res.output_in_message = next((ln.strip() for ln in c.oom.message.splitlines()
                                       if ln.strip().startswith("Output size")), "")
     return res
