@@ -1,0 +1,275 @@
+"""The planner checked by the compiler: one Llama training step traced with placeholders, compiled for a TPU slice.
+
+Design note
+-----------
+``shardlab.planner.plan`` predicts per-chip memory by formula. Here the same model is traced on the CPU device
+world as one training step — embedding, ``scan`` over the real L decoder layers (stacked weights), final norm,
+LM head, cross-entropy, backward, AdamW — with every weight, optimizer state and the tokens as placeholders
+(nothing is allocated), then compiled by the XLA:TPU compiler (``shardlab.profile.tpu``) for the planner's slice.
+
+Representation (stated once, every choice visible in the numbers):
+
+    params      bf16 ``[L, out, in]`` (torch layout) 2-D sharded: q, k, v, gate, up -> [∅, out_tensor, in_fsdp];
+                o, down -> [∅, out_fsdp, in_tensor]; norms [∅, H_fsdp]; embedding / LM head [V_tensor, H_fsdp]
+    optimizer   fp32 master, exp_avg, exp_avg_sq placeholders sharded like the parameter; the AdamW update is
+                traced as elementwise ops (``m' = β1·m + (1-β1)·g`` ...). The step returns the new state; a real
+                step donates the old buffers, so the outputs are reported but not added to the per-chip total.
+    recompute   ``full``: a partition function for scan's AOTAutograd trace that saves only the layer's inputs
+                (the carry and the weight slices — scan does not copy slices that alias its inputs), so the
+                backward recomputes the layer; ``none``: torch's default partition (save what the backward uses).
+    attention   plain causal softmax attention: the [b, a/t, s, s] scores exist in the program (no flash kernel).
+    activations x [B_(data,fsdp), S, H] between layers, tensor-sharded inside the block (Megatron).
+
+Per-chip comparison (``check``): compiler parameters (bf16 arguments) vs ``plan.memory['params']``, optimizer
+(fp32 arguments) vs ``optimizer``, temporaries vs ``grads + activations + logits + fsdp_gathered_unit``, and
+arguments + temporaries vs the planner's total; the compiler's fits (its HBM check: arguments + temporaries)
+vs the planner's.
+
+Two limits of the compile view as it stands (measured with libtpu 0.0.21; both need ``shardlab.profile.tpu``):
+
+* No donation. torch_xla's optimizer step updates parameters and state in place and donates their buffers; the
+  compile here does not, so the updated state is a second copy in the outputs, and the bf16 gradient
+  accumulators sit in output buffers instead of temporaries. With donation (``tf.aliasing_output`` on the
+  entry arguments) Llama 3 70B on v6e:8x8 (fsdp 16 × tensor 4, b 16 × s 8192) goes from "fits" to "Used 33.92G of
+  31.25G hbm" — the planner says it fits.
+* ``memory.temp`` (``temp_size_in_bytes``) is larger than the HBM temporary the capacity check uses (70B:
+  22.33 vs 16.16 GiB); ``peak_memory_in_bytes - arguments - outputs (+ aliased)`` gives the checked one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+LAYER_SPECS: dict[str, tuple[str, ...]] = {  # torch layout [out, in]; stacked with a leading unsplit L
+    "q": ("tensor", "fsdp"), "k": ("tensor", "fsdp"), "v": ("tensor", "fsdp"), "o": ("fsdp", "tensor"),
+    "gate": ("tensor", "fsdp"), "up": ("tensor", "fsdp"), "down": ("fsdp", "tensor"),
+    "ln1": ("fsdp",), "ln2": ("fsdp",),
+}
+ADAMW = {"b1": 0.9, "b2": 0.95, "lr": 1e-4, "eps": 1e-8, "wd": 0.1}
+RECOMPUTE = ("full", "none")
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class CheckConfig:
+    model: str | dict = "llama-3-8b"  # a planner preset name, or a dict of sizes (planner.model_from)
+    topology: str = "v6e-8"  # planner slice name (v5e-8, v6e-8, v6e-64, ...)
+    data: int = 1
+    fsdp: int = 8
+    tensor: int = 1
+    global_batch: int = 8  # sequences per step
+    seq: int = 8192
+    recompute: str = "full"  # full | none (the trace's partition function; the planner gets the same policy)
+    layers: int | None = None  # override L (quick checks); None = the preset's
+
+    def validate(self) -> CheckConfig:
+        from shardlab import planner as P
+
+        if self.recompute not in RECOMPUTE:
+            raise ValueError(f"recompute={self.recompute!r} must be one of {RECOMPUTE}")
+        if self.layers is not None and (isinstance(self.layers, bool) or not isinstance(self.layers, int)
+                                        or self.layers < 1):
+            raise ValueError(f"layers={self.layers!r} must be None or an int >= 1")
+        self.plan()  # the planner's own validation (mesh tiles the slice, divisibility), errors name the values
+        m = P.model_from(self.model)
+        if m.heads % self.tensor or m.kv_heads % self.tensor:
+            raise ValueError(f"heads={m.heads} and kv_heads={m.kv_heads} must both be divisible by "
+                             f"tensor={self.tensor} (the traced attention shards heads over tensor)")
+        return self
+
+    def model_config(self) -> Any:
+        from dataclasses import replace
+
+        from shardlab import planner as P
+
+        m = P.model_from(self.model)
+        return m if self.layers is None else replace(m, layers=self.layers, name=f"{m.name}-L{self.layers}")
+
+    def plan(self, flash_attention: bool = True) -> Any:
+        from shardlab import planner as P
+
+        return P.plan(P.PlanConfig(self.model_config(), self.topology, data=self.data, fsdp=self.fsdp,
+                                   tensor=self.tensor, recompute=self.recompute, global_batch=self.global_batch,
+                                   seq=self.seq, flash_attention=flash_attention))
+
+    @property
+    def chips(self) -> int:
+        return self.data * self.fsdp * self.tensor
+
+    def tpu_topology(self) -> str:
+        """The compiler's name for the planner's slice: ``v6e-8`` -> ``v6e:2x4``."""
+        from shardlab.profile import tpu
+
+        generation = self.topology.split("-", 1)[0]
+        return tpu.topology_for(self.chips, generation)
+
+
+def full_recompute_partition(joint_module: Any, _joint_inputs: Any, *, num_fwd_outputs: int, **_: Any) -> Any:
+    """AOTAutograd partition that saves only the primals (layer input and weight slices): the backward graph is
+    extracted from primals + tangents, so it recomputes every forward op it needs (full activation recompute)."""
+    from torch._functorch.partitioners import _extract_fwd_bwd_modules, _is_primal
+
+    saved = [n for n in joint_module.graph.nodes if _is_primal(n) and n.users]
+    return _extract_fwd_bwd_modules(joint_module, saved, [], num_fwd_outputs=num_fwd_outputs)
+
+
+def _rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
+
+
+def build(cfg: CheckConfig) -> list[torch.Tensor]:
+    """One training step on this process's world; returns ``[loss, *new state]`` (module-level for the worker)."""
+    import torch_xla.distributed.spmd as xs
+    from torch._functorch.partitioners import default_partition
+    from torch_xla.experimental.scan import scan
+
+    from shardlab import runtime
+    from shardlab.xla_scan.patches import placeholder
+
+    m = cfg.model_config()
+    plan = cfg.plan()
+    L, H, F, a, kvh, V = m.layers, m.hidden, m.ffn, m.heads, m.kv_heads, plan.padded_vocab
+    hd = H // a
+    b, s = cfg.global_batch, cfg.seq
+    mesh = runtime.mesh((cfg.data, cfg.fsdp, cfg.tensor), ("data", "fsdp", "tensor"))
+    ba = ("data", "fsdp")  # the batch is split over data and fsdp
+    dt = torch.bfloat16
+
+    def marked(shape: tuple[int, ...], spec: tuple[Any, ...], dtype: torch.dtype = dt) -> torch.Tensor:
+        t = placeholder(shape, dtype) * 1  # a placeholder cannot carry an annotation; its product can
+        xs.mark_sharding(t, mesh, spec)
+        return t
+
+    def ann(t: torch.Tensor, spec: tuple[Any, ...]) -> torch.Tensor:
+        return xs.mark_sharding_with_gradients(t, mesh, spec)
+
+    kv = kvh * hd
+    shapes = {"q": (H, H), "k": (kv, H), "v": (kv, H), "o": (H, H), "up": (F, H), "down": (H, F),
+              "ln1": (H,), "ln2": (H,)}
+    if m.gated_mlp:
+        shapes["gate"] = (F, H)
+    params: dict[str, tuple[torch.Tensor, torch.Tensor, tuple[Any, ...]]] = {}  # leaf, annotated, spec
+    for name, shp in shapes.items():
+        spec = (None, *LAYER_SPECS[name])
+        leaf = placeholder((L, *shp), dt).requires_grad_(True)  # [L, out, in]
+        w = leaf * 1
+        xs.mark_sharding(w, mesh, spec)
+        params[name] = (leaf, w, spec)
+    for name, shp, spec in (("embed", (V, H), ("tensor", "fsdp")), ("lm_head", (V, H), ("tensor", "fsdp")),
+                            ("norm", (H,), ("fsdp",))):
+        leaf = placeholder(shp, dt).requires_grad_(True)
+        w = leaf * 1
+        xs.mark_sharding(w, mesh, spec)
+        params[name] = (leaf, w, spec)
+    tokens = marked((b, s), (ba, None), torch.int64)  # [B, S]
+    labels = marked((b, s), (ba, None), torch.int64)
+
+    def layer(x: torch.Tensor, w: dict[str, torch.Tensor]) -> tuple[torch.Tensor, None]:
+        x = ann(x, (ba, None, None))  # [B, S, H]
+        h = _rmsnorm(x, w["ln1"])
+        q = ann(torch.einsum("bsh,oh->bso", h, w["q"]), (ba, None, "tensor")).view(b, s, a, hd)
+        k = ann(torch.einsum("bsh,oh->bso", h, w["k"]), (ba, None, "tensor")).view(b, s, kvh, hd)
+        v = ann(torch.einsum("bsh,oh->bso", h, w["v"]), (ba, None, "tensor")).view(b, s, kvh, hd)
+        q = ann(q.transpose(1, 2), (ba, "tensor", None, None))  # [B, a, S, hd]
+        rep = a // kvh  # GQA: each K/V head serves `rep` query heads
+        k = k.transpose(1, 2)[:, :, None].expand(b, kvh, rep, s, hd).reshape(b, a, s, hd)
+        v = v.transpose(1, 2)[:, :, None].expand(b, kvh, rep, s, hd).reshape(b, a, s, hd)
+        scores = torch.einsum("bash,bath->bast", q, k) / math.sqrt(hd)  # [B, a, S, S]
+        causal = torch.ones(s, s, dtype=torch.bool, device=x.device).tril()
+        p = torch.softmax(scores.masked_fill(~causal, float("-inf")).float(), dim=-1).to(dt)
+        ctx = torch.einsum("bast,bath->bash", p, v).transpose(1, 2).reshape(b, s, H)  # [B, S, H_tensor]
+        x = x + torch.einsum("bsi,oi->bso", ann(ctx, (ba, None, "tensor")), w["o"])  # [B, S, H]
+        h = _rmsnorm(x, w["ln2"])
+        u = ann(torch.einsum("bsh,fh->bsf", h, w["up"]), (ba, None, "tensor"))  # [B, S, F_tensor]
+        if "gate" in w:
+            u = torch.nn.functional.silu(ann(torch.einsum("bsh,fh->bsf", h, w["gate"]), (ba, None, "tensor"))) * u
+        else:
+            u = torch.nn.functional.gelu(u)
+        return x + torch.einsum("bsf,hf->bsh", u, w["down"]), None  # [B, S, H]
+
+    partition = full_recompute_partition if cfg.recompute == "full" else default_partition
+    x = ann(torch.nn.functional.embedding(tokens, params["embed"][1]), (ba, None, None))  # [B, S, H]
+    x, _ = scan(layer, x, {n: params[n][1] for n in shapes}, partition_fn=partition)
+    x = _rmsnorm(x, params["norm"][1])
+    logits = ann(torch.einsum("bsh,vh->bsv", x, params["lm_head"][1]), (ba, None, "tensor"))  # [B, S, V_tensor]
+    loss = torch.nn.functional.cross_entropy(logits.float().view(-1, V), labels.view(-1))
+    loss.backward()
+    outs = [loss]
+    c = ADAMW
+    for leaf, _, spec in params.values():
+        g = leaf.grad.float()
+        master, m1, m2 = (marked(tuple(leaf.shape), spec, torch.float32) for _ in range(3))
+        m1 = c["b1"] * m1 + (1 - c["b1"]) * g
+        m2 = c["b2"] * m2 + (1 - c["b2"]) * g * g
+        master = master - c["lr"] * (m1 / (m2.sqrt() + c["eps"]) + c["wd"] * master)
+        outs += [master.to(dt), master, m1, m2]
+    return outs
+
+
+@dataclass
+class PlannerCheck:
+    """Planner terms next to the compiler's per-chip bytes for one configuration (bytes; ratio = compiler/planner)."""
+
+    config: dict[str, Any]
+    topology: str  # the compiler's name
+    compile_s: float
+    compiler_fits: bool
+    planner_fits: bool
+    planner: dict[str, float]  # plan.memory (flash attention, the planner's default)
+    planner_no_flash: dict[str, float]  # the same with flash_attention=False (the traced attention)
+    compiler: dict[str, int] = field(default_factory=dict)  # params, optimizer, temp, arguments, outputs
+    used_bytes: int | None = None  # from the out-of-memory message
+    capacity_bytes: int | None = None
+    message: str = ""
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per compared term: planner (flash / no flash), compiler, ratios."""
+        p, q, c = self.planner, self.planner_no_flash, self.compiler
+        rest = ("grads", "activations", "logits", "fsdp_gathered_unit", "padding")
+        terms = [("params", p["params"], q["params"], c.get("params")),
+                 ("optimizer", p["optimizer"], q["optimizer"], c.get("optimizer")),
+                 ("temporaries (grads + activations + logits + gathered unit)", sum(p[k] for k in rest),
+                  sum(q[k] for k in rest), c.get("temp")),
+                 ("total (arguments + temporaries)", sum(p.values()), sum(q.values()),
+                  (c["arguments"] + c["temp"]) if "temp" in c else self.used_bytes)]
+        return [{"term": t, "planner": a, "planner_no_flash": b, "compiler": x,
+                 "ratio": (x / a) if x is not None and a else None,
+                 "ratio_no_flash": (x / b) if x is not None and b else None} for t, a, b, x in terms]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "rows": self.rows()}
+
+
+def _entry_parameters(hlo_text: str) -> list[Any]:
+    from shardlab.profile.hlo_text import parse_shape
+
+    head = hlo_text.split("\n", 1)[0]
+    layout = head.split("entry_computation_layout={", 1)[1].split(", allow_spmd", 1)[0]
+    return parse_shape(layout.split(")->", 1)[0])
+
+
+def check(cfg: CheckConfig) -> PlannerCheck:
+    """Compile ``cfg``'s training step for the planner's slice and compare with the planner's terms."""
+    from shardlab.profile import tpu
+
+    cfg.validate()
+    topology = cfg.tpu_topology()
+    plan, plan_nf = cfg.plan(True), cfg.plan(False)
+    c = tpu.compile_program(build, cfg, topology, label=f"planner check {cfg.model_config().name} {cfg.topology}")
+    res = PlannerCheck(asdict(cfg), topology, c.compile_s, c.fits, plan.fits, dict(plan.memory),
+                       dict(plan_nf.memory), capacity_bytes=tpu.get_topology(topology).hbm_bytes)
+    if c.fits and c.memory is not None and c.hlo_text is not None:
+        args = [x for x in _entry_parameters(c.hlo_text) if x.dims]  # scalars: torch_xla's lifted constants
+        res.compiler = {"params": sum(x.nbytes for x in args if x.dtype == "bf16"),
+                        "optimizer": sum(x.nbytes for x in args if x.dtype == "f32"),
+                        "arguments": c.memory.argument, "temp": c.memory.temp, "outputs": c.memory.output}
+    elif c.oom is not None:
+        res.used_bytes, res.capacity_bytes = c.oom.used, c.oom.capacity
+        res.message = next((ln for ln in c.oom.message.splitlines() if "Ran out of memory" in ln), "")
+        res.compiler = {k: v for k, v in c.oom.breakdown.items() if k in ("program", "arguments")}
+    return res
