@@ -249,7 +249,7 @@ class LeversParams(NotebookParams):
     bucket_bytes: int = 1048576  # hand-made gradient bucket for the ledger (DDP's rule), bytes
     gloo_world: int = 2  # processes for the real all-reduce timings; 0 skips them
     gloo_repeats: int = 5  # timed samples per point (after 2 warm-up rounds)
-    gloo_numels: tuple = (4096, 262144)  # float32 elements per timed point (all k calls together)
+    gloo_numels: tuple = (4096, 1048576)  # float32 elements per timed point (all k calls together)
     gloo_calls: tuple = (1, 8, 32)  # k: the point's elements are split over k all-reduces
     mlp_seq: int = 512  # Megatron MLP (bf16, batch 2, tp equal to num_devices) for overlap and fusion
     mlp_hidden: int = 512

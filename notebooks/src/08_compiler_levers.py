@@ -10,7 +10,7 @@ batch = 64  # global batch of that step, sharded over all devices
 bucket_bytes = 1048576  # hand-made gradient bucket for the ledger (DDP's rule), bytes
 gloo_world = 2  # processes for the real all-reduce timings; 0 skips them
 gloo_repeats = 5  # timed samples per point (after 2 warm-up rounds)
-gloo_numels = (4096, 262144)  # float32 elements per timed point (all k calls together)
+gloo_numels = (4096, 1048576)  # float32 elements per timed point (all k calls together)
 gloo_calls = (1, 8, 32)  # k: the point's elements are split over k all-reduces
 mlp_seq = 512  # Megatron MLP (bf16, batch 2, tp equal to num_devices) for overlap and fusion
 mlp_hidden = 512
@@ -167,10 +167,14 @@ if use_tpu:
 points, fit, spread = [], None, {}
 if p.gloo_world:
     points = C.time_all_reduces(p.gloo_world, p.gloo_numels, p.gloo_calls, p.gloo_repeats)
-    fit = C.fit_points(points)
-    spread = C.fit_spread(points)
     for pt in points:
         rec.timing(f"levers.combine.gloo.n{pt.numel}.k{pt.calls}", pt.timing)
+    try:
+        fit, spread = C.fit_points(points), C.fit_spread(points)
+    except ValueError as exc:  # timings are noisy on a shared machine: an unresolved fit is reported, not a failure
+        rec.note("levers.combine.fit", str(exc))
+        print(f"α–β not resolved from these timings: {exc}")
+if fit is not None:
     rec.measure("levers.combine.alpha_s", fit.alpha_s, "s", "timer", kind="timing", spread=spread.get("alpha_s"))
     rec.measure("levers.combine.beta_Bps", fit.beta_Bps, "B/s", "timer", kind="timing", spread=spread.get("beta_Bps"))
     rec.measure("levers.combine.fit_r2", fit.r2, "1", "timer", kind="timing")
@@ -186,7 +190,7 @@ if p.gloo_world:
           f"{spread.get('alpha_s', {}).get('max', float('nan')) * 1e6:.0f} µs")
     VL.timing_figure(points, fit).show()
     display(timing_table)
-else:
+elif not p.gloo_world:
     print("gloo timings skipped (gloo_world=0)")
 
 # %% [markdown]
