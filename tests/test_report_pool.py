@@ -1,0 +1,112 @@
+"""Shared kernels for sweep points, and the compile-cache guard that keeps every point's measurements valid.
+
+Oracles: which points may share a compiled graph follows from how the fake notebooks are built (a graph
+depends on ``n``, never on ``tag``), and a fresh kernel's namespace is empty by construction; nothing is
+taken from the pool's own output.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from report_fakes import fake_notebook
+
+from shardlab.report import sweep as sw
+from shardlab.report.notebooks import find_notebooks
+
+# Fails if any name of an earlier notebook survived into this run (the kernel is shared between points).
+CLEAN_BODY = '''\
+from shardlab.profile.record import Recorder
+assert "leftover" not in globals(), "a name of the previous point survived"
+leftover = size
+rec = Recorder(NAME, params=dict(size=size), results_dir=results_dir)
+rec.agree("fake.collective.count", "count", formula=size, ledger=size)
+if size == fail_at:
+    raise ValueError(f"size={size} fails on purpose")
+rec.close()
+'''
+
+# One XLA graph whose shape depends on n only: two points with the same n compile the same graph.
+XLA_BODY = '''\
+from shardlab import runtime
+world = runtime.setup(num_devices=num_devices)
+import torch
+import torch_xla
+from shardlab.profile.record import Recorder
+rec = Recorder(NAME, params=dict(n=n, tag=tag), results_dir=results_dir, world=world)
+y = (torch.ones(n, device=torch_xla.device()) * 3 + 1).sum().cpu()   # [n] -> scalar: 4 * n
+rec.agree("fake.sum", "1", formula=4 * n, hlo=int(y))
+rec.close()
+'''
+
+
+def _meta(point: sw.Point) -> dict:
+    return json.loads((point.dir / "point.json").read_text())
+
+
+@pytest.mark.notebook
+def test_points_share_one_kernel_and_each_starts_clean(tmp_path: Path) -> None:
+    nbs = tmp_path / "nbs"
+    nb = find_notebooks(fake_notebook(nbs, "01_alpha", body=CLEAN_BODY, extra_params="fail_at = 0\n").parent)
+    res = sw.run_sweep(nb["01_alpha"], {"size": [1, 2, 3]}, tmp_path / "sweep", jobs=1, timeout_s=120,
+                       render=False)
+    assert [p.status for p in res.points] == ["passed"] * 3
+    assert [p.kernel_run for p in res.points] == [1, 2, 3] and res.kernels == 1
+    assert [_meta(p)["xla"]["CachedCompile"] for p in res.points] == [0, 0, 0]   # no torch_xla: nothing cached
+    assert (tmp_path / "sweep" / "kernels" / "kernel-1.log").exists()
+    # each point's log holds its own run only
+    assert "points/size=2" not in (res.points[0].dir / "papermill.log").read_text()
+    assert "points/size=2" in (res.points[1].dir / "papermill.log").read_text()
+
+
+@pytest.mark.notebook
+def test_a_failure_in_a_shared_kernel_is_decided_in_a_fresh_one(tmp_path: Path) -> None:
+    nbs = tmp_path / "nbs"
+    nb = find_notebooks(fake_notebook(nbs, "01_alpha", body=CLEAN_BODY, extra_params="fail_at = 0\n").parent)
+    res = sw.run_sweep(nb["01_alpha"], {"size": [1, 2]}, tmp_path / "sweep", base={"fail_at": 2}, jobs=1,
+                       timeout_s=120, render=False)
+    ok, bad = res.points
+    assert ok.status == "passed" and ok.kernel_run == 1
+    assert bad.status == "failed" and "size=2 fails on purpose" in bad.message
+    assert bad.kernel_run == 1 and bad.rerun.startswith("failed in a shared kernel")    # the fresh run decided
+    assert _meta(bad)["rerun"] == bad.rerun
+
+
+@pytest.mark.notebook
+@pytest.mark.xla
+@pytest.mark.slow
+def test_a_point_served_from_the_compile_cache_is_rerun_in_a_fresh_kernel(tmp_path: Path) -> None:
+    nbs = tmp_path / "nbs"
+    nb = find_notebooks(fake_notebook(nbs, "01_xla", body=XLA_BODY, extra_params="n = 4\ntag = 'a'\n").parent)
+    nb1 = nb["01_xla"]
+    # same n: the second point's graph was compiled by the first -> caught by the counters, re-run fresh
+    same = sw.run_sweep(nb1, {"tag": ["a", "b"]}, tmp_path / "same", num_devices=1, jobs=1, timeout_s=300,
+                        render=False)
+    assert [p.status for p in same.points] == ["passed", "passed"]
+    first, second = (_meta(p) for p in same.points)
+    assert first["kernel_run"] == 1 and first["xla"]["CachedCompile"] == 0 and first["xla"]["UncachedCompile"] >= 1
+    assert second["kernel_run"] == 1 and "served from torch_xla's cache" in second["rerun"]
+    assert second["xla"]["CachedCompile"] == 0 and second["xla"]["UncachedCompile"] == first["xla"]["UncachedCompile"]
+    assert same.kernels == 2
+    # different n: different graphs -> the second point is accepted from the shared kernel, with its own compiles
+    diff = sw.run_sweep(nb1, {"n": [4, 8]}, tmp_path / "diff", num_devices=1, jobs=1, timeout_s=300, render=False)
+    a, b = (_meta(p) for p in diff.points)
+    assert b["kernel_run"] == 2 and b["rerun"] == "" and b["xla"]["CachedCompile"] == 0
+    assert b["xla"]["UncachedCompile"] == a["xla"]["UncachedCompile"]               # compiled all of its graphs
+    values = {p.values["n"]: next(m["value"] for m in (p.record or {})["measurements"] if m["source"] == "hlo")
+              for p in diff.points}
+    assert values == {4: 16, 8: 32}                                                 # 4 * n, as in a fresh kernel
+    assert diff.kernels == 1
+
+
+@pytest.mark.notebook
+def test_device_counts_never_share_a_kernel(tmp_path: Path) -> None:
+    nbs = tmp_path / "nbs"
+    nb = find_notebooks(fake_notebook(nbs, "01_alpha").parent)["01_alpha"]
+    res = sw.run_sweep(nb, {"size": [1, 2]}, tmp_path / "sweep", num_devices=[1, 2], jobs=1, timeout_s=120,
+                       render=False)
+    runs = {(p.values["num_devices"], p.values["size"]): p.kernel_run for p in res.points}
+    assert runs == {(1, 1): 1, (1, 2): 2, (2, 1): 1, (2, 2): 2} and res.kernels == 2
+    assert sorted(set(res.frame["num_devices"])) == [1, 2]
