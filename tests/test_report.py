@@ -267,6 +267,22 @@ def test_real_block_matrices_notebook(tmp_path: Path) -> None:
     assert run["notebooks"][0]["compile_s"] > 0                       # the epilogue read torch_xla's metrics
 
 
+def test_longest_notebooks_start_first(nbs: Path, tmp_path: Path) -> None:
+    from shardlab.report import baseline as bl
+    from shardlab.report.runner import ReportOptions, longest_first
+
+    fake_notebook(nbs, "03_gamma")                                  # no baseline entry: unknown, so first
+    rec = {"notebook": "", "params": {}, "measurements": [], "checks": [], "status": "passed"}
+    walls = {"01_alpha": 5.0, "02_beta": 20.0}
+    timing = {s: {"report.notebook.wall_s [timer]": {"median": w, "min": w, "max": w, "n": 1, "unit": "s"}}
+              for s, w in walls.items()}
+    base = bl.baseline_from_records("cpu-8", [{**rec, "notebook": s} for s in walls], {}, timing)
+    bl.save(base, tmp_path / "cpu-8.json")
+    chosen = list(find_notebooks(nbs).values())
+    order = longest_first(ReportOptions(notebooks_dir=nbs, baseline_dir=tmp_path), chosen)
+    assert [nb.stem for nb in order] == ["03_gamma", "02_beta", "01_alpha"]
+
+
 def test_exit_status_counts_failed_sweep_points(tmp_path: Path) -> None:
     from shardlab.report.datatypes import NotebookResult, Report, ReportOptions, SweepSummary
 

@@ -33,7 +33,7 @@ from typing import Any
 
 from shardlab.report import baseline as bl
 from shardlab.report import nbhtml
-from shardlab.report.datatypes import ROOT, NotebookResult, Report, ReportOptions
+from shardlab.report.datatypes import ROOT, RUNNER_WALL, NotebookResult, Report, ReportOptions
 from shardlab.report.execute import Execution, prepare_input, read_xla_totals
 from shardlab.report.html import write_report
 from shardlab.report.notebooks import (
@@ -120,6 +120,22 @@ def notebook_task(options: ReportOptions, nb: NotebookInfo, out: Path) -> Task:
                 params, nb.path.parent, {"PJRT_DEVICE": options.device.upper()})
 
 
+def longest_first(options: ReportOptions, chosen: list[NotebookInfo]) -> list[NotebookInfo]:
+    """Start order: the longest notebooks (baseline wall time; unknown = longest) first, so the short ones and
+    the sweep points fill the other cores at the end instead of one long notebook running alone."""
+    try:
+        base = bl.load(options.baseline_dir / f"{options.profile}.json", options.profile) or {}
+    except bl.BaselineError:
+        base = {}
+    key = f"{RUNNER_WALL} [timer]"
+
+    def expected(nb: NotebookInfo) -> float:
+        row = base.get("notebooks", {}).get(nb.stem, {}).get("timing", {}).get(key)
+        return float(row["median"]) if row else float("inf")
+
+    return sorted(chosen, key=expected, reverse=True)
+
+
 def execute_all(options: ReportOptions, chosen: list[NotebookInfo], out: Path,
                 sweeps: ReportSweeps | None = None) -> list[NotebookResult]:
     """Run every chosen notebook (and, as each finishes, its sweeps) in one pool; results in suite order."""
@@ -149,7 +165,7 @@ def execute_all(options: ReportOptions, chosen: list[NotebookInfo], out: Path,
                                                    plotly_js.name)
             queue_sweeps(nb.stem, status in ("failed", "timeout"))
 
-        for nb in chosen:
+        for nb in longest_first(options, chosen):
             lacking = [p for p in REQUIRED_PARAMETERS if p not in nb.parameters]
             if lacking:
                 why = (f"the parameters cell does not declare {', '.join(lacking)} (every notebook must: the "
