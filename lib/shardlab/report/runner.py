@@ -7,8 +7,10 @@ One report run owns one output directory::
     DIR/run.json                  manifest (marks the directory as a shardlab run; written first and last)
     DIR/index.html                the self-contained report
     DIR/notebooks/NN.ipynb|.html  executed notebooks and their HTML (plotly from DIR/notebooks/plotly.min.js)
-    DIR/records/NN.json           the records (``results_dir`` of every notebook), NN.xla.json compile totals
-    DIR/logs/NN.log               papermill output; NN.params.json the parameters passed
+    DIR/records/NN.json           the records (``results_dir`` of every notebook); NN.xla.json what the runner's
+                                  epilogue read from torch_xla (compile / execute totals, compile counters)
+    DIR/logs/NN.log               papermill output; NN.params.json the parameters passed; kernel-N.log the
+                                  output of the kernels sweep points shared
     DIR/sweeps/                   tables of the report's sweeps
 
 Steps: validate every input (notebook names, parameters against each parameters cell, no ``-p`` for what
