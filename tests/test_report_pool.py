@@ -110,3 +110,55 @@ def test_device_counts_never_share_a_kernel(tmp_path: Path) -> None:
     runs = {(p.values["num_devices"], p.values["size"]): p.kernel_run for p in res.points}
     assert runs == {(1, 1): 1, (1, 2): 2, (2, 1): 1, (2, 2): 2} and res.kernels == 2
     assert sorted(set(res.frame["num_devices"])) == [1, 2]
+
+
+def test_cache_guard_rules(tmp_path: Path) -> None:
+    from shardlab.report.execute import Execution, Failure
+    from shardlab.report.pool import Task, cache_guard
+
+    task = Task("p", "01_alpha", tmp_path / "in.ipynb", tmp_path / "out.ipynb", tmp_path / "log",
+                {"results_dir": str(tmp_path)}, tmp_path, reuse=True)
+
+    def guard(totals: dict | None, kernel_run: int = 2, ok: bool = True) -> str:
+        xla = tmp_path / "01_alpha.xla.json"
+        xla.unlink(missing_ok=True)
+        if totals is not None:
+            xla.write_text(json.dumps(totals))
+        ex = Execution("01_alpha", task.executed, task.log, {}, 1.0, 0 if ok else 1,
+                       None if ok else Failure("error", "ValueError: no"), kernel_run)
+        return cache_guard(task, ex)
+
+    assert guard({"CachedCompile": 5}, kernel_run=1) == ""                  # a fresh kernel is the reference
+    assert guard({"CachedCompile": 0, "UncachedCompile": 3}) == ""
+    assert "2 compile(s)" in guard({"CachedCompile": 2, "UncachedCompile": 1})
+    assert "no compile counters" in guard(None)
+    assert "failed in a shared kernel (ValueError: no)" == guard({"CachedCompile": 0}, ok=False)
+    assert guard({"CachedCompile": 0, "TpuCachedCompile": 0}) == ""
+    assert "1 TPU compile(s)" in guard({"CachedCompile": 0, "TpuCachedCompile": 1})
+    assert "does not count its hits" in guard({"CachedCompile": 0, "TpuCachedCompile": None})
+
+
+# Stands in for the TPU compiler view: a module of that name with (or without) a hit counter, bumped per run.
+TPU_BODY = '''\
+import sys, types
+from shardlab.profile.record import Recorder
+tpu = sys.modules.setdefault("shardlab.profile.tpu", types.ModuleType("shardlab.profile.tpu"))
+if counted:
+    tpu.CACHE_HITS = getattr(tpu, "CACHE_HITS", 0) + hits
+rec = Recorder(NAME, params=dict(size=size), results_dir=results_dir)
+rec.close()
+'''
+
+
+@pytest.mark.notebook
+def test_the_tpu_views_cache_is_guarded_too(tmp_path: Path) -> None:
+    nbs = tmp_path / "nbs"
+    nb = find_notebooks(fake_notebook(nbs, "01_alpha", body=TPU_BODY, extra_params="counted = True\nhits = 0\n")
+                        .parent)["01_alpha"]
+    clean = sw.run_sweep(nb, {"size": [1, 2]}, tmp_path / "clean", jobs=1, timeout_s=120, render=False)
+    assert [p.kernel_run for p in clean.points] == [1, 2] and _meta(clean.points[1])["xla"]["TpuCachedCompile"] == 0
+    hit = sw.run_sweep(nb, {"size": [1, 2]}, tmp_path / "hit", base={"hits": 1}, jobs=1, timeout_s=120, render=False)
+    assert "1 TPU compile(s)" in hit.points[1].rerun and hit.points[1].kernel_run == 1
+    blind = sw.run_sweep(nb, {"size": [1, 2]}, tmp_path / "blind", base={"counted": False}, jobs=1, timeout_s=120,
+                         render=False)
+    assert "does not count its hits" in blind.points[1].rerun and blind.points[1].status == "passed"

@@ -9,8 +9,10 @@ what both need:
 * :func:`prepare_input` copies the notebook and adds two tagged cells the HTML export drops again: a
   *prologue* (clears a shared kernel's namespace, snapshots torch_xla's compile counters) and an *epilogue*
   (writes ``<results_dir>/<stem>.xla.json``: compile / execute totals **of this run** — the counters minus the
-  prologue's snapshot — ``CachedCompile`` / ``UncachedCompile``, and ``kernel_run``, the how-many-th notebook
-  this kernel executes). In a fresh kernel the snapshot is empty, so the totals are the kernel's totals.
+  prologue's snapshot — ``CachedCompile`` / ``UncachedCompile``, ``TpuCachedCompile`` when the TPU compiler
+  view was used (hits of its own in-process cache, from ``shardlab.profile.tpu.CACHE_HITS``; null while that
+  module does not count them), and ``kernel_run``, the how-many-th notebook this kernel executes). In a fresh
+  kernel the snapshot is empty, so the totals are the kernel's totals.
 * :func:`find_failure` reads an executed notebook back (papermill saves it after every cell): the cell that
   raised (its source and traceback) or the cell still running when the clock ran out.
 * :func:`kill_tree` ends a worker and its kernel by pid (the kernel runs in its own session, so a
@@ -178,6 +180,7 @@ _xm = _sys.modules.get("torch_xla.debug.metrics")
 _run.start = {} if _xm is None else {
     **{n: (lambda d: (int(d[0]), d[1]) if d else (0, 0.0))(_xm.metric_data(n)) for n in ("CompileTime", "ExecuteTime")},
     **{n: int(_xm.counter_value(n) or 0) for n in ("CachedCompile", "UncachedCompile")}}
+_run.start["TpuCachedCompile"] = getattr(_sys.modules.get("shardlab.profile.tpu"), "CACHE_HITS", 0)
 del _sys, _xm, _run, _name
 """
 EPILOGUE = """\
@@ -194,6 +197,10 @@ if _xm is not None:
         _out[_name] = {"count": _c - _c0, "total_s": (_t - _t0) / 1e9}
     for _name in ("CachedCompile", "UncachedCompile"):
         _out[_name] = int(_xm.counter_value(_name) or 0) - _run.start.get(_name, 0)
+_tpu = _sys.modules.get("shardlab.profile.tpu")   # the TPU compiler view keeps its own in-process compile cache
+if _tpu is not None:
+    _hits = getattr(_tpu, "CACHE_HITS", None)     # None: that cache's hits are not counted, so not provable
+    _out["TpuCachedCompile"] = None if _hits is None else _hits - _run.start.get("TpuCachedCompile", 0)
 if results_dir:
     with open(f"{results_dir}/{__SHARDLAB_STEM__}.xla.json", "w") as _fh:
         _json.dump(_out, _fh)

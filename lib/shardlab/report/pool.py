@@ -15,7 +15,12 @@ the points must not share is torch_xla's compile cache (an executable compiled f
 another, and that point's compile counts and times would be wrong). torch_xla cannot clear that cache, so
 the pool *checks* instead: the epilogue cell writes each run's ``CachedCompile`` count (compiles served from
 the cache during that run), and a run in a shared kernel is accepted only if it passed with
-``CachedCompile == 0`` — no graph of that run was served from any cache, its own or another point's.
+``CachedCompile == 0`` — no graph of that run was served from any cache, its own or another point's. (The
+other compiles torch_xla counts in ``CompileTime`` — the ReplicateShardedData module behind ``.cpu()`` of a
+sharded tensor — are never cached: measured, each call compiles again and moves neither counter. No
+persistent compilation cache is configured.) The TPU compiler view (``shardlab.profile.tpu``) keeps a cache of
+its own; the epilogue reports its hits as ``TpuCachedCompile`` and the same rule applies (a run that used it
+while its hits are not counted cannot be proven clean, so it runs again in a fresh kernel).
 Anything else (a cached compile, a failure, a timeout, no counters) is run again in a fresh kernel, and the
 fresh run's result stands (``Execution.rerun`` says why). A point in a shared kernel therefore gives exactly
 what a fresh kernel gives, minus the kernel's start-up time in ``wall_s``.
@@ -102,6 +107,10 @@ def cache_guard(task: Task, ex: Execution) -> str:
     if totals["CachedCompile"]:
         return (f"{totals['CachedCompile']} compile(s) in a shared kernel were served from torch_xla's cache "
                 "(an earlier run compiled the same graph)")
+    if "TpuCachedCompile" in totals and totals["TpuCachedCompile"] != 0:
+        hits = totals["TpuCachedCompile"]
+        return ("it used the TPU compiler view, whose in-process compile cache does not count its hits"
+                if hits is None else f"{hits} TPU compile(s) in a shared kernel were served from the TPU view's cache")
     return ""
 
 
