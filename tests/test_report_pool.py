@@ -28,16 +28,23 @@ if size == fail_at:
 rec.close()
 '''
 
-# One XLA graph whose shape depends on n only: two points with the same n compile the same graph.
+# One XLA graph whose shape depends on n only: two points with the same n compile the same graph. The random
+# draw on the device must equal a fresh kernel's (the prologue restarts the XLA RNG); the kernel's starting state
+# is recorded to check the fresh-kernel constants the prologue relies on.
 XLA_BODY = '''\
 from shardlab import runtime
 world = runtime.setup(num_devices=num_devices)
 import torch
 import torch_xla
+import torch_xla.core.xla_model as xm
 from shardlab.profile.record import Recorder
+from shardlab.report.execute import TORCH_FRESH_STATE
 rec = Recorder(NAME, params=dict(n=n, tag=tag), results_dir=results_dir, world=world)
+rec.measure("fake.start.xla_rng", xm.get_rng_state(), "1", "metrics")
+rec.measure("fake.start.torch_state", {f: str(getattr(torch, f)()) for f in TORCH_FRESH_STATE}, "1", "metrics")
 y = (torch.ones(n, device=torch_xla.device()) * 3 + 1).sum().cpu()   # [n] -> scalar: 4 * n
 rec.agree("fake.sum", "1", formula=4 * n, hlo=int(y))
+rec.measure("fake.random_sum", float(torch.randn(n, device=torch_xla.device()).sum().cpu()), "1", "hlo")
 rec.close()
 '''
 
@@ -74,14 +81,20 @@ def test_a_failure_in_a_shared_kernel_is_decided_in_a_fresh_one(tmp_path: Path) 
     assert _meta(bad)["rerun"] == bad.rerun
 
 
+def _value(point: sw.Point, name: str) -> object:
+    return next(m["value"] for m in (point.record or {})["measurements"] if m["name"] == name)
+
+
 @pytest.mark.notebook
 @pytest.mark.xla
 @pytest.mark.slow
 def test_a_point_served_from_the_compile_cache_is_rerun_in_a_fresh_kernel(tmp_path: Path) -> None:
+    from shardlab.report.execute import TORCH_FRESH_STATE, XLA_FRESH_RNG_STATE
+
     nbs = tmp_path / "nbs"
     nb = find_notebooks(fake_notebook(nbs, "01_xla", body=XLA_BODY, extra_params="n = 4\ntag = 'a'\n").parent)
     nb1 = nb["01_xla"]
-    # same n: the second point's graph was compiled by the first -> caught by the counters, re-run fresh
+    # same n: the second point's graphs were compiled by the first -> caught by the counters, re-run fresh
     same = sw.run_sweep(nb1, {"tag": ["a", "b"]}, tmp_path / "same", num_devices=1, jobs=1, timeout_s=300,
                         render=False)
     assert [p.status for p in same.points] == ["passed", "passed"]
@@ -90,15 +103,43 @@ def test_a_point_served_from_the_compile_cache_is_rerun_in_a_fresh_kernel(tmp_pa
     assert second["kernel_run"] == 1 and "served from torch_xla's cache" in second["rerun"]
     assert second["xla"]["CachedCompile"] == 0 and second["xla"]["UncachedCompile"] == first["xla"]["UncachedCompile"]
     assert same.kernels == 2
+    # what a fresh kernel starts with is what the prologue restores / compares against
+    assert _value(same.points[0], "fake.start.xla_rng") == XLA_FRESH_RNG_STATE
+    assert _value(same.points[0], "fake.start.torch_state") == TORCH_FRESH_STATE
     # different n: different graphs -> the second point is accepted from the shared kernel, with its own compiles
     diff = sw.run_sweep(nb1, {"n": [4, 8]}, tmp_path / "diff", num_devices=1, jobs=1, timeout_s=300, render=False)
     a, b = (_meta(p) for p in diff.points)
     assert b["kernel_run"] == 2 and b["rerun"] == "" and b["xla"]["CachedCompile"] == 0
     assert b["xla"]["UncachedCompile"] == a["xla"]["UncachedCompile"]               # compiled all of its graphs
-    values = {p.values["n"]: next(m["value"] for m in (p.record or {})["measurements"] if m["source"] == "hlo")
-              for p in diff.points}
-    assert values == {4: 16, 8: 32}                                                 # 4 * n, as in a fresh kernel
+    assert {p.values["n"]: _value(p, "fake.sum") for p in diff.points} == {4: 16, 8: 32}    # 4 * n
+    assert _value(diff.points[1], "fake.start.xla_rng") == XLA_FRESH_RNG_STATE          # restarted by the prologue
     assert diff.kernels == 1
+    # the shared kernel's n=8 point equals n=8 run alone in a fresh kernel, random draw included
+    alone = sw.run_sweep(nb1, {"n": [8]}, tmp_path / "alone", num_devices=1, jobs=1, timeout_s=300, render=False)
+    assert alone.points[0].kernel_run == 1
+    assert _value(alone.points[0], "fake.random_sum") == _value(diff.points[1], "fake.random_sum")
+
+
+# Leaves torch's default dtype changed on the first point; a later point of the same kernel must not be accepted.
+DTYPE_BODY = '''\
+import torch
+from shardlab.profile.record import Recorder
+if size == 1:
+    torch.set_default_dtype(torch.float64)
+rec = Recorder(NAME, params=dict(size=size), results_dir=results_dir)
+rec.measure("fake.dtype", str(torch.get_default_dtype()), "1", "ledger")
+rec.close()
+'''
+
+
+@pytest.mark.notebook
+def test_torch_state_left_by_a_previous_point_is_not_accepted(tmp_path: Path) -> None:
+    nbs = tmp_path / "nbs"
+    nb = find_notebooks(fake_notebook(nbs, "01_alpha", body=DTYPE_BODY).parent)["01_alpha"]
+    res = sw.run_sweep(nb, {"size": [1, 2]}, tmp_path / "sweep", jobs=1, timeout_s=120, render=False)
+    second = res.points[1]
+    assert "torch.get_default_dtype() = torch.float64 (a fresh kernel: torch.float32)" in second.rerun
+    assert second.kernel_run == 1 and _value(second, "fake.dtype") == "torch.float32"    # as in a fresh kernel
 
 
 @pytest.mark.notebook

@@ -7,12 +7,15 @@ a fresh kernel per notebook of the report, a kernel shared by the points of one 
 what both need:
 
 * :func:`prepare_input` copies the notebook and adds two tagged cells the HTML export drops again: a
-  *prologue* (clears a shared kernel's namespace, snapshots torch_xla's compile counters) and an *epilogue*
+  *prologue* (in a shared kernel: clears the namespace and output cache, restarts the XLA RNG from a fresh
+  kernel's seed, notes torch global state a fresh kernel would not have; always: snapshots torch_xla's compile
+  counters) and an *epilogue*
   (writes ``<results_dir>/<stem>.xla.json``: compile / execute totals **of this run** — the counters minus the
   prologue's snapshot — ``CachedCompile`` / ``UncachedCompile``, ``TpuCachedCompile`` when the TPU compiler
   view was used (hits of its own in-process cache, from ``shardlab.profile.tpu.CACHE_HITS``; null while that
-  module does not count them), and ``kernel_run``, the how-many-th notebook this kernel executes). In a fresh
-  kernel the snapshot is empty, so the totals are the kernel's totals.
+  module does not count them), ``state_changed`` (what the prologue found different from a fresh kernel) and
+  ``kernel_run``, the how-many-th notebook this kernel executes). In a fresh kernel the snapshot is empty, so
+  the totals are the kernel's totals.
 * :func:`find_failure` reads an executed notebook back (papermill saves it after every cell): the cell that
   raised (its source and traceback) or the cell still running when the clock ran out.
 * :func:`kill_tree` ends a worker and its kernel by pid (the kernel runs in its own session, so a
@@ -159,6 +162,11 @@ def find_failure(executed: Path) -> Failure | None:
 
 
 EPILOGUE_TAG = "shardlab-report-epilogue"     # both runner cells carry it: the HTML export drops them
+# What a fresh kernel starts with (tests/test_report_pool.py checks both in a fresh process). A shared kernel's
+# run starts with the XLA RNG reset to that seed; one that finds torch's global state different is not accepted.
+TORCH_FRESH_STATE = {"get_default_dtype": "torch.float32", "is_grad_enabled": "True",
+                     "are_deterministic_algorithms_enabled": "False", "is_inference_mode_enabled": "False"}
+XLA_FRESH_RNG_STATE = 101     # torch_xla 2.9: xm.get_rng_state() of a new process
 PROLOGUE = """\
 # Added by `python -m shardlab report` (not part of the notebook): start this run's XLA counters.
 import sys as _sys, types as _types
@@ -170,9 +178,17 @@ if hasattr(_run, "dunders"):    # a shared kernel: drop the previous notebook's 
     _run = _sys.modules["_shardlab_run"]
     globals().update(_run.dunders)
     _gc.collect()
-    del _gc
+    _torch = _sys.modules.get("torch")             # process-wide torch state the previous run may have left
+    _run.changed = [] if _torch is None else [f"torch.{_f}() = {getattr(_torch, _f)()} (a fresh kernel: {_v})"
+                                              for _f, _v in __TORCH_FRESH_STATE__.items()
+                                              if str(getattr(_torch, _f)()) != _v]
+    _xmod = _sys.modules.get("torch_xla.core.xla_model")
+    if _xmod is not None:                          # torch.manual_seed does not reset the XLA RNG: start it where
+        _xmod.set_rng_state(__XLA_FRESH_RNG_STATE__)   # a fresh kernel's starts
+    del _gc, _torch, _xmod
 else:
     _run.dunders = {_k: _v for _k, _v in globals().items() if _k.startswith("__") and _k.endswith("__")}
+    _run.changed = []
 for _name in __SLOW_OPTIONAL_MODULES__:
     _sys.modules.setdefault(_name, None)   # see SLOW_OPTIONAL_MODULES in shardlab/report/execute.py
 _run.count = getattr(_run, "count", 0) + 1
@@ -188,7 +204,8 @@ EPILOGUE = """\
 import json as _json, sys as _sys
 _xm = _sys.modules.get("torch_xla.debug.metrics")
 _run = _sys.modules["_shardlab_run"]
-_out = {"kernel_run": _run.count, "CachedCompile": 0, "UncachedCompile": 0}   # no torch_xla: nothing compiled
+_out = {"kernel_run": _run.count, "state_changed": _run.changed,
+        "CachedCompile": 0, "UncachedCompile": 0}   # no torch_xla: nothing compiled
 if _xm is not None:
     for _name in ("CompileTime", "ExecuteTime"):
         _d = _xm.metric_data(_name)
@@ -216,8 +233,10 @@ def prepare_input(src: Path, dest: Path) -> Path:
     """Copy notebook ``src`` to ``dest`` with the prologue cell first and the epilogue cell last (both tagged)."""
     nb = json.loads(src.read_text())
     cells = nb.setdefault("cells", [])
-    cells.insert(0, _runner_cell("shardlab-prologue", PROLOGUE.replace("__SLOW_OPTIONAL_MODULES__",
-                                                                     repr(SLOW_OPTIONAL_MODULES))))
+    prologue = (PROLOGUE.replace("__SLOW_OPTIONAL_MODULES__", repr(SLOW_OPTIONAL_MODULES))
+                .replace("__TORCH_FRESH_STATE__", repr(TORCH_FRESH_STATE))
+                .replace("__XLA_FRESH_RNG_STATE__", repr(XLA_FRESH_RNG_STATE)))
+    cells.insert(0, _runner_cell("shardlab-prologue", prologue))
     cells.append(_runner_cell("shardlab-epilogue", EPILOGUE.replace("__SHARDLAB_STEM__", repr(src.stem))))
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(json.dumps(nb, indent=1))

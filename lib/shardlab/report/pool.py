@@ -20,7 +20,11 @@ other compiles torch_xla counts in ``CompileTime`` — the ReplicateShardedData 
 sharded tensor — are never cached: measured, each call compiles again and moves neither counter. No
 persistent compilation cache is configured.) The TPU compiler view (``shardlab.profile.tpu``) keeps a cache of
 its own; the epilogue reports its hits as ``TpuCachedCompile`` and the same rule applies (a run that used it
-while its hits are not counted cannot be proven clean, so it runs again in a fresh kernel).
+while its hits are not counted cannot be proven clean, so it runs again in a fresh kernel). Beyond compiles,
+each shared run starts from a fresh kernel's state where it matters for values: an empty namespace and output
+cache, the XLA RNG at a new process's seed (``torch.manual_seed`` does not reset it), and torch's global
+switches (default dtype, grad / inference mode, deterministic algorithms) as a new process has them — a run
+that finds them changed is not accepted.
 Anything else (a cached compile, a failure, a timeout, no counters) is run again in a fresh kernel, and the
 fresh run's result stands (``Execution.rerun`` says why). A point in a shared kernel therefore gives exactly
 what a fresh kernel gives, minus the kernel's start-up time in ``wall_s``.
@@ -104,6 +108,8 @@ def cache_guard(task: Task, ex: Execution) -> str:
     totals = read_xla_totals(task.results_dir, task.stem) if task.results_dir else {}
     if "CachedCompile" not in totals:
         return "no compile counters from its run in a shared kernel"
+    if totals.get("state_changed"):
+        return "the shared kernel was not in a fresh kernel's state: " + "; ".join(totals["state_changed"])
     if totals["CachedCompile"]:
         return (f"{totals['CachedCompile']} compile(s) in a shared kernel were served from torch_xla's cache "
                 "(an earlier run compiled the same graph)")
