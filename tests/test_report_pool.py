@@ -62,7 +62,7 @@ def test_points_share_one_kernel_and_each_starts_clean(tmp_path: Path) -> None:
     assert [p.status for p in res.points] == ["passed"] * 3
     assert [p.kernel_run for p in res.points] == [1, 2, 3] and res.kernels == 1
     assert [_meta(p)["xla"]["CachedCompile"] for p in res.points] == [0, 0, 0]   # no torch_xla: nothing cached
-    assert (tmp_path / "sweep" / "kernels" / "kernel-1.log").exists()
+    assert (tmp_path / "sweep" / "kernels" / "worker-1.log").exists()
     # each point's log holds its own run only
     assert "points/size=2" not in (res.points[0].dir / "papermill.log").read_text()
     assert "points/size=2" in (res.points[1].dir / "papermill.log").read_text()

@@ -1,18 +1,24 @@
-"""The worker process behind every execution: one Jupyter kernel that runs one or more notebooks in turn.
+"""The worker process behind every execution: it runs notebooks with papermill, one at a time, in its kernel.
 
 Design note
 -----------
-``python -m shardlab.report.kernel_worker`` is started by ``pool.Worker`` in the notebooks directory. It reads
-one JSON command per line on stdin::
+``python -m shardlab.report.kernel_worker`` is started by ``pool.Worker`` in the notebooks directory and lives
+as long as the pool (so python, papermill and jupyter_client start once per worker, not once per notebook).
+It reads one JSON command per line on stdin::
 
-    {"src": IN.ipynb, "executed": OUT.ipynb, "params": {...}, "cwd": DIR, "log": LOG | null, "done": DONE.json}
+    {"src": IN.ipynb, "executed": OUT.ipynb, "params": {...}, "cwd": DIR, "log": LOG, "done": DONE.json,
+     "key": KEY | null}
 
-executes it with papermill in its kernel (started on the first command, kept for the next ones), and
-writes ``{"ok": bool, "error": str}`` to ``done`` (atomically) when the notebook has finished. ``log`` is the
-file for this run's papermill output (cell outputs included); null when the worker's own stderr already is
-that file (a worker that runs a single notebook). A cell error (``PapermillExecutionError``) leaves the
-kernel usable; anything else (the kernel died, papermill failed) ends the worker after reporting it.
-End of stdin: shut the kernel down and exit.
+``key`` null asks for a fresh kernel: started for this notebook and shut down when it has finished, before
+the reply (the shutdown is part of the run, as it was when each notebook had a papermill process of its own).
+A key asks for the kernel of that key: kept from the previous command if it had the same key, else started
+(and kept afterwards). A kernel of another key is shut down first; that time is reported as ``setup_s`` so
+the pool can leave it out of the run's wall time. The reply, written atomically to ``done`` when the
+notebook has finished, is ``{"ok": bool, "error": str, "setup_s": float, "kernel": KEY | null}`` (the key of
+the kernel still running). ``log`` receives this run's papermill output (cell outputs included); the worker's
+own stdout / stderr (the pool's ``worker-N.log``) receives what the kernel prints outside cells. A cell error
+(``PapermillExecutionError``) leaves a shared kernel usable; anything else (the kernel died, papermill
+failed) drops the kernel. End of stdin: shut the kernel down and exit.
 
 papermill saves the executed notebook after every cell, so a run killed on timeout (the pool kills the
 worker and its kernel by pid) still leaves everything that ran.
@@ -23,6 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -34,9 +41,9 @@ from shardlab.report.execute import hide_slow_modules
 KERNEL_START_TIMEOUT_S = 300
 
 
-def _report(done: Path, ok: bool, error: str = "") -> None:
+def _report(done: Path, reply: dict[str, Any]) -> None:
     tmp = done.with_name(done.name + ".tmp")
-    tmp.write_text(json.dumps({"ok": ok, "error": error}))
+    tmp.write_text(json.dumps(reply))
     tmp.replace(done)
 
 
@@ -45,17 +52,14 @@ def _kernel_manager(kernel_name: str) -> Any:
     from jupyter_client.manager import AsyncKernelManager
 
     class SharedKernelManager(AsyncKernelManager):  # type: ignore[misc]
-        clients: list[Any] = []
-
         def client(self, **kwargs: Any) -> Any:
             kc = super().client(**kwargs)
-            self.clients.append(kc)
+            self.__dict__.setdefault("_clients", []).append(kc)
             return kc
 
         def close_clients(self) -> None:
-            for kc in self.clients:
+            for kc in self.__dict__.pop("_clients", []):
                 kc.stop_channels()
-            self.clients.clear()
 
     return SharedKernelManager(kernel_name=kernel_name)
 
@@ -64,51 +68,68 @@ def run_one(cmd: dict[str, Any], km: Any) -> tuple[bool, str, bool]:
     """Execute one command in the kernel of ``km`` -> (ok, error text, kernel still usable)."""
     import papermill as pm
 
-    root, handler, saved = logging.getLogger(), None, None
-    if cmd.get("log"):                                # this run's output to its own log, not the kernel's
-        handler = logging.FileHandler(cmd["log"], mode="w")
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        saved, root.handlers = root.handlers, [handler]
+    root = logging.getLogger()
+    handler = logging.FileHandler(cmd["log"], mode="w")      # this run's output to its own log
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    saved, root.handlers = root.handlers, [handler]
     try:
         pm.execute_notebook(cmd["src"], cmd["executed"], parameters=cmd["params"], cwd=cmd["cwd"],
                             progress_bar=False, log_output=True, start_timeout=KERNEL_START_TIMEOUT_S, km=km)
         return True, "", True
     except pm.PapermillExecutionError as exc:        # a cell raised: the kernel itself is fine
         return False, f"{exc.ename}: {exc.evalue}", True
-    except Exception:  # noqa: BLE001 - the kernel died or papermill failed: report it, then stop
+    except Exception:  # noqa: BLE001 - the kernel died or papermill failed: report it, drop the kernel
         return False, traceback.format_exc(), False
     finally:
         km.close_clients()
-        if handler is not None:
-            root.handlers = saved or []
-            handler.close()
+        root.handlers = saved
+        handler.close()
+
+
+class Kernels:
+    """The worker's one kernel (or none) and the key it was started for."""
+
+    def __init__(self) -> None:
+        self.km: Any = None
+        self.key: str | None = None
+
+    def drop(self) -> float:
+        """Shut the kernel down (if any); returns the seconds it took."""
+        from jupyter_core.utils import run_sync
+
+        started = time.monotonic()
+        if self.km is not None and self.km.has_kernel:
+            try:
+                run_sync(self.km.shutdown_kernel)(now=True)
+            except Exception:  # noqa: BLE001 - the pool kills what is left by pid
+                pass
+        self.km, self.key = None, None
+        return time.monotonic() - started
+
+    def run(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        want = cmd.get("key")
+        setup_s = self.drop() if self.km is not None and (want is None or want != self.key) else 0.0
+        if self.km is None:
+            nb = json.loads(Path(cmd["src"]).read_text())
+            self.km = _kernel_manager(nb.get("metadata", {}).get("kernelspec", {}).get("name") or "python3")
+            self.key = want                                   # papermill starts the kernel in cmd["cwd"]
+        ok, error, usable = run_one(cmd, self.km)
+        if want is None or not usable:
+            self.drop()
+        return {"ok": ok, "error": error, "setup_s": setup_s, "kernel": self.key}
 
 
 def main() -> int:
     hide_slow_modules()
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    from jupyter_core.utils import run_sync
-
-    km: Any = None
+    kernels = Kernels()
     try:
         for line in sys.stdin:
-            if not line.strip():
-                continue
-            cmd = json.loads(line)
-            if km is None:
-                nb = json.loads(Path(cmd["src"]).read_text())
-                name = nb.get("metadata", {}).get("kernelspec", {}).get("name") or "python3"
-                km = _kernel_manager(name)                      # papermill starts it in cmd["cwd"]
-            ok, error, usable = run_one(cmd, km)
-            _report(Path(cmd["done"]), ok, error)
-            if not usable:
-                return 1
+            if line.strip():
+                cmd = json.loads(line)
+                _report(Path(cmd["done"]), kernels.run(cmd))
     finally:
-        if km is not None and km.has_kernel:
-            try:
-                run_sync(km.shutdown_kernel)(now=True)
-            except Exception:  # noqa: BLE001 - the pool kills what is left by pid
-                pass
+        kernels.drop()
     return 0
 
 

@@ -1,38 +1,42 @@
-"""Run many notebook executions on a few kernels: fresh kernels for notebooks, shared ones for sweep points.
+"""Run many notebook executions on a few kernels: a fresh kernel per notebook, a shared one per sweep.
 
 Design note
 -----------
-A :class:`Task` is one papermill execution. A :class:`Pool` runs tasks with at most ``jobs`` kernels alive
+A :class:`Task` is one papermill execution. A :class:`Pool` runs tasks on at most ``jobs`` worker processes
 (capped by what ``MemAvailable`` holds), under one progress bar, with a wall-clock timeout per task; a
 callback may submit more tasks while the pool runs (the report queues a notebook's sweep points when the
 notebook has finished, so sweeps fill the cores while the last notebooks run).
 
-Every kernel lives in a worker process (``kernel_worker``). A task with ``reuse=False`` gets a worker of
-its own: a fresh kernel, exactly as ``python -m papermill`` would run it. A task with ``reuse=True`` (a sweep
-point) goes to an idle worker whose kernel ran points of the *same notebook, device count, environment
-and directory* (:func:`reuse_key`) and skips the ~7 s of kernel start and torch / torch_xla imports. What
-the points must not share is torch_xla's compile cache (an executable compiled for one point would serve
-another, and that point's compile counts and times would be wrong). torch_xla cannot clear that cache, so
-the pool *checks* instead: the epilogue cell writes each run's ``CachedCompile`` count (compiles served from
-the cache during that run), and a run in a shared kernel is accepted only if it passed with
-``CachedCompile == 0`` — no graph of that run was served from any cache, its own or another point's. (The
-other compiles torch_xla counts in ``CompileTime`` — the ReplicateShardedData module behind ``.cpu()`` of a
-sharded tensor — are never cached: measured, each call compiles again and moves neither counter. No
-persistent compilation cache is configured.) The TPU compiler view (``shardlab.profile.tpu``) keeps a cache of
-its own; the epilogue reports its hits as ``TpuCachedCompile`` and the same rule applies (a run that used it
-while its hits are not counted cannot be proven clean, so it runs again in a fresh kernel). Beyond compiles,
-each shared run starts from a fresh kernel's state where it matters for values: an empty namespace and output
-cache, the XLA RNG at a new process's seed (``torch.manual_seed`` does not reset it), and torch's global
-switches (default dtype, grad / inference mode, deterministic algorithms) as a new process has them — a run
-that finds them changed is not accepted.
-Anything else (a cached compile, a failure, a timeout, no counters) is run again in a fresh kernel, and the
-fresh run's result stands (``Execution.rerun`` says why). A point in a shared kernel therefore gives exactly
-what a fresh kernel gives, minus the kernel's start-up time in ``wall_s``.
+Workers (``kernel_worker``) live as long as the pool, so python, papermill and jupyter_client start once
+per worker; each holds at most one kernel. A task with ``reuse=False`` gets a fresh kernel, started for it and
+shut down when it has finished — exactly as ``python -m papermill`` runs a notebook. A task with
+``reuse=True`` (a sweep point) runs in the kernel a worker kept from points of the *same notebook, device
+count, environment and directory* (:func:`reuse_key`), skipping the ~7 s of kernel start and torch /
+torch_xla imports.
 
-Scheduling: tasks run in submission order. An idle shared kernel takes the next task with its key first;
-a new kernel is started when fewer than ``jobs`` are alive (or an idle one can be closed for it). A key that
-already has a kernel gets a second one only when more than ``REUSE_BACKLOG`` of its tasks wait per kernel.
-``limits`` caps how many kernels run tasks of one ``group`` at once (``--sweep-jobs``).
+The guard. Points must not share torch_xla's compile cache: an executable compiled for one point would serve
+another, whose compile counts and times would then be wrong. torch_xla cannot clear that cache, so the pool
+*checks*: the epilogue cell writes each run's ``CachedCompile`` count (compiles served from the cache during
+that run), and a run in a shared kernel is accepted only if it passed with ``CachedCompile == 0`` — nothing it
+ran came from any compile cache, its own or another point's. (The other compiles in ``CompileTime`` — the
+ReplicateShardedData module behind ``.cpu()`` of a sharded tensor — are never cached: measured, each call
+compiles again and moves neither counter. No persistent compilation cache is configured.) The TPU compiler
+view (``shardlab.profile.tpu``) keeps an in-process cache of its own; the epilogue reports its hits as
+``TpuCachedCompile`` and the same rule applies (a run that used it while its hits are not counted cannot be
+proven clean). Beyond compiles, each shared run starts from a fresh kernel's state where values depend on it:
+an empty namespace and output cache, the XLA RNG at a new process's seed (``torch.manual_seed`` does not
+reset it), torch's global switches (default dtype, grad / inference mode, deterministic algorithms) as a new
+process has them — a run that finds them changed is not accepted. Whatever is not accepted (a cached compile,
+changed state, a failure, a timeout, no counters) runs again in a fresh kernel and the fresh run's result
+stands (``Execution.rerun`` says why). A point from a shared kernel therefore gives what a fresh kernel
+gives, minus the kernel's start-up in ``wall_s``.
+
+Scheduling: tasks start in submission order. An idle worker whose kernel has a waiting task's key takes it
+first; otherwise a task goes to an idle worker without a kernel, then to one whose kernel no waiting task
+wants, then to a new worker while fewer than ``jobs`` live, else to the worker idle for longest (a kernel it
+drops before the task is reported as ``setup_s`` and left out of ``wall_s``). A key whose kernel is busy gets
+a second kernel only when more than ``REUSE_BACKLOG`` of its tasks wait per kernel. ``limits`` caps how many
+workers run tasks of one ``group`` at once (``--sweep-jobs``).
 
 On interrupt every worker is killed by pid with its kernel.
 """
@@ -84,8 +88,12 @@ class Task:
 
 def reuse_key(task: Task) -> str:
     """Same notebook, device count, kernel environment and directory."""
-    return json.dumps([task.stem, task.params.get("num_devices"), sorted((task.env or {}).items()),
-                       str(Path(task.cwd).resolve())])
+    return json.dumps([task.stem, task.params.get("num_devices"), context(task.cwd, task.env)])
+
+
+def context(cwd: Path, env: Mapping[str, str] | None) -> str:
+    """A worker runs tasks of one directory and kernel environment (fixed when the worker starts)."""
+    return json.dumps([str(Path(cwd).resolve()), sorted((env or {}).items())])
 
 
 def memory_jobs(jobs: int, per_job: int = KERNEL_RSS_BYTES) -> int:
@@ -121,22 +129,22 @@ def cache_guard(task: Task, ex: Execution) -> str:
 
 
 class Worker:
-    """A ``kernel_worker`` process: one kernel, tasks sent one at a time through its stdin."""
+    """A ``kernel_worker`` process; it holds at most one kernel, of key ``kernel_key`` (None: no kernel now)."""
 
-    def __init__(self, key: str | None, task: Task, log: Path) -> None:
-        self.key = key
+    def __init__(self, cwd: Path, env: Mapping[str, str] | None, log: Path) -> None:
         self.log = log
-        self.runs = 0
+        self.context = context(cwd, env)
+        self.kernel_key: str | None = None
+        self.runs = 0                           # runs in the current kernel, the running one included
         self.task: Task | None = None
         self.sent = 0.0
         self.idle_since = time.monotonic()
         self.closing = 0.0
         log.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **KERNEL_ENV, **(task.env or {})}
         with open(log, "wb") as fh:
             self.proc = subprocess.Popen([sys.executable, "-m", "shardlab.report.kernel_worker"],
                                          stdin=subprocess.PIPE, stdout=fh, stderr=subprocess.STDOUT,
-                                         env=env, cwd=str(Path(task.cwd).resolve()))
+                                         env={**os.environ, **KERNEL_ENV, **(env or {})}, cwd=str(Path(cwd).resolve()))
         self.stdin: IO[bytes] = self.proc.stdin  # type: ignore[assignment]
 
     @property
@@ -144,8 +152,10 @@ class Worker:
         return None if self.task is None else self.task.log.with_name(self.task.log.name + ".done.json")
 
     def send(self, task: Task) -> None:
-        """Hand ``task`` to the kernel (paths absolute: the kernel runs in the notebooks directory)."""
-        self.task, self.sent, self.runs = task, time.monotonic(), self.runs + 1
+        """Hand ``task`` to the worker (paths absolute: the kernel runs in the notebooks directory)."""
+        key = task.reuse_key
+        self.runs = self.runs + 1 if key is not None and key == self.kernel_key else 1
+        self.task, self.sent = task, time.monotonic()
         done = self.done_file
         assert done is not None
         done.unlink(missing_ok=True)
@@ -153,8 +163,8 @@ class Worker:
         task.log.parent.mkdir(parents=True, exist_ok=True)
         task.log.with_suffix(".params.json").write_text(json.dumps(task.params, indent=1))
         cmd = {"src": str(task.src.resolve()), "executed": str(task.executed.resolve()), "params": task.params,
-               "cwd": str(Path(task.cwd).resolve()), "done": str(done.resolve()),
-               "log": None if task.log.resolve() == self.log.resolve() else str(task.log.resolve())}
+               "cwd": str(Path(task.cwd).resolve()), "done": str(done.resolve()), "log": str(task.log.resolve()),
+               "key": key}
         try:
             self.stdin.write((json.dumps(cmd) + "\n").encode())
             self.stdin.flush()
@@ -170,23 +180,25 @@ class Worker:
         if done.exists():
             reply = json.loads(done.read_text())
             done.unlink(missing_ok=True)
-            return self._finish(task, wall, ok=bool(reply["ok"]), error=str(reply.get("error", "")))
+            self.kernel_key = reply.get("kernel")
+            return self._finish(task, wall - float(reply.get("setup_s", 0.0)), ok=bool(reply["ok"]),
+                                error=str(reply.get("error", "")))
         if self.proc.poll() is not None:
+            tail = self.log.read_text(errors="replace")[-4000:] if self.log.exists() else ""
             return self._finish(task, wall, ok=False, error=f"the kernel worker exited with status "
-                                f"{self.proc.returncode}", dead=True)
+                                f"{self.proc.returncode}\n{tail}")
         if timeout_s is not None and wall > timeout_s:
             self.kill()
             return self._finish(task, wall, ok=False, timed_out=True, timeout_s=timeout_s)
         return None
 
     def _finish(self, task: Task, wall: float, *, ok: bool, error: str = "", timed_out: bool = False,
-                timeout_s: float | None = None, dead: bool = False) -> Execution:
-        log = task.log
-        if dead and log.resolve() != self.log.resolve() and self.log.exists():
-            error += "\n" + self.log.read_text(errors="replace")[-4000:]
-        ex = execution(task.stem, task.executed, log, task.params, wall, ok=ok, error=error, timed_out=timed_out,
-                       timeout_s=timeout_s, kernel_run=self.runs)
+                timeout_s: float | None = None) -> Execution:
+        ex = execution(task.stem, task.executed, task.log, task.params, wall, ok=ok, error=error,
+                       timed_out=timed_out, timeout_s=timeout_s, kernel_run=self.runs)
         self.task, self.idle_since = None, time.monotonic()
+        if not self.alive:
+            self.kernel_key = None
         return ex
 
     @property
@@ -228,7 +240,7 @@ class Pool:
     timeout_s: float | None = None
     desc: str = "notebooks"
     limits: Mapping[str, int] = field(default_factory=dict)
-    kernel_logs: Path | None = None            # where shared kernels write their own output
+    kernel_logs: Path | None = None            # where workers write their own (and their kernels') output
 
     def __post_init__(self) -> None:
         self._pending: list[_Queued] = []
@@ -237,7 +249,7 @@ class Pool:
         self._running: dict[int, _Queued] = {}      # id(worker) -> what it runs
         self._bar: Any = None
         self.results: dict[str, Execution] = {}
-        self.kernels_started = 0
+        self.workers_started = 0
 
     def submit(self, task: Task, on_done: Callable[[Task, Execution], None] | None = None) -> None:
         self._pending.append(_Queued(task, on_done))
@@ -253,23 +265,29 @@ class Pool:
         limit = self.limits.get(task.group) if task.group else None
         return limit is not None and self._group_busy(task.group) >= limit
 
-    def _start(self, q: _Queued, allowed: int) -> bool:
-        """Start a worker for ``q`` if a kernel may be added (closing an idle one if needed)."""
+    def _worker_for(self, q: _Queued, allowed: int) -> Worker | None:
+        """An idle worker for ``q`` (one without a kernel first, then one whose kernel nobody waits for), a new one
+        while fewer than ``allowed`` are alive, else the idle worker unused for longest; None if all are busy."""
+        ctx = context(q.task.cwd, q.task.env)
+        idle = [w for w in self._workers if w.task is None and w.alive]
+        mine = [w for w in idle if w.context == ctx]
+        wanted = {p.task.reuse_key for p in self._pending if p.task.reuse_key is not None}
+        for choice in ([w for w in mine if w.kernel_key is None], [w for w in mine if w.kernel_key not in wanted]):
+            if choice:
+                return min(choice, key=lambda w: w.idle_since)
         if len(self._workers) >= allowed:
-            idle = [w for w in self._workers if w.task is None]
-            if not idle:
-                return False
-            wanted = {q.task.reuse_key for q in self._pending}
-            victim = min(idle, key=lambda w: (w.key in wanted, w.idle_since))
+            others = [w for w in idle if w.context != ctx] or mine
+            if not others:
+                return None
+            victim = min(others, key=lambda w: w.idle_since)
+            if victim.context == ctx:
+                return victim                       # its kernel is dropped before this task (setup_s)
             self._retire(victim)
-        key = q.task.reuse_key
-        log = q.task.log if key is None else (self.kernel_logs or q.task.log.parent) / \
-            f"kernel-{self.kernels_started + 1}.log"
-        w = Worker(key, q.task, log)
-        self.kernels_started += 1
+        log = (self.kernel_logs or q.task.log.parent) / f"worker-{self.workers_started + 1}.log"
+        w = Worker(q.task.cwd, q.task.env, log)
+        self.workers_started += 1
         self._workers.append(w)
-        self._send(w, q)
-        return True
+        return w
 
     def _retire(self, w: Worker) -> None:
         self._workers.remove(w)
@@ -283,8 +301,8 @@ class Pool:
         self._bar.set_postfix_str(", ".join(r.task.key for r in self._running.values()), refresh=True)
 
     def _dispatch(self, allowed: int) -> None:
-        for w in [w for w in self._workers if w.task is None and w.key is not None and w.alive]:
-            q = next((q for q in self._pending if q.task.reuse_key == w.key and not q.rerun
+        for w in [w for w in self._workers if w.task is None and w.kernel_key is not None and w.alive]:
+            q = next((q for q in self._pending if q.task.reuse_key == w.kernel_key
                       and not self._group_full(q.task)), None)
             if q is not None:
                 self._send(w, q)
@@ -292,13 +310,15 @@ class Pool:
             if self._group_full(q.task):
                 continue
             key = q.task.reuse_key
-            if key is not None and not q.rerun:
-                mine = [w for w in self._workers if w.key == key and w.alive]
+            if key is not None:
+                holders = [w for w in self._workers if w.kernel_key == key and w.alive]
                 waiting = sum(1 for p in self._pending if p.task.reuse_key == key)
-                if mine and waiting <= REUSE_BACKLOG * len(mine):
+                if holders and waiting <= REUSE_BACKLOG * len(holders):
                     continue                        # its shared kernel takes it when free
-            if not self._start(q, allowed):
+            w = self._worker_for(q, allowed)
+            if w is None:
                 break
+            self._send(w, q)
 
     def _collect(self) -> None:
         for w in list(self._workers):
@@ -311,7 +331,7 @@ class Pool:
             if ex is None:
                 continue
             del self._running[id(w)]
-            if not w.alive or w.key is None:
+            if not w.alive:
                 self._retire(w)
             why = cache_guard(q.task, ex)
             if why:

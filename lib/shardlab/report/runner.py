@@ -9,8 +9,8 @@ One report run owns one output directory::
     DIR/notebooks/NN.ipynb|.html  executed notebooks and their HTML (plotly from DIR/notebooks/plotly.min.js)
     DIR/records/NN.json           the records (``results_dir`` of every notebook); NN.xla.json what the runner's
                                   epilogue read from torch_xla (compile / execute totals, compile counters)
-    DIR/logs/NN.log               papermill output; NN.params.json the parameters passed; kernel-N.log the
-                                  output of the kernels sweep points shared
+    DIR/logs/NN.log               papermill output; NN.params.json the parameters passed; worker-N.log what
+                                  the worker processes and their kernels printed outside cells
     DIR/sweeps/                   tables of the report's sweeps
 
 Steps: validate every input (notebook names, parameters against each parameters cell, no ``-p`` for what

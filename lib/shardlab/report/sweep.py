@@ -6,7 +6,7 @@ A sweep directory belongs to one notebook::
 
     DIR/sweep.json                  {"schema", "notebook"} (a directory of another notebook is refused)
     DIR/points/<slug>/              one grid point: executed notebook, log, records/, point.json
-    DIR/kernels/kernel-N.log        output of the kernels the points shared
+    DIR/kernels/worker-N.log        what the worker processes and their kernels printed outside cells
     DIR/table.csv (+ .parquet)      long table: one row per (point, measurement row of its record)
     DIR/charts.html                 plotly: any measurement vs any swept parameter (dropdown), offline
 
