@@ -41,6 +41,7 @@ from shardlab.profile.record import Recorder
 from shardlab.report.execute import TORCH_FRESH_STATE
 rec = Recorder(NAME, params=dict(n=n, tag=tag), results_dir=results_dir, world=world)
 rec.measure("fake.start.xla_rng", xm.get_rng_state(), "1", "metrics")
+rec.measure("fake.dump_dir", world.dump_dir, "1", "metrics")
 rec.measure("fake.start.torch_state", {f: str(getattr(torch, f)()) for f in TORCH_FRESH_STATE}, "1", "metrics")
 y = (torch.ones(n, device=torch_xla.device()) * 3 + 1).sum().cpu()   # [n] -> scalar: 4 * n
 rec.agree("fake.sum", "1", formula=4 * n, hlo=int(y))
@@ -105,6 +106,8 @@ def test_a_point_served_from_the_compile_cache_is_rerun_in_a_fresh_kernel(tmp_pa
     assert same.kernels == 2
     # what a fresh kernel starts with is what the prologue restores / compares against
     assert _value(same.points[0], "fake.start.xla_rng") == XLA_FRESH_RNG_STATE
+    # kernels end politely: their atexit handlers removed runtime.setup's HLO dump directories
+    assert not any(Path(str(_value(p, "fake.dump_dir"))).exists() for p in same.points)
     assert _value(same.points[0], "fake.start.torch_state") == TORCH_FRESH_STATE
     # different n: different graphs -> the second point is accepted from the shared kernel, with its own compiles
     diff = sw.run_sweep(nb1, {"n": [4, 8]}, tmp_path / "diff", num_devices=1, jobs=1, timeout_s=300, render=False)

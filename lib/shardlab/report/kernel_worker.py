@@ -94,13 +94,14 @@ class Kernels:
         self.key: str | None = None
 
     def drop(self) -> float:
-        """Shut the kernel down (if any); returns the seconds it took."""
+        """Shut the kernel down politely (its atexit handlers run: runtime.setup's HLO dump directory is
+        removed), killed after jupyter_client's grace period; returns the seconds it took."""
         from jupyter_core.utils import run_sync
 
         started = time.monotonic()
         if self.km is not None and self.km.has_kernel:
             try:
-                run_sync(self.km.shutdown_kernel)(now=True)
+                run_sync(self.km.shutdown_kernel)(now=False)
             except Exception:  # noqa: BLE001 - the pool kills what is left by pid
                 pass
         self.km, self.key = None, None

@@ -155,6 +155,7 @@ class Worker:
         """Hand ``task`` to the worker (paths absolute: the kernel runs in the notebooks directory)."""
         key = task.reuse_key
         self.runs = self.runs + 1 if key is not None and key == self.kernel_key else 1
+        self.kernel_key = key                      # what it will hold after this task (the reply confirms it)
         self.task, self.sent = task, time.monotonic()
         done = self.done_file
         assert done is not None
