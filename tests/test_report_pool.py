@@ -206,3 +206,27 @@ def test_the_tpu_views_cache_is_guarded_too(tmp_path: Path) -> None:
     blind = sw.run_sweep(nb, {"size": [1, 2]}, tmp_path / "blind", base={"counted": False}, jobs=1, timeout_s=120,
                          render=False)
     assert "does not count its hits" in blind.points[1].rerun and blind.points[1].status == "passed"
+
+
+# Starts multiprocessing's resource tracker (as gloo ranks do) and leaves a file from an atexit handler.
+MP_BODY = '''\
+import atexit, multiprocessing
+from pathlib import Path
+from shardlab.profile.record import Recorder
+queue = multiprocessing.get_context("spawn").Queue()
+atexit.register(Path(results_dir, f"atexit-{size}").write_text, "ran")
+rec = Recorder(NAME, params=dict(size=size), results_dir=results_dir)
+rec.close()
+'''
+
+
+@pytest.mark.notebook
+def test_kernels_that_used_multiprocessing_still_exit_politely(tmp_path: Path) -> None:
+    """Without the epilogue stopping multiprocessing's helpers the kernel hangs on shutdown until killed,
+    and its atexit handlers (runtime.setup's HLO dump cleanup among them) never run."""
+    nbs = tmp_path / "nbs"
+    nb = find_notebooks(fake_notebook(nbs, "01_alpha", body=MP_BODY).parent)["01_alpha"]
+    res = sw.run_sweep(nb, {"size": [1, 2]}, tmp_path / "sweep", jobs=1, timeout_s=120, render=False)
+    assert [p.status for p in res.points] == ["passed", "passed"] and res.kernels == 1
+    for p in res.points:                         # one shared kernel, shut down once at the end of the pool
+        assert (p.dir / "records" / f"atexit-{p.values['size']}").read_text() == "ran"

@@ -221,6 +221,13 @@ if _tpu is not None:
 if results_dir:
     with open(f"{results_dir}/{__SHARDLAB_STEM__}.xla.json", "w") as _fh:
         _json.dump(_out, _fh)
+# multiprocessing's helper processes (gloo ranks start them) keep an ipykernel from exiting when asked: it
+# hangs until killed, skipping its atexit handlers. Stop them; the next user starts them again.
+for _mod, _obj in (("multiprocessing.forkserver", "_forkserver"), ("multiprocessing.resource_tracker",
+                                                                    "_resource_tracker")):
+    _stop = getattr(getattr(_sys.modules.get(_mod), _obj, None), "_stop", None)
+    if _stop is not None:
+        _stop()
 """
 
 
