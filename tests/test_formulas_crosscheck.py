@@ -23,7 +23,6 @@ measurement must be equal, not close. A notebook whose source has not landed yet
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 from pathlib import Path
 from typing import Any
@@ -35,22 +34,19 @@ from shardlab.formulas import memory as fmem
 from shardlab.formulas import tp as ftp
 from shardlab.formulas import zero as fzero
 from shardlab.formulas.common import dtype_bytes, wire_bytes
+from shardlab.report.notebooks import read_parameters
 
-SRC = Path(__file__).resolve().parent.parent / "notebooks" / "src"
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
 
 def notebook_defaults(stem: str) -> dict[str, Any]:
-    """Plain values of the notebook's first (parameters) cell; skip the test if the source is not there."""
-    path = SRC / f"{stem}.py"
+    """Plain values of the notebook's parameters cell, read the way the report reads them; skip if not built."""
+    path = NOTEBOOKS / f"{stem}.ipynb"
     if not path.exists():
-        pytest.skip(f"notebooks/src/{stem}.py has not landed yet")
-    first = path.read_text().split("\n# %%", 1)[0]  # the source starts with the parameters cell
-    cell = first.split("\n", 1)[1]  # drop its '# %% tags=["parameters"]' marker line
-    out: dict[str, Any] = {}
-    for node in ast.parse(cell).body:
-        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
-            out[node.targets[0].id] = ast.literal_eval(node.value)
-    return out
+        pytest.skip(f"notebooks/{stem}.ipynb has not landed yet")
+    params, error = read_parameters(path)
+    assert error is None, error
+    return params
 
 
 def test_defaults_parser_reads_the_parameters_cell():

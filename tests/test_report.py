@@ -18,6 +18,7 @@ from report_fakes import fake_notebook
 from shardlab.__main__ import main
 from shardlab.report.notebooks import ReportInputError, find_notebooks, read_parameters, resolve_name
 
+ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 25          # > a fake's kernel start + run on a loaded 2-core machine, << the sleeping fake
 
 
@@ -49,6 +50,15 @@ def test_undeclared_parameter(nbs: Path, tmp_path: Path, capsys: Any) -> None:
     assert not (tmp_path / "out").exists()
 
 
+def test_non_literal_parameter_is_refused(tmp_path: Path, capsys: Any) -> None:
+    """One rule for the parameters cell (plain literals), read by one parser, enforced before any kernel."""
+    d = tmp_path / "notebooks"
+    fake_notebook(d, "01_alpha", extra_params="hidden = 2 * 32\n")
+    assert report(d, tmp_path / "out", tmp_path / "base") == 2
+    err = capsys.readouterr().err
+    assert "'hidden' must be a plain literal" in err and "2 * 32" in err and "line 7" in err
+
+
 def test_out_dir_with_another_run_is_refused(nbs: Path, tmp_path: Path, capsys: Any) -> None:
     out = tmp_path / "out"
     out.mkdir()
@@ -78,6 +88,28 @@ def test_corrupt_baseline_fails_before_running(nbs: Path, tmp_path: Path, capsys
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(("name", "value", "option"), [("num_devices", "0", "--num-devices"),
+                                                        ("num_devices", "8", "--num-devices"),
+                                                        ("results_dir", "/tmp/elsewhere", "--out")])
+def test_runner_owned_parameter_is_refused(nbs: Path, tmp_path: Path, capsys: Any, name: str, value: str,
+                                           option: str) -> None:
+    """-p num_devices 0 used to run with the runner's 8 devices and pass: the runner's value replaced it."""
+    assert report(nbs, tmp_path / "out", tmp_path / "base", "-p", name, value) == 2
+    err = capsys.readouterr().err
+    assert f"-p {name} {value}" in err and option in err
+    assert not (tmp_path / "out").exists()                          # refused before any kernel started
+
+
+def test_runner_owned_parameter_is_refused_by_the_library(nbs: Path, tmp_path: Path) -> None:
+    from shardlab.report.runner import ReportOptions, run_report
+
+    opts = ReportOptions(notebooks_dir=nbs, out=tmp_path / "out", baseline_dir=tmp_path, sweeps=False,
+                         params={"num_devices": 0})
+    with pytest.raises(ReportInputError, match="--num-devices"):
+        run_report(opts)
+    assert not (tmp_path / "out").exists()
+
+
 def test_report_param_takes_one_value(nbs: Path, tmp_path: Path, capsys: Any) -> None:
     assert report(nbs, tmp_path / "out", tmp_path / "base", "-p", "size", "2", "3") == 2
     assert "takes exactly one value" in capsys.readouterr().err
@@ -102,6 +134,33 @@ def test_parameters_cell_parsing(tmp_path: Path) -> None:
     nb["cells"][1]["metadata"]["tags"] = ["parameters"]            # two parameters cells break the contract
     path.write_text(json.dumps(nb))
     assert "2 cells tagged 'parameters'" in (read_parameters(path)[1] or "")
+
+
+@pytest.mark.parametrize(("source", "words"), [
+    ("tp = 4\nhidden = tp * 16\n", "line 2: 'hidden' must be a plain literal"),
+    ("import os\n", "line 1: only `name = literal` assignments are allowed"),
+    ("a, b = 1, 2\n", "line 1: assign to one plain name"),
+    ("tp = 4\nprint(tp)\n", "line 2: only `name = literal`"),
+])
+def test_one_parameters_parser_for_report_builder_and_tests(source: str, words: str) -> None:
+    """The notebook builder rejects exactly what the report's parser rejects (it calls the same function)."""
+    import importlib.util
+
+    import nbformat
+
+    from shardlab.report.notebooks import parse_parameters
+
+    assert parse_parameters("tp = 4  # degree\nsizes: list = [8, 16]\nname = 'x'\n") == {
+        "tp": 4, "sizes": [8, 16], "name": "x"}
+    with pytest.raises(ValueError, match=words):
+        parse_parameters(source)
+    spec = importlib.util.spec_from_file_location("build_notebooks", ROOT / "tools" / "build_notebooks.py")
+    assert spec and spec.loader
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    cell = nbformat.v4.new_code_cell(source, metadata={"tags": ["parameters"]})
+    with pytest.raises(ValueError, match=words):
+        build._check_parameters_cell("99_x", cell)
 
 
 def test_name_resolution(nbs: Path) -> None:
@@ -150,6 +209,9 @@ def test_report_html_shows_everything(suite: dict[str, Any]) -> None:
     # the failed notebook: its failing cell and the traceback
     assert "size=2 is not allowed when fail=True" in page and "Traceback:" in page
     assert "raise ValueError(f&quot;size={size} is not allowed when fail=True&quot;)" in page
+    # the failing cell's index counts the executed notebook's cells without the runner's own two: papermill's
+    # error banner (0), parameters (1), injected parameters (2), markdown (3), papermill's error anchor (4), code (5)
+    assert "<b>error</b> in cell 5 " in page
     assert f"notebook timed out after {TIMEOUT_S} s" in page
     assert "does not declare num_devices, results_dir" in page
     # everything else is still there: checks and the three-way table of the passing notebook (4 * size = 16)
@@ -188,9 +250,6 @@ def test_structural_change_is_a_regression_then_clean_run_passes(suite: dict[str
     assert run["notebooks"][0]["status"] == "passed"
 
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
 @pytest.mark.notebook
 @pytest.mark.xla
 @pytest.mark.slow
@@ -208,9 +267,24 @@ def test_real_block_matrices_notebook(tmp_path: Path) -> None:
     assert run["notebooks"][0]["compile_s"] > 0                       # the epilogue read torch_xla's metrics
 
 
+def test_longest_notebooks_start_first(nbs: Path, tmp_path: Path) -> None:
+    from shardlab.report import baseline as bl
+    from shardlab.report.runner import ReportOptions, longest_first
+
+    fake_notebook(nbs, "03_gamma")                                  # no baseline entry: unknown, so first
+    rec = {"notebook": "", "params": {}, "measurements": [], "checks": [], "status": "passed"}
+    walls = {"01_alpha": 5.0, "02_beta": 20.0}
+    timing = {s: {"report.notebook.wall_s [timer]": {"median": w, "min": w, "max": w, "n": 1, "unit": "s"}}
+              for s, w in walls.items()}
+    base = bl.baseline_from_records("cpu-8", [{**rec, "notebook": s} for s in walls], {}, timing)
+    bl.save(base, tmp_path / "cpu-8.json")
+    chosen = list(find_notebooks(nbs).values())
+    order = longest_first(ReportOptions(notebooks_dir=nbs, baseline_dir=tmp_path), chosen)
+    assert [nb.stem for nb in order] == ["03_gamma", "02_beta", "01_alpha"]
+
+
 def test_exit_status_counts_failed_sweep_points(tmp_path: Path) -> None:
-    from shardlab.report.runner import NotebookResult, Report, ReportOptions
-    from shardlab.report.sweeps_config import SweepSummary
+    from shardlab.report.datatypes import NotebookResult, Report, ReportOptions, SweepSummary
 
     ok = NotebookResult("01_alpha", "passed", [], None, {"checks": []}, {}, None)
     rep = Report(ReportOptions(), tmp_path, 0.0, 1.0, [ok], tmp_path / "b.json", "none", {})

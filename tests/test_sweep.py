@@ -71,7 +71,14 @@ def test_bad_sweep_inputs(tmp_path: Path, capsys: Any) -> None:
     assert main([*argv[:1], "01", *argv[1:], "-p", "tp", "1", "2"]) == 2
     assert "parameter 'tp' is not declared by 01_alpha" in capsys.readouterr().err
     assert main([*argv[:1], "01", *argv[1:], "-p", "results_dir", "a", "b"]) == 2
-    assert "results_dir is set by the sweep itself" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "results_dir is set by the sweep itself" in err and "--out" in err
+    assert main([*argv[:1], "01", *argv[1:], "-p", "num_devices", "1", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "-p num_devices 1 2" in err and "--num-devices N [N ...]" in err
+    assert main([*argv[:1], "01", *argv[1:], "-p", "size", "1", "--num-devices", "0"]) == 2
+    assert "--num-devices 0 must be an int >= 1" in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()                             # nothing claimed, no kernel started
     nb = find_notebooks(nbs)["02_beta"]
     sw.claim_dir(tmp_path / "s", "01_alpha", force=False)
     with pytest.raises(ReportInputError, match="holds a sweep of 01_alpha, not 02_beta"):

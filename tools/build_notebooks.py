@@ -2,7 +2,8 @@
 
 Design: the ``.py`` source is what we review and edit; the ``.ipynb`` is what learners open and papermill
 runs. The builder (1) keeps the first cell, which must be a code cell tagged ``parameters`` holding plain
-values, (2) inserts the standard Colab/Kaggle setup cell (``tools/hosted_setup_cell.py``) right after it,
+values (checked by ``shardlab.report.notebooks.parse_parameters``, the reader the report uses), (2) inserts
+the standard Colab/Kaggle setup cell (``tools/hosted_setup_cell.py``) right after it,
 (3) writes the notebook with outputs cleared and a plain ``python3`` kernelspec. ``--check`` rebuilds in
 memory and fails if a committed notebook differs from its source (the test suite runs it).
 
@@ -16,7 +17,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import ast
 import importlib.util
 import json
 import sys
@@ -24,6 +24,8 @@ from pathlib import Path
 
 import jupytext
 import nbformat
+
+from shardlab.report.notebooks import parse_parameters
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "notebooks" / "src"
@@ -46,10 +48,7 @@ def hosted_cell_source() -> str | None:
 def _check_parameters_cell(name: str, cell: nbformat.NotebookNode) -> None:
     if cell.cell_type != "code" or "parameters" not in cell.metadata.get("tags", []):
         raise ValueError(f"{name}: the first cell must be a code cell tagged 'parameters'")
-    for node in ast.parse(cell.source).body:
-        if not isinstance(node, ast.Assign | ast.AnnAssign):
-            raise ValueError(f"{name}: the parameters cell may only assign plain values (line {node.lineno})")
-        ast.literal_eval(node.value)  # raises ValueError on anything but a literal
+    parse_parameters(cell.source, f"{name}: the parameters cell")  # plain `name = literal` lines, or ValueError
 
 
 def build(src: Path) -> nbformat.NotebookNode:

@@ -1,7 +1,9 @@
 """Command line: ``python -m shardlab report ...`` and ``python -m shardlab sweep ...``.
 
-Exit status: 0 all good; 1 a notebook failed (error, timeout, failed check) or a structural value
-regressed against the baseline; 2 the runner itself failed (bad input, unusable baseline, internal error).
+Exit status (``shardlab.report.datatypes.EXIT_*``): 0 all good; 1 a notebook failed (error, timeout, failed
+check), a structural value regressed against the baseline or a sweep point failed; 2 the runner itself
+failed (bad input, unusable baseline, internal error). Parameters the runner sets itself are options, never
+``-p``: ``--num-devices`` (num_devices) and ``--out`` (results_dir).
 
 Examples::
 
@@ -9,6 +11,7 @@ Examples::
     python -m shardlab report --only 01 02_megatron_mlp --out out/r1 --timeout 120
     python -m shardlab report --update-baseline                 # rewrite data/baselines/cpu-8.json
     python -m shardlab sweep 02_megatron_mlp -p tp 1 2 4 8 -p batch 4 --jobs 2
+    python -m shardlab sweep 00 --num-devices 2 4 8            # device counts are the runner's: an option
     python -m shardlab badges --repo OWNER/shardlab             # README badge table
 """
 
@@ -20,7 +23,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-EXIT_OK, EXIT_FAILED, EXIT_RUNNER = 0, 1, 2
+from shardlab.report.datatypes import EXIT_FAILED, EXIT_OK, EXIT_RUNNER, ROOT
+from shardlab.report.execute import hide_slow_modules
 
 
 def _params(pairs: list[list[str]] | None, single: bool) -> dict[str, Any]:
@@ -54,14 +58,16 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("-p", "--param", nargs="+", action="append", metavar=("NAME", "VALUE"),
                     help="override a parameter in every selected notebook (must be declared by each)")
     rp.add_argument("--timeout", type=float, default=600.0, help="seconds per notebook (default 600)")
-    rp.add_argument("--jobs", type=int, default=1, help="notebooks executed in parallel (default 1)")
+    rp.add_argument("--jobs", type=int, default=1,
+                    help="kernels at a time: notebooks, then sweep points as their notebook finishes (default 1)")
     rp.add_argument("--force", "--overwrite", dest="force", action="store_true",
                     help="replace an existing report in --out")
     rp.add_argument("--update-baseline", action="store_true",
                     help="rewrite data/baselines/<profile>.json from this run")
     rp.add_argument("--baseline-dir", type=Path, default=None, help="default data/baselines")
     rp.add_argument("--no-sweeps", dest="sweeps", action="store_false", help="skip the report's sweeps")
-    rp.add_argument("--sweep-jobs", type=int, default=2, help="sweep points in parallel (default 2)")
+    rp.add_argument("--sweep-jobs", type=int, default=2,
+                    help="at most this many of the --jobs kernels run sweep points (default 2)")
     rp.add_argument("--notebooks-dir", type=Path, default=None, help=argparse.SUPPRESS)
 
     sp = sub.add_parser("sweep", help="run one notebook over a parameter grid (resumable)")
@@ -69,8 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("-p", "--param", nargs="+", action="append", metavar=("NAME", "VALUE"),
                     help="a swept parameter and its values (one value = fixed); YAML values: 4, 0.5, bf16, [2,4]")
     sp.add_argument("--out", type=Path, default=None, help="sweep directory (default out/sweeps/<notebook>)")
-    sp.add_argument("--jobs", type=int, default=1, help="points in parallel (~1 GB RAM each on CPU)")
-    sp.add_argument("--num-devices", type=int, default=8)
+    sp.add_argument("--jobs", type=int, default=1, help="kernels at a time (~1 GB RAM each on CPU); the points of "
+                    "one device count share a kernel")
+    sp.add_argument("--num-devices", type=int, nargs="+", default=[8],
+                    help="CPU virtual devices / TPU chips (default 8); several values sweep the device count")
     sp.add_argument("--device", choices=["cpu", "tpu"], default="cpu")
     sp.add_argument("--timeout", type=float, default=600.0, help="seconds per point")
     sp.add_argument("--force", action="store_true", help="replace a sweep of another notebook in --out")
@@ -87,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from shardlab.report.runner import ROOT, ReportOptions, run_report
+    from shardlab.report.runner import ReportOptions, run_report
 
     device = args.device
     if device == "auto":
@@ -119,7 +127,6 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from shardlab.report.notebooks import find_notebooks, resolve_name
-    from shardlab.report.runner import ROOT
     from shardlab.report.sweep import match_names, run_sweep
     from shardlab.report.sweep_charts import charts, write_charts
 
@@ -138,7 +145,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     write_charts(figs, out / "charts.html", f"sweep of {nb.stem}")
     bad = [p for p in res.points if p.status in ("failed", "timeout")]
     print(f"\nsweep {nb.stem}: {len(res.points)} points, {res.ran} run, {len(res.points) - res.ran} reused, "
-          f"{len(bad)} failed, {res.wall_s:.1f} s")
+          f"{len(bad)} failed, {res.wall_s:.1f} s, {res.kernels} kernel(s)")
+    for p in res.points:
+        if p.rerun:
+            print(f"  re-run in a fresh kernel: {p.dir.name}: {p.rerun}")
     for p in bad:
         print(f"  {p.status}: {p.dir.name}: {p.message}  (log: {p.dir / 'papermill.log'})")
     print(f"table: {res.table}" + (f" and {res.parquet}" if res.parquet else "") + f"\ncharts: {out / 'charts.html'}")
@@ -148,7 +158,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def cmd_badges(args: argparse.Namespace) -> int:
     from shardlab.hosted import badge_table
     from shardlab.report.notebooks import ReportInputError, find_notebooks
-    from shardlab.report.runner import ROOT
 
     try:
         print(badge_table(find_notebooks(ROOT / "notebooks"), args.repo, args.branch))
@@ -158,7 +167,7 @@ def cmd_badges(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[assignment]  # 3.7 s import; see execute.py
+    hide_slow_modules()                             # 3.7 s of nbformat's import; see execute.py
     args = build_parser().parse_args(argv)
     from shardlab.report.baseline import BaselineError
     from shardlab.report.notebooks import ReportInputError

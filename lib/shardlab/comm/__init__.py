@@ -18,7 +18,7 @@ returns its input unchanged and records nothing.  `tag` is a free label copied i
 Worlds (same interface):
 
     world = SimulatedWorld(W)        # W threads in this process; deterministic rank-order reductions
-    world = DistributedWorld(W)      # W spawned processes on torch.distributed gloo (fn/args must pickle)
+    world = DistributedWorld(W)      # W processes on torch.distributed gloo (fn/args must pickle)
     results = world.run(fn, *args, **kwargs)   # [rank 0 result, ..., rank W-1 result]
     world.ledger                     # Ledger of the last run (rank 0's; all ranks' must be identical)
     results, ledger = launch(fn, W, *args)     # DistributedWorld one-liner

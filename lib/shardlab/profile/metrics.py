@@ -73,10 +73,6 @@ class MetricsDelta:
     def d2h_bytes(self) -> int:
         return int(self.metric("InboundData")[1])
 
-    @property
-    def uncached_compiles(self) -> int:
-        return self.counter("UncachedCompile")
-
     def summary(self) -> dict[str, Any]:
         return {
             "compile_count": self.compile_count, "compile_s": self.compile_s,

@@ -16,9 +16,11 @@ source gets ``#2``, ``#3`` in record order. Comparison rules (issue 6):
 
 Example::
 
-    >>> base = baseline_from_records("cpu-8", [rec])          # rec: a record dict
-    >>> diffs = compare(base, [rec]); [d.status for d in diffs][:1]
-    ['same']
+    >>> rec = {"notebook": "02_megatron_mlp", "params": {"tp": 4}, "measurements": [
+    ...     {"name": "mlp.fwd.all_reduce.count", "value": 1, "unit": "count", "source": "hlo"}]}
+    >>> base = baseline_from_records("cpu-8", [rec])
+    >>> [(d.key, d.status) for d in compare(base, [rec])]
+    [('mlp.fwd.all_reduce.count [hlo]', 'same')]
 
 A baseline file that is not JSON or does not follow the schema raises :class:`BaselineError` naming the file
 and the problem (the CLI exits with status 2; ``--update-baseline`` rewrites it from scratch).

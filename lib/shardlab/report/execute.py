@@ -1,16 +1,25 @@
-"""Execute one notebook with papermill in a child process, with a wall-clock timeout.
+"""One notebook execution: what the runner adds to the notebook, and how a finished run is read back.
 
 Design note
 -----------
-Each notebook runs as ``python -m papermill IN OUT -f params.yaml`` in its own process, which starts its
-own kernel. A child process gives us three things the in-process API does not: a timeout for the *whole*
-notebook (papermill's ``--execution-timeout`` is per cell), parallel points for sweeps, and isolation from
-a kernel that segfaults. On timeout the papermill process and every descendant (the kernel included; the
-kernel runs in its own session, so a process-group kill would miss it) are killed by pid.
+Every execution happens in a kernel held by a worker process (``kernel_worker``, scheduled by ``pool``):
+a fresh kernel per notebook of the report, a kernel shared by the points of one sweep. This module holds
+what both need:
 
-papermill saves the output notebook after every cell, so after a failure or a timeout the executed
-notebook still holds everything that ran. :func:`find_failure` reads it back: the cell that raised (its
-source and traceback) or the cell that was still running when the clock ran out.
+* :func:`prepare_input` copies the notebook and adds two tagged cells the HTML export drops again: a
+  *prologue* (in a shared kernel: clears the namespace and output cache, restarts the XLA RNG from a fresh
+  kernel's seed, notes torch global state a fresh kernel would not have; always: snapshots torch_xla's compile
+  counters) and an *epilogue*
+  (writes ``<results_dir>/<stem>.xla.json``: compile / execute totals **of this run** — the counters minus the
+  prologue's snapshot — ``CachedCompile`` / ``UncachedCompile``, ``TpuCachedCompile`` when the TPU compiler
+  view was used (hits of its own in-process cache, from ``shardlab.profile.tpu.CACHE_HITS``; null while that
+  module does not count them), ``state_changed`` (what the prologue found different from a fresh kernel) and
+  ``kernel_run``, the how-many-th notebook this kernel executes). In a fresh kernel the snapshot is empty, so
+  the totals are the kernel's totals.
+* :func:`find_failure` reads an executed notebook back (papermill saves it after every cell): the cell that
+  raised (its source and traceback) or the cell still running when the clock ran out.
+* :func:`kill_tree` ends a worker and its kernel by pid (the kernel runs in its own session, so a
+  process-group kill would miss it).
 
 Kernel environment: ``TF_CPP_MIN_LOG_LEVEL=2`` (hides the GSPMD warning per compile) and
 ``PLOTLY_RENDERER=plotly_mimetype`` (figures stored as JSON; the HTML renderer draws them).
@@ -24,20 +33,24 @@ import re
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 KILL_GRACE_S = 5.0          # after SIGTERM, how long the tree gets before SIGKILL
-# `import nbformat` pulls jsonschema's optional rfc3987_syntax, which builds a lark grammar at import time
-# (measured 3.7 s of papermill's 4.8 s import here). nbformat never validates IRI formats, so the papermill
-# child hides that module (jsonschema skips the format when the import fails).
-PAPERMILL_LAUNCHER = ("import sys; sys.modules.setdefault('rfc3987_syntax', None); "
-                      "from papermill.cli import papermill; papermill(prog_name='papermill')")
 KERNEL_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "PLOTLY_RENDERER": "plotly_mimetype", "PYDEVD_DISABLE_FILE_VALIDATION": "1"}
+# `import nbformat` pulls jsonschema's optional rfc3987_syntax, which builds a lark grammar at import time
+# (measured 3.7 s of papermill's 4.8 s import here; ~1 s of CPU in every kernel whose first `fig.show()`
+# imports nbformat for plotly's mimetype renderer). nbformat never validates IRI formats, so the workers and
+# the kernels hide that module (jsonschema skips the format when the import fails).
+SLOW_OPTIONAL_MODULES = ("rfc3987_syntax",)
+
+
+def hide_slow_modules() -> None:
+    """Make :data:`SLOW_OPTIONAL_MODULES` unimportable in this process (call before importing nbformat)."""
+    for name in SLOW_OPTIONAL_MODULES:
+        sys.modules.setdefault(name, None)  # type: ignore[assignment]
 
 
 @dataclass
@@ -54,27 +67,17 @@ class Failure:
 class Execution:
     stem: str
     executed: Path            # the executed notebook (.ipynb), possibly partial
-    log: Path                 # papermill's stdout+stderr
+    log: Path                 # papermill's output for this run
     params: dict[str, Any]
-    wall_s: float
-    returncode: int | None    # None when killed on timeout
+    wall_s: float             # from handing the notebook to its worker to the end (a fresh kernel's start included)
+    returncode: int | None    # 0 ok, 1 failed; None when killed on timeout
     failure: Failure | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    kernel_run: int = 1       # 1: the kernel's first notebook (a fresh kernel); n: n-th run in a shared kernel
+    rerun: str = ""           # why this ran again in a fresh kernel after a run in a shared one ("" if not)
 
     @property
     def ok(self) -> bool:
         return self.failure is None
-
-    def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["executed"], d["log"] = str(self.executed), str(self.log)
-        return d
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> Execution:
-        fail = Failure(**d["failure"]) if d.get("failure") else None
-        return cls(d["stem"], Path(d["executed"]), Path(d["log"]), dict(d["params"]), float(d["wall_s"]),
-                   d.get("returncode"), fail, dict(d.get("extra", {})))
 
 
 def _descendants(pid: int) -> list[int]:
@@ -124,103 +127,142 @@ def _strip(text: str) -> str:
 
 
 def find_failure(executed: Path) -> Failure | None:
-    """The first error output of an executed notebook, or the cell papermill left 'running'."""
+    """The first error output of an executed notebook, or the cell papermill left 'running'.
+
+    ``cell_index`` counts the executed notebook's cells without the runner's own two (the index a reader of
+    the executed notebook's HTML sees); a failure inside a runner cell has no index.
+    """
     try:
         nb = json.loads(executed.read_text())
     except (OSError, json.JSONDecodeError):
         return None
-    cells = nb.get("cells", [])
-    for i, cell in enumerate(cells):
+    cells, index, i = [], {}, 0
+    for n, cell in enumerate(nb.get("cells", [])):
+        cells.append(cell)
+        if EPILOGUE_TAG not in cell.get("metadata", {}).get("tags", []):
+            index[n], i = i, i + 1
+    for n, cell in enumerate(cells):
         for out in cell.get("outputs", []) or []:
             if out.get("output_type") == "error":
                 src = cell.get("source", "")
-                count = cell.get("execution_count")
                 return Failure(
                     kind="error",
                     message=f"{out.get('ename', 'Error')}: {_strip(str(out.get('evalue', '')))}",
-                    cell_index=i,
+                    cell_index=index.get(n),
                     cell_source="".join(src) if isinstance(src, list) else src,
                     traceback=_strip("\n".join(out.get("traceback", []))),
-                    execution_count=count,
+                    execution_count=cell.get("execution_count"),
                 )
-    for i, cell in enumerate(cells):
+    for n, cell in enumerate(cells):
         if cell.get("metadata", {}).get("papermill", {}).get("status") == "running":
             src = cell.get("source", "")
-            return Failure(kind="timeout", message="cell was still running", cell_index=i,
+            return Failure(kind="timeout", message="cell was still running", cell_index=index.get(n),
                            cell_source="".join(src) if isinstance(src, list) else src)
     return None
 
 
-EPILOGUE_TAG = "shardlab-report-epilogue"
+EPILOGUE_TAG = "shardlab-report-epilogue"     # both runner cells carry it: the HTML export drops them
+# What a fresh kernel starts with (tests/test_report_pool.py checks both in a fresh process). A shared kernel's
+# run starts with the XLA RNG reset to that seed; one that finds torch's global state different is not accepted.
+TORCH_FRESH_STATE = {"get_default_dtype": "torch.float32", "is_grad_enabled": "True",
+                     "are_deterministic_algorithms_enabled": "False", "is_inference_mode_enabled": "False"}
+XLA_FRESH_RNG_STATE = 101     # torch_xla 2.9: xm.get_rng_state() of a new process
+PROLOGUE = """\
+# Added by `python -m shardlab report` (not part of the notebook): start this run's XLA counters.
+import sys as _sys, types as _types
+_run = _sys.modules.setdefault("_shardlab_run", _types.ModuleType("_shardlab_run"))
+del _types
+if hasattr(_run, "dunders"):    # a shared kernel: drop the previous notebook's names and output cache, keep
+    get_ipython().run_line_magic("reset", "-f")   # what a fresh kernel's namespace holds (__spec__ ...)
+    import gc as _gc, sys as _sys
+    _run = _sys.modules["_shardlab_run"]
+    globals().update(_run.dunders)
+    _gc.collect()
+    _torch = _sys.modules.get("torch")             # process-wide torch state the previous run may have left
+    _run.changed = [] if _torch is None else [f"torch.{_f}() = {getattr(_torch, _f)()} (a fresh kernel: {_v})"
+                                              for _f, _v in __TORCH_FRESH_STATE__.items()
+                                              if str(getattr(_torch, _f)()) != _v]
+    _xmod = _sys.modules.get("torch_xla.core.xla_model")
+    if _xmod is not None:                          # torch.manual_seed does not reset the XLA RNG: start it where
+        _xmod.set_rng_state(__XLA_FRESH_RNG_STATE__)   # a fresh kernel's starts
+    del _gc, _torch, _xmod
+else:
+    _run.dunders = {_k: _v for _k, _v in globals().items() if _k.startswith("__") and _k.endswith("__")}
+    _run.changed = []
+for _name in __SLOW_OPTIONAL_MODULES__:
+    _sys.modules.setdefault(_name, None)   # see SLOW_OPTIONAL_MODULES in shardlab/report/execute.py
+_run.count = getattr(_run, "count", 0) + 1
+_xm = _sys.modules.get("torch_xla.debug.metrics")
+_run.start = {} if _xm is None else {
+    **{n: (lambda d: (int(d[0]), d[1]) if d else (0, 0.0))(_xm.metric_data(n)) for n in ("CompileTime", "ExecuteTime")},
+    **{n: int(_xm.counter_value(n) or 0) for n in ("CachedCompile", "UncachedCompile")}}
+_run.start["TpuCachedCompile"] = getattr(_sys.modules.get("shardlab.profile.tpu"), "CACHE_HITS", 0)
+del _sys, _xm, _run, _name
+"""
 EPILOGUE = """\
-# Added by `python -m shardlab report` (not part of the notebook): XLA compile/execute totals of this kernel.
+# Added by `python -m shardlab report` (not part of the notebook): XLA compile/execute totals of this run.
 import json as _json, sys as _sys
 _xm = _sys.modules.get("torch_xla.debug.metrics")
-_out = {}
+_run = _sys.modules["_shardlab_run"]
+_out = {"kernel_run": _run.count, "state_changed": _run.changed,
+        "CachedCompile": 0, "UncachedCompile": 0}   # no torch_xla: nothing compiled
 if _xm is not None:
     for _name in ("CompileTime", "ExecuteTime"):
         _d = _xm.metric_data(_name)
-        _out[_name] = {"count": int(_d[0]), "total_s": _d[1] / 1e9} if _d else {"count": 0, "total_s": 0.0}
+        _c, _t = (int(_d[0]), _d[1]) if _d else (0, 0.0)
+        _c0, _t0 = _run.start.get(_name, (0, 0.0))
+        _out[_name] = {"count": _c - _c0, "total_s": (_t - _t0) / 1e9}
+    for _name in ("CachedCompile", "UncachedCompile"):
+        _out[_name] = int(_xm.counter_value(_name) or 0) - _run.start.get(_name, 0)
+_tpu = _sys.modules.get("shardlab.profile.tpu")   # the TPU compiler view keeps its own in-process compile cache
+if _tpu is not None:
+    _hits = getattr(_tpu, "CACHE_HITS", None)     # None: that cache's hits are not counted, so not provable
+    _out["TpuCachedCompile"] = None if _hits is None else _hits - _run.start.get("TpuCachedCompile", 0)
 if results_dir:
     with open(f"{results_dir}/{__SHARDLAB_STEM__}.xla.json", "w") as _fh:
         _json.dump(_out, _fh)
+# multiprocessing's helper processes (gloo ranks start them) keep an ipykernel from exiting when asked: it
+# hangs until killed, skipping its atexit handlers. Stop them; the next user starts them again.
+for _mod, _obj in (("multiprocessing.forkserver", "_forkserver"), ("multiprocessing.resource_tracker",
+                                                                    "_resource_tracker")):
+    _stop = getattr(getattr(_sys.modules.get(_mod), _obj, None), "_stop", None)
+    if _stop is not None:
+        _stop()
 """
 
 
+def _runner_cell(cell_id: str, source: str) -> dict[str, Any]:
+    return {"cell_type": "code", "execution_count": None, "id": cell_id, "metadata": {"tags": [EPILOGUE_TAG]},
+            "outputs": [], "source": source}
+
+
 def prepare_input(src: Path, dest: Path) -> Path:
-    """Copy notebook ``src`` to ``dest`` with the metrics epilogue cell appended (tagged, so it can be hidden)."""
+    """Copy notebook ``src`` to ``dest`` with the prologue cell first and the epilogue cell last (both tagged)."""
     nb = json.loads(src.read_text())
-    code = EPILOGUE.replace("__SHARDLAB_STEM__", repr(src.stem))
-    nb.setdefault("cells", []).append({"cell_type": "code", "execution_count": None, "id": "shardlab-epilogue",
-                                       "metadata": {"tags": [EPILOGUE_TAG]}, "outputs": [], "source": code})
+    cells = nb.setdefault("cells", [])
+    prologue = (PROLOGUE.replace("__SLOW_OPTIONAL_MODULES__", repr(SLOW_OPTIONAL_MODULES))
+                .replace("__TORCH_FRESH_STATE__", repr(TORCH_FRESH_STATE))
+                .replace("__XLA_FRESH_RNG_STATE__", repr(XLA_FRESH_RNG_STATE)))
+    cells.insert(0, _runner_cell("shardlab-prologue", prologue))
+    cells.append(_runner_cell("shardlab-epilogue", EPILOGUE.replace("__SHARDLAB_STEM__", repr(src.stem))))
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(json.dumps(nb, indent=1))
     return dest
 
 
 def read_xla_totals(results_dir: Path, stem: str) -> dict[str, Any]:
-    """What the epilogue wrote: ``{"CompileTime": {"count", "total_s"}, "ExecuteTime": {...}}`` or {}."""
+    """What the epilogue wrote: ``{"kernel_run", "CompileTime": {"count", "total_s"}, "ExecuteTime": {...},
+    "CachedCompile", "UncachedCompile"}`` or {} when the run did not get that far."""
     try:
         return dict(json.loads((results_dir / f"{stem}.xla.json").read_text()))
     except (OSError, json.JSONDecodeError):
         return {}
 
 
-# papermill waits 60 s for a kernel by default; two 8-device kernels starting at once on 2 busy cores took
-# longer ("Kernel didn't respond in 60 seconds" in a sweep point), so give them more room.
-KERNEL_START_TIMEOUT_S = 300
-
-
-def launch(src: Path, executed: Path, log: Path, params: Mapping[str, Any], cwd: Path,
-           env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """Start papermill on ``src`` (returns at once). ``params`` go through a YAML (JSON) file.
-
-    Paths are made absolute: papermill runs in ``cwd`` (the notebooks directory).
-    """
-    src, executed, log, cwd = src.resolve(), executed.resolve(), log.resolve(), cwd.resolve()
-    executed.parent.mkdir(parents=True, exist_ok=True)
-    log.parent.mkdir(parents=True, exist_ok=True)
-    params_file = log.with_suffix(".params.json")
-    params_file.write_text(json.dumps(dict(params), indent=1))
-    cmd = [sys.executable, "-c", PAPERMILL_LAUNCHER, str(src), str(executed), "-f", str(params_file),
-           "--cwd", str(cwd), "--no-progress-bar", "--log-output", "--start-timeout", str(KERNEL_START_TIMEOUT_S)]
-    full_env = {**os.environ, **KERNEL_ENV, **(env or {})}
-    with open(log, "wb") as fh:
-        return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=full_env, cwd=str(cwd))
-
-
-def finish(proc: subprocess.Popen[bytes], stem: str, executed: Path, log: Path, params: Mapping[str, Any],
-           started: float, timeout_s: float | None) -> Execution:
-    """Wait for ``proc`` (killing it after ``timeout_s`` from ``started``) and describe the outcome."""
-    remaining = None if timeout_s is None else max(0.0, started + timeout_s - time.monotonic())
-    timed_out = False
-    try:
-        proc.wait(timeout=remaining)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        kill_tree(proc)
-    wall = time.monotonic() - started
+def execution(stem: str, executed: Path, log: Path, params: dict[str, Any], wall_s: float, *, ok: bool,
+              error: str = "", timed_out: bool = False, timeout_s: float | None = None,
+              kernel_run: int = 1) -> Execution:
+    """Describe a finished (or killed) run from what its worker reported and the executed notebook."""
     failure = find_failure(executed)
     if timed_out:
         where = failure if failure is not None and failure.kind == "timeout" else Failure("timeout", "")
@@ -228,88 +270,11 @@ def finish(proc: subprocess.Popen[bytes], stem: str, executed: Path, log: Path, 
         where.message = f"notebook timed out after {timeout_s:g} s" + (
             f" (cell {where.cell_index} was running)" if where.cell_index is not None else "")
         failure = where
-    elif proc.returncode != 0 and failure is None:
+    elif not ok and failure is None:
         tail = _strip(log.read_text(errors="replace"))[-4000:] if log.exists() else ""
-        failure = Failure("crash", f"papermill exited with status {proc.returncode}", traceback=tail)
-    elif proc.returncode == 0 and failure is not None and failure.kind == "timeout":
+        failure = Failure("crash", error.strip().splitlines()[-1] if error.strip() else "the kernel worker died",
+                          traceback=(error + "\n" + tail).strip())
+    elif ok and failure is not None and failure.kind == "timeout":
         failure = None      # papermill finished; a stale 'running' status is not a failure
-    return Execution(stem, executed, log, dict(params), wall, None if timed_out else proc.returncode, failure)
-
-
-@dataclass
-class Task:
-    """One papermill execution for :func:`run_many`."""
-
-    key: str                  # unique label ("02_megatron_mlp" or "tp=4")
-    stem: str
-    src: Path                 # notebook to execute (maybe a prepared copy)
-    executed: Path
-    log: Path
-    params: dict[str, Any]
-    cwd: Path
-    env: dict[str, str] | None = None
-
-
-KERNEL_RSS_BYTES = 1_500_000_000   # one 8-device CPU kernel: ~1 GB RSS measured (xla-notes) + headroom
-
-
-def memory_jobs(jobs: int, per_job: int = KERNEL_RSS_BYTES) -> int:
-    """``jobs`` capped by what MemAvailable can hold (at least 1): parallel only where memory allows."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return max(1, min(jobs, int(line.split()[1]) * 1024 // per_job))
-    except OSError:
-        pass
-    return max(1, jobs)
-
-
-def run_many(tasks: list[Task], *, jobs: int = 1, timeout_s: float | None = None, desc: str = "notebooks",
-             on_done: Callable[[Task, Execution], None] | None = None) -> list[Execution]:
-    """Run ``tasks`` with at most ``jobs`` at a time under one tqdm bar; results in task order.
-
-    Every child is killed (by pid, with its kernel) if we are interrupted.
-    """
-    from tqdm.auto import tqdm
-
-    allowed = memory_jobs(jobs)
-    if allowed < jobs:
-        print(f"{desc}: --jobs {jobs} reduced to {allowed} (MemAvailable holds {allowed} kernels of "
-              f"~{KERNEL_RSS_BYTES / 1e9:.1f} GB)", file=sys.stderr)
-    pending = list(tasks)
-    running: list[tuple[Task, subprocess.Popen[bytes], float]] = []
-    results: dict[str, Execution] = {}
-    bar = tqdm(total=len(tasks), desc=desc, unit="nb", file=sys.stderr, dynamic_ncols=True)
-    try:
-        while pending or running:
-            while pending and len(running) < allowed:
-                t = pending.pop(0)
-                running.append((t, launch(t.src, t.executed, t.log, t.params, t.cwd, t.env), time.monotonic()))
-                bar.set_postfix_str(", ".join(r[0].key for r in running), refresh=True)
-            time.sleep(0.1)
-            for item in list(running):
-                t, proc, started = item
-                expired = timeout_s is not None and time.monotonic() - started > timeout_s
-                if proc.poll() is None and not expired:
-                    continue
-                running.remove(item)
-                ex = finish(proc, t.stem, t.executed, t.log, t.params, started, timeout_s)
-                results[t.key] = ex
-                mark = "ok" if ex.ok else f"FAILED ({ex.failure.message if ex.failure else ''})"
-                bar.write(f"  {t.key}: {mark} in {ex.wall_s:.1f} s")
-                bar.update(1)
-                if on_done is not None:
-                    on_done(t, ex)
-    finally:
-        for _, proc, _ in running:
-            kill_tree(proc)
-        bar.close()
-    return [results[t.key] for t in tasks]
-
-
-def run_notebook(src: Path, executed: Path, log: Path, params: Mapping[str, Any], *, cwd: Path,
-                 timeout_s: float | None = None, env: Mapping[str, str] | None = None) -> Execution:
-    """Execute ``src`` into ``executed`` with ``params``; never raises for notebook failures."""
-    started = time.monotonic()
-    proc = launch(src, executed, log, params, cwd, env)
-    return finish(proc, src.stem, executed, log, params, started, timeout_s)
+    return Execution(stem, executed, log, dict(params), wall_s, None if timed_out else 0 if ok else 1, failure,
+                     kernel_run)

@@ -16,12 +16,10 @@ import html
 import math
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from shardlab.report.baseline import key_rows
-
-if TYPE_CHECKING:
-    from shardlab.report.runner import NotebookResult, Report
+from shardlab.report.datatypes import NotebookResult, Report
 
 SOURCES = ("formula", "ledger", "hlo", "metrics", "timer")
 STATUS_COLOURS = {"passed": "#1a7f37", "failed": "#cf222e", "timeout": "#bc4c00", "regressed": "#8250df",

@@ -4,13 +4,17 @@ Design note
 -----------
 The report and the sweeps never import a notebook; they read its JSON. A notebook is any
 ``notebooks/NN_name.ipynb`` (two digits, underscore, name). Its parameters are the plain assignments in the
-single cell tagged ``parameters`` (design.md "Notebook parameters"); we parse that cell with ``ast`` so that
-``--only`` names and ``-p name value`` pairs are checked *before* any kernel starts:
+single cell tagged ``parameters`` (one ``name = literal`` per statement, nothing else: papermill injects its
+values after that cell). :func:`parse_parameters` is the one reader of such a cell — the report, the
+notebook builder (``tools/build_notebooks.py``) and the tests all call it — so that ``--only`` names and
+``-p name value`` pairs are checked *before* any kernel starts:
 
     >>> nb = find_notebooks(Path("notebooks"))["01_block_matrices"]
     >>> sorted(nb.parameters)[:3]              # names declared in the parameters cell
     ['dtype', 'k', 'm']
-    >>> check_params(nb, {"tp": 4})            # raises: 'tp' is not a parameter of 01_block_matrices ...
+    >>> check_params(nb, {"tp": 4})  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    shardlab.report.notebooks.ReportInputError: parameter 'tp' is not declared by 01_block_matrices (its ...
 
 Errors are :class:`ReportInputError` (the CLI turns them into exit status 2 with the message).
 """
@@ -27,8 +31,10 @@ from pathlib import Path
 from typing import Any
 
 NOTEBOOK_RE = re.compile(r"^(\d\d)_[A-Za-z0-9_]+$")
-# Parameters every notebook must declare (design.md): the runner always passes them.
+# Parameters every notebook must declare: the runner always passes them, from its own options. A `-p` for
+# one of them would be overwritten without a word, so it is refused, naming the option that sets it.
 REQUIRED_PARAMETERS = ("num_devices", "results_dir")
+RUNNER_OWNED = {"num_devices": "--num-devices", "results_dir": "--out"}
 
 
 class ReportInputError(ValueError):
@@ -53,11 +59,44 @@ def _cell_source(cell: Mapping[str, Any]) -> str:
     return "".join(src) if isinstance(src, list) else str(src)
 
 
-def read_parameters(path: Path) -> tuple[dict[str, Any], str | None]:
-    """Return ({name: default}, error) from the notebook's ``parameters`` cell.
+def parse_parameters(source: str, where: str = "parameters cell") -> dict[str, Any]:
+    """``{name: value}`` of a parameters cell: ``name = literal`` (or ``name: type = literal``) statements only.
 
-    Defaults that are not Python literals are reported as None (the name still counts as declared).
+    Raises ValueError naming ``where`` and the line for anything else (a call, an import, a non-literal value,
+    a tuple target):
+
+    >>> parse_parameters("tp = 4  # degree\\ndtype = 'bf16'\\nsizes = [8, 16]")
+    {'tp': 4, 'dtype': 'bf16', 'sizes': [8, 16]}
+    >>> parse_parameters("tp = 2 * 2")
+    Traceback (most recent call last):
+    ValueError: parameters cell line 1: 'tp' must be a plain literal (papermill injects plain values), got 2 * 2
     """
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        raise ValueError(f"{where} is not valid Python: {exc}") from exc
+    params: dict[str, Any] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            target, value = node.target, node.value
+        else:
+            raise ValueError(f"{where} line {node.lineno}: only `name = literal` assignments are allowed, got "
+                             f"{ast.get_source_segment(source, node)!r}")
+        if not isinstance(target, ast.Name):
+            raise ValueError(f"{where} line {node.lineno}: assign to one plain name, got "
+                             f"{ast.get_source_segment(source, target)}")
+        try:
+            params[target.id] = ast.literal_eval(value)
+        except ValueError as exc:
+            raise ValueError(f"{where} line {node.lineno}: {target.id!r} must be a plain literal (papermill "
+                             f"injects plain values), got {ast.get_source_segment(source, value)}") from exc
+    return params
+
+
+def read_parameters(path: Path) -> tuple[dict[str, Any], str | None]:
+    """Return ({name: default}, error) from the notebook's ``parameters`` cell (see :func:`parse_parameters`)."""
     try:
         nb = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
@@ -66,24 +105,9 @@ def read_parameters(path: Path) -> tuple[dict[str, Any], str | None]:
     if len(cells) != 1:
         return {}, f"{path.name} has {len(cells)} cells tagged 'parameters' (the rule is exactly one)"
     try:
-        tree = ast.parse(_cell_source(cells[0]))
-    except SyntaxError as exc:
-        return {}, f"parameters cell of {path.name} is not valid Python: {exc}"
-    params: dict[str, Any] = {}
-    for node in tree.body:
-        targets: list[ast.expr] = []
-        value: ast.expr | None = None
-        if isinstance(node, ast.Assign):
-            targets, value = node.targets, node.value
-        elif isinstance(node, ast.AnnAssign):
-            targets, value = [node.target], node.value
-        for target in targets:
-            if isinstance(target, ast.Name):
-                try:
-                    params[target.id] = ast.literal_eval(value) if value is not None else None
-                except ValueError:
-                    params[target.id] = None
-    return params, None
+        return parse_parameters(_cell_source(cells[0]), f"parameters cell of {path.name}"), None
+    except ValueError as exc:
+        return {}, str(exc)
 
 
 def find_notebooks(directory: Path) -> dict[str, NotebookInfo]:
@@ -129,6 +153,29 @@ def check_params(nb: NotebookInfo, params: Mapping[str, Any]) -> None:
         raise ReportInputError(
             f"parameter {unknown[0]!r} is not declared by {nb.stem} (its parameters cell declares: {declared})"
         )
+
+
+def check_runner_owned(params: Mapping[str, Any], command: str = "report") -> None:
+    """Refuse ``-p`` values for parameters the runner sets itself (they would be silently replaced).
+
+    >>> check_runner_owned({"num_devices": 0})  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    shardlab.report.notebooks.ReportInputError: -p num_devices 0: ... set by the runner from --num-devices ...
+    """
+    for name, value in params.items():
+        option = RUNNER_OWNED.get(name)
+        if option is None:
+            continue
+        shown = " ".join(str(v) for v in value) if isinstance(value, list) and command == "sweep" else value
+        if name == "results_dir":
+            where = ("each point's records go to <--out>/points/<point>/records" if command == "sweep"
+                     else "the records go to <--out>/records")
+            raise ReportInputError(f"-p results_dir {shown}: results_dir is set by the {command} itself ({where}); "
+                                   "choose the directory with --out")
+        how = ("use --num-devices N [N ...] to run (or sweep) device counts" if command == "sweep"
+               else "use --num-devices N instead")
+        raise ReportInputError(f"-p {name} {shown}: {name} is set by the runner from {option} (the {command} "
+                               f"passes {option} to every notebook, replacing any -p value); {how}")
 
 
 def parse_value(text: str) -> Any:

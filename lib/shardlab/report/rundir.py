@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from shardlab.report.datatypes import ROOT, NotebookResult, ReportOptions
 from shardlab.report.notebooks import ReportInputError
 
 RUN_SCHEMA = "shardlab.report-run/1"
-ROOT = Path(__file__).resolve().parents[3]
 
 
 def prepare_out_dir(out: Path, force: bool) -> None:
@@ -45,7 +45,7 @@ def default_out() -> Path:
     return ROOT / "out" / "reports" / time.strftime("%Y%m%d-%H%M%S", time.gmtime())
 
 
-def host_env(options: Any) -> dict[str, Any]:
+def host_env(options: ReportOptions) -> dict[str, Any]:
     env: dict[str, Any] = {"profile": options.profile, "device": options.device, "num_devices": options.num_devices,
                            "python": sys.version.split()[0], "platform": platform.platform(),
                            "machine": platform.machine()}
@@ -57,7 +57,7 @@ def host_env(options: Any) -> dict[str, Any]:
     return env
 
 
-def write_manifest(out: Path, options: Any, started: float, results: list[Any] | None,
+def write_manifest(out: Path, options: ReportOptions, started: float, results: list[NotebookResult] | None,
                    exit_status: int | None) -> None:
     data = {"schema": RUN_SCHEMA, "started": started, "finished": time.time() if results is not None else None,
             "argv": sys.argv, "profile": options.profile, "exit_status": exit_status,

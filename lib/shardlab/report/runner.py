@@ -7,117 +7,56 @@ One report run owns one output directory::
     DIR/run.json                  manifest (marks the directory as a shardlab run; written first and last)
     DIR/index.html                the self-contained report
     DIR/notebooks/NN.ipynb|.html  executed notebooks and their HTML (plotly from DIR/notebooks/plotly.min.js)
-    DIR/records/NN.json           the records (``results_dir`` of every notebook), NN.xla.json compile totals
-    DIR/logs/NN.log               papermill output; NN.params.json the parameters passed
+    DIR/records/NN.json           the records (``results_dir`` of every notebook); NN.xla.json what the runner's
+                                  epilogue read from torch_xla (compile / execute totals, compile counters)
+    DIR/logs/NN.log               papermill output; NN.params.json the parameters passed; worker-N.log what
+                                  the worker processes and their kernels printed outside cells
     DIR/sweeps/                   tables of the report's sweeps
 
-Steps: validate every input (notebook names, parameters against each parameters cell, the out directory,
-the baseline file) before any kernel starts -> execute (``execute.run_many``: progress bar, per-notebook
-timeout, failures do not stop the run) -> classify each notebook -> compare with
-``data/baselines/<profile>.json`` -> optional sweeps -> HTML. Exit status (issue 6): 0 all good, 1 a
-notebook failed (error, timeout, failed check, missing record) or a structural regression, 2 the runner
-itself failed (bad input, unusable baseline, internal error).
+Steps: validate every input (notebook names, parameters against each parameters cell, no ``-p`` for what
+the runner sets itself, the out directory, the baseline file) before any kernel starts -> execute (one
+``pool.Pool`` of ``--jobs`` kernels, progress bar, per-notebook timeout, failures do not stop the run) ->
+classify each notebook as it finishes, render its HTML in a background thread and queue its sweep points
+(``sweeps_config``) into the same pool, so sweeps fill the cores while the last notebooks run -> compare
+with ``data/baselines/<profile>.json`` -> HTML. Exit codes: ``datatypes.EXIT_*``.
+
+Timings stay comparable with the baseline: every notebook still runs in a fresh kernel of its own, started
+the same way, with at most ``--jobs`` kernels busy at any time (a sweep point's kernel counts as one, like the
+notebook it replaces), so each notebook's wall and compile time are measured under the same load as when
+the baseline was recorded. Sweep points share kernels (see ``pool``); the baseline never compares them.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from shardlab.report import baseline as bl
-from shardlab.report import execute, nbhtml
+from shardlab.report import nbhtml
+from shardlab.report.datatypes import ROOT, RUNNER_WALL, NotebookResult, Report, ReportOptions
+from shardlab.report.execute import Execution, prepare_input, read_xla_totals
+from shardlab.report.html import write_report
 from shardlab.report.notebooks import (
     REQUIRED_PARAMETERS,
     NotebookInfo,
     ReportInputError,
     check_params,
+    check_runner_owned,
     find_notebooks,
     select,
 )
-from shardlab.report.rundir import ROOT, default_out, host_env, prepare_out_dir, write_manifest
+from shardlab.report.pool import Pool, Task
+from shardlab.report.rundir import default_out, host_env, prepare_out_dir, write_manifest
+from shardlab.report.sweeps_config import ReportSweeps
 
-EXIT_OK, EXIT_FAILED, EXIT_RUNNER = 0, 1, 2
-RUNNER_WALL = "report.notebook.wall_s"       # timing rows the runner adds to each notebook
-RUNNER_COMPILE = "report.notebook.xla_compile_s"
-
-
-@dataclass
-class ReportOptions:
-    notebooks_dir: Path = ROOT / "notebooks"
-    out: Path | None = None                    # None: out/reports/<UTC time>, with out/reports/latest
-    num_devices: int = 8
-    device: str = "cpu"                        # cpu | tpu
-    only: list[str] | None = None
-    params: dict[str, Any] = field(default_factory=dict)   # extra -p values for every selected notebook
-    timeout_s: float = 600.0
-    jobs: int = 1
-    force: bool = False
-    update_baseline: bool = False
-    baseline_dir: Path = ROOT / "data" / "baselines"
-    sweeps: bool = True
-    sweep_cache: Path = ROOT / "out" / "sweeps"
-    sweep_jobs: int = 2
-
-    @property
-    def profile(self) -> str:
-        return f"{self.device}-{self.num_devices}"
-
-
-@dataclass
-class NotebookResult:
-    stem: str
-    status: str                                # passed | failed | timeout | regressed
-    reasons: list[str]
-    execution: execute.Execution | None
-    record: dict[str, Any] | None
-    xla: dict[str, Any]
-    html: str | None                           # path relative to the report dir
-    diffs: list[bl.Diff] = field(default_factory=list)
-    param_changes: dict[str, Any] = field(default_factory=dict)
-    compared: bool = False                     # a baseline entry existed for this notebook
-
-    @property
-    def compile_s(self) -> float | None:
-        ct = self.xla.get("CompileTime")
-        return float(ct["total_s"]) if ct else None
-
-    def runner_timings(self, device: str) -> dict[str, dict[str, Any]]:
-        """Wall and compile time of this notebook as baseline timing rows (single samples)."""
-        out: dict[str, dict[str, Any]] = {}
-        if self.execution is not None:
-            w = self.execution.wall_s
-            out[f"{RUNNER_WALL} [timer]"] = {"median": w, "min": w, "max": w, "n": 1, "unit": "s", "device": device}
-        if self.compile_s is not None:
-            c = self.compile_s
-            out[f"{RUNNER_COMPILE} [metrics]"] = {"median": c, "min": c, "max": c, "n": 1, "unit": "s",
-                                                 "device": device}
-        return out
-
-
-@dataclass
-class Report:
-    options: ReportOptions
-    out: Path
-    started: float
-    finished: float
-    results: list[NotebookResult]
-    baseline_path: Path
-    baseline_state: str                        # "compared" | "none" | "updated" | "reset"
-    env: dict[str, Any]
-    sweeps: list[Any] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def exit_status(self) -> int:
-        """1 if a notebook did not pass or a sweep point failed (a failed check is a failed check)."""
-        ok = all(r.status == "passed" for r in self.results) and not any(s.failed_points for s in self.sweeps)
-        return EXIT_OK if ok else EXIT_FAILED
+__all__ = ["ROOT", "NotebookResult", "Report", "ReportOptions", "run_report"]
 
 
 def validate_inputs(options: ReportOptions) -> list[NotebookInfo]:
     """Everything that can be wrong before a kernel starts; raises ReportInputError."""
+    check_runner_owned(options.params, "report")
     if options.device not in ("cpu", "tpu"):
         raise ReportInputError(f"--device {options.device!r} must be 'cpu' or 'tpu'")
     if options.num_devices < 1:
@@ -126,6 +65,8 @@ def validate_inputs(options: ReportOptions) -> list[NotebookInfo]:
         raise ReportInputError(f"--timeout {options.timeout_s} must be > 0 seconds")
     if options.jobs < 1:
         raise ReportInputError(f"--jobs {options.jobs} must be >= 1")
+    if options.sweep_jobs < 1:
+        raise ReportInputError(f"--sweep-jobs {options.sweep_jobs} must be >= 1")
     if options.device == "tpu":
         from shardlab.runtime import tpu_present
 
@@ -141,7 +82,7 @@ def validate_inputs(options: ReportOptions) -> list[NotebookInfo]:
     return chosen
 
 
-def classify(nb: NotebookInfo, ex: execute.Execution | None, record: dict[str, Any] | None,
+def classify(nb: NotebookInfo, ex: Execution | None, record: dict[str, Any] | None,
              record_error: str | None) -> tuple[str, list[str]]:
     reasons: list[str] = []
     status = "passed"
@@ -173,44 +114,76 @@ def _load_record(path: Path) -> tuple[dict[str, Any] | None, str | None]:
         return None, f"record {path.name} unreadable: {exc}"
 
 
-def execute_all(options: ReportOptions, chosen: list[NotebookInfo], out: Path) -> list[NotebookResult]:
-    records_dir, nb_dir, logs = out / "records", out / "notebooks", out / "logs"
-    env = {"PJRT_DEVICE": options.device.upper()}
-    tasks: list[execute.Task] = []
-    missing_required: dict[str, str] = {}
-    for nb in chosen:
-        lacking = [p for p in REQUIRED_PARAMETERS if p not in nb.parameters]
-        if lacking:
-            missing_required[nb.stem] = (f"the parameters cell does not declare {', '.join(lacking)} "
-                                         "(every notebook must: design.md 'Notebook parameters')")
-            continue
-        params = {**options.params, "num_devices": options.num_devices, "results_dir": str(records_dir)}
-        src = execute.prepare_input(nb.path, logs / f"{nb.stem}.input.ipynb")
-        tasks.append(execute.Task(nb.stem, nb.stem, src, nb_dir / f"{nb.stem}.ipynb", logs / f"{nb.stem}.log",
-                                  params, nb.path.parent, env))
+def notebook_task(options: ReportOptions, nb: NotebookInfo, out: Path) -> Task:
+    """The notebook with the runner's cells, its -p values and the runner's own num_devices / results_dir."""
+    params = {**options.params, "num_devices": options.num_devices, "results_dir": str(out / "records")}
+    src = prepare_input(nb.path, out / "logs" / f"{nb.stem}.input.ipynb")
+    return Task(nb.stem, nb.stem, src, out / "notebooks" / f"{nb.stem}.ipynb", out / "logs" / f"{nb.stem}.log",
+                params, nb.path.parent, {"PJRT_DEVICE": options.device.upper()})
+
+
+def longest_first(options: ReportOptions, chosen: list[NotebookInfo]) -> list[NotebookInfo]:
+    """Start order: the longest notebooks (baseline wall time; unknown = longest) first, so the short ones and
+    the sweep points fill the other cores at the end instead of one long notebook running alone."""
+    try:
+        base = bl.load(options.baseline_dir / f"{options.profile}.json", options.profile) or {}
+    except bl.BaselineError:
+        base = {}
+    key = f"{RUNNER_WALL} [timer]"
+
+    def expected(nb: NotebookInfo) -> float:
+        row = base.get("notebooks", {}).get(nb.stem, {}).get("timing", {}).get(key)
+        return float(row["median"]) if row else float("inf")
+
+    return sorted(chosen, key=expected, reverse=True)
+
+
+def execute_all(options: ReportOptions, chosen: list[NotebookInfo], out: Path,
+                sweeps: ReportSweeps | None = None) -> list[NotebookResult]:
+    """Run every chosen notebook (and, as each finishes, its sweeps) in one pool; results in suite order."""
+    records_dir, nb_dir = out / "records", out / "notebooks"
     records_dir.mkdir(parents=True, exist_ok=True)
-    done = {t.stem: ex for t, ex in zip(tasks, execute.run_many(tasks, jobs=options.jobs,
-                                                               timeout_s=options.timeout_s, desc="report"),
-                                        strict=True)}
     plotly_js = nbhtml.write_plotly_js(nb_dir / "plotly.min.js")
-    results = []
-    for nb in chosen:
-        ex = done.get(nb.stem)
-        if ex is None:
-            results.append(NotebookResult(nb.stem, "failed", [missing_required[nb.stem]], None, None, {}, None))
-            continue
-        record, record_error = _load_record(records_dir / f"{nb.stem}.json")
-        status, reasons = classify(nb, ex, record, record_error)
-        html = None
-        if ex.executed.exists():
+    pool = Pool(options.jobs, options.timeout_s, "report", limits={"sweep": options.sweep_jobs},
+                kernel_logs=out / "logs")
+    by_stem = {nb.stem: nb for nb in chosen}
+    results: dict[str, NotebookResult] = {}
+    renders: dict[str, Future[Path]] = {}
+
+    def queue_sweeps(stem: str, failed: bool) -> None:
+        for plan in sweeps.plan(stem, failed) if sweeps is not None else []:
+            for t in plan.tasks:
+                pool.submit(t, plan.on_done)
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="nbhtml") as renderer:
+        def done(task: Task, ex: Execution) -> None:
+            nb = by_stem[task.stem]
+            record, record_error = _load_record(records_dir / f"{nb.stem}.json")
+            status, reasons = classify(nb, ex, record, record_error)
+            results[nb.stem] = NotebookResult(nb.stem, status, reasons, ex, record,
+                                              read_xla_totals(records_dir, nb.stem), None)
+            if ex.executed.exists():
+                renders[nb.stem] = renderer.submit(nbhtml.render, ex.executed, nb_dir / f"{nb.stem}.html",
+                                                   plotly_js.name)
+            queue_sweeps(nb.stem, status in ("failed", "timeout"))
+
+        for nb in longest_first(options, chosen):
+            lacking = [p for p in REQUIRED_PARAMETERS if p not in nb.parameters]
+            if lacking:
+                why = (f"the parameters cell does not declare {', '.join(lacking)} (every notebook must: the "
+                       "runner passes them)")
+                results[nb.stem] = NotebookResult(nb.stem, "failed", [why], None, None, {}, None)
+                queue_sweeps(nb.stem, True)
+            else:
+                pool.submit(notebook_task(options, nb, out), done)
+        pool.run()
+        for stem, future in renders.items():
             try:
-                nbhtml.render(ex.executed, nb_dir / f"{nb.stem}.html", plotly_js.name)
-                html = f"notebooks/{nb.stem}.html"
+                future.result()
+                results[stem].html = f"notebooks/{stem}.html"
             except Exception as exc:  # noqa: BLE001 - a broken render must not hide the results
-                reasons.append(f"HTML rendering failed: {exc}")
-        results.append(NotebookResult(nb.stem, status, reasons, ex, record,
-                                      execute.read_xla_totals(records_dir, nb.stem), html))
-    return results
+                results[stem].reasons.append(f"HTML rendering failed: {exc}")
+    return [results[nb.stem] for nb in chosen]
 
 
 def apply_baseline(options: ReportOptions, results: list[NotebookResult], env: dict[str, Any],
@@ -261,21 +234,17 @@ def run_report(options: ReportOptions) -> Report:
     started = time.time()
     write_manifest(out, options, started, None, None)
     env = host_env(options)
-    results = execute_all(options, chosen, out)
+    sweeps = ReportSweeps(options, out, [nb.stem for nb in chosen]) if options.sweeps else None
+    results = execute_all(options, chosen, out, sweeps)
     for r in results:
         if r.record and r.record.get("env"):
             env.setdefault("notebook_env", r.record["env"])
     notes: list[str] = []
     path, state = apply_baseline(options, results, env, notes)
     report = Report(options, out, started, time.time(), results, path, state, env, notes=notes)
-    if options.sweeps:
-        from shardlab.report.sweeps_config import run_report_sweeps
-
-        failed = frozenset(r.stem for r in results if r.status in ("failed", "timeout"))
-        report.sweeps = run_report_sweeps(options, out, [r.stem for r in results], failed)
+    if sweeps is not None:
+        report.sweeps = sweeps.summaries()
     report.finished = time.time()
-    from shardlab.report.html import write_report
-
     write_report(report, out / "index.html")
     write_manifest(out, options, started, results, report.exit_status)
     if options.out is None:

@@ -6,13 +6,21 @@ A sweep directory belongs to one notebook::
 
     DIR/sweep.json                  {"schema", "notebook"} (a directory of another notebook is refused)
     DIR/points/<slug>/              one grid point: executed notebook, log, records/, point.json
+    DIR/kernels/worker-N.log        what the worker processes and their kernels printed outside cells
     DIR/table.csv (+ .parquet)      long table: one row per (point, measurement row of its record)
     DIR/charts.html                 plotly: any measurement vs any swept parameter (dropdown), offline
 
 A point is *complete* when its ``point.json`` says ``passed`` and its fingerprint still matches: SHA-256
 of the notebook file, the full parameter dict, the torch / torch_xla versions and the shardlab sources
 (excluding ``report/``). Complete points are never re-run; failed, interrupted or stale points are.
-Points run in parallel (``jobs``; each 8-device CPU kernel needs ~1 GB).
+
+Points of one device count run one after another in a shared kernel (``pool``): the ~7 s of kernel start
+and torch / torch_xla imports are paid once per kernel, not once per point. Each point's ``point.json``
+keeps its ``kernel_run`` and compile counters (``xla``: ``CachedCompile`` / ``UncachedCompile``); a point
+of a shared kernel is accepted only with ``CachedCompile == 0`` (nothing served from a compile cache),
+otherwise it runs again in a fresh kernel (``rerun`` says why). ``jobs`` kernels run at once (each 8-device
+CPU kernel needs ~1 GB). The runner owns ``num_devices`` and ``results_dir``: ``--num-devices`` (one count,
+or several to sweep it) and ``--out`` set them, never ``-p``.
 
 Measurement names that encode a parameter (``scan.compile_s.loop.L8``) can be split with ``name_params``
 (``{"L": r"\\.L(\\d+)$"}``): the row gets an ``L`` column and the name loses the suffix, so "compile time vs
@@ -34,8 +42,15 @@ from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
-from shardlab.report import execute
-from shardlab.report.notebooks import REQUIRED_PARAMETERS, NotebookInfo, ReportInputError, check_params
+from shardlab.report.execute import Execution, prepare_input, read_xla_totals
+from shardlab.report.notebooks import (
+    REQUIRED_PARAMETERS,
+    NotebookInfo,
+    ReportInputError,
+    check_params,
+    check_runner_owned,
+)
+from shardlab.report.pool import Pool, Task
 
 SWEEP_SCHEMA = "shardlab.sweep/1"
 PKG = Path(__file__).resolve().parents[1]
@@ -50,6 +65,8 @@ class Point:
     wall_s: float | None = None
     message: str = ""
     record: dict[str, Any] | None = None
+    kernel_run: int | None = None   # 1: ran first in its kernel (a fresh one); n: n-th run in a shared kernel
+    rerun: str = ""                 # why it ran again in a fresh kernel ("" if it did not)
 
 
 @dataclass
@@ -64,6 +81,7 @@ class SweepResult:
     charts: Path | None
     wall_s: float
     figures: list[Any] = field(default_factory=list)
+    kernels: int = 0                # kernels started for the points run now
 
     @property
     def ran(self) -> int:
@@ -100,16 +118,24 @@ def grid(axes: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
     return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*(axes[n] for n in names))]
 
 
-def validate(nb: NotebookInfo, axes: Mapping[str, Sequence[Any]], base: Mapping[str, Any]) -> None:
+def validate(nb: NotebookInfo, axes: Mapping[str, Sequence[Any]], base: Mapping[str, Any],
+             num_devices: Sequence[int] = (8,)) -> None:
+    """Everything that can be wrong with a sweep before a kernel starts; raises ReportInputError."""
+    check_runner_owned({**base, **axes}, "sweep")
     check_params(nb, {**base, **axes})
     lacking = [p for p in REQUIRED_PARAMETERS if p not in nb.parameters]
     if lacking:
         raise ReportInputError(f"{nb.stem} does not declare {', '.join(lacking)} in its parameters cell")
     for name, values in axes.items():
-        if name == "results_dir":
-            raise ReportInputError("results_dir is set by the sweep itself; do not sweep it")
         if len(values) == 0:
             raise ReportInputError(f"-p {name} needs at least one value")
+    if not num_devices:
+        raise ReportInputError("--num-devices needs at least one value")
+    for n in num_devices:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ReportInputError(f"--num-devices {n!r} must be an int >= 1")
+    if len(set(num_devices)) != len(num_devices):
+        raise ReportInputError(f"--num-devices {list(num_devices)} repeats a count")
 
 
 def claim_dir(out: Path, stem: str, force: bool) -> None:
@@ -158,20 +184,65 @@ def seed_point(nb: NotebookInfo, out: Path, values: Mapping[str, Any], params: M
     return True
 
 
-def run_sweep(nb: NotebookInfo, axes: Mapping[str, Sequence[Any]], out: Path, *,
-              base: Mapping[str, Any] | None = None, num_devices: int = 8, device: str = "cpu",
-              jobs: int = 1, timeout_s: float | None = 600.0, force: bool = False,
-              name_params: Mapping[str, str] | None = None, render: bool = True) -> SweepResult:
-    """Run (or resume) the sweep; returns the table and charts. Raises ReportInputError on bad input."""
-    base = {"num_devices": num_devices, **(base or {})}
+@dataclass
+class SweepPlan:
+    """A sweep ready to run: its points (cached ones already filled in) and the tasks for the others."""
+
+    nb: NotebookInfo
+    out: Path
+    axes: dict[str, list[Any]]
+    points: list[Point]
+    tasks: list[Task]
+    name_params: dict[str, str]
+    started: float
+
+    def on_done(self, task: Task, ex: Execution) -> None:
+        """Record a finished point (status, wall time, kernel and compile counters) in its point.json."""
+        p = next(p for p in self.points if p.dir.name == task.key)
+        rec_path = p.dir / "records" / f"{self.nb.stem}.json"
+        p.record = json.loads(rec_path.read_text()) if rec_path.exists() else None
+        bad_checks = p.record is not None and any(not c.get("ok") for c in p.record.get("checks", []))
+        if ex.ok and p.record is not None and p.record.get("status") == "passed" and not bad_checks:
+            p.status = "passed"
+        else:
+            p.status = "timeout" if ex.failure and ex.failure.kind == "timeout" else "failed"
+            p.message = ex.failure.message if ex.failure else "no passing record"
+        p.wall_s, p.kernel_run, p.rerun = ex.wall_s, ex.kernel_run, ex.rerun
+        xla = read_xla_totals(p.dir / "records", self.nb.stem)
+        meta = json.loads((p.dir / "point.json").read_text())
+        meta.update(status=p.status, wall_s=ex.wall_s, message=p.message, kernel_run=ex.kernel_run,
+                    rerun=ex.rerun, xla=xla)
+        (p.dir / "point.json").write_text(json.dumps(meta))
+
+    @property
+    def kernels(self) -> int:
+        """Kernels the points started (a point that ran first in its kernel started one)."""
+        return sum(1 for p in self.points if p.kernel_run == 1)
+
+
+def plan_sweep(nb: NotebookInfo, axes: Mapping[str, Sequence[Any]], out: Path, *,
+               base: Mapping[str, Any] | None = None, num_devices: int | Sequence[int] = 8, device: str = "cpu",
+               force: bool = False, name_params: Mapping[str, str] | None = None) -> SweepPlan:
+    """Validate, claim ``out``, find the completed points and make a task for every other one.
+
+    ``num_devices`` is the runner's (``--num-devices``): one count, or several to sweep it (an axis of its own;
+    each count is a separate device world, so its points never share a kernel with another count's).
+    """
+    counts = [num_devices] if isinstance(num_devices, int) else list(num_devices)
+    validate(nb, axes, base or {}, counts)
+    axes = dict(axes)
+    fixed = dict(base or {})
+    if len(counts) > 1:
+        axes = {"num_devices": counts, **axes}
+    else:
+        fixed = {"num_devices": counts[0], **fixed}
     out = out.resolve()                                  # kernels run in notebooks/: every path absolute
-    validate(nb, axes, base)
     claim_dir(out, nb.stem, force)
     started = time.monotonic()
     nb_sha, code = nb.sha256, code_fingerprint()
     points, tasks = [], []
     for values in grid(axes):
-        params = {**base, **values}
+        params = {**fixed, **values}
         point = Point(values, params, out / "points" / slug(values))
         fp = _fingerprint(nb_sha, code, params)
         meta = point.dir / "point.json"
@@ -184,34 +255,21 @@ def run_sweep(nb: NotebookInfo, axes: Mapping[str, Sequence[Any]], out: Path, *,
         if point.status != "cached":
             if point.dir.exists():
                 shutil.rmtree(point.dir)
-            src = execute.prepare_input(nb.path, point.dir / "input.ipynb")
-            tasks.append(execute.Task(slug(values), nb.stem, src, point.dir / f"{nb.stem}.ipynb",
-                                      point.dir / "papermill.log",
-                                      {**params, "results_dir": str(point.dir / "records")}, nb.path.parent,
-                                      {"PJRT_DEVICE": device.upper()}))
+            src = prepare_input(nb.path, point.dir / "input.ipynb")
+            tasks.append(Task(slug(values), nb.stem, src, point.dir / f"{nb.stem}.ipynb", point.dir / "papermill.log",
+                              {**params, "results_dir": str(point.dir / "records")}, nb.path.parent,
+                              {"PJRT_DEVICE": device.upper()}, reuse=True, group="sweep"))
             point.dir.mkdir(parents=True, exist_ok=True)
             meta.write_text(json.dumps({"fingerprint": fp, "status": "running", "params": params}))
         points.append(point)
-    by_slug = {p.dir.name: p for p in points}
+    return SweepPlan(nb, out, {k: list(v) for k, v in axes.items()}, points, tasks, dict(name_params or {}),
+                     started)
 
-    def done(task: execute.Task, ex: execute.Execution) -> None:
-        p = by_slug[task.key]
-        rec_path = p.dir / "records" / f"{nb.stem}.json"
-        p.record = json.loads(rec_path.read_text()) if rec_path.exists() else None
-        bad_checks = p.record is not None and any(not c.get("ok") for c in p.record.get("checks", []))
-        if ex.ok and p.record is not None and p.record.get("status") == "passed" and not bad_checks:
-            p.status = "passed"
-        else:
-            p.status = "timeout" if ex.failure and ex.failure.kind == "timeout" else "failed"
-            p.message = ex.failure.message if ex.failure else "no passing record"
-        p.wall_s = ex.wall_s
-        meta = json.loads((p.dir / "point.json").read_text())
-        meta.update(status=p.status, wall_s=ex.wall_s, message=p.message)
-        (p.dir / "point.json").write_text(json.dumps(meta))
 
-    if tasks:
-        execute.run_many(tasks, jobs=jobs, timeout_s=timeout_s, desc=f"sweep {nb.stem}", on_done=done)
-    frame = table(points, list(axes), name_params)
+def finish_sweep(plan: SweepPlan, render: bool = True) -> SweepResult:
+    """Write the long table (CSV, parquet when pyarrow is there) and, with ``render``, the charts page."""
+    frame = table(plan.points, list(plan.axes), plan.name_params)
+    out = plan.out
     csv = out / "table.csv"
     frame.to_csv(csv, index=False)
     parquet = None
@@ -222,15 +280,34 @@ def run_sweep(nb: NotebookInfo, axes: Mapping[str, Sequence[Any]], out: Path, *,
         frame.to_parquet(parquet, index=False)
     except ImportError:
         pass
-    result = SweepResult(nb.stem, out, {k: list(v) for k, v in axes.items()}, points, frame, csv, parquet, None,
-                         time.monotonic() - started)
+    result = SweepResult(plan.nb.stem, out, plan.axes, plan.points, frame, csv, parquet, None,
+                         time.monotonic() - plan.started, kernels=plan.kernels)
     if render:
         from shardlab.report.sweep_charts import charts, write_charts
 
-        xs = [a for a in axes if len(axes[a]) > 1] + list(name_params or {})
+        xs = [a for a in plan.axes if len(plan.axes[a]) > 1] + list(plan.name_params)
         result.figures = [fig for x in xs for fig in charts(frame, x)]
-        result.charts = write_charts(result.figures, out / "charts.html", f"sweep of {nb.stem}")
+        result.charts = write_charts(result.figures, out / "charts.html", f"sweep of {plan.nb.stem}")
     return result
+
+
+def run_sweep(nb: NotebookInfo, axes: Mapping[str, Sequence[Any]], out: Path, *,
+              base: Mapping[str, Any] | None = None, num_devices: int | Sequence[int] = 8, device: str = "cpu",
+              jobs: int = 1, timeout_s: float | None = 600.0, force: bool = False,
+              name_params: Mapping[str, str] | None = None, render: bool = True) -> SweepResult:
+    """Run (or resume) the sweep; returns the table and charts. Raises ReportInputError on bad input.
+
+    Points of one device count share kernels (see ``pool``: each point's compile counters prove no point
+    was served by another point's compile cache, or the point runs again in a fresh kernel).
+    """
+    plan = plan_sweep(nb, axes, out, base=base, num_devices=num_devices, device=device, force=force,
+                      name_params=name_params)
+    if plan.tasks:
+        pool = Pool(jobs, timeout_s, f"sweep {nb.stem}", kernel_logs=plan.out / "kernels")
+        for t in plan.tasks:
+            pool.submit(t, plan.on_done)
+        pool.run()
+    return finish_sweep(plan, render)
 
 
 def table(points: Sequence[Point], axis_names: Sequence[str], name_params: Mapping[str, str] | None = None) -> Any:

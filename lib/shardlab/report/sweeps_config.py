@@ -4,25 +4,29 @@ Design note
 -----------
 Each spec names a notebook, a small grid and what to chart. A spec whose notebook does not exist (yet), or
 does not declare a swept parameter, is skipped with the reason shown in the report — never an error.
-Sweep points are cached across report runs in ``out/sweeps/<name>/`` (see ``sweep.py``: a point is reused
-only while the notebook, the library sources, the parameters and torch/torch_xla versions are unchanged),
-and a point whose parameters equal the report's own run of the notebook is taken from that run instead of
-being executed again.
+Sweep points are cached across report runs in ``out/sweeps/<profile>/<name>/`` (see ``sweep.py``: a point
+is reused only while the notebook, the library sources, the parameters and torch/torch_xla versions are
+unchanged), and a point whose parameters equal the report's own run of the notebook is taken from that run
+instead of being executed again.
+
+:class:`ReportSweeps` follows one report run: when a notebook finishes, :meth:`ReportSweeps.plan` plans its
+sweeps (the runner queues their points into the report's pool, where the points of one sweep share a
+kernel); :meth:`ReportSweeps.summaries` writes the tables and charts once everything has run.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from shardlab.report import sweep as sw
+from shardlab.report.datatypes import ReportOptions, SweepSummary
 from shardlab.report.notebooks import NotebookInfo, ReportInputError, find_notebooks
-
-if TYPE_CHECKING:
-    from shardlab.report.runner import ReportOptions
+from shardlab.report.sweep_charts import charts
 
 
 @dataclass(frozen=True)
@@ -58,19 +62,6 @@ REPORT_SWEEPS: tuple[SweepSpec, ...] = (
 )
 
 
-@dataclass
-class SweepSummary:
-    """What the HTML report shows for one spec."""
-
-    title: str
-    skipped: str = ""
-    summary: str = ""
-    figures: list[Any] = field(default_factory=list)
-    links: list[str] = field(default_factory=list)
-    failed_points: int = 0
-    wall_s: float = 0.0
-
-
 def seed_from_report(nb: NotebookInfo, cache: Path, report_out: Path, values: dict[str, Any],
                      params: dict[str, Any]) -> bool:
     """Reuse the report's own execution for the point ``values`` if it passed (it ran with ``params``)."""
@@ -83,60 +74,107 @@ def seed_from_report(nb: NotebookInfo, cache: Path, report_out: Path, values: di
     return sw.seed_point(nb, cache, values, params, record, report_out / "notebooks" / f"{nb.stem}.ipynb")
 
 
-def run_report_sweeps(options: ReportOptions, report_out: Path, executed: list[str],
-                      failed: frozenset[str] = frozenset()) -> list[SweepSummary]:
-    notebooks = find_notebooks(options.notebooks_dir)
-    out: list[SweepSummary] = []
-    for spec in REPORT_SWEEPS:
-        s = SweepSummary(spec.title)
-        out.append(s)
-        nb = notebooks.get(spec.notebook)
-        if nb is None:
-            s.skipped = f"notebook {spec.notebook} does not exist yet"
-            continue
-        if spec.notebook not in executed:
-            s.skipped = f"{spec.notebook} is not part of this run (--only, or it appeared after the run started)"
-            continue
-        if spec.notebook in failed:
-            s.skipped = f"{spec.notebook} failed in this run at its default parameters; fix it first"
-            continue
-        cache = options.sweep_cache / options.profile / spec.name
-        try:
-            sw.validate(nb, spec.axes, spec.params)
-            base = {"num_devices": options.num_devices, **spec.params}
-            defaults = {**nb.parameters, "num_devices": options.num_devices}
-            sw.claim_dir(cache, nb.stem, force=False)
-            for values in sw.grid(spec.axes):
-                full = {**base, **values}
-                if all(defaults.get(k) == v for k, v in full.items()):
-                    seed_from_report(nb, cache, report_out, values, full)
-            res = sw.run_sweep(nb, spec.axes, cache, base=spec.params, num_devices=options.num_devices,
-                               device=options.device, jobs=options.sweep_jobs, timeout_s=options.timeout_s,
-                               name_params=spec.name_params, render=False)
-        except ReportInputError as exc:
-            s.skipped = str(exc)
-            continue
-        frame = res.frame
-        for name, op, a, b, unit in spec.derived:
-            frame = sw.add_derived(frame, name, op, a, b, unit)
-        names = sw.match_names(frame, spec.y)
-        from shardlab.report.sweep_charts import charts
+@dataclass
+class _Item:
+    spec: SweepSpec
+    summary: SweepSummary
+    plan: sw.SweepPlan | None = None
+    seeded: int = 0
 
-        s.figures = charts(frame, spec.x, names, spec.title) if names else []
-        bad = [p for p in res.points if p.status in ("failed", "timeout")]
-        s.failed_points = len(bad)
-        s.wall_s = res.wall_s
-        s.summary = (f"{len(res.points)} point(s) of {spec.notebook} over "
-                     f"{', '.join(f'{k}={v}' for k, v in spec.axes.items()) or 'its defaults'}: "
-                     f"{res.ran} run now, {len(res.points) - res.ran} reused, {len(bad)} failed"
-                     + (" (" + "; ".join(f"{p.dir.name}: {p.message}" for p in bad) + ")" if bad else "")
-                     + f"; {res.wall_s:.1f} s.")
-        if not names:
-            s.summary += f" No measurement matches {list(spec.y)}."
-        dest = report_out / "sweeps" / f"{spec.name}.csv"
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        frame.to_csv(dest, index=False)
-        if res.parquet is not None:
-            shutil.copy(res.parquet, dest.with_suffix(".parquet"))
-        s.links = [f"sweeps/{spec.name}.csv"]
-    return out
+
+class ReportSweeps:
+    """The report's sweeps over one report run."""
+
+    def __init__(self, options: ReportOptions, report_out: Path, executed: Iterable[str]) -> None:
+        self.options, self.report_out = options, report_out
+        self.notebooks = find_notebooks(options.notebooks_dir)
+        self.items = [_Item(spec, SweepSummary(spec.title)) for spec in REPORT_SWEEPS]
+        chosen = set(executed)
+        for item in self.items:
+            if item.spec.notebook not in self.notebooks:
+                item.summary.skipped = f"notebook {item.spec.notebook} does not exist yet"
+            elif item.spec.notebook not in chosen:
+                item.summary.skipped = (f"{item.spec.notebook} is not part of this run (--only, or it appeared "
+                                        "after the run started)")
+
+    def plan(self, stem: str, failed: bool) -> list[sw.SweepPlan]:
+        """Plan the sweeps of notebook ``stem``, which just finished in this run (nothing if it failed)."""
+        plans = []
+        for item in self.items:
+            if item.spec.notebook != stem or item.summary.skipped:
+                continue
+            if failed:
+                item.summary.skipped = f"{stem} failed in this run at its default parameters; fix it first"
+                continue
+            try:
+                item.plan, item.seeded = self._plan(item.spec)
+            except ReportInputError as exc:
+                item.summary.skipped = str(exc)
+                continue
+            plans.append(item.plan)
+        return plans
+
+    def _plan(self, spec: SweepSpec) -> tuple[sw.SweepPlan, int]:
+        o = self.options
+        nb = self.notebooks[spec.notebook]
+        cache = o.sweep_cache / o.profile / spec.name
+        sw.validate(nb, spec.axes, spec.params)
+        base = {"num_devices": o.num_devices, **spec.params}
+        defaults = {**nb.parameters, "num_devices": o.num_devices}
+        sw.claim_dir(cache, nb.stem, force=False)
+        seeded = 0
+        for values in sw.grid(spec.axes):
+            full = {**base, **values}
+            if all(defaults.get(k) == v for k, v in full.items()):
+                seeded += seed_from_report(nb, cache, self.report_out, values, full)
+        return sw.plan_sweep(nb, spec.axes, cache, base=spec.params, num_devices=o.num_devices, device=o.device,
+                             name_params=spec.name_params), seeded
+
+    def summaries(self) -> list[SweepSummary]:
+        """Tables, charts and one line per sweep, once every point has run."""
+        for item in self.items:
+            spec, s, plan = item.spec, item.summary, item.plan
+            if plan is None:
+                s.skipped = s.skipped or f"{spec.notebook} did not finish in this run"
+                continue
+            res = sw.finish_sweep(plan, render=False)
+            frame = res.frame
+            for name, op, a, b, unit in spec.derived:
+                frame = sw.add_derived(frame, name, op, a, b, unit)
+            names = sw.match_names(frame, spec.y)
+            s.figures = charts(frame, spec.x, names, spec.title) if names else []
+            bad = [p for p in res.points if p.status in ("failed", "timeout")]
+            s.failed_points = len(bad)
+            s.wall_s = res.wall_s
+            s.summary = (f"{len(res.points)} point(s) of {spec.notebook} over "
+                         f"{', '.join(f'{k}={v}' for k, v in spec.axes.items()) or 'its defaults'}: "
+                         f"{res.ran} run now, {len(res.points) - res.ran} reused, {len(bad)} failed"
+                         + (" (" + "; ".join(f"{p.dir.name}: {p.message}" for p in bad) + ")" if bad else "")
+                         + "." + kernel_note(res.points, res.kernels))
+            if not names:
+                s.summary += f" No measurement matches {list(spec.y)}."
+            dest = self.report_out / "sweeps" / f"{spec.name}.csv"
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            frame.to_csv(dest, index=False)
+            if res.parquet is not None:
+                shutil.copy(res.parquet, dest.with_suffix(".parquet"))
+            s.links = [f"sweeps/{spec.name}.csv"]
+        return [item.summary for item in self.items]
+
+
+def kernel_note(points: list[sw.Point], kernels: int) -> str:
+    """How the points run now used their kernels, and what the compile-cache guard saw."""
+    ran = [p for p in points if p.kernel_run is not None]
+    if not ran:
+        return ""
+    shared = [p for p in ran if p.kernel_run and p.kernel_run > 1]
+    kernel_s = sum(p.wall_s or 0.0 for p in ran)
+    note = f" {len(ran)} point(s) in {kernels} kernel(s), {kernel_s:.1f} s of kernel time"
+    if shared:
+        note += (f"; {len(shared)} ran in a shared kernel with no compile served from torch_xla's cache "
+                 "(CachedCompile = 0)")
+    reruns = [p for p in ran if p.rerun]
+    if reruns:
+        note += f"; {len(reruns)} re-run in a fresh kernel (" + "; ".join(f"{p.dir.name}: {p.rerun}"
+                                                                          for p in reruns) + ")"
+    return note + "."

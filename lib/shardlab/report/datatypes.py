@@ -1,0 +1,115 @@
+"""The report's data types: what a run is asked to do, what each notebook and sweep gave, and the whole report.
+
+Design note
+-----------
+Everything else in ``shardlab.report`` imports these types *downward*: ``runner`` fills them, ``rundir``
+writes the manifest from them, ``html`` renders them, ``sweeps_config`` returns :class:`SweepSummary` rows.
+This module imports only the lower layers it names in its fields (``execute.Execution``,
+``baseline.Diff``), so the package has no import cycle. The exit codes live here once; the CLI
+(``shardlab/__main__.py``) and :attr:`Report.exit_status` both use them:
+
+    EXIT_OK      0  every notebook passed, no structural regression, no failed sweep point
+    EXIT_FAILED  1  a notebook failed (error, timeout, failed check, missing record), a structural value
+                    regressed against the baseline, or a sweep point failed
+    EXIT_RUNNER  2  the runner itself failed (bad input, unusable baseline, internal error)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from shardlab.report.baseline import Diff
+from shardlab.report.execute import Execution
+
+EXIT_OK, EXIT_FAILED, EXIT_RUNNER = 0, 1, 2
+ROOT = Path(__file__).resolve().parents[3]     # the repository: notebooks/, data/, out/
+RUNNER_WALL = "report.notebook.wall_s"         # timing rows the runner adds to each notebook
+RUNNER_COMPILE = "report.notebook.xla_compile_s"
+
+
+@dataclass
+class ReportOptions:
+    notebooks_dir: Path = ROOT / "notebooks"
+    out: Path | None = None                    # None: out/reports/<UTC time>, with out/reports/latest
+    num_devices: int = 8
+    device: str = "cpu"                        # cpu | tpu
+    only: list[str] | None = None
+    params: dict[str, Any] = field(default_factory=dict)   # extra -p values for every selected notebook
+    timeout_s: float = 600.0
+    jobs: int = 1                              # kernels at a time (notebooks and sweep points share them)
+    force: bool = False
+    update_baseline: bool = False
+    baseline_dir: Path = ROOT / "data" / "baselines"
+    sweeps: bool = True
+    sweep_cache: Path = ROOT / "out" / "sweeps"
+    sweep_jobs: int = 2                        # at most this many of the ``jobs`` kernels run sweep points
+
+    @property
+    def profile(self) -> str:
+        return f"{self.device}-{self.num_devices}"
+
+
+@dataclass
+class NotebookResult:
+    stem: str
+    status: str                                # passed | failed | timeout | regressed
+    reasons: list[str]
+    execution: Execution | None
+    record: dict[str, Any] | None
+    xla: dict[str, Any]                        # what the epilogue cell read from torch_xla's metrics
+    html: str | None                           # path relative to the report dir
+    diffs: list[Diff] = field(default_factory=list)
+    param_changes: dict[str, Any] = field(default_factory=dict)
+    compared: bool = False                     # a baseline entry existed for this notebook
+
+    @property
+    def compile_s(self) -> float | None:
+        ct = self.xla.get("CompileTime")
+        return float(ct["total_s"]) if ct else None
+
+    def runner_timings(self, device: str) -> dict[str, dict[str, Any]]:
+        """Wall and compile time of this notebook as baseline timing rows (single samples)."""
+        out: dict[str, dict[str, Any]] = {}
+        if self.execution is not None:
+            w = self.execution.wall_s
+            out[f"{RUNNER_WALL} [timer]"] = {"median": w, "min": w, "max": w, "n": 1, "unit": "s", "device": device}
+        if self.compile_s is not None:
+            c = self.compile_s
+            out[f"{RUNNER_COMPILE} [metrics]"] = {"median": c, "min": c, "max": c, "n": 1, "unit": "s",
+                                                 "device": device}
+        return out
+
+
+@dataclass
+class SweepSummary:
+    """What the HTML report shows for one of the report's sweeps."""
+
+    title: str
+    skipped: str = ""
+    summary: str = ""
+    figures: list[Any] = field(default_factory=list)    # plotly figures
+    links: list[str] = field(default_factory=list)      # paths relative to the report dir
+    failed_points: int = 0
+    wall_s: float = 0.0
+
+
+@dataclass
+class Report:
+    options: ReportOptions
+    out: Path
+    started: float
+    finished: float
+    results: list[NotebookResult]
+    baseline_path: Path
+    baseline_state: str                        # "compared" | "none" | "updated" | "created"
+    env: dict[str, Any]
+    sweeps: list[SweepSummary] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def exit_status(self) -> int:
+        """1 if a notebook did not pass or a sweep point failed (a failed check is a failed check)."""
+        ok = all(r.status == "passed" for r in self.results) and not any(s.failed_points for s in self.sweeps)
+        return EXIT_OK if ok else EXIT_FAILED
