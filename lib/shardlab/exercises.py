@@ -31,16 +31,12 @@ Example::
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
+from shardlab.answer_keys import load_key
 from shardlab.solutions import SOLUTIONS, Solution
-
-ANSWERS_DIR = Path(__file__).resolve().parents[2] / "data" / "answers"
-
 
 __all__ = ["Exercises", "Solution", "load_key", "matches"]
 
@@ -57,15 +53,6 @@ def matches(answer: Any, expected: Any, rel_tol: float = 0.0) -> bool:
         return len(answer) == len(expected) and all(matches(a, e, rel_tol) for a, e in zip(answer, expected,
                                                                                               strict=True))
     return False
-
-
-def load_key(notebook: str) -> dict[str, Any] | None:
-    """The hand-written reference answers of a notebook (``data/answers/<notebook>.json``), or None."""
-    path = ANSWERS_DIR / f"{notebook}.json"
-    if not path.exists():
-        return None
-    key = json.loads(path.read_text())
-    return {k: v for k, v in key.items() if not k.startswith("_")}  # "_source" etc. are comments
 
 
 class Exercises:

@@ -4,7 +4,7 @@ Design
 ------
 A process holds exactly one torch_xla device world (the device count is read once), but the TPU program of a
 4-chip slice needs a graph whose mesh spans 4 devices. :func:`worker_for` starts (once per chip count, reused for
-the life of the parent) ``python -m shardlab.profile.tpu_worker <chips>``: it sets up a ``<chips>``-device CPU
+the life of the parent) ``python -m shardlab.profile.tpu_worker_main <chips>``: it sets up a ``<chips>``-device CPU
 world, then serves requests ``(build, cfg, topology, options)``: it calls ``build(cfg)`` (an importable
 module-level function, pickled by reference, that sets up its mesh on the current world and returns the output
 tensors) and :func:`shardlab.profile.tpu.compile_tensors`, and sends the :class:`TpuCompile` back.
@@ -33,7 +33,6 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 from typing import IO, Any
 
 _HEADER = struct.Struct("<Q")
@@ -84,7 +83,7 @@ class Worker:
         env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split() if not f.startswith("--xla_dump"))
         self.log = tempfile.NamedTemporaryFile(prefix=f"shardlab-tpu-worker-{chips}-", suffix=".log", delete=False)
         t0 = time.perf_counter()
-        self.proc = subprocess.Popen([sys.executable, "-m", "shardlab.profile.tpu_worker", str(chips)],
+        self.proc = subprocess.Popen([sys.executable, "-m", "shardlab.profile.tpu_worker_main", str(chips)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=env)
         self.lock = threading.Lock()
         self.versions = self._reply()[1]  # ("ready", versions) once the world is up
@@ -147,32 +146,3 @@ def close_workers() -> None:
     for w in list(_WORKERS.values()):
         w.close()
     _WORKERS.clear()
-
-
-def main(chips: int) -> None:
-    out = os.fdopen(os.dup(1), "wb")  # private reply stream; fd 1 now shares the log with fd 2
-    os.dup2(2, 1)
-    inp = sys.stdin.buffer
-    from shardlab import runtime
-    from shardlab.profile import tpu
-
-    runtime.setup(num_devices=chips, device="cpu", dump_hlo=False)
-    _send(out, ("ready", tpu.check_backend()))
-    while True:
-        try:
-            data = _recv_bytes(inp)
-        except EOFError:
-            return
-        try:
-            request = pickle.loads(data)  # may fail: the builder's module must import here too
-            if request is None:
-                return
-            build, cfg, topology, options = request
-            outputs = list(build(cfg))
-            _send(out, ("ok", tpu.compile_tensors(outputs, topology, **options)))
-        except BaseException as e:  # reported to the parent, which raises
-            _send(out, ("error", type(e).__name__, str(e), traceback.format_exc()))
-
-
-if __name__ == "__main__":
-    main(int(sys.argv[1]))

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-NOTEBOOK_RE = re.compile(r"^(\d\d)_[A-Za-z0-9_]+$")
+NOTEBOOK_RE = re.compile(r"^(\d\d[a-z]?)_[A-Za-z0-9_]+$")  # 05_..., 05b_...
 # Parameters every notebook must declare: the runner always passes them, from its own options. A `-p` for
 # one of them would be overwritten without a word, so it is refused, naming the option that sets it.
 REQUIRED_PARAMETERS = ("num_devices", "results_dir")

@@ -33,6 +33,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from shardlab.answer_keys import load_key
 from shardlab.report import baseline as bl
 from shardlab.report import nbhtml
 from shardlab.report.datatypes import ROOT, RUNNER_WALL, NotebookResult, Report, ReportOptions
@@ -115,8 +116,11 @@ def _load_record(path: Path) -> tuple[dict[str, Any] | None, str | None]:
 
 
 def notebook_task(options: ReportOptions, nb: NotebookInfo, out: Path) -> Task:
-    """The notebook with the runner's cells, its -p values and the runner's own num_devices / results_dir."""
+    """The notebook with the runner's cells, its -p values, the runner's own num_devices / results_dir and, for a
+    notebook with exercises, the answer key from data/answers (so the report checks the key, as the tests do)."""
     params = {**options.params, "num_devices": options.num_devices, "results_dir": str(out / "records")}
+    if "answers" in nb.parameters and "answers" not in params:
+        params["answers"] = load_key(nb.stem)  # grade the hand-written answer key: exercise.<n>.answer_key checks
     src = prepare_input(nb.path, out / "logs" / f"{nb.stem}.input.ipynb")
     return Task(nb.stem, nb.stem, src, out / "notebooks" / f"{nb.stem}.ipynb", out / "logs" / f"{nb.stem}.log",
                 params, nb.path.parent, {"PJRT_DEVICE": options.device.upper()})

@@ -46,13 +46,13 @@ REPORT_SWEEPS: tuple[SweepSpec, ...] = (
     SweepSpec("megatron_bytes_vs_tp", "Megatron MLP: all-reduce count and payload bytes per rank vs tp",
               "02_megatron_mlp", {"tp": [1, 2, 4, 8]}, "tp", ("mlp.*.all_reduce.bytes", "mlp.*.all_reduce.count"),
               params={"run_gloo": False}),                         # the gloo replay adds process start-up only
-    SweepSpec("ce_saving_vs_vocab", "Vocab-parallel cross-entropy: saving over gathered logits vs vocab",
+    SweepSpec("ce_saving_vs_vocab", "Vocab-parallel cross-entropy: wire-byte saving over gathered logits vs vocab",
               "04_vocab_parallel_embedding_ce", {"vocab": [1024, 8192, 32000, 50257]}, "vocab",
               ("ce.saving_ratio", "ce.vocab_parallel.bytes", "ce.gather_logits.bytes")),
     SweepSpec("fsdp_padding_vs_world_size", "FSDP flat parameter: padding (elements) vs world size",
-              "05_fsdp_flat_params", {"world_size": [1, 2, 4, 8]}, "world_size",   # must divide 8
+              "05_fsdp_flat_params", {"world_size": [2, 3, 4, 8]}, "world_size",   # SimulatedWorld ranks: any W
               ("fsdp.flat.padding", "fsdp.flat.padded_numel", "fsdp.flat.shard_numel"),
-              params={"torch_fsdp_world": 0, "steps": 1},       # the padding needs neither gloo nor training
+              params={"steps": 1},                              # the padding needs no training
               derived=(("fsdp.flat.padding", "difference", "fsdp.flat.padded_numel", "fsdp.flat.numel",
                         "elements"),)),
     SweepSpec("scan_compile_vs_layers", "scan: XLA compile time and HLO size vs number of layers L",
