@@ -302,12 +302,14 @@ def test_oom_arguments_not_evaluated(tpu) -> None:  # type: ignore[no-untyped-de
 def test_parse_oom_reads_the_listed_sizes() -> None:
     from shardlab.profile.tpu_memory import parse_oom
 
-    text = ("RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space hbm. Used 33.92G "
-            "of 31.25G hbm. Exceeded hbm capacity by 2.68G.\n\nTotal hbm usage >= 34.18G:\n    reserved        260.03M \n"
-            "    program          19.55G \n    arguments        14.38G \n\nOutput size 14.38G; shares 14.38G with "
-            "arguments.\n\nProgram hbm requirement 19.55G:\n    global           977.0K\n    scoped            3.56M\n"
-            "    HLO temp         19.54G (100.0% utilization: Unpadded (10.12G) Padded (10.12G), 48.2% fragmentation "
-            "(9.42G))\n")
+    text = "\n".join([
+        "RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space hbm. Used 33.92G of "
+        "31.25G hbm. Exceeded hbm capacity by 2.68G.", "", "Total hbm usage >= 34.18G:",
+        "    reserved        260.03M ", "    program          19.55G ", "    arguments        14.38G ", "",
+        "Output size 14.38G; shares 14.38G with arguments.", "", "Program hbm requirement 19.55G:",
+        "    global           977.0K", "    scoped            3.56M",
+        "    HLO temp         19.54G (100.0% utilization: Unpadded (10.12G) Padded (10.12G), 48.2% fragmentation "
+        "(9.42G))", ""])
     oom = parse_oom(text)
     assert oom is not None and oom.used == round(33.92 * GiB) and oom.capacity == round(31.25 * GiB)
     assert oom.arguments == round(14.38 * GiB) and oom.program == round(19.55 * GiB)
