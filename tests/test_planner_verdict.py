@@ -3,7 +3,8 @@
 Oracle: parameter arithmetic written out here (not the planner's formula): per layer q, k, v, o = 4·h² (kv heads =
 heads), SwiGLU 3·h·ffn, two norms 2·h; embedding and LM head V·h each (V padded to 128·tensor), final norm h.
 Every dim divides the mesh, so each chip holds total / chips parameters: 2 bytes each (bf16) in the arguments,
-and 12 bytes each of fp32 optimizer state (master, exp_avg, exp_avg_sq). Each compile takes a few seconds.
+and 12 bytes each of fp32 optimizer state (master, exp_avg, exp_avg_sq). Donated, all 14 bytes per parameter are
+aliased to the step's updates. Each compile takes a few seconds.
 """
 
 from __future__ import annotations
@@ -38,17 +39,32 @@ def test_compiler_state_bytes_match_arithmetic(pc, mesh) -> None:  # type: ignor
     r = pc.check(cfg)
     matrices, norms = tiny_params(t)
     per_chip = matrices // 8 + norms // f  # the norms are replicated over tensor: t times the planner's share
-    assert r.topology == "v5e:2x4" and r.compiler_fits and r.planner_fits
+    assert r.topology == "v5e:2x4" and r.compiler_fits and r.planner_fits and r.planner_no_flash_fits
+    assert r.donated and r.agrees() and r.agrees(flash=True)
     assert r.compiler["params"] == 2 * per_chip
     assert r.compiler["optimizer"] == 12 * per_chip
+    # every parameter and its AdamW state updated in place (the small norm arrays padded to TPU tiles: < 1 %)
+    assert 14 * per_chip <= r.compiler["alias"] < 1.01 * 14 * per_chip
+    assert r.compiler["total"] == r.compiler["arguments"] + r.compiler["temp"] <= r.capacity_bytes
     rows = {row["term"]: row for row in r.rows()}
     assert rows["params"]["ratio"] == pytest.approx(1.0, abs=0.01)  # norms: (t - 1)·(2L+1)·h/8 bytes more
     assert rows["optimizer"]["ratio"] == pytest.approx(1.0, abs=0.01)
 
 
+def test_not_donated_keeps_a_second_copy(pc) -> None:  # type: ignore[no-untyped-def]
+    """Without donation nothing is aliased and the updated state is a second copy among the outputs."""
+    cfg = pc.CheckConfig(TINY, "v5e-8", data=1, fsdp=8, tensor=1, global_batch=8, seq=64, donate=False)
+    r = pc.check(cfg)
+    matrices, norms = tiny_params(1)
+    per_chip = matrices // 8 + norms // 8
+    assert not r.donated and r.compiler["alias"] == 0 and r.compiler["outputs"] >= 14 * per_chip
+
+
 def test_bad_config_names_the_rule(pc) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match=r"does not equal the 8 chips of v5e-8"):
         pc.CheckConfig(TINY, "v5e-8", data=1, fsdp=4, tensor=1).validate()
+    with pytest.raises(ValueError, match=r"fit_margin=-0.1 must be a number in"):
+        pc.CheckConfig(TINY, "v5e-8", fit_margin=-0.1).validate()
     with pytest.raises(ValueError, match=r"recompute='selective' must be one of"):
         pc.CheckConfig(TINY, recompute="selective").validate()
     with pytest.raises(ValueError, match=r"kv_heads=2 must both be divisible by tensor=4"):

@@ -12,28 +12,35 @@ Representation (stated once, every choice visible in the numbers):
     params      bf16 ``[L, out, in]`` (torch layout) 2-D sharded: q, k, v, gate, up -> [∅, out_tensor, in_fsdp];
                 o, down -> [∅, out_fsdp, in_tensor]; norms [∅, H_fsdp]; embedding / LM head [V_tensor, H_fsdp]
     optimizer   fp32 master, exp_avg, exp_avg_sq placeholders sharded like the parameter; the AdamW update is
-                traced as elementwise ops (``m' = β1·m + (1-β1)·g`` ...). The step returns the new state; a real
-                step donates the old buffers, so the outputs are reported but not added to the per-chip total.
+                traced as elementwise ops (``m' = β1·m + (1-β1)·g`` ...). The step returns the new state, donated
+                into the old buffers (below).
     recompute   ``full``: a partition function for scan's AOTAutograd trace that saves only the layer's inputs
                 (the carry and the weight slices — scan does not copy slices that alias its inputs), so the
                 backward recomputes the layer; ``none``: torch's default partition (save what the backward uses).
     attention   plain causal softmax attention: the [b, a/t, s, s] scores exist in the program (no flash kernel).
     activations x [B_(data,fsdp), S, H] between layers, tensor-sharded inside the block (Megatron).
 
-Per-chip comparison (``check``): compiler parameters (bf16 arguments) vs ``plan.memory['params']``, optimizer
-(fp32 arguments) vs ``optimizer``, temporaries vs ``grads + activations + logits + fsdp_gathered_unit``, and
-arguments + temporaries vs the planner's total; the compiler's fits (its HBM check: arguments + temporaries)
-vs the planner's.
+Donation. torch_xla's optimizer step updates parameters and AdamW state in place: the new values are written
+into the old buffers. ``build`` returns a ``tpu.Step`` that donates every parameter and state placeholder to its
+update, so the compiled program aliases them (``donate=False`` in :class:`CheckConfig` compiles the same graph
+without: the updated state is then a second copy among the outputs, which the capacity check does not count, and
+the bf16 gradients sit in output buffers instead of temporaries — measured on Llama 3 70B, v6e:8x8: "fits"
+without donation, "Used 33.92G of 31.25G hbm" with it). The donated verdict is the realistic one.
 
-Two limits of the compile view as it stands (measured with libtpu 0.0.21; both need ``shardlab.profile.tpu``):
+Per-chip comparison (:func:`check`, :meth:`PlannerCheck.rows`), compiler bytes from ``TpuMemory`` (the numbers
+the capacity check counts, not ``temp_size_in_bytes``) or from the out-of-memory message:
 
-* No donation. torch_xla's optimizer step updates parameters and state in place and donates their buffers; the
-  compile here does not, so the updated state is a second copy in the outputs, and the bf16 gradient
-  accumulators sit in output buffers instead of temporaries. With donation (``tf.aliasing_output`` on the
-  entry arguments) Llama 3 70B on v6e:8x8 (fsdp 16 × tensor 4, b 16 × s 8192) goes from "fits" to "Used 33.92G of
-  31.25G hbm" — the planner says it fits.
-* ``memory.temp`` (``temp_size_in_bytes``) is larger than the HBM temporary the capacity check uses (70B:
-  22.33 vs 16.16 GiB); ``peak_memory_in_bytes - arguments - outputs (+ aliased)`` gives the checked one.
+    planner term                                     compiler
+    params                                           bf16 entry arguments (a fitting program's layout header)
+    optimizer                                        fp32 entry arguments
+    params + optimizer (+ padding)                   all arguments (an out-of-memory message lists them, unless
+                                                     the program alone was over: then "not evaluated")
+    grads + activations + logits + gathered unit     the temporaries the check counts (checked_temp), or the
+                                                     message's "program"
+    total                                            arguments + temporaries (``checked``), or the message's "Used"
+
+The planner's columns are its flash verdict (its default, a step with a flash kernel) and its no-flash verdict —
+the attention traced here has no flash kernel, so the no-flash column is the one the compiler checks.
 """
 
 from __future__ import annotations
@@ -65,6 +72,8 @@ class CheckConfig:
     seq: int = 8192
     recompute: str = "full"  # full | none (the trace's partition function; the planner gets the same policy)
     layers: int | None = None  # override L (quick checks); None = the preset's
+    donate: bool = True  # parameters and AdamW state aliased to their updates (torch_xla's in-place step)
+    fit_margin: float = 0.10  # the planner's: "fits" only under (1 - fit_margin) x usable HBM
 
     def validate(self) -> CheckConfig:
         from shardlab import planner as P
@@ -94,7 +103,7 @@ class CheckConfig:
 
         return P.plan(P.PlanConfig(self.model_config(), self.topology, data=self.data, fsdp=self.fsdp,
                                    tensor=self.tensor, recompute=self.recompute, global_batch=self.global_batch,
-                                   seq=self.seq, flash_attention=flash_attention))
+                                   seq=self.seq, flash_attention=flash_attention, fit_margin=self.fit_margin))
 
     @property
     def chips(self) -> int:
@@ -122,13 +131,15 @@ def _rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-5) -> torch.Tenso
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
 
 
-def build(cfg: CheckConfig) -> list[torch.Tensor]:
-    """One training step on this process's world; returns ``[loss, *new state]`` (module-level for the worker)."""
+def build(cfg: CheckConfig) -> Any:
+    """One training step on this process's world; returns a ``tpu.Step``: ``[loss, *new state]``, each parameter
+    and AdamW state placeholder donated to its update (module-level for the worker)."""
     import torch_xla.distributed.spmd as xs
     from torch._functorch.partitioners import default_partition
     from torch_xla.experimental.scan import scan
 
     from shardlab import runtime
+    from shardlab.profile import tpu as T
     from shardlab.xla_scan.patches import placeholder
 
     m = cfg.model_config()
@@ -199,16 +210,22 @@ def build(cfg: CheckConfig) -> list[torch.Tensor]:
     logits = ann(torch.einsum("bsh,vh->bsv", x, params["lm_head"][1]), (ba, None, "tensor"))  # [B, S, V_tensor]
     loss = torch.nn.functional.cross_entropy(logits.float().view(-1, V), labels.view(-1))
     loss.backward()
-    outs = [loss]
+    outs: list[torch.Tensor] = [loss]
+    donate: dict[int, torch.Tensor] = {}  # output index -> the placeholder whose buffer it reuses
     c = ADAMW
     for leaf, _, spec in params.values():
         g = leaf.grad.float()
-        master, m1, m2 = (marked(tuple(leaf.shape), spec, torch.float32) for _ in range(3))
+        raw = [placeholder(tuple(leaf.shape), torch.float32) for _ in range(3)]  # fp32 master, exp_avg, exp_avg_sq
+        master, m1, m2 = (r * 1 for r in raw)
+        for t in (master, m1, m2):
+            xs.mark_sharding(t, mesh, spec)
         m1 = c["b1"] * m1 + (1 - c["b1"]) * g
         m2 = c["b2"] * m2 + (1 - c["b2"]) * g * g
         master = master - c["lr"] * (m1 / (m2.sqrt() + c["eps"]) + c["wd"] * master)
-        outs += [master.to(dt), master, m1, m2]
-    return outs
+        for src, new in zip((leaf, *raw), (master.to(dt), master, m1, m2), strict=True):
+            donate[len(outs)] = src
+            outs.append(new)
+    return T.Step(outs, donate)
 
 
 @dataclass
@@ -218,31 +235,54 @@ class PlannerCheck:
     config: dict[str, Any]
     topology: str  # the compiler's name
     compile_s: float
+    donated: bool
     compiler_fits: bool
-    planner_fits: bool
-    planner: dict[str, float]  # plan.memory (flash attention, the planner's default)
-    planner_no_flash: dict[str, float]  # the same with flash_attention=False (the traced attention)
-    compiler: dict[str, int] = field(default_factory=dict)  # params, optimizer, temp, arguments, outputs
-    used_bytes: int | None = None  # from the out-of-memory message
-    capacity_bytes: int | None = None
-    message: str = ""
+    planner_fits: bool  # the planner's default: a flash kernel
+    planner_no_flash_fits: bool  # the attention that was traced
+    planner_at_risk: dict[str, bool]  # "flash" / "no_flash": within the fit margin (fits is False then)
+    planner: dict[str, float]  # plan.memory, flash attention
+    planner_no_flash: dict[str, float]  # the same with flash_attention=False
+    capacity_bytes: int
+    compiler: dict[str, int | None] = field(default_factory=dict)  # params, optimizer, arguments, temp, total, ...
+    message: str = ""  # the compiler's first line when it ran out of memory
+    largest: list[tuple[int, str, str]] = field(default_factory=list)  # (bytes, shape, XLA label) from the message
+    arguments_evaluated: bool = True  # False: out of memory in the program alone ("arguments 0B")
+
+    @property
+    def total(self) -> int | None:
+        """The compiler's per-chip bytes as its capacity check counted them (a lower bound when the arguments
+        were not evaluated)."""
+        return self.compiler.get("total")
+
+    def agrees(self, flash: bool = False) -> bool:
+        """Does the planner's verdict (no flash: the attention traced here) agree with the compiler's?"""
+        return (self.planner_fits if flash else self.planner_no_flash_fits) == self.compiler_fits
 
     def rows(self) -> list[dict[str, Any]]:
-        """One row per compared term: planner (flash / no flash), compiler, ratios."""
+        """One row per compared term: planner (flash / no flash), compiler, ratios (None where not measured)."""
         p, q, c = self.planner, self.planner_no_flash, self.compiler
-        rest = ("grads", "activations", "logits", "fsdp_gathered_unit", "padding")
+        state = ("params", "optimizer", "padding")
+        rest = ("grads", "activations", "logits", "fsdp_gathered_unit")
         terms = [("params", p["params"], q["params"], c.get("params")),
                  ("optimizer", p["optimizer"], q["optimizer"], c.get("optimizer")),
-                 ("temporaries (grads + activations + logits + gathered unit)", sum(p[k] for k in rest),
+                 ("params + optimizer (arguments)", sum(p[k] for k in state), sum(q[k] for k in state),
+                  c.get("arguments")),
+                 ("grads + activations + logits + gathered unit (temporaries)", sum(p[k] for k in rest),
                   sum(q[k] for k in rest), c.get("temp")),
-                 ("total (arguments + temporaries)", sum(p.values()), sum(q.values()),
-                  (c["arguments"] + c["temp"]) if "temp" in c else self.used_bytes)]
+                 ("total (what the capacity check counts)", sum(p.values()), sum(q.values()), c.get("total"))]
         return [{"term": t, "planner": a, "planner_no_flash": b, "compiler": x,
                  "ratio": (x / a) if x is not None and a else None,
                  "ratio_no_flash": (x / b) if x is not None and b else None} for t, a, b, x in terms]
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "rows": self.rows()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PlannerCheck:
+        """Inverse of :meth:`as_dict` (JSON turns tuples into lists)."""
+        kw = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        kw["largest"] = [tuple(x) for x in kw.get("largest", [])]
+        return cls(**kw)
 
 
 def _entry_parameters(hlo_text: str) -> list[Any]:
@@ -260,16 +300,22 @@ def check(cfg: CheckConfig) -> PlannerCheck:
     cfg.validate()
     topology = cfg.tpu_topology()
     plan, plan_nf = cfg.plan(True), cfg.plan(False)
-    c = tpu.compile_program(build, cfg, topology, label=f"planner check {cfg.model_config().name} {cfg.topology}")
-    res = PlannerCheck(asdict(cfg), topology, c.compile_s, c.fits, plan.fits, dict(plan.memory),
-                       dict(plan_nf.memory), capacity_bytes=tpu.get_topology(topology).hbm_bytes)
+    name = cfg.model_config().name
+    c = tpu.compile_program(build, cfg, topology, donate=cfg.donate, label=f"planner verdict {name} {cfg.topology}")
+    res = PlannerCheck(asdict(cfg), topology, c.compile_s, cfg.donate, c.fits, plan.fits, plan_nf.fits,
+                       {"flash": plan.at_risk, "no_flash": plan_nf.at_risk}, dict(plan.memory), dict(plan_nf.memory),
+                       tpu.get_topology(topology).hbm_bytes or plan.hbm_bytes)
     if c.fits and c.memory is not None and c.hlo_text is not None:
+        m = c.memory
         args = [x for x in _entry_parameters(c.hlo_text) if x.dims]  # scalars: torch_xla's lifted constants
         res.compiler = {"params": sum(x.nbytes for x in args if x.dtype == "bf16"),
                         "optimizer": sum(x.nbytes for x in args if x.dtype == "f32"),
-                        "arguments": c.memory.argument, "temp": c.memory.temp, "outputs": c.memory.output}
+                        "arguments": m.argument, "temp": m.checked_temp, "total": m.checked,
+                        "outputs": m.output, "alias": m.alias, "peak": m.peak, "temp_size": m.temp}
     elif c.oom is not None:
-        res.used_bytes, res.capacity_bytes = c.oom.used, c.oom.capacity
-        res.message = next((ln for ln in c.oom.message.splitlines() if "Ran out of memory" in ln), "")
-        res.compiler = {k: v for k, v in c.oom.breakdown.items() if k in ("program", "arguments")}
+        o = c.oom
+        res.message, res.arguments_evaluated = o.first_line, o.arguments_evaluated
+        res.compiler = {"arguments": o.arguments, "temp": o.program, "total": o.used,
+                        "fragmentation": o.fragmentation}
+        res.largest = [(b.size, b.shape, b.label) for b in o.buffers[:5]]
     return res
