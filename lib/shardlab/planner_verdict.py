@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -284,6 +285,17 @@ class PlannerCheck:
         kw["largest"] = [tuple(x) for x in kw.get("largest", [])]
         return cls(**kw)
 
+    def replanned(self) -> PlannerCheck:
+        """The same compile with the planner's side recomputed by the current planner (cached compiles keep their
+        compiler numbers; the formulas are always today's)."""
+        from dataclasses import replace
+
+        cfg = CheckConfig(**self.config)
+        plan, plan_nf = cfg.plan(True), cfg.plan(False)
+        return replace(self, planner_fits=plan.fits, planner_no_flash_fits=plan_nf.fits,
+                       planner_at_risk={"flash": plan.at_risk, "no_flash": plan_nf.at_risk},
+                       planner=dict(plan.memory), planner_no_flash=dict(plan_nf.memory))
+
 
 def _entry_parameters(hlo_text: str) -> list[Any]:
     from shardlab.profile.hlo_text import parse_shape
@@ -319,3 +331,110 @@ def check(cfg: CheckConfig) -> PlannerCheck:
                         "fragmentation": o.fragmentation}
         res.largest = [(b.size, b.shape, b.label) for b in o.buffers[:5]]
     return res
+
+
+# ------------------------------------------------------------------------------------------ notebook helpers
+# preset x slice x the planner's mesh (data, fsdp, tensor) x global batch: 8 chips FSDP over all, 64 chips 2-D
+MATRIX: tuple[tuple[str, str, tuple[int, int, int], int], ...] = (
+    ("llama-3-8b", "v5e-8", (1, 8, 1), 8),
+    ("llama-3-8b", "v6e-8", (1, 8, 1), 8),
+    ("llama-3-8b", "v6e-64", (1, 16, 4), 16),
+    ("llama-3-70b", "v5e-8", (1, 8, 1), 8),
+    ("llama-3-70b", "v6e-8", (1, 8, 1), 8),
+    ("llama-3-70b", "v6e-64", (1, 16, 4), 16),
+    ("llama-3.1-405b", "v6e-64", (1, 16, 4), 16),
+)
+MATRIX_FILE = Path(__file__).resolve().parents[2] / "data" / "scale" / "planner_verdict.json"
+
+
+def matrix_configs(seq: int = 8192) -> dict[str, CheckConfig]:
+    """``{"<preset>.<slice>": CheckConfig}`` for every row of :data:`MATRIX` (full recompute, donated)."""
+    return {f"{m}.{topo}": CheckConfig(m, topo, data=d, fsdp=f, tensor=t, global_batch=b, seq=seq)
+            for m, topo, (d, f, t), b in MATRIX}
+
+
+def matrix(configs: dict[str, CheckConfig] | None = None) -> dict[str, PlannerCheck]:
+    """Compile every configuration (a few minutes each at full size) and compare with the planner."""
+    return {k: check(c) for k, c in (configs or matrix_configs()).items()}
+
+
+def verdict_frame(results: dict[str, PlannerCheck]) -> Any:
+    """One row per preset x slice: the compiler's verdict and bytes next to the planner's (no flash: what was
+    traced; flash: the planner's default), with ratios compiler / planner."""
+    import pandas as pd
+
+    gib = 2**30
+
+    def verdict(fits: bool, at_risk: bool) -> str:
+        return "fits" if fits else ("at risk" if at_risk else "no")
+
+    rows = []
+    for key, r in results.items():
+        row = {k["term"]: k for k in r.rows()}
+        total = row["total (what the capacity check counts)"]
+        temp = row["grads + activations + logits + gathered unit (temporaries)"]
+        cfg = r.config
+        rows.append({
+            "preset · slice": key, "mesh (d, f, t)": (cfg["data"], cfg["fsdp"], cfg["tensor"]),
+            "compiler": "fits" if r.compiler_fits else "out of memory",
+            "compiler GiB": ("" if r.arguments_evaluated else "≥ ") + (f"{r.total / gib:.2f}" if r.total else "–"),
+            "planner no flash GiB": round(total["planner_no_flash"] / gib, 2),
+            "ratio": None if total["ratio_no_flash"] is None else round(total["ratio_no_flash"], 3),
+            "planner no flash": verdict(r.planner_no_flash_fits, r.planner_at_risk["no_flash"]),
+            "agree": r.agrees(),
+            "temporaries ratio": None if temp["ratio_no_flash"] is None else round(temp["ratio_no_flash"], 3),
+            "planner flash GiB": round(total["planner"] / gib, 2),
+            "planner flash": verdict(r.planner_fits, r.planner_at_risk["flash"]),
+            "compile s": round(r.compile_s, 1),
+        })
+    return pd.DataFrame(rows).set_index("preset · slice")
+
+
+def terms_frame(r: PlannerCheck) -> Any:
+    """The term-by-term comparison of one configuration (GiB; ratios compiler / planner)."""
+    import pandas as pd
+
+    gib = 2**30
+    return pd.DataFrame([{
+        "term": x["term"], "planner flash": round(x["planner"] / gib, 2),
+        "planner no flash": round(x["planner_no_flash"] / gib, 2),
+        "compiler": None if x["compiler"] is None else round(x["compiler"] / gib, 2),
+        "ratio (no flash)": None if x["ratio_no_flash"] is None else round(x["ratio_no_flash"], 3)}
+        for x in r.rows()]).set_index("term")
+
+
+def record_matrix(rec: Any, results: dict[str, PlannerCheck], live: bool) -> None:
+    """``planner.compiler.<preset>.<slice>.{per_chip.bytes,fits}`` from the planner (formula, no flash: the
+    attention traced) always, and from the compiler (tpu) when ``live``; checks that the verdicts agree."""
+    for key, r in results.items():
+        name = f"planner.compiler.{key}"
+        rec.measure(f"{name}.per_chip.bytes", sum(r.planner_no_flash.values()), "bytes", "formula")
+        rec.measure(f"{name}.fits", int(r.planner_no_flash_fits), "1", "formula")
+        if live:
+            if r.total is not None:
+                rec.measure(f"{name}.per_chip.bytes", r.total, "bytes", "tpu")
+            rec.measure(f"{name}.fits", int(r.compiler_fits), "1", "tpu")
+            rec.measure(f"{name}.compile_s", r.compile_s, "s", "tpu", kind="timing")
+        rec.check(f"{name}: the planner's verdict (no flash, as traced) agrees with the compiler's", r.agrees(),
+                  f"planner {'fits' if r.planner_no_flash_fits else 'no'} "
+                  f"({sum(r.planner_no_flash.values()) / 2**30:.2f} GiB), compiler "
+                  f"{'fits' if r.compiler_fits else r.message} ({(r.total or 0) / 2**30:.2f} GiB)")
+
+
+def save_matrix(results: dict[str, PlannerCheck], path: Path = MATRIX_FILE, **source: Any) -> None:
+    import json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {"_source": source, "results": {k: r.as_dict() for k, r in results.items()}}
+    path.write_text(json.dumps(data, indent=1, default=str) + "\n")
+
+
+def load_matrix(path: Path = MATRIX_FILE) -> tuple[dict[str, PlannerCheck], dict[str, Any]]:
+    import json
+
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: run notebook 07 with full_size=True (or "
+                                "tools/scale_full_size.py planner) to measure the full-size compiles")
+    data = json.loads(path.read_text())
+    return ({k: PlannerCheck.from_dict(v).replanned() for k, v in data["results"].items()},
+            data.get("_source", {}))
