@@ -360,6 +360,17 @@ def small_config(layers: int, hidden: int, batch: int, seq: int, mesh_fsdp: int,
                       mesh_tensor=mesh_tensor).validate()
 
 
+def small_story(cfg: SeedConfig) -> tuple[dict[str, SeedResult] | None, str]:
+    """:func:`story` on the v6e slice with ``cfg.chips`` chips; ``(None, why)`` when no such slice exists."""
+    from shardlab.profile import tpu
+
+    try:
+        topology = tpu.topology_for(cfg.chips, "v6e")
+    except ValueError as exc:
+        return None, str(exc)
+    return story(cfg, topology), ""
+
+
 def grad_sharding(r: SeedResult, cfg: SeedConfig) -> dict[str, str]:
     """Per weight: how the gradient (or updated weight) leaves the step — "1-D", "2-D", or "" (not compiled)."""
     out = {}
@@ -376,11 +387,15 @@ def one_d_stacks(r: SeedResult, cfg: SeedConfig) -> list[str]:
             and sh.count(",") == 2]
 
 
-def story_frame(results: dict[str, SeedResult], cfg: SeedConfig) -> Any:
-    """One row per compile: verdicts, per-chip bytes (GiB), how the gradients leave the step, 1-D stacks."""
+def story_frame(results: dict[str, SeedResult], cfg: SeedConfig, unit: str = "GiB") -> Any:
+    """One row per compile: verdicts, per-chip bytes (in ``unit``: GiB, MiB or KiB), how the gradients leave the
+    step, the 1-D stacks in the program."""
     import pandas as pd
 
-    gib = 2**30
+    units = {"GiB": 2**30, "MiB": 2**20, "KiB": 2**10}
+    if unit not in units:
+        raise ValueError(f"unit={unit!r} must be one of {tuple(units)}")
+    gib = units[unit]
     rows = []
     for key, r in results.items():
         case, flag = key.rsplit(".", 1)
@@ -389,12 +404,14 @@ def story_frame(results: dict[str, SeedResult], cfg: SeedConfig) -> Any:
         def g(v: int | None) -> str:
             return "–" if v is None else f"{v / gib:.2f}"
 
+        b = unit
+
         rows.append({
             "case": case, "stacking": stacking, "update": {"none": "gradients out", "sgd": "w - lr·g in the graph"}
             [update], "shard_as": flag, "compiles (fits)": r.fits, "runs (outputs too)": r.runs,
-            "arguments GiB": g(r.argument_bytes), "outputs GiB": g(r.output_bytes),
-            "temporaries GiB": g(r.temp_bytes if r.fits else r.program_bytes), "peak GiB": g(r.peak_bytes),
-            "checked GiB": g(r.per_chip_bytes),
+            f"arguments {b}": g(r.argument_bytes), f"outputs {b}": g(r.output_bytes),
+            f"temporaries {b}": g(r.temp_bytes if r.fits else r.program_bytes), f"peak {b}": g(r.peak_bytes),
+            f"checked {b}": g(r.per_chip_bytes),
             "gradient out, per chip": ", ".join(sorted({sh for shapes in r.grad_shapes.values() for sh in shapes}))
             or "–",
             "sharding": ", ".join(f"{w} {k}" for w, k in grad_sharding(r, cfg).items()) or "–",
