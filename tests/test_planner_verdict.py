@@ -69,3 +69,31 @@ def test_bad_config_names_the_rule(pc) -> None:  # type: ignore[no-untyped-def]
         pc.CheckConfig(TINY, recompute="selective").validate()
     with pytest.raises(ValueError, match=r"kv_heads=2 must both be divisible by tensor=4"):
         pc.CheckConfig({**TINY, "kv_heads": 2}, "v5e-8", fsdp=2, tensor=4).validate()
+
+
+def test_matrix_helpers_record_and_cache(pc, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The notebook's path on the tiny model: record (formula always, tpu when live), the agreement check, the
+    frames, and the cache, whose planner side is recomputed on load."""
+    from shardlab.profile import Recorder
+
+    cfg = pc.small_config(8)
+    assert cfg is not None and pc.small_config(2) is None  # v5e has no 2-chip slice
+    results = pc.matrix({"tiny.v5e-8": cfg})
+    rec = Recorder("t")
+    pc.record_matrix(rec, results, live=True)
+    v = {(m["name"], m["source"]): m["value"] for m in rec.data["measurements"]}
+    r = results["tiny.v5e-8"]
+    assert v[("planner.compiler.tiny.v5e-8.per_chip.bytes", "tpu")] == r.compiler["total"]
+    assert v[("planner.compiler.tiny.v5e-8.per_chip.bytes", "formula")] == sum(r.planner_no_flash.values())
+    assert [c["ok"] for c in rec.data["checks"]] == [True]
+    frame = pc.verdict_frame(results)
+    assert frame.loc["tiny.v5e-8", "agree"] and frame.loc["tiny.v5e-8", "compiler"] == "fits"
+    assert list(pc.terms_frame(r).index)[-1] == "total (what the capacity check counts)"
+    pc.save_matrix(results, tmp_path / "m.json", command="test")
+    back, source = pc.load_matrix(tmp_path / "m.json")
+    assert back["tiny.v5e-8"].compiler == r.compiler and source == {"command": "test"}
+    assert back["tiny.v5e-8"].planner_no_flash == r.planner_no_flash
+    from shardlab import planner as P
+
+    plan = P.PlanConfig(pc.TINY_MODEL, "v5e-8", data=1, fsdp=8, tensor=1, global_batch=8, seq=64)
+    assert pc.matching(results, plan) == "tiny.v5e-8"

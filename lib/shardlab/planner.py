@@ -147,7 +147,9 @@ class Plan:
             "memory": dict(self.memory), "memory_total": self.memory_total, "hbm_bytes": self.hbm_bytes,
             "comm": [t._asdict() for t in self.comm], "comm_payload_bytes": self.comm_payload_bytes,
             "comm_wire_bytes": self.comm_wire_bytes, "flops": self.flops._asdict(),
-            "roofline": self.roofline._asdict(), "mfu": self.mfu, "fits": self.fits, "verdict": self.verdict,
+            "roofline": self.roofline._asdict(), "mfu": self.mfu, "fits": self.fits, "at_risk": self.at_risk,
+            "fit_limit_bytes": self.fit_limit_bytes, "phases": dict(self.phases), "peak_phase": self.peak_phase,
+            "verdict": self.verdict,
             "config": {k: v for k, v in asdict(self.config).items() if k != "model"},
         }
 

@@ -438,3 +438,34 @@ def load_matrix(path: Path = MATRIX_FILE) -> tuple[dict[str, PlannerCheck], dict
     data = json.loads(path.read_text())
     return ({k: PlannerCheck.from_dict(v).replanned() for k, v in data["results"].items()},
             data.get("_source", {}))
+
+
+TINY_MODEL = {"name": "tiny-llama", "layers": 2, "hidden": 256, "ffn": 512, "heads": 8, "kv_heads": 8,
+              "vocab": 1000, "gated_mlp": True}
+
+
+def small_config(chips: int) -> CheckConfig | None:
+    """A two-layer Llama-shaped model on the v5e slice with ``chips`` chips, FSDP over all of them (one sequence
+    of 64 tokens per chip): every step of the full-size check in a few seconds. None when v5e has no such slice."""
+    from shardlab.formulas import hardware
+
+    topology = f"v5e-{chips}"
+    if topology not in hardware.chip("v5e").slices or TINY_MODEL["hidden"] % chips:
+        return None
+    return CheckConfig(TINY_MODEL, topology, data=1, fsdp=chips, tensor=1, global_batch=chips, seq=64)
+
+
+def matching(results: dict[str, PlannerCheck], plan_config: Any) -> str | None:
+    """The key of the row whose configuration is ``plan_config``'s (model, slice, degrees, batch, sequence,
+    recompute), or None."""
+    from shardlab import planner as P
+
+    m = P.model_from(plan_config.model)
+    for key, r in results.items():
+        c = r.config
+        if (P.model_from(c["model"]) == m and c["topology"] == plan_config.topology
+                and (c["data"], c["fsdp"], c["tensor"]) == (plan_config.data, plan_config.fsdp, plan_config.tensor)
+                and (c["global_batch"], c["seq"], c["recompute"]) == (plan_config.global_batch, plan_config.seq,
+                                                                     plan_config.recompute)):
+            return key
+    return None
