@@ -391,16 +391,20 @@ def verdict_frame(results: dict[str, PlannerCheck]) -> Any:
 
 
 def terms_frame(r: PlannerCheck) -> Any:
-    """The term-by-term comparison of one configuration (GiB; ratios compiler / planner)."""
+    """The term-by-term comparison of one configuration (GiB; ratios compiler / planner). The planner's
+    temporaries are listed one by one too ("· grads" ...): the compiler's program does not separate them."""
     import pandas as pd
 
     gib = 2**30
-    return pd.DataFrame([{
-        "term": x["term"], "planner flash": round(x["planner"] / gib, 2),
-        "planner no flash": round(x["planner_no_flash"] / gib, 2),
-        "compiler": None if x["compiler"] is None else round(x["compiler"] / gib, 2),
-        "ratio (no flash)": None if x["ratio_no_flash"] is None else round(x["ratio_no_flash"], 3)}
-        for x in r.rows()]).set_index("term")
+    rows = [{"term": x["term"], "planner flash": round(x["planner"] / gib, 2),
+             "planner no flash": round(x["planner_no_flash"] / gib, 2),
+             "compiler": None if x["compiler"] is None else round(x["compiler"] / gib, 2),
+             "ratio (no flash)": None if x["ratio_no_flash"] is None else round(x["ratio_no_flash"], 3)}
+            for x in r.rows()]
+    parts = [{"term": f"· {k}", "planner flash": round(r.planner[k] / gib, 2),
+              "planner no flash": round(r.planner_no_flash[k] / gib, 2), "compiler": None, "ratio (no flash)": None}
+             for k in ("grads", "activations", "logits", "fsdp_gathered_unit")]
+    return pd.DataFrame(rows[:4] + parts + rows[4:]).set_index("term")
 
 
 def record_matrix(rec: Any, results: dict[str, PlannerCheck], live: bool) -> None:

@@ -222,7 +222,8 @@ if p.full_size:
     about = "compiled now"
 else:
     verdicts, source = pv.load_matrix()  # the compiler's numbers cached; the planner's computed now
-    about = f"compiler numbers cached: {source['command']}, {source['measured']}, libtpu {source['versions']['libtpu']}"
+    about = (f"compiler numbers cached: {source['command']}, {source['measured']}, "
+             f"libtpu {source['versions']['libtpu']}")
     rec.note("planner.compiler", f"full-size compiles not run (full_size=False); {about}")
 pv.record_matrix(rec, verdicts, live=p.full_size)
 print(about)
@@ -237,7 +238,44 @@ for key in ("llama-3-8b.v6e-64", "llama-3-8b.v6e-8"):
     display(pv.terms_frame(verdicts[key]))
 
 # %% [markdown]
-# VERDICT_TEXT
+# **Reading the verdicts.** The planner's no-flash verdict — the attention that was traced — agrees with the
+# compiler on every row (a check per row). Where the compiler's program fits or fails near the capacity, the
+# totals agree within 7 %: Llama 3 8B on v6e-64 needs 8.08 GiB by the compiler and 7.58 GiB by the planner
+# (1.066), 8B on v6e-8 31.43 vs 31.05 GiB (1.012), 70B on v6e-64 33.92 vs 34.23 GiB (0.991). Term by term, the
+# parameters and the optimizer state are exact (1.000: bf16 and fp32 arguments, 2 and 12 bytes per parameter per
+# chip); the rest — gradients, activations, logits, the gathered unit — are the program's temporaries, and the
+# compiler does not say which is which.
+#
+# What the planner had to learn from the compiler, and now models:
+#
+# * **Attention without a flash kernel.** The largest buffers of the 8B step are three bf16 `[32, 8192, 8192]`
+#   arrays of 4 GiB each, at the recomputed layer's backward: the softmax P that is kept, and the gradients dP and
+#   dS the backward makes from it — 6·a·s²·b/t bytes, not the 5·a·s²·b/t of the paper's GPT block (that one
+#   *keeps* a dropout mask and the dropout's output; Llama has no dropout, and the paper counts what is kept, not
+#   what the backward holds).
+# * **The peak is one moment.** At that moment the LM head's fp32 logits and the gathered vocabulary matrix are
+#   already freed: the planner now takes the larger of two phases — one layer's backward (the recomputed layer,
+#   P, dP, dS, its gathered weights) and the LM head (logits, the gathered vocabulary matrix) — instead of their
+#   sum. Summing them overstated the 8B v6e-8 step's temporaries by a quarter.
+# * **The largest gathered unit may be a vocabulary matrix.** Llama 3 8B's embedding `[128256, 4096]` is 2.4 layers;
+#   the compiler gathers it whole for the LM head.
+# * **A margin for the compiler's heap packing.** The 8B v6e-8 plan adds up to 31.05 GiB, 99.4 % of the chip — by
+#   the sum alone it "fits" — and the compiler ran out of memory by 189 MiB: of its program's 18.34 GiB, 3.65 GiB
+#   were lost to fragmentation. 70B on v6e-64 lost 9.42 GiB. The compiled totals exceeded the planner's by up to
+#   6.6 %; so "fits" now needs the plan to stay under 90 % of the usable HBM, and 90–100 % reads "at risk" (the
+#   8B v6e-8 row). The capacity itself is the compiler's figure, 31.25 GiB on v6e: its check counts arguments +
+#   temporaries against exactly that (measured to a few MiB); the ~258 MiB it lists as "reserved" lie outside it.
+#
+# **Where the ratio is far from 1, and why.** When the program alone is far over the capacity, the compiler stops
+# there: the message lists the arguments as "0B" (not evaluated), so its number is the program only, a lower
+# bound (the "≥" rows; their total ratios say nothing). Those programs are also not the ones a fitting step would
+# be: the traced softmax runs in fp32 (`softmax(scores.float())`), and in them the compiler kept two of the three
+# s × s buffers in fp32 — `f32[32, 8192, 8192]`, 8 GiB each, for 8B on v5e; `f32[64, 8192, 8192]`, 16 GiB each,
+# for 70B on 8 chips — where the planner counts 16 bits, and 3.2–25.9 GiB of their heaps were fragmentation. That
+# is the temporaries ratio of 1.46–2.09 on those three rows (405B's is 1.13); every "≥" row is over the capacity
+# by a factor of 2 to 11 in both accounts, so the verdict does not hang on it. With a flash kernel (the planner's default, which a
+# real run would use) the s² buffers disappear and the LM head becomes the peak: 8B fits a v6e-8 comfortably
+# (22.83 GiB) and 70B on v6e-64 is at risk (28.39 GiB, 91 %) — plans this compile cannot check.
 # %% [markdown]
 # **Explorer.** Change the model, slice, degrees or recompute policy; invalid combinations show the error
 # (with the numbers) instead of a plot. Run headless, the cell below builds the widget and calls `update()`
