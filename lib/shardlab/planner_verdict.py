@@ -379,10 +379,11 @@ def verdict_frame(results: dict[str, PlannerCheck]) -> Any:
             "compiler": "fits" if r.compiler_fits else "out of memory",
             "compiler GiB": ("" if r.arguments_evaluated else "≥ ") + (f"{r.total / gib:.2f}" if r.total else "–"),
             "planner no flash GiB": round(total["planner_no_flash"] / gib, 2),
-            "ratio": None if total["ratio_no_flash"] is None else round(total["ratio_no_flash"], 3),
+            "compiler / planner": None if total["ratio_no_flash"] is None else round(total["ratio_no_flash"], 3),
             "planner no flash": verdict(r.planner_no_flash_fits, r.planner_at_risk["no_flash"]),
             "agree": r.agrees(),
-            "temporaries ratio": None if temp["ratio_no_flash"] is None else round(temp["ratio_no_flash"], 3),
+            "temporaries compiler / planner": None if temp["ratio_no_flash"] is None
+            else round(temp["ratio_no_flash"], 3),
             "planner flash GiB": round(total["planner"] / gib, 2),
             "planner flash": verdict(r.planner_fits, r.planner_at_risk["flash"]),
             "compile s": round(r.compile_s, 1),
