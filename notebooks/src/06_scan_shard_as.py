@@ -178,8 +178,8 @@ V.contrast(rec, views["on"], views["off"])
 # happens); the number of logical reductions stays the same. The loop states are each compiler's own: XLA:TPU's
 # holds bf16 copies of some saved tensors in this f32 model (at torch_xla's default matmul precision XLA:TPU
 # multiplies f32 operands in bf16) and other bookkeeping, so the totals differ while the stacked gradients inside
-# them are identical. At this small size the TPU compiler reproduces the 1-D vs 2-D difference exactly; whether
-# it does at the seed's full size is the subject of the section "At full size" below.
+# them are identical. At this small size the TPU compiler reproduces the 1-D vs 2-D difference exactly; at the
+# seed's full size it reproduces the seed's out-of-memory error too (section "At full size" below).
 
 # %%
 memory_frame({f"cpu · {t} (buffer assignment)": views[t][1] for t in ("on", "off")}
