@@ -97,3 +97,13 @@ def test_matrix_helpers_record_and_cache(pc, tmp_path) -> None:  # type: ignore[
 
     plan = P.PlanConfig(pc.TINY_MODEL, "v5e-8", data=1, fsdp=8, tensor=1, global_batch=8, seq=64)
     assert pc.matching(results, plan) == "tiny.v5e-8"
+
+
+def test_check_plan_compiles_a_planner_config_or_says_why(pc) -> None:  # type: ignore[no-untyped-def]
+    from shardlab import planner as P
+
+    r, why = pc.check_plan(P.PlanConfig(pc.TINY_MODEL, "v5e-8", fsdp=8, global_batch=8, seq=64))
+    assert why == "" and r is not None and r.compiler_fits and r.agrees()
+    none, why = pc.check_plan(P.PlanConfig(pc.TINY_MODEL, "v5e-8", fsdp=8, global_batch=8, seq=64,
+                                           recompute="selective"))
+    assert none is None and "recompute='selective' must be one of" in why

@@ -474,3 +474,19 @@ def matching(results: dict[str, PlannerCheck], plan_config: Any) -> str | None:
                                                                      plan_config.recompute)):
             return key
     return None
+
+
+def check_plan(plan_config: Any) -> tuple[PlannerCheck | None, str]:
+    """Compile a planner configuration as the matrix does (``(None, why)`` when this check cannot trace it: a
+    recompute policy other than full / none, heads the tensor degree does not divide, a slice with no compile-only
+    topology, or a helper process that fails — e.g. 256 CPU devices)."""
+    from shardlab.profile.tpu_worker import TpuWorkerError
+
+    c = plan_config
+    try:
+        cfg = CheckConfig(c.model, c.topology, data=c.data, fsdp=c.fsdp, tensor=c.tensor,
+                          global_batch=c.global_batch, seq=c.seq, recompute=c.recompute).validate()
+        cfg.tpu_topology()
+        return check(cfg), ""
+    except (ValueError, TpuWorkerError) as exc:
+        return None, str(exc).split("\n", 1)[0]

@@ -231,8 +231,15 @@ pv.verdict_frame(verdicts)
 
 # %%
 mine = pv.matching(verdicts, config)  # the row of the table that is your plan, if any
-print(f"your plan ({my_plan.model.name} on {p.topology}): " + (f"row {mine!r} above" if mine else
-      "not in the table (the compiler's verdict needs full_size=True and a plan of the table's kind)"))
+if mine:
+    print(f"your plan ({my_plan.model.name} on {p.topology}) is the row {mine!r} above")
+elif p.full_size:
+    yours, why = pv.check_plan(config)  # your plan compiled the same way
+    print(f"your plan ({my_plan.model.name} on {p.topology}): " + (why or "compiled"))
+    if yours is not None:
+        display(pv.verdict_frame({"your plan": yours}))
+else:
+    print(f"your plan ({my_plan.model.name} on {p.topology}) is not a row above: full_size=True compiles it too")
 for key in ("llama-3-8b.v6e-64", "llama-3-8b.v6e-8"):
     print(key)
     display(pv.terms_frame(verdicts[key]))
