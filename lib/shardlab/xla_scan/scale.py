@@ -32,6 +32,12 @@ scan writes it into takes that sharding: ``bf16[126, 4096, 16384]`` = 15.75 GiB 
 ``"held"`` it is an output, which the compiler's capacity check does not count, so the compile succeeds with
 31.5 GiB of outputs that no chip can hold. When an update ``w - lr·g`` in the same graph ties the gradient to
 the 2-D weight, sharding propagation carries the weight's sharding back into the loop and off = on.
+
+:func:`story` compiles the five cases notebook 06 shows (in-graph off / on, held off, update off / on);
+:func:`record_story` records them and checks the invariants that hold at any size. At full size (:data:`FULL_SIZE`
+on :data:`FULL_TOPOLOGY`) the five compiles take 1-5 minutes on a 2-core host depending on its load, so the
+notebook reads them from ``data/scale/seed_405b.json`` (:func:`save_story` / :func:`load_story`, written by
+``tools/scale_full_size.py seed``) unless it runs with ``full_size=True``.
 """
 
 from __future__ import annotations
