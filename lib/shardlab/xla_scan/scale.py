@@ -386,11 +386,16 @@ def grad_sharding(r: SeedResult, cfg: SeedConfig) -> dict[str, str]:
     return out
 
 
-def one_d_stacks(r: SeedResult, cfg: SeedConfig) -> list[str]:
-    """The stacked per-chip arrays in the TPU program (or its out-of-memory list) that hold a weight's layers
-    1-D: the all-reduced gradient stack. Empty when every stacked weight-shaped array is 2-D."""
-    return [sh for sh in r.stacked_shapes if any(sharding_of(sh, cfg, w) == "1-D" for w in cfg.weights)
+def stacks(r: SeedResult, cfg: SeedConfig, kind: str) -> list[str]:
+    """The stacked ``[L, ·, ·]`` per-chip arrays in the TPU program (or its out-of-memory list) that hold a weight's
+    layers ``kind`` ("1-D": the all-reduced gradient stack; "2-D": the weights and 2-D gradient stacks)."""
+    return [sh for sh in r.stacked_shapes if any(sharding_of(sh, cfg, w) == kind for w in cfg.weights)
             and sh.count(",") == 2]
+
+
+def one_d_stacks(r: SeedResult, cfg: SeedConfig) -> list[str]:
+    """:func:`stacks` of kind "1-D": empty when every stacked weight-shaped array is 2-D."""
+    return stacks(r, cfg, "1-D")
 
 
 def story_frame(results: dict[str, SeedResult], cfg: SeedConfig, unit: str = "GiB") -> Any:
@@ -422,6 +427,7 @@ def story_frame(results: dict[str, SeedResult], cfg: SeedConfig, unit: str = "Gi
             or "–",
             "sharding": ", ".join(f"{w} {k}" for w, k in grad_sharding(r, cfg).items()) or "–",
             "1-D stacks in the program": ", ".join(one_d_stacks(r, cfg)) or "none",
+            "2-D stacks in the program": ", ".join(stacks(r, cfg, "2-D")) or "none",
             "compile s": round(r.compile_s, 1),
         })
     return pd.DataFrame(rows).set_index(["case", "shard_as"])
