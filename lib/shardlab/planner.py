@@ -34,11 +34,12 @@ padding to a multiple of 128·tensor; 16-bit activations without dropout, per th
 stored); logits kept in fp32 for the loss; the layer being recomputed under full recompute holds its full
 activations once. `Plan.notes` names the block variant used.
 
-The fit margin (default 10 %) is the compiler's heap packing, which a sum of terms cannot see: compiled
-with XLA:TPU for the planner's slice (full Llama steps, parameters and AdamW state donated to their updates),
-the steps whose verdict depended on it used 1.006x and 1.085x the capacity, with 3.65 GiB and 9.42 GiB of their
-temporaries lost to fragmentation (Llama 3 8B on v6e-8, 70B on v6e-64). A total within 10 % of the capacity is
-not a verdict the formulas can give.
+The fit margin (default 10 %) is the compiler's heap packing, which a sum of terms cannot see. Compiled with
+XLA:TPU for the planner's slice (full Llama steps without a flash kernel, parameters and AdamW state donated to
+their updates; `shardlab.planner_verdict`), the two steps near the capacity used 1.006x and 1.085x of it and
+lost 3.65 and 9.42 GiB of their temporaries to fragmentation (Llama 3 8B on v6e-8, 70B on v6e-64); the
+compiler's totals were 0.99x to 1.07x the planner's. The 8B v6e-8 plan adds up to 99.4 % of the capacity and
+the compiler ran out of memory: a total within 10 % of the capacity is not a verdict the formulas can give.
 
 Every bad input raises ValueError naming the values, before any arithmetic:
     >>> plan(PlanConfig("llama-3-8b", "v5e-8", data=2, fsdp=2, tensor=1))
