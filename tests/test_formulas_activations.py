@@ -131,3 +131,13 @@ def test_gqa_and_tp_beyond_kv_heads():
     assert t16.attention - t16.attention_core == sh2 + 2 * sh2 / 16 + kv_bytes  # input; Q, O (/t); one KV head
     with pytest.raises(ValueError, match="kv_heads=2 and tp=3: one must divide the other"):
         A.llama_activation_bytes_per_layer(8192, 1, 8190, 28674, 6, 2, tp=3)
+
+
+def test_attention_backward_holds_dp_and_ds_without_flash():
+    from shardlab.formulas.activations import attention_backward_bytes
+
+    # [b, a/t, s, s] twice in 16 bits: b 2, a 32 over t 4 -> 8 heads, s 1024
+    assert attention_backward_bytes(1024, 2, 32, tp=4) == 2 * 2 * 2 * 8 * 1024 * 1024
+    assert attention_backward_bytes(1024, 2, 32, tp=4, flash_attention=True) == 0
+    with pytest.raises(ValueError, match=r"heads=32 is not divisible by tp=3"):
+        attention_backward_bytes(1024, 2, 32, tp=3)

@@ -60,6 +60,29 @@ def test_notebook_06_defaults(run_notebook: Callable[..., dict[str, Any]]) -> No
     assert v[("placeholder.trace.h2d.bytes.no_placeholder", "metrics")] == h2d_no_placeholder(B, S, H, F, 8)
     assert v[("placeholder.trace.h2d.bytes.no_placeholder.H256", "metrics")] == h2d_no_placeholder(B, S, 256, 1024, 8)
     assert {c["name"] for c in record["checks"]} >= {f"exercise.{n}.answer_key" for n in range(1, 7)}
+    # the seed story at the notebook's size (v6e:2x4, bf16, q and o [H, H]): every case compiles; the full size is
+    # cached (a note, no scale.405b measurement)
+    for case in ("shard_as_off", "shard_as_on", "held.shard_as_off", "update.shard_as_off", "update.shard_as_on"):
+        assert v[(f"scale.small.{case}.fits", "tpu")] == 1
+    assert v[("scale.small.update.shard_as_off.per_chip.bytes", "tpu")] == \
+        v[("scale.small.update.shard_as_on.per_chip.bytes", "tpu")]
+    assert not any(name.startswith("scale.405b") for name, _ in v)
+    assert any(n["name"] == "scale.405b" and "full_size=False" in n["detail"] for n in record["notes"])
+
+
+@pytest.mark.slow
+def test_notebook_06_full_size(run_notebook: Callable[..., dict[str, Any]]) -> None:
+    """full_size=True: the five 405B-size compiles run (2-5 minutes on a 2-core host, hence slow). Oracle: bf16
+    [126, 16384/4, 16384] = 15.75 GiB per 1-D stack, two of them over the 31.25 GiB a v6e program may use; 2-D
+    per-layer gradients hold 16384² / 64 elements per chip."""
+    record = run_notebook(NB, full_size=True)
+    v = values(record)
+    assert v[("scale.405b.shard_as_off.fits", "tpu")] == 0 and v[("scale.405b.shard_as_on.fits", "tpu")] == 1
+    assert v[("scale.405b.shard_as_off.per_chip.bytes", "tpu")] >= 2 * 126 * 4096 * 16384 * 2 > 31.25 * 2**30
+    assert v[("scale.405b.shard_as_on.per_chip.bytes", "tpu")] < 31.25 * 2**30
+    assert v[("scale.405b.held.shard_as_off.fits", "tpu")] == 1 and v[("scale.405b.held.shard_as_off.runs", "tpu")] == 0
+    assert v[("scale.405b.update.shard_as_off.per_chip.bytes", "tpu")] == \
+        v[("scale.405b.update.shard_as_on.per_chip.bytes", "tpu")]
 
 
 @pytest.mark.slow

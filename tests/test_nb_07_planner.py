@@ -49,6 +49,13 @@ def test_notebook_07_defaults(run_notebook) -> None:  # type: ignore[no-untyped-
     assert by[(v + "fsdp_units.fwd_bwd.all_gather.count", "ledger")] == 3  # inner unit twice, root once
     assert {c["name"] for c in record["checks"]} >= {"exercise.1.answer_key", "exercise.2.answer_key",
                                                      "exercise.3.answer_key"}
+    # the compiler's verdict: cached by default, so the planner's bytes are recorded (formula) and the compiler's
+    # are not; every row's verdicts agree (a check in the notebook)
+    for key in ("llama-3-8b.v5e-8", "llama-3-8b.v6e-8", "llama-3-8b.v6e-64", "llama-3-70b.v6e-64"):
+        assert (f"planner.compiler.{key}.per_chip.bytes", "formula") in by
+        assert (f"planner.compiler.{key}.per_chip.bytes", "tpu") not in by
+    agree = [c for c in record["checks"] if c["name"].startswith("planner.compiler.") and "agrees" in c["name"]]
+    assert len(agree) == 7 and all(c["ok"] for c in agree)
 
 
 @pytest.mark.notebook

@@ -121,7 +121,46 @@ def test_activations_are_the_models_own_block():
     assert any("SwiGLU" in n and "GQA 8 KV heads" in n and "flash" in n for n in p.notes)
     no_flash = P.plan(P.PlanConfig("llama-3-8b", "v6e-8", fsdp=8, global_batch=8, seq=8192, recompute="none",
                                    flash_attention=False))
-    assert no_flash.memory["activations"] - p.memory["activations"] == pytest.approx(L * (2 * a * s * s - 4 * a * s))
+    # each layer keeps the bf16 softmax 2as² instead of the log-sum-exp 4as; one layer's backward holds dP and dS too
+    assert no_flash.memory["activations"] - p.memory["activations"] == pytest.approx(
+        L * (2 * a * s * s - 4 * a * s) + 2 * 2 * a * s * s)
+
+
+def test_peak_is_the_larger_of_two_phases():
+    """Llama 3 8B on v6e-8 (fsdp 8, b 1 x s 8192 per chip, full recompute), by hand. Kept: 32 layer inputs 2sbh.
+    Layer backward: the recomputed layer's activations (module note of formulas.activations) and, without flash,
+    the softmax P plus dP and dS (3 x 2as²), and one layer's weights + gradient gathered (4 B per parameter).
+    LM head: fp32 logits [s, 128256] and the gathered LM-head matrix + gradient [128256, 4096] x 4 B."""
+    s, h, ffn, a, kv, L, V = 8192, 4096, 14336, 32, 8, 32, 128256
+    sbh = s * h
+    layer = 2 * sbh * (1 + 1 + 2 * kv / a + 1 + 1 + 2) + 8 * s * ffn  # without the attention core
+    per_layer_params = 2 * h * h + 2 * h * kv * (h // a) + 3 * h * ffn + 2 * h
+    kept = L * 2 * sbh
+    state = 16 * (L * per_layer_params + 2 * V * h + h) / 8
+    lm_head = 4 * s * V + 4 * V * h
+    flash = P.plan(P.PlanConfig("llama-3-8b", "v6e-8", fsdp=8, global_batch=8, seq=8192))
+    assert flash.peak_phase == "LM head"
+    assert flash.phases["layer backward"] == pytest.approx(layer + 4 * a * s + 4 * per_layer_params)
+    assert flash.memory_total == pytest.approx(state + kept + lm_head)
+    assert (flash.memory["logits"], flash.memory["fsdp_gathered_unit"]) == (4 * s * V, 4 * V * h)  # vocab unit
+    no_flash = P.plan(P.PlanConfig("llama-3-8b", "v6e-8", fsdp=8, global_batch=8, seq=8192, flash_attention=False))
+    assert no_flash.peak_phase == "layer backward" and no_flash.memory["logits"] == 0
+    assert no_flash.memory_total == pytest.approx(state + kept + layer + 3 * 2 * a * s * s + 4 * per_layer_params)
+    assert any("peak in the layer backward" in n and "LM head needs" in n for n in no_flash.notes)
+
+
+def test_fit_margin_and_at_risk():
+    """The verdict: fits under (1 - fit_margin) x usable HBM, at risk up to the usable HBM, does not fit above."""
+    p = P.plan(P.PlanConfig("llama-3-8b", "v6e-8", fsdp=8, global_batch=8, seq=8192, flash_attention=False))
+    usable = 31.25 * 2**30
+    assert p.hbm_bytes == usable and p.fit_limit_bytes == pytest.approx(0.9 * usable)
+    share = p.memory_total / usable  # 0.994 by the terms above: within the margin
+    assert 0.9 < share <= 1 and p.at_risk and not p.fits and p.verdict.startswith("at risk")
+    loose = P.plan(P.PlanConfig("llama-3-8b", "v6e-8", fsdp=8, global_batch=8, seq=8192, flash_attention=False,
+                                fit_margin=0.0))
+    assert loose.fits and not loose.at_risk and loose.memory_total == p.memory_total
+    with pytest.raises(ValueError, match=r"fit_margin=1.5 must be a number in \[0, 1\)"):
+        P.plan(P.PlanConfig("llama-3-8b", fit_margin=1.5))
 
 
 def test_viz_headless():

@@ -3,7 +3,8 @@
 Oracle: parameter arithmetic written out here (not the planner's formula): per layer q, k, v, o = 4·h² (kv heads =
 heads), SwiGLU 3·h·ffn, two norms 2·h; embedding and LM head V·h each (V padded to 128·tensor), final norm h.
 Every dim divides the mesh, so each chip holds total / chips parameters: 2 bytes each (bf16) in the arguments,
-and 12 bytes each of fp32 optimizer state (master, exp_avg, exp_avg_sq). Each compile takes a few seconds.
+and 12 bytes each of fp32 optimizer state (master, exp_avg, exp_avg_sq). Donated, all 14 bytes per parameter are
+aliased to the step's updates. Each compile takes a few seconds.
 """
 
 from __future__ import annotations
@@ -38,18 +39,71 @@ def test_compiler_state_bytes_match_arithmetic(pc, mesh) -> None:  # type: ignor
     r = pc.check(cfg)
     matrices, norms = tiny_params(t)
     per_chip = matrices // 8 + norms // f  # the norms are replicated over tensor: t times the planner's share
-    assert r.topology == "v5e:2x4" and r.compiler_fits and r.planner_fits
+    assert r.topology == "v5e:2x4" and r.compiler_fits and r.planner_fits and r.planner_no_flash_fits
+    assert r.donated and r.agrees() and r.agrees(flash=True)
     assert r.compiler["params"] == 2 * per_chip
     assert r.compiler["optimizer"] == 12 * per_chip
+    # every parameter and its AdamW state updated in place (the small norm arrays padded to TPU tiles: < 1 %)
+    assert 14 * per_chip <= r.compiler["alias"] < 1.01 * 14 * per_chip
+    assert r.compiler["total"] == r.compiler["arguments"] + r.compiler["temp"] <= r.capacity_bytes
     rows = {row["term"]: row for row in r.rows()}
     assert rows["params"]["ratio"] == pytest.approx(1.0, abs=0.01)  # norms: (t - 1)·(2L+1)·h/8 bytes more
     assert rows["optimizer"]["ratio"] == pytest.approx(1.0, abs=0.01)
 
 
+def test_not_donated_keeps_a_second_copy(pc) -> None:  # type: ignore[no-untyped-def]
+    """Without donation nothing is aliased and the updated state is a second copy among the outputs."""
+    cfg = pc.CheckConfig(TINY, "v5e-8", data=1, fsdp=8, tensor=1, global_batch=8, seq=64, donate=False)
+    r = pc.check(cfg)
+    matrices, norms = tiny_params(1)
+    per_chip = matrices // 8 + norms // 8
+    assert not r.donated and r.compiler["alias"] == 0 and r.compiler["outputs"] >= 14 * per_chip
+
+
 def test_bad_config_names_the_rule(pc) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match=r"does not equal the 8 chips of v5e-8"):
         pc.CheckConfig(TINY, "v5e-8", data=1, fsdp=4, tensor=1).validate()
+    with pytest.raises(ValueError, match=r"fit_margin=-0.1 must be a number in"):
+        pc.CheckConfig(TINY, "v5e-8", fit_margin=-0.1).validate()
     with pytest.raises(ValueError, match=r"recompute='selective' must be one of"):
         pc.CheckConfig(TINY, recompute="selective").validate()
     with pytest.raises(ValueError, match=r"kv_heads=2 must both be divisible by tensor=4"):
         pc.CheckConfig({**TINY, "kv_heads": 2}, "v5e-8", fsdp=2, tensor=4).validate()
+
+
+def test_matrix_helpers_record_and_cache(pc, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The notebook's path on the tiny model: record (formula always, tpu when live), the agreement check, the
+    frames, and the cache, whose planner side is recomputed on load."""
+    from shardlab.profile import Recorder
+
+    cfg = pc.small_config(8)
+    assert cfg is not None and pc.small_config(2) is None  # v5e has no 2-chip slice
+    results = pc.matrix({"tiny.v5e-8": cfg})
+    rec = Recorder("t")
+    pc.record_matrix(rec, results, live=True)
+    v = {(m["name"], m["source"]): m["value"] for m in rec.data["measurements"]}
+    r = results["tiny.v5e-8"]
+    assert v[("planner.compiler.tiny.v5e-8.per_chip.bytes", "tpu")] == r.compiler["total"]
+    assert v[("planner.compiler.tiny.v5e-8.per_chip.bytes", "formula")] == sum(r.planner_no_flash.values())
+    assert [c["ok"] for c in rec.data["checks"]] == [True]
+    frame = pc.verdict_frame(results)
+    assert frame.loc["tiny.v5e-8", "agree"] and frame.loc["tiny.v5e-8", "compiler"] == "fits"
+    assert list(pc.terms_frame(r).index)[-1] == "total (what the capacity check counts)"
+    pc.save_matrix(results, tmp_path / "m.json", command="test")
+    back, source = pc.load_matrix(tmp_path / "m.json")
+    assert back["tiny.v5e-8"].compiler == r.compiler and source == {"command": "test"}
+    assert back["tiny.v5e-8"].planner_no_flash == r.planner_no_flash
+    from shardlab import planner as P
+
+    plan = P.PlanConfig(pc.TINY_MODEL, "v5e-8", data=1, fsdp=8, tensor=1, global_batch=8, seq=64)
+    assert pc.matching(results, plan) == "tiny.v5e-8"
+
+
+def test_check_plan_compiles_a_planner_config_or_says_why(pc) -> None:  # type: ignore[no-untyped-def]
+    from shardlab import planner as P
+
+    r, why = pc.check_plan(P.PlanConfig(pc.TINY_MODEL, "v5e-8", fsdp=8, global_batch=8, seq=64))
+    assert why == "" and r is not None and r.compiler_fits and r.agrees()
+    none, why = pc.check_plan(P.PlanConfig(pc.TINY_MODEL, "v5e-8", fsdp=8, global_batch=8, seq=64,
+                                           recompute="selective"))
+    assert none is None and "recompute='selective' must be one of" in why

@@ -81,3 +81,48 @@ def test_outputs_are_not_in_the_compilers_check(scale) -> None:  # type: ignore[
                          capacity_bytes=12)
     assert r.live_bytes == 15 and not r.runs  # compiled, but 2 + 10 + 3 > 12: the outputs do not fit
     assert replace(r, output_bytes=1).runs
+
+
+def test_sharding_of_reads_the_mesh_split() -> None:
+    from shardlab.xla_scan.scale import SeedConfig, sharding_of
+
+    cfg = SeedConfig(layers=4, hidden=256, ffn=512, batch=8, seq=8, mesh_fsdp=2, mesh_tensor=4)
+    # q [256, 256] on (fsdp 2, tensor 4): 2-D is [64, 128] (either order), 1-D [64, 256]; activations are neither
+    assert [sharding_of(s, cfg) for s in ("f32[4,64,128]", "f32[128,64]", "f32[4,64,256]", "f32[256,64]",
+                                          "f32[4,1,8,64]", "f32[4,8,64]")] == ["2-D", "2-D", "1-D", "1-D", "", ""]
+
+
+def test_story_small_records_the_invariants(scale) -> None:  # type: ignore[no-untyped-def]
+    """Every case of the seed story at a small size (bf16 like the seed), recorded: the names the notebook
+    records and the checks it makes, which must pass. Oracle for the per-chip bytes: the checked total is
+    arguments + checked temporaries; with the update in the graph both programs are identical."""
+    from shardlab.profile import Recorder
+
+    cfg = scale.small_config(layers=L, hidden=H, batch=8, seq=8, mesh_fsdp=2, mesh_tensor=4)
+    res = scale.story(cfg, "v6e:2x4")
+    assert list(res) == ["in_graph.off", "in_graph.on", "held.off", "update.off", "update.on"]
+    rec = Recorder("t")
+    scale.record_story(rec, "scale.small", res, cfg)  # raises if a check fails
+    v = {(m["name"], m["source"]): m["value"] for m in rec.data["measurements"]}
+    for key, name in (("in_graph.off", "scale.small.shard_as_off"), ("held.off", "scale.small.held.shard_as_off")):
+        r = res[key]
+        assert v[(name + ".fits", "tpu")] == 1 and v[(name + ".per_chip.bytes", "tpu")] == r.per_chip_bytes
+        assert r.per_chip_bytes == r.argument_bytes + r.temp_bytes
+    # off: 1-D per-layer gradients [H/4, H] (H/4 · H elements); on: 2-D, half of that (fsdp = 2)
+    assert scale.grad_sharding(res["in_graph.off"], cfg) == {"q": "1-D", "o": "1-D"}
+    assert scale.grad_sharding(res["in_graph.on"], cfg) == {"q": "2-D", "o": "2-D"}
+    assert res["held.off"].grad_shapes == {"q": [f"bf16[{L},64,256]"], "o": [f"bf16[{L},256,64]"]}
+    assert scale.one_d_stacks(res["held.off"], cfg) and not scale.one_d_stacks(res["in_graph.on"], cfg)
+    assert res["update.off"].peak_bytes == res["update.on"].peak_bytes
+    frame = scale.story_frame(res, cfg)
+    assert frame.loc[("held", "off"), "sharding"] == "q 1-D, o 1-D"
+
+
+def test_story_cache_round_trips(scale, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    r = scale.SeedResult({"layers": 2}, "v6e:8x8", False, 3.0, used_bytes=7, largest=[(5, "bf16[2,4]", "x")],
+                         message="RESOURCE_EXHAUSTED: ...")
+    scale.save_story({"in_graph.off": r}, tmp_path / "s.json", command="test")
+    back, source = scale.load_story(tmp_path / "s.json")
+    assert back["in_graph.off"] == r and source == {"command": "test"}
+    with pytest.raises(FileNotFoundError, match="full_size=True"):
+        scale.load_story(tmp_path / "missing.json")

@@ -233,3 +233,85 @@ def test_annotated_parameters_keep_their_sharding(tpu) -> None:  # type: ignore[
     assert out.count("all-gather") == 1 and out.bytes("all-gather") == 8 * 126 * 4
     assert out.memory.argument < 8 * 1003 * 4  # the argument is the shard (tile-padded), not the whole x
     assert tpu.parameter_propagation("ENTRY %e {\n %p = f32[2]{0} parameter(0)\n}", 1) == [True]  # placeholder
+
+
+def test_donation_aliases_updates_into_their_inputs(tpu) -> None:  # type: ignore[no-untyped-def]
+    """A momentum step whose new W and m are donated into W's and m's buffers, as torch_xla's in-place update does.
+    Oracle: W and m [1024, 512] f32 sharded by rows over 8 chips hold 128 · 512 · 4 B each per chip, so the alias is
+    2 · 262144 B; without donation nothing is aliased and the updated state is a second copy in the outputs."""
+    shard = 1024 // 8 * 512 * 4
+    step = tp.momentum_update(tp.UpdateCfg())
+    plain = tpu.compile_tensors(step.outputs, "v5e:2x4")
+    donated = tpu.compile_tensors(step.outputs, "v5e:2x4", donate=step.donate)
+    assert plain.memory.alias == 0 and "donated" not in plain.options
+    assert donated.memory.alias == 2 * shard and [o for o, _ in donated.options["donated"]] == [1, 2]
+    assert plain.memory.output == donated.memory.output >= 2 * shard  # listed either way; aliased when donated
+    assert donated.memory.peak < plain.memory.peak  # the outputs no longer need their own buffers
+    for m in (plain.memory, donated.memory):
+        assert m.peak == m.argument + m.output - m.alias + m.checked_temp and m.fits and m.runs
+    # the same through compile_program: a builder returning a Step, in this process (8 chips) and in a 4-chip worker
+    again = tpu.compile_program(tp.momentum_update, tp.UpdateCfg(), "v5e:2x4")
+    assert again.cached and again.memory.alias == 2 * shard
+    assert tpu.compile_program(tp.momentum_update, tp.UpdateCfg(), "v5e:2x4", donate=False).memory.alias == 0
+    four = tpu.compile_program(tp.momentum_update, tp.UpdateCfg(), "v5e:2x2")
+    assert four.memory.alias == 2 * (1024 // 4 * 512 * 4)
+
+
+def test_donation_errors_name_the_rule(tpu) -> None:  # type: ignore[no-untyped-def]
+    step = tp.momentum_update(tp.UpdateCfg(rows=256, cols=128))
+    w, m = step.donate[1], step.donate[2]
+    product = w * 1
+    with pytest.raises(ValueError, match=r"donate=\{1: \.\.\.\}: the input is not a parameter of the graph"):
+        tpu.compile_tensors(step.outputs, "v5e:2x4", donate={1: product})
+    with pytest.raises(ValueError, match=r"output 0 is torch.float32\[\] but the donated input is "
+                                         r"torch.float32\[256, 128\]"):
+        tpu.compile_tensors(step.outputs, "v5e:2x4", donate={0: w})
+    with pytest.raises(ValueError, match=r"output index 3 is out of range \(there are 3 outputs\)"):
+        tpu.compile_tensors(step.outputs, "v5e:2x4", donate={3: w})
+    with pytest.raises(ValueError, match=r"already donated to output 1"):
+        tpu.compile_tensors(step.outputs, "v5e:2x4", donate={1: m, 2: m})
+
+
+def test_checked_memory_is_what_the_capacity_check_counts(tpu) -> None:  # type: ignore[no-untyped-def]
+    """One v6e chip (31.25 GiB = 32000 MiB usable): an argument of A MiB, a 512 MiB bf16 argument, and its row sort
+    (a 512 MiB temporary). Oracle: arithmetic on those sizes. 32000 - 1024 - 16 MiB of argument compiles, and the
+    checked bytes are arguments + the 512 MiB temporary; 32 MiB more fails although the arguments alone
+    (31504 MiB) are under the capacity — the temporary is counted, the reserved 258 MiB is not (it would not fit)."""
+    MiB = 2**20
+    ok = tpu.compile_program(tp.sort_temporary, 32000 - 1024 - 16, "v6e:1x1")
+    m = ok.memory
+    assert ok.fits and m.argument >= (32000 - 512 - 16) * MiB
+    assert 512 * MiB <= m.checked_temp < 513 * MiB and m.temp == 512 * MiB  # temp_size agrees here (small program)
+    assert 0 < m.capacity - m.checked < 17 * MiB and m.fits and m.runs
+    over = tpu.compile_program(tp.sort_temporary, 32000 - 1024 + 16, "v6e:1x1")
+    oom = over.oom
+    assert not over.fits and oom.capacity == 32000 * MiB
+    assert oom.arguments == pytest.approx((32000 - 512 + 16) * MiB, abs=0.006 * GiB)  # printed as "30.77G"
+    assert oom.arguments < oom.capacity and oom.program == 512 * MiB and oom.fragmentation == 0
+
+
+def test_oom_arguments_not_evaluated(tpu) -> None:  # type: ignore[no-untyped-def]
+    """When the program alone exceeds the HBM the compiler lists "arguments 0B": not evaluated, so None."""
+    big = tpu.compile_tensors(tp.big_temporary(), "v5e:2x4")  # a 16 GiB temporary > 15.75 GiB
+    assert big.oom.breakdown["arguments"] == 0 and big.oom.arguments is None and big.oom.outputs is None
+    assert big.oom.program > big.oom.capacity and "Ran out of memory" in big.oom.first_line
+    args16 = tpu.compile_tensors(tp.big_argument(16), "v5e:2x4")  # the arguments alone are over: evaluated
+    assert args16.oom.arguments == 16 * GiB
+
+
+def test_parse_oom_reads_the_listed_sizes() -> None:
+    from shardlab.profile.tpu_memory import parse_oom
+
+    text = "\n".join([
+        "RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space hbm. Used 33.92G of "
+        "31.25G hbm. Exceeded hbm capacity by 2.68G.", "", "Total hbm usage >= 34.18G:",
+        "    reserved        260.03M ", "    program          19.55G ", "    arguments        14.38G ", "",
+        "Output size 14.38G; shares 14.38G with arguments.", "", "Program hbm requirement 19.55G:",
+        "    global           977.0K", "    scoped            3.56M",
+        "    HLO temp         19.54G (100.0% utilization: Unpadded (10.12G) Padded (10.12G), 48.2% fragmentation "
+        "(9.42G))", ""])
+    oom = parse_oom(text)
+    assert oom is not None and oom.used == round(33.92 * GiB) and oom.capacity == round(31.25 * GiB)
+    assert oom.arguments == round(14.38 * GiB) and oom.program == round(19.55 * GiB)
+    assert oom.outputs == oom.shared_with_arguments == round(14.38 * GiB)  # donated: the outputs are the arguments
+    assert oom.fragmentation == round(9.42 * GiB) and oom.breakdown["reserved"] == round(260.03 * 2**20)

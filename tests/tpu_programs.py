@@ -151,3 +151,49 @@ def scan_stack(cfg: MlpCfg) -> list[torch.Tensor]:
     out = model(x)
     M.loss_fn(out).backward()
     return [out, x.grad, *[w.grad for ws in model.weights().values() for w in ws]]  # type: ignore[operator]
+
+
+@dataclass(frozen=True)
+class UpdateCfg:
+    rows: int = 1024  # W [rows, cols] f32, sharded by rows over all devices
+    cols: int = 512
+    tokens: int = 64
+
+
+def momentum_update(cfg: UpdateCfg):  # type: ignore[no-untyped-def]
+    """A momentum-SGD step on placeholder state: m' = 0.9·m + g, W' = W - 0.01·m' with g = dL/dW of
+    tanh(x @ W).sum(). Returns a ``tpu.Step``: output 1 (W') donated into W's buffer, output 2 (m') into m's —
+    torch_xla's in-place update. W and m are placeholders (graph parameters); their products carry the sharding."""
+    import torch_xla.distributed.spmd as xs
+
+    from shardlab.profile.tpu import Step
+
+    mesh = _mesh("fsdp")
+    w, m = _placeholder(cfg.rows, cfg.cols), _placeholder(cfg.rows, cfg.cols)
+    ws, ms = w * 1, m * 1
+    for t in (ws, ms):
+        xs.mark_sharding(t, mesh, ("fsdp", None))
+    ws.requires_grad_(True)
+    x = torch.randn(cfg.tokens, cfg.rows).to("xla")
+    loss = torch.tanh(x @ ws).sum()  # [tokens, rows] @ [rows, cols]
+    (g,) = torch.autograd.grad(loss, [ws])
+    new_m = 0.9 * ms + g
+    new_w = ws.detach() - 0.01 * new_m
+    for t in (new_w, new_m):
+        xs.mark_sharding(t, mesh, ("fsdp", None))
+    return Step([loss, new_w, new_m], {1: w, 2: m})
+
+
+def sort_temporary(arg_mib: int) -> list[torch.Tensor]:
+    """One chip: an ``arg_mib`` MiB f32 argument (only 8 elements read) and a bf16 [2^18, 1024] argument sorted by
+    rows — the sort's result is a 512 MiB temporary (its first 8 columns summed)."""
+    a = _placeholder(arg_mib * 2**18)  # arg_mib MiB of f32
+    x = create_bf16(2**18, 1024)  # 512 MiB
+    s = torch.sort(x, dim=1).values
+    return [a[:8].sum(), s[:, :8].float().sum()]
+
+
+def create_bf16(*shape: int) -> torch.Tensor:
+    from torch_xla.core.xla_builder import create_placeholder_tensor
+
+    return create_placeholder_tensor(shape, torch.bfloat16)

@@ -320,6 +320,7 @@ class PlannerParams(NotebookParams):
     val_hidden: int = 128
     val_ffn: int = 512
     val_heads: int = 8  # heads of the validation transformer layer
+    full_size: bool = False  # compile the presets' full training steps with XLA:TPU (tens of minutes); False: cached
 
     def plan_config(self) -> planner.PlanConfig:
         return planner.PlanConfig(planner.model_from(self.model), self.topology, data=self.data, fsdp=self.fsdp,
@@ -331,6 +332,7 @@ class PlannerParams(NotebookParams):
             raise ValueError(f"model={self.model!r} must be a preset name or a dict of sizes")
         if not isinstance(self.topology, str):
             raise ValueError(f"topology={self.topology!r} must be a slice name such as 'v6e-8'")
+        boolean("full_size", self.full_size)
         for name in ("data", "fsdp", "tensor", "global_batch", "seq", "val_world", "val_tokens", "val_hidden",
                      "val_ffn", "val_heads"):
             positive_int(name, getattr(self, name))
@@ -373,8 +375,10 @@ class ScanParams(NotebookParams):
     mesh_tensor: int = 4
     devices_sweep: list = field(default_factory=list)  # compile time vs device count: one fresh process per count
     placeholder_hiddens: list = field(default_factory=lambda: [64, 256])  # widths for the trace transfers
+    full_size: bool = False  # compile the 405B-size seed with XLA:TPU (minutes); False: show the cached compiles
 
     def checks(self) -> None:
+        boolean("full_size", self.full_size)
         for name in ("hidden", "ffn", "batch", "seq", "mesh_fsdp", "mesh_tensor"):
             positive_int(name, getattr(self, name))
         int_list("layers_sweep", self.layers_sweep, least=2)  # XLA removes a While that runs once

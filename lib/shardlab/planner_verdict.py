@@ -12,34 +12,42 @@ Representation (stated once, every choice visible in the numbers):
     params      bf16 ``[L, out, in]`` (torch layout) 2-D sharded: q, k, v, gate, up -> [∅, out_tensor, in_fsdp];
                 o, down -> [∅, out_fsdp, in_tensor]; norms [∅, H_fsdp]; embedding / LM head [V_tensor, H_fsdp]
     optimizer   fp32 master, exp_avg, exp_avg_sq placeholders sharded like the parameter; the AdamW update is
-                traced as elementwise ops (``m' = β1·m + (1-β1)·g`` ...). The step returns the new state; a real
-                step donates the old buffers, so the outputs are reported but not added to the per-chip total.
+                traced as elementwise ops (``m' = β1·m + (1-β1)·g`` ...). The step returns the new state, donated
+                into the old buffers (below).
     recompute   ``full``: a partition function for scan's AOTAutograd trace that saves only the layer's inputs
                 (the carry and the weight slices — scan does not copy slices that alias its inputs), so the
                 backward recomputes the layer; ``none``: torch's default partition (save what the backward uses).
     attention   plain causal softmax attention: the [b, a/t, s, s] scores exist in the program (no flash kernel).
     activations x [B_(data,fsdp), S, H] between layers, tensor-sharded inside the block (Megatron).
 
-Per-chip comparison (``check``): compiler parameters (bf16 arguments) vs ``plan.memory['params']``, optimizer
-(fp32 arguments) vs ``optimizer``, temporaries vs ``grads + activations + logits + fsdp_gathered_unit``, and
-arguments + temporaries vs the planner's total; the compiler's fits (its HBM check: arguments + temporaries)
-vs the planner's.
+Donation. torch_xla's optimizer step updates parameters and AdamW state in place: the new values are written
+into the old buffers. ``build`` returns a ``tpu.Step`` that donates every parameter and state placeholder to its
+update, so the compiled program aliases them (``donate=False`` in :class:`CheckConfig` compiles the same graph
+without: the updated state is then a second copy among the outputs, which the capacity check does not count, and
+the bf16 gradients sit in output buffers instead of temporaries — measured on Llama 3 70B, v6e:8x8: "fits"
+without donation, "Used 33.92G of 31.25G hbm" with it). The donated verdict is the realistic one.
 
-Two limits of the compile view as it stands (measured with libtpu 0.0.21; both need ``shardlab.profile.tpu``):
+Per-chip comparison (:func:`check`, :meth:`PlannerCheck.rows`), compiler bytes from ``TpuMemory`` (the numbers
+the capacity check counts, not ``temp_size_in_bytes``) or from the out-of-memory message:
 
-* No donation. torch_xla's optimizer step updates parameters and state in place and donates their buffers; the
-  compile here does not, so the updated state is a second copy in the outputs, and the bf16 gradient
-  accumulators sit in output buffers instead of temporaries. With donation (``tf.aliasing_output`` on the
-  entry arguments) Llama 3 70B on v6e:8x8 (fsdp 16 × tensor 4, b 16 × s 8192) goes from "fits" to "Used 33.92G of
-  31.25G hbm" — the planner says it fits.
-* ``memory.temp`` (``temp_size_in_bytes``) is larger than the HBM temporary the capacity check uses (70B:
-  22.33 vs 16.16 GiB); ``peak_memory_in_bytes - arguments - outputs (+ aliased)`` gives the checked one.
+    planner term                                     compiler
+    params                                           bf16 entry arguments (a fitting program's layout header)
+    optimizer                                        fp32 entry arguments
+    params + optimizer (+ padding)                   all arguments (an out-of-memory message lists them, unless
+                                                     the program alone was over: then "not evaluated")
+    grads + activations + logits + gathered unit     the temporaries the check counts (checked_temp), or the
+                                                     message's "program"
+    total                                            arguments + temporaries (``checked``), or the message's "Used"
+
+The planner's columns are its flash verdict (its default, a step with a flash kernel) and its no-flash verdict —
+the attention traced here has no flash kernel, so the no-flash column is the one the compiler checks.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -65,6 +73,8 @@ class CheckConfig:
     seq: int = 8192
     recompute: str = "full"  # full | none (the trace's partition function; the planner gets the same policy)
     layers: int | None = None  # override L (quick checks); None = the preset's
+    donate: bool = True  # parameters and AdamW state aliased to their updates (torch_xla's in-place step)
+    fit_margin: float = 0.10  # the planner's: "fits" only under (1 - fit_margin) x usable HBM
 
     def validate(self) -> CheckConfig:
         from shardlab import planner as P
@@ -94,7 +104,7 @@ class CheckConfig:
 
         return P.plan(P.PlanConfig(self.model_config(), self.topology, data=self.data, fsdp=self.fsdp,
                                    tensor=self.tensor, recompute=self.recompute, global_batch=self.global_batch,
-                                   seq=self.seq, flash_attention=flash_attention))
+                                   seq=self.seq, flash_attention=flash_attention, fit_margin=self.fit_margin))
 
     @property
     def chips(self) -> int:
@@ -122,13 +132,15 @@ def _rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-5) -> torch.Tenso
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
 
 
-def build(cfg: CheckConfig) -> list[torch.Tensor]:
-    """One training step on this process's world; returns ``[loss, *new state]`` (module-level for the worker)."""
+def build(cfg: CheckConfig) -> Any:
+    """One training step on this process's world; returns a ``tpu.Step``: ``[loss, *new state]``, each parameter
+    and AdamW state placeholder donated to its update (module-level for the worker)."""
     import torch_xla.distributed.spmd as xs
     from torch._functorch.partitioners import default_partition
     from torch_xla.experimental.scan import scan
 
     from shardlab import runtime
+    from shardlab.profile import tpu as T
     from shardlab.xla_scan.patches import placeholder
 
     m = cfg.model_config()
@@ -199,16 +211,22 @@ def build(cfg: CheckConfig) -> list[torch.Tensor]:
     logits = ann(torch.einsum("bsh,vh->bsv", x, params["lm_head"][1]), (ba, None, "tensor"))  # [B, S, V_tensor]
     loss = torch.nn.functional.cross_entropy(logits.float().view(-1, V), labels.view(-1))
     loss.backward()
-    outs = [loss]
+    outs: list[torch.Tensor] = [loss]
+    donate: dict[int, torch.Tensor] = {}  # output index -> the placeholder whose buffer it reuses
     c = ADAMW
     for leaf, _, spec in params.values():
         g = leaf.grad.float()
-        master, m1, m2 = (marked(tuple(leaf.shape), spec, torch.float32) for _ in range(3))
+        raw = [placeholder(tuple(leaf.shape), torch.float32) for _ in range(3)]  # fp32 master, exp_avg, exp_avg_sq
+        master, m1, m2 = (r * 1 for r in raw)
+        for t in (master, m1, m2):
+            xs.mark_sharding(t, mesh, spec)
         m1 = c["b1"] * m1 + (1 - c["b1"]) * g
         m2 = c["b2"] * m2 + (1 - c["b2"]) * g * g
         master = master - c["lr"] * (m1 / (m2.sqrt() + c["eps"]) + c["wd"] * master)
-        outs += [master.to(dt), master, m1, m2]
-    return outs
+        for src, new in zip((leaf, *raw), (master.to(dt), master, m1, m2), strict=True):
+            donate[len(outs)] = src
+            outs.append(new)
+    return T.Step(outs, donate)
 
 
 @dataclass
@@ -218,31 +236,65 @@ class PlannerCheck:
     config: dict[str, Any]
     topology: str  # the compiler's name
     compile_s: float
+    donated: bool
     compiler_fits: bool
-    planner_fits: bool
-    planner: dict[str, float]  # plan.memory (flash attention, the planner's default)
-    planner_no_flash: dict[str, float]  # the same with flash_attention=False (the traced attention)
-    compiler: dict[str, int] = field(default_factory=dict)  # params, optimizer, temp, arguments, outputs
-    used_bytes: int | None = None  # from the out-of-memory message
-    capacity_bytes: int | None = None
-    message: str = ""
+    planner_fits: bool  # the planner's default: a flash kernel
+    planner_no_flash_fits: bool  # the attention that was traced
+    planner_at_risk: dict[str, bool]  # "flash" / "no_flash": within the fit margin (fits is False then)
+    planner: dict[str, float]  # plan.memory, flash attention
+    planner_no_flash: dict[str, float]  # the same with flash_attention=False
+    capacity_bytes: int
+    compiler: dict[str, int | None] = field(default_factory=dict)  # params, optimizer, arguments, temp, total, ...
+    message: str = ""  # the compiler's first line when it ran out of memory
+    largest: list[tuple[int, str, str]] = field(default_factory=list)  # (bytes, shape, XLA label) from the message
+    arguments_evaluated: bool = True  # False: out of memory in the program alone ("arguments 0B")
+
+    @property
+    def total(self) -> int | None:
+        """The compiler's per-chip bytes as its capacity check counted them (a lower bound when the arguments
+        were not evaluated)."""
+        return self.compiler.get("total")
+
+    def agrees(self, flash: bool = False) -> bool:
+        """Does the planner's verdict (no flash: the attention traced here) agree with the compiler's?"""
+        return (self.planner_fits if flash else self.planner_no_flash_fits) == self.compiler_fits
 
     def rows(self) -> list[dict[str, Any]]:
-        """One row per compared term: planner (flash / no flash), compiler, ratios."""
+        """One row per compared term: planner (flash / no flash), compiler, ratios (None where not measured)."""
         p, q, c = self.planner, self.planner_no_flash, self.compiler
-        rest = ("grads", "activations", "logits", "fsdp_gathered_unit", "padding")
+        state = ("params", "optimizer", "padding")
+        rest = ("grads", "activations", "logits", "fsdp_gathered_unit")
         terms = [("params", p["params"], q["params"], c.get("params")),
                  ("optimizer", p["optimizer"], q["optimizer"], c.get("optimizer")),
-                 ("temporaries (grads + activations + logits + gathered unit)", sum(p[k] for k in rest),
+                 ("params + optimizer (arguments)", sum(p[k] for k in state), sum(q[k] for k in state),
+                  c.get("arguments")),
+                 ("grads + activations + logits + gathered unit (temporaries)", sum(p[k] for k in rest),
                   sum(q[k] for k in rest), c.get("temp")),
-                 ("total (arguments + temporaries)", sum(p.values()), sum(q.values()),
-                  (c["arguments"] + c["temp"]) if "temp" in c else self.used_bytes)]
+                 ("total (what the capacity check counts)", sum(p.values()), sum(q.values()), c.get("total"))]
         return [{"term": t, "planner": a, "planner_no_flash": b, "compiler": x,
                  "ratio": (x / a) if x is not None and a else None,
                  "ratio_no_flash": (x / b) if x is not None and b else None} for t, a, b, x in terms]
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "rows": self.rows()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PlannerCheck:
+        """Inverse of :meth:`as_dict` (JSON turns tuples into lists)."""
+        kw = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        kw["largest"] = [tuple(x) for x in kw.get("largest", [])]
+        return cls(**kw)
+
+    def replanned(self) -> PlannerCheck:
+        """The same compile with the planner's side recomputed by the current planner (cached compiles keep their
+        compiler numbers; the formulas are always today's)."""
+        from dataclasses import replace
+
+        cfg = CheckConfig(**self.config)
+        plan, plan_nf = cfg.plan(True), cfg.plan(False)
+        return replace(self, planner_fits=plan.fits, planner_no_flash_fits=plan_nf.fits,
+                       planner_at_risk={"flash": plan.at_risk, "no_flash": plan_nf.at_risk},
+                       planner=dict(plan.memory), planner_no_flash=dict(plan_nf.memory))
 
 
 def _entry_parameters(hlo_text: str) -> list[Any]:
@@ -260,16 +312,181 @@ def check(cfg: CheckConfig) -> PlannerCheck:
     cfg.validate()
     topology = cfg.tpu_topology()
     plan, plan_nf = cfg.plan(True), cfg.plan(False)
-    c = tpu.compile_program(build, cfg, topology, label=f"planner check {cfg.model_config().name} {cfg.topology}")
-    res = PlannerCheck(asdict(cfg), topology, c.compile_s, c.fits, plan.fits, dict(plan.memory),
-                       dict(plan_nf.memory), capacity_bytes=tpu.get_topology(topology).hbm_bytes)
+    name = cfg.model_config().name
+    c = tpu.compile_program(build, cfg, topology, donate=cfg.donate, label=f"planner verdict {name} {cfg.topology}")
+    res = PlannerCheck(asdict(cfg), topology, c.compile_s, cfg.donate, c.fits, plan.fits, plan_nf.fits,
+                       {"flash": plan.at_risk, "no_flash": plan_nf.at_risk}, dict(plan.memory), dict(plan_nf.memory),
+                       tpu.get_topology(topology).hbm_bytes or plan.hbm_bytes)
     if c.fits and c.memory is not None and c.hlo_text is not None:
+        m = c.memory
         args = [x for x in _entry_parameters(c.hlo_text) if x.dims]  # scalars: torch_xla's lifted constants
         res.compiler = {"params": sum(x.nbytes for x in args if x.dtype == "bf16"),
                         "optimizer": sum(x.nbytes for x in args if x.dtype == "f32"),
-                        "arguments": c.memory.argument, "temp": c.memory.temp, "outputs": c.memory.output}
+                        "arguments": m.argument, "temp": m.checked_temp, "total": m.checked,
+                        "outputs": m.output, "alias": m.alias, "peak": m.peak, "temp_size": m.temp}
     elif c.oom is not None:
-        res.used_bytes, res.capacity_bytes = c.oom.used, c.oom.capacity
-        res.message = next((ln for ln in c.oom.message.splitlines() if "Ran out of memory" in ln), "")
-        res.compiler = {k: v for k, v in c.oom.breakdown.items() if k in ("program", "arguments")}
+        o = c.oom
+        res.message, res.arguments_evaluated = o.first_line, o.arguments_evaluated
+        res.compiler = {"arguments": o.arguments, "temp": o.program, "total": o.used,
+                        "fragmentation": o.fragmentation}
+        res.largest = [(b.size, b.shape, b.label) for b in o.buffers[:5]]
     return res
+
+
+# ------------------------------------------------------------------------------------------ notebook helpers
+# preset x slice x the planner's mesh (data, fsdp, tensor) x global batch: 8 chips FSDP over all, 64 chips 2-D
+MATRIX: tuple[tuple[str, str, tuple[int, int, int], int], ...] = (
+    ("llama-3-8b", "v5e-8", (1, 8, 1), 8),
+    ("llama-3-8b", "v6e-8", (1, 8, 1), 8),
+    ("llama-3-8b", "v6e-64", (1, 16, 4), 16),
+    ("llama-3-70b", "v5e-8", (1, 8, 1), 8),
+    ("llama-3-70b", "v6e-8", (1, 8, 1), 8),
+    ("llama-3-70b", "v6e-64", (1, 16, 4), 16),
+    ("llama-3.1-405b", "v6e-64", (1, 16, 4), 16),
+)
+MATRIX_FILE = Path(__file__).resolve().parents[2] / "data" / "scale" / "planner_verdict.json"
+
+
+def matrix_configs(seq: int = 8192) -> dict[str, CheckConfig]:
+    """``{"<preset>.<slice>": CheckConfig}`` for every row of :data:`MATRIX` (full recompute, donated)."""
+    return {f"{m}.{topo}": CheckConfig(m, topo, data=d, fsdp=f, tensor=t, global_batch=b, seq=seq)
+            for m, topo, (d, f, t), b in MATRIX}
+
+
+def matrix(configs: dict[str, CheckConfig] | None = None) -> dict[str, PlannerCheck]:
+    """Compile every configuration (a few minutes each at full size) and compare with the planner."""
+    return {k: check(c) for k, c in (configs or matrix_configs()).items()}
+
+
+def verdict_frame(results: dict[str, PlannerCheck]) -> Any:
+    """One row per preset x slice: the compiler's verdict and bytes next to the planner's (no flash: what was
+    traced; flash: the planner's default), with ratios compiler / planner."""
+    import pandas as pd
+
+    gib = 2**30
+
+    def verdict(fits: bool, at_risk: bool) -> str:
+        return "fits" if fits else ("at risk" if at_risk else "no")
+
+    rows = []
+    for key, r in results.items():
+        row = {k["term"]: k for k in r.rows()}
+        total = row["total (what the capacity check counts)"]
+        temp = row["grads + activations + logits + gathered unit (temporaries)"]
+        cfg = r.config
+        rows.append({
+            "preset · slice": key, "mesh (d, f, t)": (cfg["data"], cfg["fsdp"], cfg["tensor"]),
+            "compiler": "fits" if r.compiler_fits else "out of memory",
+            "compiler GiB": ("" if r.arguments_evaluated else "≥ ") + (f"{r.total / gib:.2f}" if r.total else "–"),
+            "planner no flash GiB": round(total["planner_no_flash"] / gib, 2),
+            "compiler / planner": None if total["ratio_no_flash"] is None else round(total["ratio_no_flash"], 3),
+            "planner no flash": verdict(r.planner_no_flash_fits, r.planner_at_risk["no_flash"]),
+            "agree": r.agrees(),
+            "temporaries compiler / planner": None if temp["ratio_no_flash"] is None
+            else round(temp["ratio_no_flash"], 3),
+            "planner flash GiB": round(total["planner"] / gib, 2),
+            "planner flash": verdict(r.planner_fits, r.planner_at_risk["flash"]),
+            "compile s": round(r.compile_s, 1),
+        })
+    return pd.DataFrame(rows).set_index("preset · slice")
+
+
+def terms_frame(r: PlannerCheck) -> Any:
+    """The term-by-term comparison of one configuration (GiB; ratios compiler / planner). The planner's
+    temporaries are listed one by one too ("· grads" ...): the compiler's program does not separate them."""
+    import pandas as pd
+
+    gib = 2**30
+    rows = [{"term": x["term"], "planner flash": round(x["planner"] / gib, 2),
+             "planner no flash": round(x["planner_no_flash"] / gib, 2),
+             "compiler": None if x["compiler"] is None else round(x["compiler"] / gib, 2),
+             "ratio (no flash)": None if x["ratio_no_flash"] is None else round(x["ratio_no_flash"], 3)}
+            for x in r.rows()]
+    parts = [{"term": f"· {k}", "planner flash": round(r.planner[k] / gib, 2),
+              "planner no flash": round(r.planner_no_flash[k] / gib, 2), "compiler": None, "ratio (no flash)": None}
+             for k in ("grads", "activations", "logits", "fsdp_gathered_unit")]
+    return pd.DataFrame(rows[:4] + parts + rows[4:]).set_index("term")
+
+
+def record_matrix(rec: Any, results: dict[str, PlannerCheck], live: bool) -> None:
+    """``planner.compiler.<preset>.<slice>.{per_chip.bytes,fits}`` from the planner (formula, no flash: the
+    attention traced) always, and from the compiler (tpu) when ``live``; checks that the verdicts agree."""
+    for key, r in results.items():
+        name = f"planner.compiler.{key}"
+        rec.measure(f"{name}.per_chip.bytes", sum(r.planner_no_flash.values()), "bytes", "formula")
+        rec.measure(f"{name}.fits", int(r.planner_no_flash_fits), "1", "formula")
+        if live:
+            if r.total is not None:
+                rec.measure(f"{name}.per_chip.bytes", r.total, "bytes", "tpu")
+            rec.measure(f"{name}.fits", int(r.compiler_fits), "1", "tpu")
+            rec.measure(f"{name}.compile_s", r.compile_s, "s", "tpu", kind="timing")
+        rec.check(f"{name}: the planner's verdict (no flash, as traced) agrees with the compiler's", r.agrees(),
+                  f"planner {'fits' if r.planner_no_flash_fits else 'no'} "
+                  f"({sum(r.planner_no_flash.values()) / 2**30:.2f} GiB), compiler "
+                  f"{'fits' if r.compiler_fits else r.message} ({(r.total or 0) / 2**30:.2f} GiB)")
+
+
+def save_matrix(results: dict[str, PlannerCheck], path: Path = MATRIX_FILE, **source: Any) -> None:
+    import json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {"_source": source, "results": {k: r.as_dict() for k, r in results.items()}}
+    path.write_text(json.dumps(data, indent=1, default=str) + "\n")
+
+
+def load_matrix(path: Path = MATRIX_FILE) -> tuple[dict[str, PlannerCheck], dict[str, Any]]:
+    import json
+
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: run notebook 07 with full_size=True (or "
+                                "tools/scale_full_size.py planner) to measure the full-size compiles")
+    data = json.loads(path.read_text())
+    return ({k: PlannerCheck.from_dict(v).replanned() for k, v in data["results"].items()},
+            data.get("_source", {}))
+
+
+TINY_MODEL = {"name": "tiny-llama", "layers": 2, "hidden": 256, "ffn": 512, "heads": 8, "kv_heads": 8,
+              "vocab": 1000, "gated_mlp": True}
+
+
+def small_config(chips: int) -> CheckConfig | None:
+    """A two-layer Llama-shaped model on the v5e slice with ``chips`` chips, FSDP over all of them (one sequence
+    of 64 tokens per chip): every step of the full-size check in a few seconds. None when v5e has no such slice."""
+    from shardlab.formulas import hardware
+
+    topology = f"v5e-{chips}"
+    if topology not in hardware.chip("v5e").slices or TINY_MODEL["hidden"] % chips:
+        return None
+    return CheckConfig(TINY_MODEL, topology, data=1, fsdp=chips, tensor=1, global_batch=chips, seq=64)
+
+
+def matching(results: dict[str, PlannerCheck], plan_config: Any) -> str | None:
+    """The key of the row whose configuration is ``plan_config``'s (model, slice, degrees, batch, sequence,
+    recompute), or None."""
+    from shardlab import planner as P
+
+    m = P.model_from(plan_config.model)
+    for key, r in results.items():
+        c = r.config
+        if (P.model_from(c["model"]) == m and c["topology"] == plan_config.topology
+                and (c["data"], c["fsdp"], c["tensor"]) == (plan_config.data, plan_config.fsdp, plan_config.tensor)
+                and (c["global_batch"], c["seq"], c["recompute"]) == (plan_config.global_batch, plan_config.seq,
+                                                                     plan_config.recompute)):
+            return key
+    return None
+
+
+def check_plan(plan_config: Any) -> tuple[PlannerCheck | None, str]:
+    """Compile a planner configuration as the matrix does (``(None, why)`` when this check cannot trace it: a
+    recompute policy other than full / none, heads the tensor degree does not divide, a slice with no compile-only
+    topology, or a helper process that fails — e.g. 256 CPU devices)."""
+    from shardlab.profile.tpu_worker import TpuWorkerError
+
+    c = plan_config
+    try:
+        cfg = CheckConfig(c.model, c.topology, data=c.data, fsdp=c.fsdp, tensor=c.tensor,
+                          global_batch=c.global_batch, seq=c.seq, recompute=c.recompute).validate()
+        cfg.tpu_topology()
+        return check(cfg), ""
+    except (ValueError, TpuWorkerError) as exc:
+        return None, str(exc).split("\n", 1)[0]

@@ -36,6 +36,15 @@ log-sum-exp — and ``F.silu(gate) * up``, which keeps four [b, s, ffn] tensors;
 three). RMSNorm's per-token statistic (4·sb bytes per norm, h/2 times smaller than its input) is left out, as
 the paper leaves out LayerNorm's.
 
+**What is stored vs what the backward holds.** The table counts the tensors *kept* for the backward. While one
+layer's backward runs, attention without a flash kernel also holds the gradients of the softmax output (dP) and
+of the scores (dS), [b, a/t, s, s] each, next to the kept softmax P: 3·e·a·s²·b/t bytes of s² buffers at that
+moment, 6·a·s²·b/t in 16 bits (Llama has no dropout; the paper's 5·a·s²·b is what a GPT block with dropout *keeps*).
+:func:`attention_backward_bytes` is that extra 2·e·a·s²·b/t; a flash kernel works through the scores in tiles
+and adds none. Measured with the XLA:TPU compiler (Llama 3 8B, s = 8192, one chip's 32 heads, full recompute):
+the largest buffers of the step are three bf16 [32, 8192, 8192] arrays of 4 GiB each, at the recomputed layer's
+backward.
+
 Example (GPT-3: a = 96, s = 2048, h = 12288)::
 
     >>> attention_score_ratio(heads=96, seq=2048, hidden=12288)   # 5as/h
@@ -49,8 +58,8 @@ from typing import NamedTuple
 from shardlab.formulas.common import RECOMPUTE_POLICIES, check_recompute
 
 __all__ = ["ACT_BYTES", "MASK_BYTES", "RECOMPUTE_POLICIES", "ActivationTerms", "activation_bytes_per_layer",
-           "attention_score_ratio", "block_activation_bytes", "llama_activation_bytes_per_layer",
-           "mlp_activation_bytes", "selective_recompute_saving"]
+           "attention_backward_bytes", "attention_score_ratio", "block_activation_bytes",
+           "llama_activation_bytes_per_layer", "mlp_activation_bytes", "selective_recompute_saving"]
 
 ACT_BYTES = 2  # 16-bit activations (the paper's assumption)
 MASK_BYTES = 1  # dropout masks stored as bytes (the paper's assumption)
@@ -144,6 +153,22 @@ def block_activation_bytes(
     mlp = mlp_activation_bytes(s, b, h, ffn, t, sequence_parallel, gated_mlp, dropout, e)
     norms = 2 * e * sbh / sp
     return ActivationTerms(attention, core, mlp, norms, attention + mlp + norms)
+
+
+def attention_backward_bytes(seq: int, batch: int, heads: int, tp: int = 1, flash_attention: bool = False,
+                             act_bytes: int = ACT_BYTES) -> float:
+    """Bytes one layer's attention backward holds beyond its kept activations: dP and dS, [b, a/t, s, s] each,
+    without a flash kernel (e·a·s²·b/t each); none with one (it tiles the scores).
+
+    With the kept softmax P that is 3·e·a·s²·b/t = 6·a·s²·b/t bytes of s² buffers in 16 bits. Llama 3 8B, s = 8192,
+    b = 1, t = 1: two bf16 [32, 8192, 8192] arrays of 4 GiB each:
+    >>> attention_backward_bytes(8192, 1, 32) / 2**30
+    8.0
+    """
+    _check(seq=seq, batch=batch, heads=heads, tp=tp, act_bytes=act_bytes)
+    if heads % tp:
+        raise ValueError(f"heads={heads} is not divisible by tp={tp}")
+    return 0.0 if flash_attention else 2.0 * act_bytes * heads * seq * seq * batch / tp
 
 
 def mlp_activation_bytes(

@@ -1,6 +1,16 @@
 """Per-chip memory of a TPU compile, and the compiler's out-of-memory message turned into data.
 
-Design: XLA:TPU reports running out of HBM as a compile error (``RESOURCE_EXHAUSTED: XLA:TPU compile permanent
+What the capacity check counts (measured with libtpu 0.0.21, compile-only): **arguments + the program's HBM
+temporaries <= the usable capacity** ("Used X of 31.25G hbm"). Outputs are not counted (unless aliased to an
+argument, then they are the argument), and the ~258 MiB the compiler lists as "reserved" lies outside the usable
+figure: on ``v6e:1x1`` arguments of 31483 MiB plus a 512 MiB sort temporary compiled, one more MiB did not
+("Used 31.25G of 31.25G hbm. Exceeded hbm capacity by 512B."; the "Total hbm usage >=" line adds the reserved
+260 MiB on top). :class:`TpuMemory` names the numbers accordingly: ``temp`` is XLA's ``temp_size_in_bytes``, which
+overstates the checked temporaries (Llama 3 70B on v6e:8x8: 22.33 vs 16.16 GiB); ``checked_temp`` is the HBM
+temporaries the check counts, ``peak - arguments - outputs + aliased``; ``checked`` is what the check compares with
+the capacity, and ``peak`` is what a chip must hold to run the step (outputs included).
+
+XLA:TPU reports running out of HBM as a compile error (``RESOURCE_EXHAUSTED: XLA:TPU compile permanent
 error. Ran out of memory in memory space hbm. Used 16.00G of 15.75G hbm. Exceeded hbm capacity by 258.00M.``)
 followed by a usage breakdown and, for real programs, the largest allocations::
 
@@ -13,6 +23,10 @@ followed by a usage breakdown and, for real programs, the largest allocations::
 
 :func:`parse_oom` reads that text (sizes are printed rounded, in binary units: ``G`` = GiB) and keeps the exact
 message. Pure text functions; no JAX import.
+
+When the program alone already exceeds the capacity, the breakdown lists "arguments 0B" and "Output size 0B":
+the compiler did not evaluate them (a Llama 3 8B step on v5e:2x4 with 13.09 GiB of arguments reports 0B). Then
+:attr:`OutOfMemory.arguments` and :attr:`OutOfMemory.outputs` are None, not 0.
 
 Example::
 
@@ -40,27 +54,55 @@ def parse_size(text: str) -> int:
 
 @dataclass
 class TpuMemory:
-    """Per-chip bytes of a compiled TPU program (``get_compiled_memory_stats``)."""
+    """Per-chip bytes of a compiled TPU program (``get_compiled_memory_stats``).
+
+    >>> m = TpuMemory(argument=10, output=6, temp=9, alias=4, generated_code=1, capacity=20, peak=19)
+    >>> m.checked_temp, m.checked, m.fits, m.runs      # 19 - 10 - 6 + 4 = 7; 10 + 7 = 17 <= 20
+    (7, 17, True, True)
+    """
 
     argument: int
     output: int
-    temp: int
-    alias: int
+    temp: int  # XLA's temp_size_in_bytes: more than the temporaries the capacity check counts (checked_temp)
+    alias: int  # output bytes that reuse (donated) argument buffers
     generated_code: int
     capacity: int | None  # usable HBM per chip the compiler checks against
+    peak: int = 0  # peak_memory_in_bytes: arguments + outputs - aliased + HBM temporaries, live at once
 
     @classmethod
     def from_stats(cls, stats: Any, capacity: int | None) -> TpuMemory:
         return cls(stats.argument_size_in_bytes, stats.output_size_in_bytes, stats.temp_size_in_bytes,
-                   stats.alias_size_in_bytes, stats.generated_code_size_in_bytes, capacity)
+                   stats.alias_size_in_bytes, stats.generated_code_size_in_bytes, capacity,
+                   stats.peak_memory_in_bytes)
+
+    @property
+    def checked_temp(self) -> int:
+        """The HBM temporaries the capacity check counts: peak - arguments - outputs + aliased."""
+        return self.peak - self.argument - self.output + self.alias
+
+    @property
+    def checked(self) -> int:
+        """What the compiler's capacity check compares with ``capacity``: arguments + checked temporaries."""
+        return self.argument + self.checked_temp
+
+    @property
+    def fits(self) -> bool | None:
+        """The capacity check, recomputed (a compiled program passed it; None without a capacity)."""
+        return None if self.capacity is None else self.checked <= self.capacity
+
+    @property
+    def runs(self) -> bool | None:
+        """Would the step run: everything live at the peak, outputs included, within the capacity."""
+        return None if self.capacity is None else self.peak <= self.capacity
 
     @property
     def total(self) -> int:
-        """Arguments + outputs (minus aliased) + temporaries + code: everything live if all coexist."""
+        """Arguments + outputs (minus aliased) + ``temp`` + code: everything if all coexisted (an upper bound)."""
         return self.argument + self.output - self.alias + self.temp + self.generated_code
 
-    def as_dict(self) -> dict[str, int | None]:
-        return {**asdict(self), "total": self.total}
+    def as_dict(self) -> dict[str, int | bool | None]:
+        return {**asdict(self), "total": self.total, "checked_temp": self.checked_temp, "checked": self.checked,
+                "fits": self.fits, "runs": self.runs}
 
 
 @dataclass
@@ -76,16 +118,45 @@ class OomBuffer:
 
 @dataclass
 class OutOfMemory:
-    used: int
+    used: int  # arguments + program (when the arguments were evaluated), as the check counts them
     capacity: int
     exceeded: int
     breakdown: dict[str, int] = field(default_factory=dict)  # reserved / program / arguments, as listed
     buffers: list[OomBuffer] = field(default_factory=list)  # largest first
     message: str = ""  # the compiler's exact text
+    output_listed: int | None = None  # "Output size ...", as listed (not counted by the check)
+    shared_with_arguments: int | None = None  # "... shares X with arguments" (donated outputs)
+    fragmentation: int | None = None  # HLO temp lost to fragmentation, as listed
+
+    @property
+    def arguments_evaluated(self) -> bool:
+        """False when the compiler stopped at the program: it lists "arguments 0B" then, whatever they are."""
+        return bool(self.breakdown.get("arguments")) or self.breakdown.get("program", 0) < self.capacity
+
+    @property
+    def arguments(self) -> int | None:
+        """Argument bytes per chip, or None when the compiler did not evaluate them (listed as 0B)."""
+        return self.breakdown.get("arguments") if self.arguments_evaluated else None
+
+    @property
+    def outputs(self) -> int | None:
+        """Output bytes per chip as listed, or None when not evaluated (listed as 0B with the arguments)."""
+        return self.output_listed if self.arguments_evaluated else None
+
+    @property
+    def program(self) -> int | None:
+        """The program's HBM requirement (temporaries, fragmentation included)."""
+        return self.breakdown.get("program")
 
     def __str__(self) -> str:
         gib = 1024**3
         return f"out of HBM: used {self.used / gib:.2f} GiB of {self.capacity / gib:.2f} GiB"
+
+    @property
+    def first_line(self) -> str:
+        """The compiler's one-line verdict ("RESOURCE_EXHAUSTED: ... Exceeded hbm capacity by ...")."""
+        return next((ln for ln in self.message.splitlines() if "Ran out of memory" in ln),
+                    self.message.split("\n", 1)[0])
 
 
 def parse_oom(message: str) -> OutOfMemory | None:
@@ -107,4 +178,9 @@ def parse_oom(message: str) -> OutOfMemory | None:
         fields = dict(re.findall(r"^\s*(Operator|Shape|XLA label|Allocation type): (.*)$", rest, re.M))
         buffers.append(OomBuffer(parse_size(size), fields.get("Shape", ""), fields.get("XLA label", ""),
                                  fields.get("Operator", ""), fields.get("Allocation type", "")))
-    return OutOfMemory(used, cap, exc, breakdown, buffers, message)
+    om = re.search(rf"Output size {_SIZE}; shares {_SIZE} with arguments", message)
+    fm = re.search(rf"HLO temp .*?fragmentation \({_SIZE}\)", message)
+    return OutOfMemory(used, cap, exc, breakdown, buffers, message,
+                       parse_size(om.group(1) + om.group(2)) if om else None,
+                       parse_size(om.group(3) + om.group(4)) if om else None,
+                       parse_size(fm.group(1) + fm.group(2)) if fm else None)

@@ -7,7 +7,7 @@ A process holds exactly one torch_xla device world (the device count is read onc
 the life of the parent) ``python -m shardlab.profile.tpu_worker_main <chips>``: it sets up a ``<chips>``-device CPU
 world, then serves requests ``(build, cfg, topology, options)``: it calls ``build(cfg)`` (an importable
 module-level function, pickled by reference, that sets up its mesh on the current world and returns the output
-tensors) and :func:`shardlab.profile.tpu.compile_tensors`, and sends the :class:`TpuCompile` back.
+tensors or a ``tpu.Step``) and :func:`shardlab.profile.tpu.compile_built`, and sends the :class:`TpuCompile` back.
 
 Messages are length-prefixed pickles on a private copy of the worker's stdout (fd 1 itself is pointed at the
 worker's stderr, so stray prints cannot corrupt the stream). The worker's stderr goes to a log file whose tail

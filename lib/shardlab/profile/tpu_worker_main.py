@@ -3,7 +3,7 @@
 Design: a separate module so the import graph has no cycle — the parent side (``tpu_worker``) is imported by
 ``shardlab.profile.tpu``, and this side imports ``tpu`` to compile. It sets up a ``<chips>``-device CPU world,
 then serves length-prefixed pickled requests ``(build, cfg, topology, options)`` on stdin: ``build(cfg)`` gives
-the output tensors of the graph, :func:`shardlab.profile.tpu.compile_tensors` compiles them, and the
+the output tensors of the graph (or a ``tpu.Step``), :func:`shardlab.profile.tpu.compile_built` compiles them, and the
 :class:`TpuCompile` (or the error with its traceback) goes back on a private copy of stdout.
 """
 
@@ -35,8 +35,7 @@ def main(chips: int) -> None:
             if request is None:
                 return
             build, cfg, topology, options = request
-            outputs = list(build(cfg))
-            _send(out, ("ok", tpu.compile_tensors(outputs, topology, **options)))
+            _send(out, ("ok", tpu.compile_built(build(cfg), topology, **options)))
         except BaseException as e:  # reported to the parent, which raises
             _send(out, ("error", type(e).__name__, str(e), traceback.format_exc()))
 

@@ -32,11 +32,18 @@ scan writes it into takes that sharding: ``bf16[126, 4096, 16384]`` = 15.75 GiB 
 ``"held"`` it is an output, which the compiler's capacity check does not count, so the compile succeeds with
 31.5 GiB of outputs that no chip can hold. When an update ``w - lr·g`` in the same graph ties the gradient to
 the 2-D weight, sharding propagation carries the weight's sharding back into the loop and off = on.
+
+:func:`story` compiles the five cases notebook 06 shows (in-graph off / on, held off, update off / on);
+:func:`record_story` records them and checks the invariants that hold at any size. At full size (:data:`FULL_SIZE`
+on :data:`FULL_TOPOLOGY`) the five compiles take 1-5 minutes on a 2-core host depending on its load, so the
+notebook reads them from ``data/scale/seed_405b.json`` (:func:`save_story` / :func:`load_story`, written by
+``tools/scale_full_size.py seed``) unless it runs with ``full_size=True``.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -180,25 +187,40 @@ def build(cfg: SeedConfig) -> list[torch.Tensor]:
 
 @dataclass
 class SeedResult:
-    """One compile of the seed stack (per-chip numbers)."""
+    """One compile of the seed stack (per-chip numbers; bytes as the XLA:TPU compiler reports them)."""
 
     config: dict[str, Any]
     topology: str
     fits: bool  # the compiler's verdict (its HBM check counts arguments + temporaries, not outputs)
     compile_s: float
-    argument_bytes: int | None = None
+    argument_bytes: int | None = None  # None: out of memory before the compiler evaluated them
     output_bytes: int | None = None
-    temp_bytes: int | None = None
+    temp_bytes: int | None = None  # the HBM temporaries the capacity check counts (TpuMemory.checked_temp)
+    temp_size_bytes: int | None = None  # XLA's temp_size_in_bytes (more; not what the check counts)
+    peak_bytes: int | None = None  # arguments + outputs + temporaries, live at once
     capacity_bytes: int | None = None
     grad_shapes: dict[str, list[str]] = field(default_factory=dict)  # weight -> per-chip output shapes
+    stacked_shapes: dict[str, int] = field(default_factory=dict)  # per-chip "[L, ...]" arrays -> occurrences
     message: str = ""  # the compiler's first line when it ran out of memory
     largest: list[tuple[int, str, str]] = field(default_factory=list)  # (bytes, shape, XLA label)
-    used_bytes: int | None = None  # from the out-of-memory message
+    used_bytes: int | None = None  # "Used ..." from the out-of-memory message (arguments + program)
+    program_bytes: int | None = None  # the program's HBM requirement, from the out-of-memory message
+    fragmentation_bytes: int | None = None  # of the program's temporaries, from the out-of-memory message
     output_in_message: str = ""  # "Output size ...": what the compiler reports but does not count
+
+    @property
+    def per_chip_bytes(self) -> int | None:
+        """What the capacity check counted: arguments + temporaries when it fits, the message's "Used" when not
+        (the program alone when the arguments were not evaluated)."""
+        if self.fits:
+            return None if self.argument_bytes is None else self.argument_bytes + (self.temp_bytes or 0)
+        return self.used_bytes
 
     @property
     def live_bytes(self) -> int | None:
         """Arguments + outputs + temporaries: what a chip must hold to run the step (outputs included)."""
+        if self.peak_bytes:
+            return self.peak_bytes
         if self.argument_bytes is None:
             return None
         return self.argument_bytes + (self.output_bytes or 0) + (self.temp_bytes or 0)
@@ -210,7 +232,16 @@ class SeedResult:
                     and self.live_bytes <= self.capacity_bytes)
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "live_bytes": self.live_bytes, "runs": self.runs}
+        return {**asdict(self), "per_chip_bytes": self.per_chip_bytes, "live_bytes": self.live_bytes,
+                "runs": self.runs}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SeedResult:
+        """Inverse of :meth:`as_dict` (JSON turns tuples into lists)."""
+        names = {f for f in cls.__dataclass_fields__}
+        kw = {k: v for k, v in d.items() if k in names}
+        kw["largest"] = [tuple(x) for x in kw.get("largest", [])]
+        return cls(**kw)
 
 
 def _entry_outputs(hlo_text: str) -> list[str]:
@@ -225,6 +256,44 @@ def _entry_outputs(hlo_text: str) -> list[str]:
     return [str(a) for a in parse_shape(layout.split(")->", 1)[1])]
 
 
+def stacked_shapes(text: str, layers: int) -> dict[str, int]:
+    """Per-chip arrays with a leading ``layers`` dim in a TPU program (or an out-of-memory message), layouts
+    dropped: ``{"bf16[126,4096,1024]": occurrences}``. The stacked weights, gradients and saved activations."""
+    import re
+
+    found: dict[str, int] = {}
+    for dtype, dims in re.findall(rf"\b(bf16|f32|f16)\[({layers},[\d,]+)\]", text):
+        key = f"{dtype}[{dims}]"
+        found[key] = found.get(key, 0) + 1
+    return dict(sorted(found.items(), key=lambda kv: -kv[1]))
+
+
+def sharding_of(shape: str, cfg: SeedConfig, weight: str = "q") -> str:
+    """``"2-D"`` / ``"1-D"`` / ``""``: is a per-chip array (``"bf16[out, in]"``, or stacked ``"bf16[L, out, in]"``)
+    one of ``weight``'s layers split over fsdp and tensor, as the weight is (either orientation), or over tensor only
+    (all-reduced over fsdp), or neither (an activation, or a shape that matches both)?
+
+    >>> cfg = SeedConfig()                                   # q [16384, 16384] on mesh (fsdp 16, tensor 4)
+    >>> sharding_of("bf16[126,4096,16384]", cfg), sharding_of("bf16[1024,4096]", cfg)
+    ('1-D', '2-D')
+    """
+    dims = [int(d) for d in shape[shape.index("[") + 1:shape.index("]")].split(",") if d]
+    if len(dims) == 3 and dims[0] == cfg.layers:
+        dims = dims[1:]
+    if len(dims) != 2:
+        return ""
+    out_dim, in_dim = cfg.shape(weight)
+    f, t = cfg.mesh_fsdp, cfg.mesh_tensor
+    two_d = {tuple(sorted((out_dim // t, in_dim // f))), tuple(sorted((out_dim // f, in_dim // t)))}
+    one_d = {tuple(sorted((out_dim // t, in_dim))), tuple(sorted((out_dim, in_dim // t)))} if f > 1 else set()
+    key = tuple(sorted(dims))
+    if key in two_d and key not in one_d:
+        return "2-D"
+    if key in one_d and key not in two_d:
+        return "1-D"
+    return ""
+
+
 def compile_seed(cfg: SeedConfig, topology: str = "v6e:8x8") -> SeedResult:
     """Build ``cfg``'s step (in a worker with ``cfg.chips`` devices when needed) and compile it for ``topology``."""
     from shardlab.profile import tpu
@@ -237,18 +306,23 @@ def compile_seed(cfg: SeedConfig, topology: str = "v6e:8x8") -> SeedResult:
     c = tpu.compile_program(build, cfg, topology, label=f"seed shard_as={'on' if cfg.shard_as else 'off'}")
     res = SeedResult(asdict(cfg), topology, c.fits, c.compile_s, capacity_bytes=topo.hbm_bytes)
     if c.fits and c.memory is not None and c.hlo_text is not None:
-        res.argument_bytes, res.output_bytes, res.temp_bytes = c.memory.argument, c.memory.output, c.memory.temp
+        m = c.memory
+        res.argument_bytes, res.output_bytes, res.temp_bytes = m.argument, m.output, m.checked_temp
+        res.temp_size_bytes, res.peak_bytes = m.temp, m.peak
         shapes = _entry_outputs(c.hlo_text)[1:]  # [0] is the loss
         per = len(shapes) // len(cfg.weights)
         res.grad_shapes = {w: sorted(set(shapes[i * per:(i + 1) * per])) for i, w in enumerate(cfg.weights)}
+        res.stacked_shapes = stacked_shapes(c.hlo_text, cfg.layers)
     elif c.oom is not None:
-        res.message = next((ln for ln in c.oom.message.splitlines() if "Ran out of memory" in ln),
-                           c.oom.message.split("\n", 1)[0])
-        res.used_bytes, res.capacity_bytes = c.oom.used, c.oom.capacity
-        res.largest = [(b.size, b.shape, b.label) for b in c.oom.buffers[:5]]
-        # "arguments 0B" in the message means "not evaluated" (the program alone already exceeded the HBM)
-        res.argument_bytes = c.oom.breakdown.get("arguments") or None
-        res.output_in_message = next((ln.strip() for ln in c.oom.message.splitlines()
+        o = c.oom
+        res.message = o.first_line
+        res.used_bytes, res.capacity_bytes, res.program_bytes = o.used, o.capacity, o.program
+        res.fragmentation_bytes = o.fragmentation
+        res.largest = [(b.size, b.shape, b.label) for b in o.buffers[:5]]
+        res.argument_bytes = o.arguments  # None: "arguments 0B" = not evaluated (the program alone was over)
+        res.output_bytes = o.outputs
+        res.stacked_shapes = stacked_shapes("\n".join(b.shape for b in o.buffers), cfg.layers)
+        res.output_in_message = next((ln.strip() for ln in o.message.splitlines()
                                       if ln.strip().startswith("Output size")), "")
     return res
 
@@ -257,3 +331,164 @@ def off_on(cfg: SeedConfig, topology: str = "v6e:8x8") -> dict[str, SeedResult]:
     """The same step compiled with shard_as off and on."""
     return {"off": compile_seed(replace(cfg, shard_as=False), topology),
             "on": compile_seed(replace(cfg, shard_as=True), topology)}
+
+
+FULL_SIZE = SeedConfig()  # 405B's q_proj and o_proj, 126 layers, b 16 x s 1024, mesh fsdp 16 x tensor 4, bf16
+FULL_TOPOLOGY = "v6e:8x8"  # 64 chips: the [126, 4K, 16K] buffer depends on tensor = 4, not on the fsdp size
+# The story, case -> (stacking, update, shard_as values): the seed, then the two contrasts that explain it
+CASES: dict[str, tuple[str, str, tuple[bool, ...]]] = {
+    "in_graph": ("in_graph", "none", (False, True)),  # scan_layers: per-layer weights stacked in the step
+    "held": ("held", "none", (False,)),  # pre-stacked weights: the 1-D gradient stack is an output
+    "update": ("held", "sgd", (False, True)),  # w - lr·g in the same graph
+}
+
+
+def story(base: SeedConfig = FULL_SIZE, topology: str = FULL_TOPOLOGY,
+          cases: tuple[str, ...] = tuple(CASES)) -> dict[str, SeedResult]:
+    """Every compile of the seed story: ``{"in_graph.off": ..., "in_graph.on": ..., "held.off": ...,
+    "update.off": ..., "update.on": ...}`` (``base``'s stacking / update / shard_as are replaced per case)."""
+    out: dict[str, SeedResult] = {}
+    for case in cases:
+        if case not in CASES:
+            raise ValueError(f"case {case!r} is not one of {tuple(CASES)}")
+        stacking, update, flags = CASES[case]
+        for on in flags:
+            cfg = replace(base, stacking=stacking, update=update, shard_as=on)
+            out[f"{case}.{'on' if on else 'off'}"] = compile_seed(cfg, topology)
+    return out
+
+
+
+# ------------------------------------------------------------------------------------------ notebook helpers
+def small_config(layers: int, hidden: int, batch: int, seq: int, mesh_fsdp: int, mesh_tensor: int) -> SeedConfig:
+    """The seed's block (q and o, bf16) at notebook size: every case compiles in well under a second."""
+    return SeedConfig(layers=layers, hidden=hidden, ffn=4 * hidden, batch=batch, seq=seq, mesh_fsdp=mesh_fsdp,
+                      mesh_tensor=mesh_tensor).validate()
+
+
+def small_story(cfg: SeedConfig) -> tuple[dict[str, SeedResult] | None, str]:
+    """:func:`story` on the v6e slice with ``cfg.chips`` chips; ``(None, why)`` when no such slice exists."""
+    from shardlab.profile import tpu
+
+    try:
+        topology = tpu.topology_for(cfg.chips, "v6e")
+    except ValueError as exc:
+        return None, str(exc)
+    return story(cfg, topology), ""
+
+
+def grad_sharding(r: SeedResult, cfg: SeedConfig) -> dict[str, str]:
+    """Per weight: how the gradient (or updated weight) leaves the step — "1-D", "2-D", or "" (not compiled)."""
+    out = {}
+    for w, shapes in r.grad_shapes.items():
+        kinds = {sharding_of(sh, cfg, w) for sh in shapes}
+        out[w] = kinds.pop() if len(kinds) == 1 else "/".join(sorted(kinds))
+    return out
+
+
+def stacks(r: SeedResult, cfg: SeedConfig, kind: str) -> list[str]:
+    """The stacked ``[L, ·, ·]`` per-chip arrays in the TPU program (or its out-of-memory list) that hold a weight's
+    layers ``kind`` ("1-D": the all-reduced gradient stack; "2-D": the weights and 2-D gradient stacks)."""
+    return [sh for sh in r.stacked_shapes if any(sharding_of(sh, cfg, w) == kind for w in cfg.weights)
+            and sh.count(",") == 2]
+
+
+def one_d_stacks(r: SeedResult, cfg: SeedConfig) -> list[str]:
+    """:func:`stacks` of kind "1-D": empty when every stacked weight-shaped array is 2-D."""
+    return stacks(r, cfg, "1-D")
+
+
+def story_frame(results: dict[str, SeedResult], cfg: SeedConfig, unit: str = "GiB") -> Any:
+    """One row per compile: verdicts, per-chip bytes (in ``unit``: GiB, MiB or KiB), how the gradients leave the
+    step, the 1-D stacks in the program."""
+    import pandas as pd
+
+    units = {"GiB": 2**30, "MiB": 2**20, "KiB": 2**10}
+    if unit not in units:
+        raise ValueError(f"unit={unit!r} must be one of {tuple(units)}")
+    gib = units[unit]
+    rows = []
+    for key, r in results.items():
+        case, flag = key.rsplit(".", 1)
+        stacking, update, _ = CASES[case]
+
+        def g(v: int | None) -> str:
+            return "–" if v is None else f"{v / gib:.2f}"
+
+        b = unit
+
+        rows.append({
+            "case": case, "stacking": stacking, "update": {"none": "gradients out", "sgd": "w - lr·g in the graph"}
+            [update], "shard_as": flag, "compiles (fits)": r.fits, "runs (outputs too)": r.runs,
+            f"arguments {b}": g(r.argument_bytes), f"outputs {b}": g(r.output_bytes),
+            f"temporaries {b}": g(r.temp_bytes if r.fits else r.program_bytes), f"peak {b}": g(r.peak_bytes),
+            f"checked {b}": g(r.per_chip_bytes),
+            "gradient out, per chip": ", ".join(sorted({sh for shapes in r.grad_shapes.values() for sh in shapes}))
+            or "–",
+            "sharding": ", ".join(f"{w} {k}" for w, k in grad_sharding(r, cfg).items()) or "–",
+            "1-D stacks in the program": ", ".join(one_d_stacks(r, cfg)) or "none",
+            "2-D stacks in the program": ", ".join(stacks(r, cfg, "2-D")) or "none",
+            "compile s": round(r.compile_s, 1),
+        })
+    return pd.DataFrame(rows).set_index(["case", "shard_as"])
+
+
+def _name(prefix: str, key: str) -> str:
+    case, flag = key.rsplit(".", 1)
+    return f"{prefix}.shard_as_{flag}" if case == "in_graph" else f"{prefix}.{case}.shard_as_{flag}"
+
+
+def record_story(rec: Any, prefix: str, results: dict[str, SeedResult], cfg: SeedConfig) -> None:
+    """Record every compile, source tpu: the seed itself (in-graph stacking) as ``<prefix>.shard_as_<off|on>``,
+    the contrasts as ``<prefix>.<case>.shard_as_<off|on>``, each ``.fits`` (1/0), ``.runs``, ``.per_chip.bytes``
+    (what the capacity check counted: :attr:`SeedResult.per_chip_bytes`); and check the invariants that hold at
+    any size: without shard_as and without an update the gradients leave 1-D and a 1-D stack is in the program;
+    with shard_as they leave 2-D and none is; with the update in the graph both programs are the same, 2-D."""
+    for key, r in results.items():
+        name = _name(prefix, key)
+        rec.measure(f"{name}.fits", int(r.fits), "1", "tpu")
+        if r.fits:
+            rec.measure(f"{name}.runs", int(r.runs), "1", "tpu")
+        if r.per_chip_bytes is not None:
+            rec.measure(f"{name}.per_chip.bytes", r.per_chip_bytes, "bytes", "tpu")
+        rec.measure(f"{name}.compile_s", r.compile_s, "s", "tpu", kind="timing")
+    for key, r in results.items():
+        case, flag = key.rsplit(".", 1)
+        kinds = set(grad_sharding(r, cfg).values())
+        if case in ("in_graph", "held") and flag == "off":
+            ok = (kinds == {"1-D"} or not r.fits) and bool(one_d_stacks(r, cfg))
+            rec.check(f"{_name(prefix, key)}: gradients leave 1-D, a 1-D stack is in the program", ok,
+                      f"{grad_sharding(r, cfg)}; 1-D stacks {one_d_stacks(r, cfg)}; {r.message}")
+        elif r.fits:
+            ok = kinds == {"2-D"} and not one_d_stacks(r, cfg)
+            rec.check(f"{_name(prefix, key)}: gradients leave 2-D, no 1-D stack in the program", ok,
+                      f"{grad_sharding(r, cfg)}; 1-D stacks {one_d_stacks(r, cfg)}")
+    off, on = results.get("update.off"), results.get("update.on")
+    if off is not None and on is not None:
+        same = (off.grad_shapes, off.argument_bytes, off.output_bytes, off.temp_bytes) == \
+            (on.grad_shapes, on.argument_bytes, on.output_bytes, on.temp_bytes)
+        rec.check(f"{prefix}.update: with the update in the graph shard_as changes nothing", same,
+                  f"off {off.grad_shapes} {off.per_chip_bytes} B; on {on.grad_shapes} {on.per_chip_bytes} B")
+
+
+STORY_FILE = Path(__file__).resolve().parents[3] / "data" / "scale" / "seed_405b.json"
+
+
+def save_story(results: dict[str, SeedResult], path: Path = STORY_FILE, **source: Any) -> None:
+    """Write the full-size compiles (``source``: how and where they were measured) as the cached story."""
+    import json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {"_source": source, "results": {k: r.as_dict() for k, r in results.items()}}
+    path.write_text(json.dumps(data, indent=1, default=str) + "\n")
+
+
+def load_story(path: Path = STORY_FILE) -> tuple[dict[str, SeedResult], dict[str, Any]]:
+    """The cached full-size compiles and how they were measured (``_source``)."""
+    import json
+
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: run the notebook with full_size=True (or "
+                                "tools/scale_full_size.py) to measure the full-size compiles")
+    data = json.loads(path.read_text())
+    return {k: SeedResult.from_dict(v) for k, v in data["results"].items()}, data.get("_source", {})
