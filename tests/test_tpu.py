@@ -123,8 +123,10 @@ def test_all_reduce_combiner(tpu) -> None:  # type: ignore[no-untyped-def]
     assert split.count("all-reduce") == 4 and {c.operands for c in split.module.collectives} == {1}
     assert combined.bytes("all-reduce") == split.bytes("all-reduce") == 4 * 256 * 256 * 4
     assert split.options == {"disable_passes": ["all-reduce-combiner"], "debug_options": {}}
+    hits = tpu.CACHE_HITS
     again = tpu.compile_tensors(tp.data_parallel_step(tp.MlpCfg()), "v5e:2x4")
     assert again.cached and not combined.cached and again.hlo_text == combined.hlo_text
+    assert tpu.CACHE_HITS == hits + 1  # the report's shared kernels read this counter
 
 
 def test_reduce_scatter_and_compiler_flags(tpu) -> None:  # type: ignore[no-untyped-def]
@@ -179,8 +181,9 @@ def test_worker_path(tpu) -> None:  # type: ignore[no-untyped-def]
     assert (ar.op, ar.operands, ar.group_size) == ("all-reduce", 2, 4)
     assert out.bytes("all-reduce") == 2 * 64 * 256 * 4  # y and dx, [64, 256] f32
     t0 = time.perf_counter()
+    hits = tpu.CACHE_HITS
     again = tpu.compile_program(tp.megatron_mlp, tp.MlpCfg(), "v5e:2x2")
-    assert again.cached and again.hlo_text == out.hlo_text
+    assert again.cached and again.hlo_text == out.hlo_text and tpu.CACHE_HITS == hits + 1  # the worker's cache
     print(f"worker start {tpu_worker.worker_for(4).start_s:.1f} s, first request {first:.1f} s, "
           f"cached request {time.perf_counter() - t0:.2f} s")
     here = tpu.compile_program(tp.megatron_mlp, tp.MlpCfg(), "v5e:2x4")  # 8 chips: in this process

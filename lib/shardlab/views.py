@@ -308,7 +308,8 @@ def memory_frame(views: Mapping[str, View]) -> Any:
     """Per-device bytes of compiled programs side by side: ``{label: hlo or tpu view}`` -> DataFrame.
 
     XLA:CPU's buffer assignment gives parameters, outputs and the heap-simulated peak of temporaries; XLA:TPU's
-    compiled memory statistics give arguments, outputs, temporaries and generated code. Skipped views are left out.
+    compiled memory statistics give arguments, outputs, the HBM temporaries its capacity check counts (peak -
+    arguments - outputs + aliased), generated code and the peak. Skipped views are left out.
     """
     import pandas as pd
 
@@ -320,9 +321,9 @@ def memory_frame(views: Mapping[str, View]) -> Any:
             b = v.detail.module.buffers
             if b is not None:
                 cols[label] = {"arguments": b.parameter, "outputs": b.output, "temporaries": b.temp,
-                               "generated code": None, "total": b.total}
+                               "generated code": None, "total": b.total, "peak": None}
         elif v.source == "tpu" and getattr(v.detail, "memory", None) is not None:
             m = v.detail.memory
-            cols[label] = {"arguments": m.argument, "outputs": m.output, "temporaries": m.temp,
-                           "generated code": m.generated_code, "total": m.total}
+            cols[label] = {"arguments": m.argument, "outputs": m.output, "temporaries": m.checked_temp,
+                           "generated code": m.generated_code, "total": m.total, "peak": m.peak}
     return pd.DataFrame(cols, dtype=object)

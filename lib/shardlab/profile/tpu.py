@@ -420,6 +420,9 @@ def _cost(exe: Any) -> dict[str, float]:
 
 _CACHE: dict[tuple[Any, ...], TpuCompile] = {}
 _LOCK = threading.Lock()
+# Compiles served from a cache (this process's or a worker's) since import: the report's shared sweep kernels
+# accept a point only if it compiled everything itself (a cached compile takes no time and proves nothing new).
+CACHE_HITS = 0
 
 
 def compile_tensors(outputs: list[Any], topology: str = DEFAULT_TOPOLOGY, *, disable_passes: tuple[str, ...] = (),
@@ -471,9 +474,11 @@ def compile_tensors(outputs: list[Any], topology: str = DEFAULT_TOPOLOGY, *, dis
     key = (bytes(torch_xla._XLAC._get_graph_hash(outputs)), hashlib.sha256(proto).hexdigest(), topology,
            disable_passes, tuple(sorted((k, repr(v)) for k, v in debug_options.items())), auto_spmd_mesh,
            tuple(output_shardings), tuple(sorted(aliases.items())))
+    global CACHE_HITS
     with _LOCK:
         if key in _CACHE:
             hit = _CACHE[key]
+            CACHE_HITS += 1
             return TpuCompile(**{**hit.__dict__, "cached": True, "label": label or hit.label})
         t0 = time.perf_counter()
         try:
@@ -529,4 +534,7 @@ def compile_program(build: Callable[[Any], list[Any] | Step], cfg: Any, topology
         return compile_built(build(cfg), topology, **opts)
     from shardlab.profile.tpu_worker import worker_for
 
-    return worker_for(topo.chips).compile(build, cfg, topology, opts)
+    global CACHE_HITS
+    result = worker_for(topo.chips).compile(build, cfg, topology, opts)
+    CACHE_HITS += int(result.cached)  # served from the worker's cache
+    return result
