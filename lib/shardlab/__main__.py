@@ -57,7 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--only", nargs="+", metavar="NAME", help="notebook stems or numbers (e.g. 01 02_megatron_mlp)")
     rp.add_argument("-p", "--param", nargs="+", action="append", metavar=("NAME", "VALUE"),
                     help="override a parameter in every selected notebook (must be declared by each)")
-    rp.add_argument("--timeout", type=float, default=600.0, help="seconds per notebook (default 600)")
+    rp.add_argument("--timeout", type=float, default=None,
+                    help="seconds per notebook (default 600; 3600 with --full-size)")
+    rp.add_argument("--full-size", action="store_true",
+                    help="full_size=True in the notebooks that declare it (06: the 405B seed, 07: the compiler's "
+                         "verdict on real presets): tens of minutes of XLA:TPU compiles; baseline profiles "
+                         "<profile>-full")
     rp.add_argument("--jobs", type=int, default=1,
                     help="kernels at a time: notebooks, then sweep points as their notebook finishes (default 1)")
     rp.add_argument("--force", "--overwrite", dest="force", action="store_true",
@@ -103,9 +108,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 
         device = "tpu" if tpu_present() else "cpu"
     opts = ReportOptions(num_devices=args.num_devices, device=device, out=args.out, only=args.only,
-                         params=_params(args.param, single=True), timeout_s=args.timeout, jobs=args.jobs,
+                         params=_params(args.param, single=True),
+                         timeout_s=args.timeout or (3600.0 if args.full_size else 600.0), jobs=args.jobs,
                          force=args.force, update_baseline=args.update_baseline, sweeps=args.sweeps,
-                         sweep_jobs=args.sweep_jobs)
+                         sweep_jobs=args.sweep_jobs, full_size=args.full_size)
     if args.baseline_dir is not None:
         opts.baseline_dir = args.baseline_dir
     if args.notebooks_dir is not None:

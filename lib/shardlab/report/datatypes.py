@@ -45,10 +45,18 @@ class ReportOptions:
     sweeps: bool = True
     sweep_cache: Path = ROOT / "out" / "sweeps"
     sweep_jobs: int = 2                        # at most this many of the ``jobs`` kernels run sweep points
+    full_size: bool = False                    # full_size=True in every notebook declaring it (minutes of TPU compiles)
 
     @property
     def profile(self) -> str:
-        return f"{self.device}-{self.num_devices}"
+        """Baseline profile of everything but the compile-only TPU view: ``cpu-8`` (``cpu-8-full``)."""
+        return f"{self.device}-{self.num_devices}" + ("-full" if self.full_size else "")
+
+    @property
+    def tpu_profile(self) -> str:
+        """Baseline profile of the compile-only TPU view (source ``tpu``): ``tpu-v5e-8-aot`` for 8 devices. Its
+        structural values are deterministic (compile-only, libtpu pinned) and compared exactly, like cpu-8's."""
+        return f"tpu-v5e-{self.num_devices}-aot" + ("-full" if self.full_size else "")
 
 
 @dataclass

@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from shardlab.profile.record import SOURCES
 from shardlab.report.baseline import key_rows
 from shardlab.report.datatypes import NotebookResult, Report
 
-SOURCES = ("formula", "ledger", "hlo", "metrics", "timer")
 STATUS_COLOURS = {"passed": "#1a7f37", "failed": "#cf222e", "timeout": "#bc4c00", "regressed": "#8250df",
                   "skipped": "#6e7781"}
 CSS = """
@@ -155,34 +155,62 @@ def baseline_section(report: Report) -> str:
     return "".join(parts)
 
 
+def _same(a: Any, b: Any) -> bool:
+    return a == b or (isinstance(a, float | int) and isinstance(b, float | int) and math.isclose(a, b, rel_tol=1e-9))
+
+
 def measurements_table(r: NotebookResult, device: str) -> str:
+    """One row per measurement name, one column per source; ``agree`` over the sources the notebook compared
+    (a value the notebook recorded as legitimately different on its backend — a note ``<name>.<source>`` — is
+    marked † and left out), and the CPU-vs-TPU compiler column: same, or what differs and the measured why."""
     meas = (r.record or {}).get("measurements", [])
     if not meas:
         return "<p class='muted'>no measurements recorded</p>"
+    why = {n["name"]: n["detail"] for n in (r.record or {}).get("notes", [])}
     diff_by_key = {d.key: d for d in r.diffs}
     keyed = key_rows(meas)
     names: dict[str, dict[str, Any]] = {}
     for key, m in keyed.items():
         row = names.setdefault(m["name"] + (" " + key.rsplit(" ", 1)[1] if "#" in key else ""),
-                               {"unit": m["unit"], "kind": m.get("kind", "structural"), "src": {}, "diff": []})
+                               {"name": m["name"], "unit": m["unit"], "kind": m.get("kind", "structural"),
+                                "src": {}, "diff": []})
         row["src"][m["source"]] = m
         if key in diff_by_key and diff_by_key[key].status not in ("same", "within") and r.compared:
             row["diff"].append(f"{m['source']}: {diff_by_key[key].status}")
     present = [s for s in SOURCES if any(s in v["src"] for v in names.values())]
     rows, classes = [], []
     for name, v in names.items():
-        vals = [v["src"][s]["value"] for s in present if s in v["src"]]
-        agree = all(x == vals[0] or (isinstance(x, float | int) and isinstance(vals[0], float | int)
-                                     and math.isclose(x, vals[0], rel_tol=1e-9)) for x in vals)
+        excluded = {s for s in v["src"] if f"{v['name']}.{s}" in why}
+        vals = [v["src"][s]["value"] for s in present if s in v["src"] and s not in excluded]
+        agree = all(_same(x, vals[0]) for x in vals)
         cells = []
         for s in present:
             m = v["src"].get(s)
-            cells.append("" if m is None else fmt_timing(m, device) if v["kind"] == "timing" else esc(fmt(m["value"])))
+            text = "" if m is None else fmt_timing(m, device) if v["kind"] == "timing" else esc(fmt(m["value"]))
+            if s in excluded:
+                text = f"<span title='{esc(why[v['name'] + '.' + s])}'>{text} †</span>"
+            cells.append(text)
         agree_cell = ("—" if len(vals) < 2 or v["kind"] == "timing" else
                       "<span class='ok'>✓</span>" if agree else "<span class='bad'>✗</span>")
-        rows.append([esc(name), esc(v["unit"]), esc(v["kind"]), *cells, agree_cell, esc("; ".join(v["diff"]))])
+        cpu_tpu = ""
+        if v["kind"] == "structural" and "hlo" in v["src"] and "tpu" in v["src"]:
+            same = _same(v["src"]["hlo"]["value"], v["src"]["tpu"]["value"])
+            reason = why.get(f"{v['name']}.tpu") or why.get(f"{v['name']}.hlo") or ""
+            cpu_tpu = "same" if same else esc("differs" + (f": {reason}" if reason else ""))
+        rows.append([esc(name), esc(v["unit"]), esc(v["kind"]), *cells, agree_cell, cpu_tpu, esc("; ".join(v["diff"]))])
         classes.append("flag" if v["diff"] or agree_cell.endswith("✗</span>") else "")
-    return table(["measurement", "unit", "kind", *present, "agree", "vs baseline"], rows, classes)
+    return table(["measurement", "unit", "kind", *present, "agree", "CPU vs TPU compiler", "vs baseline"], rows,
+                 classes)
+
+
+def notes_list(r: NotebookResult) -> str:
+    """The notebook's notes: views skipped here (and why), values that differ on a backend (and why)."""
+    notes = (r.record or {}).get("notes", [])
+    if not notes:
+        return ""
+    items = "".join(f"<li><code>{esc(n['name'])}</code>: {esc(n['detail'])}</li>" for n in notes)
+    return f"<details><summary>{len(notes)} note(s): skipped views, values that differ by backend</summary>" \
+           f"<ul>{items}</ul></details>"
 
 
 def notebook_section(r: NotebookResult, default_device: str) -> str:
@@ -215,6 +243,7 @@ def notebook_section(r: NotebookResult, default_device: str) -> str:
             parts.append("<details" + (" open" if any(not c.get("ok") for c in checks) else "") +
                          f"><summary>{len(checks)} checks</summary>" +
                          table(["ok", "check", "detail"], crow) + "</details>")
+        parts.append(notes_list(r))
         parts.append(measurements_table(r, device))
     return "".join(parts)
 
@@ -260,7 +289,10 @@ def write_report(report: Report, dest: Path) -> Path:
         "<h2 id='baseline'>Baseline diff</h2>", baseline_section(report),
         "<h2 id='notebooks'>Notebooks</h2>",
         "<p class='muted'>One row per measurement name, one column per source (formula = the paper's algebra, "
-        "ledger = our per-rank implementation, hlo = what XLA's partitioner emitted). On CPU XLA emits a "
+        "ledger = our per-rank implementation, hlo = what XLA's SPMD partitioner emitted on the CPU devices, "
+        "tpu = the same graph compiled by XLA:TPU for a TPU slice, compile-only). † marks a value the notebook "
+        "recorded as legitimately different on its backend (hover for the measured reason: XLA:CPU reduces bf16 "
+        "in f32, the TPU combines collectives ...); it is left out of <i>agree</i>. On CPU XLA emits a "
         "reduce-scatter as all-reduce + dynamic-slice; notebooks count that pair as a reduce-scatter.</p>",
         *(notebook_section(r, report.options.profile) for r in report.results),
         "<h2 id='sweeps'>Sweeps</h2>", sweeps_section(report),

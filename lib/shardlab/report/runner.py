@@ -119,6 +119,8 @@ def notebook_task(options: ReportOptions, nb: NotebookInfo, out: Path) -> Task:
     """The notebook with the runner's cells, its -p values, the runner's own num_devices / results_dir and, for a
     notebook with exercises, the answer key from data/answers (so the report checks the key, as the tests do)."""
     params = {**options.params, "num_devices": options.num_devices, "results_dir": str(out / "records")}
+    if options.full_size and "full_size" in nb.parameters:
+        params["full_size"] = True
     if "answers" in nb.parameters and "answers" not in params:
         params["answers"] = load_key(nb.stem)  # grade the hand-written answer key: exercise.<n>.answer_key checks
     src = prepare_input(nb.path, out / "logs" / f"{nb.stem}.input.ipynb")
@@ -190,49 +192,73 @@ def execute_all(options: ReportOptions, chosen: list[NotebookInfo], out: Path,
     return [results[nb.stem] for nb in chosen]
 
 
+def _split(record: dict[str, Any], tpu: bool) -> dict[str, Any]:
+    """The record with only the compile-only TPU view's rows (``tpu``) or only the others."""
+    return {**record, "measurements": [m for m in record.get("measurements", []) if (m["source"] == "tpu") == tpu]}
+
+
 def apply_baseline(options: ReportOptions, results: list[NotebookResult], env: dict[str, Any],
                    notes: list[str]) -> tuple[Path, str]:
-    """Compare with (or rewrite) the profile's baseline; raises BaselineError for an unusable file."""
-    path = options.baseline_dir / f"{options.profile}.json"
-    try:
-        base = bl.load(path, options.profile)
-    except bl.BaselineError as exc:
-        if not options.update_baseline:
-            raise
-        notes.append(f"existing baseline was unusable and is rewritten from scratch ({exc})")
-        base = None
-    timings = {r.stem: r.runner_timings(options.profile) for r in results}
-    for r in results:
-        if r.record is not None:
+    """Compare with (or rewrite) the two baselines — ``options.profile`` for formula / ledger / hlo / metrics /
+    timer rows, ``options.tpu_profile`` for the TPU compiler's rows — and return the first's path and state.
+    Raises BaselineError for an unusable file."""
+    states = {}
+    for tpu in (False, True):
+        profile = options.tpu_profile if tpu else options.profile
+        path = options.baseline_dir / f"{profile}.json"
+        try:
+            base = bl.load(path, profile)
+        except bl.BaselineError as exc:
+            if not options.update_baseline:
+                raise
+            notes.append(f"existing baseline {path.name} was unusable and is rewritten from scratch ({exc})")
+            base = None
+        timings = {r.stem: {} if tpu else r.runner_timings(options.profile) for r in results}
+        records = {r.stem: _split(r.record, tpu) for r in results if r.record is not None}
+        for r in results:
+            if r.stem not in records:
+                continue
             entry = (base or {}).get("notebooks", {}).get(r.stem)
-            r.diffs = bl.compare_notebook(r.stem, entry, r.record, timings[r.stem])
-            r.param_changes = bl.param_changes(entry, r.record)
-            r.compared = entry is not None
-            if entry is not None and any(d.regression for d in r.diffs) and r.status == "passed":
+            diffs = bl.compare_notebook(r.stem, entry, records[r.stem], timings[r.stem])
+            r.diffs = [*r.diffs, *diffs] if tpu else diffs
+            if not tpu:
+                r.param_changes = bl.param_changes(entry, r.record)
+            r.compared = r.compared or entry is not None
+            n = sum(d.regression for d in diffs)
+            if entry is not None and n and r.status in ("passed", "regressed"):
                 r.status = "regressed"
-                n = sum(d.regression for d in r.diffs)
-                r.reasons.append(f"{n} structural value(s) differ from the baseline")
-    if not options.update_baseline:
-        return path, "compared" if base is not None else "none"
-    good = [r for r in results if r.record is not None and r.status in ("passed", "regressed")]
-    skipped = [r.stem for r in results if r not in good]
-    if skipped:
-        notes.append(f"baseline not updated for failed notebook(s): {', '.join(skipped)}")
-    bl.save(bl.baseline_from_records(options.profile, [r.record for r in good if r.record], env,
-                                     {r.stem: timings[r.stem] for r in good}, base), path)
-    for r in good:
-        if r.status == "regressed":
-            r.status = "passed"
-            r.reasons.append("baseline updated from this run")
-    return path, "updated" if base is not None else "created"
+                r.reasons.append(f"{n} structural value(s) differ from the baseline {profile}")
+        if not options.update_baseline:
+            states[tpu] = (path, "compared" if base is not None else "none")
+            continue
+        good = [r for r in results if r.record is not None and r.status in ("passed", "regressed")]
+        if not tpu:
+            skipped = [r.stem for r in results if r not in good]
+            if skipped:
+                notes.append(f"baseline not updated for failed notebook(s): {', '.join(skipped)}")
+        if tpu and not any(records[r.stem]["measurements"] for r in good):
+            states[tpu] = (path, "none")  # no TPU view ran (a TPU host: the hlo column is the TPU there)
+            continue
+        bl.save(bl.baseline_from_records(profile, [records[r.stem] for r in good], env,
+                                         {r.stem: timings[r.stem] for r in good}, base), path)
+        states[tpu] = (path, "updated" if base is not None else "created")
+    if options.update_baseline:
+        for r in results:
+            if r.status == "regressed":
+                r.status = "passed"
+                r.reasons.append("baseline updated from this run")
+    tpu_path, tpu_state = states[True]
+    notes.append(f"TPU compiler baseline {tpu_path.name}: {tpu_state}")
+    return states[False]
 
 
 def run_report(options: ReportOptions) -> Report:
     """Run the whole report; raises ReportInputError / BaselineError for runner-level failures."""
     chosen = validate_inputs(options)
     baseline_path = options.baseline_dir / f"{options.profile}.json"
-    if not options.update_baseline:
-        bl.load(baseline_path, options.profile)          # fail fast, before any kernel, on a corrupt baseline
+    if not options.update_baseline:                      # fail fast, before any kernel, on a corrupt baseline
+        bl.load(baseline_path, options.profile)
+        bl.load(options.baseline_dir / f"{options.tpu_profile}.json", options.tpu_profile)
     out = (options.out or default_out()).resolve()      # kernels run in notebooks/: every path absolute
     prepare_out_dir(out, options.force)
     started = time.time()
