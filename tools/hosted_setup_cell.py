@@ -8,7 +8,8 @@ so the cell can never drift from the suite's pins (a test checks that). Behaviou
 
 * local machine (not Colab, not Kaggle): does nothing and prints nothing;
 * Colab / Kaggle: ``pip install`` the pinned torch, torch_xla (``[tpu]`` extra on a TPU runtime), jax,
-  jaxlib, torchax, flax and the shardlab package from ``REPO_URL`` (override with ``SHARDLAB_REPO_URL``);
+  jaxlib, torchax, flax, libtpu (the XLA:TPU compiler: on a CPU runtime it still compiles for a described TPU
+  slice, compile-only) and the shardlab package from ``REPO_URL`` (override with ``SHARDLAB_REPO_URL``);
 * TPU runtime: ``PJRT_DEVICE=TPU`` before anything imports torch_xla.
 
 ``CELL`` is the cell text; ``hosted_kind(env, modules)`` is the same detection as a function for tests.
@@ -24,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # The public repository the hosted runtimes install shardlab from (pip's git+https form).
 # Set this to where the repository is published; users can override it with SHARDLAB_REPO_URL at run time.
 REPO_URL = "https://github.com/shardlab/shardlab"
-HOSTED_PACKAGES = ("torch", "torch_xla", "jax", "jaxlib", "torchax", "flax")
+HOSTED_PACKAGES = ("torch", "torch_xla", "jax", "jaxlib", "torchax", "flax", "libtpu")
 
 
 def pins(requirements: Path = ROOT / "requirements.txt") -> list[str]:
@@ -50,7 +51,7 @@ def hosted_kind(env: Mapping[str, str], modules: Mapping[str, object]) -> str | 
 
 
 TEMPLATE = '''\
-# Colab / Kaggle setup: installs the pinned torch / torch_xla / JAX and shardlab. Does nothing locally.
+# Colab / Kaggle setup: installs the pinned torch / torch_xla / JAX / libtpu and shardlab. Does nothing locally.
 import os, sys, glob, subprocess
 _hosted = "google.colab" in sys.modules or os.environ.get("COLAB_RELEASE_TAG") \\
     or os.environ.get("KAGGLE_KERNEL_RUN_TYPE") or os.environ.get("KAGGLE_URL_BASE")
