@@ -50,9 +50,10 @@ REPORT_SWEEPS: tuple[SweepSpec, ...] = (
               "04_vocab_parallel_embedding_ce", {"vocab": [1024, 8192, 32000, 50257]}, "vocab",
               ("ce.saving_ratio", "ce.vocab_parallel.bytes", "ce.gather_logits.bytes")),
     SweepSpec("fsdp_padding_vs_world_size", "FSDP flat parameter: padding (elements) vs world size",
-              "05_fsdp_flat_params", {"world_size": [2, 3, 4, 8]}, "world_size",   # SimulatedWorld ranks: any W
+              "05_fsdp_flat_params", {"world_size": [2, 3, 5, 8]}, "world_size",   # SimulatedWorld ranks: any W
               ("fsdp.flat.padding", "fsdp.flat.padded_numel", "fsdp.flat.shard_numel"),
-              params={"steps": 1},                              # the padding needs no training
+              params={"steps": 1, "batch": 120},                # the padding needs no training; 120 rows split
+                                                                # evenly over every W of the sweep
               derived=(("fsdp.flat.padding", "difference", "fsdp.flat.padded_numel", "fsdp.flat.numel",
                         "elements"),)),
     SweepSpec("scan_compile_vs_layers", "scan: XLA compile time and HLO size vs number of layers L",
