@@ -86,14 +86,15 @@ def test_collective_pictures_show_what_the_per_rank_code_returned() -> None:
     import torch
 
     from shardlab.blocks import ring
+    from shardlab.blocks import views as bv
     from shardlab.viz import collectives as vc
 
     w = 4
-    _, after = vc.rank_arithmetic("all_reduce", w)
+    _, after = bv.rank_arithmetic("all_reduce", w)
     assert all(a.tolist() == [10.0] * w for a in after)
-    _, after = vc.rank_arithmetic("reduce_scatter", w)
+    _, after = bv.rank_arithmetic("reduce_scatter", w)
     assert [a.tolist() for a in after] == [[10.0]] * w
-    _, after = vc.rank_arithmetic("all_gather", w)
+    _, after = bv.rank_arithmetic("all_gather", w)
     assert all(a.tolist() == [1.0, 2.0, 3.0, 4.0] for a in after)
     assert len(vc.before_after(w).data) == 6
     trace = ring.simulate("all_reduce", [torch.ones(8)] * w)

@@ -102,23 +102,29 @@ def test_tp_larger_than_devices_is_rejected(xla) -> None:
 
 def test_bf16_collectives_run_in_f32_on_cpu_and_are_compared_on_elements(xla) -> None:
     """Observed on torch_xla 2.9 CPU: a bf16 MLP's all-reduce is emitted in f32 (twice the bf16 payload).
-    agree_payload must record that HLO byte count honestly and agree on elements."""
+    The compiler view must record that HLO byte count honestly, mark it as differing with the measured reason,
+    and agree on elements."""
     dev, capture_hlo, gspmd = xla
-    from shardlab.profile import Recorder, agree_payload
+    from shardlab.profile import Recorder
+    from shardlab.views import View, collectives_view, record, traffic
 
     mlp = gspmd.shard_mlp(models.MLP(H, FFN).to(torch.bfloat16).to(dev), gspmd.tensor_mesh(4))
     cap = capture_hlo(gspmd.step, mlp, torch.randn(B, S, H).to(torch.bfloat16).to(dev))
     (ar,) = [c for c in cap.module.collectives if c.op == "all-reduce"]
     f = ftp.mlp_all_reduce(B, S, H, 4, "bf16")
+    formula = traffic(View("formula"), "fwd", {"all_reduce": f["count"]}, {"all_reduce": f["bytes"]}, "bfloat16")
+    hlo = collectives_view("hlo", cap.module, "fwd", ("all_reduce",), "bfloat16")
     rec = Recorder("test_bf16")
-    agree_payload(rec, "mlp.fwd.all_reduce.bytes", f["bytes"], f["bytes"], cap.module, "all-reduce",
-                  "bfloat16")
+    record(rec, "mlp", formula, hlo, show=False)
     if ar.dtype == "bf16":  # a backend that reduces in bf16: plain byte agreement
-        assert rec.values("mlp.fwd.all_reduce.bytes") == dict.fromkeys(("formula", "ledger", "hlo"), f["bytes"])
+        assert rec.values("mlp.fwd.all_reduce.bytes") == dict.fromkeys(("formula", "hlo"), f["bytes"])
     else:
         assert ar.dtype == "f32" and ar.operand_bytes == 2 * f["bytes"]
         assert rec.values("mlp.fwd.all_reduce.bytes")["hlo"] == 2 * f["bytes"]
-        assert rec.values("mlp.fwd.all_reduce.elements") == dict.fromkeys(("formula", "ledger", "hlo"), B * S * H)
+        assert "XLA:CPU reduces 16-bit floats in f32" in hlo.differs["fwd.all_reduce.bytes"]
+        assert rec.values("mlp.fwd.all_reduce.elements") == dict.fromkeys(("formula", "hlo"), B * S * H)
+        assert any(c["name"].startswith("mlp.fwd.all_reduce.elements") and c["ok"] for c in rec.data["checks"])
+        assert not any(c["name"].startswith("mlp.fwd.all_reduce.bytes") for c in rec.data["checks"])
 
 
 @pytest.mark.parametrize("eps", [0.0, 0.1])

@@ -219,7 +219,7 @@ pd.DataFrame(rows)
 
 # %%
 from shardlab.blocks import views as bv
-from shardlab.views import record
+from shardlab.views import record, record_compile_s
 
 W = p.world_size
 configs = {
@@ -231,7 +231,8 @@ views = {k: (bv.formula(c), bv.ledger(c), bv.compiler(c), bv.tpu(c)) for k, c in
 
 # %%
 tables = [record(rec, "welcome", *v) for v in views.values()]
-bv.record_compile_seconds(rec, "welcome", {k: v[2] for k, v in views.items()}, {k: v[3] for k, v in views.items()})
+for k, v in views.items():  # XLA:CPU (metrics) and XLA:TPU (tpu) compile seconds, timing rows
+    record_compile_s(rec, f"welcome.{k}.compile_s", v[2], v[3])
 pd.concat(tables, ignore_index=True)
 
 # %% [markdown]

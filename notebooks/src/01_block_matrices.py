@@ -138,11 +138,11 @@ tpu = {rule: bv.tpu(c) for rule, c in configs.items()}
 # %%
 import pandas as pd
 
-from shardlab.views import record
+from shardlab.views import record, record_compile_s
 
 tables = [record(rec, "blocks", formula[r], ledger[r], compiler[r], tpu[r]) for r in configs]
-bv.record_compile_seconds(rec, "blocks", {c.phase: compiler[r] for r, c in configs.items()},
-                          {c.phase: tpu[r] for r, c in configs.items()})
+for r, c in configs.items():  # XLA:CPU (metrics) and XLA:TPU (tpu) compile seconds, timing rows
+    record_compile_s(rec, f"blocks.{c.phase}.compile_s", compiler[r], tpu[r])
 pd.concat(tables, ignore_index=True)
 
 # %% [markdown]

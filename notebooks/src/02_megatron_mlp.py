@@ -40,7 +40,7 @@ world
 
 # %%
 from shardlab.tp import views as tpv
-from shardlab.views import record
+from shardlab.views import record, record_compile_s
 
 fwd = tpv.MlpConfig.from_params(p, backward=False)  # one forward
 fb = tpv.MlpConfig.from_params(p, backward=True)  # forward + backward of (out * grad_out).sum()
@@ -114,6 +114,7 @@ tpu = {c.phase: tpv.tpu(c) for c in (fwd, fb)}
 
 # %%
 tables = [record(rec, "mlp", formula[ph], ledger[ph], compiler[ph], tpu[ph]) for ph in ("fwd", "fwd_bwd")]
+record_compile_s(rec, "mlp.fwd_bwd.compile_s", compiler["fwd_bwd"], tpu["fwd_bwd"])  # XLA:CPU and XLA:TPU seconds
 tables[0]
 
 # %%

@@ -87,7 +87,7 @@ vtp.ownership_figure(vtp.embedding_panels(p.vocab, p.hidden, p.tp), p.tp, f"V={p
 # `VocabParallelEmbedding.from_dense` keeps rows `vocab_range(V, rank, tp)`; `vocab_parallel_cross_entropy` gets
 # each rank's logit columns. The oracles are `nn.Embedding` and `torch.nn.functional.cross_entropy` on the full
 # logits — including label smoothing (torch's *global* definition: ε/V over the whole vocabulary; Megatron-LM's
-# own implementation uses the local vocab and differs by rank at tp > 1, upstream issue 737) and `ignore_index`
+# own implementation uses the local vocab and differs by rank at tp > 1: NVIDIA/Megatron-LM#737) and `ignore_index`
 # (one position of the targets is ignored).
 #
 # **The global vocabulary is a required argument.** A rank holding 251 logit columns of an uneven split cannot

@@ -232,6 +232,23 @@ def collective_rank(comm: Any, data: torch.Tensor, op: str) -> torch.Tensor:
     return comm.all_gather(mine.unsqueeze(0), dim=0)  # [W, *shape]: every rank's tensor
 
 
+def rank_arithmetic(op: str, world_size: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """(before, after) per rank for ``op`` on data where rank r holds r + 1 (all-gather: a 1-element shard).
+
+    After an all-reduce every entry is 1 + 2 + ... + W = W (W + 1) / 2; after a reduce-scatter rank r holds
+    element r of that sum; after an all-gather every rank holds [1, 2, ..., W].
+    """
+    w = world_size
+    if op == "all_gather":
+        data = torch.arange(1, w + 1, dtype=torch.float32).reshape(w, 1)  # rank r: [r + 1]
+    else:
+        data = torch.arange(1, w + 1, dtype=torch.float32).reshape(w, 1).expand(w, w).contiguous()  # [r + 1] * W
+    outs = SimulatedWorld(w).run(collective_rank, data, op)
+    before = list(data)
+    after = [o.reshape(-1) for o in outs]
+    return before, after
+
+
 # --------------------------------------------------------------------------------------------------- views
 @singledispatch
 def formula(cfg: Any) -> View:
@@ -550,17 +567,6 @@ def on_device(view: View, kind: str, phase: str) -> View:
         out.add(f"{phase}.all_reduce.on_{kind}.dtype", "/".join(dts), "dtype")
     out.add(f"{phase}.all_reduce.on_{kind}.bytes", view.values[f"{phase}.all_reduce.bytes"], "bytes")
     return out
-
-
-def record_compile_seconds(rec: Any, prefix: str, compilers: dict[str, View], tpus: dict[str, View]) -> None:
-    """Timing rows ``<prefix>.<phase>.compile_s`` (XLA:CPU, from torch_xla's metrics) and ``.tpu_compile_s``
-    (XLA:TPU) for the compiler views that ran, keyed by phase."""
-    for phase, v in compilers.items():
-        if v.ran:
-            rec.measure(f"{prefix}.{phase}.compile_s", v.detail.metrics.compile_s, "s", "metrics", kind="timing")
-    for phase, v in tpus.items():
-        if v.ran and v.detail is not None:
-            rec.measure(f"{prefix}.{phase}.tpu_compile_s", v.detail.compile_s, "s", "tpu", kind="timing")
 
 
 def measured(name: str, *views: View) -> Any:

@@ -82,22 +82,6 @@ def _producer(module: HloModule, name: str) -> Any:
     return ins
 
 
-def _inner_opcodes(module: HloModule, ins: Any) -> set[str]:
-    """Opcodes inside a fusion, nested fusions included."""
-    seen, stack, out = set(), [ins.attrs.get("calls", "").lstrip("%")], set()
-    while stack:
-        comp = stack.pop()
-        if comp in seen or comp not in module.computations:
-            continue
-        seen.add(comp)
-        for n in module.computations[comp]:
-            inner = module.instructions[n]
-            out.add(inner.opcode)
-            if inner.opcode == "fusion":
-                stack.append(inner.attrs.get("calls", "").lstrip("%"))
-    return out
-
-
 def _is_unshard_value(module: HloModule, name: str) -> bool:
     """A value that places this device's shard into zeros by its ``partition-id`` — a dynamic-update-slice
     (d <= W // 2, or XLA:TPU's all-reduce form of a vector all-gather) or a select of the owning device (d == 1):
@@ -113,7 +97,7 @@ def _is_unshard_value(module: HloModule, name: str) -> bool:
         return True
     if op.opcode != "fusion":
         return False
-    inner = _inner_opcodes(module, op)
+    inner = {i.opcode for i in module.executed(op.name)[1:]}  # opcodes inside the fusion, nested included
     if inner & set(_COMPUTE):
         return False
     return "dynamic-update-slice" in inner or (uses_partition_id and "select" in inner)

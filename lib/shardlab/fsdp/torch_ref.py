@@ -38,6 +38,7 @@ from torch import nn
 from shardlab.comm import Comm, Ledger, LedgerEntry, current_phase, ring_wire_bytes
 from shardlab.comm.ledger import dtype_name
 from shardlab.fsdp.train import INNER, TrainConfig, make_batch, make_model
+from shardlab.stderr_filter import filtered_stderr
 
 # torch.distributed function -> (our op name, how to find the tensor this rank hands over)
 _LOGGED = {
@@ -142,28 +143,6 @@ def torch_fsdp_both_program(comm: Comm, cfg: TrainConfig) -> tuple[dict[str, Any
     return torch_fsdp1_program(comm, cfg), torch_fsdp2_program(comm, cfg)
 
 
-@contextmanager
-def _without_stderr_lines(text: str) -> Iterator[None]:
-    """Drop the lines containing ``text`` that C++ code writes to file descriptor 2 inside the block."""
-    import os
-    import sys
-    import tempfile
-
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile(mode="w+b") as tmp:
-        os.dup2(tmp.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            tmp.seek(0)
-            kept = [line for line in tmp.read().decode(errors="replace").splitlines() if text not in line]
-            if kept:
-                print("\n".join(kept), file=sys.stderr)
-
-
 def flat_param_handle_shards(module: nn.Module, world_size: int, use_orig_params: bool = False) -> list[dict[str, Any]]:
     """PyTorch's own ``FlatParamHandle`` for every rank of ``world_size``, built on a *fake* process group (no
     communication: the handle only reads rank and world size) and sharded: per rank its shard numel, zero
@@ -181,7 +160,8 @@ def flat_param_handle_shards(module: nn.Module, world_size: int, use_orig_params
     # The handle re-views the module's parameters; freeing it makes PyTorch warn "Deallocating Tensor that still
     # has live PyObject references" — from C++ straight to stderr, once per rank (harmless: nothing is used
     # afterwards). Free it here, with that one message filtered.
-    with warnings.catch_warnings(), _without_stderr_lines("Deallocating Tensor that still has live PyObject"):
+    notice = "Deallocating Tensor that still has live PyObject"
+    with warnings.catch_warnings(), filtered_stderr(lambda line: notice in line):
         warnings.filterwarnings("ignore", message="Deallocating Tensor")
         for rank in range(world_size):
             dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)

@@ -35,29 +35,9 @@ from shardlab.formulas.common import wire_bytes
 MATMUL_OPCODES = ("dot", "convolution")
 
 
-def _called(ins: Any) -> list[str]:
-    names = [ins.attrs[a].lstrip("%") for a in ("calls", "to_apply") if a in ins.attrs]
-    return [n for n in names if n]
-
-
 def _matmul_instructions(module: Any, name: str) -> list[Any]:
     """The dot / convolution instructions executed by instruction ``name`` (itself, or inside its fusions)."""
-    ins = module.instructions[name]
-    if ins.opcode in MATMUL_OPCODES:
-        return [ins]
-    out, stack, seen = [], list(_called(ins)) if ins.opcode == "fusion" else [], set()
-    while stack:
-        comp = stack.pop()
-        if comp in seen or comp not in module.computations:
-            continue
-        seen.add(comp)
-        for n in module.computations[comp]:
-            i = module.instructions[n]
-            if i.opcode in MATMUL_OPCODES:
-                out.append(i)
-            elif i.opcode == "fusion":
-                stack.extend(_called(i))
-    return out
+    return [i for i in module.executed(name) if i.opcode in MATMUL_OPCODES]
 
 
 def _contracted(module: Any, ins: Any) -> int:

@@ -7,12 +7,11 @@ Importing this package does not import torch_xla; the XLA-facing functions impor
 from shardlab.profile.capture import Capture, HloNotCaptured, capture_hlo, read_dumps
 from shardlab.profile.hlo import BufferAssignment, Collective, HloModule, WhileLoop, parse_hlo
 from shardlab.profile.metrics import MetricsDelta, metrics_delta
-from shardlab.profile.payload import agree_payload, collective_elements
 from shardlab.profile.record import CheckFailed, Recorder, load_record
 from shardlab.profile.timer import Timing, time_it, xla_sync
 
 __all__ = [
     "BufferAssignment", "Capture", "CheckFailed", "Collective", "HloModule", "HloNotCaptured", "MetricsDelta",
-    "Recorder", "Timing", "WhileLoop", "agree_payload", "capture_hlo", "collective_elements", "load_record",
+    "Recorder", "Timing", "WhileLoop", "capture_hlo", "load_record",
     "metrics_delta", "parse_hlo", "read_dumps", "time_it", "xla_sync",
 ]

@@ -211,14 +211,17 @@ class HloModule:
             out.append(AsyncWindow(c, c.computation, between, [n for n in between if self._computes(n)]))
         return out
 
-    def _computes(self, name: str) -> bool:
+    def executed(self, name: str) -> list[Instruction]:
+        """Instruction ``name`` and everything it runs: the instructions of the computations it calls (a fusion's
+        body, nested fusions, an async wrapper's computation), transitively."""
         ins = self.instructions[name]
-        if ins.opcode in ("convolution", "dot"):
-            return True
         inner = _reachable([c for c in _called(ins) if c in self.computations],
                            {c: [x for n in ns for x in _called(self.instructions[n])]
                             for c, ns in self.computations.items()})
-        return any(self.instructions[n].opcode in ("convolution", "dot") for c in inner for n in self.computations[c])
+        return [ins, *(self.instructions[n] for c in sorted(inner) for n in self.computations[c])]
+
+    def _computes(self, name: str) -> bool:
+        return any(i.opcode in ("convolution", "dot") for i in self.executed(name))
 
 
 def _called(ins: Instruction) -> list[str]:

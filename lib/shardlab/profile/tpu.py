@@ -65,7 +65,6 @@ import math
 import os
 import re
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -76,6 +75,7 @@ from typing import Any, NamedTuple
 from shardlab.formulas import hardware
 from shardlab.profile.hlo import HloModule, parse_hlo
 from shardlab.profile.tpu_memory import OutOfMemory, TpuMemory, parse_oom
+from shardlab.stderr_filter import filtered_stderr
 
 PINS = {"jax": "0.7.1", "jaxlib": "0.7.1", "libtpu": "0.0.21"}
 GiB = 1024**3
@@ -214,24 +214,9 @@ def _backend() -> Any:
     return B
 
 
-@contextlib.contextmanager
-def quiet_libtpu() -> Iterator[None]:
+def quiet_libtpu() -> contextlib.AbstractContextManager[None]:
     """Redirect fd 2 around libtpu calls; re-emit (to ``sys.stderr``) every line that is not known noise."""
-    with contextlib.suppress(Exception):
-        sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile(mode="w+b") as tmp:
-        os.dup2(tmp.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            tmp.seek(0)
-            text = tmp.read().decode(errors="replace")
-            kept = [line for line in text.splitlines() if not _NOISE.search(line)]
-            if kept:
-                print("\n".join(kept), file=sys.stderr)
+    return filtered_stderr(lambda line: bool(_NOISE.search(line)))
 
 
 def topology_devices(name: str) -> tuple[Any, ...]:

@@ -5,7 +5,7 @@ Design note
 ``data/baselines/<profile>.json`` (profile = device kind + count, e.g. ``cpu-8``) holds, per notebook, the
 parameters it ran with, every *structural* measurement and every *timing* measurement. A measurement is
 keyed ``"<name> [<source>]"`` (one row per source, as in the record); a name recorded twice by the same
-source gets ``#2``, ``#3`` in record order. Comparison rules (issue 6):
+source gets ``#2``, ``#3`` in record order. Comparison rules:
 
 * structural: exact equality of value and unit (JSON round-trips ints, strings and floats exactly), any
   change is a **regression** until the baseline is updated with ``--update-baseline``;

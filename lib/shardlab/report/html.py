@@ -4,10 +4,10 @@ Design note
 -----------
 Plain string building with ``html.escape`` — no template engine. Sections, top to bottom: summary (status
 per notebook, checks, regressions, wall and XLA compile time), wall-time chart, baseline diff, one section
-per notebook (failure with its cell and traceback, parameters, checks, the three-way measurement table
-formula | ledger | hlo | metrics | timer with the baseline status of each row), sweeps, environment.
-Every timing is printed with the device profile it was measured on (``0.41 s @cpu-8``): only structural
-numbers are comparable across devices (design.md "Where it runs").
+per notebook (failure with its cell and traceback, parameters, checks, notes, the four-way measurement table
+formula | ledger | hlo | tpu | metrics | timer with the CPU-vs-TPU compiler column and the baseline status of
+each row), sweeps, environment. Every timing is printed with the device profile it was measured on
+(``0.41 s @cpu-8``): only structural numbers are comparable across devices.
 """
 
 from __future__ import annotations

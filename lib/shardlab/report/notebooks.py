@@ -3,11 +3,11 @@
 Design note
 -----------
 The report and the sweeps never import a notebook; they read its JSON. A notebook is any
-``notebooks/NN_name.ipynb`` (two digits, an optional letter as in ``05b``, underscore, name). Its parameters are the plain assignments in the
-single cell tagged ``parameters`` (one ``name = literal`` per statement, nothing else: papermill injects its
-values after that cell). :func:`parse_parameters` is the one reader of such a cell — the report, the
-notebook builder (``tools/build_notebooks.py``) and the tests all call it — so that ``--only`` names and
-``-p name value`` pairs are checked *before* any kernel starts:
+``notebooks/NN_name.ipynb`` (two digits, an optional letter as in ``05b``, underscore, name). Its parameters are
+the plain assignments in the single cell tagged ``parameters`` (one ``name = literal`` per statement, nothing
+else: papermill injects its values after that cell). :func:`parse_parameters` is the one reader of such a
+cell — the report, the notebook builder (``tools/build_notebooks.py``) and the tests all call it — so that
+``--only`` names and ``-p name value`` pairs are checked *before* any kernel starts:
 
     >>> nb = find_notebooks(Path(__file__).parents[3] / "notebooks")["01_block_matrices"]
     >>> sorted(nb.parameters)[:3]              # names declared in the parameters cell

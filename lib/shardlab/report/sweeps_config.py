@@ -1,4 +1,4 @@
-"""The sweeps the report embeds (issue 6), as data: add a :class:`SweepSpec` when a notebook lands.
+"""The sweeps the report embeds, as data: add a :class:`SweepSpec` when a notebook lands.
 
 Design note
 -----------

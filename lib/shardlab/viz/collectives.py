@@ -1,8 +1,8 @@
 """Pictures for notebook 00: what the three collectives do, the ring step by step, and sharding tiles.
 
-- :func:`before_after` runs the per-rank code of each collective in a ``SimulatedWorld`` on rank-arithmetic
-  data (rank r holds the value r + 1 everywhere) and draws every rank's tensor before and after: the picture
-  shows what the code returned, not a drawing of it.
+- :func:`before_after` draws every rank's tensor before and after each collective, as
+  :func:`shardlab.blocks.views.rank_arithmetic` computed them with the per-rank code in a ``SimulatedWorld``
+  on rank-arithmetic data (rank r holds the value r + 1 everywhere): the picture shows what the code returned.
 - :func:`ring_figure` draws a :class:`shardlab.blocks.ring.RingTrace`: one panel per step, a row per rank, a
   cell per chunk, coloured by how many ranks' contributions that copy holds, labelled with them.
 - :func:`tiles_figure` draws which devices hold each element of a 2-D tensor for a few sharding strings.
@@ -15,12 +15,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import torch
-
 from shardlab.blocks import tiles
 from shardlab.blocks.ring import RingTrace
-from shardlab.blocks.views import collective_rank
-from shardlab.comm import SimulatedWorld
+from shardlab.blocks.views import rank_arithmetic
+from shardlab.formulas.common import ceil_div
 from shardlab.viz.common import REPLICATED, device_color
 
 SUM = "#444444"  # a value summed over every rank
@@ -40,23 +38,6 @@ def _cells(values: list[list[float | None]], colours: list[list[str]]) -> dict[s
     text = [["" if v is None else f"{v:g}" for v in row] for row in values]
     return dict(z=z, zmin=0, zmax=n, colorscale=scale, showscale=False, text=text, texttemplate="%{text}",
                 xgap=2, ygap=2, hoverinfo="skip")
-
-
-def rank_arithmetic(op: str, world_size: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """(before, after) per rank for ``op`` on data where rank r holds r + 1 (all-gather: a 1-element shard).
-
-    After an all-reduce every entry is 1 + 2 + ... + W = W (W + 1) / 2; after a reduce-scatter rank r holds
-    element r of that sum; after an all-gather every rank holds [1, 2, ..., W].
-    """
-    w = world_size
-    if op == "all_gather":
-        data = torch.arange(1, w + 1, dtype=torch.float32).reshape(w, 1)  # rank r: [r + 1]
-    else:
-        data = torch.arange(1, w + 1, dtype=torch.float32).reshape(w, 1).expand(w, w).contiguous()  # [r + 1] * W
-    outs = SimulatedWorld(w).run(collective_rank, data, op)
-    before = list(data)
-    after = [o.reshape(-1) for o in outs]
-    return before, after
 
 
 def before_after(world_size: int = 4) -> Any:
@@ -107,7 +88,7 @@ def ring_figure(trace: RingTrace) -> Any:
 
     w, steps = trace.world_size, trace.steps
     cols = min(steps + 1, 4) if steps else 1
-    rows = -(-(steps + 1) // cols)
+    rows = ceil_div(steps + 1, cols)
     titles = ["before"] + [f"step {s}: {trace.phase_of(s)}<br>rank r sends chunk {_chunk_rule(trace, s)} to r + 1"
                            for s in range(1, steps + 1)]
     fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles, horizontal_spacing=0.04,
