@@ -29,14 +29,14 @@ baseline: $(STAMP)
 
 test: $(STAMP)
 	$(PY) tools/build_notebooks.py --check
-	$(PY) -m ruff check lib tests tools
+	$(PY) -m ruff check lib tests tools notebooks/src
 	$(PY) -m pytest
 
 notebooks: $(STAMP)
 	$(PY) tools/build_notebooks.py
 
 lint: $(STAMP)
-	$(PY) -m ruff check lib tests tools
+	$(PY) -m ruff check lib tests tools notebooks/src
 
 clean:
 	rm -rf out .pytest_cache

@@ -105,7 +105,7 @@ for label, spec in specs.items():
     rec.check(f"welcome.sharding.{label}", strings[label] == predicted,
               f"torch_xla {strings[label]} vs predicted {predicted}")
     same = "the same" if strings[label] == predicted else predicted
-    print(f"mesh {dict(zip(axes, mesh_shape))}, spec {label:>18}: {strings[label]:<58} predicted: {same}")
+    print(f"mesh {dict(zip(axes, mesh_shape, strict=True))}, spec {label:>18}: {strings[label]:<58} predicted: {same}")
 if world.num_devices == 1:
     print("this process has one device: every tensor lives whole on it, so every string is {replicated}; the "
           "explanation below uses a mesh (data 2, model 4) of 8 devices (predicted strings, no devices needed)")

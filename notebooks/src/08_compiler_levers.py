@@ -115,7 +115,7 @@ for mode, v in combine.items():
     frame = record(rec, prefix[mode], *v.values())
     frame.columns = ["name", "unit", *v, *frame.columns[2 + len(v):]]  # both TPU columns are "tpu": label them
     tables[mode] = frame
-for mode, cfg in steps.items():  # the combiner's invariants (the record already checked "reductions" everywhere)
+for mode in steps:  # the combiner's invariants (the record already checked "reductions" everywhere)
     if "XLA:TPU" not in combine[mode]:
         continue
     f, on, off = combine[mode]["formula"], combine[mode]["XLA:TPU"], combine[mode]["XLA:TPU combiners off"]
@@ -299,7 +299,7 @@ if use_tpu:
 if use_tpu:
     model = pd.DataFrame({f"scheduler {lhs}": {k: v * 1e6 for k, v in tot.items()}
                           for lhs, (rows, tot) in exposure.items()}).rename(index=lambda k: k.replace("_s", " µs"))
-    for lhs, (rows, tot) in exposure.items():
+    for lhs, (_rows, tot) in exposure.items():
         rec.check(f"levers.overlap.fsdp.{lhs}: exposed <= communication", tot["exposed_s"] <= tot["comm_s"] + 1e-12,
                   f"{tot['exposed_s'] * 1e6:.1f} <= {tot['comm_s'] * 1e6:.1f} µs")
         rec.measure(f"levers.overlap.fsdp.exposed_s.lhs_{lhs}", tot["exposed_s"], "s (model)", "tpu")
