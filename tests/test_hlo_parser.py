@@ -386,3 +386,84 @@ def test_async_forms_hand_written() -> None:
     looped = next(c for c in m.collectives if c.name == "ag.in")
     assert looped.in_while and looped.computation == "gather_body" and looped.start == "f"
     assert looped.operand_bytes == 8 * 32 * 4 and looped.group_size == 4
+
+
+LOOP = """HloModule loop, is_scheduled=true, num_partitions=1
+
+%cond (c: (s32[], f32[4])) -> pred[] {
+  %c = (s32[], f32[4]{0}) parameter(0)
+  %i = s32[] get-tuple-element(%c), index=0
+  %n = s32[] constant(BOUND)
+  ROOT %lt = pred[] compare(CMP), direction=DIR
+}
+
+%body (b: (s32[], f32[4])) -> (s32[], f32[4]) {
+  %b = (s32[], f32[4]{0}) parameter(0)
+  %j = s32[] get-tuple-element(%b), index=0
+  %x = f32[4]{0} get-tuple-element(%b), index=1
+  %s = s32[] constant(STEP)
+  %next = s32[] add(%j, %s)
+  %y = f32[4]{0} negate(%x)
+  ROOT %t = (s32[], f32[4]{0}) tuple(%next, %y)
+}
+
+ENTRY %main (p: f32[4]) -> f32[4] {
+  %p = f32[4]{0} parameter(0)
+  %zero = s32[] constant(START)
+  %init = (s32[], f32[4]{0}) tuple(%zero, %p)
+  %w = (s32[], f32[4]{0}) while(%init), condition=%cond, body=%bodyCONFIG
+  ROOT %out = f32[4]{0} get-tuple-element(%w), index=1
+}
+"""
+
+
+@pytest.mark.parametrize(("start", "bound", "step", "form", "trips"), [
+    (0, 5, 1, "LT", 5), (1, 5, 1, "LT", 4), (0, 4, 2, "LT", 2), (0, 7, 2, "LT", 4), (0, 5, 1, "GT", 5),
+    (6, 5, 1, "LT", 0), (0, 5, 1, "NE", 5), (0, 5, 0, "LT", None),  # a step of 0 never ends: no count
+])
+def test_trip_count_read_from_the_loop(start: int, bound: int, step: int, form: str, trips: int | None) -> None:
+    """Iterations counted by hand from the loop's start, bound and step (a Python range is the oracle)."""
+    cmp, direction = ("%n, %i", "GT") if form == "GT" else ("%i, %n", form)
+    text = (LOOP.replace("START", str(start)).replace("BOUND", str(bound)).replace("STEP", str(step))
+            .replace("CMP", cmp).replace("DIR", direction).replace("CONFIG", ""))
+    m = parse_hlo(text)
+    assert m.trip_count("w") == trips
+    if trips is not None:
+        assert trips == len(range(start, bound, step)) if form != "NE" else trips == bound - start
+    assert m.runs("body") == trips and m.runs("main") == 1
+
+
+def test_trip_count_of_a_data_dependent_loop_is_unknown() -> None:
+    text = (LOOP.replace("START", "0").replace("BOUND", "5").replace("STEP", "1").replace("CONFIG", "")
+            .replace("%n = s32[] constant(5)", "%x = f32[4]{0} get-tuple-element(%c), index=1\n"
+                     "  %r = f32[] reduce(%x, %x), dimensions={0}, to_apply=%body\n  %n = s32[] convert(%r)")
+            .replace("CMP", "%i, %n").replace("DIR", "LT"))
+    m = parse_hlo(text)
+    assert m.trip_count("w") is None and m.runs("body") is None
+
+
+def test_trip_count_from_backend_config_wins() -> None:
+    text = (LOOP.replace("START", "0").replace("BOUND", "5").replace("STEP", "1").replace("CMP", "%i, %n")
+            .replace("DIR", "LT").replace("CONFIG", ', backend_config={"known_trip_count":{"n":"3"}}'))
+    assert parse_hlo(text).trip_count("w") == 3
+    with pytest.raises(ValueError, match="not a while"):
+        parse_hlo(text).trip_count("init")
+
+
+def test_tpu_scan_loops_run_once_per_layer() -> None:
+    """torch_xla's scan over 2 layers: the forward and the backward while loop each run 2 times."""
+    _, m = _tpu("scan_fsdp2_tp4_f32_v5e_2x4.txt")
+    assert [m.trip_count(w.name) for w in m.while_loops] == [2, 2]
+    assert {m.runs(c.computation) for c in m.collectives} == {2}
+
+
+def test_tpu_windowed_einsum_loops() -> None:
+    """Notebook 08's FSDP step (4 layers of [2048, 2048] bf16, batch 8192 over 8 chips): each weight gradient's
+    matmul and reduce-scatter become a loop of collective-permutes; every loop covers the 8 row chunks of the
+    gradient, 2 matmul fusions of 2 chunks each per iteration -> 2 iterations."""
+    _, m = _tpu("fsdp4_windowed_bf16_v5e_2x4.txt")
+    loops = m.while_loops
+    assert len(loops) == 4 and all("windowed_dot_general" in w.body for w in loops)
+    assert [m.trip_count(w.name) for w in loops] == [2, 2, 2, 2]
+    permutes = [c for c in m.collectives if c.op == "collective-permute" and c.in_while]
+    assert permutes and {m.runs(c.computation) for c in permutes} == {2}

@@ -148,3 +148,18 @@ def mfu(model_flops_per_step: float, step_time_s: float, chips: int, peak_flops_
     if step_time_s <= 0:
         raise ValueError(f"step_time_s={step_time_s} must be > 0")
     return model_flops_per_step / (step_time_s * chips * peak_flops_per_chip)
+
+
+def linear_stack_step_flops(batch: int, hidden: int, layers: int, chips: int = 1) -> int:
+    """Matmul FLOPs per chip of one training step of ``layers`` square linear layers ``h <- tanh(h @ W)`` on a
+    batch split over ``chips`` (data parallel or FSDP: every chip multiplies its batch shard by whole weights).
+
+    Per layer, forward ``2·(B/n)·h²``; backward ``dW = hᵀ·dy`` another ``2·(B/n)·h²`` and ``dx = dy·Wᵀ`` another,
+    except for the first layer, whose input needs no gradient: ``2·(B/n)·h²·(3L − 1)``.
+
+    >>> linear_stack_step_flops(batch=8192, hidden=2048, layers=4, chips=8)
+    94489280512
+    """
+    if batch % chips:
+        raise ValueError(f"batch={batch} must be divisible by chips={chips}")
+    return 2 * (batch // chips) * hidden * hidden * (3 * layers - 1)

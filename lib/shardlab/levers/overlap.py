@@ -11,12 +11,17 @@ collective, the instructions scheduled in between. This module prices them:
 - :func:`matmul_flops` — FLOPs of the matmul work of one instruction (a ``dot``, or a ``convolution`` — the
   TPU writes matmuls as convolutions — directly or inside the fusion it calls): ``2 · output elements · K``,
   K the contracted size (``lhs_contracting_dims`` for a dot; the input-feature dimension times the window for
-  a convolution).
+  a convolution). A ``while`` (XLA:TPU's *windowed einsum*: a gradient matmul and its reduce-scatter decomposed
+  into a loop of collective-permutes, each permute hidden behind one chunk of the matmul) does its body's work
+  once per iteration: trip count × body (:meth:`shardlab.profile.hlo.HloModule.trip_count`). The compiler's own
+  cost analysis counts a loop body once, so :func:`schedule_flops` can exceed it; the independent check is the
+  step's matmul FLOPs worked out by hand.
 - :func:`exposed` — the model, per chip, clearly a model: a collective takes ``wire bytes / ICI egress``
   (ring model of ``shardlab.formulas.common.wire_bytes``, egress = half the published bidirectional ICI
   bandwidth of ``data/hardware/<chip>.json``; no start-up latency); the compute of its window takes
   ``FLOPs / peak bf16 FLOP/s``. Exposed time: a synchronous collective's whole time; an asynchronous one's
-  ``max(0, comm − window compute)``. "No overlap" is the sum of all collective times.
+  ``max(0, comm − window compute)``. A collective inside a loop body runs once per iteration (``runs``), its
+  window is one iteration's. "No overlap" is the sum of all collective times.
 
 Example::
 
@@ -36,7 +41,8 @@ MATMUL_OPCODES = ("dot", "convolution")
 
 
 def _matmul_instructions(module: Any, name: str) -> list[Any]:
-    """The dot / convolution instructions executed by instruction ``name`` (itself, or inside its fusions)."""
+    """The dot / convolution instructions executed by instruction ``name`` (itself, or inside its fusions; a
+    ``while`` is priced by :func:`matmul_flops` with its trip count)."""
     return [i for i in module.executed(name) if i.opcode in MATMUL_OPCODES]
 
 
@@ -62,11 +68,14 @@ def matmul_flops(module: Any, name: str) -> int:
     the module: a TPU program has hundreds of scheduled instructions, each priced several times)."""
     cache = module.__dict__.setdefault("_matmul_flops", {})
     if name not in cache:
-        total = 0
-        for ins in _matmul_instructions(module, name):
-            out = math.prod(ins.shape[0].dims) if ins.shape else 0
-            total += 2 * out * _contracted(module, ins)
-        cache[name] = total
+        ins = module.instructions[name]
+        if ins.opcode == "while":  # the body's work, once per iteration (an unknown trip count: once, flagged)
+            body = ins.attrs.get("body", "").lstrip("%")
+            cache[name] = (module.trip_count(name) or 1) * sum(matmul_flops(module, n)
+                                                                for n in module.computations.get(body, []))
+        else:
+            cache[name] = sum(2 * (math.prod(i.shape[0].dims) if i.shape else 0) * _contracted(module, i)
+                              for i in _matmul_instructions(module, name))
     return cache[name]
 
 
@@ -87,20 +96,24 @@ def exposed(module: Any, chip: Any) -> tuple[list[dict[str, Any]], dict[str, flo
     for c in module.collectives:
         group = c.group_size or 2
         wire = wire_bytes(c.op, c.operand_bytes, group) if c.op != "collective-permute" else c.operand_bytes
+        runs = module.runs(c.computation)  # iterations of the loop that holds it (1 in the entry)
         comm_s = wire / chip.ici_egress_bytes_per_s
         between = wins.get(c.name, [])
         flops = sum(matmul_flops(module, n) for n in between)
         window_s = flops / chip.bf16_peak_flops_per_s
         exp = max(0.0, comm_s - window_s) if c.async_ else comm_s
+        k = runs or 1
         rows.append({"collective": c.name, "op": c.op, "form": c.form, "operands": c.operands,
-                     "bytes": c.operand_bytes, "group": group, "wire_bytes": wire,
+                     "bytes": c.operand_bytes, "group": group, "wire_bytes": wire, "runs": runs,
                      "between": len(between), "matmuls_between": sum(1 for n in between if matmul_flops(module, n)),
-                     "window_flops": flops, "comm_s": comm_s, "window_s": window_s, "exposed_s": exp})
+                     "window_flops": flops, "comm_s": k * comm_s, "window_s": k * window_s, "exposed_s": k * exp})
     comm = sum(r["comm_s"] for r in rows)
     compute = schedule_flops(module) / chip.bf16_peak_flops_per_s
+    unknown = sum(module.trip_count(w.name) is None for w in module.while_loops)
     total = {"compute_s": compute, "comm_s": comm, "no_overlap_s": comm,
              "exposed_s": sum(r["exposed_s"] for r in rows), "hidden_s": comm - sum(r["exposed_s"] for r in rows),
-             "step_no_overlap_s": compute + comm, "step_s": compute + sum(r["exposed_s"] for r in rows)}
+             "step_no_overlap_s": compute + comm, "step_s": compute + sum(r["exposed_s"] for r in rows),
+             "loops_unknown_trips": unknown}
     return rows, total
 
 

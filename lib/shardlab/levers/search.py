@@ -9,7 +9,7 @@ Design
 - ``collectives`` / ``payload_bytes`` — logical collectives in the TPU program and the bytes each chip hands
   to them (a combined tuple collective is one, with all its operands' bytes);
 - ``wire_bytes`` — the ring model per collective (``shardlab.formulas.common.wire_bytes``, group size from
-  its replica groups): what the interconnect must carry;
+  its replica groups), times the iterations of the loop that holds it: what the interconnect must carry;
 - ``memory_bytes`` — arguments + outputs − aliased + temporaries (``TpuMemory.total`` minus generated code).
 
 Ranking: wire bytes, then memory, then the name. Megatron's plan (all 8 chips on ``tensor``, megatron
@@ -30,8 +30,10 @@ def metrics(comp: Any) -> dict[str, Any]:
         return {"fits": False, "collectives": None, "payload_bytes": None, "wire_bytes": None,
                 "memory_bytes": comp.oom.used if comp.oom else None, "compile_s": comp.compile_s}
     colls = comp.module.collectives
-    wire = sum(wire_bytes(c.op, c.operand_bytes, c.group_size or 2) if c.op != "collective-permute"
-               else c.operand_bytes for c in colls)
+    # a collective in a loop body (XLA:TPU's windowed einsum) moves its bytes once per iteration
+    wire = sum((comp.module.runs(c.computation) or 1)
+               * (wire_bytes(c.op, c.operand_bytes, c.group_size or 2) if c.op != "collective-permute"
+                  else c.operand_bytes) for c in colls)
     ops: dict[str, int] = {}
     for c in colls:
         ops[c.op] = ops.get(c.op, 0) + 1

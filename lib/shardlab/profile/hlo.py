@@ -61,6 +61,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from shardlab.profile import hlo_loops
 from shardlab.profile.hlo_text import (  # noqa: F401  (re-exported: the parser's public vocabulary)
     COMPUTATION_RE,
     DTYPE_BYTES,
@@ -222,6 +223,28 @@ class HloModule:
 
     def _computes(self, name: str) -> bool:
         return any(i.opcode in ("convolution", "dot") for i in self.executed(name))
+
+    def trip_count(self, name: str) -> int | None:
+        """Iterations of ``while`` instruction ``name``, read by running its integer control
+        (:func:`shardlab.profile.hlo_loops.trip_count`); None when that cannot be done — never a guess.
+
+        XLA:TPU's windowed einsum (a matmul whose reduce-scatter / all-gather it decomposes into a loop of
+        collective-permutes) is such a loop: its cost analysis counts the body once, whatever the trip count.
+        """
+        return hlo_loops.trip_count(self, name)
+
+    def runs(self, computation: str) -> int | None:
+        """How often ``computation``'s scheduled instructions run per execution of the entry: 1 for the entry,
+        a while body its loop's trip count times the runs of the computation that holds the loop (nested loops
+        multiply). None when a trip count on the way is unknown, or the computation is not scheduled code."""
+        if computation == self.entry:
+            return 1
+        holders = [i for i in self.instructions.values()
+                   if i.opcode == "while" and i.attrs.get("body", "").lstrip("%") == computation]
+        if len(holders) != 1:
+            return None
+        trips, outer = self.trip_count(holders[0].name), self.runs(holders[0].computation)
+        return None if trips is None or outer is None else trips * outer
 
 
 def _called(ins: Instruction) -> list[str]:
