@@ -44,7 +44,7 @@ world
 from shardlab.formulas import tp as ftp
 from shardlab.tp import views as tpv
 from shardlab.tp import vocab_range
-from shardlab.views import record
+from shardlab.views import record, record_compile_s
 
 emb = tpv.EmbeddingConfig.from_params(p)  # one forward lookup
 emb_fb = tpv.EmbeddingConfig.from_params(p, backward=True)  # + the weight gradient
@@ -138,6 +138,8 @@ vtp.ledger_frame(ledger["gather_logits"].detail["ledger"])
 emb_compiled = [tpv.compiler(emb), tpv.tpu(emb)]
 compiler = {c.key: tpv.compiler(c) for c in (vp, ga)}
 tpu = {c.key: tpv.tpu(c) for c in (vp, ga)}
+for key in compiler:  # XLA:CPU and XLA:TPU compile seconds (timing, never compared)
+    record_compile_s(rec, f"ce.{key}.compile_s", compiler[key], tpu[key])
 
 # %% [markdown]
 # ## 5 · Four ways, one number

@@ -47,7 +47,7 @@ world
 
 # %%
 from shardlab.fsdp import views as fv
-from shardlab.views import memory_frame, record
+from shardlab.views import memory_frame, record, record_compile_s
 
 cfg = fv.GspmdConfig.from_params(p)  # dim-0 sharding of every parameter, mesh (fsdp W, replica n / W)
 fv.param_frame(cfg)
@@ -66,6 +66,7 @@ fv.param_frame(cfg)
 formula = fv.formula(cfg)  # device_kind="cpu": what XLA:CPU's partitioner emits
 compiler = fv.compiler(cfg)  # the CPU HLO of both graphs (+ parity with the unsharded SGD step)
 tpu = fv.tpu(cfg)  # XLA:TPU, compile-only
+record_compile_s(rec, "fsdp.gspmd.compile_s", tpu)  # XLA:TPU seconds, forward + backward graph (timing)
 record(rec, "fsdp.gspmd", formula, compiler, tpu, show=False)
 
 # %% [markdown]

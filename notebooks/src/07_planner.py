@@ -368,13 +368,14 @@ rec.check("planner.compare: sequence parallelism shrinks 405B activations (betwe
 # %%
 from shardlab import planner_check as pc
 from shardlab.tp import views as tpv
-from shardlab.views import memory_frame, record
+from shardlab.views import memory_frame, record, record_compile_s
 
 vc = pc.CheckConfig.from_params(p)
 mlp = pc.mlp(vc)
 mlp_views = (tpv.formula(mlp), tpv.ledger(mlp), pc.only(tpv.compiler(mlp), "all-reduce"),
              pc.only(tpv.tpu(mlp), "all-reduce"))
 record(rec, "planner.validate.tp_mlp", *mlp_views)
+record_compile_s(rec, "planner.validate.tp_mlp.compile_s", *mlp_views)  # XLA:CPU and XLA:TPU seconds (timing)
 
 # %%
 layer_views = (pc.layer_formula(vc), pc.layer_compiler(vc), pc.layer_tpu(vc))
@@ -388,6 +389,7 @@ record(rec, "planner.validate.tp_layer", *layer_views)
 # %%
 dp_views = (pc.dp_formula(vc), pc.dp_compiler(vc), pc.dp_tpu(vc))
 record(rec, "planner.validate.dp", *dp_views)
+record_compile_s(rec, "planner.validate.dp.compile_s", *dp_views)
 
 # %% [markdown]
 # **CPU vs TPU.** Both compilers issue the same collectives with the same bytes, but XLA:TPU **combines**

@@ -39,7 +39,6 @@ from __future__ import annotations
 import importlib.util
 import math
 from dataclasses import dataclass
-from functools import singledispatch
 from typing import Any
 
 import torch
@@ -50,7 +49,7 @@ from shardlab.comm import SimulatedWorld
 from shardlab.dtypes import hlo_name
 from shardlab.formulas import blocks as F
 from shardlab.formulas.common import reduction_dtype
-from shardlab.views import View, collectives_view, ledger_view, traffic
+from shardlab.views import View, build_graph, collectives_view, formula, ledger, ledger_view, traffic
 
 RULES = ("column", "row", "grid")
 PHASES = {"column": "col", "row": "row", "grid": "grid"}
@@ -250,21 +249,6 @@ def rank_arithmetic(op: str, world_size: int) -> tuple[list[torch.Tensor], list[
 
 
 # --------------------------------------------------------------------------------------------------- views
-@singledispatch
-def formula(cfg: Any) -> View:
-    raise TypeError(f"no formula view for {type(cfg).__name__}")
-
-
-@singledispatch
-def ledger(cfg: Any) -> View:
-    raise TypeError(f"no ledger view for {type(cfg).__name__}")
-
-
-@singledispatch
-def build_graph(cfg: Any) -> list[torch.Tensor]:
-    raise TypeError(f"no XLA graph for {type(cfg).__name__}")
-
-
 def _extra(view: View, phase: str, op: str, f: dict[str, Any], wire: bool = True) -> View:
     """Group size (when there is a collective) and ring wire bytes of a formula / ledger view."""
     if f["count"]:

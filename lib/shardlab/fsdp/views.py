@@ -43,7 +43,6 @@ import gc
 import time
 from collections import Counter
 from dataclasses import dataclass, replace
-from functools import singledispatch
 from types import SimpleNamespace
 from typing import Any
 
@@ -56,7 +55,7 @@ from shardlab.formulas.zero import zero_memory
 from shardlab.fsdp import gspmd
 from shardlab.fsdp.flat_param import aligned_numel
 from shardlab.fsdp.train import INNER, TrainConfig, fsdp_rank_program, gather_params, reference_train, unit_plans
-from shardlab.views import View
+from shardlab.views import View, formula, ledger
 
 ELEM_BYTES = 4  # the FSDP lessons train in float32
 OPTIMIZER_K = {"sgd": 0, "adam": 8}  # fp32 optimizer-state bytes per element (Adam: exp_avg + exp_avg_sq)
@@ -141,16 +140,6 @@ def _prod(shape: tuple[int, ...]) -> int:
 
 
 # --------------------------------------------------------------------------------------------------- dispatch
-@singledispatch
-def formula(cfg: Any, device_kind: str = "cpu") -> View:
-    raise TypeError(f"no formula view for {type(cfg).__name__}")
-
-
-@singledispatch
-def ledger(cfg: Any) -> View:
-    raise TypeError(f"no ledger view for {type(cfg).__name__}")
-
-
 # ------------------------------------------------------------------------------------------------ flat (FSDP1)
 def _flat_units(cfg: FlatConfig) -> dict[str, tuple[int, ffsdp.FlatStepComm]]:
     align = aligned_numel(torch.float32) if cfg.align else 0

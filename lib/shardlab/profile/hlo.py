@@ -61,7 +61,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardlab.profile import hlo_loops
+from shardlab.profile.hlo_loops import trip_count as _loop_trip_count
 from shardlab.profile.hlo_text import (  # noqa: F401  (re-exported: the parser's public vocabulary)
     COMPUTATION_RE,
     DTYPE_BYTES,
@@ -231,7 +231,7 @@ class HloModule:
         XLA:TPU's windowed einsum (a matmul whose reduce-scatter / all-gather it decomposes into a loop of
         collective-permutes) is such a loop: its cost analysis counts the body once, whatever the trip count.
         """
-        return hlo_loops.trip_count(self, name)
+        return _loop_trip_count(self, name)
 
     def runs(self, computation: str) -> int | None:
         """How often ``computation``'s scheduled instructions run per execution of the entry: 1 for the entry,

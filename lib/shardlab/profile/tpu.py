@@ -64,7 +64,6 @@ import importlib.metadata
 import math
 import os
 import re
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -75,7 +74,7 @@ from typing import Any, NamedTuple
 from shardlab.formulas import hardware
 from shardlab.profile.hlo import HloModule, parse_hlo
 from shardlab.profile.tpu_memory import OutOfMemory, TpuMemory, parse_oom
-from shardlab.stderr_filter import filtered_stderr
+from shardlab.stderr_filter import filtered_fd, filtered_stderr
 
 PINS = {"jax": "0.7.1", "jaxlib": "0.7.1", "libtpu": "0.0.21"}
 GiB = 1024**3
@@ -382,16 +381,8 @@ def _quiet_stdout(active: bool) -> Iterator[None]:
     if not active:
         yield
         return
-    with contextlib.suppress(Exception):
-        sys.stdout.flush()
-    saved = os.dup(1)
-    with open(os.devnull, "wb") as null:
-        os.dup2(null.fileno(), 1)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 1)
-            os.close(saved)
+    with filtered_fd(1, lambda line: True):
+        yield
 
 
 def _cost(exe: Any) -> dict[str, float]:

@@ -57,7 +57,7 @@ from shardlab.formulas.common import dtype_bytes, wire_bytes
 from shardlab.tp import gspmd
 from shardlab.tp.layers import vocab_range
 from shardlab.tp.programs import attention_step, ce_step, embedding_step, mlp_step, transformer_layer_step
-from shardlab.views import View, collectives_view, ledger_view, merge, traffic
+from shardlab.views import View, build_graph, collectives_view, compiler, formula, ledger, ledger_view, merge, traffic
 
 TOL = {"float32": dict(rtol=1e-4, atol=1e-5), "bfloat16": dict(rtol=5e-2, atol=5e-2)}
 
@@ -115,26 +115,6 @@ def _close(a: torch.Tensor, b: torch.Tensor, dtype: str) -> bool:
 
 
 # --------------------------------------------------------------------------------------------------- views
-@singledispatch
-def formula(cfg: Any) -> View:
-    raise TypeError(f"no formula view for {type(cfg).__name__}")
-
-
-@singledispatch
-def ledger(cfg: Any) -> View:
-    raise TypeError(f"no ledger view for {type(cfg).__name__}")
-
-
-@singledispatch
-def compiler(cfg: Any) -> View:
-    raise TypeError(f"no compiler view for {type(cfg).__name__}")
-
-
-@singledispatch
-def build_graph(cfg: Any) -> list[torch.Tensor]:
-    raise TypeError(f"no XLA graph for {type(cfg).__name__}")
-
-
 @formula.register
 def _(cfg: MlpConfig) -> View:
     if cfg.sequence_parallel:
