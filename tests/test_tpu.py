@@ -55,6 +55,16 @@ def test_topologies(tpu) -> None:  # type: ignore[no-untyped-def]
     assert tpu.TOPOLOGIES["v6e:2x4"].hbm_bytes == int(31.25 * GiB)
 
 
+def test_view_topology_rule(tpu, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The rule every notebook's tpu view follows (8-device CPU world here)."""
+    assert tpu.view_topology(8, True) == ("v5e:2x4", "this process's devices")
+    assert tpu.view_topology(4, False, "v6e") == ("v6e:2x2", "a helper process with 4 devices")
+    topology, why = tpu.view_topology(3, False)
+    assert topology is None and "num_chips=3" in why
+    monkeypatch.setattr(tpu.importlib.util, "find_spec", lambda name: None)
+    assert tpu.view_topology(8, True) == (None, tpu.NOT_INSTALLED)
+
+
 def test_unknown_topology_and_wrong_world(tpu) -> None:  # type: ignore[no-untyped-def]
     outs = tp.megatron_mlp(tp.MlpCfg())
     with pytest.raises(ValueError, match=r"topology='v5e:3x3' is not known; known topologies: v5e:1x1, .*v5e:2x4"):

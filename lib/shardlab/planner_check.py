@@ -124,14 +124,10 @@ def _tpu(build: Callable[[CheckConfig], list[torch.Tensor]], cfg: CheckConfig) -
     """The XLA:TPU compile of ``build(cfg)`` (a TpuCompile), or the reason it cannot run (a str)."""
     from shardlab.profile import tpu as T
 
-    world = runtime.current()
-    if world.kind == "tpu":
-        return "this process runs on a TPU: the hlo column is the TPU compiler's own program"
-    chips = world.num_devices if _mesh_problem(cfg.world, world.num_devices) is None else cfg.world
-    try:
-        topology = T.topology_for(chips)
-    except ValueError as exc:
-        return str(exc)
+    fits = _mesh_problem(cfg.world, runtime.current().num_devices) is None
+    topology, why = T.view_topology(cfg.world, fits)
+    if topology is None:
+        return why
     comp = T.compile_program(build, cfg, topology)
     if not comp.fits:
         return f"does not fit on {topology}: {comp.oom.message.splitlines()[0]}"

@@ -52,6 +52,8 @@ from typing import Any
 
 import torch
 
+from shardlab.result_files import load_results, save_results
+
 LAYER_SPECS: dict[str, tuple[str, ...]] = {  # torch layout [out, in]; stacked with a leading unsplit L
     "q": ("tensor", "fsdp"), "k": ("tensor", "fsdp"), "v": ("tensor", "fsdp"), "o": ("fsdp", "tensor"),
     "gate": ("tensor", "fsdp"), "up": ("tensor", "fsdp"), "down": ("fsdp", "tensor"),
@@ -427,22 +429,14 @@ def record_matrix(rec: Any, results: dict[str, PlannerCheck], live: bool) -> Non
 
 
 def save_matrix(results: dict[str, PlannerCheck], path: Path = MATRIX_FILE, **source: Any) -> None:
-    import json
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = {"_source": source, "results": {k: r.as_dict() for k, r in results.items()}}
-    path.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    save_results(results, path, **source)
 
 
 def load_matrix(path: Path = MATRIX_FILE) -> tuple[dict[str, PlannerCheck], dict[str, Any]]:
-    import json
-
-    if not path.exists():
-        raise FileNotFoundError(f"{path} is missing: run notebook 07 with full_size=True (or "
-                                "tools/scale_full_size.py planner) to measure the full-size compiles")
-    data = json.loads(path.read_text())
-    return ({k: PlannerCheck.from_dict(v).replanned() for k, v in data["results"].items()},
-            data.get("_source", {}))
+    """The cached compiler verdicts, the planner's side recomputed now (:meth:`PlannerCheck.replanned`)."""
+    results, source = load_results(path, PlannerCheck.from_dict, "run notebook 07 with full_size=True (or "
+                                   "tools/scale_full_size.py planner) to measure the full-size compiles")
+    return {k: r.replanned() for k, r in results.items()}, source
 
 
 TINY_MODEL = {"name": "tiny-llama", "layers": 2, "hidden": 256, "ffn": 512, "heads": 8, "kv_heads": 8,

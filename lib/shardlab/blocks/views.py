@@ -36,7 +36,6 @@ Example::
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -489,23 +488,13 @@ def compiler(cfg: BlockConfig | CollectiveConfig) -> View:
 
 
 def tpu_plan(cfg: BlockConfig | CollectiveConfig, generation: str = "v5e") -> tuple[str | None, str]:
-    """(topology, why) for the TPU view: the process's n chips when p tiles them, else p chips; topology None
-    when the view is skipped (``why`` says why)."""
+    """(topology, how) for the TPU view — the process's n chips when p tiles them, else p chips in a helper
+    process — or (None, why the view is skipped): :func:`shardlab.profile.tpu.view_topology`."""
     from shardlab.profile import tpu as T
 
-    world = runtime.current()
-    fits = mesh_problem(cfg.parts, world.num_devices, _name(cfg)) is None
-    if importlib.util.find_spec("libtpu") is None:  # e.g. a hosted CPU runtime: only TPU runtimes install it
-        return None, ("libtpu is not installed here: the TPU compiler ships in it (`pip install libtpu==0.0.21`; "
-                      "hosted TPU runtimes get it with torch_xla[tpu])")
-    if world.kind == "tpu" and fits:
-        return None, "this process runs on a TPU: the hlo column is the TPU compiler's own program"
-    chips = world.num_devices if fits else cfg.parts
-    try:
-        return T.topology_for(chips, generation), ("this process's devices" if fits else
-                                                   f"a helper process with {chips} devices ({_name(cfg)}={chips})")
-    except ValueError as exc:
-        return None, str(exc)
+    fits = mesh_problem(cfg.parts, runtime.current().num_devices, _name(cfg)) is None
+    topology, how = T.view_topology(cfg.parts, fits, generation)
+    return topology, how if fits or topology is None else f"{how} ({_name(cfg)}={cfg.parts})"
 
 
 def tpu(cfg: BlockConfig | CollectiveConfig, generation: str = "v5e") -> View:

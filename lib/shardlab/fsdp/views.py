@@ -453,14 +453,10 @@ def tpu(cfg: GspmdConfig, generation: str = "v5e") -> View:
     """Both graphs compiled by XLA:TPU (compile-only); see the module note for the topology rule."""
     from shardlab.profile import tpu as T
 
-    world = runtime.current()
-    if world.kind == "tpu":
-        return View.skip("tpu", "this process runs on a TPU: the hlo column is the TPU compiler's own program")
-    chips = world.num_devices if mesh_problem(cfg.world_size, world.num_devices) is None else cfg.world_size
-    try:
-        topology = T.topology_for(chips, generation)
-    except ValueError as exc:
-        return View.skip("tpu", str(exc))
+    fits = mesh_problem(cfg.world_size, runtime.current().num_devices) is None
+    topology, why = T.view_topology(cfg.world_size, fits, generation)
+    if topology is None:
+        return View.skip("tpu", why)
     spec = cfg.spec
     cf = T.compile_program(gspmd.forward_graph, spec, topology, label="fsdp forward")
     cb = T.compile_program(gspmd.backward_graph, spec, topology, label="fsdp backward + SGD")

@@ -90,9 +90,9 @@ def tpu(cfg: StepConfig, generation: str = "v5e", combiners: bool = True) -> Vie
     from shardlab.profile import tpu as T
 
     world = runtime.current()
-    if world.kind == "tpu":
-        return View.skip("tpu", "this process runs on a TPU: the hlo column is the TPU compiler's own program")
-    topology = T.topology_for(world.num_devices, generation)
+    topology, why = T.view_topology(world.num_devices, True, generation)
+    if topology is None:
+        return View.skip("tpu", why)
     comp = T.compile_program(train_step, cfg, topology, disable_passes=() if combiners else COMBINER_PASSES,
                              label=f"{cfg.mode} step, combiners {'on' if combiners else 'off'}")
     view = _strip(collectives_view("tpu", comp.module, cfg.mode, ops(cfg), cfg.dtype, detail=comp), cfg.mode)

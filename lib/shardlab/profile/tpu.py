@@ -61,6 +61,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.metadata
+import importlib.util
 import math
 import os
 import re
@@ -132,6 +133,34 @@ def topology_for(num_chips: int, generation: str = "v5e") -> str:
         raise ValueError(f"no {generation!r} topology with num_chips={num_chips}: known chip counts for "
                          f"{generation!r} are {have} (generations {gens})")
     return found[0]
+
+
+NOT_INSTALLED = ("libtpu is not installed here: the TPU compiler ships in it (`pip install libtpu==0.0.21`; "
+                 "hosted TPU runtimes get it with torch_xla[tpu])")
+ON_TPU = "this process runs on a TPU: the hlo column is the TPU compiler's own program"
+
+
+def view_topology(needed_chips: int, fits_here: bool, generation: str = "v5e") -> tuple[str | None, str]:
+    """Where a notebook's ``tpu`` view compiles: ``(topology, how)``, or ``(None, why the view is skipped)``.
+
+    The rule every topic's view follows: a configuration that fits this process's devices compiles for a slice
+    of that many chips (in process); one that needs ``needed_chips`` devices the process lacks compiles for
+    ``needed_chips`` chips in a helper process. On a TPU host, a configuration that fits is skipped — its hlo
+    column already is XLA:TPU's program. Without libtpu, or for a chip count no topology has, the view is skipped.
+    """
+    from shardlab import runtime
+
+    world = runtime.current()
+    if importlib.util.find_spec("libtpu") is None:
+        return None, NOT_INSTALLED
+    if world.kind == "tpu" and fits_here:
+        return None, ON_TPU
+    chips = world.num_devices if fits_here else needed_chips
+    try:
+        topology = topology_for(chips, generation)
+    except ValueError as exc:
+        return None, str(exc)
+    return topology, "this process's devices" if fits_here else f"a helper process with {chips} devices"
 
 
 @dataclass

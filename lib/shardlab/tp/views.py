@@ -192,14 +192,10 @@ def tpu(cfg: Any, generation: str = "v5e") -> View:
     """The same graph compiled by XLA:TPU (compile-only) — see the module docstring for the topology rule."""
     from shardlab.profile import tpu as T
 
-    world = runtime.current()
-    if world.kind == "tpu":
-        return View.skip("tpu", "this process runs on a TPU: the hlo column is the TPU compiler's own program")
-    chips = world.num_devices if _mesh_problem(cfg.tp, world.num_devices) is None else cfg.tp
-    try:
-        topology = T.topology_for(chips, generation)
-    except ValueError as exc:
-        return View.skip("tpu", str(exc))
+    fits = _mesh_problem(cfg.tp, runtime.current().num_devices) is None
+    topology, why = T.view_topology(cfg.tp, fits, generation)
+    if topology is None:
+        return View.skip("tpu", why)
     comp = T.compile_program(build_graph, cfg, topology)
     if not comp.fits:
         view = View("tpu", detail=comp)

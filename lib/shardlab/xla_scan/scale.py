@@ -48,6 +48,8 @@ from typing import Any
 
 import torch
 
+from shardlab.result_files import load_results, save_results
+
 # (out, in) per layer, as a function of (hidden, ffn); mesh axes of (out, in)
 WEIGHTS: dict[str, tuple[str, str]] = {"q": ("hidden", "hidden"), "o": ("hidden", "hidden"),
                                        "gate": ("ffn", "hidden"), "up": ("ffn", "hidden"),
@@ -476,19 +478,10 @@ STORY_FILE = Path(__file__).resolve().parents[3] / "data" / "scale" / "seed_405b
 
 def save_story(results: dict[str, SeedResult], path: Path = STORY_FILE, **source: Any) -> None:
     """Write the full-size compiles (``source``: how and where they were measured) as the cached story."""
-    import json
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = {"_source": source, "results": {k: r.as_dict() for k, r in results.items()}}
-    path.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    save_results(results, path, **source)
 
 
 def load_story(path: Path = STORY_FILE) -> tuple[dict[str, SeedResult], dict[str, Any]]:
     """The cached full-size compiles and how they were measured (``_source``)."""
-    import json
-
-    if not path.exists():
-        raise FileNotFoundError(f"{path} is missing: run the notebook with full_size=True (or "
-                                "tools/scale_full_size.py) to measure the full-size compiles")
-    data = json.loads(path.read_text())
-    return {k: SeedResult.from_dict(v) for k, v in data["results"].items()}, data.get("_source", {})
+    return load_results(path, SeedResult.from_dict, "run the notebook with full_size=True (or "
+                        "tools/scale_full_size.py) to measure the full-size compiles")

@@ -298,13 +298,8 @@ def _tpu_compile(build: Any, cfg: Any, chips: int, generation: str) -> tuple[Any
     """(TpuCompile, None) or (None, why the TPU view is skipped)."""
     from shardlab.profile import tpu as T
 
-    if runtime.current().kind == "tpu":
-        return None, "this process runs on a TPU: the hlo column is the TPU compiler's own program"
-    try:
-        topology = T.topology_for(chips, generation)
-    except ValueError as exc:
-        return None, str(exc)
-    return T.compile_program(build, cfg, topology), None
+    topology, why = T.view_topology(chips, runtime.current().num_devices == chips, generation)
+    return (None, why) if topology is None else (T.compile_program(build, cfg, topology), None)
 
 
 def tpu(cfg: ScanConfig, generation: str = "v5e") -> View:
