@@ -158,6 +158,10 @@ def test_record_compile_s_and_merge() -> None:
     assert record_compile_s(rec, "x.compile_s", hlo, tpu, View.skip("tpu", "no")) == {"metrics": 1.5, "tpu": 0.25}
     assert rec.values("x.compile_s") == {"metrics": 1.5, "tpu": 0.25}
     assert all(m["kind"] == "timing" for m in rec.data["measurements"])
+    # a view of two programs (FSDP's forward and backward graphs): their seconds summed, by hand 0.5 + 0.75
+    two = View("tpu", detail=SimpleNamespace(memory=None, forward=SimpleNamespace(compile_s=0.5),
+                                             backward=SimpleNamespace(compile_s=0.75)))
+    assert record_compile_s(Recorder("u"), "y.compile_s", two) == {"tpu": 1.25}
     with pytest.raises(ValueError, match="one source"):
         merge(View("hlo"), View("tpu"))
     with pytest.raises(ValueError, match=r"both have \['a'\]"):

@@ -81,11 +81,7 @@ class CheckConfig:
 
 
 def _mesh_problem(world: int, n: int) -> str | None:
-    if world > n:
-        return f"the mesh needs val_world={world} devices; this process has num_devices={n}"
-    if n % world:
-        return f"val_world={world} does not tile num_devices={n} (mesh (n / val_world, val_world))"
-    return None
+    return runtime.axis_problem(world, n, "val_world", "(n / val_world, val_world)")
 
 
 def _wire(view: View, ops: Iterable[str], module: Any) -> View:
@@ -265,15 +261,18 @@ def dp_formula(cfg: CheckConfig) -> View:
     return view
 
 
+def _grad_parity(view: View, got: Any, cfg: CheckConfig, what: str) -> None:
+    """Check the captured step's gradients (``got.result``) against the unsharded computation's."""
+    view.checks["parity.hlo.grads"] = (all(torch.allclose(g.cpu(), r, **TOL)
+                                           for g, r in zip(got.result, _dense_grads(cfg), strict=True)), what)
+
+
 def dp_compiler(cfg: CheckConfig) -> View:
     got = _compiler(build_dp, cfg)
     view = only(_compiled_view("hlo", got, ("all_reduce",), cfg), "all-reduce")
     if view.ran:
         view.add("param.bytes", got.module.buffers.parameter, "bytes")
-        ref = _dense_grads(cfg)
-        view.checks["parity.hlo.grads"] = (all(torch.allclose(g.cpu(), r, **TOL) for g, r in zip(got.result, ref,
-                                                                                                 strict=True)),
-                                           "all-reduced weight gradients == dense gradients")
+        _grad_parity(view, got, cfg, "all-reduced weight gradients == dense gradients")
     return view
 
 
@@ -295,10 +294,7 @@ def fsdp_compiler(cfg: CheckConfig) -> View:
         return View.skip("hlo", got)
     view = View("hlo", detail=got)
     view.add("param.bytes", got.module.buffers.parameter, "bytes")
-    ref = _dense_grads(cfg)
-    view.checks["parity.hlo.grads"] = (all(torch.allclose(g.cpu(), r, **TOL) for g, r in zip(got.result, ref,
-                                                                                             strict=True)),
-                                       "weight gradients == dense gradients")
+    _grad_parity(view, got, cfg, "weight gradients == dense gradients")
     return view
 
 

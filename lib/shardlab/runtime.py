@@ -195,6 +195,21 @@ def device() -> Any:
     return torch_xla.device()
 
 
+def axis_problem(size: int, num_devices: int, name: str, mesh: str) -> str | None:
+    """Why a 2-D mesh whose one axis spans ``size`` devices (the other axis takes the rest) cannot be built on
+    ``num_devices`` devices; None when it can. ``name`` is the notebook's parameter for ``size``, ``mesh``
+    describes the axes for the message.
+
+    >>> axis_problem(3, 8, "tp", "(data, tensor) = (n / tp, tp)")
+    'tp=3 does not tile num_devices=8 (mesh (data, tensor) = (n / tp, tp))'
+    """
+    if size > num_devices:
+        return f"the mesh needs {name}={size} devices; this process has num_devices={num_devices}"
+    if num_devices % size:
+        return f"{name}={size} does not tile num_devices={num_devices} (mesh {mesh})"
+    return None
+
+
 def check_mesh_shape(shape: tuple[int, ...], axis_names: tuple[str, ...], num_devices: int) -> None:
     """Validate a mesh request without touching XLA."""
     if len(shape) != len(axis_names):

@@ -339,12 +339,7 @@ def _(cfg: CollectiveConfig) -> View:
 def mesh_problem(parts: int, num_devices: int, name: str = "p") -> str | None:
     """Why a mesh (num_devices / p, p) cannot be built on this world (None when it can); ``name`` is what the
     notebook calls p (``parts``, ``world_size``)."""
-    if parts > num_devices:
-        return f"the mesh needs {name}={parts} devices; this process has num_devices={num_devices}"
-    if num_devices % parts:
-        return (f"{name}={parts} does not tile num_devices={num_devices} "
-                f"(mesh (copies, blocks) = (num_devices / {name}, {name}))")
-    return None
+    return runtime.axis_problem(parts, num_devices, name, f"(copies, blocks) = (num_devices / {name}, {name})")
 
 
 def _name(cfg: BlockConfig | CollectiveConfig) -> str:

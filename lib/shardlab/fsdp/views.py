@@ -353,11 +353,7 @@ def _(cfg: GspmdConfig, device_kind: str = "cpu") -> View:
 
 
 def mesh_problem(world_size: int, n: int) -> str | None:
-    if world_size > n:
-        return f"the mesh needs world_size={world_size} devices; this process has num_devices={n}"
-    if n % world_size:
-        return f"world_size={world_size} does not tile num_devices={n} (mesh (fsdp, replica) = (W, n / W))"
-    return None
+    return runtime.axis_problem(world_size, n, "world_size", "(fsdp, replica) = (W, n / W)")
 
 
 def _oracle(cfg: GspmdConfig) -> tuple[float, list[torch.Tensor]]:

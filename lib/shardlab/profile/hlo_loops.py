@@ -98,10 +98,13 @@ def _evaluate(module: Any, name: str, state: Any, memo: dict[str, Any]) -> Any:
             r"-?\d+", lit) else None
         if value is None:
             raise Unknown(f"{name}: constant {lit!r}")
-    elif op in ("copy", "bitcast", "convert", "bitcast-convert", "negate", "not"):
+    elif op in ("copy", "bitcast", "convert", "bitcast-convert"):
+        value = _evaluate(module, args[0], state, memo)  # the dtype wrap below reinterprets the bits
+    elif op == "negate":
+        value = -_evaluate(module, args[0], state, memo)
+    elif op == "not":
         a = _evaluate(module, args[0], state, memo)
-        value = -a if op == "negate" else (0 if a else 1) if op == "not" and dtype == "pred" else ~a if op == "not" \
-            else a
+        value = int(not a) if dtype == "pred" else ~a
     elif op in _BINARY:
         value = _BINARY[op](_evaluate(module, args[0], state, memo), _evaluate(module, args[1], state, memo))
     elif op == "compare":
@@ -130,6 +133,24 @@ def _root(module: Any, computation: str) -> str:
     return roots[0]
 
 
+def _memoised(elements: list[Any]) -> Any:
+    """A loop state ``index -> int`` over lazily evaluated tuple elements, each evaluated once (an element that
+    cannot be evaluated raises :class:`Unknown` whenever it is asked for, and only then)."""
+    cache: dict[int, Any] = {}
+
+    def get(k: int) -> int:
+        if k not in cache:
+            try:
+                cache[k] = elements[k]()
+            except Unknown as exc:
+                cache[k] = exc
+        if isinstance(cache[k], Unknown):
+            raise cache[k]
+        return cache[k]
+
+    return get
+
+
 def trip_count(module: Any, name: str) -> int | None:
     """Iterations of ``while`` instruction ``name`` (see the module note), None when they cannot be read."""
     w = module.instructions[name]
@@ -141,43 +162,15 @@ def trip_count(module: Any, name: str) -> int | None:
     cond, body = (w.attrs.get(k, "").lstrip("%") for k in ("condition", "body"))
     try:
         cond_root, body_root = _root(module, cond), _root(module, body)
-        init_memo: dict[str, Any] = {}
-        init = _evaluate(module, w.operands[0], None, init_memo)
-        def start(k: int) -> int:
-            return init[k]() if not callable(init) else init(k)
-
-        current = start
+        init = _evaluate(module, w.operands[0], None, {})  # the initial tuple: a list of lazy elements
+        state = _memoised(init)
         for trips in range(MAX_TRIPS + 1):
-            cache: dict[int, Any] = {}
-
-            def state(k: int, src=current, cache=cache) -> int:  # type: ignore[no-untyped-def]
-                if k not in cache:
-                    try:
-                        cache[k] = src(k)
-                    except Unknown as exc:
-                        cache[k] = exc
-                if isinstance(cache[k], Unknown):
-                    raise cache[k]
-                return cache[k]
-
             if not _evaluate(module, cond_root, state, {}):
                 return trips
-            new = _evaluate(module, body_root, state, {})
+            new = _evaluate(module, body_root, state, {})  # elements of the next state, evaluated on demand
             if not isinstance(new, list):
                 raise Unknown("body root is not a tuple")
-            values = {}
-
-            def nxt(k: int, new=new, values=values) -> int:  # type: ignore[no-untyped-def]
-                if k not in values:
-                    try:
-                        values[k] = new[k]()
-                    except Unknown as exc:
-                        values[k] = exc
-                if isinstance(values[k], Unknown):
-                    raise values[k]
-                return values[k]
-
-            current = nxt
+            state = _memoised(new)
         return None
     except (Unknown, IndexError, ValueError, TypeError, ZeroDivisionError):
         return None

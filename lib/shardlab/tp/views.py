@@ -152,11 +152,7 @@ def _(cfg: MlpConfig) -> View:
 
 
 def _mesh_problem(tp: int, n: int) -> str | None:
-    if tp > n:
-        return f"the mesh needs tp={tp} devices; this process has num_devices={n}"
-    if n % tp:
-        return f"tp={tp} does not tile num_devices={n} (mesh (data, tensor) = (n / tp, tp))"
-    return None
+    return runtime.axis_problem(tp, n, "tp", "(data, tensor) = (n / tp, tp)")
 
 
 @build_graph.register
