@@ -9,24 +9,31 @@ Per-rank code is a function `fn(comm, *args) -> result`.  `comm` satisfies the `
     comm.all_gather(t, dim=0, *, tag="")           -> cat of every rank's t along dim, rank order
     comm.reduce_scatter(t, dim=0, *, tag="")       -> chunk `rank` of the sum over ranks (dim size % W == 0)
     comm.broadcast(t, src=0, *, tag="")            -> src's t on every rank
+    comm.all_to_all(t, dim=0, *, tag="")           -> cat over j of chunk `rank` of rank j's t (dim size % W == 0)
+    comm.send(t, dst, *, tag="")                   -> None; buffered (returns before dst received it)
+    comm.recv(shape, dtype, src, *, tag="")        -> the next tensor src sent here (blocks; FIFO per pair)
 
 Collectives return a NEW tensor and never modify their input.  They are raw: not differentiable (results
 carry no autograd history, like torch.distributed); differentiable mappings built on them live in
 `shardlab.tp.mappings` (f, g, gather/scatter) and `shardlab.fsdp`.  At world size 1 every collective
-returns its input unchanged and records nothing.  `tag` is a free label copied into the ledger row.
+returns its input unchanged and records nothing; send / recv to the rank itself is an error.  `tag` is a free
+label copied into the ledger row.
 
 Worlds (same interface):
 
     world = SimulatedWorld(W)        # W threads in this process; deterministic rank-order reductions
     world = DistributedWorld(W)      # W processes on torch.distributed gloo (fn/args must pickle)
     results = world.run(fn, *args, **kwargs)   # [rank 0 result, ..., rank W-1 result]
-    world.ledger                     # Ledger of the last run (rank 0's; all ranks' must be identical)
+    world.ledger                     # Ledger of the last run (rank 0's; world.ledgers holds every rank's)
     results, ledger = launch(fn, W, *args)     # DistributedWorld one-liner
 
 Ledger (`shardlab.comm.ledger`): a list of `LedgerEntry(seq, op, group_size, dtype, shape, payload_bytes,
-wire_bytes, phase, reduce_op, dim, src, tag)` — `shape` is this rank's input shape, `payload_bytes` its bytes
-(what this rank hands over), `wire_bytes` the ring model per rank, `phase` "forward" or "backward" (detected from the
-autograd engine).  Helpers: `ledger.count(op, phase, tag)`, `ledger.payload_bytes(...)`,
+wire_bytes, phase, reduce_op, dim, src, tag, peer)` — `shape` is this rank's input shape (recv: the received
+tensor's), `payload_bytes` its bytes (what this rank hands over; recv: what it received), `wire_bytes` the ring
+model per rank (send: the payload, recv: 0), `peer` the other rank of a send / recv, `phase` "forward" or
+"backward" (detected from the autograd engine, or set with `phase_scope("backward")`).  Every run checks the
+ranks' ledgers: collective rows identical on every rank, sends and recvs paired (`ledger_problem`).
+Helpers: `ledger.count(op, phase, tag)`, `ledger.payload_bytes(...)`,
 `ledger.wire_bytes(...)`, `ledger.select(...)`, `ledger.to_frame()`, `ledger.summary()`,
 `ledger.to_records()`.
 
@@ -41,13 +48,26 @@ Errors: mismatched collectives across ranks raise `CollectiveMismatch` naming bo
 rank aborts the others and is re-raised as `RankError("rank r failed: ...")`.
 """
 
-from shardlab.comm.base import REDUCE_OPS, Comm, CommBase
+from shardlab.comm.base import REDUCE_OPS, CollectiveMismatch, Comm, CommBase, RankError
 from shardlab.comm.distributed import DistributedWorld, TorchDistributedComm, launch
-from shardlab.comm.ledger import OPS, PHASES, Ledger, LedgerEntry, current_phase, ring_wire_bytes
-from shardlab.comm.simulated import CollectiveMismatch, RankError, SimulatedComm, SimulatedWorld
+from shardlab.comm.ledger import (
+    COLLECTIVE_OPS,
+    OPS,
+    P2P_OPS,
+    PHASES,
+    Ledger,
+    LedgerEntry,
+    current_phase,
+    ledger_problem,
+    phase_scope,
+    ring_wire_bytes,
+)
+from shardlab.comm.simulated import SimulatedComm, SimulatedWorld
 
 __all__ = [
+    "COLLECTIVE_OPS",
     "OPS",
+    "P2P_OPS",
     "PHASES",
     "REDUCE_OPS",
     "CollectiveMismatch",
@@ -62,5 +82,7 @@ __all__ = [
     "TorchDistributedComm",
     "current_phase",
     "launch",
+    "ledger_problem",
+    "phase_scope",
     "ring_wire_bytes",
 ]

@@ -14,15 +14,27 @@ Semantics (all collectives RETURN a new tensor; inputs are never modified):
     all_gather(t, dim)       -> torch.cat([t_0, ..., t_{W-1}], dim); every rank must pass the same shape
     reduce_scatter(t, dim)   -> chunk `rank` (of W equal chunks along dim) of the sum over ranks
     broadcast(t, src)        -> src's t on every rank (every rank passes a tensor of the same shape/dtype)
+    all_to_all(t, dim)       -> cat over j of chunk `rank` of rank j's t (W equal chunks along dim): rank r's
+                                chunk j goes to rank j (dist.all_to_all_single's semantics, on any dim)
+
+Point-to-point (only the two ranks involved take part):
+
+    send(t, dst)             -> None; buffered: returns without waiting for dst to receive (the tensor is copied)
+    recv(shape, dtype, src)  -> the next tensor src sent to this rank; blocks until it arrived.  Messages
+                                between one (src, dst) pair arrive in the order they were sent (FIFO).
+
+A rank may not send to or receive from itself (there is no world-size-1 bypass for them: it is a bug in the
+caller's rank arithmetic).  `all_to_all` at world size 1 returns its input like the other collectives.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from shardlab.comm.ledger import Ledger, LedgerEntry, current_phase, dtype_name, ring_wire_bytes
+from shardlab.comm.ledger import Ledger, LedgerEntry, current_phase, dtype_name, ledger_problem, ring_wire_bytes
 
 REDUCE_OPS = ("sum", "max")
 
@@ -42,6 +54,21 @@ class Comm(Protocol):
     def reduce_scatter(self, t: torch.Tensor, dim: int = 0, *, tag: str = "") -> torch.Tensor: ...
 
     def broadcast(self, t: torch.Tensor, src: int = 0, *, tag: str = "") -> torch.Tensor: ...
+
+    def all_to_all(self, t: torch.Tensor, dim: int = 0, *, tag: str = "") -> torch.Tensor: ...
+
+    def send(self, t: torch.Tensor, dst: int, *, tag: str = "") -> None: ...
+
+    def recv(self, shape: Sequence[int], dtype: torch.dtype, src: int, *, tag: str = "") -> torch.Tensor: ...
+
+
+class CollectiveMismatch(RuntimeError):
+    """Ranks called different collectives, or the same one with incompatible tensors (or a send and its recv
+    disagree on shape / dtype)."""
+
+
+class RankError(RuntimeError):
+    """A rank's function raised; the original exception is chained as __cause__."""
 
 
 def _normalise_dim(t: torch.Tensor, dim: int, what: str) -> int:
@@ -106,6 +133,42 @@ class CommBase:
         self._record("broadcast", x, src=src, tag=tag)
         return self._broadcast_impl(x, src)
 
+    def all_to_all(self, t: torch.Tensor, dim: int = 0, *, tag: str = "") -> torch.Tensor:
+        d = _normalise_dim(t, dim, "all_to_all")
+        if t.dim() == 0 or t.shape[d] % self.world_size:
+            size = t.shape[d] if t.dim() else "a 0-d tensor"
+            raise ValueError(
+                f"all_to_all: size {size} along dim={dim} is not divisible by world_size={self.world_size}"
+            )
+        if self.world_size == 1:
+            return t
+        x = self._prepare(t)
+        self._record("all_to_all", x, dim=d, tag=tag)
+        return self._all_to_all_impl(x, d)
+
+    # ---- point-to-point -----------------------------------------------------------------------------
+    def _check_peer(self, what: str, name: str, peer: int) -> None:
+        if not isinstance(peer, int) or not 0 <= peer < self.world_size:
+            raise ValueError(f"{what}: {name}={peer!r} is not in [0, world_size={self.world_size})")
+        if peer == self.rank:
+            raise ValueError(f"{what}: {name}={peer} is this rank itself (rank {self.rank}); a rank cannot "
+                             f"{what} to or from itself")
+
+    def send(self, t: torch.Tensor, dst: int, *, tag: str = "") -> None:
+        self._check_peer("send", "dst", dst)
+        x = self._prepare(t)
+        self._record("send", x, peer=dst, tag=tag)
+        self._send_impl(x, dst)
+
+    def recv(self, shape: Sequence[int], dtype: torch.dtype, src: int, *, tag: str = "") -> torch.Tensor:
+        self._check_peer("recv", "src", src)
+        shape = tuple(int(n) for n in shape)
+        if any(n < 0 for n in shape):
+            raise ValueError(f"recv: shape={shape} has a negative size")
+        out = self._recv_impl(shape, dtype, src)
+        self._record("recv", out, peer=src, tag=tag)
+        return out
+
     # ---- helpers ------------------------------------------------------------------------------------
     @staticmethod
     def _prepare(t: torch.Tensor) -> torch.Tensor:
@@ -142,6 +205,15 @@ class CommBase:
     def _broadcast_impl(self, x: torch.Tensor, src: int) -> torch.Tensor:
         raise NotImplementedError
 
+    def _all_to_all_impl(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _send_impl(self, x: torch.Tensor, dst: int) -> None:
+        raise NotImplementedError
+
+    def _recv_impl(self, shape: tuple[int, ...], dtype: torch.dtype, src: int) -> torch.Tensor:
+        raise NotImplementedError
+
 
 class WorldBase:
     """What SimulatedWorld and DistributedWorld share: the size, the timeout, one ledger per rank."""
@@ -155,5 +227,11 @@ class WorldBase:
 
     @property
     def ledger(self) -> Any:
-        """Rank 0's ledger of the most recent run (``run`` checks every rank's is identical)."""
+        """Rank 0's ledger of the most recent run (``run`` checks that every rank's collective rows are
+        identical and that sends and recvs pair up: `ledger.ledger_problem`)."""
         return self.ledgers[0]
+
+    def _check_ledgers(self) -> None:
+        problem = ledger_problem(self.ledgers)
+        if problem is not None:
+            raise CollectiveMismatch(problem)

@@ -19,6 +19,11 @@ notebook-local defs.
 It returns per-rank results in rank order and exposes rank 0's ledger as `world.ledger` after checking every
 rank recorded the same ledger.  `launch(fn, W, *args)` is the one-call form returning (results, ledger).
 
+Point-to-point: `send` is `dist.isend` (the work handle and the tensor are kept until the work completed; every
+pending send is waited for before the rank's `fn` result is shipped back, `wait_sends()`), `recv` is a blocking
+`dist.recv` into a fresh buffer of the requested shape.  gloo delivers the messages of one (src, dst) pair in
+order.  `all_to_all` is `dist.all_to_all_single` on dim 0 (another dim is moved to the front and back).
+
 Results match SimulatedWorld's up to floating-point summation order: gloo's all-reduce may add the W
 contributions in a different order than the simulated rank order (identical for W=2, since a+b == b+a).
 """
@@ -38,9 +43,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from shardlab.comm.base import CommBase, WorldBase
+from shardlab.comm.base import CommBase, RankError, WorldBase
 from shardlab.comm.ledger import Ledger
-from shardlab.comm.simulated import CollectiveMismatch, RankError
 
 _REDUCE = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 START_METHOD = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
@@ -62,6 +66,10 @@ class TorchDistributedComm(CommBase):
             raise RuntimeError("torch.distributed is not initialised: call init_process_group first")
         self.group = group
         super().__init__(dist.get_rank(group), dist.get_world_size(group))
+        self._pending: list[tuple[Any, torch.Tensor]] = []  # (isend work, its buffer) until completed
+
+    def _global(self, rank: int) -> int:
+        return dist.get_global_rank(self.group, rank) if self.group else rank
 
     def _all_reduce_impl(self, x: torch.Tensor, op: str) -> torch.Tensor:
         out = x.clone()
@@ -81,10 +89,30 @@ class TorchDistributedComm(CommBase):
 
     def _broadcast_impl(self, x: torch.Tensor, src: int) -> torch.Tensor:
         out = x.clone()
-        dist.broadcast(
-            out, src=dist.get_global_rank(self.group, src) if self.group else src, group=self.group
-        )
+        dist.broadcast(out, src=self._global(src), group=self.group)
         return out
+
+    def _all_to_all_impl(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        front = x.movedim(dim, 0).contiguous()  # chunks along dim == chunks along dim 0 after the move
+        out = torch.empty_like(front)
+        dist.all_to_all_single(out, front, group=self.group)
+        return out.movedim(0, dim).contiguous()
+
+    def _send_impl(self, x: torch.Tensor, dst: int) -> None:
+        self._pending = [(w, b) for w, b in self._pending if not w.is_completed()]
+        buf = x.clone()  # the caller may modify its tensor as soon as send returns
+        self._pending.append((dist.isend(buf, dst=self._global(dst), group=self.group), buf))
+
+    def _recv_impl(self, shape: tuple[int, ...], dtype: torch.dtype, src: int) -> torch.Tensor:
+        out = torch.empty(shape, dtype=dtype)
+        dist.recv(out, src=self._global(src), group=self.group)
+        return out
+
+    def wait_sends(self) -> None:
+        """Block until every send this rank issued has been delivered."""
+        for work, _ in self._pending:
+            work.wait()
+        self._pending = []
 
 
 def _dumps(obj: Any) -> bytes:
@@ -109,6 +137,7 @@ def _worker(rank: int, world_size: int, init_file: str, timeout_s: float, fn, ar
         )
         comm = TorchDistributedComm()
         result = fn(comm, *args, **kwargs)
+        comm.wait_sends()
         queue.put((rank, True, _dumps((result, comm.ledger.to_records()))))
     except BaseException:  # noqa: BLE001 — shipped to the parent
         queue.put((rank, False, traceback.format_exc().encode()))
@@ -175,9 +204,7 @@ class DistributedWorld(WorldBase):
             results.append(result)
             ledgers.append(Ledger.from_records(records))
         self.ledgers = ledgers
-        for r in range(1, w):
-            if ledgers[r] != ledgers[0]:
-                raise CollectiveMismatch(f"rank {r}'s ledger differs from rank 0's")
+        self._check_ledgers()
         return results
 
 

@@ -11,12 +11,21 @@ broadcast -> the tensor) and the wire bytes per rank of the ring model:
     all_gather      (W - 1) * payload
     reduce_scatter  (W - 1) / W * payload
     broadcast       payload          (each non-source rank receives the tensor once; pipelined chain)
+    all_to_all      (W - 1) / W * payload   (payload = the full input; chunk `rank` stays home)
+    send            payload          (point-to-point: the tensor goes to one peer, `peer` = dst)
+    recv            0                (payload = the bytes received, `peer` = src; the sender's row counts the wire)
 
 The phase ("forward" / "backward") is detected from the autograd engine: a collective issued while a backward
 pass is running (inside an `autograd.Function.backward`) is a backward collective.
 
-Worlds (SimulatedWorld, DistributedWorld) expose rank 0's ledger as `world.ledger` and check that every rank's
-ledger is identical (all ranks take part in every collective, so they must be).
+Worlds (SimulatedWorld, DistributedWorld) expose rank 0's ledger as `world.ledger` and check every run with
+`check_ledgers`: the collective rows (everything but send / recv) must be identical on every rank (all ranks take
+part in every collective, so they must be; `seq` may differ once point-to-point rows sit between them), and the
+point-to-point rows must pair up: the k-th send i -> j is the k-th recv on j from i, with the same shape and dtype.
+
+The phase of a point-to-point row is usually set by hand: a pipeline stage runs its backward with
+`torch.autograd.backward` and sends the input gradient *after* the engine returned, so `current_phase()` would
+say "forward".  `with phase_scope("backward"): comm.send(...)` labels it.
 
 Example::
 
@@ -27,15 +36,20 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
 from shardlab.formulas.common import wire_bytes
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
+P2P_OPS = ("send", "recv")
+OPS = COLLECTIVE_OPS + P2P_OPS
 PHASES = ("forward", "backward")
+_PHASE = threading.local()
 
 
 def ring_wire_bytes(op: str, payload_bytes: int, group_size: int) -> float:
@@ -52,8 +66,30 @@ def ring_wire_bytes(op: str, payload_bytes: int, group_size: int) -> float:
 
 
 def current_phase() -> str:
-    """ "backward" while the autograd engine runs a backward pass in this thread, else "forward"."""
+    """The innermost `phase_scope` of this thread if any; else "backward" while the autograd engine runs a
+    backward pass in this thread, else "forward"."""
+    forced = getattr(_PHASE, "stack", None)
+    if forced:
+        return forced[-1]
     return "backward" if torch._C._current_graph_task_id() != -1 else "forward"
+
+
+@contextmanager
+def phase_scope(phase: str) -> Iterator[None]:
+    """Label every ledger row recorded by this thread inside the block with `phase` ("forward" | "backward").
+
+    >>> with phase_scope("backward"):
+    ...     current_phase()
+    'backward'
+    """
+    if phase not in PHASES:
+        raise ValueError(f"phase={phase!r} is not one of {PHASES}")
+    stack = _PHASE.__dict__.setdefault("stack", [])
+    stack.append(phase)
+    try:
+        yield
+    finally:
+        stack.pop()
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -64,7 +100,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 @dataclass(frozen=True)
 class LedgerEntry:
     seq: int  # 0-based position of the collective in this rank's program order
-    op: str  # all_reduce | all_gather | reduce_scatter | broadcast
+    op: str  # all_reduce | all_gather | reduce_scatter | broadcast | all_to_all | send | recv
     group_size: int
     dtype: str  # "float32"
     shape: tuple[int, ...]  # per-rank INPUT shape (the tensor this rank hands to the collective)
@@ -75,6 +111,7 @@ class LedgerEntry:
     dim: int | None = None  # gather / scatter dim (normalised to be non-negative)
     src: int | None = None  # broadcast source rank
     tag: str = ""  # free label set by the caller, e.g. "f", "g", "ce.max"
+    peer: int | None = None  # send: the destination rank; recv: the source rank
 
 
 class Ledger:
@@ -150,3 +187,38 @@ class Ledger:
 
     def __repr__(self) -> str:
         return f"Ledger({len(self)} collectives, {self.payload_bytes()} payload bytes)"
+
+
+def ledger_problem(ledgers: Sequence[Ledger]) -> str | None:
+    """Why the per-rank ledgers of one run cannot all be right, or None.
+
+    Collective rows (every op but send / recv) must be equal on every rank up to `seq`; point-to-point rows
+    must pair up per (src, dst) in order: the k-th send src -> dst has the same shape and dtype as the k-th recv
+    on dst from src, and no send or recv is left without its partner.
+
+    >>> a = LedgerEntry(0, "send", 2, "float32", (2,), 8, 8.0, "forward", peer=1)
+    >>> b = LedgerEntry(0, "recv", 2, "float32", (2,), 8, 0.0, "forward", peer=0)
+    >>> ledger_problem([Ledger([a]), Ledger([b])]) is None
+    True
+    >>> ledger_problem([Ledger([a]), Ledger([])])
+    'rank 0 sent 1 tensor(s) to rank 1 but rank 1 received 0 from rank 0'
+    """
+    def collectives(led: Ledger) -> list[LedgerEntry]:
+        return [replace(e, seq=0) for e in led if e.op not in P2P_OPS]
+
+    first = collectives(ledgers[0])
+    for r, led in enumerate(ledgers[1:], start=1):
+        if collectives(led) != first:
+            return f"rank {r}'s collective rows differ from rank 0's"
+    for src, led in enumerate(ledgers):
+        for dst in range(len(ledgers)):
+            sends = [e for e in led if e.op == "send" and e.peer == dst]
+            recvs = [e for e in ledgers[dst] if e.op == "recv" and e.peer == src] if dst != src else []
+            if len(sends) != len(recvs):
+                return (f"rank {src} sent {len(sends)} tensor(s) to rank {dst} but rank {dst} received "
+                        f"{len(recvs)} from rank {src}")
+            for k, (s, v) in enumerate(zip(sends, recvs, strict=True)):
+                if (s.shape, s.dtype) != (v.shape, v.dtype):
+                    return (f"send #{k} rank {src} -> {dst} carried {s.dtype} {s.shape} but the matching recv "
+                            f"expected {v.dtype} {v.shape}")
+    return None

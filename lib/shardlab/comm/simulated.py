@@ -14,33 +14,69 @@ Why threads: on CPU, the autograd engine runs a backward pass in the thread that
 rank's backward (and the collectives inside `autograd.Function.backward`) runs in that rank's thread, in that
 rank's order.  Per-rank code is therefore written exactly as for real processes.
 
-If a rank raises, the barrier is aborted so the other ranks stop waiting; `run` re-raises the first real
-error as `RankError` ("rank 2 failed: ...").  A rank stuck for `timeout_s` also aborts the run.
+Point-to-point: one FIFO mailbox per ordered (src, dst) pair.  `send` appends a copy of the tensor and returns at
+once (buffered, like an `isend` whose buffer the sender may reuse); `recv` waits until the pair's mailbox holds a
+message, takes the oldest and checks it has the shape and dtype the receiver asked for.  No barrier is involved,
+so only the two ranks synchronise, exactly as with real sends.
+
+If a rank raises, the barrier and the mailboxes are aborted so the other ranks stop waiting; `run` re-raises the
+first real error as `RankError` ("rank 2 failed: ...").  A rank stuck for `timeout_s` also aborts the run.
 
 Example::
 
     world = SimulatedWorld(4)
     world.run(lambda comm: comm.all_reduce(torch.ones(2) * comm.rank))   # 4 x tensor([6., 6.])
     world.ledger.count("all_reduce")                                      # 1
+
+    # a ring shift: every rank sends to the next and receives from the previous
+    def shift(comm):
+        comm.send(torch.ones(2) * comm.rank, (comm.rank + 1) % comm.world_size)
+        return comm.recv((2,), torch.float32, (comm.rank - 1) % comm.world_size)
+    world.run(shift)                                                      # rank r: tensor([r-1, r-1]) mod 4
 """
 
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from shardlab.comm.base import CommBase, WorldBase
+from shardlab.comm.base import CollectiveMismatch, CommBase, RankError, WorldBase
+
+__all__ = ["CollectiveMismatch", "RankError", "SimulatedComm", "SimulatedWorld"]
 
 
-class CollectiveMismatch(RuntimeError):
-    """Ranks called different collectives, or the same one with incompatible tensors."""
+class _Mailboxes:
+    """FIFO queues of tensors per (src, dst); `get` blocks until a message arrives, the run aborts or times out."""
 
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.boxes: dict[tuple[int, int], deque[torch.Tensor]] = {}
+        self.cond = threading.Condition()
+        self.aborted = False
 
-class RankError(RuntimeError):
-    """A rank's function raised; the original exception is chained as __cause__."""
+    def put(self, src: int, dst: int, x: torch.Tensor) -> None:
+        with self.cond:
+            self.boxes.setdefault((src, dst), deque()).append(x)
+            self.cond.notify_all()
+
+    def get(self, src: int, dst: int) -> torch.Tensor:
+        with self.cond:
+            box = self.boxes.setdefault((src, dst), deque())
+            if not self.cond.wait_for(lambda: box or self.aborted, timeout=self.timeout_s):
+                raise RankError(f"rank {dst}: recv from rank {src} was aborted — nothing arrived within "
+                                f"timeout_s={self.timeout_s}")
+            if not box:
+                raise RankError(f"rank {dst}: recv from rank {src} was aborted — another rank failed")
+            return box.popleft()
+
+    def abort(self) -> None:
+        with self.cond:
+            self.aborted = True
+            self.cond.notify_all()
 
 
 class _Rendezvous:
@@ -105,15 +141,21 @@ class _Rendezvous:
                 return [full.clone() for _ in range(w)]
             if op == "broadcast":
                 return [xs[arg].clone() for _ in range(w)]
+            if op == "all_to_all":  # rank j gets chunk j of every rank's input, in rank order
+                chunks = [x.chunk(w, dim=arg) for x in xs]
+                return [torch.cat([chunks[i][j] for i in range(w)], dim=arg) for j in range(w)]
         raise ValueError(f"unknown collective {op!r}")
 
 
 class SimulatedComm(CommBase):
     """One rank's view of a SimulatedWorld."""
 
-    def __init__(self, rank: int, world_size: int, rendezvous: _Rendezvous | None) -> None:
+    def __init__(
+        self, rank: int, world_size: int, rendezvous: _Rendezvous | None, mailboxes: _Mailboxes | None = None
+    ) -> None:
         super().__init__(rank, world_size)
         self._rv = rendezvous
+        self._mail = mailboxes
 
     def _exchange(self, op: str, arg: Any, x: torch.Tensor) -> torch.Tensor:
         assert self._rv is not None  # world size 1 never reaches a transport call
@@ -131,6 +173,23 @@ class SimulatedComm(CommBase):
     def _broadcast_impl(self, x: torch.Tensor, src: int) -> torch.Tensor:
         return self._exchange("broadcast", src, x)
 
+    def _all_to_all_impl(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        return self._exchange("all_to_all", dim, x)
+
+    def _send_impl(self, x: torch.Tensor, dst: int) -> None:
+        assert self._mail is not None  # send to self is refused, so world size 1 never gets here
+        self._mail.put(self.rank, dst, x.clone())
+
+    def _recv_impl(self, shape: tuple[int, ...], dtype: torch.dtype, src: int) -> torch.Tensor:
+        assert self._mail is not None
+        x = self._mail.get(src, self.rank)
+        if tuple(x.shape) != shape or x.dtype != dtype:
+            raise CollectiveMismatch(
+                f"recv on rank {self.rank} from rank {src} expected {dtype} {shape} but rank {src} sent "
+                f"{x.dtype} {tuple(x.shape)}"
+            )
+        return x
+
 
 class SimulatedWorld(WorldBase):
     """W in-process ranks. `run(fn, *args, **kwargs)` -> [fn(comm_0, ...), ..., fn(comm_{W-1}, ...)].
@@ -145,7 +204,8 @@ class SimulatedWorld(WorldBase):
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
         w = self.world_size
         rv = _Rendezvous(w, self.timeout_s) if w > 1 else None
-        comms = [SimulatedComm(r, w, rv) for r in range(w)]
+        mail = _Mailboxes(self.timeout_s) if w > 1 else None
+        comms = [SimulatedComm(r, w, rv, mail) for r in range(w)]
         self.ledgers = [c.ledger for c in comms]
         if w == 1:
             return [fn(comms[0], *args, **kwargs)]
@@ -158,8 +218,9 @@ class SimulatedWorld(WorldBase):
                 results[rank] = fn(comms[rank], *args, **kwargs)
             except BaseException as e:  # noqa: BLE001 — reported by run()
                 errors[rank] = e
-                assert rv is not None
+                assert rv is not None and mail is not None
                 rv.barrier.abort()
+                mail.abort()
 
         threads = [threading.Thread(target=body, args=(r,), name=f"rank{r}", daemon=True) for r in range(w)]
         for t in threads:
@@ -174,7 +235,5 @@ class SimulatedWorld(WorldBase):
             if isinstance(e, CollectiveMismatch):
                 raise e
             raise RankError(f"rank {r} failed: {type(e).__name__}: {e}") from e
-        for r in range(1, w):
-            if self.ledgers[r] != self.ledgers[0]:
-                raise CollectiveMismatch(f"rank {r}'s ledger differs from rank 0's")
+        self._check_ledgers()
         return results

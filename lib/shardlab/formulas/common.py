@@ -6,8 +6,10 @@ shard; reduce-scatter: its full input). *Wire* bytes one rank sends with a ring 
     all-reduce      2 (W-1)/W * payload      (reduce-scatter then all-gather)
     all-gather        (W-1)   * payload      (payload is the shard)
     reduce-scatter    (W-1)/W * payload      (payload is the full input)
-    all-to-all        (W-1)/W * payload
+    all-to-all        (W-1)/W * payload      (payload is the full input; one chunk stays home)
     broadcast                   payload
+    send                        payload      (point-to-point: the whole tensor to one peer)
+    recv                        0            (the sender's row carries the wire)
 
 Example::
 
@@ -53,6 +55,7 @@ def wire_bytes(op: str, payload: float, world_size: int) -> float:
     factors = {
         "all_reduce": 2 * (w - 1) / w, "all_gather": (w - 1), "reduce_scatter": (w - 1) / w,
         "all_to_all": (w - 1) / w, "broadcast": 1.0 if w > 1 else 0.0,
+        "send": 1.0, "recv": 0.0,
     }
     key = op.replace("-", "_")
     if key not in factors:
