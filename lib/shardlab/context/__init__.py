@@ -1,0 +1,38 @@
+"""shardlab.context — context parallelism: attention over a sequence split across cp ranks.
+
+attention   the dense oracle (PyTorch's scaled_dot_product_attention) and its einsum form, sequence layouts
+            (contiguous, zig-zag), causal block kinds, the online-softmax state and FlashAttention's block backward
+ring        ring attention per rank over a `shardlab.comm.Comm` (send / recv): forward and a hand-written
+            backward that rings too; the blocks each rank computed (causal balance)
+gspmd       the same as GSPMD programs on torch_xla (imports torch_xla lazily): all-gather CP (q, k, v sharded
+            on the sequence) and the SPMD ring (K/V stacked on a `context` axis, shifted by slice + concatenate)
+"""
+
+from shardlab.context.attention import (
+    LAYOUTS,
+    SoftmaxState,
+    block_backward,
+    block_kind,
+    chunk_ids,
+    dense_attention,
+    reference_attention,
+    shard_sequence,
+    unshard_sequence,
+)
+from shardlab.context.ring import Block, RingAttention, ring_attention, ring_attention_step
+
+__all__ = [
+    "LAYOUTS",
+    "Block",
+    "RingAttention",
+    "SoftmaxState",
+    "block_backward",
+    "block_kind",
+    "chunk_ids",
+    "dense_attention",
+    "reference_attention",
+    "ring_attention",
+    "ring_attention_step",
+    "shard_sequence",
+    "unshard_sequence",
+]
