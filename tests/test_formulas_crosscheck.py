@@ -89,9 +89,9 @@ def test_02_mlp_all_reduces_vs_hlo(xla_world):
 
 def _tp_params(stem: str) -> Any:
     """The notebook's parameter dataclass at its defaults (read from its parameters cell)."""
-    from shardlab.params import NOTEBOOK_PARAMS
+    from shardlab.params import notebook_params
 
-    cls = NOTEBOOK_PARAMS[stem]
+    cls = notebook_params()[stem]
     d = notebook_defaults(stem)
     return cls(**{k: v for k, v in d.items() if k in {f.name for f in dataclasses.fields(cls)}}).validate()
 
@@ -106,8 +106,9 @@ def _hlo_view(view: Any) -> Any:
 
 @pytest.mark.xla
 def test_03_transformer_layer_planner_term_vs_hlo(xla_world):
+    from shardlab import harness
     from shardlab import planner as P
-    from shardlab.tp import views as tpv
+    from shardlab.tp.case import LayerCase
 
     p = _tp_params("03_megatron_attention")  # its transformer-layer section
     b, s, h, a, f, t = p.batch, p.seq, p.hidden, p.heads, p.ffn, p.tp
@@ -117,7 +118,7 @@ def test_03_transformer_layer_planner_term_vs_hlo(xla_world):
     term = next(x for x in plan.comm if x.what.startswith("layer all-reduces"))
     assert (term.count, term.count * term.payload_bytes) == tuple(
         ftp.transformer_layer_all_reduce(b, s, h, t, p.dtype).values())
-    view = _hlo_view(tpv.compiler(tpv.TransformerLayerConfig.from_params(p)))  # the notebook's own view
+    view = _hlo_view(harness.hlo(LayerCase(p)))  # the notebook's own view
     m = view.detail.module
     assert view["fwd_bwd.all_reduce.count"] == m.count("all-reduce") == term.count
     assert view["fwd_bwd.all_reduce.bytes"] == term.count * term.payload_bytes
@@ -127,11 +128,12 @@ def test_03_transformer_layer_planner_term_vs_hlo(xla_world):
 
 @pytest.mark.xla
 def test_03_attention_all_reduces_vs_hlo(xla_world):
-    from shardlab.tp import views as tpv
+    from shardlab import harness
+    from shardlab.tp.case import AttentionCase
 
     p = _tp_params("03_megatron_attention")
     for backward in (False, True):
-        view = _hlo_view(tpv.compiler(tpv.AttentionConfig.from_params(p, backward=backward)))
+        view = _hlo_view(harness.hlo(AttentionCase(p, backward=backward)))
         f = ftp.attention_all_reduce(p.batch, p.seq, p.hidden, p.tp, p.dtype, backward=backward)
         ph = "fwd_bwd" if backward else "fwd"
         assert (view[f"{ph}.all_reduce.count"], view[f"{ph}.all_reduce.bytes"]) == (f["count"], f["bytes"])
@@ -141,17 +143,18 @@ def test_03_attention_all_reduces_vs_hlo(xla_world):
 
 @pytest.mark.xla
 def test_04_embedding_and_vocab_parallel_ce_vs_hlo(xla_world):
-    from shardlab.tp import views as tpv
+    from shardlab import harness
+    from shardlab.tp.case import CrossEntropyCase, EmbeddingCase
 
     p = _tp_params("04_vocab_parallel_embedding_ce")
     b, s, h, V, t = p.batch, p.seq, p.hidden, p.vocab, p.tp
-    emb = _hlo_view(tpv.compiler(tpv.EmbeddingConfig.from_params(p)))  # forward: one all-reduce of [b, s, h]
+    emb = _hlo_view(harness.hlo(EmbeddingCase(p)))  # forward: one all-reduce of [b, s, h]
     f = ftp.embedding_all_reduce(b, s, h, t, p.dtype)
     assert (emb.detail.module.count("all-reduce"), emb.detail.module.bytes("all-reduce")) == (f["count"], f["bytes"])
-    vp = _hlo_view(tpv.compiler(tpv.CrossEntropyConfig.from_params(p, method="vocab_parallel")))
+    vp = _hlo_view(harness.hlo(CrossEntropyCase(p, method="vocab_parallel")))
     f = ftp.vocab_parallel_ce(b, s, t, p.dtype)
     assert (vp.detail.module.count("all-reduce"), vp.detail.module.bytes("all-reduce")) == (f["count"], f["bytes"])
-    ga = _hlo_view(tpv.compiler(tpv.CrossEntropyConfig.from_params(p, method="gather")))
+    ga = _hlo_view(harness.hlo(CrossEntropyCase(p, method="gather")))
     f = ftp.gathered_logits(b, s, V, t, p.dtype)
     assert (ga.detail.module.count("all-gather"), ga.detail.module.bytes("all-gather")) == (f["count"], f["bytes"])
     hlo_wire = sum(wire_bytes("all-gather", c.operand_bytes, c.group_size) for c in ga.detail.module.collectives

@@ -1,11 +1,13 @@
 """Build ``notebooks/NN_name.ipynb`` from its jupytext percent-format source ``notebooks/src/NN_name.py``.
 
 Design: the ``.py`` source is what we review and edit; the ``.ipynb`` is what learners open and papermill
-runs. The builder (1) keeps the first cell, which must be a code cell tagged ``parameters`` holding plain
-values (checked by ``shardlab.report.notebooks.parse_parameters``, the reader the report uses), (2) inserts
+runs. The builder (1) writes the first cell, the code cell tagged ``parameters``, from the notebook's parameter
+dataclass (``NotebookParams.parameters_cell``: the dataclass is the one declaration of every parameter, its
+default and its comment) into the source and the notebook, (2) inserts
 the standard Colab/Kaggle setup cell (``tools/hosted_setup_cell.py``) right after it,
 (3) writes the notebook with outputs cleared and a plain ``python3`` kernelspec. ``--check`` rebuilds in
-memory and fails if a committed notebook differs from its source (the test suite runs it).
+memory and fails if a committed notebook differs from its source, or a parameters cell from its dataclass (the
+test suite runs it).
 
 Usage::
 
@@ -25,6 +27,7 @@ from pathlib import Path
 import jupytext
 import nbformat
 
+from shardlab.params import notebook_params
 from shardlab.report.notebooks import parse_parameters
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,8 +54,25 @@ def _check_parameters_cell(name: str, cell: nbformat.NotebookNode) -> None:
     parse_parameters(cell.source, f"{name}: the parameters cell")  # plain `name = literal` lines, or ValueError
 
 
-def build(src: Path) -> nbformat.NotebookNode:
-    nb = jupytext.read(src, fmt="py:percent")
+PARAMETERS_HEADER = '# %% tags=["parameters"]'
+
+
+def with_parameters(text: str, stem: str) -> str:
+    """The source ``text`` with its parameters cell (the first ``# %%`` cell, tagged) generated from the
+    notebook's dataclass."""
+    params = notebook_params()
+    if stem not in params:
+        raise ValueError(f"{stem}: no parameter dataclass declares NOTEBOOK={stem!r} (shardlab.params)")
+    if not text.startswith(PARAMETERS_HEADER + "\n"):
+        raise ValueError(f"{stem}: the source must start with the line {PARAMETERS_HEADER}")
+    rest = text[len(PARAMETERS_HEADER) + 1:]
+    end = rest.find("\n# %%")
+    rest = rest[end + 1:] if end >= 0 else ""
+    return f"{PARAMETERS_HEADER}\n{params[stem].parameters_cell()}\n\n{rest}"
+
+
+def build(src: Path, text: str | None = None) -> nbformat.NotebookNode:
+    nb = jupytext.reads(text if text is not None else src.read_text(), fmt="py:percent")
     if not nb.cells:
         raise ValueError(f"{src.name}: empty notebook source")
     _check_parameters_cell(src.stem, nb.cells[0])
@@ -90,11 +110,18 @@ def main(argv: list[str] | None = None) -> int:
     stale = []
     for src in sources:
         target = OUT / f"{src.stem}.ipynb"
-        text = render(build(src))
+        source = src.read_text()
+        generated = with_parameters(source, src.stem)
+        text = render(build(src, generated))
         if args.check:
+            if generated != source:
+                stale.append(f"{src.relative_to(ROOT)} (its parameters cell differs from its dataclass)")
             if not target.exists() or target.read_text() != text:
                 stale.append(target.name)
         else:
+            if generated != source:
+                src.write_text(generated)
+                print(f"wrote the parameters cell of {src.relative_to(ROOT)}")
             target.write_text(text)
             print(f"wrote {target.relative_to(ROOT)}")
     if stale:

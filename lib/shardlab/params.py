@@ -25,8 +25,14 @@ Example::
 
 from __future__ import annotations
 
+import ast
+import importlib
+import inspect
+import io
+import json
+import tokenize
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, ClassVar, Self
 
 from shardlab import planner
@@ -61,10 +67,10 @@ class NotebookParams:
 
     NOTEBOOK: ClassVar[str] = ""
 
-    num_devices: int = 8  # devices of this process's world: virtual CPU devices, or TPU chips
+    num_devices: int = 8  # virtual CPU devices (or TPU chips) of this kernel; needs a kernel restart to change
     results_dir: str | None = None  # where the JSON record goes (the report runner sets it)
-    seed: int = 0
-    answers: dict | None = None  # exercise answer key injected by the tests / the report; None for a learner
+    seed: int = 0  # seed of every random tensor
+    answers: dict | None = None  # exercise answer key (the tests and the report inject it); leave None
 
     @classmethod
     def from_namespace(cls, namespace: Mapping[str, Any]) -> Self:
@@ -89,6 +95,29 @@ class NotebookParams:
     def checks(self) -> None:
         """Notebook-specific rules (subclasses)."""
 
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """Every field's default value (default factories called)."""
+        return {f.name: f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+                for f in fields(cls)}
+
+    @classmethod
+    def parameters_cell(cls) -> str:
+        """The notebook's ``parameters`` cell, generated from the dataclass: one ``name = default  # comment``
+        line per field, in field order, the comment of the class that declared the field last."""
+        comments: dict[str, str] = {}
+        for klass in reversed(cls.__mro__):
+            if klass is object or not hasattr(klass, "__dataclass_fields__"):
+                continue
+            comments |= field_comments(klass)
+        lines = []
+        defaults = cls.defaults()
+        defaults["answers"] = defaults.pop("answers")  # last: the learner never sets it
+        for name, value in defaults.items():
+            text = f"{name} = {_literal(value)}"
+            lines.append(f"{text}  # {comments[name]}" if comments.get(name) else text)
+        return "\n".join(lines)
+
     def as_record(self) -> dict[str, Any]:
         """The parameters as the record stores them: ``results_dir`` (where, not what) and the injected answer
         key (not a parameter of the measurement) are left out."""
@@ -96,6 +125,28 @@ class NotebookParams:
         out.pop("results_dir")
         out.pop("answers")
         return out
+
+
+def _literal(value: Any) -> str:
+    """A default as the plain literal papermill injects (tuples as lists)."""
+    if isinstance(value, tuple):
+        value = list(value)
+    text = json.dumps(value) if isinstance(value, str) else repr(value)
+    ast.literal_eval(text)  # a parameters cell holds literals only
+    return text
+
+
+def field_comments(cls: type) -> dict[str, str]:
+    """``{field: trailing comment}`` of the annotated assignments in ``cls``'s own body."""
+    source = inspect.getsource(cls)
+    tree = ast.parse(source)
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    lines = {n.lineno: n.target.id for n in body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+    out: dict[str, str] = {}
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT and tok.start[0] in lines:
+            out[lines[tok.start[0]]] = tok.string.lstrip("#").strip()
+    return out
 
 
 # ------------------------------------------------------------------------------------------- 00 and 01
@@ -256,8 +307,8 @@ class LeversParams(NotebookParams):
     mlp_ffn: int = 2048
     toy_rows: int = 262144  # memory-order toy on the TPU: one unit = [toy_rows, 256] bf16 per chip
     big_layers: int = 4  # layers of the two large compile-only steps (overlap, weight update)
-    overlap_hidden: int = 2048  # the FSDP step of the overlap section (compile-only, bf16)
-    overlap_batch: int = 8192  # its global batch
+    overlap_hidden: int = 2048  # the FSDP step of the overlap section (compile-only, bf16): [h, h] weights
+    overlap_batch: int = 8192  # and its global batch [B, h]
     update_hidden: int = 1024  # the memory-aware weight update (compile-only, bf16, replicated)
     update_batch: int = 256
     optimizer: str = "adam"  # "sgd" or "adam"
@@ -366,15 +417,15 @@ class ScanParams(NotebookParams):
 
     NOTEBOOK: ClassVar[str] = "06_scan_shard_as"
 
-    layers_sweep: list = field(default_factory=lambda: [2, 4])  # L values of the compile curves (>= 2 each)
+    layers_sweep: list = field(default_factory=lambda: [2, 4])  # L values of the compile curves, each >= 2
     hidden: int = 64  # H: W_up [H, F] is split H over fsdp
     ffn: int = 256  # F: split over tensor
     batch: int = 8  # B: split over fsdp
     seq: int = 8  # S: split over tensor in the nn.Linear trap
-    mesh_fsdp: int = 2  # mesh (fsdp, tensor)
+    mesh_fsdp: int = 2  # mesh (fsdp, tensor); the CPU sections need fsdp × tensor devices
     mesh_tensor: int = 4
-    devices_sweep: list = field(default_factory=list)  # compile time vs device count: one fresh process per count
-    placeholder_hiddens: list = field(default_factory=lambda: [64, 256])  # widths for the trace transfers
+    devices_sweep: list = field(default_factory=list)  # compile time vs device count, one fresh process per count
+    placeholder_hiddens: list = field(default_factory=lambda: [64, 256])  # model widths for the trace-transfer growth
     full_size: bool = False  # compile the 405B-size seed with XLA:TPU (minutes); False: show the cached compiles
 
     def checks(self) -> None:
@@ -465,7 +516,19 @@ class FsdpGspmdParams(FsdpParamsBase):
                              "(0 skips PyTorch FSDP)")
 
 
-NOTEBOOK_PARAMS: dict[str, type[NotebookParams]] = {
-    cls.NOTEBOOK: cls for cls in (WelcomeParams, BlocksParams, MlpParams, AttentionParams, VocabParams,
-                                  FsdpParams, FsdpGspmdParams, ScanParams, PlannerParams, LeversParams)
-}
+# Modules that declare notebook parameter dataclasses (light: no torch_xla at import).
+PARAM_MODULES = ("shardlab.params",)
+
+
+def notebook_params() -> dict[str, type[NotebookParams]]:
+    """``{notebook stem: its parameter dataclass}`` over every module of :data:`PARAM_MODULES`."""
+    for name in PARAM_MODULES:
+        importlib.import_module(name)
+    found: dict[str, type[NotebookParams]] = {}
+    todo = list(NotebookParams.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo += cls.__subclasses__()
+        if cls.NOTEBOOK:
+            found[cls.NOTEBOOK] = cls
+    return dict(sorted(found.items()))

@@ -6,7 +6,7 @@ Notebook 07's validation section evaluates the planner's per-chip terms for one 
 (:class:`CheckConfig`; fp32, so 4 bytes per element on every backend) and compares each with what runs:
 
     part        what runs                                            the term (formula view)
-    tp_mlp      Megatron MLP over tensor = world                     shardlab.tp.views: notebook 02's own views
+    tp_mlp      Megatron MLP over tensor = world                     shardlab.tp.case.MlpCase: notebook 02's case
     tp_layer    attention + MLP (models.TransformerBlock, GSPMD      planner.step_comm of a one-layer model:
                 annotations) over tensor = world                     2 all-reduces forward, 2 backward
     dp          tokens split over data = world, weights replicated   the gradient all-reduce of Ψ = 2·h·ffn,
@@ -47,9 +47,10 @@ from shardlab.formulas import memory
 from shardlab.formulas.common import wire_bytes
 from shardlab.formulas.fsdp import FlatStepComm, flat_step_comm
 from shardlab.fsdp.train import TrainConfig, fsdp_rank_program, reference_train
+from shardlab.params import MlpParams
 from shardlab.planner import CommTerm, ModelConfig, PlanConfig, step_comm
 from shardlab.tp import gspmd
-from shardlab.tp import views as tpv
+from shardlab.tp.case import MlpCase
 from shardlab.views import HLO_OP, View, collectives_view, ledger_view, traffic
 
 PHASE = "fwd_bwd"  # every check runs one forward + backward step
@@ -141,10 +142,10 @@ def _compiled_view(source: str, got: Any, ops: tuple[str, ...], cfg: CheckConfig
 
 
 # ------------------------------------------------------------------------------------------ tensor parallel
-def mlp(cfg: CheckConfig) -> tpv.MlpConfig:
+def mlp(cfg: CheckConfig) -> MlpCase:
     """The Megatron MLP of notebook 02 at this size (its formula / ledger / compiler / tpu views apply)."""
-    return tpv.MlpConfig(tp=cfg.world, batch=1, seq=cfg.tokens, hidden=cfg.hidden, ffn=cfg.ffn, dtype=DTYPE,
-                         backward=True, seed=cfg.seed)
+    return MlpCase(MlpParams(tp=cfg.world, batch=1, seq=cfg.tokens, hidden=cfg.hidden, ffn=cfg.ffn, dtype=DTYPE,
+                             seed=cfg.seed))
 
 
 def one_layer_model(cfg: CheckConfig) -> ModelConfig:

@@ -1,30 +1,18 @@
-"""Views: one configuration, answered by the formula, the ledger, the CPU compiler and the TPU compiler.
+"""Views: one case's answer from one source — the formula, the ledger, the CPU compiler or the TPU compiler.
 
 Design
 ------
-Every topic (``blocks``, ``tp``, ``fsdp``, ``xla_scan``) has one module of *view functions* — ``formula(cfg)``,
-``ledger(cfg)``, ``compiler(cfg)`` (the HLO XLA's SPMD partitioner produced on the CPU devices) and
-``tpu(cfg)`` (the same graph compiled by XLA:TPU, compile-only) — each returning a :class:`View`: a flat dict
-of named structural values (``"fwd.all_reduce.count"``) with units. The notebooks, the tests and the planner
-cross-check call the same functions, so a number is computed one way everywhere.
+A :class:`View` is a flat dict of named structural values (``"fwd.all_reduce.count"``) with units, from one
+source. :mod:`shardlab.harness` produces the views of a :class:`shardlab.case.Case` and records them; this
+module holds the data type and the builders every topic shares: :func:`traffic` (a formula's counts and
+bytes), :func:`ledger_view` (what a rank's ledger recorded), :func:`collectives_view` (what a compiled HLO
+program hands to its collectives) and :func:`merge` (two programs of one source side by side).
 
-A view that cannot run here (the CPU compiler needs ``tp`` devices and the process has fewer) is a
-*skipped* view: it carries the reason and no values, and :func:`record` prints the reason and records a note —
-never a failed check. A value a view measured but that legitimately differs from the paper's algebra on this
-backend (XLA:CPU all-reduces bf16 partial sums in f32; the TPU compiler merges k all-reduces into one tuple op)
-is listed in ``View.differs`` with the reason: it is recorded and shown, and left out of the equality check,
-while a comparable value (elements instead of bytes, operands instead of ops) is checked instead.
-
-:func:`record` writes every value of every view into the notebook's record (one row per source, the
-measurement names the report and the baselines use) and checks, per name, that every view that has it and
-does not list it in ``differs`` agrees — exactly, since these are structural numbers. :func:`merge` joins
-several views of one source into one table column (two programs compared side by side), :meth:`View.renamed`
-gives values the names a notebook already records, and :func:`record_compile_s` records the compile seconds
-behind the compiler views (timing, never compared).
-
-The view functions are single-dispatch generics defined here once — :func:`formula`, :func:`ledger`,
-:func:`compiler`, :func:`build_graph` — and each topic registers its configuration types on them (its module
-re-exports the generics, so ``tp.views.formula(cfg)`` and ``shardlab.views.formula(cfg)`` are the same call).
+A view that cannot run here is *skipped*: it carries the reason and no values. A value a view measured that
+legitimately differs from the paper's algebra on its backend (XLA:CPU all-reduces bf16 partial sums in f32; the
+TPU compiler merges k all-reduces into one tuple op) is listed in ``View.differs`` with the reason: recorded
+and shown, left out of the equality check, while a comparable value (elements instead of bytes, operands
+instead of ops) is checked instead.
 
 Example::
 
@@ -36,13 +24,13 @@ Example::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from functools import singledispatch
 from typing import Any
 
 from shardlab.comm.ledger import OPS as LEDGER_OPS
-from shardlab.profile.record import Recorder, values_equal
+from shardlab.formulas.common import dtype_bytes
 
 # Collective names in the suite's vocabulary (ledger spelling) and their HLO spelling.
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute")
@@ -133,8 +121,6 @@ def traffic(view: View, phase: str, counts: Mapping[str, int], byte_totals: Mapp
             ops: Iterable[str] = ("all_reduce",)) -> View:
     """Add ``<phase>.<op>.count`` / ``.bytes`` / ``.elements`` for each op to a formula view (elements =
     bytes / element size of ``dtype``, the model's element type)."""
-    from shardlab.formulas.common import dtype_bytes
-
     for op in ops:
         if op not in OPS:
             raise ValueError(f"op={op!r} is not one of {OPS}")
@@ -146,8 +132,6 @@ def traffic(view: View, phase: str, counts: Mapping[str, int], byte_totals: Mapp
 
 def ledger_view(ledger: Any, phase: str, ops: Iterable[str] = ("all_reduce",), detail: Any = None) -> View:
     """The ledger view of the collectives ``ops`` one rank issued (count, payload bytes, elements)."""
-    from shardlab.formulas.common import dtype_bytes
-
     view = View("ledger", detail=detail if detail is not None else ledger)
     for op in ops:
         if op not in OPS:
@@ -159,108 +143,12 @@ def ledger_view(ledger: Any, phase: str, ops: Iterable[str] = ("all_reduce",), d
     return view
 
 
-def compare(views: Iterable[View]) -> list[dict[str, Any]]:
-    """Rows ``{name, unit, <source>: value ..., agree}`` over every name any view has.
-
-    A compiler that combined collectives reports ``<op>.operands`` (logical collectives carried by its tuple
-    instructions); every view without that name carries one operand per collective, so its ``count`` stands in.
-    """
-    views = [v for v in views if v.ran]
-    names: list[str] = []
-    for v in views:
-        names += [n for n in v.values if n not in names]
-    rows = []
-    for name in names:
-        row: dict[str, Any] = {"name": name, "unit": next(v.units.get(name, "") for v in views if name in v.values)}
-        checked, unchecked = [], []
-        for v in views:
-            if name not in v.values and name.endswith(".operands") and name[:-9] + ".count" in v.values:
-                count = name[:-9] + ".count"  # one operand per collective; unchecked where the count is
-                v = View(v.source, {name: v.values[count]},
-                         differs={name: v.differs[count]} if count in v.differs else {})
-            if name in v.values:
-                row[v.source] = v.values[name]
-                if name in v.differs:
-                    unchecked.append(v.source)
-                else:
-                    checked.append(v.values[name])
-                    row.setdefault("checked_sources", []).append(v.source)
-        row["agree"] = all(values_equal(checked[0], x) for x in checked[1:]) if checked else True
-        row["checked"] = len(checked)
-        row["not compared"] = ", ".join(unchecked)
-        rows.append(row)
-    return rows
-
-
-def record(rec: Recorder, prefix: str, *views: View, show: bool = True) -> Any:
-    """Record every view's values under ``<prefix>.<name>``, check agreement, print skips and differences.
-
-    Returns a pandas DataFrame (name, unit, one column per source, agree) for the notebook to display.
-    Raises :class:`~shardlab.profile.record.CheckFailed` (after recording) when two checked values disagree.
-    """
-    import pandas as pd
-
-    for v in views:
-        if not v.ran:
-            rec.note(f"{prefix}.{v.source}", f"{v.source} view skipped: {v.skipped}")
-            if show:
-                print(f"[{v.source}] skipped: {v.skipped}")
-            continue
-        for name, value in v.values.items():
-            rec.measure(f"{prefix}.{name}", value, v.units.get(name, ""), v.source)
-        for name, why in v.differs.items():
-            rec.note(f"{prefix}.{name}.{v.source}", why)
-            if show:
-                print(f"[{v.source}] {prefix}.{name}: {why}")
-        for note in v.notes:
-            if show:
-                print(f"[{v.source}] {note}")
-        for name, (ok, detail) in v.checks.items():
-            rec.check(f"{prefix}.{name}", ok, detail)
-    rows = compare(views)
-    for row in rows:
-        if row["checked"] < 2:
-            continue
-        srcs = row["checked_sources"]
-        detail = " = ".join(f"{s} {row[s]}" for s in srcs)
-        rec.check(f"{prefix}.{row['name']}: {' = '.join(srcs)}", row["agree"],
-                  detail if row["agree"] else "disagree: " + detail)
-    sources = [v.source for v in views if v.ran]
-    frame = pd.DataFrame(rows, columns=["name", "unit", *sources, "agree", "not compared"], dtype=object) \
-        if rows else pd.DataFrame()
-    if not frame.empty:
-        frame["name"] = prefix + "." + frame["name"]
-    return frame
-
-
-def record_compile_s(rec: Recorder, name: str, *views: View) -> dict[str, float]:
-    """Record the compile seconds behind compiler views as timing measurements ``name``: an ``hlo`` view's
-    XLA:CPU compile (source ``metrics``, torch_xla's CompileTime of the captured step; 0 when served from its
-    cache) and a ``tpu`` view's XLA:TPU compile (source ``tpu``). Skipped views and other sources are left out."""
-    out: dict[str, float] = {}
-    for v in views:
-        if not v.ran or v.detail is None:
-            continue
-        if v.source == "hlo" and getattr(v.detail, "metrics", None) is not None:
-            out["metrics"] = rec.measure(name, v.detail.metrics.compile_s, "s", "metrics", kind="timing")
-        elif v.source == "tpu":
-            # one TPU compile, or a view of several programs (a forward and a backward graph): their sum
-            parts = [v.detail] if hasattr(v.detail, "compile_s") else [
-                getattr(v.detail, k) for k in ("forward", "backward") if getattr(v.detail, k, None) is not None]
-            secs = [c.compile_s for c in parts if getattr(c, "compile_s", None) is not None]
-            if secs:
-                out["tpu"] = rec.measure(name, float(sum(secs)), "s", "tpu", kind="timing")
-    return out
-
-
 # --------------------------------------------------------------------------------- compiler views from HLO
 HLO_DTYPE = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "float64": "f64"}
 
 
 def _elements(c: Any) -> int:
     """Elements one device hands to collective ``c`` (all operands of a tuple collective)."""
-    import math
-
     return sum(math.prod(s) for s in c.operand_shapes)
 
 
@@ -312,53 +200,3 @@ def collectives_view(source: str, module: Any, phase: str, ops: Iterable[str], d
                 f"the {source} compiler combined {operands} {op.replace('_', '-')}s into {len(mine)} "
                 "tuple instruction(s) (collective combining)")
     return view
-
-
-def memory_frame(views: Mapping[str, View]) -> Any:
-    """Per-device bytes of compiled programs side by side: ``{label: hlo or tpu view}`` -> DataFrame.
-
-    XLA:CPU's buffer assignment gives parameters, outputs and the heap-simulated peak of temporaries; XLA:TPU's
-    compiled memory statistics give arguments, outputs, the HBM temporaries its capacity check counts (peak -
-    arguments - outputs + aliased), generated code and the peak. Skipped views are left out.
-    """
-    import pandas as pd
-
-    cols: dict[str, dict[str, Any]] = {}
-    for label, v in views.items():
-        if not v.ran or v.detail is None:
-            continue
-        if v.source == "hlo":
-            b = v.detail.module.buffers
-            if b is not None:
-                cols[label] = {"arguments": b.parameter, "outputs": b.output, "temporaries": b.temp,
-                               "generated code": None, "total": b.total, "peak": None}
-        elif v.source == "tpu" and getattr(v.detail, "memory", None) is not None:
-            m = v.detail.memory
-            cols[label] = {"arguments": m.argument, "outputs": m.output, "temporaries": m.checked_temp,
-                           "generated code": m.generated_code, "total": m.total, "peak": m.peak}
-    return pd.DataFrame(cols, dtype=object)
-
-
-# ------------------------------------------------------------------------------------------ the view generics
-@singledispatch
-def formula(cfg: Any, *args: Any, **kwargs: Any) -> View:
-    """The paper's algebra for ``cfg`` (a topic registers its configuration types; FSDP's take a device kind)."""
-    raise TypeError(f"no formula view for {type(cfg).__name__}")
-
-
-@singledispatch
-def ledger(cfg: Any) -> View:
-    """The per-rank implementation's collective ledger for ``cfg``."""
-    raise TypeError(f"no ledger view for {type(cfg).__name__}")
-
-
-@singledispatch
-def compiler(cfg: Any) -> View:
-    """What XLA's SPMD partitioner emitted for ``cfg`` on the CPU devices."""
-    raise TypeError(f"no compiler view for {type(cfg).__name__}")
-
-
-@singledispatch
-def build_graph(cfg: Any) -> list[Any]:
-    """The torch_xla tensors whose graph the compiler views compile (CPU and TPU alike)."""
-    raise TypeError(f"no XLA graph for {type(cfg).__name__}")

@@ -1,9 +1,9 @@
 # %% tags=["parameters"]
-num_devices = 8  # virtual CPU devices (or TPU chips); a kernel holds one device world
+num_devices = 8  # virtual CPU devices (or TPU chips) of this kernel; needs a kernel restart to change
 results_dir = None  # where the JSON record goes (the report runner sets it)
-seed = 0
-n = 1024  # elements of each rank's vector in the collectives (divisible by world_size)
-world_size = 8  # ranks in the collectives: 2, 4 or 8 (may exceed num_devices)
+seed = 0  # seed of every random tensor
+n = 1024  # elements of each rank's vector in the collectives
+world_size = 8  # ranks in the collectives (2, 4 or 8)
 answers = None  # exercise answer key (the tests and the report inject it); leave None
 
 # %%

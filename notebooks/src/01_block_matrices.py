@@ -1,7 +1,7 @@
 # %% tags=["parameters"]
-num_devices = 8  # virtual CPU devices (or TPU chips); needs a kernel restart to change
+num_devices = 8  # virtual CPU devices (or TPU chips) of this kernel; needs a kernel restart to change
 results_dir = None  # where the JSON record goes (the report runner sets it)
-seed = 0
+seed = 0  # seed of every random tensor
 m = 16  # x is m×k
 k = 64  # inner dimension
 n = 32  # W is k×n

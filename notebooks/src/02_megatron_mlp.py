@@ -1,13 +1,13 @@
 # %% tags=["parameters"]
-num_devices = 8  # virtual CPU devices (or TPU chips); needs a kernel restart to change
+num_devices = 8  # virtual CPU devices (or TPU chips) of this kernel; needs a kernel restart to change
 results_dir = None  # where the JSON record goes (the report runner sets it)
-seed = 0
-tp = 4  # tensor-parallel degree (ranks in the ledger, size of the `tensor` mesh axis)
+seed = 0  # seed of every random tensor
+tp = 4  # tensor-parallel degree: ranks in the ledger, size of the `tensor` mesh axis
 batch = 2
 seq = 8
 hidden = 64
-ffn = 256  # MLP inner size (4 * hidden in GPT)
 dtype = "float32"  # "float32" or "bfloat16"
+ffn = 256  # MLP inner size (4 * hidden in GPT)
 run_gloo = True  # also run the per-rank code in tp real processes (torch.distributed, gloo)
 answers = None  # exercise answer key (the tests and the report inject it); leave None
 
@@ -39,11 +39,11 @@ world
 # the dense module) and the **TPU compiler** (the same graph compiled by XLA:TPU for a TPU slice, compile-only).
 
 # %%
-from shardlab.tp import views as tpv
-from shardlab.views import record, record_compile_s
+from shardlab import harness
+from shardlab.tp.case import MlpCase, gloo_run, same_results
 
-fwd = tpv.MlpConfig.from_params(p, backward=False)  # one forward
-fb = tpv.MlpConfig.from_params(p, backward=True)  # forward + backward of (out * grad_out).sum()
+fwd = MlpCase(p, backward=False)  # one forward
+fb = MlpCase(p, backward=True)  # forward + backward of (out * grad_out).sum()
 
 # %% [markdown]
 # ## 1 · The formula
@@ -51,7 +51,7 @@ fb = tpv.MlpConfig.from_params(p, backward=True)  # forward + backward of (out *
 # [b, s, h]: payload $b\cdot s\cdot h\cdot e$ bytes per rank. Independent of ffn — the big matrices never move.
 
 # %%
-formula = {c.phase: tpv.formula(c) for c in (fwd, fb)}
+formula = {c.phase: harness.formula(c) for c in (fwd, fb)}
 {phase: v.values for phase, v in formula.items()}
 
 # %% [markdown]
@@ -73,7 +73,7 @@ vtp.ownership_figure(vtp.mlp_panels(min(p.hidden, 64), min(p.ffn, 256), p.tp), p
 # module's. The output gradient is a fixed random tensor (not ones, which would hide a transposed gradient).
 
 # %%
-ledger = {c.phase: tpv.ledger(c) for c in (fwd, fb)}
+ledger = {c.phase: harness.ledger(c) for c in (fwd, fb)}
 led_fb = ledger["fwd_bwd"].detail["ledger"]
 vtp.ledger_timeline(led_fb, f"MLP forward + backward, tp={p.tp}: g forward, f backward").show()
 vtp.ledger_frame(led_fb)
@@ -86,9 +86,9 @@ vtp.ledger_frame(led_fb)
 
 # %%
 if p.run_gloo and p.tp > 1:
-    gloo = tpv.gloo_run(fb)
+    gloo = gloo_run(fb)
     rec.check("mlp.gloo.same_ledger", gloo["ledger"] == led_fb, f"{len(led_fb)} collectives, identical rows")
-    rec.check("mlp.gloo.same_results", tpv.same_results(gloo["ranks"], ledger["fwd_bwd"].detail["ranks"], fb),
+    rec.check("mlp.gloo.same_results", same_results(gloo["ranks"], ledger["fwd_bwd"].detail["ranks"], p.dtype),
               "outputs and input gradients")
 else:
     print("gloo run skipped (run_gloo=False or tp=1)")
@@ -104,8 +104,8 @@ else:
 # has fewer devices than `tp`, rebuilt in a helper process on `tp` virtual devices for a `tp`-chip slice.
 
 # %%
-compiler = {c.phase: tpv.compiler(c) for c in (fwd, fb)}
-tpu = {c.phase: tpv.tpu(c) for c in (fwd, fb)}
+compiler = {c.phase: harness.hlo(c) for c in (fwd, fb)}
+tpu = {c.phase: harness.tpu(c) for c in (fwd, fb)}
 
 # %% [markdown]
 # ## 5 · Four ways, one number
@@ -113,8 +113,8 @@ tpu = {c.phase: tpv.tpu(c) for c in (fwd, fb)}
 # bytes of the collective per device.
 
 # %%
-tables = [record(rec, "mlp", formula[ph], ledger[ph], compiler[ph], tpu[ph]) for ph in ("fwd", "fwd_bwd")]
-record_compile_s(rec, "mlp.fwd_bwd.compile_s", compiler["fwd_bwd"], tpu["fwd_bwd"])  # XLA:CPU and XLA:TPU seconds
+tables = [harness.record(rec, "mlp", formula[ph], ledger[ph], compiler[ph], tpu[ph]) for ph in ("fwd", "fwd_bwd")]
+harness.record_compile_s(rec, "mlp.fwd_bwd.compile_s", compiler["fwd_bwd"], tpu["fwd_bwd"])  # XLA:CPU and XLA:TPU seconds
 tables[0]
 
 # %%
@@ -132,9 +132,7 @@ tables[1]
 # asynchronously; notebook 08 looks at what the scheduler overlaps them with.
 
 # %%
-from shardlab.views import memory_frame
-
-memory_frame({"cpu (buffer assignment)": compiler["fwd_bwd"], "tpu (compiled memory stats)": tpu["fwd_bwd"]})
+harness.memory_frame({"cpu (buffer assignment)": compiler["fwd_bwd"], "tpu (compiled memory stats)": tpu["fwd_bwd"]})
 
 # %% [markdown]
 # Per-device memory of the two programs, side by side: XLA:CPU's buffer assignment (parameters, outputs and the
@@ -151,9 +149,9 @@ memory_frame({"cpu (buffer assignment)": compiler["fwd_bwd"], "tpu (compiled mem
 
 # %%
 if p.seq % p.tp == 0:
-    sp = tpv.MlpConfig.from_params(p, backward=True, sequence_parallel=True)
-    sp_formula, sp_ledger = tpv.formula(sp), tpv.ledger(sp)
-    display(record(rec, "mlp.sp", sp_formula, sp_ledger))
+    sp = MlpCase(p, backward=True, sequence_parallel=True)
+    sp_formula, sp_ledger = harness.formula(sp), harness.ledger(sp)
+    display(harness.record(rec, "mlp.sp", sp_formula, sp_ledger))
     f_sp, led_sp = sp_formula.detail, sp_ledger.detail["ledger"]
     regather = f_sp["wire_bytes"] - f_sp["all_reduce_wire_bytes"]  # the backward re-gather of the s/p shard
     rec.check("mlp.sp.wire_is_all_reduce_plus_regather",

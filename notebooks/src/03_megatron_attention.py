@@ -1,8 +1,8 @@
 # %% tags=["parameters"]
-num_devices = 8  # virtual CPU devices (or TPU chips); needs a kernel restart to change
+num_devices = 8  # virtual CPU devices (or TPU chips) of this kernel; needs a kernel restart to change
 results_dir = None  # where the JSON record goes (the report runner sets it)
-seed = 0
-tp = 4  # tensor-parallel degree (ranks in the ledger, size of the `tensor` mesh axis)
+seed = 0  # seed of every random tensor
+tp = 4  # tensor-parallel degree: ranks in the ledger, size of the `tensor` mesh axis
 batch = 2
 seq = 8
 hidden = 64
@@ -37,11 +37,11 @@ world
 # TPU slice, compile-only).
 
 # %%
-from shardlab.tp import views as tpv
-from shardlab.views import record
+from shardlab import harness
+from shardlab.tp.case import AttentionCase, LayerCase
 
-fwd = tpv.AttentionConfig.from_params(p, backward=False)  # one forward
-fb = tpv.AttentionConfig.from_params(p, backward=True)  # forward + backward of (out * grad_out).sum()
+fwd = AttentionCase(p, backward=False)  # one forward
+fb = AttentionCase(p, backward=True)  # forward + backward of (out * grad_out).sum()
 
 # %% [markdown]
 # ## 1 · The formula
@@ -49,7 +49,7 @@ fb = tpv.AttentionConfig.from_params(p, backward=True)  # forward + backward of 
 # Nothing depends on the number of heads or on s² — the attention matrix never leaves its device.
 
 # %%
-formula = {c.phase: tpv.formula(c) for c in (fwd, fb)}
+formula = {c.phase: harness.formula(c) for c in (fwd, fb)}
 {phase: v.values for phase, v in formula.items()}
 
 # %% [markdown]
@@ -69,7 +69,7 @@ vtp.ownership_figure(vtp.attention_panels(min(p.hidden, 64), p.heads, p.tp), p.t
 # $n_h/p$ local heads. Every rank's output, input gradient and weight gradients are compared with the dense module.
 
 # %%
-ledger = {c.phase: tpv.ledger(c) for c in (fwd, fb)}
+ledger = {c.phase: harness.ledger(c) for c in (fwd, fb)}
 led_fb = ledger["fwd_bwd"].detail["ledger"]
 vtp.ledger_timeline(led_fb, f"attention forward + backward, tp={p.tp}: g forward, f backward").show()
 vtp.ledger_frame(led_fb)
@@ -87,8 +87,8 @@ vtp.ledger_frame(led_fb)
 # process has fewer devices than `tp`, rebuilt in a helper process on `tp` virtual devices for a `tp`-chip slice.
 
 # %%
-compiler = {c.phase: tpv.compiler(c) for c in (fwd, fb)}
-tpu = {c.phase: tpv.tpu(c) for c in (fwd, fb)}
+compiler = {c.phase: harness.hlo(c) for c in (fwd, fb)}
+tpu = {c.phase: harness.tpu(c) for c in (fwd, fb)}
 
 # %% [markdown]
 # ## 5 · Four ways, one number
@@ -96,10 +96,9 @@ tpu = {c.phase: tpv.tpu(c) for c in (fwd, fb)}
 # [b, n_h/p, s, s] arrays each compiled program writes — how the compiler lowered the attention core.
 
 # %%
-from shardlab.views import record_compile_s
 
-tables = [record(rec, "attention", formula[ph], ledger[ph], compiler[ph], tpu[ph]) for ph in ("fwd", "fwd_bwd")]
-record_compile_s(rec, "attention.fwd_bwd.compile_s", compiler["fwd_bwd"], tpu["fwd_bwd"])
+tables = [harness.record(rec, "attention", formula[ph], ledger[ph], compiler[ph], tpu[ph]) for ph in ("fwd", "fwd_bwd")]
+harness.record_compile_s(rec, "attention.fwd_bwd.compile_s", compiler["fwd_bwd"], tpu["fwd_bwd"])
 tables[0]
 
 # %%
@@ -122,9 +121,7 @@ tables[1]
 # scores of a head never leave the device that owns the head.
 
 # %%
-from shardlab.views import memory_frame
-
-memory_frame({"cpu (buffer assignment)": compiler["fwd_bwd"], "tpu (compiled memory stats)": tpu["fwd_bwd"]})
+harness.memory_frame({"cpu (buffer assignment)": compiler["fwd_bwd"], "tpu (compiled memory stats)": tpu["fwd_bwd"]})
 
 # %% [markdown]
 # ## 6 · A transformer layer: attention + MLP
@@ -135,9 +132,8 @@ memory_frame({"cpu (buffer assignment)": compiler["fwd_bwd"], "tpu (compiled mem
 # (`ParallelTransformerBlock` per rank; `shard_attention` + `shard_mlp` for the compilers).
 
 # %%
-layer = tpv.TransformerLayerConfig.from_params(p)
-layer_views = [tpv.formula(layer), tpv.ledger(layer), tpv.compiler(layer), tpv.tpu(layer)]
-display(record(rec, "layer", *layer_views))
+layer_views = harness.views(LayerCase(p))
+display(harness.record(rec, "layer", *layer_views))
 vtp.ledger_timeline(layer_views[1].detail["ledger"],
                     "attention then MLP: g, g forward; f (MLP), f (attention) backward").show()
 

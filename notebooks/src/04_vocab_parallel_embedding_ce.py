@@ -1,8 +1,8 @@
 # %% tags=["parameters"]
-num_devices = 8  # virtual CPU devices (or TPU chips); needs a kernel restart to change
+num_devices = 8  # virtual CPU devices (or TPU chips) of this kernel; needs a kernel restart to change
 results_dir = None  # where the JSON record goes (the report runner sets it)
-seed = 0
-tp = 8  # tensor-parallel degree (ranks in the ledger, size of the `tensor` mesh axis)
+seed = 0  # seed of every random tensor
+tp = 8  # tensor-parallel degree: ranks in the ledger, size of the `tensor` mesh axis
 batch = 1
 seq = 8
 hidden = 64
@@ -41,15 +41,16 @@ world
 # all-gather pads every shard to $\lceil V/p\rceil$.
 
 # %%
-from shardlab.formulas import tp as ftp
-from shardlab.tp import views as tpv
-from shardlab.tp import vocab_range
-from shardlab.views import record, record_compile_s
+from dataclasses import replace
 
-emb = tpv.EmbeddingConfig.from_params(p)  # one forward lookup
-emb_fb = tpv.EmbeddingConfig.from_params(p, backward=True)  # + the weight gradient
-vp = tpv.CrossEntropyConfig.from_params(p, method="vocab_parallel")  # loss + backward, no label smoothing
-ga = tpv.CrossEntropyConfig.from_params(p, method="gather")
+from shardlab import harness
+from shardlab.formulas import tp as ftp
+from shardlab.tp import vocab_range
+from shardlab.tp.case import CE_METHODS, CrossEntropyCase, EmbeddingCase, ce_cases, ce_table_views
+
+emb = EmbeddingCase(p)  # one forward lookup
+emb_fb = EmbeddingCase(p, backward=True)  # + the weight gradient
+vp, ga = ce_cases(p).values()  # loss + backward, no label smoothing: vocab-parallel and gathered
 
 # %% [markdown]
 # ## 1 · The formulas, and two ways to count bytes
@@ -65,8 +66,8 @@ ga = tpv.CrossEntropyConfig.from_params(p, method="gather")
 
 # %%
 print(f"rows per rank: {[e - s for s, e in (vocab_range(p.vocab, r, p.tp) for r in range(p.tp))]}")
-formula = {c.key: tpv.formula(c) for c in (vp, ga)}
-print(f"embedding {tpv.formula(emb).values}")
+formula = {c.key: harness.formula(c) for c in (vp, ga)}
+print(f"embedding {harness.formula(emb).values}")
 print(f"payload ratio ceil(V/p)/3 = {ftp.ce_payload_ratio(p.vocab, p.tp):.1f}, "
       f"wire ratio p·ceil(V/p)/6 = {ftp.ce_wire_ratio(p.vocab, p.tp):.1f}, logits per device "
       f"{ftp.ce_logits_bytes(p.batch, p.seq, p.vocab, p.tp, p.dtype)} bytes")
@@ -101,7 +102,7 @@ from shardlab.tp import vocab_parallel_cross_entropy
 
 
 def without_vocab(comm):
-    logits, target = tpv.ce_inputs(vp)
+    logits, target = vp.inputs()
     start, end = vocab_range(p.vocab, comm.rank, comm.world_size)
     return vocab_parallel_cross_entropy(logits[..., start:end], target, comm)  # no vocab=
 
@@ -115,8 +116,8 @@ print(refused)
 rec.check("ce.requires_vocab", "vocab=" in refused, refused or "the call without vocab= was accepted")
 
 # %%
-emb_ledger = {c.phase: tpv.ledger(c) for c in (emb, emb_fb)}
-ledger = {c.key: tpv.ledger(c) for c in (vp, ga)}
+emb_ledger = {c.phase: harness.ledger(c) for c in (emb, emb_fb)}
+ledger = {c.key: harness.ledger(c) for c in (vp, ga)}
 vtp.ledger_timeline(ledger["vocab_parallel"].detail["ledger"],
                     "vocab-parallel CE, forward + backward: [b, s] all-reduces only").show()
 vtp.ledger_frame(ledger["gather_logits"].detail["ledger"])
@@ -135,19 +136,19 @@ vtp.ledger_frame(ledger["gather_logits"].detail["ledger"])
 # virtual devices when this process has fewer).
 
 # %%
-emb_compiled = [tpv.compiler(emb), tpv.tpu(emb)]
-compiler = {c.key: tpv.compiler(c) for c in (vp, ga)}
-tpu = {c.key: tpv.tpu(c) for c in (vp, ga)}
+emb_compiled = [harness.hlo(emb), harness.tpu(emb)]
+compiler = {c.key: harness.hlo(c) for c in (vp, ga)}
+tpu = {c.key: harness.tpu(c) for c in (vp, ga)}
 for key in compiler:  # XLA:CPU and XLA:TPU compile seconds (timing, never compared)
-    record_compile_s(rec, f"ce.{key}.compile_s", compiler[key], tpu[key])
+    harness.record_compile_s(rec, f"ce.{key}.compile_s", compiler[key], tpu[key])
 
 # %% [markdown]
 # ## 5 · Four ways, one number
 # The embedding: one all-reduce of [b, s, h] forward; with the backward still one (formula and ledger).
 
 # %%
-display(record(rec, "embedding", tpv.formula(emb), emb_ledger["fwd"], *emb_compiled))
-record(rec, "embedding", tpv.formula(emb_fb), emb_ledger["fwd_bwd"])
+display(harness.record(rec, "embedding", harness.formula(emb), emb_ledger["fwd"], *emb_compiled))
+harness.record(rec, "embedding", harness.formula(emb_fb), emb_ledger["fwd_bwd"])
 
 # %% [markdown]
 # The loss, both methods side by side (`largest_array.elements`: the largest array each compiled program writes
@@ -156,7 +157,7 @@ record(rec, "embedding", tpv.formula(emb_fb), emb_ledger["fwd_bwd"])
 
 # %%
 views = {key: [formula[key], ledger[key], compiler[key], tpu[key]] for key in formula}
-record(rec, "ce", *tpv.ce_table_views(views["vocab_parallel"], views["gather_logits"], p.vocab, p.tp))
+harness.record(rec, "ce", *ce_table_views(views["vocab_parallel"], views["gather_logits"], p))
 
 # %% [markdown]
 # **Interpretation.** The vocabulary-parallel loss moves a few numbers per token where gathering moves a slice of
@@ -177,11 +178,8 @@ record(rec, "ce", *tpv.ce_table_views(views["vocab_parallel"], views["gather_log
 
 # %%
 if p.label_smoothing > 0:
-    smooth = {m: tpv.CrossEntropyConfig.from_params(p, method=m, label_smoothing=p.label_smoothing)
-              for m in tpv.CE_METHODS}
-    display(record(rec, "ce", *tpv.ce_table_views(
-        [tpv.formula(smooth["vocab_parallel"]), tpv.ledger(smooth["vocab_parallel"])],
-        [tpv.formula(smooth["gather"]), tpv.ledger(smooth["gather"])], p.vocab, p.tp, p.label_smoothing)))
+    smooth = [harness.views(c, ("formula", "ledger")) for c in ce_cases(p, smoothing=True).values()]
+    display(harness.record(rec, "ce", *ce_table_views(*smooth, p, smoothing=True)))
 else:
     print("label_smoothing=0: the smoothed loss is the plain one above")
 
@@ -195,7 +193,7 @@ else:
 vocabs = sorted({1000, 8000, 32000, 50257, 128256, p.vocab})
 ledger_ratio = {}
 for V in [v for v in vocabs if v <= 60000 and v >= p.tp]:
-    small = [tpv.ledger(tpv.CrossEntropyConfig(p.tp, 1, 2, V, method=m, backward=False)) for m in tpv.CE_METHODS]
+    small = [harness.ledger(c) for c in ce_cases(replace(p, batch=1, seq=2, vocab=V), backward=False).values()]
     ledger_ratio[V] = small[1]["gather_logits.wire_bytes"] / small[0]["vocab_parallel.wire_bytes"]
 rec.check("ce.saving_ratio.ledger_on_formula_line",
           all(abs(r - ftp.ce_wire_ratio(V, p.tp)) < 1e-9 * r for V, r in ledger_ratio.items()), str(ledger_ratio))
@@ -211,9 +209,7 @@ fig.show()
 # more, gigabytes per device for a Llama-3-sized vocabulary and batch (exercise 3). The compiled programs' memory:
 
 # %%
-from shardlab.views import memory_frame
-
-memory_frame({"cpu vocab-parallel": compiler["vocab_parallel"], "cpu gathered": compiler["gather_logits"],
+harness.memory_frame({"cpu vocab-parallel": compiler["vocab_parallel"], "cpu gathered": compiler["gather_logits"],
               "tpu vocab-parallel": tpu["vocab_parallel"], "tpu gathered": tpu["gather_logits"]})
 
 # %% [markdown]
@@ -225,11 +221,11 @@ memory_frame({"cpu vocab-parallel": compiler["vocab_parallel"], "cpu gathered": 
 
 # %%
 if p.memory_tokens:
-    big = {m: tpv.tpu(tpv.CrossEntropyConfig(p.tp, 1, p.memory_tokens, p.vocab, p.dtype, method=m, backward=False))
-           for m in tpv.CE_METHODS}
+    big = {m: harness.tpu(CrossEntropyCase(replace(p, batch=1, seq=p.memory_tokens), method=m, backward=False))
+           for m in CE_METHODS}
     print(f"b·s = {p.memory_tokens}: gathered logits "
           f"{ftp.ce_logits_bytes(1, p.memory_tokens, p.vocab, p.tp, p.dtype)['gathered']:,} bytes per chip")
-    display(memory_frame({f"tpu {m}, b·s={p.memory_tokens}": v for m, v in big.items()}))
+    display(harness.memory_frame({f"tpu {m}, b·s={p.memory_tokens}": v for m, v in big.items()}))
 else:
     print("memory_tokens=0: the large TPU memory comparison is skipped")
 

@@ -1,9 +1,9 @@
 # %% tags=["parameters"]
-num_devices = 8  # virtual CPU devices (or TPU chips); needs a kernel restart to change
+num_devices = 8  # virtual CPU devices (or TPU chips) of this kernel; needs a kernel restart to change
 results_dir = None  # where the JSON record goes (the report runner sets it)
-seed = 0
-world_size = 8  # FSDP ranks W (SimulatedWorld ranks: no devices needed)
-layer_sizes = (30, 50, 10)  # MLP widths: Linear(30, 50) -> tanh -> Linear(50, 10)
+seed = 0  # seed of every random tensor
+world_size = 8  # FSDP ranks W (SimulatedWorld ranks; the GSPMD mesh's fsdp axis)
+layer_sizes = [30, 50, 10]  # MLP widths: Linear(30, 50) -> tanh -> Linear(50, 10)
 batch = 64  # global batch, split evenly over the W ranks
 align = False  # True: alignment padding like use_orig_params (16-byte parameter starts)
 steps = 3  # training steps for the parity check

@@ -1,10 +1,10 @@
 # %% tags=["parameters"]
-num_devices = 8  # virtual CPU devices (or TPU chips); needs a kernel restart to change
+num_devices = 8  # virtual CPU devices (or TPU chips) of this kernel; needs a kernel restart to change
 results_dir = None  # where the JSON record goes (the report runner sets it)
-seed = 0
-world_size = 8  # FSDP shards W: the mesh's fsdp axis (the CPU compiler view needs W to tile num_devices)
-layer_sizes = (30, 50, 10)  # MLP widths: Linear(30, 50) -> tanh -> Linear(50, 10)
-batch = 64  # global batch, split evenly over the W shards
+seed = 0  # seed of every random tensor
+world_size = 8  # FSDP ranks W (SimulatedWorld ranks; the GSPMD mesh's fsdp axis)
+layer_sizes = [30, 50, 10]  # MLP widths: Linear(30, 50) -> tanh -> Linear(50, 10)
+batch = 64  # global batch, split evenly over the W ranks
 torch_fsdp_world = 2  # ranks (gloo processes) for PyTorch FSDP1 / FSDP2; 0 skips them (process start-up)
 answers = None  # exercise answer key (the tests and the report inject it); leave None
 

@@ -1,17 +1,17 @@
 # %% tags=["parameters"]
-num_devices = 8  # virtual CPU devices (or TPU chips); needs a kernel restart to change
+num_devices = 8  # virtual CPU devices (or TPU chips) of this kernel; needs a kernel restart to change
 results_dir = None  # where the JSON record goes (the report runner sets it)
-seed = 0
-layers_sweep = [2, 4]  # L values of the compile curves, each at least 2; use 2, 4, ..., 64 for the full story
+seed = 0  # seed of every random tensor
+layers_sweep = [2, 4]  # L values of the compile curves, each >= 2
 hidden = 64  # H: W_up [H, F] is split H over fsdp
 ffn = 256  # F: split over tensor
 batch = 8  # B: split over fsdp
 seq = 8  # S: split over tensor in the nn.Linear trap
-mesh_fsdp = 2  # mesh (fsdp, tensor); the CPU sections need fsdp times tensor devices
+mesh_fsdp = 2  # mesh (fsdp, tensor); the CPU sections need fsdp × tensor devices
 mesh_tensor = 4
-devices_sweep = []  # compile time vs device count, one fresh process per count (10-30 s apiece)
-placeholder_hiddens = [64, 256]  # model widths for the trace-transfer growth (tracing only, no compile)
-full_size = False  # compile the 405B-size seed with XLA:TPU (a few minutes); False: show the cached compiles
+devices_sweep = []  # compile time vs device count, one fresh process per count
+placeholder_hiddens = [64, 256]  # model widths for the trace-transfer growth
+full_size = False  # compile the 405B-size seed with XLA:TPU (minutes); False: show the cached compiles
 answers = None  # exercise answer key (the tests and the report inject it); leave None
 
 # %%

@@ -1,22 +1,21 @@
 # %% tags=["parameters"]
-num_devices = 8  # virtual CPU devices (or TPU chips); needs a kernel restart to change
+num_devices = 8  # virtual CPU devices (or TPU chips) of this kernel; needs a kernel restart to change
 results_dir = None  # where the JSON record goes (the report runner sets it)
-seed = 0
-model = "llama-3-8b"  # llama-3-8b | llama-3-70b | llama-3.1-405b, or custom sizes as a dict, e.g.
-# {"layers": 24, "hidden": 2048, "ffn": 8192, "heads": 16, "kv_heads": 16, "vocab": 50257, "gated_mlp": False}
-topology = "v6e-8"  # v5e-8, v6e-8, v6e-256, v5p-128, ... (data/hardware/*.json)
+seed = 0  # seed of every random tensor
+model = "llama-3-8b"  # a preset name, or custom sizes as a dict (see shardlab.presets)
+topology = "v6e-8"  # a TPU slice of data/hardware: v5e-8, v6e-8, v6e-256, v5p-128, ...
 data = 1  # data-parallel replicas
 fsdp = 8  # ZeRO-3 / FSDP sharding degree
 tensor = 1  # Megatron tensor-parallel degree
 recompute = "full"  # none | selective | full
 global_batch = 8  # sequences per step
 seq = 8192  # tokens per sequence
-val_world = 8  # ranks of the validation configurations (section 4)
-val_tokens = 64  # validation: tokens (b = 1, s = val_tokens)
+val_world = 8  # ranks of the validation configurations
+val_tokens = 64  # tokens (b = 1, s = val_tokens) of the validation MLP / layer / steps
 val_hidden = 128
 val_ffn = 512
 val_heads = 8  # heads of the validation transformer layer
-full_size = False  # compile the presets' training steps with XLA:TPU (tens of minutes); False: the cached compiles
+full_size = False  # compile the presets' full training steps with XLA:TPU (tens of minutes); False: cached
 answers = None  # exercise answer key (the tests and the report inject it); leave None
 
 # %%
@@ -366,14 +365,14 @@ rec.check("planner.compare: sequence parallelism shrinks 405B activations (betwe
 # * **FSDP units** — our `FlatUnit`s: an inner unit (resharded after forward) and the root unit (not).
 
 # %%
+from shardlab import harness
 from shardlab import planner_check as pc
-from shardlab.tp import views as tpv
-from shardlab.views import memory_frame, record, record_compile_s
+from shardlab.harness import memory_frame, record, record_compile_s
 
 vc = pc.CheckConfig.from_params(p)
 mlp = pc.mlp(vc)
-mlp_views = (tpv.formula(mlp), tpv.ledger(mlp), pc.only(tpv.compiler(mlp), "all-reduce"),
-             pc.only(tpv.tpu(mlp), "all-reduce"))
+mlp_views = (harness.formula(mlp), harness.ledger(mlp), pc.only(harness.hlo(mlp), "all-reduce"),
+             pc.only(harness.tpu(mlp), "all-reduce"))
 record(rec, "planner.validate.tp_mlp", *mlp_views)
 record_compile_s(rec, "planner.validate.tp_mlp.compile_s", *mlp_views)  # XLA:CPU and XLA:TPU seconds (timing)
 

@@ -1,7 +1,7 @@
 # %% tags=["parameters"]
-num_devices = 8  # virtual CPU devices (or TPU chips); needs a kernel restart to change
+num_devices = 8  # virtual CPU devices (or TPU chips) of this kernel; needs a kernel restart to change
 results_dir = None  # where the JSON record goes (the report runner sets it)
-seed = 0
+seed = 0  # seed of every random tensor
 generation = "v5e"  # TPU generation compiled for (compile-only): "v5e" or "v6e"
 run_tpu = True  # False: formula, ledger, CPU compiler and timings only (no TPU compiles)
 layers = 8  # L weight gradients of the data-parallel / FSDP step (combining, overlap)
@@ -10,19 +10,19 @@ batch = 64  # global batch of that step, sharded over all devices
 bucket_bytes = 1048576  # hand-made gradient bucket for the ledger (DDP's rule), bytes
 gloo_world = 2  # processes for the real all-reduce timings; 0 skips them
 gloo_repeats = 5  # timed samples per point (after 2 warm-up rounds)
-gloo_numels = (4096, 1048576)  # float32 elements per timed point (all k calls together)
-gloo_calls = (1, 8, 32)  # k: the point's elements are split over k all-reduces
+gloo_numels = [4096, 1048576]  # float32 elements per timed point (all k calls together)
+gloo_calls = [1, 8, 32]  # k: the point's elements are split over k all-reduces
 mlp_seq = 512  # Megatron MLP (bf16, batch 2, tp equal to num_devices) for overlap and fusion
 mlp_hidden = 512
 mlp_ffn = 2048
-toy_rows = 262144  # memory-order toy on the TPU: one unit is [toy_rows, 256] bf16 per chip
+toy_rows = 262144  # memory-order toy on the TPU: one unit = [toy_rows, 256] bf16 per chip
 big_layers = 4  # layers of the two large compile-only steps (overlap, weight update)
 overlap_hidden = 2048  # the FSDP step of the overlap section (compile-only, bf16): [h, h] weights
 overlap_batch = 8192  # and its global batch [B, h]
 update_hidden = 1024  # the memory-aware weight update (compile-only, bf16, replicated)
 update_batch = 256
 optimizer = "adam"  # "sgd" or "adam"
-search = "small"  # layouts compiled for the TPU: "off", "small" (4 meshes), "full" (every mesh and layout)
+search = "small"  # layouts compiled for the TPU: "off", "small" (4 meshes), "full" (every mesh+layout)
 auto_sharding = True  # also try XLA's auto-sharding (compile-only) on the Megatron MLP
 answers = None  # exercise answer key (the tests and the report inject it); leave None
 
@@ -251,15 +251,18 @@ pd.DataFrame(saving)
 # ### 2.1 · The Megatron MLP (notebook 02's graph, bf16, tp = num_devices)
 
 # %%
-from shardlab.tp import views as tpv
+from shardlab import harness
+from shardlab.case import build_graph
+from shardlab.params import MlpParams
+from shardlab.tp.case import MlpCase
 
 LHS_OFF = {"xla_tpu_enable_latency_hiding_scheduler": False}
 v5 = chip(p.generation)
-mlp_cfg = tpv.MlpConfig(tp=n, batch=2, seq=p.mlp_seq, hidden=p.mlp_hidden, ffn=p.mlp_ffn, dtype="bfloat16",
-                        seed=p.seed)
+mlp_cfg = MlpCase(MlpParams(tp=n, batch=2, seq=p.mlp_seq, hidden=p.mlp_hidden, ffn=p.mlp_ffn, dtype="bfloat16",
+                            seed=p.seed))
 overlap = {}
 if use_tpu:
-    overlap["mlp"] = {lhs: tpu_compile(tpv.build_graph, mlp_cfg, f"MLP, LHS {lhs}",
+    overlap["mlp"] = {lhs: tpu_compile(build_graph, mlp_cfg, f"MLP, LHS {lhs}",
                                        debug_options={} if lhs == "on" else LHS_OFF) for lhs in ("on", "off")}
     mlp_rows, mlp_total = OV.exposed(overlap["mlp"]["on"].module, v5)
     display(pd.DataFrame(mlp_rows))
@@ -459,7 +462,7 @@ if use_tpu:
 # %%
 auto = None
 if use_tpu and p.auto_sharding:
-    auto = S.auto_sharding(tpv.build_graph, mlp_cfg, p.generation)
+    auto = S.auto_sharding(build_graph, mlp_cfg, p.generation)
     if auto.get("skipped"):
         print("auto-sharding:", auto["skipped"])
     else:
@@ -520,9 +523,9 @@ if use_tpu and p.search != "off":
 # copies — each reads and writes memory), collectives, and how many HLO ops disappeared into fusions.
 
 # %%
-fus = {"XLA:CPU": FU.fusion_counts(tpv.compiler(tpv.MlpConfig(tp=n, batch=2, seq=p.mlp_seq // 8,
-                                                             hidden=p.mlp_hidden // 4, ffn=p.mlp_ffn // 4,
-                                                             seed=p.seed)).detail.module)
+fus = {"XLA:CPU": FU.fusion_counts(harness.hlo(MlpCase(MlpParams(tp=n, batch=2, seq=p.mlp_seq // 8,
+                                                                  hidden=p.mlp_hidden // 4, ffn=p.mlp_ffn // 4,
+                                                                  seed=p.seed))).detail.module)
        if n > 1 else None}
 if use_tpu:
     fus["XLA:TPU"] = FU.fusion_counts(overlap["mlp"]["on"].module)

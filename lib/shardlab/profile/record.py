@@ -3,18 +3,21 @@
 Design
 ------
 A :class:`Recorder` collects *measurements* (one row per source, :data:`SOURCES`: formula, ledger, hlo, tpu,
-metrics, timer) and *checks*. It rewrites ``<results_dir>/<notebook>.json`` after every call, so a notebook
-that dies half-way still leaves a record with ``status: "running"`` (the report runner then marks it failed
-and shows the cell).
-``agree()`` is the three-way comparison the suite is built around: it records each source's value and one
-check that they are equal — exactly for ints and strings (structural numbers are deterministic), to a tight
-relative tolerance for floats — and raises :class:`CheckFailed` when they are not.
+metrics, timer; a row may carry ``differs``, why its value legitimately differs on this backend), *checks*,
+*notes* and *skipped* views (name, source, reason). It rewrites ``<results_dir>/<notebook>.json`` after every
+call, so a notebook that dies half-way still leaves a record with ``status: "running"`` (the report runner then
+marks it failed and shows the cell).
+:func:`values_equal` is the suite's one comparison rule — exact for ints and strings (structural numbers are
+deterministic), a tight relative tolerance for floats; :mod:`shardlab.harness` compares views with it and
+records one check per compared name; a failed check raises :class:`CheckFailed` after the record is written.
 
 Example::
 
     >>> rec = Recorder("01_block_matrices", params={"m": 8})
-    >>> rec.agree("blocks.row.all_reduce.count", "count", formula=1, hlo=1)
-    {'formula': 1, 'hlo': 1}
+    >>> rec.measure("blocks.row.all_reduce.count", 1, "count", "formula")
+    1
+    >>> rec.check("blocks.row.all_reduce.count: formula = hlo", values_equal(1, 1.0))
+    True
     >>> rec.close()["status"]
     'passed'
 """
@@ -79,6 +82,7 @@ class Recorder:
             "measurements": [],
             "checks": [],
             "notes": [],
+            "skipped": [],
         }
         if self.path:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -99,8 +103,9 @@ class Recorder:
         tmp.replace(self.path)
 
     def measure(self, name: str, value: Any, unit: str, source: str, kind: str = "structural",
-                spread: dict[str, float] | None = None) -> Any:
-        """Record one measurement row; returns ``value``."""
+                spread: dict[str, float] | None = None, differs: str | None = None) -> Any:
+        """Record one measurement row; returns ``value``. ``differs``: why this source's value legitimately
+        differs from the others' on this backend (recorded and shown, left out of every agreement check)."""
         if source not in SOURCES:
             raise ValueError(f"source={source!r} must be one of {SOURCES}")
         if kind not in KINDS:
@@ -108,6 +113,8 @@ class Recorder:
         row: dict[str, Any] = {"name": name, "value": _plain(value), "unit": unit, "source": source, "kind": kind}
         if spread is not None:
             row["spread"] = {k: _plain(v) for k, v in spread.items()}
+        if differs:
+            row["differs"] = str(differs)
         self.data["measurements"].append(row)
         self._write()
         return value
@@ -134,17 +141,10 @@ class Recorder:
         self.data["notes"].append({"name": name, "detail": str(detail)})
         self._write()
 
-    def agree(self, name: str, unit: str, kind: str = "structural", **sources: Any) -> dict[str, Any]:
-        """Record each source's value for ``name`` and check that all of them are equal."""
-        if len(sources) < 1:
-            raise ValueError("agree() needs at least one source=value")
-        for source, value in sources.items():
-            self.measure(name, value, unit, source, kind)
-        vals = list(sources.values())
-        ok = all(values_equal(vals[0], v) for v in vals[1:])
-        detail = " = ".join(f"{s} {_plain(v)}" for s, v in sources.items())
-        self.check(f"{name}: {' = '.join(sources)}", ok, detail if ok else "disagree: " + detail)
-        return dict(sources)
+    def skip(self, name: str, source: str, reason: str) -> None:
+        """Record that the ``source`` view of ``name`` did not run here, and why (never a failure)."""
+        self.data["skipped"].append({"name": name, "source": source, "reason": str(reason)})
+        self._write()
 
     def close(self) -> dict[str, Any]:
         """Mark the run finished (passed unless a check failed) and write the record."""
@@ -159,27 +159,6 @@ class Recorder:
     def values(self, name: str) -> dict[str, Any]:
         """``{source: value}`` for one measurement name."""
         return {m["source"]: m["value"] for m in self.data["measurements"] if m["name"] == name}
-
-    def table(self, prefix: str = "") -> Any:
-        """A pandas DataFrame: one row per measurement name, one column per source, plus ``agree``."""
-        import pandas as pd
-
-        rows: dict[str, dict[str, Any]] = {}
-        for m in self.data["measurements"]:
-            if m["name"].startswith(prefix):
-                row = rows.setdefault(m["name"], {"name": m["name"], "unit": m["unit"]})
-                row[m["source"]] = m["value"]
-        frame = pd.DataFrame(list(rows.values()))
-        if frame.empty:
-            return frame
-        present = [s for s in SOURCES if s in frame.columns]
-
-        def _agree(r: Any) -> bool:
-            vals = [r[s] for s in present if not (isinstance(r[s], float) and math.isnan(r[s]))]
-            return all(values_equal(vals[0], v) for v in vals[1:]) if vals else True
-
-        frame["agree"] = frame.apply(_agree, axis=1)
-        return frame[["name", "unit", *present, "agree"]]
 
 
 def load_record(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -15,9 +15,11 @@ is quoted when the worker fails. The worker's compile cache lives as long as the
 
 Example::
 
-    >>> from shardlab.tp.views import MlpConfig, build_graph
+    >>> from shardlab.case import build_graph
+    >>> from shardlab.params import MlpParams
+    >>> from shardlab.tp.case import MlpCase
     >>> w = worker_for(4)                      # ~5 s the first time (torch_xla import + 4-device world)
-    >>> cfg = MlpConfig(tp=4, batch=2, seq=8, hidden=64, ffn=256)   # a Megatron MLP step, tp = 4
+    >>> cfg = MlpCase(MlpParams(tp=4))         # a Megatron MLP step, tp = 4
     >>> w.compile(build_graph, cfg, "v5e:2x2", {}).count("all-reduce")   # fwd + bwd all-reduces, combined
     1
 """

@@ -7,7 +7,7 @@ cross_entropy  vocab_parallel_cross_entropy (b*s all-reduces) and the gathered-l
 programs       per-rank step functions runnable in SimulatedWorld and DistributedWorld
 gspmd          the same layers as GSPMD shardings of the dense modules (compiler view; imports torch_xla
                lazily)
-views          one configuration, four views (formula, ledger, CPU compiler, TPU compiler) for notebooks 02-04
+case           the cases of notebooks 02-04 (MLP, attention, layer, embedding, cross-entropy) for the harness
 """
 
 from shardlab.tp.cross_entropy import gathered_cross_entropy, vocab_parallel_cross_entropy

@@ -1,4 +1,4 @@
-"""The tensor-parallel view functions of notebooks 03 and 04 (attention, transformer layer, embedding,
+"""The tensor-parallel cases of notebooks 02-04 (attention, transformer layer, embedding,
 cross-entropy) on the process-wide 8-device CPU world and the XLA:TPU compiler (compile-only).
 
 Oracles: byte counts by arithmetic in the comments (b·s·h·e per all-reduce; ⌈V/p⌉ columns per padded shard),
@@ -13,9 +13,11 @@ from types import SimpleNamespace
 
 import pytest
 
+from shardlab import harness
+from shardlab.params import AttentionParams, VocabParams
 from shardlab.profile import Recorder, parse_hlo
-from shardlab.tp import views as tpv
-from shardlab.views import View, merge, record_compile_s
+from shardlab.tp import case as tpc
+from shardlab.views import View, merge
 
 pytestmark = pytest.mark.xla
 
@@ -49,17 +51,17 @@ ENTRY %main (a: f32[2,8,16], b: f32[2,8,16]) -> f32[2,8,8] {
   ROOT %r = f32[2,8,8]{2,1,0} bitcast(%f)
 }"""
     m = parse_hlo(text)
-    assert [(op, a.dims) for op, a in tpv.written_arrays(m)] == [("dot", (2, 8, 8)), ("fusion", (2, 1, 8, 8)),
+    assert [(op, a.dims) for op, a in tpc.written_arrays(m)] == [("dot", (2, 8, 8)), ("fusion", (2, 1, 8, 8)),
                                                                   ("add", (2, 8, 16))]
-    cfg = tpv.AttentionConfig(tp=4, batch=2, seq=8, hidden=64, heads=4)  # local scores [2, 1, 8, 8]
-    assert [op for op, _ in tpv.score_arrays(cfg, m)] == ["dot", "fusion"]
+    cfg = tpc.AttentionCase(AttentionParams(tp=4, batch=2, seq=8, hidden=64, heads=4))  # local scores [2, 1, 8, 8]
+    assert [op for op, _ in cfg.score_arrays(m)] == ["dot", "fusion"]
 
 
 def test_attention_views(world) -> None:  # type: ignore[no-untyped-def]
     act = 1 * 8 * 16 * 4  # one float32 [b, s, h] activation
     for backward, n in ((False, 1), (True, 2)):
-        cfg = tpv.AttentionConfig(tp=2, batch=1, seq=8, hidden=16, heads=4, backward=backward)  # head dim 4
-        f, led, hlo, tpu = tpv.formula(cfg), tpv.ledger(cfg), tpv.compiler(cfg), tpv.tpu(cfg)
+        cfg = tpc.AttentionCase(AttentionParams(tp=2, batch=1, seq=8, hidden=16, heads=4), backward)  # head dim 4
+        f, led, hlo, tpu = harness.views(cfg)
         _checks_pass(led, hlo, tpu)
         ph = cfg.phase
         for v in (f, led, hlo, tpu):
@@ -74,14 +76,14 @@ def test_attention_views(world) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_attention_scores_not_counted_when_head_dim_equals_seq(world) -> None:  # type: ignore[no-untyped-def]
-    cfg = tpv.AttentionConfig(tp=2, batch=1, seq=4, hidden=16, heads=4, backward=False)  # head dim 4 = seq
-    hlo = tpv.compiler(cfg)
+    cfg = tpc.AttentionCase(AttentionParams(tp=2, batch=1, seq=4, hidden=16, heads=4), backward=False)  # hd 4 = s
+    hlo = harness.hlo(cfg)
     assert "fwd.scores.arrays" not in hlo.values and any("head_dim = seq" in n for n in hlo.notes)
 
 
 def test_transformer_layer_views(world) -> None:  # type: ignore[no-untyped-def]
-    cfg = tpv.TransformerLayerConfig(tp=4, batch=2, seq=4, hidden=32, heads=4, ffn=64)
-    f, led, hlo, tpu = tpv.formula(cfg), tpv.ledger(cfg), tpv.compiler(cfg), tpv.tpu(cfg)
+    cfg = tpc.LayerCase(AttentionParams(tp=4, batch=2, seq=4, hidden=32, heads=4, ffn=64))
+    f, led, hlo, tpu = harness.views(cfg)
     _checks_pass(led, hlo, tpu)
     act = 2 * 4 * 32 * 4
     for v in (f, led, hlo):  # 2 forward (g after attention, g after the MLP) + 2 backward (their f)
@@ -92,8 +94,8 @@ def test_transformer_layer_views(world) -> None:  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize("backward", [False, True])
 def test_embedding_views_uneven_vocab(world, backward: bool) -> None:  # type: ignore[no-untyped-def]
-    cfg = tpv.EmbeddingConfig(tp=4, batch=2, seq=4, hidden=16, vocab=1003, backward=backward)  # 251/251/251/250
-    views = [tpv.formula(cfg), tpv.ledger(cfg), tpv.compiler(cfg), tpv.tpu(cfg)]
+    cfg = tpc.EmbeddingCase(VocabParams(tp=4, batch=2, seq=4, hidden=16, vocab=1003), backward)  # 251/251/251/250
+    views = harness.views(cfg)
     _checks_pass(*views)
     for v in views:  # one all-reduce of [b, s, h] f32, whatever the backward
         assert (v[f"{cfg.phase}.all_reduce.count"], v[f"{cfg.phase}.all_reduce.bytes"]) == (1, 2 * 4 * 16 * 4)
@@ -106,8 +108,8 @@ def test_embedding_views_uneven_vocab(world, backward: bool) -> None:  # type: i
 def test_cross_entropy_views_uneven_vocab(world, dtype: str) -> None:  # type: ignore[no-untyped-def]
     """V = 1003 over tp = 4: shards of 251 columns (padded); b·s = 4 tokens."""
     e = 4 if dtype == "float32" else 2
-    vp, ga = (tpv.CrossEntropyConfig(tp=4, batch=1, seq=4, vocab=1003, dtype=dtype, method=m) for m in tpv.CE_METHODS)
-    views = {c.key: [tpv.formula(c), tpv.ledger(c), tpv.compiler(c), tpv.tpu(c)] for c in (vp, ga)}
+    p = VocabParams(tp=4, batch=1, seq=4, vocab=1003, dtype=dtype)
+    views = {key: harness.views(c) for key, c in tpc.ce_cases(p).items()}
     for vs in views.values():
         _checks_pass(*vs)
     for v in views["vocab_parallel"]:  # max, target logit, sum of exp: 3 all-reduces of [b, s]
@@ -122,7 +124,7 @@ def test_cross_entropy_views_uneven_vocab(world, dtype: str) -> None:  # type: i
         assert v["vocab_parallel.largest_array.elements"] == 4 * 251
     for v in views["gather_logits"][2:]:
         assert v["gather_logits.largest_array.elements"] == 4 * 4 * 251
-    table = tpv.ce_table_views(views["vocab_parallel"], views["gather_logits"], 1003, 4)
+    table = tpc.ce_table_views(views["vocab_parallel"], views["gather_logits"], p)
     assert [v.source for v in table] == ["formula", "ledger", "hlo", "tpu"]
     for v in table:  # wire: 3 shards of 251 over 3 * 2 * 3/4 values = 4 * 251 / 6; payload 251 / 3
         assert v["saving_ratio"] == pytest.approx(4 * 251 / 6, rel=1e-12)
@@ -130,38 +132,42 @@ def test_cross_entropy_views_uneven_vocab(world, dtype: str) -> None:  # type: i
 
 
 def test_cross_entropy_label_smoothing_and_placeholders(world) -> None:  # type: ignore[no-untyped-def]
-    s = tpv.CrossEntropyConfig(tp=4, batch=1, seq=4, vocab=1003, label_smoothing=0.1)
-    f, led = tpv.formula(s), tpv.ledger(s)
+    s = tpc.CrossEntropyCase(VocabParams(tp=4, batch=1, seq=4, vocab=1003, label_smoothing=0.1), smoothing=True)
+    f, led = harness.formula(s), harness.ledger(s)
     _checks_pass(led)
     assert s.key == "vocab_parallel_smoothing"
     assert f["vocab_parallel_smoothing.count"] == led["vocab_parallel_smoothing.count"] == 4  # + sum of logits
     ph = dataclasses.replace(s, placeholders=True)
-    assert not tpv.ledger(ph).ran and not tpv.compiler(ph).ran
+    assert not harness.ledger(ph).ran and not harness.hlo(ph).ran
     with pytest.raises(ValueError, match="method='mean' is not one of"):
-        tpv.CrossEntropyConfig(tp=4, batch=1, seq=4, vocab=1003, method="mean")
+        tpc.CrossEntropyCase(VocabParams(), method="mean")
 
 
 def test_tpu_memory_of_the_gathered_logits(world) -> None:  # type: ignore[no-untyped-def]
     """512 tokens of V = 50257 in f32 over 8 chips: the gathered logits [512, 8 * 6283] are 102,940,672 bytes per
     chip, more than the on-chip memory holds: the TPU reports at least that much HBM temporary for the gathered
     loss, and less than one logits shard (512 * 6283 * 4 bytes) for the vocab-parallel loss."""
-    out = {m: tpv.tpu(tpv.CrossEntropyConfig(8, 1, 512, 50257, method=m, backward=False)).detail
-           for m in tpv.CE_METHODS}
+    p = VocabParams(tp=8, batch=1, seq=512, vocab=50257)
+    out = {m: harness.tpu(tpc.CrossEntropyCase(p, method=m, backward=False)).detail for m in tpc.CE_METHODS}
     assert out["gather"].memory.temp >= 512 * 8 * 6283 * 4
     assert out["vocab_parallel"].memory.temp < 512 * 6283 * 4
 
 
 def test_record_compile_s_and_merge() -> None:
     rec = Recorder("t")
-    hlo = View("hlo", detail=SimpleNamespace(metrics=SimpleNamespace(compile_s=1.5)))
-    tpu = View("tpu", detail=SimpleNamespace(fits=True, compile_s=0.25))
-    assert record_compile_s(rec, "x.compile_s", hlo, tpu, View.skip("tpu", "no")) == {"metrics": 1.5, "tpu": 0.25}
-    assert rec.values("x.compile_s") == {"metrics": 1.5, "tpu": 0.25}
+    hlo = View("hlo", detail=SimpleNamespace(metrics=SimpleNamespace(compile_s=1.5), cached=False))
+    tpu = View("tpu", detail=SimpleNamespace(fits=True, compile_s=0.25, cached=False))
+    got = harness.record_compile_s(rec, "x.compile_s", hlo, tpu, View.skip("tpu", "no"))
+    assert got == {"metrics": 1.5, "tpu": 0.25}
+    assert {m["source"]: m["value"] for m in rec.data["measurements"]} == {"metrics": 1.5, "tpu": 0.25}
     assert all(m["kind"] == "timing" for m in rec.data["measurements"])
     # a view of two programs (FSDP's forward and backward graphs): their seconds summed, by hand 0.5 + 0.75
-    two = View("tpu", detail=SimpleNamespace(memory=None, forward=SimpleNamespace(compile_s=0.5),
-                                             backward=SimpleNamespace(compile_s=0.75)))
-    assert record_compile_s(Recorder("u"), "y.compile_s", two) == {"tpu": 1.25}
+    two = View("tpu", detail=[SimpleNamespace(compile_s=0.5, cached=False), SimpleNamespace(compile_s=0.75)])
+    assert harness.record_compile_s(Recorder("u"), "y.compile_s", two) == {"tpu": 1.25}
+    # a compile served from a cache measured nothing: no timing, a note instead
+    r = Recorder("v")
+    cached = View("tpu", detail=SimpleNamespace(compile_s=9.0, cached=True))
+    assert harness.record_compile_s(r, "z.compile_s", cached) == {} and r.data["notes"]
     with pytest.raises(ValueError, match="one source"):
         merge(View("hlo"), View("tpu"))
     with pytest.raises(ValueError, match=r"both have \['a'\]"):

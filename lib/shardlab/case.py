@@ -1,0 +1,129 @@
+"""Cases: one configuration a notebook shows, and what its topic alone knows about it.
+
+Design
+------
+A notebook's parameter dataclass (:mod:`shardlab.params`) *is* its configuration, declared once. A **case**
+is a small frozen dataclass that holds that object as ``p`` plus the variant it shows (forward or forward +
+backward, a splitting rule, a schedule), and supplies only what its topic knows::
+
+    formula()             the paper's algebra                              -> View("formula")
+    program()             the per-rank function and its arguments          (run on `ranks` ranks by the harness)
+    oracle()              the dense, unsharded result
+    parity(src, got, ref) checks of a per-rank or compiled result against the oracle
+    graph()               the sharded torch_xla graph (not synced), or a `profile.tpu.Step`
+    read(view, module)    extra values and checks read from a compiled program (either compiler)
+    devices, ops          how many devices the graph's mesh spans; which collectives to read
+
+Everything else — running the ledger and the parity check, skipping a view that needs more devices than this
+process has, the XLA:CPU capture, the TPU topology, compile and out-of-memory result, compile seconds, the
+four-way comparison and the record — is written once, in :mod:`shardlab.harness`. Adding a topic adds a case
+class and a notebook. Cases pickle (the TPU view may build the graph in a helper process with another
+device count), so a case holds plain values and its parameter object, never tensors.
+
+A minimal case, the one a newcomer copies (a Megatron row-parallel matmul, x[M, K_X] · W[K_X, N])::
+
+    @dataclass(frozen=True)
+    class RowCase(Case):
+        p: BlocksParams
+
+        def formula(self) -> View:
+            f = fblocks.row_split_all_reduce(self.p.m, self.p.n, self.p.parts, self.p.dtype)
+            return traffic(View("formula"), self.phase, {"all_reduce": f["count"]},
+                           {"all_reduce": f["bytes"]}, self.p.dtype)
+
+        def program(self):  return row_rank, operands(self.p)    # fn(comm, x, w) on every rank
+        def oracle(self):   x, w = operands(self.p); return x @ w
+        def graph(self):    x, w = on_mesh(self.p); return [x @ w]
+
+    views = harness.views(RowCase(p))          # formula, ledger, hlo, tpu
+    harness.record(rec, "blocks", *views)      # recorded, compared, a table to display
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from shardlab import runtime
+from shardlab.views import View
+
+Checks = dict[str, tuple[bool, str]]
+
+
+@dataclass(frozen=True)
+class Case:
+    """Base of every topic's cases. Subclasses declare ``p`` (their parameter dataclass) and variant fields."""
+
+    # What the views are read for; subclasses override as class attributes or properties.
+    ops: ClassVar[tuple[str, ...]] = ("all_reduce",)  # collectives read from the compiled programs
+    size_name: ClassVar[str] = "tp"  # the parameter that sets `devices` (named in the skip message)
+    mesh_text: ClassVar[str] = "(data, tensor) = (n / tp, tp)"  # how the mesh tiles n devices (skip message)
+    cpu_reduce_scatter: ClassVar[bool] = False  # count XLA:CPU's all-reduce + dynamic-slice as a reduce-scatter
+
+    p: Any
+
+    # ---------------------------------------------------------------------------------------- identity
+    @property
+    def phase(self) -> str:
+        """The prefix of every value name (``fwd`` / ``fwd_bwd`` / the rule ...)."""
+        return "step"
+
+    @property
+    def dtype(self) -> str:
+        return getattr(self.p, "dtype", "float32")
+
+    @property
+    def devices(self) -> int:
+        """Devices the sharded graph's mesh spans on its own (the per-rank program runs on as many ranks)."""
+        return int(getattr(self.p, self.size_name))
+
+    @property
+    def ranks(self) -> int:
+        return self.devices
+
+    def mesh_problem(self, num_devices: int) -> str | None:
+        """Why the graph cannot be built on ``num_devices`` devices (the rule: ``devices`` must tile them)."""
+        return runtime.axis_problem(self.devices, num_devices, self.size_name, self.mesh_text)
+
+    def not_executable(self) -> str | None:
+        """Why the graph cannot be executed here (placeholders: compile-only); the CPU compiler view is skipped."""
+        return None
+
+    def compile_options(self) -> dict[str, Any]:
+        """Options of the XLA:TPU compile (``disable_passes``, ``donate``, ``label`` ...; see profile.tpu)."""
+        return {}
+
+    # ------------------------------------------------------------------------------ the topic's knowledge
+    def formula(self) -> View:
+        return View.skip("formula", f"{type(self).__name__} has no formula")
+
+    def program(self) -> tuple[Callable[..., Any], tuple[Any, ...]] | None:
+        """``(fn, args)``: ``fn(comm, *args)`` is the per-rank code the ledger runs; None: no ledger view."""
+        return None
+
+    def oracle(self) -> Any:
+        """The dense, unsharded result the per-rank and compiled results are checked against."""
+        return None
+
+    def parity(self, source: str, got: Any, ref: Any) -> Checks:
+        """Checks of ``got`` — the ranks' results (``source == "ledger"``) or the executed XLA:CPU program's
+        outputs (``"hlo"``) — against ``ref = oracle()``: ``{name: (ok, what was compared)}``."""
+        return {}
+
+    def ledger_extra(self, view: View, ledger: Any, results: list[Any]) -> View:
+        """Values or checks the ledger view adds beyond the collectives' count, bytes and elements."""
+        return view
+
+    def graph(self) -> Any:
+        """The sharded graph on the current world, NOT synced: a list of output tensors or a ``Step``."""
+        raise NotImplementedError(f"{type(self).__name__} has no XLA graph")
+
+    def read(self, view: View, module: Any) -> View:
+        """Values and checks read from a compiled program (``view.source`` is ``hlo`` or ``tpu``)."""
+        return view
+
+
+def build_graph(case: Case) -> Any:
+    """``case.graph()`` — the module-level builder the TPU compile pickles into a helper process."""
+    return case.graph()
