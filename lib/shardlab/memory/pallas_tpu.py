@@ -1,0 +1,113 @@
+"""torch_xla's Pallas kernels traced for a TPU this machine does not have: two private-API fixes, scoped.
+
+Design note
+-----------
+``torch_xla.experimental.custom_kernel.flash_attention`` traces a JAX Pallas kernel
+(``jax.experimental.pallas.ops.tpu.flash_attention``) in ``custom_kernel.trace_pallas``, extracts the Mosaic
+payload from the lowered module and inserts it into the lazy graph as a ``tpu_custom_call``. Nothing runs: the
+graph is only compiled, compile-only, by XLA:TPU (``shardlab.profile.tpu``). On a CPU-only host (torch_xla 2.9.0,
+jax 0.7.1, libtpu 0.0.21) that path fails twice, and each failure has a one-line fix:
+
+1. ``trace_pallas`` lowers with ``jax.jit(kernel).lower(...)`` on JAX's default backend — CPU here — where Pallas
+   refuses a TPU kernel: "Only interpret mode is supported on CPU backend". :func:`_trace_pallas_for_tpu` is the
+   same function lowering for the TPU platform explicitly: ``jax.jit(...).trace(...).lower(lowering_platforms=
+   ("tpu",))``; the payload extraction (``custom_kernel._extract_backend_config``) is unchanged.
+2. XLA:TPU then refuses the kernel: "Failed to deserialize the Mosaic module: Unsupported version: expected <= 7
+   but got 8" — jax 0.7.1 writes Mosaic IR version 8 unless it sees an older cloud TPU, libtpu 0.0.21 reads up to 7.
+   ``jax._src.tpu_custom_call.get_ir_version`` returning :data:`MOSAIC_IR_VERSION` makes it write version 7.
+
+:func:`pallas_for_tpu_compile` applies both as monkeypatches of those two module attributes for the duration of a
+``with`` block and restores the originals on exit, also on error. It is meant for the tracing step of a
+compile-only graph (the payload is fixed when the kernel is traced; the later XLA:TPU compile needs nothing
+patched). On a TPU host neither fix is wanted: ``active=False`` leaves everything as shipped.
+
+torch_xla caches traced payloads (``trace_pallas_arg_to_payload``) by kernel and shapes, not by platform or IR
+version: a payload traced inside the block stays in that cache. That is harmless on a CPU host (outside the block
+the kernel cannot be traced at all) and is why the block is never needed again for the same shapes.
+
+Example::
+
+    >>> with pallas_for_tpu_compile():                        # doctest: +SKIP
+    ...     o = custom_kernel.flash_attention(q, k, v, causal=True)   # a tpu_custom_call in the lazy graph
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+MOSAIC_IR_VERSION = 7  # the newest Mosaic serialization libtpu 0.0.21 reads
+PLATFORM = "tpu"
+
+
+def _trace_pallas_for_tpu(kernel: Callable[..., Any], *args: Any, static_argnums: Any = None,
+                          static_argnames: Any = None, use_cache: bool = False, **kwargs: Any) -> tuple[str, list[Any]]:
+    """``custom_kernel.trace_pallas`` lowering for the TPU platform: ``(payload, tensor arguments)``.
+
+    Same contract as the original (tensors become ``jax.ShapeDtypeStruct``; other arguments pass through; the
+    payload cache is used the same way), with ``lower(lowering_platforms=("tpu",))`` instead of the default backend.
+    """
+    import jax
+    import jax._src.pallas.mosaic.pallas_call_registration  # noqa: F401  (registers the Mosaic lowering)
+    import torch
+    import torch_xla.experimental.custom_kernel as ck
+
+    jax_args, tensor_args = [], []
+    for arg in args:
+        if torch.is_tensor(arg):
+            jax_args.append(ck.to_jax_shape_dtype_struct(arg))
+            tensor_args.append(arg)
+        else:
+            jax_args.append(arg)
+    key: tuple[Any, ...] = ()
+    if use_cache:
+        key = (jax.config.jax_default_matmul_precision, kernel, static_argnums,
+               tuple(static_argnames) if static_argnames is not None else static_argnames, tuple(jax_args),
+               repr(sorted(kwargs.items())).encode())
+        if key in ck.trace_pallas_arg_to_payload:
+            return ck.trace_pallas_arg_to_payload[key], tensor_args
+    jitted = jax.jit(kernel, static_argnums=static_argnums, static_argnames=static_argnames)
+    ir = jitted.trace(*jax_args, **kwargs).lower(lowering_platforms=(PLATFORM,)).compiler_ir()
+    payload = ck._extract_backend_config(ir)
+    if payload is None:
+        raise RuntimeError(f"no tpu_custom_call in the module lowered for {kernel!r}: not a Pallas TPU kernel")
+    if use_cache:
+        ck.trace_pallas_arg_to_payload[key] = payload
+    return payload, tensor_args
+
+
+def _ir_version(ctx: Any) -> int:
+    return MOSAIC_IR_VERSION
+
+
+def _targets() -> tuple[Any, Any]:
+    import jax._src.tpu_custom_call as tcc
+    import torch_xla.experimental.custom_kernel as ck
+
+    return ck, tcc
+
+
+def patched() -> bool:
+    """True while :func:`pallas_for_tpu_compile` is active (both attributes replaced)."""
+    ck, tcc = _targets()
+    return ck.trace_pallas is _trace_pallas_for_tpu and tcc.get_ir_version is _ir_version
+
+
+@contextlib.contextmanager
+def pallas_for_tpu_compile(active: bool = True) -> Iterator[None]:
+    """Within the block, Pallas kernels traced by torch_xla lower for the TPU platform with Mosaic IR v7.
+
+    ``active=False`` (e.g. on a TPU host, where the shipped path works) changes nothing. Nesting is allowed: the
+    inner block finds the patches in place and leaves them to the outer one.
+    """
+    if not active:
+        yield
+        return
+    ck, tcc = _targets()
+    saved = ck.trace_pallas, tcc.get_ir_version
+    ck.trace_pallas, tcc.get_ir_version = _trace_pallas_for_tpu, _ir_version
+    try:
+        yield
+    finally:
+        ck.trace_pallas, tcc.get_ir_version = saved
