@@ -1,0 +1,268 @@
+"""Hugging Face model code with no weights: configs, the meta-device build, and what the planner can see of it.
+
+Design note
+-----------
+A model is named by a preset in ``data/models/<name>.json`` (the ``config.json`` published with the model,
+copied by hand: no hub access at run time), a path to such a file, a dict of its fields, or a
+``transformers.PretrainedConfig``. :func:`load_config` turns any of them into the config class of its
+``model_type`` (``AutoConfig.for_model``); :func:`build_meta` builds the model class ``AutoModelForCausalLM``
+maps it to with every **parameter on the meta device** (no memory, no initialisation) and every buffer real on
+the CPU (rotary ``inv_freq``, GPT-2's causal ``bias``: small, and computed in ``__init__``, so a meta buffer could
+not be filled in later). Attention is HF's ``eager`` implementation: the plain softmax whose ``[b, a, s, s]``
+scores exist in the program, as the planner's no-flash verdict assumes.
+
+Two places where the model code is adapted, both stated in the result's notes:
+
+- **MoE dispatch.** Mixtral's ``MixtralSparseMoeBlock.forward`` loops over the experts that received tokens
+  (``nonzero``, ``torch.where``): shapes that depend on the router's values, which a trace with placeholders cannot
+  know. :func:`static_moe` swaps in the static-shape form (torchprime's "static" MoE): the same router
+  (softmax, top-k, renormalised), every expert applied to every token, weighted by the router's top-k weight for
+  that expert (0 when not chosen) — the same function (no token dropped; tested against HF's forward), E/k times the
+  expert FLOPs and activations.
+- **Dropout** is off (``model.eval()``; these models have no batch norm), as the planner assumes.
+
+:func:`planner_model` maps the config to the planner's sizes (``shardlab.presets.ModelConfig``) and lists what the
+planner cannot see (tied embeddings, position embeddings, biases, a head dimension other than hidden / heads,
+a router): the parameter count of the real module tree is reported beside the planner's.
+
+Example::
+
+    >>> cfg = load_config("gpt2")
+    >>> cfg.model_type, cfg.n_layer, cfg.n_embd
+    ('gpt2', 12, 768)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+MODELS_DIR = Path(__file__).resolve().parents[3] / "data" / "models"
+# Where the decoder layers live (an nn.ModuleList of identical layers) per model_type; others are searched.
+LAYER_PATHS = {"gpt2": "transformer.h"}
+DEFAULT_LAYER_PATH = "model.layers"
+MOE_TYPES = ("mixtral",)
+
+
+class ModelInputError(ValueError):
+    """A model name, file or config that cannot be built (bad input: exit status 2 at the CLI)."""
+
+
+def presets() -> dict[str, Path]:
+    """``{preset name: path}`` of the config files shipped in ``data/models`` (``inspect_*.json`` are results)."""
+    return {p.stem: p for p in sorted(MODELS_DIR.glob("*.json")) if not p.stem.startswith("inspect")}
+
+
+def config_dict(model: Any) -> dict[str, Any]:
+    """The config fields of a preset name, a path to a ``config.json``, a dict, a ``PretrainedConfig`` or a model."""
+    if hasattr(model, "config") and hasattr(model.config, "to_dict"):  # a PreTrainedModel: its config only
+        model = model.config
+    if hasattr(model, "to_dict") and hasattr(model, "model_type"):
+        return {**model.to_dict(), "model_type": model.model_type}
+    if isinstance(model, dict):
+        return dict(model)
+    if isinstance(model, str | Path):
+        known = presets()
+        path = known.get(str(model)) or Path(model)
+        if not path.is_file():
+            raise ModelInputError(f"model={str(model)!r} is neither a preset ({', '.join(known)}) nor a config file")
+        try:
+            return dict(json.loads(path.read_text()))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ModelInputError(f"model={str(model)!r}: {path} is not a JSON config ({exc})") from None
+    raise ModelInputError(f"model={model!r} must be a preset name, a config.json path, a dict or a PretrainedConfig")
+
+
+def load_config(model: Any, overrides: dict[str, Any] | None = None) -> Any:
+    """The ``transformers`` config object of ``model`` with ``overrides`` applied (e.g. ``num_hidden_layers``)."""
+    from transformers import AutoConfig
+
+    d = {**config_dict(model), **(overrides or {})}
+    model_type = d.pop("model_type", None)
+    if not model_type:
+        raise ModelInputError(f"model config has no 'model_type' (keys: {sorted(d)[:12]}...): it names the model "
+                              "class, e.g. 'llama', 'mistral', 'mixtral', 'gpt2', 'gemma'")
+    for k in ("transformers_version", "architectures", "_name_or_path"):
+        d.pop(k, None)
+    try:
+        return AutoConfig.for_model(model_type, **d)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ModelInputError(f"model_type={model_type!r}: transformers cannot make its config ({exc})") from None
+
+
+def num_layers_key(config: Any) -> str:
+    """The config field holding the decoder layer count (``num_hidden_layers``; GPT-2: ``n_layer``)."""
+    return "n_layer" if config.model_type == "gpt2" else "num_hidden_layers"
+
+
+@contextlib.contextmanager
+def _parameters_on_meta() -> Iterator[None]:
+    """Within the block every ``nn.Parameter`` registered is moved to the meta device (buffers stay real)."""
+    import torch
+    from torch import nn
+
+    original = nn.Module.register_parameter
+
+    def register(module: nn.Module, name: str, param: Any) -> None:
+        original(module, name, param)
+        if param is not None and param.device.type != "meta":
+            module._parameters[name] = nn.Parameter(param.to(torch.device("meta")), param.requires_grad)
+
+    nn.Module.register_parameter = register  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = original  # type: ignore[method-assign]
+
+
+def build_meta(config: Any) -> Any:
+    """``AutoModelForCausalLM`` of ``config`` with parameters on the meta device, eager attention, eval mode."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with _parameters_on_meta(), torch.device("cpu"):
+            model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    except Exception as exc:  # noqa: BLE001 - any failure of the model's own constructor is a bad config
+        raise ModelInputError(f"{config.model_type}: the model class cannot be built from this config: "
+                              f"{type(exc).__name__}: {exc}") from None
+    return model.eval()
+
+
+def layer_path(model: Any) -> str:
+    """Dotted path of the decoder layers' ``nn.ModuleList`` (``model.layers``, GPT-2 ``transformer.h``)."""
+    from torch import nn
+
+    path = LAYER_PATHS.get(model.config.model_type, DEFAULT_LAYER_PATH)
+    try:
+        mod = model.get_submodule(path)
+    except AttributeError:
+        mod = None
+    if isinstance(mod, nn.ModuleList):
+        return path
+    lists = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.ModuleList) and len(m) > 0
+             and len({type(x) for x in m}) == 1 and "layer" in type(m[0]).__name__.lower()]
+    if not lists:
+        raise ModelInputError(f"{model.config.model_type}: no list of decoder layers found (looked for {path!r})")
+    return max(lists, key=lambda nm: len(nm[1]))[0]
+
+
+@dataclass(frozen=True)
+class Param:
+    """One trainable tensor of the model: its name, shape and every (module path, attribute) that holds it."""
+
+    name: str  # the first name (named_parameters order)
+    shape: tuple[int, ...]
+    holders: tuple[tuple[str, str], ...]  # (module path, attribute); tied weights have several
+    layer: int | None = None  # decoder layer index, None outside the layer stack
+    suffix: str = ""  # name inside the layer ("self_attn.q_proj.weight")
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+def parameters(model: Any, layers_at: str) -> list[Param]:
+    """The model's parameters, tied ones once (with every holder), in ``named_parameters`` order."""
+    holders: dict[int, list[tuple[str, str]]] = {}
+    first: dict[int, tuple[str, Any]] = {}
+    for mod_name, mod in model.named_modules(remove_duplicate=False):
+        for attr, p in mod._parameters.items():
+            if p is None:
+                continue
+            holders.setdefault(id(p), [])
+            if (mod_name, attr) not in holders[id(p)]:
+                holders[id(p)].append((mod_name, attr))
+    out = []
+    prefix = layers_at + "."
+    for name, p in model.named_parameters():
+        first[id(p)] = (name, p)
+        layer, suffix = None, ""
+        if name.startswith(prefix):
+            idx, _, suffix = name[len(prefix):].partition(".")
+            layer = int(idx)
+        out.append(Param(name, tuple(p.shape), tuple(holders[id(p)]), layer, suffix))
+    return out
+
+
+def static_moe_forward(self: Any, hidden_states: Any) -> tuple[Any, Any]:
+    """``MixtralSparseMoeBlock.forward`` with static shapes: every expert on every token, weighted by the router.
+
+    y = sum_e expert_e(x) * w_e,  w_e = the renormalised top-k routing weight of expert e (0 if not in the top k)
+    """
+    import torch
+    import torch.nn.functional as F
+
+    b, s, h = hidden_states.shape
+    x = hidden_states.view(-1, h)  # [T, h], T = b * s
+    router_logits = self.gate(x)  # [T, E]
+    routing = F.softmax(router_logits, dim=1, dtype=torch.float)
+    top_w, top_e = torch.topk(routing, self.top_k, dim=-1)  # [T, k]
+    top_w = (top_w / top_w.sum(dim=-1, keepdim=True)).to(x.dtype)
+    combine = (F.one_hot(top_e, self.num_experts).to(x.dtype) * top_w[..., None]).sum(dim=1)  # [T, E]
+    out = torch.zeros_like(x)
+    for e, expert in enumerate(self.experts):
+        out = out + expert(x) * combine[:, e, None]  # [T, h]
+    return out.view(b, s, h), router_logits
+
+
+@contextlib.contextmanager
+def static_moe(model_type: str) -> Iterator[None]:
+    """Within the block, the MoE blocks of ``model_type`` run :func:`static_moe_forward` (restored on exit)."""
+    if model_type != "mixtral":
+        yield
+        return
+    from transformers.models.mixtral import modeling_mixtral as mm
+
+    original = mm.MixtralSparseMoeBlock.forward
+    mm.MixtralSparseMoeBlock.forward = static_moe_forward  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        mm.MixtralSparseMoeBlock.forward = original  # type: ignore[method-assign]
+
+
+def _get(config: Any, *names: str, default: Any = None) -> Any:
+    for n in names:
+        v = getattr(config, n, None)
+        if v is not None:
+            return v
+    return default
+
+
+def planner_model(config: Any, name: str = "") -> tuple[Any, list[str]]:
+    """The planner's ``ModelConfig`` for an HF config, and what the planner's sizes leave out (notes)."""
+    from shardlab.presets import ModelConfig
+
+    h = _get(config, "hidden_size", "n_embd")
+    heads = _get(config, "num_attention_heads", "n_head")
+    kv = _get(config, "num_key_value_heads", default=heads)
+    gated = config.model_type != "gpt2"
+    ffn = _get(config, "intermediate_size", "n_inner", default=4 * h)
+    notes = []
+    experts = _get(config, "num_local_experts", default=0)
+    if experts:
+        k = _get(config, "num_experts_per_tok", default=1)
+        notes.append(f"MoE: {experts} experts (top-{k}) are given to the planner as one dense MLP of ffn = "
+                     f"{experts} x {ffn} = {experts * ffn}: the same parameters, and the same activations as the "
+                     "static dispatch traced here (every expert on every token); the router is not counted")
+        ffn *= experts
+    head_dim = _get(config, "head_dim", default=h // heads)
+    if head_dim * heads != h:
+        notes.append(f"head_dim {head_dim} x heads {heads} = {head_dim * heads} != hidden {h}: the planner assumes "
+                     "hidden / heads")
+    if getattr(config, "tie_word_embeddings", False):
+        notes.append("tied embeddings: the LM head is the embedding matrix, the planner counts both")
+    if config.model_type == "gpt2":
+        notes.append("GPT-2: learned position embeddings, LayerNorm and projection biases, GeLU MLP (not counted "
+                     "by the planner beyond its weight matrices)")
+    m = ModelConfig(name or config.model_type, _get(config, "num_hidden_layers", "n_layer"), h, ffn, heads, kv,
+                    config.vocab_size, gated, source="inspect: mapped from the Hugging Face config")
+    return m, notes
