@@ -1,0 +1,324 @@
+"""Context parallelism as GSPMD programs: all-gather CP and the ring, written once for every device.
+
+Design note
+-----------
+Mesh (data = n / cp, context = cp); inputs are replicated over ``data`` (only ``context`` splits anything), so every
+collective runs within groups of cp devices. Three methods (:class:`CPGraphConfig.method`):
+
+``allgather`` — q, k, v [b, s, h, d] sharded on the sequence: ``(None, "context", None, None)``. Attention
+contracts every query with every key, so each device needs all of K and V: :class:`GatherKV` annotates a
+replicated copy of k and v (forward: **all-gather** of each shard) and, in its backward, pins the K/V gradient
+replicated before annotating it sequence-sharded again (**reduce-scatter**: all-reduce + dynamic-slice on
+XLA:CPU). Scores per device [b, hq, s/cp, s]. Measured (torch_xla 2.9, XLA:CPU, 8 devices, s = 1024): without the
+pin (``pin_grad=False``) the partitioner computes dk / dv already sequence-sharded instead: it all-to-alls the
+[b, hq, s/cp, s] score gradient to key-sharding (4.3 MB per device) and all-gathers q — O(s²) bytes where the
+reduce-scatter moves O(s·d) (1 MB).
+
+``ring`` — Liu et al.'s ring as one SPMD program. q, k, v are stacked on a leading ``context`` axis
+([cp, b, s/cp, h, d], row r = rank r's chunks, ``(context, None, ...)``), k and v concatenated into one
+[cp, 2b, s/cp, hkv, d] tensor; a Python loop runs cp steps of the online softmax, and between steps :class:`Shift`
+moves the K/V stack one row along the axis (row r receives row r − 1). Written as slice + concatenate, that is
+**one collective-permute of one shard** per step (cp − 1 in all); its backward, written by hand as the opposite
+shift, is one permute per step too. Measured: autograd's own backward of the concatenate (pad + add of two
+slices) costs three permutes per step, two of them masks — hence the hand-written backward. ``torch.roll`` for
+the shift compiles to two all-to-alls and an all-gather (``shardlab`` xla-notes). Autograd keeps every visiting
+block for the backward (``formulas.context.ring_p2p(backward="saved")``): only dk, dv travel back.
+
+``ring_scan`` — the same ring inside torch_xla's ``scan`` (one XLA ``while`` loop, trip count cp − 1; step 0,
+the device's own block, runs before the loop): one collective-permute in the loop body, executed cp − 1 times,
+and one in the backward loop. The loop body cannot carry annotations (``scan`` traces it with fake tensors:
+``mark_sharding`` there raises "Expected XLA tensor"); the partitioner propagates the carry's sharding.
+Integer carries are refused by ``scan`` (every carry gets ``requires_grad``): positions travel as float32.
+
+Under a causal mask SPMD computes every block and masks it: all devices run one program, so the rank-dependent
+skip of the per-rank ring (``shardlab.context.ring``) — and with it the causal imbalance — does not exist here;
+the zig-zag layout changes only which positions a device holds.
+
+Tried and not used (torch_xla 2.9.0): manual-sharding regions (``xs.enable_manual_sharding`` /
+``disable_manual_sharding``) give each device its local block, but the result carries no autograd history
+("element 0 of tensors does not require grad"), and ``xm.collective_permute`` inside such a region aborts the
+process (``std::out_of_range: Span::at failed bounds check``): the replica-based collective does not fit SPMD's one
+replica of n partitions.
+
+:func:`build_graph` builds the step for a config on the current device world and returns ``[out, dq, dk, dv]`` (or
+``[out]``), unsynced — for ``shardlab.profile.capture_hlo`` (XLA:CPU) and ``shardlab.profile.tpu.compile_program``
+(XLA:TPU). :func:`to_sequence` brings a ring output back to [b, s, h, d]; :func:`oracle` is the dense answer.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from shardlab import runtime
+from shardlab.context.attention import check_layout, dense_attention, shard_sequence, unshard_sequence
+
+AXIS = "context"
+METHODS = ("allgather", "ring", "ring_scan")
+NEG_INF = float("-inf")
+
+
+@dataclass(frozen=True)
+class CPGraphConfig:
+    """One attention layer under context parallelism, as a GSPMD program."""
+
+    method: str = "ring"  # allgather | ring | ring_scan
+    batch: int = 1  # b
+    seq: int = 256  # s (whole sequence)
+    heads: int = 8  # hq
+    kv_heads: int = 2  # hkv (GQA when < heads)
+    head_dim: int = 32  # d
+    cp: int = 8  # size of the context axis (mesh: data = n / cp, context = cp)
+    causal: bool = True
+    layout: str = "contiguous"  # ring methods: which sequence chunks row r holds (contiguous | zigzag)
+    backward: bool = True  # forward + backward of (out * grad_out).sum()
+    pin_grad: bool = True  # allgather: pin the K/V gradient replicated first (-> reduce-scatter)
+    dtype: str = "float32"
+    seed: int = 0
+    placeholders: bool = False  # compile-only inputs (nothing allocated; the graph must never run)
+
+    def validate(self, devices: int) -> CPGraphConfig:
+        if self.method not in METHODS:
+            raise ValueError(f"method={self.method!r} is not one of {METHODS}")
+        for name in ("batch", "seq", "heads", "kv_heads", "head_dim", "cp"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}={v!r} must be a positive int")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads={self.heads} must be a multiple of kv_heads={self.kv_heads} (GQA)")
+        problem = runtime.axis_problem(self.cp, devices, "cp", "(data, context) = (n / cp, cp)")
+        if problem:
+            raise ValueError(problem)
+        check_layout(self.layout if self.method != "allgather" else "contiguous", self.seq, self.cp)
+        return self
+
+
+def context_mesh(cp: int) -> Any:
+    """Mesh (data = n / cp, context = cp) over all devices."""
+    n = runtime.current().num_devices
+    problem = runtime.axis_problem(cp, n, "cp", "(data, context) = (n / cp, cp)")
+    if problem:
+        raise ValueError(problem)
+    return runtime.mesh((n // cp, cp), ("data", AXIS))
+
+
+def _mark(t: torch.Tensor, mesh: Any, spec: tuple) -> torch.Tensor:
+    import torch_xla.distributed.spmd as xs
+
+    xs.mark_sharding(t, mesh, spec)
+    return t
+
+
+# ------------------------------------------------------------------------------------------ collectives as annotations
+class GatherKV(torch.autograd.Function):
+    """All-gather CP's collective pair. Forward: a replicated copy of the sequence-sharded k or v (all-gather).
+    Backward: the gradient pinned replicated (each device's partial sum, all-reduced), then sequence-sharded
+    (the dynamic-slice that makes it a reduce-scatter); ``pin=False`` leaves that choice to the partitioner."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, mesh: Any, pin: bool) -> torch.Tensor:
+        ctx.mesh, ctx.pin = mesh, pin
+        return _mark(x * 1.0, mesh, (None,) * x.dim())  # [b, s, hkv, d] on every device
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        if ctx.pin:
+            g = _mark(g * 1.0, ctx.mesh, (None,) * g.dim())
+        return _mark(g * 1.0, ctx.mesh, (None, AXIS, None, None)), None, None  # [b, s/cp, hkv, d]
+
+
+def _shift(x: torch.Tensor, n: int) -> torch.Tensor:
+    """Rows move n places along dim 0 (cyclic): out[r] = x[(r − n) mod rows]."""
+    return torch.cat([x[-n:], x[:-n]], dim=0)
+
+
+class Shift(torch.autograd.Function):
+    """The ring step on a stacked axis. Forward: row r receives row r − 1 (one collective-permute when dim 0 is
+    sharded). Backward: the opposite shift of the gradient (one collective-permute)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return _shift(x, 1)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return _shift(g, -1)
+
+
+# ------------------------------------------------------------------------------------------ attention graphs
+def allgather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mesh: Any, qpos: torch.Tensor | None,
+                        kpos: torch.Tensor | None, pin_grad: bool = True) -> torch.Tensor:
+    """q [b, s, hq, d], k, v [b, s, hkv, d] sequence-sharded; positions [s] (q's sharded, k's replicated) or None
+    (no mask). Returns out [b, s, hq, d]."""
+    b, s, hq, d = q.shape
+    hkv = k.shape[2]
+    k, v = GatherKV.apply(k, mesh, pin_grad), GatherKV.apply(v, mesh, pin_grad)  # [b, s, hkv, d] everywhere
+    qg = q.reshape(b, s, hkv, hq // hkv, d)  # [b, s, hkv, g, d]
+    scores = torch.einsum("bqngd,bknd->bngqk", qg, k) / math.sqrt(d)  # [b, hkv, g, s, s]: rows s/cp per device
+    if qpos is not None and kpos is not None:
+        scores = scores.masked_fill(kpos[None, :] > qpos[:, None], NEG_INF)  # [s, s] from positions: no comm
+    out = torch.einsum("bngqk,bknd->bqngd", scores.softmax(dim=-1), v)  # [b, s, hkv, g, d]
+    return out.reshape(b, s, hq, d)
+
+
+def _block(qg: torch.Tensor, kv: torch.Tensor, qpos: torch.Tensor | None, kpos: torch.Tensor | None,
+           batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scores of every row's queries against the K/V block it holds: qg [cp, b, c, hkv, g, d], kv [cp, 2b, c, hkv,
+    d] -> (scores [cp, b, hkv, g, c, c], v [cp, b, c, hkv, d])."""
+    k, v = kv[:, :batch], kv[:, batch:]
+    scores = torch.einsum("rbqngd,rbknd->rbngqk", qg, k) / math.sqrt(qg.shape[-1])
+    if qpos is not None and kpos is not None:
+        future = kpos[:, None, :] > qpos[:, :, None]  # [cp, c, c]
+        scores = scores.masked_fill(future[:, None, None, None], NEG_INF)
+    return scores, v
+
+
+def _fold(state: tuple[torch.Tensor, ...] | None, scores: torch.Tensor,
+          v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Online softmax (running max m, denominator l, accumulator acc) with one more block."""
+    m_blk = scores.amax(dim=-1)  # [cp, b, hkv, g, c]
+    if state is None:
+        p = torch.exp(scores - m_blk.unsqueeze(-1))
+        return m_blk, p.sum(-1), torch.einsum("rbngqk,rbknd->rbngqd", p, v)
+    m, denom, acc = state
+    m_new = torch.maximum(m, m_blk)
+    alpha = torch.exp(m - m_new)
+    p = torch.exp(scores - m_new.unsqueeze(-1))
+    return (m_new, denom * alpha + p.sum(-1),
+            acc * alpha.unsqueeze(-1) + torch.einsum("rbngqk,rbknd->rbngqd", p, v))
+
+
+def _finish(state: tuple[torch.Tensor, ...], heads: int) -> torch.Tensor:
+    _, denom, acc = state
+    out = acc / denom.unsqueeze(-1)  # [cp, b, hkv, g, c, d]
+    cp, b, _, _, c, d = out.shape
+    return out.permute(0, 1, 4, 2, 3, 5).reshape(cp, b, c, heads, d)  # [cp, b, c, hq, d]
+
+
+def ring_attention_unrolled(q: torch.Tensor, kv: torch.Tensor, qpos: torch.Tensor | None,
+                            kposs: list[torch.Tensor] | None) -> torch.Tensor:
+    """q [cp, b, c, hq, d]; kv [cp, 2b, c, hkv, d] (k rows then v rows); qpos [cp, c]; kposs[t] [cp, c] the key
+    positions row r holds at step t (None: no mask). cp steps, cp − 1 shifts. Returns out [cp, b, c, hq, d]."""
+    cp, b, c, hq, d = q.shape
+    hkv = kv.shape[3]
+    qg = q.reshape(cp, b, c, hkv, hq // hkv, d)
+    state = None
+    for t in range(cp):
+        if t:
+            kv = Shift.apply(kv)  # one collective-permute: row r now holds rank (r − t)'s block
+        scores, v = _block(qg, kv, qpos, kposs[t] if kposs else None, b)
+        state = _fold(state, scores, v)
+    return _finish(state, hq)
+
+
+def ring_attention_scan(q: torch.Tensor, kv: torch.Tensor, qpos: torch.Tensor | None,
+                        kposs: torch.Tensor | None) -> torch.Tensor:
+    """As :func:`ring_attention_unrolled`, steps 1 … cp − 1 inside torch_xla's ``scan`` (kposs [cp, cp, c] float
+    positions, or None). Returns out [cp, b, c, hq, d]."""
+    from torch_xla.experimental.scan import scan
+
+    cp, b, c, hq, d = q.shape
+    hkv = kv.shape[3]
+    qg = q.reshape(cp, b, c, hkv, hq // hkv, d)
+    causal = qpos is not None
+    state = _fold(None, *_block(qg, kv, qpos, kposs[0] if causal else None, b))
+    if cp == 1:
+        return _finish(state, hq)
+
+    def step(carry: tuple[torch.Tensor, ...], kpos: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], None]:
+        qg_, qpos_, m, denom, acc, kv_ = carry  # scan's body must be pure: q and positions ride in the carry
+        kv_ = Shift.apply(kv_)
+        new = _fold((m, denom, acc), *_block(qg_, kv_, qpos_ if causal else None, kpos if causal else None, b))
+        return (qg_, qpos_, *new, kv_), None
+
+    qpos_carry = qpos if causal else torch.zeros(cp, c, device=q.device, dtype=q.dtype)
+    xs = kposs[1:] if causal else torch.zeros(cp - 1, cp, c, device=q.device, dtype=q.dtype)
+    carry, _ = scan(step, (qg, qpos_carry, *state, kv), xs)
+    return _finish(carry[2:5], hq)
+
+
+# ------------------------------------------------------------------------------------------ the step
+def inputs(cfg: CPGraphConfig) -> dict[str, torch.Tensor]:
+    """The step's data on the CPU: q, grad_out [b, s, hq, d], k, v [b, s, hkv, d] (seeded; on the ``meta``
+    device — shapes only — when ``cfg.placeholders``)."""
+    dt = getattr(torch, cfg.dtype)
+    qs, ks = (cfg.batch, cfg.seq, cfg.heads, cfg.head_dim), (cfg.batch, cfg.seq, cfg.kv_heads, cfg.head_dim)
+    shapes = {"q": qs, "k": ks, "v": ks, "grad_out": qs}
+    if cfg.placeholders:
+        return {n: torch.empty(shape, dtype=dt, device="meta") for n, shape in shapes.items()}
+    g = torch.Generator().manual_seed(cfg.seed)
+    return {n: torch.randn(shape, generator=g).to(dt) for n, shape in shapes.items()}
+
+
+def stack_rows(x: torch.Tensor, cfg: CPGraphConfig) -> torch.Tensor:
+    """[b, s, ...] -> [cp, b, s/cp, ...]: row r = rank r's chunks (``cfg.layout``)."""
+    return torch.stack([shard_sequence(x, cfg.layout, r, cfg.cp) for r in range(cfg.cp)])
+
+
+def to_sequence(x: torch.Tensor, cfg: CPGraphConfig) -> torch.Tensor:
+    """A graph output back to [b, s, h, d] (the ring's [cp, b, s/cp, h, d] unstacked by ``cfg.layout``)."""
+    return x if cfg.method == "allgather" else unshard_sequence(list(x.unbind(0)), cfg.layout)
+
+
+def oracle(cfg: CPGraphConfig) -> list[torch.Tensor]:
+    """Dense answers [out, dq, dk, dv] ([b, s, h, d]; PyTorch's scaled_dot_product_attention on the CPU)."""
+    data = inputs(cfg)
+    q, k, v = (data[n].detach().clone().requires_grad_() for n in ("q", "k", "v"))
+    out = dense_attention(q, k, v, cfg.causal)
+    if not cfg.backward:
+        return [out.detach()]
+    (out * data["grad_out"]).sum().backward()
+    return [out.detach(), q.grad, k.grad, v.grad]
+
+
+def _device_input(t: torch.Tensor, cfg: CPGraphConfig, mesh: Any, spec: tuple, grad: bool) -> torch.Tensor:
+    dev = runtime.device()
+    if cfg.placeholders:  # a placeholder cannot carry a sharding: annotate a value computed from it
+        from torch_xla.core.xla_builder import create_placeholder_tensor
+
+        x = create_placeholder_tensor(tuple(t.shape), t.dtype) * 1
+    else:
+        x = t.to(dev)
+    x = _mark(x, mesh, spec)
+    return x.detach().requires_grad_(grad) if grad else x
+
+
+def build_graph(cfg: CPGraphConfig) -> list[torch.Tensor]:
+    """The step on the current device world: ``[out, dq, dk, dv]`` (``[out]`` without backward), not synced.
+    allgather outputs are [b, s, h, d]; ring outputs [cp, b, s/cp, h, d] (:func:`to_sequence`)."""
+    cfg.validate(runtime.current().num_devices)
+    mesh = context_mesh(cfg.cp)
+    data = inputs(cfg)  # (shapes only, with placeholders)
+    dev, bw = runtime.device(), cfg.backward
+    if cfg.method == "allgather":
+        seq = (None, AXIS, None, None)
+        q, k, v = (_device_input(data[n], cfg, mesh, seq, bw) for n in ("q", "k", "v"))
+        pos = torch.arange(cfg.seq)
+        qpos = _mark(pos.to(dev), mesh, (AXIS,)) if cfg.causal else None  # this device's query positions
+        kpos = _mark(pos.to(dev), mesh, (None,)) if cfg.causal else None  # every key position
+        out = _mark(allgather_attention(q, k, v, mesh, qpos, kpos, cfg.pin_grad), mesh, seq)
+        leaves, go = (q, k, v), _device_input(data["grad_out"], cfg, mesh, seq, False)
+    else:
+        rows = (AXIS, None, None, None, None)
+        q = _device_input(stack_rows(data["q"], cfg), cfg, mesh, rows, bw)
+        k, v = (_device_input(stack_rows(data[n], cfg), cfg, mesh, rows, bw) for n in ("k", "v"))
+        kv = _mark(torch.cat([k, v], dim=1), mesh, rows)  # [cp, 2b, c, hkv, d]: one permute moves both
+        pos = stack_rows(torch.arange(cfg.seq).view(1, -1), cfg)[:, 0]  # [cp, c] positions row r holds
+        qpos = kposs = None
+        if cfg.causal:
+            qpos = _mark(pos.to(q.dtype).to(dev), mesh, (AXIS, None))
+            steps = torch.stack([pos.roll(t, 0) for t in range(cfg.cp)]).to(q.dtype)  # [cp steps, cp, c]
+            if cfg.method == "ring":
+                kposs = [_mark(steps[t].to(dev), mesh, (AXIS, None)) for t in range(cfg.cp)]
+            else:
+                kposs = _mark(steps.to(dev), mesh, (None, AXIS, None))
+        run = ring_attention_unrolled if cfg.method == "ring" else ring_attention_scan
+        out = _mark(run(q, kv, qpos, kposs), mesh, rows)
+        leaves, go = (q, k, v), _device_input(stack_rows(data["grad_out"], cfg), cfg, mesh, rows, False)
+    if not bw:
+        return [out]
+    (out * go).sum().backward()
+    return [out, *(t.grad for t in leaves)]
