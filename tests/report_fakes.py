@@ -14,8 +14,14 @@ import time
 from shardlab.profile.record import Recorder
 import plotly.graph_objects as go
 rec = Recorder(NAME, params=dict(size=size, fail=fail), results_dir=results_dir)
-rec.agree("fake.collective.count", "count", formula=size, ledger=size, hlo=size)
-rec.agree("fake.collective.bytes", "B", formula=4 * size, hlo=4 * size + drift)
+for src in ("formula", "ledger", "hlo"):
+    rec.measure("fake.collective.count", size, "count", src)
+rec.check("fake.collective.count: formula = ledger = hlo", True, f"{size}")
+rec.measure("fake.collective.bytes", 4 * size, "B", "formula")
+rec.measure("fake.collective.bytes", 4 * size + drift, "B", "hlo", differs="a fake reason" if drift else None)
+rec.measure("fake.curve.x1.bytes", size, "B", "formula")
+rec.measure("fake.curve.x2.bytes", 2 * size, "B", "formula")
+rec.skip("fake.tpu_view", "tpu", "no such slice here")
 rec.measure("fake.step.time", 0.01 * size, "s", "timer", kind="timing", spread={"min": 0.009, "max": 0.011, "n": 5})
 go.Figure(go.Bar(x=[1, 2], y=[size, 2 * size])).show()
 time.sleep(sleep)

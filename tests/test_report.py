@@ -23,8 +23,7 @@ TIMEOUT_S = 25          # > a fake's kernel start + run on a loaded 2-core machi
 
 
 def report(nbs: Path, out: Path, base: Path, *extra: str) -> int:
-    return main(["report", "--notebooks-dir", str(nbs), "--out", str(out), "--baseline-dir", str(base),
-                 "--no-sweeps", *extra])
+    return main(["report", "--notebooks-dir", str(nbs), "--out", str(out), "--baseline-dir", str(base), *extra])
 
 
 @pytest.fixture
@@ -103,8 +102,7 @@ def test_runner_owned_parameter_is_refused(nbs: Path, tmp_path: Path, capsys: An
 def test_runner_owned_parameter_is_refused_by_the_library(nbs: Path, tmp_path: Path) -> None:
     from shardlab.report.runner import ReportOptions, run_report
 
-    opts = ReportOptions(notebooks_dir=nbs, out=tmp_path / "out", baseline_dir=tmp_path, sweeps=False,
-                         params={"num_devices": 0})
+    opts = ReportOptions(notebooks_dir=nbs, out=tmp_path / "out", baseline_dir=tmp_path, params={"num_devices": 0})
     with pytest.raises(ReportInputError, match="--num-devices"):
         run_report(opts)
     assert not (tmp_path / "out").exists()
@@ -209,8 +207,8 @@ def test_report_html_shows_everything(suite: dict[str, Any]) -> None:
     # the failed notebook: its failing cell and the traceback
     assert "size=2 is not allowed when fail=True" in page and "Traceback:" in page
     assert "raise ValueError(f&quot;size={size} is not allowed when fail=True&quot;)" in page
-    # the failing cell's index counts the executed notebook's cells without the runner's own two: papermill's
-    # error banner (0), parameters (1), injected parameters (2), markdown (3), papermill's error anchor (4), code (5)
+    # the failing cell's index counts the executed notebook's cells: papermill's error banner (0), parameters
+    # (1), injected parameters (2), markdown (3), papermill's error anchor (4), code (5)
     assert "<b>error</b> in cell 5 " in page
     assert f"notebook timed out after {TIMEOUT_S} s" in page
     assert "does not declare num_devices, results_dir" in page
@@ -218,6 +216,8 @@ def test_report_html_shows_everything(suite: dict[str, Any]) -> None:
     assert "fake.collective.count: formula = ledger = hlo" in page
     assert "fake.collective.bytes" in page and "<td>16</td>" in page
     assert "@cpu-8" in page                                          # timings carry their device
+    # skipped views and values that differ by backend come from the record's own fields
+    assert "[tpu] skipped: no such slice here" in page
     assert (suite["out"] / "notebooks" / "01_alpha.ipynb").exists()
 
 
@@ -226,7 +226,6 @@ def test_executed_notebook_html_draws_plotly_offline(suite: dict[str, Any]) -> N
     page = (suite["out"] / "notebooks" / "01_alpha.html").read_text()
     assert '<script src="plotly.min.js"></script>' in page and "Plotly.newPlot" in page
     assert (suite["out"] / "notebooks" / "plotly.min.js").stat().st_size > 1_000_000
-    assert "shardlab-report-epilogue" not in page                    # the runner's own cell is hidden
 
 
 @pytest.mark.notebook
@@ -256,15 +255,14 @@ def test_structural_change_is_a_regression_then_clean_run_passes(suite: dict[str
 @pytest.mark.skipif(not (ROOT / "notebooks" / "01_block_matrices.ipynb").exists(), reason="01 not built yet")
 def test_real_block_matrices_notebook(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    code = main(["report", "--only", "01_block_matrices", "--out", str(out), "--baseline-dir", str(tmp_path),
-                 "--no-sweeps"])
+    code = main(["report", "--only", "01_block_matrices", "--out", str(out), "--baseline-dir", str(tmp_path)])
     run = json.loads((out / "run.json").read_text())
     assert code == 0, run
     rec = json.loads((out / "records" / "01_block_matrices.json").read_text())
     names = {m["name"] for m in rec["measurements"]}
     assert {"blocks.col.collective.count", "blocks.row.all_reduce.count", "blocks.row.all_reduce.bytes",
             "blocks.grid.collective.bytes"} <= names
-    assert run["notebooks"][0]["compile_s"] > 0                       # the epilogue read torch_xla's metrics
+    assert run["notebooks"][0]["compile_s"] > 0                       # Recorder.close read torch_xla's metrics
 
 
 def test_longest_notebooks_start_first(nbs: Path, tmp_path: Path) -> None:
@@ -283,13 +281,20 @@ def test_longest_notebooks_start_first(nbs: Path, tmp_path: Path) -> None:
     assert [nb.stem for nb in order] == ["03_gamma", "02_beta", "01_alpha"]
 
 
-def test_exit_status_counts_failed_sweep_points(tmp_path: Path) -> None:
-    from shardlab.report.datatypes import NotebookResult, Report, ReportOptions, SweepSummary
+def test_exit_status_and_charts_from_records(tmp_path: Path) -> None:
+    from shardlab.report.charts import ChartSpec, report_charts
+    from shardlab.report.datatypes import NotebookResult, Report, ReportOptions
 
-    ok = NotebookResult("01_alpha", "passed", [], None, {"checks": []}, {}, None)
+    ok = NotebookResult("01_alpha", "passed", [], None, {"checks": []}, None)
     rep = Report(ReportOptions(), tmp_path, 0.0, 1.0, [ok], tmp_path / "b.json", "none", {})
     assert rep.exit_status == 0
-    rep.sweeps = [SweepSummary("t", failed_points=1)]
+    ok.status = "regressed"
     assert rep.exit_status == 1
-    rep.sweeps, ok.status = [], "regressed"
-    assert rep.exit_status == 1
+    rec = {"notebook": "01_alpha", "measurements": [
+        {"name": "fake.curve.x1.bytes", "value": 4, "source": "formula"},
+        {"name": "fake.curve.x2.bytes", "value": 8, "source": "formula"},
+        {"name": "fake.curve.x2.bytes", "value": 8, "source": "hlo"}]}
+    spec = ChartSpec("curve", "01_alpha", r"fake\.curve\.x(?P<x>\d+)\.bytes", "B")
+    chart, missing = report_charts([rec], (spec, ChartSpec("none", "09_nope", r"x(?P<x>\d)", "B")))
+    assert [list(t.x) for t in chart.figure.data] == [[1.0, 2.0], [2.0]]   # formula at x = 1, 2; hlo at 2
+    assert missing.figure is None and "did not run" in missing.note

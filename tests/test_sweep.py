@@ -39,7 +39,7 @@ def _frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     return sw.table(points, ["vocab"], {"L": r"\.L(\d+)$"})
 
 
-def test_table_derived_ratio_and_name_params() -> None:
+def test_table_and_name_params() -> None:
     m = lambda name, v, src: {"name": name, "value": v, "unit": "B", "source": src, "kind": "structural"}  # noqa: E731
     frame = _frame([
         {"vocab": 1024, "m": [m("ce.gather_logits.bytes", 8192, "formula"),
@@ -48,9 +48,8 @@ def test_table_derived_ratio_and_name_params() -> None:
         {"vocab": 2048, "m": [m("ce.gather_logits.bytes", 16384, "formula"),
                               m("ce.vocab_parallel.bytes", 64, "formula")]},
     ])
-    frame = sw.add_derived(frame, "ce.saving", "ratio", "ce.gather_logits.bytes", "ce.vocab_parallel.bytes", "x")
-    saving = frame[frame["name"] == "ce.saving"].set_index("vocab")["value"]
-    assert saving.to_dict() == {1024: 8192 / 64, 2048: 16384 / 64}
+    gathered = frame[frame["name"] == "ce.gather_logits.bytes"].set_index("vocab")["value"]
+    assert gathered.to_dict() == {1024: 8192, 2048: 16384}
     scan = frame[frame["name"] == "scan.compile_s.loop"]
     assert scan["L"].tolist() == [8] and scan["value"].tolist() == [1.5]
     assert sw.match_names(frame, ["ce.*.bytes"]) == ["ce.gather_logits.bytes", "ce.vocab_parallel.bytes"]
@@ -58,7 +57,7 @@ def test_table_derived_ratio_and_name_params() -> None:
     assert len(figs) == 1
     menu = figs[0].layout.updatemenus[0]
     assert [b.label for b in menu.buttons] == ["ce.gather_logits.bytes", "ce.vocab_parallel.bytes",
-                                               "scan.compile_s.loop", "ce.saving"]
+                                               "scan.compile_s.loop"]
 
 
 def test_bad_sweep_inputs(tmp_path: Path, capsys: Any) -> None:

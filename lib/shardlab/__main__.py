@@ -1,7 +1,7 @@
 """Command line: ``python -m shardlab report ...`` and ``python -m shardlab sweep ...``.
 
 Exit status (``shardlab.report.datatypes.EXIT_*``): 0 all good; 1 a notebook failed (error, timeout, failed
-check), a structural value regressed against the baseline or a sweep point failed; 2 the runner itself
+check) or a structural value regressed against the baseline (a sweep: a point failed); 2 the runner itself
 failed (bad input, unusable baseline, internal error). Parameters the runner sets itself are options, never
 ``-p``: ``--num-devices`` (num_devices) and ``--out`` (results_dir).
 
@@ -63,16 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="full_size=True in the notebooks that declare it (06: the 405B seed, 07: the compiler's "
                          "verdict on real presets): tens of minutes of XLA:TPU compiles; baseline profiles "
                          "<profile>-full")
-    rp.add_argument("--jobs", type=int, default=1,
-                    help="kernels at a time: notebooks, then sweep points as their notebook finishes (default 1)")
+    rp.add_argument("--jobs", type=int, default=1, help="notebooks (kernels) at a time (default 1)")
     rp.add_argument("--force", "--overwrite", dest="force", action="store_true",
                     help="replace an existing report in --out")
     rp.add_argument("--update-baseline", action="store_true",
                     help="rewrite data/baselines/<profile>.json from this run")
     rp.add_argument("--baseline-dir", type=Path, default=None, help="default data/baselines")
-    rp.add_argument("--no-sweeps", dest="sweeps", action="store_false", help="skip the report's sweeps")
-    rp.add_argument("--sweep-jobs", type=int, default=2,
-                    help="at most this many of the --jobs kernels run sweep points (default 2)")
     rp.add_argument("--notebooks-dir", type=Path, default=None, help=argparse.SUPPRESS)
 
     sp = sub.add_parser("sweep", help="run one notebook over a parameter grid (resumable)")
@@ -80,8 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("-p", "--param", nargs="+", action="append", metavar=("NAME", "VALUE"),
                     help="a swept parameter and its values (one value = fixed); YAML values: 4, 0.5, bf16, [2,4]")
     sp.add_argument("--out", type=Path, default=None, help="sweep directory (default out/sweeps/<notebook>)")
-    sp.add_argument("--jobs", type=int, default=1, help="kernels at a time (~1 GB RAM each on CPU); the points of "
-                    "one device count share a kernel")
+    sp.add_argument("--jobs", type=int, default=1, help="points (kernels) at a time (~1 GB RAM each on CPU)")
     sp.add_argument("--num-devices", type=int, nargs="+", default=[8],
                     help="CPU virtual devices / TPU chips (default 8); several values sweep the device count")
     sp.add_argument("--device", choices=["cpu", "tpu"], default="cpu")
@@ -110,21 +105,17 @@ def cmd_report(args: argparse.Namespace) -> int:
     opts = ReportOptions(num_devices=args.num_devices, device=device, out=args.out, only=args.only,
                          params=_params(args.param, single=True),
                          timeout_s=args.timeout or (3600.0 if args.full_size else 600.0), jobs=args.jobs,
-                         force=args.force, update_baseline=args.update_baseline, sweeps=args.sweeps,
-                         sweep_jobs=args.sweep_jobs, full_size=args.full_size)
+                         force=args.force, update_baseline=args.update_baseline, full_size=args.full_size)
     if args.baseline_dir is not None:
         opts.baseline_dir = args.baseline_dir
     if args.notebooks_dir is not None:
         opts.notebooks_dir = args.notebooks_dir
-    opts.sweep_cache = ROOT / "out" / "sweeps"
     report = run_report(opts)
     print(f"\nreport: {report.out / 'index.html'}  ({report.finished - report.started:.1f} s)")
     for r in report.results:
         wall = f"{r.execution.wall_s:6.1f} s" if r.execution else "     — "
         comp = f"compile {r.compile_s:5.1f} s" if r.compile_s is not None else ""
         print(f"  {r.status:9s} {wall} {comp:16s} {r.stem}  {'; '.join(r.reasons)}")
-    for s in report.sweeps:
-        print(f"  sweep {s.title}: {s.skipped and 'skipped: ' + s.skipped or s.summary}")
     print(f"baseline {report.baseline_state}: {report.baseline_path}")
     for note in report.notes:
         print(f"  note: {note}")
@@ -151,10 +142,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     write_charts(figs, out / "charts.html", f"sweep of {nb.stem}")
     bad = [p for p in res.points if p.status in ("failed", "timeout")]
     print(f"\nsweep {nb.stem}: {len(res.points)} points, {res.ran} run, {len(res.points) - res.ran} reused, "
-          f"{len(bad)} failed, {res.wall_s:.1f} s, {res.kernels} kernel(s)")
-    for p in res.points:
-        if p.rerun:
-            print(f"  re-run in a fresh kernel: {p.dir.name}: {p.rerun}")
+          f"{len(bad)} failed, {res.wall_s:.1f} s")
     for p in bad:
         print(f"  {p.status}: {p.dir.name}: {p.message}  (log: {p.dir / 'papermill.log'})")
     print(f"table: {res.table}" + (f" and {res.parquet}" if res.parquet else "") + f"\ncharts: {out / 'charts.html'}")

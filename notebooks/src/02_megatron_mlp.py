@@ -39,6 +39,8 @@ world
 # the dense module) and the **TPU compiler** (the same graph compiled by XLA:TPU for a TPU slice, compile-only).
 
 # %%
+from dataclasses import replace
+
 from shardlab import harness
 from shardlab.tp.case import MlpCase, gloo_run, same_results
 
@@ -139,6 +141,26 @@ harness.memory_frame({"cpu (buffer assignment)": compiler["fwd_bwd"], "tpu (comp
 # heap-simulated peak of temporaries) and XLA:TPU's compiled memory statistics (arguments, outputs, temporaries).
 # They are not expected to match: the TPU pads every array to its (8, 128) tiles and fuses differently.
 #
+# ### The same step at every tp
+# One case per tensor-parallel degree, all in this process: the formula, the ledger at that many ranks, and the
+# CPU compiler wherever tp tiles this process's devices. The payload per rank does not move with tp — each rank
+# hands the whole [b, s, h] activation to each all-reduce; only how many partial sums are added changes.
+
+# %%
+import plotly.graph_objects as go
+
+by_tp = {}
+for t in [t for t in (1, 2, 4, 8) if p.ffn % t == 0]:
+    by_tp[t] = harness.views(MlpCase(replace(p, tp=t)), ("formula", "ledger", "hlo"))
+    harness.record(rec, f"mlp.by_tp.tp{t}", *by_tp[t], show=False)
+fig = go.Figure([go.Scatter(x=list(by_tp), y=[next((v.get("fwd_bwd.all_reduce.bytes") for v in vs
+                                                    if v.source == src and v.ran), None) for vs in by_tp.values()],
+                            mode="lines+markers", name=src) for src in ("formula", "ledger", "hlo")])
+fig.update_layout(height=300, xaxis_title="tp", yaxis_title="all-reduce payload per rank (bytes)",
+                  title="forward + backward: the same bytes at every tp > 1")
+fig.show()
+
+# %% [markdown]
 # ## 6 · Sequence parallelism (Korthikanti et al. 2022)
 # Keep the activations outside the MLP split along the sequence: f becomes an **all-gather** (payload: the shard
 # [b, s/p, h]) and g a **reduce-scatter** (payload: the full [b, s, h]). Forward, that moves exactly the wire bytes

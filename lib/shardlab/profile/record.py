@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -147,18 +148,46 @@ class Recorder:
         self._write()
 
     def close(self) -> dict[str, Any]:
-        """Mark the run finished (passed unless a check failed) and write the record."""
+        """Mark the run finished (passed unless a check failed), add what torch_xla compiled in this process
+        (``xla``: :func:`xla_totals`), write the record, and stop multiprocessing's helper processes."""
         if self.data["status"] == "running":
             self.data["status"] = "passed"
         self.data["finished"] = time.time()
         self.data["wall_s"] = self.data["finished"] - self.data["started"]
+        self.data["xla"] = xla_totals()
         self._write()
+        stop_process_helpers()
         return self.data
 
     # -- reading -------------------------------------------------------------------------------------------
     def values(self, name: str) -> dict[str, Any]:
         """``{source: value}`` for one measurement name."""
         return {m["source"]: m["value"] for m in self.data["measurements"] if m["name"] == name}
+
+
+def xla_totals() -> dict[str, Any]:
+    """torch_xla's compile / execute totals of this process (``{}`` when torch_xla was never imported):
+    ``{"CompileTime": {"count", "total_s"}, "ExecuteTime": {...}, "CachedCompile", "UncachedCompile"}``."""
+    metrics = sys.modules.get("torch_xla.debug.metrics")
+    if metrics is None:
+        return {}
+    out: dict[str, Any] = {}
+    for name in ("CompileTime", "ExecuteTime"):
+        data = metrics.metric_data(name)
+        out[name] = {"count": int(data[0]), "total_s": data[1] / 1e9} if data else {"count": 0, "total_s": 0.0}
+    for name in ("CachedCompile", "UncachedCompile"):
+        out[name] = int(metrics.counter_value(name) or 0)
+    return out
+
+
+def stop_process_helpers() -> None:
+    """Stop multiprocessing's forkserver and resource tracker if this process started them (gloo ranks do):
+    while they run, an ipykernel asked to shut down hangs until it is killed. The next user starts them again."""
+    for module, name in (("multiprocessing.forkserver", "_forkserver"),
+                         ("multiprocessing.resource_tracker", "_resource_tracker")):
+        stop = getattr(getattr(sys.modules.get(module), name, None), "_stop", None)
+        if stop is not None:
+            stop()
 
 
 def load_record(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -1,16 +1,16 @@
-"""The report's data types: what a run is asked to do, what each notebook and sweep gave, and the whole report.
+"""The report's data types: what a run is asked to do, what each notebook gave, and the whole report.
 
 Design note
 -----------
 Everything else in ``shardlab.report`` imports these types *downward*: ``runner`` fills them, ``rundir``
-writes the manifest from them, ``html`` renders them, ``sweeps_config`` returns :class:`SweepSummary` rows.
+writes the manifest from them, ``html`` renders them.
 This module imports only the lower layers it names in its fields (``execute.Execution``,
 ``baseline.Diff``), so the package has no import cycle. The exit codes live here once; the CLI
 (``shardlab/__main__.py``) and :attr:`Report.exit_status` both use them:
 
-    EXIT_OK      0  every notebook passed, no structural regression, no failed sweep point
-    EXIT_FAILED  1  a notebook failed (error, timeout, failed check, missing record), a structural value
-                    regressed against the baseline, or a sweep point failed
+    EXIT_OK      0  every notebook passed, no structural regression
+    EXIT_FAILED  1  a notebook failed (error, timeout, failed check, missing record) or a structural value
+                    regressed against the baseline (a sweep: a point failed)
     EXIT_RUNNER  2  the runner itself failed (bad input, unusable baseline, internal error)
 """
 
@@ -38,13 +38,10 @@ class ReportOptions:
     only: list[str] | None = None
     params: dict[str, Any] = field(default_factory=dict)   # extra -p values for every selected notebook
     timeout_s: float = 600.0
-    jobs: int = 1                              # kernels at a time (notebooks and sweep points share them)
+    jobs: int = 1                              # notebooks (kernels) at a time
     force: bool = False
     update_baseline: bool = False
     baseline_dir: Path = ROOT / "data" / "baselines"
-    sweeps: bool = True
-    sweep_cache: Path = ROOT / "out" / "sweeps"
-    sweep_jobs: int = 2                        # at most this many of the ``jobs`` kernels run sweep points
     full_size: bool = False                    # full_size=True in every notebook declaring it (minutes of TPU compiles)
 
     @property
@@ -66,11 +63,15 @@ class NotebookResult:
     reasons: list[str]
     execution: Execution | None
     record: dict[str, Any] | None
-    xla: dict[str, Any]                        # what the epilogue cell read from torch_xla's metrics
     html: str | None                           # path relative to the report dir
     diffs: list[Diff] = field(default_factory=list)
     param_changes: dict[str, Any] = field(default_factory=dict)
     compared: bool = False                     # a baseline entry existed for this notebook
+
+    @property
+    def xla(self) -> dict[str, Any]:
+        """What torch_xla compiled and executed in the notebook (``Recorder.close`` writes it)."""
+        return dict((self.record or {}).get("xla") or {})
 
     @property
     def compile_s(self) -> float | None:
@@ -91,19 +92,6 @@ class NotebookResult:
 
 
 @dataclass
-class SweepSummary:
-    """What the HTML report shows for one of the report's sweeps."""
-
-    title: str
-    skipped: str = ""
-    summary: str = ""
-    figures: list[Any] = field(default_factory=list)    # plotly figures
-    links: list[str] = field(default_factory=list)      # paths relative to the report dir
-    failed_points: int = 0
-    wall_s: float = 0.0
-
-
-@dataclass
 class Report:
     options: ReportOptions
     out: Path
@@ -113,11 +101,10 @@ class Report:
     baseline_path: Path
     baseline_state: str                        # "compared" | "none" | "updated" | "created"
     env: dict[str, Any]
-    sweeps: list[SweepSummary] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    charts: list[Any] = field(default_factory=list)   # report.charts.Chart: curves drawn from the records
 
     @property
     def exit_status(self) -> int:
-        """1 if a notebook did not pass or a sweep point failed (a failed check is a failed check)."""
-        ok = all(r.status == "passed" for r in self.results) and not any(s.failed_points for s in self.sweeps)
-        return EXIT_OK if ok else EXIT_FAILED
+        """1 if a notebook did not pass (a failed check is a failed check) or regressed."""
+        return EXIT_OK if all(r.status == "passed" for r in self.results) else EXIT_FAILED

@@ -4,10 +4,12 @@ Design note
 -----------
 Plain string building with ``html.escape`` — no template engine. Sections, top to bottom: summary (status
 per notebook, checks, regressions, wall and XLA compile time), wall-time chart, baseline diff, one section
-per notebook (failure with its cell and traceback, parameters, checks, notes, the four-way measurement table
-formula | ledger | hlo | tpu | metrics | timer with the CPU-vs-TPU compiler column and the baseline status of
-each row), sweeps, environment. Every timing is printed with the device profile it was measured on
-(``0.41 s @cpu-8``): only structural numbers are comparable across devices.
+per notebook (failure with its cell and traceback, parameters, checks, skipped views and notes, the four-way
+measurement table formula | ledger | hlo | tpu | metrics | timer with the CPU-vs-TPU compiler column and the
+baseline status of each row), charts drawn from the records, environment. What "skipped" and "differs" mean
+comes from the record's own fields; agreement uses the suite's one rule (``values_equal``). Every timing is
+printed with the device profile it was measured on (``0.41 s @cpu-8``): only structural numbers are comparable
+across devices.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from shardlab.profile.record import SOURCES
+from shardlab.profile.record import SOURCES, values_equal
 from shardlab.report.baseline import key_rows
 from shardlab.report.datatypes import NotebookResult, Report
 
@@ -155,47 +157,41 @@ def baseline_section(report: Report) -> str:
     return "".join(parts)
 
 
-def _same(a: Any, b: Any) -> bool:
-    return a == b or (isinstance(a, float | int) and isinstance(b, float | int) and math.isclose(a, b, rel_tol=1e-9))
-
-
 def measurements_table(r: NotebookResult, device: str) -> str:
     """One row per measurement name, one column per source; ``agree`` over the sources the notebook compared
-    (a value the notebook recorded as legitimately different on its backend — a note ``<name>.<source>`` — is
-    marked † and left out), and the CPU-vs-TPU compiler column: same, or what differs and the measured why."""
+    (a row the notebook recorded with ``differs`` — legitimately different on its backend — is marked † with the
+    measured reason and left out, exactly as the notebook's own checks left it out), and the CPU-vs-TPU compiler
+    column: same, or what differs and the measured why."""
     meas = (r.record or {}).get("measurements", [])
     if not meas:
         return "<p class='muted'>no measurements recorded</p>"
-    why = {n["name"]: n["detail"] for n in (r.record or {}).get("notes", [])}
     diff_by_key = {d.key: d for d in r.diffs}
-    keyed = key_rows(meas)
     names: dict[str, dict[str, Any]] = {}
-    for key, m in keyed.items():
+    for key, m in key_rows(meas).items():
         row = names.setdefault(m["name"] + (" " + key.rsplit(" ", 1)[1] if "#" in key else ""),
-                               {"name": m["name"], "unit": m["unit"], "kind": m.get("kind", "structural"),
-                                "src": {}, "diff": []})
+                               {"unit": m["unit"], "kind": m.get("kind", "structural"), "src": {}, "diff": []})
         row["src"][m["source"]] = m
         if key in diff_by_key and diff_by_key[key].status not in ("same", "within") and r.compared:
             row["diff"].append(f"{m['source']}: {diff_by_key[key].status}")
     present = [s for s in SOURCES if any(s in v["src"] for v in names.values())]
     rows, classes = [], []
     for name, v in names.items():
-        excluded = {s for s in v["src"] if f"{v['name']}.{s}" in why}
-        vals = [v["src"][s]["value"] for s in present if s in v["src"] and s not in excluded]
-        agree = all(_same(x, vals[0]) for x in vals)
+        src = v["src"]
+        vals = [src[s]["value"] for s in present if s in src and not src[s].get("differs")]
         cells = []
         for s in present:
-            m = v["src"].get(s)
+            m = src.get(s)
             text = "" if m is None else fmt_timing(m, device) if v["kind"] == "timing" else esc(fmt(m["value"]))
-            if s in excluded:
-                text = f"<span title='{esc(why[v['name'] + '.' + s])}'>{text} †</span>"
+            if m is not None and m.get("differs"):
+                text = f"<span title='{esc(m['differs'])}'>{text} †</span>"
             cells.append(text)
+        agree = all(values_equal(x, vals[0]) for x in vals)
         agree_cell = ("—" if len(vals) < 2 or v["kind"] == "timing" else
                       "<span class='ok'>✓</span>" if agree else "<span class='bad'>✗</span>")
         cpu_tpu = ""
-        if v["kind"] == "structural" and "hlo" in v["src"] and "tpu" in v["src"]:
-            same = _same(v["src"]["hlo"]["value"], v["src"]["tpu"]["value"])
-            reason = why.get(f"{v['name']}.tpu") or why.get(f"{v['name']}.hlo") or ""
+        if v["kind"] == "structural" and "hlo" in src and "tpu" in src:
+            reason = src["tpu"].get("differs") or src["hlo"].get("differs") or ""
+            same = values_equal(src["hlo"]["value"], src["tpu"]["value"])
             cpu_tpu = "same" if same else esc("differs" + (f": {reason}" if reason else ""))
         rows.append([esc(name), esc(v["unit"]), esc(v["kind"]), *cells, agree_cell, cpu_tpu, esc("; ".join(v["diff"]))])
         classes.append("flag" if v["diff"] or agree_cell.endswith("✗</span>") else "")
@@ -204,13 +200,14 @@ def measurements_table(r: NotebookResult, device: str) -> str:
 
 
 def notes_list(r: NotebookResult) -> str:
-    """The notebook's notes: views skipped here (and why), values that differ on a backend (and why)."""
-    notes = (r.record or {}).get("notes", [])
-    if not notes:
+    """The notebook's skipped views (and why) and its notes."""
+    rec = r.record or {}
+    items = [f"<li><code>{esc(k['name'])}</code> [{esc(k['source'])}] skipped: {esc(k['reason'])}</li>"
+             for k in rec.get("skipped", [])]
+    items += [f"<li><code>{esc(n['name'])}</code>: {esc(n['detail'])}</li>" for n in rec.get("notes", [])]
+    if not items:
         return ""
-    items = "".join(f"<li><code>{esc(n['name'])}</code>: {esc(n['detail'])}</li>" for n in notes)
-    return f"<details><summary>{len(notes)} note(s): skipped views, values that differ by backend</summary>" \
-           f"<ul>{items}</ul></details>"
+    return f"<details><summary>{len(items)} skipped view(s) and note(s)</summary><ul>{''.join(items)}</ul></details>"
 
 
 def notebook_section(r: NotebookResult, default_device: str) -> str:
@@ -248,21 +245,12 @@ def notebook_section(r: NotebookResult, default_device: str) -> str:
     return "".join(parts)
 
 
-def sweeps_section(report: Report) -> str:
-    if not report.sweeps:
-        return "<p class='muted'>Sweeps were not run (<code>--no-sweeps</code>).</p>"
+def charts_section(report: Report) -> str:
     parts = []
-    for s in report.sweeps:
-        parts.append(f"<h3>{esc(s.title)}</h3>")
-        if s.skipped:
-            parts.append(f"<p class='muted'>skipped: {esc(s.skipped)}</p>")
-            continue
-        parts.append(f"<p class='{'bad' if s.failed_points else 'muted'}'>{esc(s.summary)}</p>")
-        for fig in s.figures:
-            parts.append(figure(fig))
-        for link in s.links:
-            parts.append(f'<a href="{esc(link)}">{esc(Path(link).name)}</a> ')
-    return "".join(parts)
+    for c in report.charts:
+        parts.append(figure(c.figure) if c.figure is not None else
+                     f"<h3>{esc(c.spec.title)}</h3><p class='muted'>{esc(c.note)}</p>")
+    return "".join(parts) or "<p class='muted'>no charts</p>"
 
 
 def env_section(report: Report) -> str:
@@ -276,15 +264,12 @@ def write_report(report: Report, dest: Path) -> Path:
 
     counts = {s: sum(r.status == s for r in report.results) for s in STATUS_COLOURS}
     headline = " ".join(f"{badge(s)} {n}" for s, n in counts.items() if n)
-    bad_points = sum(s.failed_points for s in report.sweeps)
-    if bad_points:
-        headline += f" · <a href='#sweeps' class='bad'>{bad_points} failed sweep point(s)</a>"
     when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(report.started))
     body = [
         f"<h1>shardlab report</h1><p>{when} · profile <b>{esc(report.options.profile)}</b> · "
         f"{len(report.results)} notebooks · {headline} · exit status <b>{report.exit_status}</b></p>",
         "<nav><a href='#summary'>summary</a><a href='#baseline'>baseline</a><a href='#notebooks'>notebooks</a>"
-        "<a href='#sweeps'>sweeps</a><a href='#env'>environment</a></nav>",
+        "<a href='#charts'>charts</a><a href='#env'>environment</a></nav>",
         "<h2 id='summary'>Summary</h2>", summary(report), wall_chart(report),
         "<h2 id='baseline'>Baseline diff</h2>", baseline_section(report),
         "<h2 id='notebooks'>Notebooks</h2>",
@@ -292,10 +277,11 @@ def write_report(report: Report, dest: Path) -> Path:
         "ledger = our per-rank implementation, hlo = what XLA's SPMD partitioner emitted on the CPU devices, "
         "tpu = the same graph compiled by XLA:TPU for a TPU slice, compile-only). † marks a value the notebook "
         "recorded as legitimately different on its backend (hover for the measured reason: XLA:CPU reduces bf16 "
-        "in f32, the TPU combines collectives ...); it is left out of <i>agree</i>. On CPU XLA emits a "
-        "reduce-scatter as all-reduce + dynamic-slice; notebooks count that pair as a reduce-scatter.</p>",
+        "in f32, the TPU combines collectives ...); it is left out of <i>agree</i>. XLA:CPU's passes lower a "
+        "reduce-scatter to all-reduce + dynamic-slice; notebooks count that pair as a reduce-scatter.</p>",
         *(notebook_section(r, report.options.profile) for r in report.results),
-        "<h2 id='sweeps'>Sweeps</h2>", sweeps_section(report),
+        "<h2 id='charts'>Charts</h2>", "<p class='muted'>Curves the notebooks computed and recorded (a loop over "
+        "their cases in one process), drawn from the records.</p>", charts_section(report),
         "<h2 id='env'>Environment</h2>", env_section(report),
     ]
     page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>shardlab report {esc(when)}</title>"

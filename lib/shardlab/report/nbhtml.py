@@ -7,7 +7,7 @@ as JSON (``application/vnd.plotly.v1+json``), which nbconvert ignores. Before ex
 output a small ``text/html`` twin (a div plus ``Plotly.newPlot``) and load plotly.js from one shared file
 next to the pages (``plotly_src``) instead of a CDN or one 3.5 MB copy per page. The plotly script tag goes
 first in ``<head>``: loaded after require.js it would register as an AMD module and never set
-``window.Plotly``. The report's own epilogue cell (tagged) is dropped.
+``window.Plotly``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from shardlab.report.execute import EPILOGUE_TAG
+import nbformat
+from nbconvert import HTMLExporter
+from plotly.offline import get_plotlyjs
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 
@@ -36,8 +38,7 @@ def plotly_html(fig: dict[str, Any], div_id: str) -> str:
 
 
 def prepare(nb: Any) -> int:
-    """Drop the epilogue cell and add HTML twins to plotly outputs in place; returns the figure count."""
-    nb.cells = [c for c in nb.cells if EPILOGUE_TAG not in c.get("metadata", {}).get("tags", [])]
+    """Add HTML twins to plotly outputs in place; returns the figure count."""
     n = 0
     for cell in nb.cells:
         for out in cell.get("outputs", []) if cell.get("cell_type") == "code" else []:
@@ -50,9 +51,6 @@ def prepare(nb: Any) -> int:
 
 def render(executed: Path, dest: Path, plotly_src: str) -> Path:
     """Write ``dest`` (HTML) for the executed notebook ``executed``; plotly.js is loaded from ``plotly_src``."""
-    import nbformat
-    from nbconvert import HTMLExporter
-
     nb = nbformat.read(str(executed), as_version=4)
     prepare(nb)
     body, _ = HTMLExporter(template_name="lab").from_notebook_node(nb)
@@ -66,8 +64,6 @@ def render(executed: Path, dest: Path, plotly_src: str) -> Path:
 
 def write_plotly_js(dest: Path) -> Path:
     """Write plotly.js (the version bundled with the installed plotly) once."""
-    from plotly.offline import get_plotlyjs
-
     if not dest.exists():
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_text(get_plotlyjs())

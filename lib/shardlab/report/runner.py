@@ -7,37 +7,33 @@ One report run owns one output directory::
     DIR/run.json                  manifest (marks the directory as a shardlab run; written first and last)
     DIR/index.html                the self-contained report
     DIR/notebooks/NN.ipynb|.html  executed notebooks and their HTML (plotly from DIR/notebooks/plotly.min.js)
-    DIR/records/NN.json           the records (``results_dir`` of every notebook); NN.xla.json what the runner's
-                                  epilogue read from torch_xla (compile / execute totals, compile counters)
-    DIR/logs/NN.log               papermill output; NN.params.json the parameters passed; worker-N.log what
-                                  the worker processes and their kernels printed outside cells
-    DIR/sweeps/                   tables of the report's sweeps
+    DIR/records/NN.json           the records (``results_dir`` of every notebook)
+    DIR/logs/NN.log               papermill's output; NN.params.json the parameters passed
 
 Steps: validate every input (notebook names, parameters against each parameters cell, no ``-p`` for what
-the runner sets itself, the out directory, the baseline file) before any kernel starts -> execute (one
-``pool.Pool`` of ``--jobs`` kernels, progress bar, per-notebook timeout, failures do not stop the run) ->
-classify each notebook as it finishes, render its HTML in a background thread and queue its sweep points
-(``sweeps_config``) into the same pool, so sweeps fill the cores while the last notebooks run -> compare
-with ``data/baselines/<profile>.json`` -> HTML. Exit codes: ``datatypes.EXIT_*``.
-
-Timings stay comparable with the baseline: every notebook still runs in a fresh kernel of its own, started
-the same way, with at most ``--jobs`` kernels busy at any time (a sweep point's kernel counts as one, like the
-notebook it replaces), so each notebook's wall and compile time are measured under the same load as when
-the baseline was recorded. Sweep points share kernels (see ``pool``); the baseline never compares them.
+the runner sets itself, the out directory, the baseline files) before any kernel starts -> execute (``--jobs``
+notebooks at a time, each papermill run in a process and kernel of its own — :func:`shardlab.report.execute.run`
+— longest first, progress bar, per-notebook timeout, failures do not stop the run; each notebook's HTML is
+rendered in a background thread as it finishes) -> compare with the baselines -> charts from the records
+(:mod:`shardlab.report.charts`) -> HTML. Exit codes: ``datatypes.EXIT_*``.
 """
 
 from __future__ import annotations
 
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 from shardlab.answer_keys import load_key
+from shardlab.profile.record import load_record
 from shardlab.report import baseline as bl
 from shardlab.report import nbhtml
+from shardlab.report.charts import report_charts
 from shardlab.report.datatypes import ROOT, RUNNER_WALL, NotebookResult, Report, ReportOptions
-from shardlab.report.execute import Execution, prepare_input, read_xla_totals
+from shardlab.report.execute import Execution, run
 from shardlab.report.html import write_report
 from shardlab.report.notebooks import (
     REQUIRED_PARAMETERS,
@@ -48,9 +44,8 @@ from shardlab.report.notebooks import (
     find_notebooks,
     select,
 )
-from shardlab.report.pool import Pool, Task
 from shardlab.report.rundir import default_out, host_env, prepare_out_dir, write_manifest
-from shardlab.report.sweeps_config import ReportSweeps
+from shardlab.runtime import tpu_present
 
 __all__ = ["ROOT", "NotebookResult", "Report", "ReportOptions", "run_report"]
 
@@ -60,20 +55,14 @@ def validate_inputs(options: ReportOptions) -> list[NotebookInfo]:
     check_runner_owned(options.params, "report")
     if options.device not in ("cpu", "tpu"):
         raise ReportInputError(f"--device {options.device!r} must be 'cpu' or 'tpu'")
-    if options.num_devices < 1:
-        raise ReportInputError(f"--num-devices {options.num_devices} must be >= 1")
+    for name, value in (("--num-devices", options.num_devices), ("--jobs", options.jobs)):
+        if value < 1:
+            raise ReportInputError(f"{name} {value} must be >= 1")
     if options.timeout_s <= 0:
         raise ReportInputError(f"--timeout {options.timeout_s} must be > 0 seconds")
-    if options.jobs < 1:
-        raise ReportInputError(f"--jobs {options.jobs} must be >= 1")
-    if options.sweep_jobs < 1:
-        raise ReportInputError(f"--sweep-jobs {options.sweep_jobs} must be >= 1")
-    if options.device == "tpu":
-        from shardlab.runtime import tpu_present
-
-        if not tpu_present():
-            raise ReportInputError("--device tpu but no TPU is visible on this host (no /dev/accel*, /dev/vfio, "
-                                   "TPU_NAME or PJRT_DEVICE=TPU)")
+    if options.device == "tpu" and not tpu_present():
+        raise ReportInputError("--device tpu but no TPU is visible on this host (no /dev/accel*, /dev/vfio, "
+                               "TPU_NAME or PJRT_DEVICE=TPU)")
     notebooks = find_notebooks(options.notebooks_dir)
     if not notebooks:
         raise ReportInputError(f"no notebooks named NN_name.ipynb in {options.notebooks_dir}")
@@ -83,8 +72,8 @@ def validate_inputs(options: ReportOptions) -> list[NotebookInfo]:
     return chosen
 
 
-def classify(nb: NotebookInfo, ex: Execution | None, record: dict[str, Any] | None,
-             record_error: str | None) -> tuple[str, list[str]]:
+def classify(ex: Execution | None, record: dict[str, Any] | None, record_error: str | None
+             ) -> tuple[str, list[str]]:
     reasons: list[str] = []
     status = "passed"
     if ex is not None and ex.failure is not None:
@@ -93,20 +82,18 @@ def classify(nb: NotebookInfo, ex: Execution | None, record: dict[str, Any] | No
     if record is None:
         status = "failed" if status == "passed" else status
         reasons.append(record_error or "no record")
-    else:
-        bad = [c for c in record.get("checks", []) if not c.get("ok")]
-        if bad:
-            status = "failed" if status == "passed" else status
-            reasons.append(f"{len(bad)} failed check(s): " + "; ".join(c["name"] for c in bad[:3]))
-        if record.get("status") not in ("passed",) and status == "passed":
-            status = "failed"
-            reasons.append(f"record status is {record.get('status')!r} (the notebook did not reach rec.close())")
+        return status, reasons
+    bad = [c for c in record.get("checks", []) if not c.get("ok")]
+    if bad:
+        status = "failed" if status == "passed" else status
+        reasons.append(f"{len(bad)} failed check(s): " + "; ".join(c["name"] for c in bad[:3]))
+    if record.get("status") != "passed" and status == "passed":
+        status = "failed"
+        reasons.append(f"record status is {record.get('status')!r} (the notebook did not reach rec.close())")
     return status, reasons
 
 
-def _load_record(path: Path) -> tuple[dict[str, Any] | None, str | None]:
-    from shardlab.profile.record import load_record
-
+def read_record(path: Path) -> tuple[dict[str, Any] | None, str | None]:
     if not path.exists():
         return None, f"no record at {path.name}: the notebook did not create a Recorder with results_dir"
     try:
@@ -115,22 +102,20 @@ def _load_record(path: Path) -> tuple[dict[str, Any] | None, str | None]:
         return None, f"record {path.name} unreadable: {exc}"
 
 
-def notebook_task(options: ReportOptions, nb: NotebookInfo, out: Path) -> Task:
-    """The notebook with the runner's cells, its -p values, the runner's own num_devices / results_dir and, for a
-    notebook with exercises, the answer key from data/answers (so the report checks the key, as the tests do)."""
+def notebook_params(options: ReportOptions, nb: NotebookInfo, out: Path) -> dict[str, Any]:
+    """The -p values, the runner's own num_devices / results_dir / full_size and, for a notebook with exercises,
+    the answer key from data/answers (so the report checks the key, as the tests do)."""
     params = {**options.params, "num_devices": options.num_devices, "results_dir": str(out / "records")}
     if options.full_size and "full_size" in nb.parameters:
         params["full_size"] = True
     if "answers" in nb.parameters and "answers" not in params:
-        params["answers"] = load_key(nb.stem)  # grade the hand-written answer key: exercise.<n>.answer_key checks
-    src = prepare_input(nb.path, out / "logs" / f"{nb.stem}.input.ipynb")
-    return Task(nb.stem, nb.stem, src, out / "notebooks" / f"{nb.stem}.ipynb", out / "logs" / f"{nb.stem}.log",
-                params, nb.path.parent, {"PJRT_DEVICE": options.device.upper()})
+        params["answers"] = load_key(nb.stem)
+    return params
 
 
 def longest_first(options: ReportOptions, chosen: list[NotebookInfo]) -> list[NotebookInfo]:
-    """Start order: the longest notebooks (baseline wall time; unknown = longest) first, so the short ones and
-    the sweep points fill the other cores at the end instead of one long notebook running alone."""
+    """Start order: the longest notebooks (baseline wall time; unknown = longest) first, so the short ones fill
+    the other job at the end instead of one long notebook running alone."""
     try:
         base = bl.load(options.baseline_dir / f"{options.profile}.json", options.profile) or {}
     except bl.BaselineError:
@@ -144,48 +129,43 @@ def longest_first(options: ReportOptions, chosen: list[NotebookInfo]) -> list[No
     return sorted(chosen, key=expected, reverse=True)
 
 
-def execute_all(options: ReportOptions, chosen: list[NotebookInfo], out: Path,
-                sweeps: ReportSweeps | None = None) -> list[NotebookResult]:
-    """Run every chosen notebook (and, as each finishes, its sweeps) in one pool; results in suite order."""
+def execute_all(options: ReportOptions, chosen: list[NotebookInfo], out: Path) -> list[NotebookResult]:
+    """Run every chosen notebook, ``options.jobs`` at a time; results in suite order."""
     records_dir, nb_dir = out / "records", out / "notebooks"
     records_dir.mkdir(parents=True, exist_ok=True)
     plotly_js = nbhtml.write_plotly_js(nb_dir / "plotly.min.js")
-    pool = Pool(options.jobs, options.timeout_s, "report", limits={"sweep": options.sweep_jobs},
-                kernel_logs=out / "logs")
-    by_stem = {nb.stem: nb for nb in chosen}
     results: dict[str, NotebookResult] = {}
     renders: dict[str, Future[Path]] = {}
+    env = {"PJRT_DEVICE": options.device.upper()}
 
-    def queue_sweeps(stem: str, failed: bool) -> None:
-        for plan in sweeps.plan(stem, failed) if sweeps is not None else []:
-            for t in plan.tasks:
-                pool.submit(t, plan.on_done)
+    def one(nb: NotebookInfo) -> Execution:
+        return run(nb.stem, nb.path, nb_dir / f"{nb.stem}.ipynb", notebook_params(options, nb, out),
+                   nb.path.parent, out / "logs" / f"{nb.stem}.log", options.timeout_s, env)
 
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="nbhtml") as renderer:
-        def done(task: Task, ex: Execution) -> None:
-            nb = by_stem[task.stem]
-            record, record_error = _load_record(records_dir / f"{nb.stem}.json")
-            status, reasons = classify(nb, ex, record, record_error)
-            results[nb.stem] = NotebookResult(nb.stem, status, reasons, ex, record,
-                                              read_xla_totals(records_dir, nb.stem), None)
+    runnable = []
+    for nb in longest_first(options, chosen):
+        lacking = [p for p in REQUIRED_PARAMETERS if p not in nb.parameters]
+        if lacking:
+            why = f"the parameters cell does not declare {', '.join(lacking)} (the runner sets them in every notebook)"
+            results[nb.stem] = NotebookResult(nb.stem, "failed", [why], None, None, None)
+        else:
+            runnable.append(nb)
+    with ThreadPoolExecutor(options.jobs) as pool, ThreadPoolExecutor(1) as renderer, \
+            tqdm(total=len(runnable), desc="report", unit="nb") as bar:
+        futures = {pool.submit(one, nb): nb for nb in runnable}
+        for future in as_completed(futures):
+            nb, ex = futures[future], future.result()
+            record, error = read_record(records_dir / f"{nb.stem}.json")
+            status, reasons = classify(ex, record, error)
+            results[nb.stem] = NotebookResult(nb.stem, status, reasons, ex, record, None)
             if ex.executed.exists():
                 renders[nb.stem] = renderer.submit(nbhtml.render, ex.executed, nb_dir / f"{nb.stem}.html",
                                                    plotly_js.name)
-            queue_sweeps(nb.stem, status in ("failed", "timeout"))
-
-        for nb in longest_first(options, chosen):
-            lacking = [p for p in REQUIRED_PARAMETERS if p not in nb.parameters]
-            if lacking:
-                why = (f"the parameters cell does not declare {', '.join(lacking)} (every notebook must: the "
-                       "runner passes them)")
-                results[nb.stem] = NotebookResult(nb.stem, "failed", [why], None, None, {}, None)
-                queue_sweeps(nb.stem, True)
-            else:
-                pool.submit(notebook_task(options, nb, out), done)
-        pool.run()
-        for stem, future in renders.items():
+            bar.write(f"{nb.stem}: {status} in {ex.wall_s:.1f} s" + (f" ({'; '.join(reasons)})" if reasons else ""))
+            bar.update()
+        for stem, render in renders.items():
             try:
-                future.result()
+                render.result()
                 results[stem].html = f"notebooks/{stem}.html"
             except Exception as exc:  # noqa: BLE001 - a broken render must not hide the results
                 results[stem].reasons.append(f"HTML rendering failed: {exc}")
@@ -232,10 +212,9 @@ def apply_baseline(options: ReportOptions, results: list[NotebookResult], env: d
             states[tpu] = (path, "compared" if base is not None else "none")
             continue
         good = [r for r in results if r.record is not None and r.status in ("passed", "regressed")]
-        if not tpu:
-            skipped = [r.stem for r in results if r not in good]
-            if skipped:
-                notes.append(f"baseline not updated for failed notebook(s): {', '.join(skipped)}")
+        if not tpu and len(good) < len(results):
+            notes.append("baseline not updated for failed notebook(s): "
+                         + ", ".join(r.stem for r in results if r not in good))
         if tpu and not any(records[r.stem]["measurements"] for r in good):
             states[tpu] = (path, "none")  # no TPU view ran (a TPU host: the hlo column is the TPU there)
             continue
@@ -255,27 +234,24 @@ def apply_baseline(options: ReportOptions, results: list[NotebookResult], env: d
 def run_report(options: ReportOptions) -> Report:
     """Run the whole report; raises ReportInputError / BaselineError for runner-level failures."""
     chosen = validate_inputs(options)
-    baseline_path = options.baseline_dir / f"{options.profile}.json"
     if not options.update_baseline:                      # fail fast, before any kernel, on a corrupt baseline
-        bl.load(baseline_path, options.profile)
+        bl.load(options.baseline_dir / f"{options.profile}.json", options.profile)
         bl.load(options.baseline_dir / f"{options.tpu_profile}.json", options.tpu_profile)
     out = (options.out or default_out()).resolve()      # kernels run in notebooks/: every path absolute
     prepare_out_dir(out, options.force)
     started = time.time()
     write_manifest(out, options, started, None, None)
     env = host_env(options)
-    sweeps = ReportSweeps(options, out, [nb.stem for nb in chosen]) if options.sweeps else None
-    results = execute_all(options, chosen, out, sweeps)
+    results = execute_all(options, chosen, out)
     for r in results:
         if r.record and r.record.get("env"):
             env.setdefault("notebook_env", r.record["env"])
     notes: list[str] = []
     path, state = apply_baseline(options, results, env, notes)
-    report = Report(options, out, started, time.time(), results, path, state, env, notes=notes)
-    if sweeps is not None:
-        report.sweeps = sweeps.summaries()
-    report.finished = time.time()
+    report = Report(options, out, started, time.time(), results, path, state, env, notes=notes,
+                    charts=report_charts([r.record for r in results if r.record is not None]))
     write_report(report, out / "index.html")
+    report.finished = time.time()
     write_manifest(out, options, started, results, report.exit_status)
     if options.out is None:
         latest = out.parent / "latest"

@@ -6,21 +6,15 @@ A sweep directory belongs to one notebook::
 
     DIR/sweep.json                  {"schema", "notebook"} (a directory of another notebook is refused)
     DIR/points/<slug>/              one grid point: executed notebook, log, records/, point.json
-    DIR/kernels/worker-N.log        what the worker processes and their kernels printed outside cells
     DIR/table.csv (+ .parquet)      long table: one row per (point, measurement row of its record)
     DIR/charts.html                 plotly: any measurement vs any swept parameter (dropdown), offline
 
 A point is *complete* when its ``point.json`` says ``passed`` and its fingerprint still matches: SHA-256
 of the notebook file, the full parameter dict, the torch / torch_xla versions and the shardlab sources
-(excluding ``report/``). Complete points are never re-run; failed, interrupted or stale points are.
-
-Points of one device count run one after another in a shared kernel (``pool``): the ~7 s of kernel start
-and torch / torch_xla imports are paid once per kernel, not once per point. Each point's ``point.json``
-keeps its ``kernel_run`` and compile counters (``xla``: ``CachedCompile`` / ``UncachedCompile``); a point
-of a shared kernel is accepted only with ``CachedCompile == 0`` (nothing served from a compile cache),
-otherwise it runs again in a fresh kernel (``rerun`` says why). ``jobs`` kernels run at once (each 8-device
-CPU kernel needs ~1 GB). The runner owns ``num_devices`` and ``results_dir``: ``--num-devices`` (one count,
-or several to sweep it) and ``--out`` set them, never ``-p``.
+(excluding ``report/``). Complete points are never re-run; failed, interrupted or stale points are. Every
+point runs like a report notebook (:func:`shardlab.report.execute.run`: papermill in a process and kernel of
+its own), ``jobs`` at a time (each 8-device CPU kernel needs ~1 GB). The runner owns ``num_devices`` and
+``results_dir``: ``--num-devices`` (one count, or several to sweep it) and ``--out`` set them, never ``-p``.
 
 Measurement names that encode a parameter (``scan.compile_s.loop.L8``) can be split with ``name_params``
 (``{"L": r"\\.L(\\d+)$"}``): the row gets an ``L`` column and the name loses the suffix, so "compile time vs
@@ -31,18 +25,22 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import importlib.util
 import itertools
 import json
 import re
 import shutil
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
-from shardlab.report.execute import Execution, prepare_input, read_xla_totals
+import pandas as pd
+
+from shardlab.report.execute import run
 from shardlab.report.notebooks import (
     REQUIRED_PARAMETERS,
     NotebookInfo,
@@ -50,7 +48,7 @@ from shardlab.report.notebooks import (
     check_params,
     check_runner_owned,
 )
-from shardlab.report.pool import Pool, Task
+from shardlab.report.sweep_charts import charts, write_charts
 
 SWEEP_SCHEMA = "shardlab.sweep/1"
 PKG = Path(__file__).resolve().parents[1]
@@ -65,8 +63,6 @@ class Point:
     wall_s: float | None = None
     message: str = ""
     record: dict[str, Any] | None = None
-    kernel_run: int | None = None   # 1: ran first in its kernel (a fresh one); n: n-th run in a shared kernel
-    rerun: str = ""                 # why it ran again in a fresh kernel ("" if it did not)
 
 
 @dataclass
@@ -75,13 +71,12 @@ class SweepResult:
     out: Path
     axes: dict[str, list[Any]]
     points: list[Point]
-    frame: Any                      # pandas.DataFrame (long table)
+    frame: pd.DataFrame             # the long table
     table: Path
     parquet: Path | None
     charts: Path | None
     wall_s: float
     figures: list[Any] = field(default_factory=list)
-    kernels: int = 0                # kernels started for the points run now
 
     @property
     def ran(self) -> int:
@@ -164,74 +159,17 @@ def _fingerprint(nb_sha: str, code: str, params: Mapping[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def seed_point(nb: NotebookInfo, out: Path, values: Mapping[str, Any], params: Mapping[str, Any],
-               record: Mapping[str, Any], executed: Path | None = None) -> bool:
-    """Store an execution made elsewhere (the report's own run) as the completed point ``values``."""
-    pdir = out / "points" / slug(values)
-    meta = pdir / "point.json"
-    fp = _fingerprint(nb.sha256, code_fingerprint(), dict(params))
-    if meta.exists():
-        old = json.loads(meta.read_text())
-        if old.get("fingerprint") == fp and old.get("status") == "passed":
-            return False
-        shutil.rmtree(pdir)
-    (pdir / "records").mkdir(parents=True, exist_ok=True)
-    (pdir / "records" / f"{nb.stem}.json").write_text(json.dumps(record, indent=1))
-    if executed is not None and executed.exists():
-        shutil.copy(executed, pdir / f"{nb.stem}.ipynb")
-    meta.write_text(json.dumps({"fingerprint": fp, "status": "passed", "params": dict(params),
-                                "wall_s": record.get("wall_s"), "message": "taken from the report run"}))
-    return True
+def run_sweep(nb: NotebookInfo, axes: Mapping[str, Sequence[Any]], out: Path, *,
+              base: Mapping[str, Any] | None = None, num_devices: int | Sequence[int] = 8, device: str = "cpu",
+              jobs: int = 1, timeout_s: float = 600.0, force: bool = False,
+              name_params: Mapping[str, str] | None = None, render: bool = True) -> SweepResult:
+    """Run (or resume) the sweep; returns the table and charts. Raises ReportInputError on bad input.
 
-
-@dataclass
-class SweepPlan:
-    """A sweep ready to run: its points (cached ones already filled in) and the tasks for the others."""
-
-    nb: NotebookInfo
-    out: Path
-    axes: dict[str, list[Any]]
-    points: list[Point]
-    tasks: list[Task]
-    name_params: dict[str, str]
-    started: float
-
-    def on_done(self, task: Task, ex: Execution) -> None:
-        """Record a finished point (status, wall time, kernel and compile counters) in its point.json."""
-        p = next(p for p in self.points if p.dir.name == task.key)
-        rec_path = p.dir / "records" / f"{self.nb.stem}.json"
-        p.record = json.loads(rec_path.read_text()) if rec_path.exists() else None
-        bad_checks = p.record is not None and any(not c.get("ok") for c in p.record.get("checks", []))
-        if ex.ok and p.record is not None and p.record.get("status") == "passed" and not bad_checks:
-            p.status = "passed"
-        else:
-            p.status = "timeout" if ex.failure and ex.failure.kind == "timeout" else "failed"
-            p.message = ex.failure.message if ex.failure else "no passing record"
-        p.wall_s, p.kernel_run, p.rerun = ex.wall_s, ex.kernel_run, ex.rerun
-        xla = read_xla_totals(p.dir / "records", self.nb.stem)
-        meta = json.loads((p.dir / "point.json").read_text())
-        meta.update(status=p.status, wall_s=ex.wall_s, message=p.message, kernel_run=ex.kernel_run,
-                    rerun=ex.rerun, xla=xla)
-        (p.dir / "point.json").write_text(json.dumps(meta))
-
-    @property
-    def kernels(self) -> int:
-        """Kernels the points started (a point that ran first in its kernel started one)."""
-        return sum(1 for p in self.points if p.kernel_run == 1)
-
-
-def plan_sweep(nb: NotebookInfo, axes: Mapping[str, Sequence[Any]], out: Path, *,
-               base: Mapping[str, Any] | None = None, num_devices: int | Sequence[int] = 8, device: str = "cpu",
-               force: bool = False, name_params: Mapping[str, str] | None = None) -> SweepPlan:
-    """Validate, claim ``out``, find the completed points and make a task for every other one.
-
-    ``num_devices`` is the runner's (``--num-devices``): one count, or several to sweep it (an axis of its own;
-    each count is a separate device world, so its points never share a kernel with another count's).
+    ``num_devices`` is the runner's (``--num-devices``): one count, or several to sweep it (an axis of its own).
     """
     counts = [num_devices] if isinstance(num_devices, int) else list(num_devices)
     validate(nb, axes, base or {}, counts)
-    axes = dict(axes)
-    fixed = dict(base or {})
+    axes, fixed = dict(axes), dict(base or {})
     if len(counts) > 1:
         axes = {"num_devices": counts, **axes}
     else:
@@ -240,13 +178,12 @@ def plan_sweep(nb: NotebookInfo, axes: Mapping[str, Sequence[Any]], out: Path, *
     claim_dir(out, nb.stem, force)
     started = time.monotonic()
     nb_sha, code = nb.sha256, code_fingerprint()
-    points, tasks = [], []
+    points, todo = [], []
     for values in grid(axes):
         params = {**fixed, **values}
         point = Point(values, params, out / "points" / slug(values))
         fp = _fingerprint(nb_sha, code, params)
-        meta = point.dir / "point.json"
-        rec_path = point.dir / "records" / f"{nb.stem}.json"
+        meta, rec_path = point.dir / "point.json", point.dir / "records" / f"{nb.stem}.json"
         if meta.exists() and rec_path.exists():
             old = json.loads(meta.read_text())
             if old.get("fingerprint") == fp and old.get("status") == "passed":
@@ -255,65 +192,50 @@ def plan_sweep(nb: NotebookInfo, axes: Mapping[str, Sequence[Any]], out: Path, *
         if point.status != "cached":
             if point.dir.exists():
                 shutil.rmtree(point.dir)
-            src = prepare_input(nb.path, point.dir / "input.ipynb")
-            tasks.append(Task(slug(values), nb.stem, src, point.dir / f"{nb.stem}.ipynb", point.dir / "papermill.log",
-                              {**params, "results_dir": str(point.dir / "records")}, nb.path.parent,
-                              {"PJRT_DEVICE": device.upper()}, reuse=True, group="sweep"))
-            point.dir.mkdir(parents=True, exist_ok=True)
+            point.dir.mkdir(parents=True)
             meta.write_text(json.dumps({"fingerprint": fp, "status": "running", "params": params}))
+            todo.append(point)
         points.append(point)
-    return SweepPlan(nb, out, {k: list(v) for k, v in axes.items()}, points, tasks, dict(name_params or {}),
-                     started)
 
+    def one(p: Point) -> None:
+        records = p.dir / "records"
+        ex = run(nb.stem, nb.path, p.dir / f"{nb.stem}.ipynb", {**p.params, "results_dir": str(records)},
+                 nb.path.parent, p.dir / "papermill.log", timeout_s, {"PJRT_DEVICE": device.upper()})
+        rec_path = records / f"{nb.stem}.json"
+        p.record = json.loads(rec_path.read_text()) if rec_path.exists() else None
+        good = p.record is not None and p.record.get("status") == "passed" and \
+            all(c.get("ok") for c in p.record.get("checks", []))
+        if ex.ok and good:
+            p.status = "passed"
+        else:
+            p.status = "timeout" if ex.failure and ex.failure.kind == "timeout" else "failed"
+            p.message = ex.failure.message if ex.failure else "no passing record"
+        p.wall_s = ex.wall_s
+        meta = json.loads((p.dir / "point.json").read_text())
+        meta.update(status=p.status, wall_s=ex.wall_s, message=p.message, xla=(p.record or {}).get("xla"))
+        (p.dir / "point.json").write_text(json.dumps(meta))
 
-def finish_sweep(plan: SweepPlan, render: bool = True) -> SweepResult:
-    """Write the long table (CSV, parquet when pyarrow is there) and, with ``render``, the charts page."""
-    frame = table(plan.points, list(plan.axes), plan.name_params)
-    out = plan.out
+    with ThreadPoolExecutor(jobs) as pool:
+        list(pool.map(one, todo))
+    frame = table(points, list(axes), name_params)
     csv = out / "table.csv"
     frame.to_csv(csv, index=False)
     parquet = None
-    try:
-        import pyarrow  # noqa: F401
-
+    if importlib.util.find_spec("pyarrow") is not None:
         parquet = out / "table.parquet"
         frame.to_parquet(parquet, index=False)
-    except ImportError:
-        pass
-    result = SweepResult(plan.nb.stem, out, plan.axes, plan.points, frame, csv, parquet, None,
-                         time.monotonic() - plan.started, kernels=plan.kernels)
+    result = SweepResult(nb.stem, out, {k: list(v) for k, v in axes.items()}, points, frame, csv, parquet, None,
+                         time.monotonic() - started)
     if render:
-        from shardlab.report.sweep_charts import charts, write_charts
-
-        xs = [a for a in plan.axes if len(plan.axes[a]) > 1] + list(plan.name_params)
+        xs = [a for a in axes if len(axes[a]) > 1] + list(name_params or {})
         result.figures = [fig for x in xs for fig in charts(frame, x)]
-        result.charts = write_charts(result.figures, out / "charts.html", f"sweep of {plan.nb.stem}")
+        result.charts = write_charts(result.figures, out / "charts.html", f"sweep of {nb.stem}")
     return result
 
 
-def run_sweep(nb: NotebookInfo, axes: Mapping[str, Sequence[Any]], out: Path, *,
-              base: Mapping[str, Any] | None = None, num_devices: int | Sequence[int] = 8, device: str = "cpu",
-              jobs: int = 1, timeout_s: float | None = 600.0, force: bool = False,
-              name_params: Mapping[str, str] | None = None, render: bool = True) -> SweepResult:
-    """Run (or resume) the sweep; returns the table and charts. Raises ReportInputError on bad input.
-
-    Points of one device count share kernels (see ``pool``: each point's compile counters prove no point
-    was served by another point's compile cache, or the point runs again in a fresh kernel).
-    """
-    plan = plan_sweep(nb, axes, out, base=base, num_devices=num_devices, device=device, force=force,
-                      name_params=name_params)
-    if plan.tasks:
-        pool = Pool(jobs, timeout_s, f"sweep {nb.stem}", kernel_logs=plan.out / "kernels")
-        for t in plan.tasks:
-            pool.submit(t, plan.on_done)
-        pool.run()
-    return finish_sweep(plan, render)
-
-
-def table(points: Sequence[Point], axis_names: Sequence[str], name_params: Mapping[str, str] | None = None) -> Any:
+def table(points: Sequence[Point], axis_names: Sequence[str], name_params: Mapping[str, str] | None = None
+          ) -> pd.DataFrame:
     """One row per (point, measurement row): axis values, status, name, source, kind, unit, value."""
-    import pandas as pd
-
     rows = []
     patterns = {k: re.compile(v) for k, v in (name_params or {}).items()}
     for p in points:
@@ -334,32 +256,10 @@ def table(points: Sequence[Point], axis_names: Sequence[str], name_params: Mappi
                          "value_text": str(value), "spread_min": spread.get("min"), "spread_max": spread.get("max")})
     cols = [*axis_names, *(name_params or {}), "point", "point_status", "point_wall_s", "name", "source", "kind",
             "unit", "value", "value_text", "spread_min", "spread_max"]
-    frame = pd.DataFrame(rows, columns=cols)
-    return frame
+    return pd.DataFrame(rows, columns=cols)
 
 
-def add_derived(frame: Any, name: str, op: str, a: str, b: str, unit: str = "") -> Any:
-    """Append rows ``name = a op b`` (op: ratio | difference) per point and source where both exist."""
-    import pandas as pd
-
-    keys = [c for c in frame.columns if c not in ("name", "source", "kind", "unit", "value", "value_text",
-                                                   "spread_min", "spread_max")]
-    left = frame[frame["name"] == a]
-    right = frame[frame["name"] == b]
-    if left.empty or right.empty:
-        return frame
-    merged = left.merge(right, on=[*keys, "source"], suffixes=("_a", "_b"))
-    if merged.empty:
-        return frame
-    value = merged["value_a"] / merged["value_b"] if op == "ratio" else merged["value_a"] - merged["value_b"]
-    extra = merged[[*keys, "source"]].copy()
-    extra["name"], extra["kind"], extra["unit"] = name, "structural", unit
-    extra["value"] = value
-    extra["value_text"] = value.astype(str)
-    return pd.concat([frame, extra], ignore_index=True)
-
-
-def match_names(frame: Any, patterns: Sequence[str]) -> list[str]:
+def match_names(frame: pd.DataFrame, patterns: Sequence[str]) -> list[str]:
     """Measurement names matching any pattern, in pattern order (the first pattern's names come first)."""
     names = list(dict.fromkeys(frame["name"]))
     return list(dict.fromkeys(n for p in patterns for n in names if fnmatch(n, p)))

@@ -15,14 +15,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import plotly.graph_objects as go
+from plotly.offline import get_plotlyjs
+
 MARKERS = {"formula": "circle-open", "ledger": "x", "hlo": "diamond-open", "metrics": "square", "timer": "triangle-up"}
 OTHER_COLS = ("point", "point_status", "point_wall_s", "name", "source", "kind", "unit", "value", "value_text",
               "spread_min", "spread_max")
 
 
 def _traces(sub: Any, x: str, group_cols: Sequence[str]) -> list[Any]:
-    import plotly.graph_objects as go
-
     traces = []
     keys = ["source", *group_cols]
     for key, part in sub.groupby(keys, dropna=False, sort=True):
@@ -40,8 +41,6 @@ def _traces(sub: Any, x: str, group_cols: Sequence[str]) -> list[Any]:
 
 def chart(frame: Any, x: str, name: str, title: str | None = None) -> Any:
     """One measurement ``name`` vs parameter ``x``."""
-    import plotly.graph_objects as go
-
     sub = frame[(frame["name"] == name) & frame["value"].notna() & frame[x].notna()]
     others = [c for c in frame.columns if c not in (*OTHER_COLS, x) and sub[c].nunique(dropna=True) > 1]
     fig = go.Figure(_traces(sub, x, others))
@@ -53,8 +52,6 @@ def chart(frame: Any, x: str, name: str, title: str | None = None) -> Any:
 
 def charts(frame: Any, x: str, names: Sequence[str] | None = None, title: str | None = None) -> list[Any]:
     """A figure of every numeric measurement vs ``x`` with a dropdown (one figure; [] if nothing to draw)."""
-    import plotly.graph_objects as go
-
     if x not in frame.columns:
         return []
     ok = frame[frame["value"].notna() & frame[x].notna()]
@@ -87,8 +84,6 @@ def charts(frame: Any, x: str, names: Sequence[str] | None = None, title: str | 
 
 def write_charts(figures: Sequence[Any], dest: Path, title: str) -> Path:
     """A standalone page with plotly.js inlined once."""
-    from plotly.offline import get_plotlyjs
-
     body = "".join(f.to_html(full_html=False, include_plotlyjs=False) for f in figures) or "<p>nothing to draw</p>"
     dest.write_text(f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title>"
                     f"<script type='text/javascript'>{get_plotlyjs()}</script></head><body><h1>{title}</h1>"

@@ -1,0 +1,95 @@
+"""The report's curves, drawn from the notebooks' own records — no extra executions.
+
+Design note
+-----------
+A notebook whose lesson needs a curve computes it as a loop over its cases in one process and records every
+point under a name that carries the swept value (``mlp.by_tp.tp4.fwd_bwd.all_reduce.bytes``,
+``scan.compile_s.loop.L8``). A :class:`ChartSpec` names the notebook and a regular expression with a group ``x``
+(the swept value) and optionally a group ``series``; every matching measurement becomes a point, one trace per
+series and source. A spec whose notebook did not run, or whose record holds no matching value, gives a chart
+with a note instead of a figure.
+
+Example::
+
+    >>> spec = ChartSpec("t", "02_megatron_mlp", r"mlp\\.by_tp\\.tp(?P<x>\\d+)\\.fwd_bwd\\.all_reduce\\.bytes", "bytes")
+    >>> rec = {"notebook": "02_megatron_mlp", "measurements": [
+    ...     {"name": "mlp.by_tp.tp2.fwd_bwd.all_reduce.bytes", "value": 8, "source": "formula"}]}
+    >>> points(spec, [rec])
+    {'formula': [(2.0, 8)]}
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import plotly.graph_objects as go
+
+
+@dataclass(frozen=True)
+class ChartSpec:
+    title: str
+    notebook: str
+    pattern: str          # a regular expression over measurement names, with a group "x" (and maybe "series")
+    y: str                # the y axis title
+    x: str = ""           # the x axis title (default: the x group's name in the title)
+    log_x: bool = False
+
+
+@dataclass
+class Chart:
+    spec: ChartSpec
+    figure: go.Figure | None
+    note: str = ""
+
+
+REPORT_CHARTS = (
+    ChartSpec("Megatron MLP: all-reduce payload per rank vs tp (forward + backward)", "02_megatron_mlp",
+              r"mlp\.by_tp\.tp(?P<x>\d+)\.fwd_bwd\.all_reduce\.bytes", "bytes per rank", "tp"),
+    ChartSpec("Vocab-parallel cross-entropy: wire-byte saving over gathered logits vs vocabulary",
+              "04_vocab_parallel_embedding_ce", r"ce\.by_vocab\.V(?P<x>\d+)\.saving_ratio",
+              "gathered / vocab-parallel wire bytes", "vocabulary V", log_x=True),
+    ChartSpec("FSDP flat parameter: padding vs world size", "05_fsdp_flat_params",
+              r"fsdp\.padding\.W(?P<x>\d+)(?P<series>\.\w+)?$", "padding elements", "world size W"),
+    ChartSpec("scan: XLA compile time vs number of layers L", "06_scan_shard_as",
+              r"scan\.compile_s\.(?P<series>loop|scan_layers|scan)\.L(?P<x>\d+)$", "compile s", "layers L"),
+    ChartSpec("scan: HLO instructions vs number of layers L", "06_scan_shard_as",
+              r"scan\.hlo_instructions\.(?P<series>loop|scan_layers|scan)\.L(?P<x>\d+)$", "instructions",
+              "layers L"),
+)
+
+
+def points(spec: ChartSpec, records: Iterable[Mapping[str, Any]]) -> dict[str, list[tuple[float, Any]]]:
+    """``{trace name: [(x, y), ...]}`` of every measurement of the spec's notebook that matches its pattern."""
+    rx = re.compile(spec.pattern)
+    out: dict[str, list[tuple[float, Any]]] = {}
+    for rec in records:
+        if rec.get("notebook") != spec.notebook:
+            continue
+        for m in rec.get("measurements", []):
+            hit = rx.fullmatch(m["name"])
+            if hit is None or not isinstance(m["value"], int | float):
+                continue
+            series = (hit.groupdict().get("series") or "").strip(".")
+            name = f"{series} ({m['source']})" if series else m["source"]
+            out.setdefault(name, []).append((float(hit["x"]), m["value"]))
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def report_charts(records: list[Mapping[str, Any]], specs: Iterable[ChartSpec] = REPORT_CHARTS) -> list[Chart]:
+    charts = []
+    for spec in specs:
+        traces = points(spec, records)
+        if not traces:
+            ran = any(r.get("notebook") == spec.notebook for r in records)
+            charts.append(Chart(spec, None, f"{spec.notebook} " + ("recorded no value matching "
+                                                                   f"{spec.pattern!r}" if ran else "did not run")))
+            continue
+        fig = go.Figure([go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers", name=name)
+                         for name, pts in traces.items()])
+        fig.update_layout(title=spec.title, height=360, xaxis_title=spec.x, yaxis_title=spec.y,
+                          xaxis_type="log" if spec.log_x else None, margin=dict(l=10, r=10, t=40, b=10))
+        charts.append(Chart(spec, fig))
+    return charts
