@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--jobs", type=int, default=1, help="notebooks (kernels) at a time (default 1)")
     rp.add_argument("--force", "--overwrite", dest="force", action="store_true",
                     help="replace an existing report in --out")
+    rp.add_argument("--tpu-generation", default="v5e",
+                    help="TPU generation every compile-only TPU view compiles for (default v5e; baseline profile "
+                         "tpu-<generation>-<N>-aot)")
     rp.add_argument("--update-baseline", action="store_true",
                     help="rewrite data/baselines/<profile>.json from this run")
     rp.add_argument("--baseline-dir", type=Path, default=None, help="default data/baselines")
@@ -105,7 +108,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     opts = ReportOptions(num_devices=args.num_devices, device=device, out=args.out, only=args.only,
                          params=_params(args.param, single=True),
                          timeout_s=args.timeout or (3600.0 if args.full_size else 600.0), jobs=args.jobs,
-                         force=args.force, update_baseline=args.update_baseline, full_size=args.full_size)
+                         force=args.force, update_baseline=args.update_baseline, full_size=args.full_size,
+                         tpu_generation=args.tpu_generation)
     if args.baseline_dir is not None:
         opts.baseline_dir = args.baseline_dir
     if args.notebooks_dir is not None:

@@ -135,6 +135,18 @@ def topology_for(num_chips: int, generation: str = "v5e") -> str:
     return found[0]
 
 
+GENERATION_ENV = "SHARDLAB_TPU_GENERATION"  # the report sets it: every notebook's TPU view compiles for one generation
+
+
+def default_generation() -> str:
+    """The TPU generation a view compiles for unless told otherwise: ``$SHARDLAB_TPU_GENERATION`` or ``v5e``."""
+    generation = os.environ.get(GENERATION_ENV, "v5e")
+    known = sorted({t.generation for t in TOPOLOGIES.values()})
+    if generation not in known:
+        raise ValueError(f"{GENERATION_ENV}={generation!r} is not a TPU generation the compiler knows: {known}")
+    return generation
+
+
 NOT_INSTALLED = ("libtpu is not installed here: the TPU compiler ships in it (`pip install libtpu==0.0.21`; "
                  "hosted TPU runtimes get it with torch_xla[tpu])")
 ON_TPU = "this process runs on a TPU: the hlo column is the TPU compiler's own program"

@@ -43,6 +43,7 @@ class ReportOptions:
     update_baseline: bool = False
     baseline_dir: Path = ROOT / "data" / "baselines"
     full_size: bool = False                    # full_size=True in every notebook declaring it (minutes of TPU compiles)
+    tpu_generation: str = "v5e"                # every notebook's compile-only TPU view compiles for this generation
 
     @property
     def profile(self) -> str:
@@ -51,9 +52,10 @@ class ReportOptions:
 
     @property
     def tpu_profile(self) -> str:
-        """Baseline profile of the compile-only TPU view (source ``tpu``): ``tpu-v5e-8-aot`` for 8 devices. Its
-        structural values are deterministic (compile-only, libtpu pinned) and compared exactly, like cpu-8's."""
-        return f"tpu-v5e-{self.num_devices}-aot" + ("-full" if self.full_size else "")
+        """Baseline profile of the compile-only TPU view (source ``tpu``): ``tpu-v5e-8-aot`` for 8 devices of the
+        generation compiled for. Its structural values are deterministic (compile-only, libtpu pinned) and compared
+        exactly, like cpu-8's."""
+        return f"tpu-{self.tpu_generation}-{self.num_devices}-aot" + ("-full" if self.full_size else "")
 
 
 @dataclass

@@ -34,7 +34,8 @@ NOTEBOOK_RE = re.compile(r"^(\d\d[a-z]?)_[A-Za-z0-9_]+$")  # 05_..., 05b_...
 # Parameters every notebook must declare: the runner always passes them, from its own options. A `-p` for
 # one of them would be overwritten without a word, so it is refused, naming the option that sets it.
 REQUIRED_PARAMETERS = ("num_devices", "results_dir")
-RUNNER_OWNED = {"num_devices": "--num-devices", "results_dir": "--out", "full_size": "--full-size"}
+RUNNER_OWNED = {"num_devices": "--num-devices", "results_dir": "--out", "full_size": "--full-size",
+                "generation": "--tpu-generation"}
 
 
 class ReportInputError(ValueError):
@@ -175,8 +176,11 @@ def check_runner_owned(params: Mapping[str, Any], command: str = "report") -> No
         if name == "full_size" and command == "report":
             raise ReportInputError(f"-p full_size {shown}: full_size is set by the report from --full-size (which "
                                    "also selects the <profile>-full baselines and a longer timeout); use --full-size")
-        if name == "full_size":
-            continue  # a sweep may sweep it like any parameter
+        if name == "generation" and command == "report":
+            raise ReportInputError(f"-p generation {shown}: the report compiles every notebook's TPU view for one "
+                                   "generation and compares it with that generation's baseline; use --tpu-generation")
+        if name in ("full_size", "generation"):
+            continue  # a sweep may sweep them like any parameter
         how = ("use --num-devices N [N ...] to run (or sweep) device counts" if command == "sweep"
                else "use --num-devices N instead")
         raise ReportInputError(f"-p {name} {shown}: {name} is set by the runner from {option} (the {command} "

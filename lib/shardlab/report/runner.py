@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from shardlab.answer_keys import load_key
 from shardlab.profile.record import load_record
+from shardlab.profile.tpu import GENERATION_ENV, TOPOLOGIES
 from shardlab.report import baseline as bl
 from shardlab.report import nbhtml
 from shardlab.report.charts import report_charts
@@ -58,6 +59,9 @@ def validate_inputs(options: ReportOptions) -> list[NotebookInfo]:
     for name, value in (("--num-devices", options.num_devices), ("--jobs", options.jobs)):
         if value < 1:
             raise ReportInputError(f"{name} {value} must be >= 1")
+    generations = sorted({t.generation for t in TOPOLOGIES.values()})
+    if options.tpu_generation not in generations:
+        raise ReportInputError(f"--tpu-generation {options.tpu_generation!r} must be one of {generations}")
     if options.timeout_s <= 0:
         raise ReportInputError(f"--timeout {options.timeout_s} must be > 0 seconds")
     if options.device == "tpu" and not tpu_present():
@@ -108,6 +112,8 @@ def notebook_params(options: ReportOptions, nb: NotebookInfo, out: Path) -> dict
     params = {**options.params, "num_devices": options.num_devices, "results_dir": str(out / "records")}
     if options.full_size and "full_size" in nb.parameters:
         params["full_size"] = True
+    if "generation" in nb.parameters:
+        params["generation"] = options.tpu_generation
     if "answers" in nb.parameters and "answers" not in params:
         params["answers"] = load_key(nb.stem)
     return params
@@ -136,7 +142,7 @@ def execute_all(options: ReportOptions, chosen: list[NotebookInfo], out: Path) -
     plotly_js = nbhtml.write_plotly_js(nb_dir / "plotly.min.js")
     results: dict[str, NotebookResult] = {}
     renders: dict[str, Future[Path]] = {}
-    env = {"PJRT_DEVICE": options.device.upper()}
+    env = {"PJRT_DEVICE": options.device.upper(), GENERATION_ENV: options.tpu_generation}
 
     def one(nb: NotebookInfo) -> Execution:
         return run(nb.stem, nb.path, nb_dir / f"{nb.stem}.ipynb", notebook_params(options, nb, out),
