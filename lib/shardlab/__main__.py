@@ -13,6 +13,7 @@ Examples::
     python -m shardlab sweep 02_megatron_mlp -p tp 1 2 4 8 -p batch 4 --jobs 2
     python -m shardlab sweep 00 --num-devices 2 4 8            # device counts are the runner's: an option
     python -m shardlab badges --repo OWNER/shardlab             # README badge table
+    python -m shardlab inspect llama-3-8b --topology v6e-8 --mesh fsdp=8   # an HF model on a TPU slice
 """
 
 from __future__ import annotations
@@ -94,6 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
     bp = sub.add_parser("badges", help="print the README's Open-in-Colab / Open-in-Kaggle table")
     bp.add_argument("--repo", required=True, help="owner/name of the public GitHub repository")
     bp.add_argument("--branch", default="main")
+
+    from shardlab.inspect.cli import add_parser as add_inspect
+
+    add_inspect(sub)
     return ap
 
 
@@ -167,6 +172,10 @@ def cmd_badges(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     hide_slow_modules()                             # 3.7 s of nbformat's import; see execute.py
     args = build_parser().parse_args(argv)
+    if args.command == "inspect":  # its own exit status: 0 fits, 1 does not fit, 2 bad input
+        from shardlab.inspect.cli import main as inspect_main
+
+        return inspect_main(args)
     from shardlab.report.baseline import BaselineError
     from shardlab.report.notebooks import ReportInputError
 

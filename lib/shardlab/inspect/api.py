@@ -1,0 +1,163 @@
+"""``inspect(model, mesh=..., topology=...)``: trace, compile for the slice, compare with the planner.
+
+Design note
+-----------
+:func:`run` validates the config (every bad input raises :class:`InspectInputError` here, before any trace),
+traces ``step.build`` and compiles it with XLA:TPU compile-only (``shardlab.profile.tpu``) — in this process
+when its device world has the slice's chip count (the CLI sets its world up that way, so it can report each
+stage), otherwise in the suite's helper process with that many devices (``tpu.compile_program``) — then reads
+the program (``analysis``) and the planner's prediction, and, when the step does not fit, the planner's nearest
+plan that fits (compiled too with ``confirm=True``). The result is plain data (:class:`InspectResult`, JSON
+round trip) so a notebook can show cached full-size runs without recompiling.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from shardlab.inspect import analysis as A
+from shardlab.inspect.config import InspectConfig, InspectInputError, compiler_topology, layout, make_config, with_mesh
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class InspectResult:
+    """One inspected training step: verdict, per-chip memory by kind, collectives, planner beside each number."""
+
+    config: dict[str, Any]  # the InspectConfig's fields (model_json as the config dict: "model_config")
+    label: str
+    topology: str  # the compiler's slice name (v6e:2x4)
+    slice: str  # the planner's (v6e-8)
+    fits: bool
+    message: str  # the compiler's one-line verdict when out of memory ("RESOURCE_EXHAUSTED: ...")
+    compile_s: float
+    trace_s: float | None  # None when traced in a helper process (included in its compile call)
+    where: str  # "this process" | "a helper process with N devices"
+    memory: list[dict[str, Any]]  # rows: kind, compiler, source, planner, ratio (bytes per chip)
+    totals: dict[str, Any]  # arguments, temporaries, checked, peak, outputs, capacity, ... (bytes per chip)
+    largest: list[dict[str, Any]]  # bytes, shape, op, label, allocation
+    collectives: list[dict[str, Any]]  # per (axes, op): instructions, per_step, bytes_per_step, planner_*, ratio
+    planner: dict[str, Any] | None  # fits, at_risk, verdict, memory, total, num_params, degrees (None: cannot plan)
+    params: dict[str, Any]  # model / planner parameter counts
+    rules: dict[str, int]  # parameters per rule origin
+    notes: list[str] = field(default_factory=list)
+    oom_message: str = ""  # the compiler's full message (largest allocations included)
+    collective_list: list[dict[str, Any]] = field(default_factory=list)  # every logical collective
+    nearest: dict[str, Any] | None = None  # the planner's nearest plan that fits
+    confirmed: dict[str, Any] | None = None  # that plan inspected (InspectResult.as_dict), with confirm=True
+
+    @property
+    def exit_status(self) -> int:
+        from shardlab.report.datatypes import EXIT_FAILED, EXIT_OK
+
+        return EXIT_OK if self.fits else EXIT_FAILED
+
+    def row(self, kind: str) -> dict[str, Any]:
+        return next(r for r in self.memory if r["kind"].startswith(kind))
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> InspectResult:
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+
+def _config_dict(cfg: InspectConfig) -> dict[str, Any]:
+    d = asdict(cfg)
+    d["model_config"] = cfg.config_dict()
+    del d["model_json"]
+    return d
+
+
+def run(cfg: InspectConfig, progress: Progress | None = None, confirm: bool = False) -> InspectResult:
+    """Validate, trace, compile and analyse one configuration (see the module note)."""
+    from shardlab import runtime
+    from shardlab.inspect import step
+    from shardlab.inspect.models import planner_model
+    from shardlab.profile import tpu
+
+    say = progress or (lambda _s: None)
+    say("validating (model on the meta device, sharding rules)")
+    cfg.validate()
+    topology = compiler_topology(cfg.topology)
+    try:
+        world = runtime.current()
+    except RuntimeError:
+        world = None
+    label = f"inspect {cfg.label}"
+    trace_s: float | None = None
+    if world is not None and world.num_devices == cfg.chips:
+        say(f"tracing the training step ({cfg.layers}, recompute {cfg.recompute}) with placeholders")
+        t0 = time.perf_counter()
+        built = step.build(cfg)
+        trace_s = time.perf_counter() - t0
+        say(f"compiling for {topology} with XLA:TPU (compile-only)")
+        compiled = tpu.compile_built(built, topology, donate=cfg.donate, label=label)
+        where = "this process"
+    else:
+        where = f"a helper process with {cfg.chips} devices"
+        say(f"tracing and compiling for {topology} in {where}")
+        compiled = tpu.compile_program(step.build, cfg, topology, donate=cfg.donate, label=label)
+    say("reading the program and asking the planner")
+    lay = layout(cfg)
+    plan, why = A.planner_for(cfg)
+    _, model_notes = planner_model(lay.hf_config, cfg.model_name)
+    notes = list(model_notes)
+    if why:
+        notes.append(why)
+    if cfg.hf_config().model_type == "mixtral":
+        notes.append("MoE dispatch traced in its static form (every expert on every token, weighted by the router; "
+                     "HF's expert loop has data-dependent shapes a placeholder trace cannot follow)")
+    notes.append("attention: HF eager (the [b, a, s, s] scores exist): the planner's no-flash prediction is compared")
+    rows, totals = A.memory_rows(compiled, cfg, plan)
+    coll = A.collective_rows(compiled.module, cfg) if compiled.module is not None else []
+    real = sum(p.numel for p in lay.params)
+    origins: dict[str, int] = {}
+    for o in lay.origins.values():
+        origins[o] = origins.get(o, 0) + 1
+    planner = None
+    if plan is not None:
+        planner = {"fits": plan.fits, "at_risk": plan.at_risk, "verdict": plan.verdict, "memory": dict(plan.memory),
+                   "total": plan.memory_total, "hbm_bytes": plan.hbm_bytes, "num_params": plan.num_params,
+                   "degrees": dict(zip(("data", "fsdp", "tensor"), cfg.degrees, strict=True)),
+                   "agrees": plan.fits == compiled.fits}
+    result = InspectResult(
+        _config_dict(cfg), cfg.label, topology, cfg.topology, compiled.fits,
+        compiled.oom.first_line if compiled.oom else "", compiled.compile_s, trace_s, where, rows, totals,
+        A.largest(compiled), A.collective_summary(coll, plan, cfg), planner,
+        {"model": real, "planner": plan.num_params if plan else None,
+         "ratio": real / plan.num_params if plan else None}, origins, notes,
+        compiled.oom.message if compiled.oom else "", coll)
+    if not compiled.fits:
+        say("searching the planner for the nearest plan that fits")
+        near = A.nearest_fit(cfg)
+        if near is not None:
+            c = near.config
+            result.nearest = {"topology": c.topology, "data": c.data, "fsdp": c.fsdp, "tensor": c.tensor,
+                              "recompute": c.recompute, "total": near.memory_total, "verdict": near.verdict}
+            if confirm:
+                mesh = tuple((a, n) for a, n in (("data", c.data), ("fsdp", c.fsdp), ("tensor", c.tensor)) if n > 1)
+                other = with_mesh(cfg, mesh or (("fsdp", 1),), topology=c.topology, recompute=c.recompute)
+                say(f"confirming the nearest plan: {other.label}")
+                result.confirmed = run(other, progress).as_dict()
+    return result
+
+
+def inspect(model_or_config: Any, *, mesh: Any = "fsdp=8", topology: str = "v6e-8", batch: int = 8,
+            seq: int = 2048, optimizer: str = "adamw", recompute: str = "full", rules: Any = None,
+            layers: str = "scan", fsdp: Any = "auto", tensor: Any = "auto", strict: bool = False,
+            num_layers: int | None = None, overrides: dict[str, Any] | None = None, confirm: bool = False,
+            progress: Progress | None = None, **kw: Any) -> InspectResult:
+    """Will this HF model's training step fit on ``topology``, and what does it send? (see the package note)"""
+    cfg = make_config(model_or_config, mesh=mesh, topology=topology, fsdp=fsdp, tensor=tensor, rules=rules,
+                      batch=batch, seq=seq, optimizer=optimizer, recompute=recompute, layers=layers, strict=strict,
+                      num_layers=num_layers, overrides=overrides or {}, **kw)
+    return run(cfg, progress, confirm)
+
+
+__all__ = ["InspectInputError", "InspectResult", "inspect", "run"]
