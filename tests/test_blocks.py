@@ -4,6 +4,9 @@ import pytest
 import torch
 
 from shardlab import blocks
+from shardlab.blocks import rank_arithmetic, ring
+from shardlab.viz import blocks as vb
+from shardlab.viz import collectives as vc
 
 
 @pytest.mark.parametrize("m,k,n,parts", [(8, 12, 6, 3), (5, 7, 9, 4), (3, 5, 2, 1), (6, 6, 6, 6)])
@@ -66,8 +69,6 @@ def test_bad_input(call, msg: str) -> None:  # type: ignore[no-untyped-def]
 
 def test_viz_owner_maps_and_explorer_headless() -> None:
     """The picture's owner maps follow the split rules; the explorer's update recomputes against dense."""
-    from shardlab.viz import blocks as vb
-
     own = vb.owners(4, 6, 8, 2, "row")
     assert own["x"][0] == [0, 0, 0, 1, 1, 1] and [r[0] for r in own["W"]] == [0, 0, 0, 1, 1, 1]
     assert all(v == -1 for row in own["Y"] for v in row)  # after the all-reduce every device holds all of Y
@@ -83,18 +84,12 @@ def test_viz_owner_maps_and_explorer_headless() -> None:
 def test_collective_pictures_show_what_the_per_rank_code_returned() -> None:
     """Rank arithmetic (rank r holds r + 1): all-reduce gives 1 + ... + W = W(W+1)/2 everywhere, reduce-scatter
     rank r that sum in slot r, all-gather [1, ..., W] on every rank."""
-    import torch
-
-    from shardlab.blocks import ring
-    from shardlab.blocks import views as bv
-    from shardlab.viz import collectives as vc
-
     w = 4
-    _, after = bv.rank_arithmetic("all_reduce", w)
+    _, after = rank_arithmetic("all_reduce", w)
     assert all(a.tolist() == [10.0] * w for a in after)
-    _, after = bv.rank_arithmetic("reduce_scatter", w)
+    _, after = rank_arithmetic("reduce_scatter", w)
     assert [a.tolist() for a in after] == [[10.0]] * w
-    _, after = bv.rank_arithmetic("all_gather", w)
+    _, after = rank_arithmetic("all_gather", w)
     assert all(a.tolist() == [1.0, 2.0, 3.0, 4.0] for a in after)
     assert len(vc.before_after(w).data) == 6
     trace = ring.simulate("all_reduce", [torch.ones(8)] * w)

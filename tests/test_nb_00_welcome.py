@@ -40,7 +40,7 @@ def test_notebook_00_one_device(run_notebook) -> None:  # type: ignore[no-untype
     values = _values(rec)
     _assert_collectives(values, 1000, 4, ("formula", "ledger", "tpu"))
     assert not any(src == "hlo" for (_, src) in values)
-    assert any("hlo view skipped" in note["detail"] for note in rec["notes"])
+    assert any(s["source"] == "hlo" and "world_size=4" in s["reason"] for s in rec["skipped"])
 
 
 @pytest.mark.notebook

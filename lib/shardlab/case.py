@@ -14,6 +14,12 @@ backward, a splitting rule, a schedule), and supplies only what its topic knows:
     read(view, module)    extra values and checks read from a compiled program (either compiler)
     devices, ops          how many devices the graph's mesh spans; which collectives to read
 
+Two general variants: a per-rank program that runs in several independent groups of ``ranks`` ranks (the
+other axis of a 2-D mesh) returns one ``(fn, args)`` per group from ``program()``; a step cut into several
+graphs (FSDP's forward, then backward + update: only sharded parameters live between them) names them in
+``programs`` and ``graph()`` *yields* each graph's outputs in turn — the harness executes each graph before it
+asks for the next, compiles every one, and hands ``read`` / ``parity`` ``{program: ...}`` dicts.
+
 Everything else — running the ledger and the parity check, skipping a view that needs more devices than this
 process has, the XLA:CPU capture, the TPU topology, compile and out-of-memory result, compile seconds, the
 four-way comparison and the record — is written once, in :mod:`shardlab.harness`. Adding a topic adds a case
@@ -49,6 +55,7 @@ from shardlab import runtime
 from shardlab.views import View
 
 Checks = dict[str, tuple[bool, str]]
+Program = tuple[Callable[..., Any], tuple[Any, ...]]  # (fn, args): fn(comm, *args) on every rank
 
 
 @dataclass(frozen=True)
@@ -60,6 +67,7 @@ class Case:
     size_name: ClassVar[str] = "tp"  # the parameter that sets `devices` (named in the skip message)
     mesh_text: ClassVar[str] = "(data, tensor) = (n / tp, tp)"  # how the mesh tiles n devices (skip message)
     cpu_reduce_scatter: ClassVar[bool] = False  # count XLA:CPU's all-reduce + dynamic-slice as a reduce-scatter
+    programs: ClassVar[tuple[str, ...]] = ()  # a step cut into several graphs: their names, in order (see graph)
 
     p: Any
 
@@ -98,8 +106,9 @@ class Case:
     def formula(self) -> View:
         return View.skip("formula", f"{type(self).__name__} has no formula")
 
-    def program(self) -> tuple[Callable[..., Any], tuple[Any, ...]] | None:
-        """``(fn, args)``: ``fn(comm, *args)`` is the per-rank code the ledger runs; None: no ledger view."""
+    def program(self) -> Program | list[Program] | None:
+        """``(fn, args)``: ``fn(comm, *args)`` is the per-rank code the ledger runs on ``ranks`` ranks; a list of
+        them: independent groups of ``ranks`` ranks each (their ledgers must be alike); None: no ledger view."""
         return None
 
     def oracle(self) -> Any:
@@ -107,8 +116,9 @@ class Case:
         return None
 
     def parity(self, source: str, got: Any, ref: Any) -> Checks:
-        """Checks of ``got`` — the ranks' results (``source == "ledger"``) or the executed XLA:CPU program's
-        outputs (``"hlo"``) — against ``ref = oracle()``: ``{name: (ok, what was compared)}``."""
+        """Checks of ``got`` — the ranks' results (``source == "ledger"``; a list per group for a grouped
+        program) or the executed XLA:CPU program's outputs (``"hlo"``; ``{program: outputs}`` for a case with
+        ``programs``) — against ``ref = oracle()``: ``{name: (ok, what was compared)}``."""
         return {}
 
     def ledger_extra(self, view: View, ledger: Any, results: list[Any]) -> View:
@@ -116,11 +126,13 @@ class Case:
         return view
 
     def graph(self) -> Any:
-        """The sharded graph on the current world, NOT synced: a list of output tensors or a ``Step``."""
+        """The sharded graph on the current world, NOT synced: a list of output tensors or a ``Step``. With
+        ``programs``: a generator yielding each program's outputs in order (executed before the next is built)."""
         raise NotImplementedError(f"{type(self).__name__} has no XLA graph")
 
     def read(self, view: View, module: Any) -> View:
-        """Values and checks read from a compiled program (``view.source`` is ``hlo`` or ``tpu``)."""
+        """Values and checks read from a compiled program (``view.source`` is ``hlo`` or ``tpu``); a case with
+        ``programs`` gets ``{program: HloModule}``."""
         return view
 
 

@@ -4,8 +4,9 @@ Design
 ------
 A topic supplies a :class:`shardlab.case.Case`; this module owns the rest:
 
-- :func:`ledger` runs the case's per-rank program on ``case.ranks`` ranks of a :class:`SimulatedWorld`, reads the
-  collectives it recorded and checks the ranks' results against the oracle (``case.parity``).
+- :func:`ledger` runs the case's per-rank program on ``case.ranks`` ranks of a :class:`SimulatedWorld` (one world
+  per group when the program runs in independent groups), reads the collectives it recorded and checks the ranks'
+  results against the oracle (``case.parity``).
 - :func:`hlo` — the CPU compiler. The rule for a view that needs more devices than this process has: it is
   *skipped* with the reason (never a failed check). Otherwise the graph is run as one step, its partitioned
   HLO captured (:func:`shardlab.profile.capture_hlo`), its collectives parsed, its outputs checked against the
@@ -20,6 +21,10 @@ A topic supplies a :class:`shardlab.case.Case`; this module owns the rest:
 - :func:`record_compile_s` — compile seconds of the programs behind the compiler views, one rule: a compile
   served from a cache measured nothing and is not recorded (the record says so in a note).
 
+A case whose step is several graphs (``case.programs``) is captured graph by graph, each executed before the next
+is built; the TPU compiles each (:func:`build_program` rebuilds and executes the graphs before it), and a view's
+``detail`` is then the list of its captures / compiles.
+
 Example::
 
     >>> from shardlab.views import View
@@ -30,6 +35,7 @@ Example::
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -39,9 +45,11 @@ from shardlab import runtime
 from shardlab.case import Case, build_graph
 from shardlab.comm import SimulatedWorld
 from shardlab.profile.capture import capture_hlo
+from shardlab.profile.hlo import HloModule
 from shardlab.profile.record import Recorder, values_equal
-from shardlab.profile.tpu import Step, compile_program, view_topology
-from shardlab.views import View, collectives_view, ledger_view
+from shardlab.profile.timer import xla_sync
+from shardlab.profile.tpu import Step, TpuCompile, compile_program, default_generation, view_topology
+from shardlab.views import View, collectives_view, ledger_view, merge
 
 SOURCES = ("formula", "ledger", "hlo", "tpu")
 
@@ -56,12 +64,19 @@ def ledger(case: Case) -> View:
     prog = case.program()
     if prog is None:
         return View.skip("ledger", f"{type(case).__name__} has no per-rank program")
-    fn, args = prog
-    world = SimulatedWorld(case.ranks)
-    results = world.run(fn, *args)
-    view = ledger_view(world.ledger, case.phase, case.ops, detail={"ledger": world.ledger, "ranks": results})
+    groups = prog if isinstance(prog, list) else [prog]
+    worlds = [SimulatedWorld(case.ranks) for _ in groups]
+    t0 = time.perf_counter()
+    runs = [world.run(fn, *args) for world, (fn, args) in zip(worlds, groups, strict=True)]
+    wall_s = time.perf_counter() - t0
+    led = worlds[0].ledger
+    results = runs if isinstance(prog, list) else runs[0]
+    view = ledger_view(led, case.phase, case.ops, detail={"ledger": led, "ranks": results, "wall_s": wall_s})
+    if len(worlds) > 1:
+        view.checks[f"ledger.{case.phase}.groups_alike"] = (all(w.ledger == led for w in worlds),
+                                                            f"the {len(worlds)} groups issue identical collectives")
     view.checks |= case.parity("ledger", results, case.oracle())
-    return case.ledger_extra(view, world.ledger, results)
+    return case.ledger_extra(view, led, results)
 
 
 def _outputs(built: Any) -> list[Any]:
@@ -72,50 +87,100 @@ def _graph_outputs(case: Case) -> list[Any]:
     return _outputs(case.graph())
 
 
+def build_program(case_program: tuple[Case, int]) -> list[Any]:
+    """Program ``i`` of a case with several, NOT synced (module-level: the TPU compile may pickle it into a helper
+    process): the programs before it are built and executed first — they make the values it reads."""
+    case, i = case_program
+    steps = case.graph()
+    for _ in range(i):
+        run_program(next(steps))
+    return _outputs(next(steps))
+
+
+def run_program(outputs: list[Any]) -> None:
+    """Execute a program on this process's devices: captured where this process dumps HLO (the parse is memoised by
+    graph hash, so a later capture of the same program finds it), else synced."""
+    if runtime.current().dump_dir:
+        capture_hlo(list, outputs)
+    else:
+        xla_sync()
+
+
+def _per_program(case: Case, items: list[Any]) -> Any:
+    """The one program's item, or ``{program: item}`` for a case with several programs."""
+    return dict(zip(case.programs, items, strict=True)) if case.programs else items[0]
+
+
+def _compiled_view(source: str, case: Case, modules: list[HloModule], detail: Any) -> View:
+    """The collectives ``case.ops`` of the compiled program(s): one program under ``<phase>``, several under
+    ``<phase>.<program>``."""
+    kw = dict(cpu_reduce_scatter=case.cpu_reduce_scatter)
+    if not case.programs:
+        return collectives_view(source, modules[0], case.phase, case.ops, case.dtype, detail=detail, **kw)
+    view = merge(*(collectives_view(source, m, f"{case.phase}.{name}", case.ops, case.dtype, **kw)
+                   for name, m in zip(case.programs, modules, strict=True)))
+    view.detail = detail
+    return view
+
+
 def hlo(case: Case) -> View:
     """XLA:CPU's partitioned program of ``case.graph()`` on this process's devices, or a skip with the reason."""
     problem = case.not_executable() or case.mesh_problem(runtime.current().num_devices)
     if problem:
         return View.skip("hlo", problem)
-    cap = capture_hlo(_graph_outputs, case)
-    view = collectives_view("hlo", cap.module, case.phase, case.ops, case.dtype,
-                            cpu_reduce_scatter=case.cpu_reduce_scatter, detail=cap)
+    if case.programs:
+        steps = case.graph()
+        caps = [capture_hlo(next, steps) for _ in case.programs]
+        steps.close()
+    else:
+        caps = [capture_hlo(_graph_outputs, case)]
+    view = _compiled_view("hlo", case, [c.module for c in caps], caps if case.programs else caps[0])
     ref = case.oracle()
     if ref is not None:
-        view.checks |= case.parity("hlo", [t.cpu() if hasattr(t, "cpu") else t for t in cap.result], ref)
-    return case.read(view, cap.module)
+        got = [[t.cpu() if hasattr(t, "cpu") else t for t in _outputs(c.result)] for c in caps]
+        view.checks |= case.parity("hlo", _per_program(case, got), ref)
+    return case.read(view, _per_program(case, [c.module for c in caps]))
 
 
-def tpu_topology(case: Case, generation: str = "v5e") -> tuple[str | None, str]:
-    """Where the case's TPU view compiles: ``(topology, how)`` or ``(None, why it is skipped)``."""
+def tpu_topology(case: Case, generation: str | None = None) -> tuple[str | None, str]:
+    """Where the case's TPU view compiles: ``(topology, how)`` or ``(None, why it is skipped)``. The generation
+    defaults to :func:`shardlab.profile.tpu.default_generation` (the report sets one for every notebook)."""
     fits = case.mesh_problem(runtime.current().num_devices) is None
-    topology, how = view_topology(case.devices, fits, generation)
+    topology, how = view_topology(case.devices, fits, generation or default_generation())
     if topology is not None and not fits:
         how += f" ({case.size_name}={case.devices})"
     return topology, how
 
 
-def tpu(case: Case, generation: str = "v5e", **options: Any) -> View:
+def tpu(case: Case, generation: str | None = None, **options: Any) -> View:
     """XLA:TPU's per-chip program of ``case.graph()`` (compile-only), or a skip with the reason.
 
     ``options`` override ``case.compile_options()`` (``disable_passes``, ``debug_options``, ``donate``, ...)."""
     topology, how = tpu_topology(case, generation)
     if topology is None:
         return View.skip("tpu", how)
-    opts = {"label": case.phase, **case.compile_options(), **options}
-    comp = compile_program(build_graph, case, topology, **opts)
-    if not comp.fits:
-        view = View("tpu", {"fits": 0}, {"fits": "bool"}, detail=comp)
-        view.notes.append(f"does not fit on {topology}: {comp.oom.message.splitlines()[0]}")
+    opts = {**case.compile_options(), **options}
+    comps: list[TpuCompile]
+    if case.programs:
+        comps = [compile_program(build_program, (case, i), topology, **{"label": f"{case.phase} {name}", **opts})
+                 for i, name in enumerate(case.programs)]
+    else:
+        comps = [compile_program(build_graph, case, topology, **{"label": case.phase, **opts})]
+    detail = comps if case.programs else comps[0]
+    oom = next((c.oom for c in comps if not c.fits), None)
+    if oom is not None:
+        view = View("tpu", {"fits": 0}, {"fits": "bool"}, detail=detail)
+        view.notes.append(f"does not fit on {topology}: {oom.message.splitlines()[0]}")
         return view
-    view = collectives_view("tpu", comp.module, case.phase, case.ops, case.dtype,
-                            cpu_reduce_scatter=case.cpu_reduce_scatter, detail=comp)
-    view.notes.append(f"{case.phase}: XLA:TPU {topology} ({how}), {comp.num_chips} chips, compiled in "
-                      f"{comp.compile_s:.2f} s" + (" (cached)" if comp.cached else ""))
-    return case.read(view, comp.module)
+    view = _compiled_view("tpu", case, [c.module for c in comps], detail)
+    programs = f" ({' + '.join(case.programs)})" if case.programs else ""
+    view.notes.append(f"{case.phase}: XLA:TPU {topology} ({how}), {comps[0].num_chips} chips, compiled in "
+                      f"{sum(c.compile_s for c in comps):.2f} s{programs}"
+                      + (" (cached)" if any(c.cached for c in comps) else ""))
+    return case.read(view, _per_program(case, [c.module for c in comps]))
 
 
-def views(case: Case, sources: Iterable[str] = SOURCES, generation: str = "v5e") -> list[View]:
+def views(case: Case, sources: Iterable[str] = SOURCES, generation: str | None = None) -> list[View]:
     """The case through each of ``sources`` (formula, ledger, hlo, tpu), in that order."""
     run = {"formula": formula, "ledger": ledger, "hlo": hlo, "tpu": lambda c: tpu(c, generation)}
     unknown = [s for s in sources if s not in run]
@@ -206,17 +271,13 @@ def agree(rec: Recorder, name: str, unit: str, **values: Any) -> dict[str, Any]:
 def record_compile_s(rec: Recorder, name: str, *views: View) -> dict[str, float]:
     """Record the compile seconds behind compiler views as timings ``name``: an ``hlo`` view's XLA:CPU compile
     (source ``metrics``: torch_xla's CompileTime of the captured step) and a ``tpu`` view's XLA:TPU compile
-    (source ``tpu``; a view of several programs sums them). A compile served from a cache is not recorded."""
+    (source ``tpu``); a view of several programs sums them. A compile served from a cache is not recorded."""
     out: dict[str, float] = {}
     for v in views:
-        if not v.ran or v.detail is None:
+        if not v.ran or v.detail is None or v.source not in ("hlo", "tpu"):
             continue
-        if v.source == "hlo":
-            parts, src = [v.detail], "metrics"
-        elif v.source == "tpu":
-            parts, src = (v.detail if isinstance(v.detail, list) else [v.detail]), "tpu"
-        else:
-            continue
+        parts = v.detail if isinstance(v.detail, list) else [v.detail]
+        src = "metrics" if v.source == "hlo" else "tpu"
         if any(getattr(c, "cached", False) for c in parts):
             rec.note(f"{name}.{src}", "served from a compile cache: no compile seconds measured")
             continue
@@ -230,18 +291,20 @@ def memory_frame(views: Mapping[str, View]) -> pd.DataFrame:
 
     XLA:CPU's buffer assignment gives parameters, outputs and the heap-simulated peak of temporaries; XLA:TPU's
     compiled memory statistics give arguments, outputs, the HBM temporaries its capacity check counts (peak -
-    arguments - outputs + aliased), generated code and the peak. Skipped views are left out.
+    arguments - outputs + aliased), generated code and the peak. Skipped views are left out; a view of several
+    programs shows its last (the largest of a step cut into forward and backward + update).
     """
     cols: dict[str, dict[str, Any]] = {}
     for label, v in views.items():
         if not v.ran or v.detail is None:
             continue
-        if v.source == "hlo" and v.detail.module.buffers is not None:
-            b = v.detail.module.buffers
+        detail = v.detail[-1] if isinstance(v.detail, list) else v.detail
+        if v.source == "hlo" and detail.module.buffers is not None:
+            b = detail.module.buffers
             cols[label] = {"arguments": b.parameter, "outputs": b.output, "temporaries": b.temp,
                            "generated code": None, "total": b.total, "peak": None}
-        elif v.source == "tpu" and getattr(v.detail, "memory", None) is not None:
-            m = v.detail.memory
+        elif v.source == "tpu" and getattr(detail, "memory", None) is not None:
+            m = detail.memory
             cols[label] = {"arguments": m.argument, "outputs": m.output, "temporaries": m.checked_temp,
                            "generated code": m.generated_code, "total": m.total, "peak": m.peak}
     return pd.DataFrame(cols, dtype=object)

@@ -218,21 +218,21 @@ pd.DataFrame(rows)
 #   process when W does not tile this process.
 
 # %%
-from shardlab.blocks import views as bv
-from shardlab.views import record, record_compile_s
+from shardlab import harness
+from shardlab.blocks.case import CollectiveCase, measured
 
 W = p.world_size
-configs = {
-    "sum": bv.CollectiveConfig("all_reduce", W, (p.n,), label="sum", seed=p.seed),
-    "gather": bv.CollectiveConfig("all_gather", W, (p.n // W,), label="gather", seed=p.seed),
-    "scatter": bv.CollectiveConfig("reduce_scatter", W, (p.n,), label="scatter", seed=p.seed),
+cases = {
+    "sum": CollectiveCase(p, "all_reduce", (p.n,), label="sum"),
+    "gather": CollectiveCase(p, "all_gather", (p.n // W,), label="gather"),
+    "scatter": CollectiveCase(p, "reduce_scatter", (p.n,), label="scatter"),
 }
-views = {k: (bv.formula(c), bv.ledger(c), bv.compiler(c), bv.tpu(c)) for k, c in configs.items()}
+views = {k: harness.views(c) for k, c in cases.items()}  # formula, ledger, hlo, tpu
 
 # %%
-tables = [record(rec, "welcome", *v) for v in views.values()]
+tables = [harness.record(rec, "welcome", *v) for v in views.values()]
 for k, v in views.items():  # XLA:CPU (metrics) and XLA:TPU (tpu) compile seconds, timing rows
-    record_compile_s(rec, f"welcome.{k}.compile_s", v[2], v[3])
+    harness.record_compile_s(rec, f"welcome.{k}.compile_s", v[2], v[3])
 pd.concat(tables, ignore_index=True)
 
 # %% [markdown]
@@ -250,9 +250,8 @@ pd.concat(tables, ignore_index=True)
 # run, both forms:
 
 # %%
-big = bv.CollectiveConfig("reduce_scatter", W, (64, 256), label="scatter_64x256", seed=p.seed)
-big_views = (bv.formula(big), bv.ledger(big), bv.compiler(big), bv.tpu(big))
-display(record(rec, "welcome", *big_views))
+big_views = harness.views(CollectiveCase(p, "reduce_scatter", (64, 256), label="scatter_64x256"))
+display(harness.record(rec, "welcome", *big_views))
 for label, v in (("the n-element vector", views["scatter"][3]), ("the [64, 256] block", big_views[3])):
     if v.ran:
         c = v.detail.module.collectives[0]
@@ -279,9 +278,8 @@ from shardlab.exercises import Exercises
 
 ring8 = ring.simulate("all_reduce", [torch.zeros(1024)] * 8)
 gather8 = ring.simulate("all_gather", [torch.zeros(128)] * 8)
-shard = bv.CollectiveConfig("all_gather", W, (256,), label="exercise_gather", seed=p.seed)
-shard_views = (bv.formula(shard), bv.ledger(shard), bv.compiler(shard), bv.tpu(shard))
-record(rec, "welcome", *shard_views, show=False)
+shard_views = harness.views(CollectiveCase(p, "all_gather", (256,), label="exercise_gather"))
+harness.record(rec, "welcome", *shard_views, show=False)
 
 ex = Exercises(p.NOTEBOOK, rec, p.answers)
 answer_1 = None  # a count
@@ -292,7 +290,7 @@ answer_5 = None  # a string like "{devices=[...]...}"
 ex.show(1, answer_1, steps=ring8.steps)
 ex.show(2, answer_2, sent=ring8.sent_bytes(0))
 ex.show(3, answer_3, sent=gather8.sent_bytes(0))
-ex.show(4, answer_4, operand_bytes=bv.measured("exercise_gather.all_gather.bytes", shard_views[3], shard_views[2]))
+ex.show(4, answer_4, operand_bytes=measured("exercise_gather.all_gather.bytes", shard_views[3], shard_views[2]))
 ex.show(5, answer_5)
 
 # %% [markdown]

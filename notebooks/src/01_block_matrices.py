@@ -39,9 +39,12 @@ world
 # disagree.
 
 # %%
-from shardlab.blocks import views as bv
+from dataclasses import replace
 
-configs, skipped = bv.configs_from_params(p)  # column, row, and the (2, p/2) grid when p is even
+from shardlab import harness
+from shardlab.blocks import case as bc
+
+cases, skipped = bc.block_cases(p)  # column, row, and the (2, p/2) grid when p is even
 for rule, why in skipped.items():
     rec.note(f"blocks.{rule}", f"{rule} section skipped: {why}")
     print(f"{rule} section skipped: {why}")
@@ -95,7 +98,7 @@ ui
 # whatever the inner dimension.
 
 # %%
-formula = {rule: bv.formula(c) for rule, c in configs.items()}
+formula = {rule: harness.formula(c) for rule, c in cases.items()}
 {rule: v.values for rule, v in formula.items()}
 
 # %% [markdown]
@@ -107,9 +110,9 @@ formula = {rule: bv.formula(c) for rule, c in configs.items()}
 # %%
 import inspect
 
-print(inspect.getsource(bv.col_rank))
-print(inspect.getsource(bv.row_rank))
-ledger = {rule: bv.ledger(c) for rule, c in configs.items()}
+print(inspect.getsource(blocks.col_rank))
+print(inspect.getsource(blocks.row_rank))
+ledger = {rule: harness.ledger(c) for rule, c in cases.items()}
 ledger["row"].detail["ledger"].summary()
 
 # %% [markdown]
@@ -126,8 +129,8 @@ ledger["row"].detail["ledger"].summary()
 # slice has p chips).
 
 # %%
-compiler = {rule: bv.compiler(c) for rule, c in configs.items()}
-tpu = {rule: bv.tpu(c) for rule, c in configs.items()}
+compiler = {rule: harness.hlo(c) for rule, c in cases.items()}
+tpu = {rule: harness.tpu(c) for rule, c in cases.items()}
 
 # %% [markdown]
 # ## 5 · Four ways, one number
@@ -138,11 +141,9 @@ tpu = {rule: bv.tpu(c) for rule, c in configs.items()}
 # %%
 import pandas as pd
 
-from shardlab.views import record, record_compile_s
-
-tables = [record(rec, "blocks", formula[r], ledger[r], compiler[r], tpu[r]) for r in configs]
-for r, c in configs.items():  # XLA:CPU (metrics) and XLA:TPU (tpu) compile seconds, timing rows
-    record_compile_s(rec, f"blocks.{c.phase}.compile_s", compiler[r], tpu[r])
+tables = [harness.record(rec, "blocks", formula[r], ledger[r], compiler[r], tpu[r]) for r in cases]
+for r, c in cases.items():  # XLA:CPU (metrics) and XLA:TPU (tpu) compile seconds, timing rows
+    harness.record_compile_s(rec, f"blocks.{c.phase}.compile_s", compiler[r], tpu[r])
 pd.concat(tables, ignore_index=True)
 
 # %% [markdown]
@@ -161,7 +162,7 @@ pd.concat(tables, ignore_index=True)
 # (`grid.all_reduce.group_size` is p/2). An odd p has no such grid: then the section is left out, with a note.
 
 # %%
-if "grid" in configs:
+if "grid" in cases:
     vb.split_figure(p.m, p.k, p.n, p.parts, "grid").show()
 else:
     print(f"no grid: {skipped['grid']}")
@@ -173,9 +174,7 @@ else:
 # the TPU pads every array to its (8, 128) tiles and lays buffers out differently.
 
 # %%
-from shardlab.views import memory_frame
-
-memory_frame({"cpu (buffer assignment)": compiler["row"], "tpu (compiled memory stats)": tpu["row"]})
+harness.memory_frame({"cpu (buffer assignment)": compiler["row"], "tpu (compiled memory stats)": tpu["row"]})
 
 # %% [markdown]
 # ## 6 · What element type the partial sums travel in
@@ -189,9 +188,9 @@ memory_frame({"cpu (buffer assignment)": compiler["row"], "tpu (compiled memory 
 # %%
 from shardlab.formulas.common import reduction_dtype
 
-carried = [record(rec, "blocks.carried", bv.carried(c), bv.on_device(compiler[r], world.kind, c.phase),
-                  bv.on_device(tpu[r], "tpu", c.phase))
-           for r, c in configs.items() if r != "column"]
+carried = [harness.record(rec, "blocks.carried", bc.carried(c), bc.on_device(compiler[r], world.kind, c.phase),
+                          bc.on_device(tpu[r], "tpu", c.phase))
+           for r, c in cases.items() if r != "column"]
 print(f"dtype={p.dtype}: XLA:CPU adds in {reduction_dtype(p.dtype, 'cpu')}, "
       f"the TPU in {reduction_dtype(p.dtype, 'tpu')}")
 pd.concat(carried, ignore_index=True)
@@ -228,8 +227,8 @@ answer_4 = None  # a string like "{devices=[...]...}"
 answer_5 = None  # a count
 for i, a in enumerate((answer_1, answer_2, answer_3, answer_4), start=1):
     ex.show(i, a)
-even = bv.BlockConfig("column", 8, max(8, p.parts), 4 * p.parts, p.parts, seed=p.seed)  # W's columns split evenly
-col_count = bv.measured("col.collective.count", bv.tpu(even), bv.compiler(even))
+even = bc.BlockCase(replace(p, m=8, k=max(8, p.parts), n=4 * p.parts, dtype="float32"), "column")  # even split
+col_count = bc.measured("col.collective.count", harness.tpu(even), harness.hlo(even))
 if col_count is None:  # both compiler views skipped (e.g. an odd p that neither this world nor a TPU slice has)
     print("exercise 5 is graded against a compiler's program, and no compiler view ran here: "
           f"{compiler['column'].skipped}; {tpu['column'].skipped}")

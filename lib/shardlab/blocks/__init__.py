@@ -1,9 +1,9 @@
 """Block matrix partitioning: the algebra every sharding scheme is built from (notebooks 00 and 01).
 
-The package: this module is the algebra (pure torch, no devices); :mod:`shardlab.blocks.views` answers "what does
-this split communicate" four ways (formula, ledger, CPU compiler, TPU compiler); :mod:`shardlab.blocks.ring`
-runs the ring schedule of the collectives step by step; :mod:`shardlab.blocks.tiles` predicts and reads XLA's
-sharding strings (which device holds which block).
+The package: this module is the algebra (pure torch, no devices) and the per-rank code of the splits and of the
+three collectives; :mod:`shardlab.blocks.case` answers "what does this split communicate" four ways (formula,
+ledger, CPU compiler, TPU compiler); :mod:`shardlab.blocks.ring` runs the ring schedule of the collectives step by
+step; :mod:`shardlab.blocks.tiles` predicts and reads XLA's sharding strings (which device holds which block).
 
 Notation (00_welcome): x is m×k, W is k×n, Y = xW; ``A[I_X, J_Y]`` means A's rows split over mesh axis X
 and columns over Y; ``{U_X}`` marks a partial sum still to be reduced over X.
@@ -14,6 +14,9 @@ and columns over Y; ``{U_X}`` marks a partial sum still to be reduced over X.
   ``Y = Σ_i x_i W_i``; each piece is a full m×n partial sum ``Y{U_X}``.
 - :func:`grid_parallel` — SUMMA-style 2-D grid: x in (p_r × q) blocks, W in (q × p_c) blocks,
   ``Y_ij = Σ_l x_il W_lj``.
+- :func:`col_rank` / :func:`row_rank` — what rank r of p runs for the column / row split (``fn(comm, x, W)``,
+  the ledger's per-rank program); :func:`collective_rank` hands one rank's tensor to one collective, and
+  :func:`rank_arithmetic` shows what each collective returns on rank-arithmetic data (rank r holds r + 1).
 
 Uneven splits follow one rule everywhere (``numpy.array_split``): n rows into p parts gives the first
 ``n mod p`` parts one extra row, so sizes differ by at most one and are non-increasing; p > n is an error
@@ -35,6 +38,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from shardlab.comm import Comm, SimulatedWorld
 
 
 def split_sizes(n: int, parts: int, what: str = "n") -> list[int]:
@@ -122,3 +127,42 @@ def owner_map(n_rows: int, n_cols: int, row_parts: int, col_parts: int) -> list[
     rows = [i for i, s in enumerate(split_sizes(n_rows, row_parts, "rows")) for _ in range(s)]
     cols = [j for j, s in enumerate(split_sizes(n_cols, col_parts, "columns")) for _ in range(s)]
     return [[rows[r] * col_parts + cols[c] for c in range(n_cols)] for r in range(n_rows)]
+
+
+# ------------------------------------------------------------------------------------------- per-rank code
+def col_rank(comm: Comm, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Column rule, rank r: Y's column block r is x @ W_r — no collective."""
+    w_r = split_cols(w, comm.world_size)[comm.rank]  # [k, n_r]
+    return x @ w_r  # [m, n_r]
+
+
+def row_rank(comm: Comm, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Row rule, rank r: the partial sum x_r @ W_r (full size, Y{U}), then one all-reduce adds them."""
+    x_r = split_cols(x, comm.world_size)[comm.rank]  # [m, k_r]
+    w_r = split_rows(w, comm.world_size)[comm.rank]  # [k_r, n]
+    return comm.all_reduce(x_r @ w_r)  # [m, n]: Σ_r x_r W_r
+
+
+def collective_rank(comm: Comm, data: torch.Tensor, op: str) -> torch.Tensor:
+    """Rank r hands ``data[r]`` to one collective."""
+    mine = data[comm.rank]  # [*shape]
+    if op == "all_reduce":
+        return comm.all_reduce(mine)  # [*shape]: the sum over ranks
+    if op == "reduce_scatter":
+        return comm.reduce_scatter(mine, dim=0)  # [shape0 / W, ...]: rank r's block of the sum
+    return comm.all_gather(mine.unsqueeze(0), dim=0)  # [W, *shape]: every rank's tensor
+
+
+def rank_arithmetic(op: str, world_size: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """(before, after) per rank for ``op`` on data where rank r holds r + 1 (all-gather: a 1-element shard).
+
+    After an all-reduce every entry is 1 + 2 + ... + W = W (W + 1) / 2; after a reduce-scatter rank r holds
+    element r of that sum; after an all-gather every rank holds [1, 2, ..., W].
+    """
+    w = world_size
+    if op == "all_gather":
+        data = torch.arange(1, w + 1, dtype=torch.float32).reshape(w, 1)  # rank r: [r + 1]
+    else:
+        data = torch.arange(1, w + 1, dtype=torch.float32).reshape(w, 1).expand(w, w).contiguous()  # [r + 1] * W
+    outs = SimulatedWorld(w).run(collective_rank, data, op)
+    return list(data), [o.reshape(-1) for o in outs]

@@ -1,7 +1,7 @@
 """Pictures for notebook 00: what the three collectives do, the ring step by step, and sharding tiles.
 
 - :func:`before_after` draws every rank's tensor before and after each collective, as
-  :func:`shardlab.blocks.views.rank_arithmetic` computed them with the per-rank code in a ``SimulatedWorld``
+  :func:`shardlab.blocks.rank_arithmetic` computed them with the per-rank code in a ``SimulatedWorld``
   on rank-arithmetic data (rank r holds the value r + 1 everywhere): the picture shows what the code returned.
 - :func:`ring_figure` draws a :class:`shardlab.blocks.ring.RingTrace`: one panel per step, a row per rank, a
   cell per chunk, coloured by how many ranks' contributions that copy holds, labelled with them.
@@ -15,9 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from shardlab.blocks import tiles
+from shardlab.blocks import rank_arithmetic, tiles
 from shardlab.blocks.ring import RingTrace
-from shardlab.blocks.views import rank_arithmetic
 from shardlab.formulas.common import ceil_div
 from shardlab.viz.common import REPLICATED, device_color
 
