@@ -4,6 +4,7 @@ attention   the dense oracle (PyTorch's scaled_dot_product_attention) and its ei
             (contiguous, zig-zag), causal block kinds, the online-softmax state and FlashAttention's block backward
 ring        ring attention per rank over a `shardlab.comm.Comm` (send / recv): forward and a hand-written
             backward that rings too; the blocks each rank computed (causal balance)
+balance     causal balance: work per rank counted from the ring's trace, contiguous vs zig-zag, beside the formula
 gspmd       the same as GSPMD programs on torch_xla (imports torch_xla lazily): all-gather CP (q, k, v sharded
             on the sequence) and the SPMD ring (K/V stacked on a `context` axis, shifted by slice + concatenate)
 """
@@ -19,6 +20,8 @@ from shardlab.context.attention import (
     shard_sequence,
     unshard_sequence,
 )
+from shardlab.context.balance import measure as measure_balance
+from shardlab.context.balance import work_from_trace
 from shardlab.context.ring import Block, RingAttention, ring_attention, ring_attention_step
 
 __all__ = [
@@ -28,6 +31,7 @@ __all__ = [
     "SoftmaxState",
     "block_backward",
     "block_kind",
+    "measure_balance",
     "chunk_ids",
     "dense_attention",
     "reference_attention",
@@ -35,4 +39,5 @@ __all__ = [
     "ring_attention_step",
     "shard_sequence",
     "unshard_sequence",
+    "work_from_trace",
 ]

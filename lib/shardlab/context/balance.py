@@ -1,0 +1,60 @@
+"""Causal balance of ring attention: the work each rank does, counted from what the per-rank code computed.
+
+Design note
+-----------
+Under a causal mask, query i attends to keys 0 … i only. With the contiguous split rank r holds queries
+[r·s/cp, (r+1)·s/cp) and computes r + 1 of the cp key blocks that visit it (r full blocks and its own, diagonal
+one): the last rank does about 2cp − 1 times the first rank's work, and every ring step waits for the busiest
+rank. The zig-zag split (2·cp chunks, rank r takes chunks r and 2cp − 1 − r; Brandon et al. 2023, Llama 3)
+pairs an early chunk with a late one, and every rank does the same work.
+
+:func:`work_from_trace` reads one rank's ``trace`` (``shardlab.context.ring.Block``: the blocks the ring met and
+their kinds; masked blocks are skipped and cost nothing); :func:`measure` runs the per-rank ring in a
+``SimulatedWorld`` for both layouts and puts the counts beside the formula (``formulas.context.causal_work``,
+``causal_blocks``). Work is in unmasked score elements per (batch row, head) — a full block of c queries x c keys
+is c², a diagonal one c(c + 1)/2 — and in blocks computed (a diagonal block counts as one).
+
+Example::
+
+    >>> [r["max_over_mean"] for r in measure(seq=16, cp=4)]        # contiguous, zigzag
+    [1.7058823529411764, 1.0]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from shardlab.comm import SimulatedWorld
+from shardlab.context.attention import LAYOUTS
+from shardlab.context.ring import Block, ring_attention_step
+from shardlab.formulas import context as fcp
+
+
+def work_from_trace(trace: Iterable[Block], phase: str = "forward") -> dict[str, int]:
+    """One rank's ``{"elements", "blocks", "full", "diagonal", "masked"}`` in ``phase``."""
+    blocks = [b for b in trace if b.phase == phase]
+    out = {k: sum(1 for b in blocks if b.kind == k) for k in ("full", "diagonal", "masked")}
+    return {"elements": sum(b.elements for b in blocks), "blocks": out["full"] + out["diagonal"], **out}
+
+
+def measure(seq: int, cp: int, layouts: Iterable[str] = LAYOUTS, causal: bool = True, batch: int = 1,
+            heads: int = 2, kv_heads: int = 1, head_dim: int = 8, seed: int = 0) -> list[dict[str, Any]]:
+    """Per layout: the work per rank counted in a SimulatedWorld(cp) forward, the formula's, and max / mean."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, seq, heads, head_dim, generator=g)
+    k, v = (torch.randn(batch, seq, kv_heads, head_dim, generator=g) for _ in range(2))
+    rows = []
+    for layout in layouts:
+        results = SimulatedWorld(cp).run(ring_attention_step, q, k, v, None, causal=causal, layout=layout)
+        work = [work_from_trace(r["trace"]) for r in results]
+        elements = [w["elements"] for w in work]
+        rows.append({
+            "layout": layout, "cp": cp, "seq": seq, "elements": elements, "blocks": [w["blocks"] for w in work],
+            "formula_elements": fcp.causal_work(seq, cp, layout, causal),
+            "formula_blocks": [b["full"] + b["diagonal"] for b in fcp.causal_blocks(cp, layout, causal)],
+            "max_over_mean": fcp.max_over_mean(elements),
+        })
+    return rows

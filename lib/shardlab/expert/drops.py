@@ -1,0 +1,58 @@
+"""Tokens dropped vs capacity factor: measured from the dispatch, predicted from the router's loads.
+
+Design note
+-----------
+For one routing (a router's top-k choices for G groups of S tokens) and a capacity factor cf:
+
+- **measured** — the assignments the vectorised dispatch (``moe.dispatch_tensors``, the code the expert-parallel
+  layer runs) left without a slot;
+- **formula** — Σ_{g,e} max(0, L_{g,e} − C) with the loads L counted from the router's choices and
+  C = ceil(cf·k·S/E) (``formulas.expert.dropped_from_loads``): exact for the routing at hand, whatever the
+  priority order (it decides *which* assignments drop, not how many);
+- **uniform** — what a router that spreads tokens uniformly at random would drop on average
+  (``formulas.expert.expected_dropped_fraction``). A learned (or random-weight) router is not uniform: it drops
+  more.
+
+Fractions are of all G·S·k assignments.
+
+Example::
+
+    >>> from shardlab.expert.moe import MoE, MoEConfig
+    >>> moe = MoE(MoEConfig(hidden=8, ffn=8, experts=4, top_k=1), torch.Generator().manual_seed(0))
+    >>> x = torch.randn(32, 8, generator=torch.Generator().manual_seed(1))
+    >>> rows = drop_table(x, moe, groups=2, factors=(1.0, 4.0))
+    >>> rows[-1]["measured"], rows[0]["measured"] == rows[0]["formula"]       # cf = 4 = E / k: nothing drops
+    (0.0, True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from shardlab.expert.moe import MoE, dispatch_tensors, router_probs, top_k_gates
+from shardlab.formulas import expert as fexp
+
+
+def drop_table(x: torch.Tensor, moe: MoE, groups: int, factors: Iterable[float]) -> list[dict[str, Any]]:
+    """x [T, h] routed by ``moe``'s router in ``groups`` equal groups; one row per capacity factor."""
+    cfg = moe.cfg
+    t = x.shape[0]
+    if t % groups:
+        raise ValueError(f"tokens={t} is not divisible by groups={groups}")
+    s = t // groups
+    with torch.no_grad():
+        gates, experts = top_k_gates(router_probs(x.reshape(groups, s, -1), moe.router), cfg.top_k, cfg.normalize)
+    loads = [torch.bincount(experts[g].flatten(), minlength=cfg.experts).tolist() for g in range(groups)]
+    rows = []
+    for cf in factors:
+        c = fexp.capacity(s, cfg.experts, cfg.top_k, cf)
+        kept = int(dispatch_tensors(gates, experts, cfg.experts, c).kept.sum())
+        total = t * cfg.top_k
+        rows.append({"capacity_factor": cf, "capacity": c, "assignments": total, "dropped": total - kept,
+                     "measured": (total - kept) / total,
+                     "formula": fexp.dropped_from_loads(loads, c) / total,
+                     "uniform": fexp.expected_dropped_fraction(s, cfg.experts, cfg.top_k, c), "loads": loads})
+    return rows
