@@ -1,0 +1,379 @@
+"""A real training step (forward, backward, Adam) as an operator DAG with buffer sizes and lifetimes.
+
+Design note
+-----------
+**The step.** :func:`train_step` is one step of a small stack of blocks — GPT-2 blocks (``shardlab.models.
+TransformerBlock``: pre-LayerNorm, causal softmax attention, GeLU MLP, biases) or plain MLP layers — with an MSE loss,
+a backward taken block by block (``torch.autograd.grad`` of each block's output w.r.t. its input and its parameters,
+last block first: the order PyTorch's autograd engine runs them in), and PyTorch's Adam update written in place
+exactly as ``torch.optim.Adam``'s single-tensor path does (:func:`adam_`, tested equal to it). Each parameter's
+update runs at the end of the backward (``"end"``: what ``optimizer.step()`` after ``loss.backward()`` does) or as
+soon as its block's gradients exist (``"eager"``); a per-parameter choice is a mapping name -> "eager" | "end". The
+same function is traced by ``torch.fx`` here and built on the XLA device by :mod:`shardlab.memory.xla_step`.
+
+**The trace.** :func:`trace_step` runs the step under ``make_fx`` in fake mode on meta tensors (nothing is
+allocated: any size can be traced): every ATen operator in execution order, each output's storage and its bytes.
+The node order is the *program order* (what eager PyTorch executes). Markers placed while tracing label every node
+``forward``, ``backward`` or ``update:<parameter>``.
+
+**The DAG** (:func:`dag_from_fx`) is a ``shardlab.levers.order.Graph`` — the memory model of notebook 08, stated
+once there — built on *buffers* (storages), not on FX values:
+
+- a buffer is allocated by the operator that first writes a new storage (its size: the storage's bytes) and freed
+  right after its last reader or writer ran; while an operator runs, its inputs and its new outputs are live;
+- views (``view``, ``t``, ``permute``, ``expand``, ``detach``, ``getitem`` of a tuple result ...) allocate nothing:
+  they are folded, and their readers read the base buffer (which stays live as long as any view is read);
+- in-place operators (``add_``, ``lerp_``, ``addcdiv_`` ...; found by storage identity, cross-checked with the
+  operator schema's write annotation) allocate nothing and write the buffer they mutate; ordering edges keep every
+  reader of the old value before the write and every later reader after it (0-byte token tensors in the Graph);
+- parameters, Adam moments and the batch (graph inputs) are *resident*: never counted (Adam updates them in place);
+  graph outputs (the loss) are counted and stay live to the end. Everything counted is a temporary of the step.
+
+Example (a two-layer MLP, batch 8, hidden 16, ffn 64; sizes from the storages)::
+
+    >>> step = trace_step(StepConfig(model="mlp", layers=2, hidden=16, ffn=64, seq=1, batch=8))  # doctest: +SKIP
+    >>> len(step.graph.ops), step.params[:2]                                                     # doctest: +SKIP
+    (47, ('0.fc1.weight', '0.fc1.bias'))
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from shardlab.levers.order import Graph, Op
+
+MODELS = ("gpt2", "mlp")
+UPDATES = ("eager", "end")
+OPTIMIZERS = ("adam", "none")
+ADAM = {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8}
+
+
+@dataclass(frozen=True)
+class StepConfig:
+    """One training step of ``layers`` blocks on a [batch, seq, hidden] input (GPT-2 small: 768 / 12 / 3072)."""
+
+    model: str = "gpt2"  # "gpt2": TransformerBlock (attention + MLP); "mlp": MLP layers (fc1, GeLU, fc2)
+    layers: int = 1
+    hidden: int = 64
+    heads: int = 4
+    ffn: int | None = None  # default 4 * hidden
+    seq: int = 32
+    batch: int = 2
+    dtype: str = "float32"
+    optimizer: str = "adam"  # "adam": in-place Adam (step 1); "none": forward + backward, gradients as outputs
+    update: str = "end"  # where every Adam update runs (overridden per parameter by `schedule`)
+    seed: int = 0
+
+    @property
+    def ffn_size(self) -> int:
+        return self.ffn if self.ffn is not None else 4 * self.hidden
+
+    @property
+    def elem_bytes(self) -> int:
+        return torch.finfo(getattr(torch, self.dtype)).bits // 8
+
+    def validate(self) -> StepConfig:
+        if self.model not in MODELS:
+            raise ValueError(f"model={self.model!r} must be one of {MODELS}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer={self.optimizer!r} must be one of {OPTIMIZERS}")
+        if self.update not in UPDATES:
+            raise ValueError(f"update={self.update!r} must be one of {UPDATES}")
+        for name in ("layers", "hidden", "heads", "seq", "batch", "ffn_size"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}={v!r} must be a positive int")
+        if self.model == "gpt2" and self.hidden % self.heads:
+            raise ValueError(f"hidden={self.hidden} is not divisible by heads={self.heads}")
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"dtype={self.dtype!r} must be 'float32' or 'bfloat16'")
+        return self
+
+
+GPT2_SMALL_BLOCK = StepConfig(model="gpt2", layers=1, hidden=768, heads=12, ffn=3072, seq=1024, batch=1)
+
+
+def build_model(cfg: StepConfig) -> torch.nn.ModuleList:
+    """The blocks on the current default device (``torch.device("meta")`` for tracing), seeded."""
+    from shardlab import models
+
+    cfg.validate()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        if cfg.model == "gpt2":
+            blocks = [models.TransformerBlock(cfg.hidden, cfg.heads, cfg.ffn_size) for _ in range(cfg.layers)]
+        else:
+            blocks = [models.MLP(cfg.hidden, cfg.ffn_size) for _ in range(cfg.layers)]
+    return torch.nn.ModuleList(blocks).to(getattr(torch, cfg.dtype))
+
+
+def param_names(model: torch.nn.ModuleList) -> tuple[str, ...]:
+    return tuple(n for n, _ in model.named_parameters())
+
+
+# ---------------------------------------------------------------------------------------------- the step
+def adam_(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, step: int = 1,
+          lr: float = ADAM["lr"], beta1: float = ADAM["beta1"], beta2: float = ADAM["beta2"],
+          eps: float = ADAM["eps"]) -> None:
+    """``torch.optim.Adam``'s single-tensor update (no weight decay, not amsgrad), in place on p, m, v."""
+    m.lerp_(g, 1 - beta1)
+    v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+    step_size = lr / (1 - beta1**step)
+    denom = (v.sqrt() / math.sqrt(1 - beta2**step)).add_(eps)  # one parameter-sized temporary
+    p.addcdiv_(m, denom, value=-step_size)
+
+
+Mark = Callable[[str], None]
+
+
+def train_step(cfg: StepConfig, model: torch.nn.ModuleList, x: torch.Tensor, target: torch.Tensor,
+               params: Sequence[torch.Tensor], ms: Sequence[torch.Tensor], vs: Sequence[torch.Tensor],
+               schedule: Mapping[str, str] | None = None, mark: Mark | None = None,
+               after_block: Callable[[torch.Tensor, list[int]], torch.Tensor] | None = None) -> list[torch.Tensor]:
+    """Forward, block-by-block backward and Adam; returns ``[loss]`` (``optimizer="none"``: ``[loss, *grads]``).
+
+    ``params`` / ``ms`` / ``vs`` follow :func:`param_names`; they are updated in place. ``schedule`` maps a parameter
+    name to "eager" or "end" (default ``cfg.update``). ``mark(tag)`` is called at every phase boundary;
+    ``after_block(g, updated)`` may replace the gradient flowing to the next block after the eager updates of the
+    parameters ``updated`` (indices) ran (the XLA build puts an optimization barrier there).
+    """
+    names = param_names(model)
+    if not (len(params) == len(ms) == len(vs) == len(names)):
+        raise ValueError(f"{len(names)} parameters but params/ms/vs have {len(params)}/{len(ms)}/{len(vs)} tensors")
+    sched = {n: cfg.update for n in names} | dict(schedule or {})
+    bad = {k: v for k, v in sched.items() if k not in names or v not in UPDATES}
+    if bad:
+        raise ValueError(f"schedule {bad}: keys must be parameter names and values one of {UPDATES}")
+    mark = mark or (lambda tag: None)
+    index = {n: i for i, n in enumerate(names)}
+    per_block: list[list[int]] = [[index[f"{b}.{n}"] for n, _ in blk.named_parameters()]
+                                  for b, blk in enumerate(model)]
+    leaves = [p.detach().requires_grad_(True) for p in params]
+    # forward: every block input is a fresh leaf, so each block's backward is one autograd.grad call
+    inputs, outputs = [], []
+    h = x
+    for b, blk in enumerate(model):
+        h_in = h.detach().requires_grad_(b > 0)
+        local = {n: leaves[i] for n, i in zip((n for n, _ in blk.named_parameters()), per_block[b], strict=True)}
+        h = torch.func.functional_call(blk, local, (h_in,))  # [b, s, h]
+        inputs.append(h_in)
+        outputs.append(h)
+    loss = ((h.float() - target.float()) ** 2).mean()
+    mark("forward")
+    grads: list[torch.Tensor | None] = [None] * len(params)
+    g = torch.autograd.grad(loss, h)[0]  # dL/dh of the last block's output
+    for b in reversed(range(len(model))):
+        wrt = ([inputs[b]] if b > 0 else []) + [leaves[i] for i in per_block[b]]
+        out = torch.autograd.grad(outputs[b], wrt, g)
+        for i, gi in zip(per_block[b], out[1:] if b > 0 else out, strict=True):
+            grads[i] = gi
+        g = out[0] if b > 0 else g
+        mark(f"backward:{b}")
+        eager = [i for i in per_block[b] if sched[names[i]] == "eager"] if cfg.optimizer == "adam" else []
+        with torch.no_grad():
+            for i in eager:
+                adam_(params[i], grads[i], ms[i], vs[i])  # type: ignore[arg-type]
+                grads[i] = None
+                mark(f"update:{names[i]}")
+        if after_block is not None and b > 0:
+            g = after_block(g, eager)
+    if cfg.optimizer == "none":
+        return [loss, *grads]  # type: ignore[list-item]
+    with torch.no_grad():
+        for i, gi in enumerate(grads):
+            if gi is not None:
+                adam_(params[i], gi, ms[i], vs[i])
+                grads[i] = None
+                mark(f"update:{names[i]}")
+    return [loss]
+
+
+# ---------------------------------------------------------------------------------------------- the trace
+@dataclass
+class StepGraph:
+    """A traced step: the DAG (program order = ``graph.order``), and what each operator belongs to."""
+
+    config: StepConfig
+    graph: Graph
+    phase: dict[str, str]  # op -> "forward" | "backward:<block>" | "update:<param>"
+    params: tuple[str, ...]
+    param_bytes: dict[str, int]
+    fx_nodes: int  # nodes of the FX graph (views and getitems included)
+    folded: int  # FX nodes that are views / renames (no operator in the DAG)
+    schedule: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def nodes(self) -> int:
+        return len(self.graph.ops)
+
+    def update_ops(self) -> dict[str, list[str]]:
+        """parameter -> its update's operators, in program order."""
+        out: dict[str, list[str]] = {p: [] for p in self.params}
+        for op in self.graph.order or ():
+            ph = self.phase[op]
+            if ph.startswith("update:"):
+                out[ph.split(":", 1)[1]].append(op)
+        return out
+
+    def resident_bytes(self) -> int:
+        """Parameters + Adam moments + batch: the bytes the step keeps resident (not counted in peaks)."""
+        return sum(self.graph.external.values())
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    return StorageWeakRef(t.untyped_storage()).cdata
+
+
+def _tensors(val: Any) -> list[torch.Tensor]:
+    if isinstance(val, torch.Tensor):
+        return [val]
+    if isinstance(val, list | tuple):
+        return [t for v in val for t in _tensors(v)]
+    return []
+
+
+def _writes(node: Any) -> bool:
+    """Does the operator's schema declare a written argument (an in-place or out= operator)?"""
+    schema = getattr(node.target, "_schema", None)
+    return bool(schema and any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments))
+
+
+def dag_from_fx(gm: Any, marks: Sequence[tuple[str, int]] = (), name: str = "step") -> tuple[Graph, dict[str, str],
+                                                                                                int]:
+    """The Graph of an FX graph traced in fake mode (module note): ``(graph, phase per op, folded nodes)``.
+
+    ``marks`` are ``(tag, number of FX nodes when the tag was set)``: nodes before the first mark get its tag, and so on.
+    """
+    nodes = list(gm.graph.nodes)
+    bounds = sorted(marks, key=lambda m: m[1])
+
+    def phase_of(k: int) -> str:
+        for tag, end in bounds:
+            if k < end:
+                return tag
+        return "other"
+
+    buf_of: dict[int, str] = {}  # storage key -> buffer name
+    external: dict[str, int] = {}
+    ops: list[Op] = []
+    phase: dict[str, str] = {}
+    readers: dict[str, list[int]] = {}  # buffer -> ops reading it since its last write
+    writer: dict[str, int] = {}  # buffer -> last op that allocated or wrote it
+    extra_inputs: dict[int, set[str]] = {}
+    tokens: dict[int, str] = {}
+    folded = 0
+    out_bufs: set[str] = set()
+
+    def token(i: int) -> str:
+        if i not in tokens:
+            tokens[i] = f"~{ops[i].name}"
+        return tokens[i]
+
+    for k, node in enumerate(nodes):
+        vals = _tensors(node.meta.get("val"))
+        if node.op in ("placeholder", "get_attr"):
+            for t in vals:
+                key = _storage_key(t)
+                if key not in buf_of:
+                    buf_of[key] = f"{node.name}"
+                    external[buf_of[key]] = t.untyped_storage().nbytes()
+            continue
+        if node.op == "output":
+            out_bufs = {buf_of[_storage_key(t)] for t in _tensors([a.meta.get("val") for a in node.all_input_nodes])
+                        if _storage_key(t) in buf_of}
+            continue
+        if node.target is operator.getitem:
+            folded += 1
+            continue
+        ins: list[str] = []
+        for a in node.all_input_nodes:
+            for t in _tensors(a.meta.get("val")):
+                b = buf_of.get(_storage_key(t))
+                if b is not None and b not in ins:
+                    ins.append(b)
+        new = [(t, _storage_key(t)) for t in vals if _storage_key(t) not in buf_of]
+        written = [buf_of[_storage_key(t)] for t in vals if _storage_key(t) in buf_of] if _writes(node) else []
+        if not new and not written:  # a view or a rename: its readers read the base buffer
+            folded += 1
+            continue
+        i = len(ops)
+        outs = []
+        for t, key in new:
+            if key in buf_of:
+                continue  # two outputs on one new storage
+            buf_of[key] = f"{node.name}" if len(new) == 1 else f"{node.name}.{len(outs)}"
+            outs.append((buf_of[key], t.untyped_storage().nbytes()))
+        deps: set[int] = set()
+        for b in ins:
+            if b in writer:
+                deps.add(writer[b])  # read after the last write (true dependency or RAW on a mutated buffer)
+        for b in written:
+            deps.update(readers.get(b, []))  # write after every read of the old value
+            if b in writer:
+                deps.add(writer[b])
+        op = Op(node.name, tuple(ins), tuple(outs))
+        ops.append(op)
+        phase[node.name] = phase_of(k)
+        extra_inputs[i] = {token(d) for d in deps if d != i and writer_is_not_producer(ops, d, ins)}
+        for b in ins:
+            readers.setdefault(b, []).append(i)
+        for b, _ in outs:
+            writer[b], readers[b] = i, []
+        for b in written:
+            writer[b], readers[b] = i, []
+    final = []
+    for i, op in enumerate(ops):
+        tok = ((tokens[i], 0),) if i in tokens else ()
+        extra = tuple(sorted(extra_inputs.get(i, set()) - set(op.inputs)))
+        final.append(Op(op.name, op.inputs + extra, op.outputs + tok))
+    order = tuple(o.name for o in final)
+    g = Graph(tuple(final), frozenset(b for b in out_bufs if b not in external), dict(external), order=order,
+              name=name)
+    return g, phase, folded
+
+
+def writer_is_not_producer(ops: list[Op], d: int, ins: list[str]) -> bool:
+    """A token is needed unless op ``d`` already allocated a buffer this op reads (the data edge orders them)."""
+    return not any(b in ins for b, _ in ops[d].outputs)
+
+
+def trace_step(cfg: StepConfig, schedule: Mapping[str, str] | None = None) -> StepGraph:
+    """Trace :func:`train_step` on meta tensors (fake mode): the step's DAG in program order."""
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
+
+    cfg.validate()
+    dt = getattr(torch, cfg.dtype)
+    with torch.device("meta"):
+        model = build_model(cfg)
+        names = param_names(model)
+        params = [p.detach() for p in model.parameters()]
+        ms = [torch.empty_like(p) for p in params]
+        vs = [torch.empty_like(p) for p in params]
+        x = torch.empty(cfg.batch, cfg.seq, cfg.hidden, dtype=dt)
+        target = torch.empty(cfg.batch, cfg.seq, cfg.hidden, dtype=dt)
+    marks: list[tuple[str, int]] = []
+
+    def mark(tag: str) -> None:
+        mode = get_proxy_mode()
+        if mode is not None:
+            marks.append((tag, len(mode.tracer.graph.nodes)))
+
+    n = len(params)
+
+    def step(x: torch.Tensor, target: torch.Tensor, *flat: torch.Tensor) -> list[torch.Tensor]:
+        return train_step(cfg, model, x, target, flat[:n], flat[n:2 * n], flat[2 * n:], schedule, mark)
+
+    gm = make_fx(step, tracing_mode="fake")(x, target, *params, *ms, *vs)
+    graph, phase, folded = dag_from_fx(gm, marks, name=f"{cfg.model} L={cfg.layers} step")
+    return StepGraph(cfg, graph, phase, names, {nm: p.numel() * p.element_size() for nm, p in zip(names, params,
+                                                                                                   strict=True)},
+                     len(gm.graph.nodes), folded,
+                     {nm: (schedule or {}).get(nm, cfg.update) for nm in names})
