@@ -322,3 +322,31 @@ def build_graph(cfg: CPGraphConfig) -> list[torch.Tensor]:
         return [out]
     (out * go).sum().backward()
     return [out, *(t.grad for t in leaves)]
+
+
+# ------------------------------------------------------------------------------------------ reading the programs
+def permute_traffic(module: Any) -> dict[str, Any]:
+    """The collective-permutes of a partitioned program (XLA:CPU or XLA:TPU, ``shardlab.profile.HloModule``):
+
+    ``count`` instructions (logical, start/done folded) and their per-device ``bytes``; ``executed`` and
+    ``executed_bytes`` with each counted as often as its computation runs (a ``while`` body: trip count times);
+    ``sent_elements`` — elements one device sends on average per execution of the program (Σ runs · pairs ·
+    operand elements / devices), the number to hold against the formula's per-rank bytes / e whatever the dtype
+    (XLA:TPU moves the forward's K/V in bf16 and may split a cyclic permute into several with fewer pairs);
+    ``dtypes`` the element types seen; ``async`` how many are start/done pairs. None for a count whose loop trip
+    count is unknown."""
+    from shardlab.dtypes import HLO_BYTES
+
+    perms = [c for c in module.collectives if c.op == "collective-permute"]
+    runs = [module.runs(c.computation) for c in perms]
+    known = all(r is not None for r in runs)
+    elements = [c.operand_bytes // HLO_BYTES[c.dtype] for c in perms]
+    return {
+        "count": len(perms), "bytes": sum(c.operand_bytes for c in perms),
+        "executed": sum(runs) if known else None,
+        "executed_bytes": sum(r * c.operand_bytes for r, c in zip(runs, perms, strict=True)) if known else None,
+        "sent_elements": (sum(r * len(c.source_target_pairs) * n for r, c, n in zip(runs, perms, elements, strict=True))
+                          / module.num_partitions) if known else None,
+        "dtypes": sorted({c.dtype for c in perms}), "async": sum(c.async_ for c in perms),
+        "loops": [(w.name, module.trip_count(w.name)) for w in module.while_loops],
+    }

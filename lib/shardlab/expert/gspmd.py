@@ -197,3 +197,25 @@ def oracle(cfg: EPGraphConfig, groups: int) -> list[torch.Tensor]:
     (y * data["grad_out"].reshape(y.shape)).sum().backward()
     return [y.reshape(data["x"].shape).detach(), x.grad.reshape(data["x"].shape),
             *(getattr(moe, p).grad for p in PARAMS)]
+
+
+# ------------------------------------------------------------------------------------------ reading the programs
+def all_to_all_traffic(module: Any) -> dict[str, Any]:
+    """The all-to-alls of a partitioned program: ``count``, per-device operand ``bytes`` and ``elements`` (XLA:TPU
+    moves them in bf16 where XLA:CPU keeps f32: compare elements), ``group_size``s, ``dtypes``, ``async``."""
+    from shardlab.dtypes import HLO_BYTES
+
+    a2a = [c for c in module.collectives if c.op == "all-to-all"]
+    return {"count": len(a2a), "bytes": sum(c.operand_bytes for c in a2a),
+            "elements": sum(c.operand_bytes // HLO_BYTES[c.dtype] for c in a2a),
+            "group_sizes": sorted({c.group_size for c in a2a}), "dtypes": sorted({c.dtype for c in a2a}),
+            "async": sum(c.async_ for c in a2a)}
+
+
+def expert_weight_bytes(module: Any, cfg: EPGraphConfig) -> int:
+    """Per-device bytes of the expert weights among the program's entry parameters: the arrays shaped
+    [E/ep, h, f] or [E/ep, f, h] (W1, W3, W2)."""
+    e_loc = cfg.experts // cfg.ep
+    shapes = {(e_loc, cfg.hidden, cfg.ffn), (e_loc, cfg.ffn, cfg.hidden)}
+    return sum(a.nbytes for i in module.instructions.values()
+               if i.opcode == "parameter" and i.computation == module.entry for a in i.shape if a.dims in shapes)

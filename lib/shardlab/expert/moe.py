@@ -98,8 +98,9 @@ def expert_ffn(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Te
 
 
 def router_probs(x: torch.Tensor, router: torch.Tensor) -> torch.Tensor:
-    """softmax(x W_r) in float32: [..., h] x [h, E] -> [..., E]."""
-    return torch.softmax((x @ router).float(), dim=-1)
+    """softmax(x W_r), in at least float32 (Switch keeps the router in float32): [..., h] x [h, E] -> [..., E]."""
+    logits = x @ router
+    return torch.softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
 
 
 def top_k_gates(probs: torch.Tensor, k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
