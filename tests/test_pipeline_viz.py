@@ -1,0 +1,33 @@
+"""viz.pipeline: the timeline figure draws every action once and every idle interval, and the idle it draws adds
+up to the bubble the simulator measured (p - 1 bubble slots per device at unit costs, counted by hand)."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from shardlab.formulas.pipeline import bubble_ratio
+from shardlab.pipeline.schedules import build
+from shardlab.pipeline.timeline import simulate
+from shardlab.viz.pipeline import KIND_COLOR, idle_intervals, timeline_figure
+
+
+def test_idle_intervals_add_up_to_the_bubble() -> None:
+    p, m = 4, 6
+    t = simulate(build("1f1b", p, m), forward=1, backward=2)
+    for r in range(p):
+        idle = sum(hi - lo for d, lo, hi in idle_intervals(t) if d == r)
+        assert idle == (p - 1) * (1 + 2)  # fill and drain: p - 1 forward + backward slots
+    # GPipe's device 0 waits once, between its last forward and its first backward
+    g = simulate(build("gpipe", p, m), forward=1, backward=2)
+    assert [(lo, hi) for d, lo, hi in idle_intervals(g) if d == 0] == [(m, m + 3 * (p - 1))]
+
+
+def test_figure_has_one_bar_per_action_and_per_idle_interval() -> None:
+    sched = build("interleaved", 2, 4, 2)
+    t = simulate(sched, forward=1, backward=2)
+    fig = timeline_figure(t, formula=bubble_ratio(2, 4, 2))
+    actions = [b for b in fig.data if b.marker.color in (KIND_COLOR["F"], KIND_COLOR["B"])]
+    assert len(actions) == sum(len(d) for d in sched.devices)
+    assert len(fig.data) - len(actions) == len(idle_intervals(t))
+    assert {b.text[0] for b in actions} >= {"0·0", "3·1"}  # microbatch·chunk labels
+    assert t.bubble_ratio == Fraction(1, 8) and "0.125 (formula 0.125)" in fig.layout.title.text
