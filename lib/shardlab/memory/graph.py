@@ -250,7 +250,8 @@ def dag_from_fx(gm: Any, marks: Sequence[tuple[str, int]] = (), name: str = "ste
                                                                                                 int]:
     """The Graph of an FX graph traced in fake mode (module note): ``(graph, phase per op, folded nodes)``.
 
-    ``marks`` are ``(tag, number of FX nodes when the tag was set)``: nodes before the first mark get its tag, and so on.
+    ``marks`` are ``(tag, number of FX nodes when the tag was set)``: nodes before the first mark get its tag, and
+    so on.
     """
     nodes = list(gm.graph.nodes)
     bounds = sorted(marks, key=lambda m: m[1])

@@ -89,19 +89,24 @@ class Problem:
         return out
 
 
-def problem_from_graph(graph: Any, ops: Sequence[str] | None = None, name: str | None = None) -> Problem:
+def problem_from_graph(graph: Any, ops: Sequence[str] | None = None, name: str | None = None,
+                       context: Sequence[str] | None = None) -> Problem:
     """A Problem for ``ops`` (default: every operator, in the graph's program order) of a ``levers.order.Graph``.
 
     Tensors produced by an operator outside ``ops`` but read inside are resident; tensors read after the part
     (by an operator outside it that comes later) or graph outputs are kept; tensors live across the part without
     being read in it become resident + kept (a constant). "Later" is decided by the part's position: ``ops`` must
-    be a contiguous stretch of some topological order, so everything outside is either before or after it.
+    be a contiguous stretch of some topological order, so everything outside is either before or after it:
+    ``context`` is that order (default: outside operators that are ancestors of the part count as before).
     """
     all_ops = [o.name for o in graph.ops]
     ops = tuple(ops if ops is not None else (graph.order or all_ops))
     inside = {graph.index[o] for o in ops}
     local = {graph.index[o]: k for k, o in enumerate(ops)}
-    before = set()  # operators outside the part that must run before it: ancestors of the part
+    before: set[int] = set()  # operators outside the part that run before it
+    if context is not None:
+        first = min(k for k, o in enumerate(context) if graph.index[o] in inside)
+        before = {graph.index[o] for o in context[:first]}
     stack = [j for i in inside for j in _bits(graph.pred[i]) if j not in inside]
     while stack:
         j = stack.pop()
@@ -271,7 +276,7 @@ def greedy(problem: Problem) -> tuple[str, ...]:
     ready = {i for i in range(n) if waiting[i] == 0}
     order = []
     while ready:
-        def score(i: int) -> tuple[int, int, int]:
+        def score(i: int, live: int = live) -> tuple[int, int, int]:
             out = sum(t.size for t in produced[i])
             freed = sum(problem.tensors[k].size for k in reads[i]
                         if pending[k] == 1 and not problem.tensors[k].keep)

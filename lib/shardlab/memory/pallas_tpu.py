@@ -61,8 +61,11 @@ def _trace_pallas_for_tpu(kernel: Callable[..., Any], *args: Any, static_argnums
         else:
             jax_args.append(arg)
     key: tuple[Any, ...] = ()
-    if use_cache:
-        key = (jax.config.jax_default_matmul_precision, kernel, static_argnums,
+    if use_cache:  # keyed like the original, plus the IR version in force (the original's key has neither)
+        import jax._src.tpu_custom_call as tcc
+
+        key = (PLATFORM, tcc.get_ir_version is _ir_version, jax.config.jax_default_matmul_precision, kernel,
+               static_argnums,
                tuple(static_argnames) if static_argnames is not None else static_argnames, tuple(jax_args),
                repr(sorted(kwargs.items())).encode())
         if key in ck.trace_pallas_arg_to_payload:
@@ -88,25 +91,28 @@ def _targets() -> tuple[Any, Any]:
     return ck, tcc
 
 
-def patched() -> bool:
-    """True while :func:`pallas_for_tpu_compile` is active (both attributes replaced)."""
+def patched() -> dict[str, bool]:
+    """Which of the two fixes are in force: ``{"platform": ..., "ir_version": ...}``."""
     ck, tcc = _targets()
-    return ck.trace_pallas is _trace_pallas_for_tpu and tcc.get_ir_version is _ir_version
+    return {"platform": ck.trace_pallas is _trace_pallas_for_tpu, "ir_version": tcc.get_ir_version is _ir_version}
 
 
 @contextlib.contextmanager
-def pallas_for_tpu_compile(active: bool = True) -> Iterator[None]:
+def pallas_for_tpu_compile(active: bool = True, platform: bool = True, ir_version: bool = True) -> Iterator[None]:
     """Within the block, Pallas kernels traced by torch_xla lower for the TPU platform with Mosaic IR v7.
 
-    ``active=False`` (e.g. on a TPU host, where the shipped path works) changes nothing. Nesting is allowed: the
-    inner block finds the patches in place and leaves them to the outer one.
+    ``active=False`` (e.g. on a TPU host, where the shipped path works) changes nothing; ``platform`` /
+    ``ir_version`` apply one fix alone (to show that each is needed). The originals are restored on exit.
     """
     if not active:
         yield
         return
     ck, tcc = _targets()
     saved = ck.trace_pallas, tcc.get_ir_version
-    ck.trace_pallas, tcc.get_ir_version = _trace_pallas_for_tpu, _ir_version
+    if platform:
+        ck.trace_pallas = _trace_pallas_for_tpu
+    if ir_version:
+        tcc.get_ir_version = _ir_version
     try:
         yield
     finally:

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -173,7 +173,6 @@ def best_schedule(step: Any, up: UpdatePlan | None = None, time_limit_s: float =
         starts[p] = steps[0].before
         D[p] = max(s.during for s in steps) - steps[0].before
         k += n_ops
-    f = np.array([up.freed[p] for p in params], dtype=float)
     scale = max(max(during0, default=1), 1) / 1e6  # keep coefficients near 1e6 for HiGHS
     rows, lo, hi = [], [], []
     nv = P + 1  # y_0 .. y_{P-1}, then peak
@@ -239,11 +238,3 @@ def compare(step: Any, time_limit_s: float = 60.0) -> dict[str, Any]:
     return {"eager": peak_of(step, up, uniform(up, "eager")), "end": peak_of(step, up, uniform(up, "end")),
             "best": best.peak, "schedule": best.schedule, "solve_s": best.seconds,
             "eager_params": sorted(p for p, v in best.schedule.items() if v == "eager")}
-
-
-def grouped(schedule: Mapping[str, str], by: Sequence[str] = ()) -> dict[str, int]:
-    """How many parameters each choice got: {"eager": k, "end": m}."""
-    out = {"eager": 0, "end": 0}
-    for v in schedule.values():
-        out[v] += 1
-    return out
