@@ -13,11 +13,11 @@ measurement must be equal, not close. A notebook whose source has not landed yet
     04 embedding + CE        tp.embedding_all_reduce,                  tp.views.compiler(EmbeddingConfig /
                              tp.vocab_parallel_ce, tp.gathered_logits,   CrossEntropyConfig), the notebook's
                              tp.ce_logits_bytes                          own views
-    05 FSDP flat params      fsdp.views.formula(FlatConfig):           fsdp.views.ledger(FlatConfig): FlatUnit
-                             flat_step_comm, zero (root unit, nested)  per rank; + zero.zero_comm,
+    05 FSDP flat params      FlatCase.formula: flat_step_comm, zero    harness.ledger(FlatCase): FlatUnit
+                             (root unit, nested)                       per rank; + zero.zero_comm,
                                                                        memory.model_state_bytes (stage 3 + pad)
     05 (sizes)               zero.zero_comm stage 0 (DP all-reduce)    HLO of a batch-sharded MLP
-    05b per-parameter FSDP   fsdp.views.formula(GspmdConfig, "cpu")    fsdp.views.compiler(GspmdConfig): HLO
+    05b per-parameter FSDP   GspmdCase.formula("cpu")                  harness.hlo(GspmdCase): HLO
     06 scan + shard_as       scan.shard_as_saving (1-D / 2-D bytes)    compiler-assigned gradient shardings
 """
 
@@ -169,20 +169,18 @@ def test_04_embedding_and_vocab_parallel_ce_vs_hlo(xla_world):
 def test_05_flat_unit_comm_and_memory_vs_ledger():
     """The notebook's own views at its defaults (root unit, then nested), plus two relations the views do not
     use: ZeRO-3's communication volume and the planner's model-state composition."""
-    from shardlab.fsdp import views as fv
-    from shardlab.views import compare
+    from shardlab import harness
+    from shardlab.fsdp.train import FlatCase
 
-    p = notebook_defaults("05_fsdp_flat_params")
-    w = p["world_size"]
+    p = dataclasses.replace(_tp_params("05_fsdp_flat_params"), steps=1)  # the notebook's defaults, one step
+    w = p.world_size
     for nested in (False, True):
-        cfg = fv.FlatConfig(world_size=w, layer_sizes=tuple(p["layer_sizes"]), batch=p["batch"], steps=1,
-                            align=p["align"], seed=p["seed"], nested=nested)
-        f, led = fv.formula(cfg), fv.ledger(cfg)
-        assert all(r["agree"] for r in compare([f, led])), [r for r in compare([f, led]) if not r["agree"]]
+        case = FlatCase(p, nested=nested)
+        f, led = harness.formula(case), harness.ledger(case)
+        rows = harness.compare([f, led])
+        assert all(r["agree"] for r in rows), [r for r in rows if not r["agree"]]
         assert all(ok for ok, _ in led.checks.values()), led.checks
-    cfg = fv.FlatConfig(world_size=w, layer_sizes=tuple(p["layer_sizes"]), batch=p["batch"], steps=1,
-                        align=p["align"], seed=p["seed"])
-    led = fv.ledger(cfg)
+    led = harness.ledger(FlatCase(p))
     numel, padded = led["flat.numel"], led["flat.padded_numel"]
     # ZeRO-3 volume 3·(W-1)/W·P less the backward all-gather the root unit skips: (W-1)/W·P (P padded)
     zc = fzero.zero_comm(padded, w, 3, exact=True)
@@ -190,22 +188,21 @@ def test_05_flat_unit_comm_and_memory_vs_ledger():
     # persistent model state per rank (fp32 param + grad shards, Adam m and v) = the planner's composition
     formula = fmem.model_state_bytes(numel, fsdp=w, stage=3, param_bytes=4, grad_bytes=4, k=8, flat_units=[numel])
     assert led["memory.per_rank.bytes"] == formula.total
-    assert led.detail["results"][0].persistent_bytes["param_shard"] == padded // w * 4
+    assert led.detail["ranks"][0].persistent_bytes["param_shard"] == padded // w * 4
     assert ffsdp.flat_step_comm(numel, w, root=True).reduce_scatter_payload_bytes == padded * 4
 
 
 @pytest.mark.xla
 def test_05b_per_parameter_step_vs_hlo(xla_world):
-    from shardlab.fsdp import views as fv
-    from shardlab.views import compare
+    from shardlab import harness
+    from shardlab.fsdp.case import GspmdCase
 
-    p = notebook_defaults("05b_fsdp_gspmd")
-    if xla_world.num_devices % p["world_size"]:
-        pytest.skip(f"world_size={p['world_size']} does not tile the {xla_world.num_devices}-device world")
-    cfg = fv.GspmdConfig(world_size=p["world_size"], layer_sizes=tuple(p["layer_sizes"]), batch=p["batch"],
-                         seed=p["seed"])
-    f, h = fv.formula(cfg, "cpu"), fv.compiler(cfg)
-    assert not h.differs and all(r["agree"] for r in compare([f, h]))
+    p = _tp_params("05b_fsdp_gspmd")
+    if xla_world.num_devices % p.world_size:
+        pytest.skip(f"world_size={p.world_size} does not tile the {xla_world.num_devices}-device world")
+    case = GspmdCase(p)
+    f, h = case.formula("cpu"), harness.hlo(case)
+    assert not h.differs and all(r["agree"] for r in harness.compare([f, h]))
     assert all(ok for ok, _ in h.checks.values()), h.checks
 
 
@@ -253,10 +250,12 @@ def test_05_sizes_data_parallel_all_reduce_vs_hlo(xla_world):
 def test_06_stacked_gradient_bytes_1d_vs_2d(xla_world):
     """The notebook's own view functions at its defaults: the formula view's stacked-gradient bytes, per-device shapes
     and fsdp reductions equal the CPU compiler's; and the formula itself equals shard_as_saving's bytes."""
+    from shardlab import harness
     from shardlab.formulas import scan as fscan
     from shardlab.params import ScanParams
+    from shardlab.xla_scan import case as C
     from shardlab.xla_scan import measure as X
-    from shardlab.xla_scan import views as V
+    from shardlab.xla_scan.model import weight_shapes
 
     p = ScanParams(**{k: v for k, v in notebook_defaults("06_scan_shard_as").items() if k != "answers"})
     try:  # shard_as (every SPMD scan backward) needs jax + torchax (+ flax)
@@ -266,10 +265,11 @@ def test_06_stacked_gradient_bytes_1d_vs_2d(xla_world):
     if p.mesh_fsdp * p.mesh_tensor != xla_world.num_devices:
         pytest.skip("mesh does not tile the device world")
     for flag in (True, False):
-        cfg = V.ScanConfig.from_params(p, shard_as=flag)
-        formula, hlo = V.formula(cfg), V.compiler(cfg)
+        case = C.ScanCase(p, max(p.layers_sweep), shard_as=flag)  # the notebook's views
+        formula, hlo = harness.formula(case), harness.hlo(case)
         for name in formula.values:
             assert hlo[name] == formula[name], (flag, name)
-        saving = fscan.shard_as_saving(cfg.layers, list(cfg.stack.weight_shapes.values()), p.mesh_fsdp, p.mesh_tensor)
+        saving = fscan.shard_as_saving(case.layers, list(weight_shapes(p.hidden, p.ffn).values()), p.mesh_fsdp,
+                                       p.mesh_tensor)
         assert formula["stacked_grads.bytes"] == (saving.on_bytes if flag else saving.off_bytes)
-    assert dtype_bytes(str(cfg.stack.dtype)) == 4
+    assert dtype_bytes(case.dtype) == 4

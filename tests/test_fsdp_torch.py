@@ -24,7 +24,8 @@ import torch
 from shardlab.comm import DistributedWorld, Ledger, SimulatedWorld
 from shardlab.formulas.fsdp import per_param_shard
 from shardlab.fsdp.torch_ref import torch_fsdp_both_program
-from shardlab.fsdp.train import TrainConfig, fsdp_rank_program, make_model, unit_plans
+from shardlab.fsdp.train import FlatCase, fsdp_rank_program
+from shardlab.params import FsdpParams
 
 
 def _rows(ledger: Ledger) -> list[tuple[str, str, int]]:
@@ -37,13 +38,13 @@ def _rows(ledger: Ledger) -> list[tuple[str, str, int]]:
                           (3, False, "adam", True)])
 def test_torch_fsdp1_and_fsdp2_match_ours(world_size: int, use_orig_params: bool, optimizer: str,
                                           nested: bool) -> None:
-    cfg = TrainConfig(layer_sizes=(5, 7, 3), batch=6, steps=2, optimizer=optimizer, use_orig_params=use_orig_params,
-                      nested=nested)
-    both = DistributedWorld(world_size).run(torch_fsdp_both_program, cfg)
-    plan = unit_plans(cfg, world_size)[""]
+    case = FlatCase(FsdpParams(world_size=world_size, layer_sizes=(5, 7, 3), batch=6, steps=2, align=use_orig_params),
+                    nested=nested, optimizer=optimizer)
+    both = DistributedWorld(world_size).run(torch_fsdp_both_program, case)
+    plan = case.plans()[""]
     sim = SimulatedWorld(world_size)
-    ours = sim.run(fsdp_rank_program, cfg)
-    model = make_model(cfg)
+    ours = sim.run(fsdp_rank_program, case)
+    model = case.model()
     shapes = [tuple(p.shape) for p in model.parameters()]
     for r, (fsdp1, fsdp2) in enumerate(both):
         # FSDP1: the root's FlatParameter has exactly our shard metadata

@@ -34,7 +34,7 @@ def test_notebook_05b_one_device(run_notebook) -> None:  # type: ignore[no-untyp
     record = run_notebook("05b_fsdp_gspmd", num_devices=1, torch_fsdp_world=0)
     by = _by(record)
     assert ("fsdp.gspmd.step.all_gather.bytes", "hlo") not in by  # no 8-device mesh in this process
-    assert any("hlo view skipped" in n["detail"] for n in record["notes"])
+    assert any(s["source"] == "hlo" and "world_size=8" in s["reason"] for s in record["skipped"])
     assert by[("fsdp.gspmd.step.all_gather.bytes", "tpu")] == 2 * (210 + 100 + 100)  # an 8-chip slice
 
 

@@ -48,11 +48,13 @@ world
 # torch_xla's FSDPv2 and PyTorch's FSDP1 / FSDP2 on real processes are notebook 05b.
 
 # %%
-from shardlab.fsdp import views as fv
-from shardlab.views import record
+from dataclasses import replace
 
-cfg = fv.FlatConfig.from_params(p)  # the MLP as one (root) unit
-formula, ledger = fv.formula(cfg), fv.ledger(cfg)  # the ledger runs `steps` training steps on W ranks
+from shardlab import harness
+from shardlab.fsdp.case import FlatCase, flat_param_handle_check
+
+case = FlatCase(p)  # the MLP as one (root) unit
+formula, ledger = harness.formula(case), harness.ledger(case)  # the ledger runs `steps` training steps on W ranks
 
 # %% [markdown]
 # ## 1 · The flat layout
@@ -80,7 +82,7 @@ for r in plan.ranks[: min(p.world_size, 4)]:
 # size), sharded, every field of its shard metadata compared.
 
 # %%
-ok, bad_ranks = fv.flat_param_handle_check(cfg)
+ok, bad_ranks = flat_param_handle_check(case)
 rec.check("fsdp.flat.matches_torch_flat_param_handle", ok, f"ranks differing: {bad_ranks}")
 print("PyTorch FlatParamHandle agrees on every rank:", ok)
 
@@ -91,10 +93,9 @@ print("PyTorch FlatParamHandle agrees on every rank:", ok)
 # a dashed line is split between ranks — `ShardParamInfo.intra_start..intra_end` (inclusive) says which part.
 
 # %%
-from shardlab.fsdp.train import make_model
 from shardlab.viz import fsdp as vf
 
-names = [n for n, _ in make_model(cfg.train).named_parameters()]
+names = [n for n, _ in case.model().named_parameters()]
 vf.flat_buffer_figure(plan, names).show()
 
 # %% [markdown]
@@ -140,8 +141,8 @@ print("examples:", {f"N={n},W={w}": padding_waste(n, w) for n, w in [(10, 4), (6
 # training (below).
 
 # %%
-step_table = record(rec, "fsdp", formula, ledger)
-rec.measure("fsdp.step.wall", ledger.detail["step_wall_s"], "s", "timer", kind="timing")
+step_table = harness.record(rec, "fsdp", formula, ledger)
+rec.measure("fsdp.step.wall", ledger.detail["wall_s"] / p.steps, "s", "timer", kind="timing")
 one_step = ledger.detail["one_step"]
 print(one_step.summary().to_string(index=False) if len(one_step) else "world_size 1: no communication")
 step_table
@@ -161,9 +162,9 @@ step_table
 from shardlab.viz import tp as vtp
 
 if len(p.layer_sizes) >= 3:
-    nested = fv.FlatConfig.from_params(p, nested=True, steps=1)
-    nested_ledger = fv.ledger(nested)
-    display(record(rec, "fsdp.nested", fv.formula(nested), nested_ledger))
+    nested = FlatCase(replace(p, steps=1), nested=True)
+    nested_ledger = harness.ledger(nested)
+    display(harness.record(rec, "fsdp.nested", harness.formula(nested), nested_ledger))
     vtp.ledger_timeline(nested_ledger.detail["one_step"],
                         f"one step, inner unit (Linear 0) + root unit, W = {p.world_size}").show()
 else:
@@ -180,7 +181,7 @@ else:
 # %%
 from shardlab.formulas.zero import zero_memory
 
-measured = ledger.detail["results"][0].persistent_bytes
+measured = ledger.detail["ranks"][0].persistent_bytes
 per_rank = ledger["memory.per_rank.bytes"]
 psi = sum(plan.numels)
 stages = [zero_memory(psi, p.world_size, s, k=8, param_bytes=4, grad_bytes=4).total for s in range(4)]
@@ -202,7 +203,7 @@ _ = rec.check("fsdp.zero.paper_figure_1", paper == [120.0, 31.4, 16.6, 1.9], f"{
 # parameters, up to float summation order (the ledger view's check `fsdp.parity.params_match_unsharded`).
 
 # %%
-print(f"max |FSDP - unsharded| after {p.steps} steps: {ledger.detail['max_abs_err']:.2e}")
+print(ledger.checks["parity.params_match_unsharded"][1])
 
 # %% [markdown]
 # ## Exercises

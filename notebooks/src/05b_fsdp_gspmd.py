@@ -46,11 +46,14 @@ world
 # checked against PyTorch's FSDP1 and FSDP2 running on real processes.
 
 # %%
-from shardlab.fsdp import views as fv
-from shardlab.views import memory_frame, record, record_compile_s
+from dataclasses import replace
 
-cfg = fv.GspmdConfig.from_params(p)  # dim-0 sharding of every parameter, mesh (fsdp W, replica n / W)
-fv.param_frame(cfg)
+from shardlab import harness
+from shardlab.fsdp import case as fc
+from shardlab.params import FsdpParams
+
+case = fc.GspmdCase(p)  # dim-0 sharding of every parameter, mesh (fsdp W, replica n / W)
+fc.param_frame(case)
 
 # %% [markdown]
 # Per parameter: its padded shard and the collective each compiler uses to replicate it (and the bytes one
@@ -63,11 +66,11 @@ fv.param_frame(cfg)
 # when the process cannot tile W, a (W, 1) mesh for a W-chip slice, built in a helper process.
 
 # %%
-formula = fv.formula(cfg)  # device_kind="cpu": what XLA:CPU's partitioner emits
-compiler = fv.compiler(cfg)  # the CPU HLO of both graphs (+ parity with the unsharded SGD step)
-tpu = fv.tpu(cfg)  # XLA:TPU, compile-only
-record_compile_s(rec, "fsdp.gspmd.compile_s", tpu)  # XLA:TPU seconds, forward + backward graph (timing)
-record(rec, "fsdp.gspmd", formula, compiler, tpu, show=False)
+formula = harness.formula(case)  # device_kind="cpu": what XLA:CPU's partitioner emits
+compiler = harness.hlo(case)  # the CPU HLO of both graphs (+ parity with the unsharded SGD step)
+tpu = harness.tpu(case)  # XLA:TPU, compile-only
+harness.record_compile_s(rec, "fsdp.gspmd.compile_s", tpu)  # XLA:TPU seconds, forward + backward graph (timing)
+harness.record(rec, "fsdp.gspmd", formula, compiler, tpu, show=False)
 
 # %% [markdown]
 # Counts are collective instructions; `.operands` is how many logical collectives they carry where a compiler
@@ -76,13 +79,13 @@ record(rec, "fsdp.gspmd", formula, compiler, tpu, show=False)
 # compared with the CPU formula there); what its program shows, value by value:
 
 # %%
-fv.explain(formula, compiler, tpu)
+fc.explain(formula, compiler, tpu)
 
 # %% [markdown]
 # The formula for `device_kind="tpu"` predicts the TPU column (the TPU view checks it, `fsdp.gspmd.tpu_formula.*`):
 
 # %%
-fv.device_frame(formula, compiler, tpu)
+fc.device_frame(case, compiler, tpu)
 
 # %% [markdown]
 # ## 2 · CPU vs TPU: four differences
@@ -113,7 +116,7 @@ fv.device_frame(formula, compiler, tpu)
 # assignment and XLA:TPU's compiled memory statistics; the TPU pads every array to its (8, 128) tiles:
 
 # %%
-memory_frame({"cpu (buffer assignment)": compiler, "tpu (compiled memory stats)": tpu})
+harness.memory_frame({"cpu (buffer assignment)": compiler, "tpu (compiled memory stats)": tpu})
 
 # %% [markdown]
 # ### A wider MLP on the TPU
@@ -122,10 +125,10 @@ memory_frame({"cpu (buffer assignment)": compiler, "tpu (compiled memory stats)"
 # all-reduce, and the 512-wide bias is gathered or all-reduced depending on its shard length at this W.
 
 # %%
-wide = fv.GspmdConfig.from_params(p, layer_sizes=(256, 512, 128))
-wide_tpu = fv.tpu(wide)
-display(record(rec, "fsdp.gspmd_wide", fv.formula(wide), wide_tpu, show=False))
-fv.explain(wide_tpu)
+wide = fc.GspmdCase(replace(p, layer_sizes=(256, 512, 128)))
+wide_tpu = harness.tpu(wide)
+display(harness.record(rec, "fsdp.gspmd_wide", harness.formula(wide), wide_tpu, show=False))
+fc.explain(wide_tpu)
 
 # %% [markdown]
 # ## 3 · Flat vs per-parameter
@@ -133,9 +136,9 @@ fv.explain(wide_tpu)
 # would be if it were not the root) and per parameter on each compiler.
 
 # %%
-flat_cfg = fv.FlatConfig.from_params(p)
-fv.designs_frame(flat_cfg, {"per-parameter (formula)": formula, "per-parameter (hlo)": compiler,
-                            "per-parameter (tpu)": tpu})
+flat = fc.FlatCase(FsdpParams(world_size=p.world_size, layer_sizes=p.layer_sizes, batch=p.batch, seed=p.seed))
+fc.designs_frame(flat, {"per-parameter (formula)": formula, "per-parameter (hlo)": compiler,
+                        "per-parameter (tpu)": tpu})
 
 # %% [markdown]
 # **Why the columns differ.** (1) *Padding granularity*: the flat design pads the total $N$ once to a multiple
@@ -154,10 +157,10 @@ fv.designs_frame(flat_cfg, {"per-parameter (formula)": formula, "per-parameter (
 # says so and does not compare.
 
 # %%
-v2 = fv.GspmdConfig.from_params(p, wrapper="torch_xla_fsdpv2")
-v2_views = fv.formula(v2), fv.compiler(v2), fv.tpu(v2)
-display(record(rec, "fsdp.gspmd_fsdpv2", *v2_views, show=False))
-fv.explain(*v2_views)
+v2 = fc.GspmdCase(p, wrapper="torch_xla_fsdpv2")
+v2_views = harness.formula(v2), harness.hlo(v2), harness.tpu(v2)
+display(harness.record(rec, "fsdp.gspmd_fsdpv2", *v2_views, show=False))
+fc.explain(*v2_views)
 
 # %% [markdown]
 # ## 5 · PyTorch's own FSDP1 and FSDP2, on real gloo processes
@@ -171,12 +174,13 @@ fv.explain(*v2_views)
 # %%
 if p.torch_fsdp_world:
     wt = p.torch_fsdp_world
-    tcfg = fv.FlatConfig.from_params(p, world_size=wt, batch=2 * wt, steps=1, nested=len(p.layer_sizes) >= 3)
+    small = FsdpParams(world_size=wt, layer_sizes=p.layer_sizes, batch=2 * wt, steps=1, seed=p.seed)
+    tcase = fc.FlatCase(small, nested=len(p.layer_sizes) >= 3)
     _t = time.perf_counter()
-    torch_view = fv.torch_fsdp(tcfg)
+    torch_view = fc.torch_fsdp(tcase)
     rec.measure("fsdp.torch.gloo_run.wall", time.perf_counter() - _t, "s", "timer", kind="timing")
-    display(record(rec, "fsdp.torch", fv.formula(tcfg), torch_view))
-    display(fv.collectives_frame(torch_view))
+    display(harness.record(rec, "fsdp.torch", harness.formula(tcase), torch_view))
+    display(fc.collectives_frame(torch_view))
 else:
     print("PyTorch FSDP skipped (torch_fsdp_world=0)")
 

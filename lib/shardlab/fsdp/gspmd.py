@@ -4,12 +4,13 @@ Design note
 -----------
 Instead of one flat buffer, each parameter p of shape (d0, *rest) is annotated
 ``mark_sharding(p, mesh, ("fsdp", None, ...))``; the batch is sharded the same way. XLA's SPMD partitioner
-then inserts the collectives itself. We compile a training step as TWO graphs — forward (loss) and
-backward + SGD update — by cutting the lazy graph after the forward (``capture_hlo`` syncs). That mirrors
-FSDP's "free after forward": between the two graphs only the *sharded* parameters persist, so the backward
-graph must all-gather again whatever it needs.
+then inserts the collectives itself. A training step is TWO graphs — :func:`forward` (loss) and
+:func:`backward` + SGD update — the lazy graph cut after the forward (``shardlab.fsdp.case.GspmdCase`` names them
+as its two programs; the harness executes the first before it builds the second). That mirrors FSDP's "free
+after forward": between the two graphs only the *sharded* parameters persist, so the backward graph must
+all-gather again whatever it needs.
 
-What the HLO shows (CPU, torch_xla 2.9.0; read with ``shardlab.profile.capture_hlo``)::
+What the HLO shows (CPU, torch_xla 2.9.0)::
 
     forward   unshard of every parameter: all-gather, operand = its padded shard ceil(d0/W)·rest·b — or, when
               d0 <= W // 2, an all-reduce of the full d0·rest·b (XLA's partitioner, ``ReplicatePartial``: a
@@ -27,9 +28,6 @@ device's shard by its partition-id (a dynamic-update-slice into zeros, or a sele
 unshard in its all-reduce form; any other non-scalar all-reduce operand of the backward graph is a gradient
 reduce-scatter, and so is every operand of a real reduce-scatter (XLA:TPU's ``all-reduce-scatter`` fusion).
 
-The same two graphs, unsynced, come from :func:`forward_graph` and :func:`backward_graph` (a :class:`StepSpec`
-picklable for the TPU compile worker): ``shardlab.fsdp.views.tpu`` hands them to XLA:TPU (compile-only).
-
 The unshards and the reduce-scatter are written out (``_FsdpLinear``): each Linear constrains a copy of its
 weight and bias to replicated before use (-> all-gather), saves the SHARDED weight and re-gathers it in
 backward, and constrains its gradient to replicated then dim-0 sharded (-> all-reduce + dynamic-slice).
@@ -39,14 +37,14 @@ another algorithm (measured, layers 30-50-10): it resharded each *transposed* we
 gradient as an all-reduce of half the rows plus a collective-permute to the owner. At W = 4, 8 both forms
 measure the same collective bytes. With W = 1 nothing is sharded: no collective at all (formula: zeros).
 
-``shardlab.formulas.fsdp.per_param_step_bytes`` is that algebra; ``gspmd_step`` measures it. Compare with
-the flat design (``formulas.fsdp.flat_step_comm``): c·b (+ c·b unless the unit is the root) + P·b with
-c = ceil(N/W). Per-parameter padding
-rounds each d0 up instead of the total N, and the backward gathers only what autograd reads.
-torch_xla's ``SpmdFullyShardedDataParallel`` (``wrapper="torch_xla_fsdpv2"``) makes the same kind of
-annotations but shards each parameter's LARGEST dimension (``shard_maximal=True``), not dim 0: same
-algebra with ``rule="largest"``. It annotates only parameters and outputs, so at W = 2 on 8 devices the
-partitioner reshards over the replica axis as above (``strict=False`` reports those collectives).
+``shardlab.formulas.fsdp.per_param_step_bytes`` is that algebra; :func:`step_bytes` of the classified
+operands measures it. Compare with the flat design (``formulas.fsdp.flat_step_comm``): c·b (+ c·b unless the
+unit is the root) + P·b with c = ceil(N/W). Per-parameter padding rounds each d0 up instead of the total N, and
+the backward gathers only what autograd reads. torch_xla's ``SpmdFullyShardedDataParallel``
+(``wrapper="torch_xla_fsdpv2"``) makes the same kind of annotations but shards each parameter's LARGEST dimension
+(``shard_maximal=True``), not dim 0: same algebra with ``rule="largest"``. It annotates only parameters and
+outputs, so at W = 2 on 8 devices the partitioner reshards over the replica axis as above (classified
+``resharding``: another algorithm than FSDP's).
 """
 
 from __future__ import annotations
@@ -56,12 +54,14 @@ import weakref
 from typing import Any, NamedTuple
 
 import torch
+import torch_xla.distributed.spmd as xs  # fsdp.gspmd is imported after runtime.setup() (the notebooks' order)
 from torch import nn
+from torch_xla.experimental.spmd_fully_sharded_data_parallel import SpmdFullyShardedDataParallel as FSDPv2
 
 from shardlab import runtime
 from shardlab.formulas.fsdp import StepBytes
-from shardlab.fsdp.train import TrainConfig, make_batch, make_model
-from shardlab.profile import capture_hlo
+from shardlab.fsdp.train import make_batch, make_model
+from shardlab.params import FsdpParamsBase
 from shardlab.profile.hlo import HloModule
 
 # Ops a value passes through unchanged in content on its way to a collective (layout, type, tuple plumbing).
@@ -176,33 +176,12 @@ def mlp_backward_needed(model: nn.Module) -> list[bool]:
     return out
 
 
-class GspmdStep(NamedTuple):
-    forward: Any  # HloModule
-    backward: Any  # HloModule
-    measured: StepBytes
-    other_all_reduce_bytes: int  # e.g. the scalar loss mean
-    rs_pairs_with_dynamic_slice: int  # how many gradient all-reduces the parser saw feeding a dynamic-slice
-    shapes: list[tuple[int, ...]]
-    loss: float
-    resharding: dict[str, int]  # operand bytes of collectives outside the FSDP algorithm, by op (strict=False)
-    updated: list[torch.Tensor]  # the parameters after the SGD step, gathered to the host (parity oracle)
-    moved: list[Moved] = []  # every collective operand of both graphs, classified
-    captures: tuple[Any, ...] = ()  # the two Captures (buffer assignment, compile metrics)
-
-    @property
-    def is_fsdp(self) -> bool:
-        """True when the partitioner used only all-gathers and all-reduces (the per-parameter FSDP algorithm)."""
-        return not self.resharding
-
-
 def _fsdp_spec(p: torch.Tensor) -> tuple[str | None, ...]:
     return ("fsdp",) + (None,) * (p.dim() - 1)
 
 
 def _unshard(p: torch.Tensor, mesh: Any) -> torch.Tensor:
     """FSDP's unshard as a sharding constraint: a replicated copy of the sharded parameter (-> one all-gather)."""
-    import torch_xla.distributed.spmd as xs
-
     full = p * 1.0  # an intermediate to constrain; the parameter itself stays sharded
     xs.mark_sharding(full, mesh, (None,) * p.dim())
     return full
@@ -210,8 +189,6 @@ def _unshard(p: torch.Tensor, mesh: Any) -> torch.Tensor:
 
 def _reduce_scatter(g: torch.Tensor, mesh: Any) -> torch.Tensor:
     """A reduce-scatter the way XLA:CPU lowers one: sum the full gradient (all-reduce), keep the dim-0 shard."""
-    import torch_xla.distributed.spmd as xs
-
     xs.mark_sharding(g, mesh, (None,) * g.dim())  # replicated -> all-reduce of the partial sums
     shard = g * 1.0
     xs.mark_sharding(shard, mesh, _fsdp_spec(g))  # dim-0 sharded -> dynamic-slice
@@ -245,48 +222,30 @@ class _FsdpLinear(torch.autograd.Function):
 WRAPPERS = ("mark_sharding", "torch_xla_fsdpv2")
 
 
-class StepSpec(NamedTuple):
-    """What :func:`forward_graph` / :func:`backward_graph` build (picklable: the TPU compile worker gets it)."""
+def build(p: FsdpParamsBase, wrapper: str = "mark_sharding"
+          ) -> tuple[nn.Module, list[torch.Tensor], torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """The sharded model and batch on the current world: (model, params, x, y, kept activations list).
 
-    train: TrainConfig
-    world_size: int
-    wrapper: str = "mark_sharding"
-
-
-def _check_spec(spec: StepSpec) -> None:
-    cfg, world_size = spec.train, spec.world_size
-    if spec.wrapper not in WRAPPERS:
-        raise ValueError(f"wrapper={spec.wrapper!r} must be one of {WRAPPERS}")
+    The mesh is (fsdp, replica) = (W, n / W) over this process's n devices: parameters and batch sharded over
+    ``fsdp``, replicated over ``replica``. ``wrapper="mark_sharding"``: dim 0 of every parameter (FSDP2's rule),
+    the unshards and reduce-scatters written out (:class:`_FsdpLinear`), Linear outputs kept batch-sharded.
+    ``wrapper="torch_xla_fsdpv2"``: every Linear wrapped in torch_xla's ``SpmdFullyShardedDataParallel`` (shards
+    each parameter's LARGEST dim, shards each output on the batch, adds backward optimization barriers)."""
+    if wrapper not in WRAPPERS:
+        raise ValueError(f"wrapper={wrapper!r} must be one of {WRAPPERS}")
     n = runtime.current().num_devices
-    if world_size < 1 or n % world_size:
-        raise ValueError(f"world_size={world_size} must divide num_devices={n} for the GSPMD mesh")
-    if cfg.tied:
-        raise ValueError("tied=True is not supported by gspmd_step (the per-param formula assumes an MLP)")
-    if cfg.batch % world_size:
-        raise ValueError(f"batch={cfg.batch} is not divisible by world_size={world_size}")
-
-
-def _build(spec: StepSpec) -> tuple[nn.Module, list[torch.Tensor], torch.Tensor, torch.Tensor, list[torch.Tensor]]:
-    """The sharded model and batch on the current world: (model, params, x, y, kept activations list)."""
-    import torch_xla.distributed.spmd as xs
-
-    _check_spec(spec)
-    cfg, world_size, wrapper = spec.train, spec.world_size, spec.wrapper
-    n = runtime.current().num_devices
-    mesh = runtime.mesh((world_size, n // world_size), ("fsdp", "replica"))
+    mesh = runtime.mesh((p.world_size, n // p.world_size), ("fsdp", "replica"))
     dev = runtime.device()
-    model = make_model(cfg)
+    model = make_model(p)
     model = model.to(dev)  # CPU-initialised, then moved, then sharded (device-side RNG before a sync breaks lowering)
     if wrapper == "torch_xla_fsdpv2":
-        from torch_xla.experimental.spmd_fully_sharded_data_parallel import SpmdFullyShardedDataParallel as FSDPv2
-
         for i, mod in enumerate(model):
             if isinstance(mod, nn.Linear):
                 model[i] = FSDPv2(mod, mesh=mesh)
     params = list(model.parameters())
-    for p in params:
+    for q in params:
         if wrapper == "mark_sharding":
-            xs.mark_sharding(p, mesh, _fsdp_spec(p))
+            xs.mark_sharding(q, mesh, _fsdp_spec(q))
     # keep activations batch-sharded (FSDPv2's shard_output): otherwise, when B/W is small next to the widths,
     # the partitioner may move activations (all-to-all) instead of gathering weights — a different algorithm
     def shard_output(_mod: nn.Module, _inp: Any, out: torch.Tensor) -> None:
@@ -295,7 +254,7 @@ def _build(spec: StepSpec) -> tuple[nn.Module, list[torch.Tensor], torch.Tensor,
     for mod in model.modules():
         if isinstance(mod, nn.Linear) and wrapper == "mark_sharding":
             if mod.bias is None:
-                raise ValueError("gspmd_step expects Linear layers with a bias (make_model's MLP)")
+                raise ValueError("the GSPMD step expects Linear layers with a bias (make_model's MLP)")
             # through a weak proxy: a Linear whose forward closed over itself would be a reference cycle, kept
             # alive (with its pending, unsynced update graph) until the garbage collector runs — and the next
             # captured step would compile that graph too
@@ -306,96 +265,25 @@ def _build(spec: StepSpec) -> tuple[nn.Module, list[torch.Tensor], torch.Tensor,
     for mod in model.modules():
         if isinstance(mod, nn.Tanh):
             mod.register_forward_hook(lambda _m, _i, out: kept.append(out))
-    x, y = make_batch(cfg, 0)  # (B, d_in), (B, d_out)
+    x, y = make_batch(p, 0)  # (B, d_in), (B, d_out)
     x, y = x.to(dev), y.to(dev)
     xs.mark_sharding(x, mesh, ("fsdp", None))
     xs.mark_sharding(y, mesh, ("fsdp", None))
     return model, params, x, y, kept
 
 
-def _forward(model: nn.Module, x: torch.Tensor, y: torch.Tensor, kept: list[torch.Tensor]) -> list[torch.Tensor]:
+def forward(model: nn.Module, x: torch.Tensor, y: torch.Tensor, kept: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The step's first graph: [loss, model output, tanh outputs] — the loss first, then what the backward reads."""
     out = model(x)
-    return [nn.functional.mse_loss(out, y), out, *kept]  # the loss first; what the backward graph reads after it
+    return [nn.functional.mse_loss(out, y), out, *kept]
 
 
-def _backward(loss: torch.Tensor, params: list[torch.Tensor], lr: float) -> list[torch.Tensor]:
+def backward(loss: torch.Tensor, params: list[torch.Tensor], lr: float) -> list[torch.Tensor]:
+    """The step's second graph, after the first was executed: [updated params, grads] (SGD, in place)."""
     with warnings.catch_warnings():  # torch_xla's FSDPv2 wrapper hooks a first layer whose input needs no grad
         warnings.filterwarnings("ignore", message="Full backward hook is firing")
         loss.backward()
     with torch.no_grad():
-        for p in params:
-            p -= lr * p.grad
-    return params + [p.grad for p in params]
-
-
-def forward_graph(spec: StepSpec) -> list[torch.Tensor]:
-    """The step's first graph, NOT synced: [loss, model output, tanh outputs] (the TPU view compiles it)."""
-    model, _, x, y, kept = _build(spec)
-    return _forward(model, x, y, kept)
-
-
-def backward_graph(spec: StepSpec) -> list[torch.Tensor]:
-    """The step's second graph, NOT synced: [updated params, grads]. The forward graph runs first, on this
-    process's CPU devices: between the graphs only sharded parameters and the saved activations persist.
-
-    That forward carries one extra output, so torch_xla caches it as another graph than :func:`gspmd_step`'s
-    forward (whose HLO a later capture must still see compiled), and it is run through ``capture_hlo`` so its
-    dump files are cleaned up."""
-    model, params, x, y, kept = _build(spec)
-    held: dict[str, list[torch.Tensor]] = {}
-
-    def forward() -> list[torch.Tensor]:
-        held["out"] = _forward(model, x, y, kept)
-        return [*held["out"], y.sum() * 0.0]  # the marker output: a graph hash of its own
-
-    if runtime.current().dump_dir:
-        capture_hlo(forward)
-    else:  # a TPU compile worker keeps no dumps: nothing to capture, just cut the graph and wait for it
-        import torch_xla
-        import torch_xla.core.xla_model as xm
-
-        forward()
-        torch_xla.sync()
-        # the sync returns before the buffers exist; lowering the next graph reads their handles (a null handle
-        # segfaulted the worker, measured)
-        xm.wait_device_ops()
-    return _backward(held["out"][0], params, spec.train.lr)
-
-
-def gspmd_step(cfg: TrainConfig, world_size: int, wrapper: str = "mark_sharding", strict: bool = True) -> GspmdStep:
-    """Run one SGD step of ``make_model(cfg)`` with per-parameter FSDP sharding; read both graphs' HLO.
-
-    Needs ``runtime.setup()`` first; the mesh is (world_size, num_devices // world_size) named
-    ("fsdp", "replica"): parameters and batch sharded over ``fsdp``, replicated over ``replica``.
-    ``wrapper="mark_sharding"``: dim 0 of every parameter (FSDP2's rule), Linear outputs kept batch-sharded.
-    ``wrapper="torch_xla_fsdpv2"``: every Linear wrapped in torch_xla's ``SpmdFullyShardedDataParallel``
-    (shards each parameter's LARGEST dim, shards each output on the batch, adds backward optimization
-    barriers) — its formula is ``per_param_step_bytes(..., rule="largest")``.
-    Collectives other than all-gather / all-reduce mean the partitioner chose another algorithm: ``strict``
-    raises; ``strict=False`` returns them in ``resharding`` (``is_fsdp`` False) — then ``measured`` is NOT the
-    FSDP algebra and must not be compared with ``per_param_step_bytes``.
-    """
-    spec = StepSpec(cfg, world_size, wrapper)
-    model, params, x, y, kept = _build(spec)
-    held: dict[str, list[torch.Tensor]] = {}
-
-    def forward() -> list[torch.Tensor]:
-        held["out"] = _forward(model, x, y, kept)
-        return held["out"]
-
-    fwd = capture_hlo(forward)
-    bwd = capture_hlo(_backward, held["out"][0], params, cfg.lr)
-    fm, bm = fwd.module, bwd.module
-    moved = moved_operands(fm, "forward") + moved_operands(bm, "backward")
-    unexpected = [m for m in moved if m.kind == "resharding"]
-    if unexpected and strict:
-        raise RuntimeError(f"unexpected collectives {sorted({m.op for m in unexpected})}: the partitioner did not "
-                           f"choose per-parameter FSDP (world_size={world_size}, wrapper={wrapper!r})")
-    resharding: dict[str, int] = {}
-    for m in unexpected:
-        resharding[m.op] = resharding.get(m.op, 0) + m.nbytes
-    rs = {m.instruction for m in moved if m.kind == "reduce_scatter" and m.graph == "backward"}
-    pairs = sum(c.feeds_dynamic_slice for c in bm.collectives if c.name in rs)
-    return GspmdStep(fm, bm, step_bytes(moved), sum(m.nbytes for m in moved if m.kind == "other"), pairs,
-                     [tuple(p.shape) for p in params], float(held["out"][0].detach().cpu()), resharding,
-                     [p.detach().cpu() for p in params], moved, (fwd, bwd))
+        for q in params:
+            q -= lr * q.grad
+    return params + [q.grad for q in params]

@@ -4,11 +4,11 @@ Design note
 -----------
 Module-level per-rank programs for ``shardlab.comm.DistributedWorld`` (gloo, CPU): the worker has already
 joined the default process group, so PyTorch FSDP just uses it; ``comm`` only supplies rank and world size.
-With ``cfg.nested`` the first Linear becomes its own (inner, non-root) unit and the root unit keeps the rest —
-``FSDP(model[0])`` then ``FSDP(model)`` / ``fully_shard(model[0])`` then ``fully_shard(model)``, what an
-auto-wrap policy does.
+Each takes notebook 05's case (:class:`shardlab.fsdp.train.FlatCase`). With ``case.nested`` the first Linear
+becomes its own (inner, non-root) unit and the root unit keeps the rest — ``FSDP(model[0])`` then ``FSDP(model)`` /
+``fully_shard(model[0])`` then ``fully_shard(model)``, what an auto-wrap policy does.
 
-* ``torch_fsdp1_program`` wraps ``make_model(cfg)`` in ``FullyShardedDataParallel``, trains ``cfg.steps``
+* ``torch_fsdp1_program`` wraps ``case.model()`` in ``FullyShardedDataParallel``, trains ``p.steps``
   steps on this rank's rows with ``torch.optim`` and returns the root's local shard plus its metadata —
   directly comparable with ``FlatUnit``'s shard — and every collective it issued.
 * ``torch_fsdp2_program`` applies ``fully_shard``, returns per parameter the local (unpadded) and padded
@@ -25,6 +25,7 @@ test compares PyTorch's list with our ledger row by row.
 
 from __future__ import annotations
 
+import copy
 import gc
 import warnings
 from collections.abc import Iterator
@@ -34,10 +35,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp._flat_param import FlatParamHandle, HandleShardingStrategy
+from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from shardlab.comm import Comm, Ledger, LedgerEntry, current_phase, ring_wire_bytes
 from shardlab.comm.ledger import dtype_name
-from shardlab.fsdp.train import INNER, TrainConfig, make_batch, make_model
+from shardlab.fsdp.train import INNER, FlatCase, check_world
 from shardlab.stderr_filter import filtered_stderr
 
 # torch.distributed function -> (our op name, how to find the tensor this rank hands over)
@@ -78,25 +84,23 @@ def logged_collectives(world_size: int) -> Iterator[Ledger]:
             setattr(dist, name, fn)
 
 
-def _train(comm: Comm, cfg: TrainConfig, model: nn.Module) -> None:
-    opt = (torch.optim.Adam(model.parameters(), lr=cfg.lr) if cfg.optimizer == "adam"
-           else torch.optim.SGD(model.parameters(), lr=cfg.lr))
-    rows = cfg.batch // comm.world_size
-    for step in range(cfg.steps):
-        x, y = make_batch(cfg, step)
+def _train(comm: Comm, case: FlatCase, model: nn.Module) -> None:
+    opt = (torch.optim.Adam(model.parameters(), lr=case.lr) if case.optimizer == "adam"
+           else torch.optim.SGD(model.parameters(), lr=case.lr))
+    rows = case.p.batch // comm.world_size
+    for step in range(case.p.steps):
+        x, y = case.batch(step)
         sl = slice(comm.rank * rows, (comm.rank + 1) * rows)
         opt.zero_grad()
         nn.functional.mse_loss(model(x[sl]), y[sl]).backward()
         opt.step()
 
 
-def torch_fsdp1_program(comm: Comm, cfg: TrainConfig) -> dict[str, Any]:
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-    cfg.validate(comm.world_size)
-    model = make_model(cfg)
-    kw = dict(device_id=torch.device("cpu"), use_orig_params=cfg.use_orig_params)
-    if cfg.nested:
+def torch_fsdp1_program(comm: Comm, case: FlatCase) -> dict[str, Any]:
+    check_world(comm, case)
+    model = case.model()
+    kw = dict(device_id=torch.device("cpu"), use_orig_params=case.p.align)
+    if case.nested:
         model[int(INNER)] = FSDP(model[int(INNER)], **kw)
     model = FSDP(model, **kw)
     fp = model._handle.flat_param  # this rank's shard of the root's FlatParameter, (c,)
@@ -107,25 +111,22 @@ def torch_fsdp1_program(comm: Comm, cfg: TrainConfig) -> dict[str, Any]:
         "infos": [tuple(i) for i in fp._shard_param_infos],
     }
     with logged_collectives(comm.world_size) as ledger:
-        _train(comm, cfg, model)
+        _train(comm, case, model)
     meta["shard"] = model._handle.flat_param.detach().clone()
     meta["collectives"] = ledger.to_records()
     return meta
 
 
-def torch_fsdp2_program(comm: Comm, cfg: TrainConfig) -> dict[str, Any]:
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    cfg.validate(comm.world_size)
+def torch_fsdp2_program(comm: Comm, case: FlatCase) -> dict[str, Any]:
+    check_world(comm, case)
     mesh = init_device_mesh("cpu", (comm.world_size,))
-    model = make_model(cfg)
+    model = case.model()
     names = {id(p): n for n, p in model.named_parameters()}
-    if cfg.nested:
+    if case.nested:
         fully_shard(model[int(INNER)], mesh=mesh)
     fully_shard(model, mesh=mesh)
     params = []
-    for module in (model[int(INNER)], model) if cfg.nested else (model,):
+    for module in (model[int(INNER)], model) if case.nested else (model,):
         for fsdp_param in module._get_fsdp_state()._fsdp_param_group.fsdp_params:
             params.append({
                 "orig_shape": tuple(fsdp_param._orig_size),
@@ -134,13 +135,13 @@ def torch_fsdp2_program(comm: Comm, cfg: TrainConfig) -> dict[str, Any]:
                 "name": names.get(id(fsdp_param.sharded_param), ""),
             })
     with logged_collectives(comm.world_size) as ledger:
-        _train(comm, cfg, model)
+        _train(comm, case, model)
     return {"params": params, "collectives": ledger.to_records()}
 
 
-def torch_fsdp_both_program(comm: Comm, cfg: TrainConfig) -> tuple[dict[str, Any], dict[str, Any]]:
+def torch_fsdp_both_program(comm: Comm, case: FlatCase) -> tuple[dict[str, Any], dict[str, Any]]:
     """FSDP1 then FSDP2 in the same processes: one spawn instead of two (process start-up dominates)."""
-    return torch_fsdp1_program(comm, cfg), torch_fsdp2_program(comm, cfg)
+    return torch_fsdp1_program(comm, case), torch_fsdp2_program(comm, case)
 
 
 def flat_param_handle_shards(module: nn.Module, world_size: int, use_orig_params: bool = False) -> list[dict[str, Any]]:
@@ -149,11 +150,6 @@ def flat_param_handle_shards(module: nn.Module, world_size: int, use_orig_params
     padding, the padded segment numels of the unsharded flat parameter and the in-shard ``_ShardParamInfo``s
     ``{param_index: (offset_in_shard, numel_in_shard, intra_start, intra_end)}`` — directly comparable with
     ``shardlab.fsdp.flat_param.plan_flat_shards_for(module, world_size, use_orig_params)``."""
-    import copy
-
-    from torch.distributed.fsdp._flat_param import FlatParamHandle, HandleShardingStrategy
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
     if dist.is_initialized():
         raise RuntimeError("a process group is already initialised here: the fake group needs the default slot")
     out = []

@@ -20,7 +20,8 @@ from collections.abc import Callable
 from typing import Any
 
 from shardlab.fsdp.flat_param import FlatShardPlan, plan_flat_shards_for
-from shardlab.fsdp.train import TrainConfig, make_model
+from shardlab.fsdp.train import make_model
+from shardlab.params import FsdpParams
 from shardlab.viz.common import PADDING, device_color
 
 PARAM_PALETTE = ("#8DD3C7", "#FFFFB3", "#BEBADA", "#FB8072", "#80B1D3", "#FDB462", "#B3DE69", "#FCCDE5",
@@ -118,7 +119,7 @@ def explorer(layer_sizes: tuple[int, ...] = (16, 32, 8), world_size: int = 4, us
         # capture route made headless papermill/nbclient runs hang intermittently after the cell finished.
         out.outputs = ()
         try:
-            model = make_model(TrainConfig(layer_sizes=parse_sizes(text)))
+            model = make_model(FsdpParams(layer_sizes=parse_sizes(text)))
             plan = plan_flat_shards_for(model, ws, use_orig_params=orig)
         except ValueError as e:  # shown, not raised: the learner fixes the input
             status.value = f"<b style='color:#c00'>{e}</b>"

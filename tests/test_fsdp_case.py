@@ -1,26 +1,39 @@
-"""The FSDP view functions (shardlab.fsdp.views) against independent oracles.
+"""The FSDP cases (shardlab.fsdp.case, shardlab.fsdp.train) through the harness, against independent oracles.
 
 - Flat units: the formula view against numbers worked out by hand in the comments (torch.chunk sizes, the
   root unit's single all-gather, the ring model), and the ledger view (FlatUnit in a SimulatedWorld) against the
   formula view over several configurations (nested units, alignment, uneven world sizes, W = 1).
 - Per-parameter FSDP: the CPU compiler view against the formula (exact; structural), and the TPU compiler view
-  (XLA:TPU, compile-only) against ``per_param_step_bytes(..., device_kind="tpu")`` on a grid of layer sizes and
-  world sizes inside the domain ``tpu_rules_apply`` declares — the real compiler is the oracle of those rules.
-  The default configuration's TPU numbers are also worked out by hand.
+  (XLA:TPU, compile-only) against ``GspmdCase.formula("tpu")`` on a grid of layer sizes and world sizes inside the
+  domain ``tpu_rules_apply`` declares — the real compiler is the oracle of those rules. The default
+  configuration's TPU numbers are also worked out by hand.
 """
 
 from __future__ import annotations
 
 import pytest
+import torch_xla
 
+from shardlab import harness
 from shardlab.formulas import fsdp as ffsdp
-from shardlab.fsdp import views as fv
-from shardlab.views import View, compare
+from shardlab.fsdp.case import FlatCase, GspmdCase, designs_frame, flat_param_handle_check, step_operands
+from shardlab.params import FsdpGspmdParams, FsdpParams
+from shardlab.profile import tpu as T
+from shardlab.views import View
+
+
+def _flat(world_size: int, layer_sizes: tuple[int, ...], batch: int, steps: int = 3, align: bool = False,
+          **variant: object) -> FlatCase:
+    p = FsdpParams(world_size=world_size, layer_sizes=layer_sizes, batch=batch, steps=steps, align=align)
+    return FlatCase(p, **variant)  # type: ignore[arg-type]
+
+
+def _gspmd(world_size: int, layer_sizes: tuple[int, ...], batch: int) -> GspmdCase:
+    return GspmdCase(FsdpGspmdParams(world_size=world_size, layer_sizes=layer_sizes, batch=batch))
 
 
 def test_flat_formula_worked_by_hand() -> None:
-    cfg = fv.FlatConfig(world_size=8, layer_sizes=(30, 50, 10), batch=64)
-    f = fv.formula(cfg)
+    f = harness.formula(_flat(8, (30, 50, 10), 64))
     # numels 1500 + 50 + 500 + 10 = 2060; c = ceil(2060/8) = 258; P = 8·258 = 2064
     assert (f["flat.numel"], f["flat.shard_numel"], f["flat.padded_numel"]) == (2060, 258, 2064)
     # the root unit: ONE all-gather of c·4 = 1032 B and one reduce-scatter of P·4 = 8256 B
@@ -31,47 +44,46 @@ def test_flat_formula_worked_by_hand() -> None:
 
 
 def test_flat_formula_nested_units_by_hand() -> None:
-    cfg = fv.FlatConfig(world_size=8, layer_sizes=(30, 50, 10), batch=64, nested=True)
-    f = fv.formula(cfg)
+    f = harness.formula(_flat(8, (30, 50, 10), 64, nested=True))
     # inner unit (Linear 0): 1550 -> c 194, gathers twice; root (Linear 1): 510 -> c 64, gathers once
     assert f["step.all_gather.count"] == 3 and f["step.all_gather.bytes"] == 2 * 194 * 4 + 64 * 4
     assert f["step.reduce_scatter.count"] == 2 and f["step.reduce_scatter.bytes"] == (1552 + 512) * 4
     assert f["flat.numel"] == 510  # the flat.* values describe the root unit
 
 
-@pytest.mark.parametrize("cfg", [
-    fv.FlatConfig(world_size=8, layer_sizes=(30, 50, 10), batch=64, steps=2),
-    fv.FlatConfig(world_size=3, layer_sizes=(5, 7, 4, 3), batch=6, steps=2, align=True),
-    fv.FlatConfig(world_size=4, layer_sizes=(6, 10, 3), batch=8, steps=1, nested=True, optimizer="sgd"),
-    fv.FlatConfig(world_size=1, layer_sizes=(6, 10, 3), batch=4, steps=1),
+@pytest.mark.parametrize("case", [
+    _flat(8, (30, 50, 10), 64, steps=2),
+    _flat(3, (5, 7, 4, 3), 6, steps=2, align=True),
+    _flat(4, (6, 10, 3), 8, steps=1, nested=True, optimizer="sgd"),
+    _flat(1, (6, 10, 3), 4, steps=1),
 ])
-def test_flat_ledger_equals_formula(cfg: fv.FlatConfig) -> None:
-    f, led = fv.formula(cfg), fv.ledger(cfg)
-    rows = compare([f, led])
+def test_flat_ledger_equals_formula(case: FlatCase) -> None:
+    f, led = harness.formula(case), harness.ledger(case)
+    rows = harness.compare([f, led])
     assert all(r["agree"] for r in rows), [r for r in rows if not r["agree"]]
     assert all(ok for ok, _ in led.checks.values()), {k: v for k, v in led.checks.items() if not v[0]}
-    if cfg.world_size == 1:
+    assert "parity.params_match_unsharded" in led.checks
+    if case.p.world_size == 1:
         assert f["step.collective.bytes"] == 0 and len(led.detail["ledger"]) == 0
 
 
 def test_expected_order_root_and_nested() -> None:
-    plain = fv.expected_order(fv.FlatConfig(world_size=2, layer_sizes=(4, 6, 2), batch=2))
+    plain = _flat(2, (4, 6, 2), 2).expected_order()
     assert [(op, ph) for op, ph, _ in plain] == [("all_gather", "forward"), ("reduce_scatter", "backward")]
-    nested = fv.expected_order(fv.FlatConfig(world_size=2, layer_sizes=(4, 6, 2), batch=2, nested=True))
+    nested = _flat(2, (4, 6, 2), 2, nested=True).expected_order()
     assert [(op, ph) for op, ph, _ in nested] == [
         ("all_gather", "forward"), ("all_gather", "forward"), ("all_gather", "backward"),
         ("reduce_scatter", "backward"), ("reduce_scatter", "backward")]
 
 
 def test_flat_param_handle_check_agrees_with_pytorch() -> None:
-    assert fv.flat_param_handle_check(fv.FlatConfig(world_size=3, layer_sizes=(5, 7, 4), batch=3, align=True)) \
-        == (True, [])
+    assert flat_param_handle_check(_flat(3, (5, 7, 4), 3, align=True)) == (True, [])
 
 
 def test_gspmd_formula_tpu_by_hand() -> None:
     """W = 8, layers 30 -> 50 -> 10: W1 [50, 30], b1 [50], W2 [10, 50], b2 [10]."""
-    cfg = fv.GspmdConfig(world_size=8, layer_sizes=(30, 50, 10), batch=64)
-    cpu, tpu = fv.formula(cfg, "cpu"), fv.formula(cfg, "tpu")
+    case = _gspmd(8, (30, 50, 10), 64)
+    cpu, tpu = case.formula("cpu"), case.formula("tpu")
     # CPU, f32 all-gathers of padded shards: forward 7·30 + 7 + 2·50 + 2 elements, backward W2 again (2·50)
     assert cpu["step.all_gather.bytes"] == 4 * (210 + 7 + 100 + 2 + 100) and cpu["step.all_gather.count"] == 5
     # TPU: weights in bf16 (2 B), biases as all-reduces of padded vectors 8·7 = 56 and 8·2 = 16 f32
@@ -79,7 +91,8 @@ def test_gspmd_formula_tpu_by_hand() -> None:
     assert tpu["step.unshard_all_reduce.bytes"] == 4 * (56 + 16) and tpu["step.unshard_all_reduce.count"] == 2
     # gradients: the full f32 gradients on both, 4 of them
     assert cpu["step.reduce_scatter.bytes"] == tpu["step.reduce_scatter.bytes"] == 4 * 2060
-    assert ffsdp.tpu_rules_apply(cfg.shapes(), 8) is None
+    assert ffsdp.tpu_rules_apply(case.shapes(), 8) is None
+    assert harness.formula(case).values == cpu.values  # the harness's formula view is the CPU compiler's
 
 
 def test_tpu_rules_domain() -> None:
@@ -95,26 +108,28 @@ def test_tpu_rules_domain() -> None:
 
 @pytest.mark.xla
 def test_compiler_view_matches_formula_and_skips(xla_world) -> None:  # type: ignore[no-untyped-def]
-    cfg = fv.GspmdConfig(world_size=4, layer_sizes=(7, 13, 2), batch=8)
-    f, h = fv.formula(cfg), fv.compiler(cfg)
-    assert all(r["agree"] for r in compare([f, h]))
+    case = _gspmd(4, (7, 13, 2), 8)
+    f, h = harness.formula(case), harness.hlo(case)
+    assert all(r["agree"] for r in harness.compare([f, h]))
     assert all(ok for ok, _ in h.checks.values()), h.checks
+    assert "parity.hlo.sgd_step" in h.checks
     assert h["step.unshard_all_reduce.count"] == 3  # W2 [2, 13], b2 [2]: d = 2 <= 4 // 2; forward both, W2 again
-    skipped = fv.compiler(fv.GspmdConfig(world_size=3, layer_sizes=(4, 6, 2), batch=6))
+    skipped = harness.hlo(_gspmd(3, (4, 6, 2), 6))
     assert not skipped.ran and "does not tile num_devices=8" in skipped.skipped
-    assert not fv.tpu(fv.GspmdConfig(world_size=3, layer_sizes=(4, 6, 2), batch=6)).ran  # no 3-chip v5e slice
+    assert not harness.tpu(_gspmd(3, (4, 6, 2), 6)).ran  # no 3-chip v5e slice
 
 
 @pytest.mark.xla
 def test_tpu_view_defaults(xla_world) -> None:  # type: ignore[no-untyped-def]
-    cfg = fv.GspmdConfig(world_size=8, layer_sizes=(30, 50, 10), batch=64)
-    t = fv.tpu(cfg)
+    case = _gspmd(8, (30, 50, 10), 64)
+    t = harness.tpu(case)
     assert t.ran and all(ok for ok, _ in t.checks.values()), t.checks
-    assert {n.removeprefix("tpu_formula.") for n in t.checks} == set(fv.formula(cfg, "tpu").values)
+    assert {n.removeprefix("tpu_formula.") for n in t.checks} == set(case.formula("tpu").values)
     # measured, independent of the formula code: one combined instruction carries the 4 gradient reductions,
     # and every weight gather is bf16
     assert (t["step.reduce_scatter.count"], t["step.reduce_scatter.operands"]) == (1, 4)
-    gathers = [m for m in t.detail.moved if m.kind == "all_gather"]
+    moved = step_operands({name: c.module for name, c in zip(case.programs, t.detail, strict=True)})
+    gathers = [m for m in moved if m.kind == "all_gather"]
     assert gathers and all(m.dtype == "bf16" for m in gathers)
     assert "combined" in t.differs["step.reduce_scatter.count"]
     assert "bf16" in t.differs["step.all_gather.bytes"]
@@ -126,19 +141,14 @@ def test_tpu_compile_keeps_annotated_parameter_and_output_shardings(xla_world) -
     replicated the FSDP-sharded weights of this forward graph (each used only through a replicated copy: no
     all-gather at all) and returned the backward graph's updated parameters and gradients replicated. torch_xla's
     own XLA:CPU program of the same graphs (the oracle) keeps both sharded; so must the TPU compile."""
-    import torch_xla
-
-    from shardlab.fsdp import gspmd
-    from shardlab.profile import tpu as T
-
-    spec = fv.GspmdConfig(world_size=8, layer_sizes=(30, 50, 10), batch=64).spec
-    fwd = gspmd.forward_graph(spec)
+    case = _gspmd(8, (30, 50, 10), 64)
+    fwd = harness.build_program((case, 0))
     _, free_params, _ = T.pin_shardings(torch_xla._XLAC._get_xla_tensors_hlo_proto(fwd),
                                         [torch_xla._XLAC._get_xla_sharding_spec(t) for t in fwd])
     assert not any(free_params)  # x, y and every parameter carry their annotation
     assert T.compile_tensors(fwd, "v5e:2x4").count("all-gather") >= 1
     del fwd  # pending, never-synced tensors: the next graph's forward sync would compile them too
-    bwd = T.compile_tensors(gspmd.backward_graph(spec), "v5e:2x4")
+    bwd = T.compile_tensors(harness.build_program((case, 1)), "v5e:2x4")
     result = next(line for line in bwd.hlo_text.splitlines() if line.startswith("ENTRY")).split("->")[1]
     # per chip: W1 [50, 30] -> [7, 30], b1 -> [7], W2 [10, 50] -> [2, 50], b2 -> [2]; params and grads
     assert result.count("[7,30]") == 2 and result.count("[2,50]") == 2 and "[50,30]" not in result
@@ -155,9 +165,9 @@ TPU_GRID = [((30, 50, 10), 4), ((5, 3, 11, 4), 2), ((19, 7, 17), 2), ((19, 7, 17
 @pytest.mark.slow
 @pytest.mark.parametrize(("layer_sizes", "world_size"), TPU_GRID)
 def test_tpu_formula_equals_tpu_compiler(xla_world, layer_sizes, world_size) -> None:  # type: ignore[no-untyped-def]
-    cfg = fv.GspmdConfig(world_size=world_size, layer_sizes=layer_sizes, batch=16)
-    assert ffsdp.tpu_rules_apply(cfg.shapes(), world_size) is None
-    t = fv.tpu(cfg)
+    case = _gspmd(world_size, layer_sizes, 16)
+    assert ffsdp.tpu_rules_apply(case.shapes(), world_size) is None
+    t = harness.tpu(case)
     assert t.checks and all(ok for ok, _ in t.checks.values()), {k: v for k, v in t.checks.items() if not v[0]}
     # independent of the formula: the gradient reduction moves every full f32 gradient once
     pairs = zip(layer_sizes[:-1], layer_sizes[1:], strict=True)
@@ -166,14 +176,13 @@ def test_tpu_formula_equals_tpu_compiler(xla_world, layer_sizes, world_size) -> 
 
 @pytest.mark.xla
 def test_tpu_view_outside_the_domain_is_a_note(xla_world) -> None:  # type: ignore[no-untyped-def]
-    t = fv.tpu(fv.GspmdConfig(world_size=8, layer_sizes=(7, 13, 2), batch=8))
+    t = harness.tpu(_gspmd(8, (7, 13, 2), 8))
     assert t.ran and not any(n.startswith("tpu_formula.") for n in t.checks)
     assert any("not compared" in n and "one row" in n for n in t.notes)
 
 
 def test_designs_frame_flat_columns() -> None:
-    flat = fv.FlatConfig(world_size=8, layer_sizes=(30, 50, 10), batch=64)
-    frame = fv.designs_frame(flat, {"skipped": View.skip("hlo", "no devices")})
+    frame = designs_frame(_flat(8, (30, 50, 10), 64), {"skipped": View.skip("hlo", "no devices")})
     assert list(frame["flat unit, root (FSDP1)"]) == [1032, 0, 8256, 9288]
     assert list(frame["flat unit, not root (FSDP1)"]) == [1032, 1032, 8256, 10320]
     assert "skipped" not in frame
