@@ -128,7 +128,14 @@ def gshard_moe(x: torch.Tensor, router: torch.Tensor, w1: torch.Tensor, w3: torc
                cfg: MoEConfig, mesh: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """GShard's MoE layer: x [G, S, h] -> (y [G, S, h], loads [G, E]). Annotations as in the module note."""
     g, s, _ = x.shape
-    gates, experts = top_k_gates(router_probs(x, router), cfg.top_k, cfg.normalize)  # [G, S, k]
+    probs = router_probs(x, router)  # [G, S, E]
+    _, experts = top_k_gates(probs.detach(), cfg.top_k, cfg.normalize)  # [G, S, k] expert ids only
+    # the gates read by a one-hot product, not top-k's values: top-k's backward is a scatter, which XLA:TPU
+    # partitioned by all-gathering its indices and updates over every device (measured); this has none
+    pick = (experts.unsqueeze(-1) == torch.arange(cfg.experts, device=x.device)).to(probs.dtype)  # [G, S, k, E]
+    gates = (pick * probs.unsqueeze(-2)).sum(-1)  # [G, S, k]: exactly the chosen probabilities
+    if cfg.normalize:
+        gates = gates / gates.sum(dim=-1, keepdim=True)
     d = dispatch_tensors(gates, experts, cfg.experts, cfg.capacity(s))
     tokens = ((DATA, AXIS), None, None, None)
     mask = _mark(d.mask.to(x.dtype), mesh, tokens)  # [G, S, E, C], computed where the group lives
@@ -212,10 +219,14 @@ def all_to_all_traffic(module: Any) -> dict[str, Any]:
             "async": sum(c.async_ for c in a2a)}
 
 
-def expert_weight_bytes(module: Any, cfg: EPGraphConfig) -> int:
+def expert_weight_bytes(module: Any, cfg: EPGraphConfig, devices: int) -> int:
     """Per-device bytes of the expert weights among the program's entry parameters: the arrays shaped
-    [E/ep, h, f] or [E/ep, f, h] (W1, W3, W2)."""
+    [E/ep, h, f] or [E/ep, f, h] (W1, W3, W2). Refuses a configuration where the tokens' per-device shape
+    [1, S, h] looks like an expert weight (E/ep = 1 and S = f or h)."""
     e_loc = cfg.experts // cfg.ep
     shapes = {(e_loc, cfg.hidden, cfg.ffn), (e_loc, cfg.ffn, cfg.hidden)}
+    if (1, cfg.tokens // devices, cfg.hidden) in shapes:
+        raise ValueError(f"tokens per device {cfg.tokens // devices} x hidden {cfg.hidden} has an expert weight's "
+                         f"shape {sorted(shapes)}: the parameters cannot be told apart by shape")
     return sum(a.nbytes for i in module.instructions.values()
                if i.opcode == "parameter" and i.computation == module.entry for a in i.shape if a.dims in shapes)
