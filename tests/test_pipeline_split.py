@@ -18,8 +18,17 @@ HEAVY = LMConfig(vocab=4096, hidden=64, heads=4, ffn=256, layers=8, seq=16)  # h
 SMALL = LMConfig(vocab=256, hidden=32, heads=2, ffn=64, layers=4, seq=8)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Small matmuls: intra-op threads only spin against each other on the shared 2-core machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
-def heavy():
+def heavy(one_thread):
     model = TinyLM(HEAVY)
     tokens, _ = batch(HEAVY, 4)
     return model, tokens, trace(model, tokens)

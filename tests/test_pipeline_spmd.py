@@ -130,3 +130,35 @@ def test_bad_configurations_are_refused() -> None:
         SpmdPipeline(shift="rotate")
     with pytest.raises(ValueError, match="divisible by fsdp=3"):
         SpmdPipeline(micro_batch=8, fsdp=3)
+
+
+@pytest.mark.xla
+def test_ledger_sends_vs_compiler_permutes_on_the_same_model(xla_world) -> None:
+    """The per-stage GPipe program on the same layers: same outputs' loss and weight gradients; its sends are
+    the permutes' useful part — the SPMD loop also shifts during the p - 1 bubble iterations of each pass."""
+    from shardlab.comm import SimulatedWorld
+    from shardlab.formulas.pipeline import p2p_traffic
+    from shardlab.pipeline.programs import merge_results, pipeline_program
+    from shardlab.pipeline.schedules import build
+    from shardlab.pipeline.spmd import microbatch_loss, stage_modules
+
+    cfg = SpmdPipeline(p=8, m=8, shift="pad")
+    cap, got = _capture(cfg)
+    layers, names, boundary = stage_modules(cfg)
+    x, _ = init(cfg)
+    world = SimulatedWorld(cfg.p)
+    results = world.run(pipeline_program, build("gpipe", cfg.p, cfg.m), layers, names, boundary,
+                        x.flatten(0, 1), torch.zeros(cfg.m * cfg.micro_batch), microbatch_loss)
+    loss, grads = merge_results(results)
+    torch.testing.assert_close(loss, cap.result[1].cpu(), rtol=1e-5, atol=0)
+    gw = cap.result[3].cpu()
+    for s in range(cfg.p):
+        torch.testing.assert_close(grads[f"w.0.{s}"], gw[0, s], rtol=1e-5, atol=1e-5 * gw.abs().max().item())
+
+    sends = sum(led.count("send") for led in world.ledgers)
+    message = cfg.micro_batch * cfg.hidden * F32
+    assert sends == p2p_traffic(cfg.p, cfg.m, cfg.micro_batch, 1, cfg.hidden)["count"] == 2 * cfg.m * (cfg.p - 1)
+    assert {e.payload_bytes for led in world.ledgers for e in led.select("send")} == {message}
+    T = got["trip_counts"][0]
+    transfers = sum(pairs * T for pairs in got["collective_permute.pairs"])  # every in-loop permute, every iteration
+    assert transfers == sends + 2 * (cfg.p - 1) ** 2  # (m + p - 1)(p - 1) per direction

@@ -58,7 +58,7 @@ SHIFTS = ("cat", "pad", "roll", "cat_zeros")
 LOOPS = ("scan", "python")
 
 __all__ = ["LOOPS", "SHIFTS", "SpmdPipeline", "build_graph", "circular_pipeline", "dense_forward", "init",
-           "pipeline_loss", "read_program", "schedule_inputs"]
+           "microbatch_loss", "pipeline_loss", "read_program", "schedule_inputs", "stage_modules", "TanhLayer"]
 
 
 @dataclass(frozen=True)
@@ -202,6 +202,33 @@ def circular_pipeline(x: torch.Tensor, w: torch.Tensor, cfg: SpmdPipeline, mesh:
 
 def pipeline_loss(out: torch.Tensor) -> torch.Tensor:
     return (out * out).mean()
+
+
+def microbatch_loss(y: torch.Tensor, _unused: torch.Tensor) -> torch.Tensor:
+    """`pipeline_loss` of one microbatch (the per-stage programs divide by m): a mean over equal microbatches."""
+    return pipeline_loss(y)
+
+
+class TanhLayer(torch.nn.Module):
+    """One layer of the SPMD pipeline's model, y = tanh(x W), as a module for the per-stage programs."""
+
+    def __init__(self, w: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(w.clone())  # [h, h]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x @ self.weight)  # [mb, h] @ [h, h]
+
+
+def stage_modules(cfg: SpmdPipeline) -> tuple[list[TanhLayer], list[dict[str, str]], list[tuple]]:
+    """The same model for `shardlab.pipeline.programs.pipeline_program`: stage k = layer k (W[k // p, k % p]),
+    the gradient names "w.<r>.<s>" (index into W), and the [mb, h] tensor each cut hands over."""
+    _, w = init(cfg)
+    n = cfg.p * cfg.v
+    layers = [TanhLayer(w[k // cfg.p, k % cfg.p]) for k in range(n)]
+    names = [{"weight": f"w.{k // cfg.p}.{k % cfg.p}"} for k in range(n)]
+    boundary = [((cfg.micro_batch, cfg.hidden), torch.float32)] * (n - 1)
+    return layers, names, boundary
 
 
 def build_graph(cfg: SpmdPipeline) -> list[torch.Tensor]:
