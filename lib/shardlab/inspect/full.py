@@ -1,0 +1,102 @@
+"""Full-size inspect runs, cached: ``python -m shardlab.inspect.full [KEY ...]`` -> ``data/models/inspect_full.json``.
+
+Design note: each run is ``python -m shardlab inspect ... --json`` in a fresh process (its own device world with
+the slice's chip count), one after another — minutes each on the 2-core reference machine. The file holds the
+results (``InspectResult.as_dict``) by key plus how they were made (``result_files``), so a notebook shows them
+without recompiling: :func:`load_full`. :data:`RUNS` mirrors notebook 07's Llama 3 8B matrix
+(``planner_verdict.MATRIX``: same slices, meshes, batch, sequence 8192, full recompute, donated), an MoE model,
+and the layer-mode comparison (loop / scan_layers / scan) of one configuration. :func:`compare_with_07` puts each
+Llama row beside 07's cached compiler verdict (same fit verdict; bytes within 2 %).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from shardlab.inspect.models import MODELS_DIR
+
+FULL_FILE = MODELS_DIR / "inspect_full.json"
+SEQ = 8192
+# key -> CLI arguments after the model
+RUNS: dict[str, list[str]] = {
+    "llama-3-8b.v5e-8": ["llama-3-8b", "--topology", "v5e-8", "--mesh", "fsdp=8", "--batch", "8"],
+    "llama-3-8b.v6e-8": ["llama-3-8b", "--topology", "v6e-8", "--mesh", "fsdp=8", "--batch", "8"],
+    "llama-3-8b.v6e-64": ["llama-3-8b", "--topology", "v6e-64", "--mesh", "fsdp=16,tensor=4", "--batch", "16"],
+    "mixtral-8x7b.v6e-64": ["mixtral-8x7b", "--topology", "v6e-64", "--mesh", "fsdp=16,tensor=4", "--batch", "16"],
+}
+for _mode in ("loop", "scan_layers"):  # compile seconds of each layer mode (scan: the llama-3-8b.v6e-64 row)
+    RUNS[f"llama-3-8b.v6e-64.{_mode}"] = [*RUNS["llama-3-8b.v6e-64"], "--layers", _mode]
+
+
+def command(key: str) -> list[str]:
+    args = RUNS[key]
+    seq = [] if "--seq" in args else ["--seq", str(SEQ)]
+    return [sys.executable, "-m", "shardlab", "inspect", *args, *seq, "--json", "--quiet"]
+
+
+def run_one(key: str) -> dict[str, Any]:
+    """One full-size run in a fresh process; its result dict (exit 0 or 1), else RuntimeError with its stderr."""
+    t0 = time.perf_counter()
+    p = subprocess.run(command(key), capture_output=True, text=True)
+    if p.returncode not in (0, 1):
+        raise RuntimeError(f"{key}: exit {p.returncode}\n{p.stderr[-3000:]}")
+    result = json.loads(p.stdout)
+    result["wall_s"] = time.perf_counter() - t0
+    return result
+
+
+def load_full(path: Path = FULL_FILE) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``({key: InspectResult}, source)`` from the cache."""
+    from shardlab.inspect.api import InspectResult
+    from shardlab.result_files import load_results
+
+    return load_results(path, InspectResult.from_dict, "run `python -m shardlab.inspect.full` (minutes per compile)")
+
+
+def compare_with_07(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Llama 3 8B through inspect beside notebook 07's compiler verdicts (``data/scale/planner_verdict.json``)."""
+    from shardlab.planner_verdict import load_matrix
+
+    ref, _ = load_matrix()
+    rows = []
+    for key, r in results.items():
+        if key not in ref:
+            continue
+        c = ref[key]
+        mine = r.row("total")["compiler"]
+        rows.append({"key": key, "inspect_fits": r.fits, "07_fits": c.compiler_fits, "same_verdict":
+                     r.fits == c.compiler_fits, "inspect_bytes": mine, "07_bytes": c.total,
+                     "ratio": mine / c.total if mine and c.total else None, "inspect_compile_s": r.compile_s,
+                     "07_compile_s": c.compile_s, "07_message": c.message, "inspect_message": r.message})
+    return rows
+
+
+def main(keys: list[str]) -> int:
+    from shardlab.result_files import save_results
+
+    done: dict[str, Any] = {}
+    if FULL_FILE.exists():
+        done = json.loads(FULL_FILE.read_text())["results"]
+    for key in keys or list(RUNS):
+        print(f"{key}: {' '.join(command(key)[1:])}", flush=True)
+        res = run_one(key)
+        done[key] = res
+        print(f"  fits={res['fits']} compile {res['compile_s']:.1f} s, wall {res['wall_s']:.1f} s", flush=True)
+
+        class _R(dict):  # result_files wants .as_dict()
+            def as_dict(self) -> dict[str, Any]:
+                return dict(self)
+
+        save_results({k: _R(v) for k, v in done.items()}, FULL_FILE, command="python -m shardlab.inspect.full",
+                     machine=platform.node(), when=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
