@@ -27,6 +27,14 @@ Example::
     'exercise 1: not quite — hint: add the two numbers'
     >>> Exercises("demo", solutions=demo).grade(1, 4)
     'exercise 1: right'
+
+A code exercise runs what the learner wrote (here: a function that must double its input)::
+
+    >>> code = {"demo": {1: Solution(lambda: [2, 4], "double it", run=lambda f: [f(1), f(2)])}}
+    >>> Exercises("demo", solutions=code).grade(1, lambda x: x + 1)
+    'exercise 1: not quite — hint: double it'
+    >>> Exercises("demo", solutions=code, answers={"1": "def answer(x): return 2 * x"}).grade(1, lambda x: 2 * x)
+    'exercise 1: right'
 """
 
 from __future__ import annotations
@@ -73,14 +81,27 @@ class Exercises:
         self.solutions = solutions[notebook]
 
     def grade(self, number: int, answer: Any = None, **measured: Any) -> str:
-        """Grade ``answer`` (or, when an answer key was injected, the key's answer) for exercise ``number``."""
+        """Grade ``answer`` (or, when an answer key was injected, the key's answer) for exercise ``number``.
+
+        A code exercise (``Solution.run``) takes a function — or, in an answer key, Python source defining
+        ``answer`` — runs it through ``Solution.run`` and grades what comes out."""
         sol = self.solutions.get(number)
         if sol is None:
             raise KeyError(f"{self.notebook} has no exercise {number}")
         expected = sol.expected(**measured)
+        if sol.run is not None and answer is not None:
+            try:
+                answer = sol.run(answer)
+            except Exception as exc:  # noqa: BLE001 - the learner's code failed: say how, as a hint
+                return f"exercise {number}: your code raised {type(exc).__name__}: {exc}"
         keyed = str(number) in self.answers
         if keyed:
-            ok = matches(self.answers[str(number)], expected, sol.rel_tol)
+            key = self.answers[str(number)]
+            if sol.run is not None:
+                namespace: dict[str, Any] = {}
+                exec(key, namespace)  # the hand-written key of a code exercise: source defining `answer`
+                key = sol.run(namespace["answer"])
+            ok = matches(key, expected, sol.rel_tol)
             if self.rec is not None:
                 self.rec.check(f"exercise.{number}.answer_key", ok,
                                "the grader accepts the reference answer" if ok

@@ -50,6 +50,8 @@ class Solution:
     expected: Callable[..., Any]  # (**measured) -> the reference answer
     hint: str  # what to think about; never the answer itself
     rel_tol: float = 0.0  # numbers: accepted relative error (0: exact)
+    run: Callable[[Callable[..., Any]], Any] | None = None  # a code exercise: runs the learner's function, returns
+    #                                                          what is compared with `expected`
 
 
 def _llama_8b_selective_share(flash_attention: bool) -> float:

@@ -24,6 +24,10 @@ Submodules and what they predict:
                  on a (data, fsdp, tensor) mesh (composes zero + flat-param padding)
     hardware     TPU chip profiles from data/hardware/*.json (published and compiler-usable HBM, bf16 peak, ICI),
                  slice topologies, roofline step time and communication / compute ratio
+    pipeline     pipeline parallelism: bubble ratio (Narayanan et al. 2021) vs idle fraction (GPipe), in-flight
+                 microbatches, point-to-point traffic, step time
+    context      context parallelism: ring / all-gather / Ulysses bytes, per-rank score memory, causal work
+    expert       expert parallelism: capacity, dispatch / combine all-to-all bytes, expert weights, dropped tokens
 
 `shardlab.planner` composes them into a per-chip plan for a model on a TPU slice.
 """
