@@ -21,9 +21,10 @@ jax 0.7.1, libtpu 0.0.21) that path fails twice, and each failure has a one-line
 compile-only graph (the payload is fixed when the kernel is traced; the later XLA:TPU compile needs nothing
 patched). On a TPU host neither fix is wanted: ``active=False`` leaves everything as shipped.
 
-torch_xla caches traced payloads (``trace_pallas_arg_to_payload``) by kernel and shapes, not by platform or IR
-version: a payload traced inside the block stays in that cache. That is harmless on a CPU host (outside the block
-the kernel cannot be traced at all) and is why the block is never needed again for the same shapes.
+Two caches do not know about the IR version: torch_xla's payload cache (``trace_pallas_arg_to_payload``, keyed by
+kernel and shapes; :func:`_trace_pallas_for_tpu` adds the platform and the version to its key) and JAX's lowering
+cache (measured: a kernel lowered once with version 8 came back as version 8 inside the block). The block therefore
+calls ``jax.clear_caches()`` on entry and on exit whenever it changes the IR version.
 
 Example::
 
@@ -107,8 +108,13 @@ def pallas_for_tpu_compile(active: bool = True, platform: bool = True, ir_versio
     if not active:
         yield
         return
+    import jax
+
     ck, tcc = _targets()
     saved = ck.trace_pallas, tcc.get_ir_version
+    changes_version = ir_version and tcc.get_ir_version is not _ir_version
+    if changes_version:
+        jax.clear_caches()  # no lowering made with the shipped version may be reused inside
     if platform:
         ck.trace_pallas = _trace_pallas_for_tpu
     if ir_version:
@@ -117,3 +123,5 @@ def pallas_for_tpu_compile(active: bool = True, platform: bool = True, ir_versio
         yield
     finally:
         ck.trace_pallas, tcc.get_ir_version = saved
+        if changes_version:
+            jax.clear_caches()  # nor a version-7 lowering outside
