@@ -67,8 +67,8 @@ def test_notebook_07_one_device(run_notebook) -> None:  # type: ignore[no-untype
                           val_hidden=32, val_ffn=64, val_heads=4)
     assert record["params"]["model"] == custom
     by = _by(record)
-    notes = " | ".join(n["detail"] for n in record["notes"])
-    assert "hlo view skipped" in notes and "num_devices=1" in notes
+    skipped = [s for s in record["skipped"] if s["name"].startswith("planner.validate.")]
+    assert {s["source"] for s in skipped} == {"hlo"} and all("num_devices=1" in s["reason"] for s in skipped), skipped
     assert not any(src == "hlo" for (name, src) in by if name.startswith("planner.validate."))
     # the TPU compiled the 2-chip programs in a helper process: 2 all-reduces of [1, 16, 32] fp32 for the MLP
     assert by[("planner.validate.tp_mlp.fwd_bwd.all_reduce.bytes", "tpu")] == 2 * 16 * 32 * 4

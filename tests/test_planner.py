@@ -209,3 +209,33 @@ def test_step_comm_is_the_plans_comm_without_the_slice():
     assert layer.wire_bytes == layer.count * 2 * 1 / 2 * layer.payload_bytes
     with pytest.raises(ValueError, match=r"heads=16 is not divisible by tensor=3|hidden=1024 is not divisible"):
         P.step_comm(P.PlanConfig(GPT_SMALL, fsdp=1, tensor=3, global_batch=1))
+
+
+def test_the_notebook_parameters_are_the_plan_configuration():
+    # notebook 07's parameters extend PlanConfig (declared once): planning them is planning the same PlanConfig
+    from dataclasses import fields, replace
+
+    from shardlab.params import PlannerParams
+    from shardlab.viz.planner import PlannerExplorer
+
+    nb = PlannerParams(topology="v5e-8", fsdp=4, data=2, recompute="selective", sequence_parallel=True).validate()
+    assert isinstance(nb, P.PlanConfig)
+    plain = P.PlanConfig(**{f.name: getattr(nb, f.name) for f in fields(P.PlanConfig)})
+    assert P.plan(nb).memory == P.plan(plain).memory and P.plan(nb).comm == P.plan(plain).comm
+    assert P.plan(nb).as_dict()["config"] == P.plan(plain).as_dict()["config"]  # the plan's fields only
+    ex = PlannerExplorer(nb)
+    ex.tensor.value = 2  # the widgets change the degrees and keep the rest (sequence parallelism here)
+    ex.fsdp.value = 2
+    assert ex.error is None and ex.plan.config.sequence_parallel
+    assert ex.plan.memory == P.plan(replace(plain, fsdp=2, tensor=2)).memory
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(sequence_parallel=1), r"sequence_parallel=1 must be True or False"),
+    (dict(param_bytes=0), r"param_bytes=0 must be an integer >= 1"),
+    (dict(optimizer_k=-1), r"optimizer_k=-1 must be a number >= 0"),
+    (dict(act_dtype="fp8x"), r"dtype='fp8x' is unknown"),
+])
+def test_every_assumption_is_validated(change, match):
+    with pytest.raises(ValueError, match=match):
+        P.plan(P.PlanConfig("llama-3-8b", **change))

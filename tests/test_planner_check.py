@@ -10,26 +10,30 @@ non-root unit is all-gathered in forward and again in backward, the root unit on
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
+from shardlab import harness
 from shardlab import planner_check as pc
-from shardlab.views import compare
+from shardlab.params import PlannerParams
 
-SMALL = pc.CheckConfig(world=4, tokens=16, hidden=32, ffn=64, heads=4)
+# the validation sizes: T = 16 tokens of width 32, ffn 64, 4 heads, on 4 ranks
+SMALL = PlannerParams(val_world=4, val_tokens=16, val_hidden=32, val_ffn=64, val_heads=4)
 
 
 def test_formulas_by_hand() -> None:
     # layer: 4 all-reduces of [1, 16, 32] fp32 = 2048 B each; wire 4 · 2·3/4 · 2048
-    layer = pc.layer_formula(SMALL)
+    layer = harness.formula(pc.LayerTermCase(pc.tp_params(SMALL)))
     assert (layer["fwd_bwd.all_reduce.count"], layer["fwd_bwd.all_reduce.bytes"]) == (4, 4 * 2048)
     assert layer["fwd_bwd.all_reduce.wire_bytes"] == 4 * 1.5 * 2048
     # dp: gradients of A [32, 64] and B [64, 32] in fp32; parameters: x's [16/4, 32] shard + both matrices
-    dp = pc.dp_formula(SMALL)
+    dp = harness.formula(pc.DataCase(SMALL))
     assert (dp["fwd_bwd.all_reduce.count"], dp["fwd_bwd.all_reduce.bytes"]) == (2, 2 * 32 * 64 * 4)
     assert dp["param.bytes"] == 4 * 32 * 4 + 2 * 32 * 64 * 4
-    assert pc.fsdp_formula(SMALL)["param.bytes"] == 4 * 32 * 4 + 2 * 32 * 64 * 4 // 4
+    assert harness.formula(pc.DataCase(SMALL, sharded=True))["param.bytes"] == 4 * 32 * 4 + 2 * 32 * 64 * 4 // 4
     # units: inner Linear(32, 64) = 2048 + 64 = 2112 (= 4 · 528); root Linear(64, 33) = 2112 + 33 = 2145 -> 2148
-    units = pc.units_formula(SMALL)
+    units = harness.formula(pc.UnitsCase(SMALL))
     assert units["fwd_bwd.all_gather.count"] == 2 + 1  # inner: forward + backward; root: forward only
     assert units["fwd_bwd.all_gather.bytes"] == (2 * 528 + 537) * 4
     assert units["fwd_bwd.reduce_scatter.bytes"] == (2112 + 2148) * 4
@@ -38,46 +42,48 @@ def test_formulas_by_hand() -> None:
 
 
 def test_one_rank_communicates_nothing() -> None:
-    one = pc.CheckConfig(world=1, tokens=16, hidden=32, ffn=64, heads=4)
-    assert pc.layer_term(one) is None
-    for view in (pc.layer_formula(one), pc.dp_formula(one)):
+    one = replace(SMALL, val_world=1)
+    assert pc.layer_term(pc.tp_params(one)) is None
+    for view in (harness.formula(pc.LayerTermCase(pc.tp_params(one))), harness.formula(pc.DataCase(one))):
         assert view["fwd_bwd.all_reduce.count"] == 0 and view["fwd_bwd.all_reduce.bytes"] == 0
-    units = pc.units_formula(one)
+    units = harness.formula(pc.UnitsCase(one))
     assert units["fwd_bwd.all_gather.count"] == units["fwd_bwd.reduce_scatter.count"] == 0
 
 
-def test_the_mlp_is_notebook_02s_config() -> None:
-    m = pc.mlp(SMALL)
-    assert (m.tp, m.batch, m.seq, m.hidden, m.ffn, m.dtype, m.backward) == (4, 1, 16, 32, 64, "float32", True)
+def test_the_tp_parts_are_notebook_02_and_03s_parameters() -> None:
+    m = pc.tp_params(SMALL)
+    assert (m.tp, m.batch, m.seq, m.hidden, m.ffn, m.heads, m.dtype) == (4, 1, 16, 32, 64, 4, "float32")
+    m.validate()  # notebook 03's own rules hold at these sizes
 
 
 def _agree(*views) -> None:  # type: ignore[no-untyped-def]
     for v in views:
         assert v.ran, v.skipped
         assert all(ok for ok, _ in v.checks.values()), v.checks
-    rows = compare(views)
+    rows = harness.compare(views)
     assert rows and all(r["agree"] for r in rows), [r for r in rows if not r["agree"]]
 
 
 @pytest.mark.xla
 def test_compilers_agree_with_the_formulas(xla_world) -> None:  # type: ignore[no-untyped-def]
     # world 4 on the session's 8 devices: mesh (replica 2, world 4), collectives in groups of 4
-    _agree(pc.layer_formula(SMALL), pc.layer_compiler(SMALL), pc.layer_tpu(SMALL))
-    dp = (pc.dp_formula(SMALL), pc.dp_compiler(SMALL), pc.dp_tpu(SMALL))
+    _agree(*harness.views(pc.LayerTermCase(pc.tp_params(SMALL)), ("formula", "hlo", "tpu")))
+    dp = harness.views(pc.DataCase(SMALL), ("formula", "hlo", "tpu"))
     _agree(*dp)
     # XLA:TPU combines the two independent gradient all-reduces into one tuple instruction of 2 operands
     assert dp[2]["fwd_bwd.all_reduce.count"] == 1 and dp[2]["fwd_bwd.all_reduce.operands"] == 2
-    _agree(pc.fsdp_formula(SMALL), pc.fsdp_compiler(SMALL))
-    tpu = pc.fsdp_tpu(SMALL)
+    formula, cpu, tpu = harness.views(pc.DataCase(SMALL, sharded=True), ("formula", "hlo", "tpu"))
+    _agree(formula, cpu)
     frame = pc.collectives_frame({"tpu": tpu})
     assert set(frame["group"]) == {4} and "all-gather" in set(frame["op"])
-    _agree(pc.units_formula(SMALL), pc.units_ledger(SMALL))
+    _agree(*harness.views(pc.UnitsCase(SMALL), ("formula", "ledger")))
 
 
 @pytest.mark.xla
 def test_views_skip_with_the_reason(xla_world) -> None:  # type: ignore[no-untyped-def]
-    big = pc.CheckConfig(world=16, tokens=16, hidden=32, ffn=64, heads=16)
-    assert "needs val_world=16 devices; this process has num_devices=8" in pc.layer_compiler(big).skipped
-    odd = pc.CheckConfig(world=3, tokens=3, hidden=12, ffn=6, heads=3)
-    assert "val_world=3 does not tile num_devices=8" in pc.dp_compiler(odd).skipped
-    assert "no 'v5e' topology with num_chips=3" in pc.dp_tpu(odd).skipped  # no 3-chip slice exists
+    big = replace(SMALL, val_world=16, val_heads=16)
+    assert "needs val_world=16 devices; this process has num_devices=8" in \
+        harness.hlo(pc.LayerTermCase(pc.tp_params(big))).skipped
+    odd = replace(SMALL, val_world=3, val_tokens=3, val_hidden=12, val_ffn=6, val_heads=3)
+    assert "val_world=3 does not tile num_devices=8" in harness.hlo(pc.DataCase(odd)).skipped
+    assert "no 'v5e' topology with num_chips=3" in harness.tpu(pc.DataCase(odd), "v5e").skipped  # no 3-chip slice

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import pytest
 
+from shardlab.planner import PlanConfig
+
 pytestmark = pytest.mark.xla
 
 TINY = {"layers": 2, "hidden": 256, "ffn": 512, "heads": 8, "kv_heads": 8, "vocab": 1000, "name": "tiny"}
@@ -35,8 +37,7 @@ def tiny_params(tensor: int) -> tuple[int, int]:
 @pytest.mark.parametrize("mesh", [(1, 8, 1), (1, 2, 4)])
 def test_compiler_state_bytes_match_arithmetic(pc, mesh) -> None:  # type: ignore[no-untyped-def]
     d, f, t = mesh
-    cfg = pc.CheckConfig(TINY, "v5e-8", data=d, fsdp=f, tensor=t, global_batch=8, seq=64)
-    r = pc.check(cfg)
+    r = pc.check(pc.VerdictCase(PlanConfig(TINY, "v5e-8", data=d, fsdp=f, tensor=t, global_batch=8, seq=64)))
     matrices, norms = tiny_params(t)
     per_chip = matrices // 8 + norms // f  # the norms are replicated over tensor: t times the planner's share
     assert r.topology == "v5e:2x4" and r.compiler_fits and r.planner_fits and r.planner_no_flash_fits
@@ -53,8 +54,7 @@ def test_compiler_state_bytes_match_arithmetic(pc, mesh) -> None:  # type: ignor
 
 def test_not_donated_keeps_a_second_copy(pc) -> None:  # type: ignore[no-untyped-def]
     """Without donation nothing is aliased and the updated state is a second copy among the outputs."""
-    cfg = pc.CheckConfig(TINY, "v5e-8", data=1, fsdp=8, tensor=1, global_batch=8, seq=64, donate=False)
-    r = pc.check(cfg)
+    r = pc.check(pc.VerdictCase(PlanConfig(TINY, "v5e-8", fsdp=8, global_batch=8, seq=64), donate=False))
     matrices, norms = tiny_params(1)
     per_chip = matrices // 8 + norms // 8
     assert not r.donated and r.compiler["alias"] == 0 and r.compiler["outputs"] >= 14 * per_chip
@@ -62,13 +62,15 @@ def test_not_donated_keeps_a_second_copy(pc) -> None:  # type: ignore[no-untyped
 
 def test_bad_config_names_the_rule(pc) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match=r"does not equal the 8 chips of v5e-8"):
-        pc.CheckConfig(TINY, "v5e-8", data=1, fsdp=4, tensor=1).validate()
+        pc.VerdictCase(PlanConfig(TINY, "v5e-8", data=1, fsdp=4, tensor=1))
     with pytest.raises(ValueError, match=r"fit_margin=-0.1 must be a number in"):
-        pc.CheckConfig(TINY, "v5e-8", fit_margin=-0.1).validate()
+        pc.VerdictCase(PlanConfig(TINY, "v5e-8", fit_margin=-0.1))
     with pytest.raises(ValueError, match=r"recompute='selective' must be one of"):
-        pc.CheckConfig(TINY, recompute="selective").validate()
+        pc.VerdictCase(PlanConfig(TINY, recompute="selective"))
     with pytest.raises(ValueError, match=r"kv_heads=2 must both be divisible by tensor=4"):
-        pc.CheckConfig({**TINY, "kv_heads": 2}, "v5e-8", fsdp=2, tensor=4).validate()
+        pc.VerdictCase(PlanConfig({**TINY, "kv_heads": 2}, "v5e-8", fsdp=2, tensor=4))
+    with pytest.raises(ValueError, match=r"sequence_parallel=True: the traced step assumes"):
+        pc.VerdictCase(PlanConfig(TINY, "v5e-8", sequence_parallel=True))
 
 
 def test_matrix_helpers_record_and_cache(pc, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -76,9 +78,8 @@ def test_matrix_helpers_record_and_cache(pc, tmp_path) -> None:  # type: ignore[
     frames, and the cache, whose planner side is recomputed on load."""
     from shardlab.profile import Recorder
 
-    cfg = pc.small_config(8)
-    assert cfg is not None and pc.small_config(2) is None  # v5e has no 2-chip slice
-    results = pc.matrix({"tiny.v5e-8": cfg})
+    case = pc.VerdictCase(PlanConfig(TINY, "v5e-8", fsdp=8, global_batch=8, seq=64))
+    results = pc.matrix({"tiny.v5e-8": case})
     rec = Recorder("t")
     pc.record_matrix(rec, results, live=True)
     v = {(m["name"], m["source"]): m["value"] for m in rec.data["measurements"]}
@@ -93,17 +94,15 @@ def test_matrix_helpers_record_and_cache(pc, tmp_path) -> None:  # type: ignore[
     back, source = pc.load_matrix(tmp_path / "m.json")
     assert back["tiny.v5e-8"].compiler == r.compiler and source == {"command": "test"}
     assert back["tiny.v5e-8"].planner_no_flash == r.planner_no_flash
-    from shardlab import planner as P
-
-    plan = P.PlanConfig(pc.TINY_MODEL, "v5e-8", data=1, fsdp=8, tensor=1, global_batch=8, seq=64)
-    assert pc.matching(results, plan) == "tiny.v5e-8"
+    assert pc.matching(results, PlanConfig(TINY, "v5e-8", data=1, fsdp=8, tensor=1, global_batch=8, seq=64)) \
+        == "tiny.v5e-8"
 
 
 def test_check_plan_compiles_a_planner_config_or_says_why(pc) -> None:  # type: ignore[no-untyped-def]
-    from shardlab import planner as P
-
-    r, why = pc.check_plan(P.PlanConfig(pc.TINY_MODEL, "v5e-8", fsdp=8, global_batch=8, seq=64))
+    r, why = pc.check_plan(PlanConfig(TINY, "v5e-8", fsdp=8, global_batch=8, seq=64))
     assert why == "" and r is not None and r.compiler_fits and r.agrees()
-    none, why = pc.check_plan(P.PlanConfig(pc.TINY_MODEL, "v5e-8", fsdp=8, global_batch=8, seq=64,
-                                           recompute="selective"))
+    none, why = pc.check_plan(PlanConfig(TINY, "v5e-8", fsdp=8, global_batch=8, seq=64, recompute="selective"))
     assert none is None and "recompute='selective' must be one of" in why
+    # a planner slice with no compile-only topology: the harness skips the TPU view, check_plan says why
+    none, why = pc.check_plan(PlanConfig(TINY, "v5p-128", fsdp=64, global_batch=64, seq=64))  # 64 chips
+    assert none is None and "no 'v5p' topology with num_chips=64" in why, why

@@ -13,10 +13,12 @@ from dataclasses import replace
 
 import pytest
 
+from shardlab.params import ScanParams
+
 pytestmark = pytest.mark.xla
 
 L, H, F = 4, 256, 512
-SMALL = dict(layers=L, hidden=H, ffn=F, batch=8, seq=8, mesh_fsdp=2, mesh_tensor=4, dtype="float32")
+SMALL = ScanParams(hidden=H, ffn=F, batch=8, seq=8, mesh_fsdp=2, mesh_tensor=4)
 
 
 @pytest.fixture(scope="module")
@@ -28,19 +30,36 @@ def scale(xla_world):  # type: ignore[no-untyped-def]
     return scale
 
 
+def off_on(scale, case):  # type: ignore[no-untyped-def]
+    """The same step compiled for a v5e slice with shard_as off and on (the harness's TPU view)."""
+    from shardlab import harness
+
+    out = {}
+    for tag, flag in (("off", False), ("on", True)):
+        c = replace(case, shard_as=flag)
+        view = harness.tpu(c, "v5e")
+        assert view.ran, view.skipped
+        out[tag] = scale.seed_result(c, view.detail)
+    return out
+
+
 def test_validate_names_the_rule(scale) -> None:  # type: ignore[no-untyped-def]
+    full = scale.FULL_SIZE
     with pytest.raises(ValueError, match=r"hidden=100 is not divisible by fsdp=16"):
-        scale.SeedConfig(hidden=100).validate()
+        replace(full, p=replace(full.p, hidden=100))
     with pytest.raises(ValueError, match=r"'q' and 'o' come together"):
-        scale.SeedConfig(weights=("q",)).validate()
+        replace(full, weights=("q",))
     with pytest.raises(ValueError, match=r"stacking='loop' must be one of"):
-        scale.SeedConfig(stacking="loop").validate()
-    with pytest.raises(ValueError, match=r"has 64 chips but the mesh \(fsdp=2, tensor=4\) has 8"):
-        scale.compile_seed(scale.SeedConfig(**SMALL), "v6e:8x8")
+        replace(full, stacking="loop")
+    # a mesh of 3 chips: no TPU slice has that many, so the story is skipped with the reason (nothing compiles)
+    three = scale.SeedCase(ScanParams(hidden=48, ffn=96, batch=3, seq=8, mesh_fsdp=3, mesh_tensor=1), layers=2)
+    assert three.devices == 3
+    results, why = scale.story(three)
+    assert results == {} and "no 'v6e' topology with num_chips=3" in why
 
 
 def test_gradient_sharding_off_vs_on_held(scale) -> None:  # type: ignore[no-untyped-def]
-    res = scale.off_on(scale.SeedConfig(**SMALL, stacking="held"), "v5e:2x4")
+    res = off_on(scale, scale.SeedCase(SMALL, layers=L, stacking="held", dtype="float32"))
     # q [H, H] on (tensor, fsdp): 2-D [L, H/4, H/2]; 1-D (all-reduced over fsdp) [L, H/4, H]
     # o [H, H] on (fsdp, tensor): 2-D [L, H/2, H/4]; 1-D [L, H, H/4]
     assert res["on"].grad_shapes == {"q": [f"f32[{L},64,128]"], "o": [f"f32[{L},128,64]"]}
@@ -57,7 +76,7 @@ def test_gradient_sharding_off_vs_on_in_graph(scale) -> None:  # type: ignore[no
     """Per-layer weights stacked inside the step: L per-layer gradients [H, H] come out. Off: 1-D, one dim whole
     (H/4 x H). On: 2-D, H·H/8 elements per chip — the compiler is free to orient the split (it returns them with
     fsdp and tensor swapped relative to the weight), so compare the sorted per-chip dims."""
-    res = scale.off_on(scale.SeedConfig(**SMALL, stacking="in_graph"), "v5e:2x4")
+    res = off_on(scale, scale.SeedCase(SMALL, layers=L, stacking="in_graph", dtype="float32"))
 
     def dims(shapes: list[str]) -> set[tuple[int, ...]]:
         return {tuple(sorted(int(d) for d in s[s.index("[") + 1:-1].split(","))) for s in shapes}
@@ -70,7 +89,7 @@ def test_gradient_sharding_off_vs_on_in_graph(scale) -> None:  # type: ignore[no
 def test_update_in_the_graph_pins_the_gradient(scale) -> None:  # type: ignore[no-untyped-def]
     """w - lr·g in the same graph: propagation carries the weight's 2-D sharding into the backward loop, so the
     program is the same with and without shard_as (the updated weights come out 2-D, [L, H/4, H/2])."""
-    res = scale.off_on(scale.SeedConfig(**SMALL, stacking="held", update="sgd"), "v5e:2x4")
+    res = off_on(scale, scale.SeedCase(SMALL, layers=L, stacking="held", update="sgd", dtype="float32"))
     for r in res.values():
         assert r.grad_shapes == {"q": [f"f32[{L},64,128]"], "o": [f"f32[{L},128,64]"]}
     assert res["off"].temp_bytes == res["on"].temp_bytes
@@ -83,12 +102,12 @@ def test_outputs_are_not_in_the_compilers_check(scale) -> None:  # type: ignore[
     assert replace(r, output_bytes=1).runs
 
 
-def test_sharding_of_reads_the_mesh_split() -> None:
-    from shardlab.xla_scan.scale import SeedConfig, sharding_of
+def test_sharding_of_reads_the_mesh_split(xla_world) -> None:  # type: ignore[no-untyped-def]
+    from shardlab.xla_scan.scale import SeedCase, sharding_of
 
-    cfg = SeedConfig(layers=4, hidden=256, ffn=512, batch=8, seq=8, mesh_fsdp=2, mesh_tensor=4)
+    case = SeedCase(SMALL, layers=4)
     # q [256, 256] on (fsdp 2, tensor 4): 2-D is [64, 128] (either order), 1-D [64, 256]; activations are neither
-    assert [sharding_of(s, cfg) for s in ("f32[4,64,128]", "f32[128,64]", "f32[4,64,256]", "f32[256,64]",
+    assert [sharding_of(s, case) for s in ("f32[4,64,128]", "f32[128,64]", "f32[4,64,256]", "f32[256,64]",
                                           "f32[4,1,8,64]", "f32[4,8,64]")] == ["2-D", "2-D", "1-D", "1-D", "", ""]
 
 
@@ -98,8 +117,10 @@ def test_story_small_records_the_invariants(scale) -> None:  # type: ignore[no-u
     arguments + checked temporaries; with the update in the graph both programs are identical."""
     from shardlab.profile import Recorder
 
-    cfg = scale.small_config(layers=L, hidden=H, batch=8, seq=8, mesh_fsdp=2, mesh_tensor=4)
-    res = scale.story(cfg, "v6e:2x4")
+    cfg = scale.small_case(replace(SMALL, layers_sweep=[2, L]))  # L = max(layers_sweep), bf16
+    assert (cfg.layers, cfg.dtype, cfg.weights) == (L, "bfloat16", ("q", "o"))
+    res, why = scale.story(cfg)  # this process's 8 devices: a v6e:2x4 slice
+    assert why == "" and {r.topology for r in res.values()} == {"v6e:2x4"}
     assert list(res) == ["in_graph.off", "in_graph.on", "held.off", "update.off", "update.on"]
     rec = Recorder("t")
     scale.record_story(rec, "scale.small", res, cfg)  # raises if a check fails

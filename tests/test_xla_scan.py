@@ -6,35 +6,34 @@ shard_as must be tiled like its weight); formulas/scan.py for bytes. No timings 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 import torch
 
-from shardlab import runtime
+from shardlab import harness
 from shardlab.formulas import scan as F
+from shardlab.params import ScanParams
+from shardlab.views import View
+from shardlab.xla_scan import case as C
+from shardlab.xla_scan import measure as X
 from shardlab.xla_scan import model as M
 from shardlab.xla_scan import sharding as S
 
 pytestmark = pytest.mark.xla
 
-# The autograd engine sizes its per-device queues at the first backward of the process: set the XLA world up
-# at collection, before any CPU backward (this file's oracle, or other test files) runs.
-runtime.setup(num_devices=8)
-
-CFG = M.StackConfig(layers=3, hidden=64, ffn=256, batch=4, seq=4)
-MESH = (2, 4)  # (fsdp, tensor)
-_RUNS: dict[tuple[str, int, bool], Any] = {}
+P = ScanParams(hidden=64, ffn=256, batch=4, seq=4, mesh_fsdp=2, mesh_tensor=4)  # mesh (fsdp, tensor) = (2, 4)
+MESH = (2, 4)
+_RUNS: dict[tuple[str, int, bool], View] = {}
 
 
-def run(mode: str, layers: int = 3, shard_as: bool = True) -> Any:
-    """measure_step, memoised: every compile here is shared by the tests that read it."""
-    from shardlab.xla_scan import measure as X
-
+def run(mode: str, layers: int = 3, shard_as: bool = True) -> View:
+    """The CPU compiler view of the step, memoised: every compile here is shared by the tests that read it."""
     key = (mode, layers, shard_as)
     if key not in _RUNS:
-        cfg = M.StackConfig(layers, CFG.hidden, CFG.ffn, CFG.batch, CFG.seq)
-        _RUNS[key] = X.measure_step(cfg, mode, *MESH, seed=0, shard_as=shard_as, check=True)
+        _RUNS[key] = harness.hlo(C.ScanCase(P, layers, mode=mode, shard_as=shard_as))
+        assert _RUNS[key].ran, _RUNS[key].skipped
     return _RUNS[key]
 
 
@@ -42,68 +41,80 @@ def run(mode: str, layers: int = 3, shard_as: bool = True) -> Any:
 def test_mode_matches_cpu_loop_values_and_gradients(xla_world: Any, mode: str) -> None:
     # approximate: XLA's CPU matmuls/gelu reorder float32 sums; relative 1e-5 is far below any real mismatch
     # (a wrong layer order or a missing residual changes outputs by O(1))
-    r = run(mode)
-    assert r.max_rel_err is not None and r.max_rel_err < 1e-5, (r.max_rel_err, r.max_abs_err)
+    view = run(mode)
+    got = [t.detach().cpu() for t in view.detail.result]  # [out, x.grad, w_up grad(s), w_down grad(s)]
+    out, grads = M.reference(M.init_weights(3, P.hidden, P.ffn), M.init_input(P.batch, P.seq, P.hidden))
+    n = (len(got) - 2) // 2  # 1 stacked gradient per weight (scan) or one per layer
+    mine = {"out": got[0], "x": got[1], "w_up": torch.stack(got[2:2 + n]).reshape(grads["w_up"].shape),
+            "w_down": torch.stack(got[2 + n:]).reshape(grads["w_down"].shape)}
+    ref = {"out": out, **grads}
+    for k, t in mine.items():
+        assert float((t - ref[k]).abs().max() / ref[k].abs().max()) < 1e-5, k
+    assert view.checks["parity.hlo"][0], view.checks  # the case's own parity check agrees
 
 
 def test_cpu_oracle_is_the_plain_loop() -> None:
     # the oracle itself against a hand-written loop over the same weights
-    w, x = M.init_weights(CFG, 0), M.init_input(CFG, 0)
+    w, x = M.init_weights(3, P.hidden, P.ffn, 0), M.init_input(P.batch, P.seq, P.hidden, 0)
     out, grads = M.reference(w, x)
     h = x
-    for i in range(CFG.layers):
+    for i in range(3):
         h = h + torch.nn.functional.gelu(h @ w["w_up"][i]) @ w["w_down"][i]  # [B,S,H]
     torch.testing.assert_close(out, h, rtol=0, atol=1e-6)
-    assert grads["w_up"].shape == (CFG.layers, CFG.hidden, CFG.ffn)
+    assert grads["w_up"].shape == (3, P.hidden, P.ffn)
 
 
 def test_shard_as_on_gives_weight_sharded_2d_gradients(xla_world: Any) -> None:
-    r = run("scan", shard_as=True)
+    specs = C.grad_specs(run("scan", shard_as=True))
     # oracle: the stacked weights' own specs, W_up[∅, H_fsdp, F_tensor] and W_down[∅, F_tensor, H_fsdp]
-    assert r.grad_specs["w_up"] == ["{devices=[1,2,4]0,1,2,3,4,5,6,7}"]
-    assert r.grad_specs["w_down"] == ["{devices=[1,4,2]0,4,1,5,2,6,3,7}"]
-    for specs in r.grad_specs.values():
-        assert S.parse_spec(specs[0], 3).kind == "2d"
+    assert specs["w_up"] == ["{devices=[1,2,4]0,1,2,3,4,5,6,7}"]
+    assert specs["w_down"] == ["{devices=[1,4,2]0,4,1,5,2,6,3,7}"]
+    for spec in specs.values():
+        assert S.parse_spec(spec[0], 3).kind == "2d"
 
 
 def test_shard_as_off_gives_1d_gradients(xla_world: Any) -> None:
-    r = run("scan", shard_as=False)
-    up, down = r.grad_specs["w_up"][0], r.grad_specs["w_down"][0]
+    specs = C.grad_specs(run("scan", shard_as=False))
+    up, down = specs["w_up"][0], specs["w_down"][0]
     assert "last_tile_dim_replicate" in up and "last_tile_dim_replicate" in down
     assert S.parse_spec(up, 3) == S.Tiling((1, 1, 4), 2, "1d")  # only F over tensor; ×2 replicas over fsdp
     assert S.parse_spec(down, 3) == S.Tiling((1, 4, 1), 2, "1d")
 
 
 def test_scan_layers_per_layer_gradients_follow_shard_as(xla_world: Any) -> None:
-    on = run("scan_layers", shard_as=True)
-    assert on.grad_specs["w_up"] == ["{devices=[2,4]0,1,2,3,4,5,6,7}"] * CFG.layers
-    off = run("scan_layers", shard_as=False)
-    assert all(S.parse_spec(s, 2).kind == "1d" for s in off.grad_specs["w_up"])
+    on = C.grad_specs(run("scan_layers", shard_as=True))
+    assert on["w_up"] == ["{devices=[2,4]0,1,2,3,4,5,6,7}"] * 3
+    off = C.grad_specs(run("scan_layers", shard_as=False))
+    assert all(S.parse_spec(s, 2).kind == "1d" for s in off["w_up"])
 
 
 def test_off_bytes_exceed_on_bytes(xla_world: Any) -> None:
     on, off = run("scan", shard_as=True), run("scan", shard_as=False)
-    assert off.backward_while_state_bytes > on.backward_while_state_bytes
-    assert off.buffers_total_bytes > on.buffers_total_bytes
+    assert off["while_state.bytes"] > on["while_state.bytes"]
+    assert off["buffers.total.bytes"] > on["buffers.total.bytes"]
     # stacked gradient bytes per device: exactly the formula, 1-D = fsdp × 2-D
-    for name, (d_in, d_out) in CFG.weight_shapes.items():
-        assert on.grad_bytes[name] == F.stacked_bytes(3, d_in, d_out, *MESH, "2d").per_device_bytes
-        assert off.grad_bytes[name] == F.stacked_bytes(3, d_in, d_out, *MESH, "1d").per_device_bytes
+    for view, sharding in ((on, "2d"), (off, "1d")):
+        grads = dict(zip(M.WEIGHT_NAMES, view.detail.result[2:], strict=True))
+        for name, (d_in, d_out) in M.weight_shapes(P.hidden, P.ffn).items():
+            g = grads[name]
+            assert S.local_bytes(g.shape, S.spec_of(g), 4) == F.stacked_bytes(3, d_in, d_out, *MESH,
+                                                                              sharding).per_device_bytes
+        assert view["stacked_grads.bytes"] == sum(F.stacked_bytes(3, d_in, d_out, *MESH, sharding).per_device_bytes
+                                                  for d_in, d_out in M.weight_shapes(P.hidden, P.ffn).values())
 
 
 def test_prestacked_scan_hlo_size_is_independent_of_layers(xla_world: Any) -> None:
-    assert run("scan", layers=3).hlo_instructions == run("scan", layers=6).hlo_instructions
-    assert len(run("scan", layers=3).while_state_bytes) == 2  # one forward, one backward While
+    size = {n: X.graph_size(run("scan", layers=n).detail.module) for n in (3, 6)}
+    assert size[3] == size[6]
+    assert len(run("scan", layers=3).detail.module.while_loops) == 2  # one forward, one backward While
 
 
 def test_placeholder_traces_move_no_data_and_real_fakes_match_formula(xla_world: Any) -> None:
-    from shardlab.xla_scan import measure as X
-
     for mode in M.MODES:
-        t = X.trace_transfers(CFG, mode, *MESH, placeholders=True)
+        t = X.trace_transfers(P, 3, mode, placeholders=True)
         assert (t.h2d_bytes, t.h2d_count, t.ir_value_to_data) == (0, 0, 0), t
-    off = X.trace_transfers(CFG, "scan", *MESH, placeholders=False)
-    want = F.block_trace_transfer(CFG.batch, CFG.seq, CFG.hidden, CFG.ffn, devices=8, placeholders=False)
+    off = X.trace_transfers(P, 3, "scan", placeholders=False)
+    want = F.block_trace_transfer(P.batch, P.seq, P.hidden, P.ffn, devices=8, placeholders=False)
     assert off.h2d_bytes == want.total_bytes
     assert off.h2d_count == 9  # forward: carry + 2 weights; backward: grad carry + 5 saved activations
 
@@ -124,26 +135,25 @@ def test_switches_restore_torch_xla_even_on_error(xla_world: Any) -> None:
 
 
 def test_huge_placeholder_costs_nothing_lowers_to_parameter_and_reads_clearly(xla_world: Any) -> None:
-    from shardlab.xla_scan import patches as P
+    from shardlab.xla_scan import patches
 
-    rss0 = P.current_rss_bytes()
-    p = P.placeholder((1 << 34,))  # 64 GiB of float32
-    assert P.logical_bytes(p) == 64 * 2**30
-    assert P.current_rss_bytes() - rss0 < 100 * 2**20  # resident memory grew < 100 MiB
+    rss0 = patches.current_rss_bytes()
+    p = patches.placeholder((1 << 34,))  # 64 GiB of float32
+    assert patches.logical_bytes(p) == 64 * 2**30
+    assert patches.current_rss_bytes() - rss0 < 100 * 2**20  # resident memory grew < 100 MiB
     y = p * 2.0
-    hlo = P.lowered_hlo([y])
+    hlo = patches.lowered_hlo([y])
     assert "f32[17179869184]{0} parameter(" in hlo
     for t in (p, y):
-        with pytest.raises(P.PlaceholderReadError, match=r"shape \[17179869184\].*placeholder"):
-            P.read(t)
+        with pytest.raises(patches.PlaceholderReadError, match=r"shape \[17179869184\].*placeholder"):
+            patches.read(t)
     real = torch.ones(4).to(p.device)
-    assert P.read(real * 3).tolist() == [3.0] * 4
+    assert patches.read(real * 3).tolist() == [3.0] * 4
 
 
 def test_shard_as_demo_copies_the_annotated_sharding(xla_world: Any) -> None:
-    from shardlab.xla_scan.demos import shard_as_demo
-
-    d = shard_as_demo(*MESH)
+    d = C.shard_as_demo(P)
+    assert d is not None
     assert d.a_spec == "{devices=[2,4]0,1,2,3,4,5,6,7}"
     assert d.b_spec_without == "{replicated}"
     assert d.b_spec_with == d.a_spec
@@ -155,11 +165,13 @@ def test_shard_as_demo_copies_the_annotated_sharding(xla_world: Any) -> None:
 TRAP_CASES = [(2, 4, 8, 16), (4, 2, 4, 16), (4, 2, 8, 8), (8, 1, 8, 8), (2, 4, 2, 8)]
 
 
+def trap_params(f: int, t: int, batch: int, seq: int) -> ScanParams:
+    return ScanParams(mesh_fsdp=f, mesh_tensor=t, batch=batch, seq=seq, hidden=32, ffn=64)  # x [B, S, 32], W [64, 32]
+
+
 @pytest.mark.parametrize("f,t,B,Sq", TRAP_CASES)
 def test_linear_trap_rows_and_tiles_follow_the_flattening(xla_world: Any, f: int, t: int, B: int, Sq: int) -> None:
-    from shardlab.xla_scan import views as V
-
-    formula, cpu, tpu = V.linear_trap(f, t, B, Sq, 32, 64)
+    formula, cpu, tpu = C.linear_trap(trap_params(f, t, B, Sq))
     want = F.flattened_rows(B, Sq, f, t)
     assert cpu.values["linear.rows"] == formula.values["linear.rows"] == want.rows_per_device
     assert cpu.values["einsum.rows"] == B * Sq // (f * t)
@@ -173,9 +185,7 @@ def test_linear_trap_rows_and_tiles_follow_the_flattening(xla_world: Any, f: int
 def test_linear_trap_on_tpu_keeps_both_splits(xla_world: Any) -> None:
     # measured with libtpu 0.0.21: XLA:TPU multiplies a 3-D [B/f, S/t, O] per-chip dot for F.linear too, so the
     # view lists rows / tiles / collectives in differs (with the per-chip dot in the reason) instead of failing
-    from shardlab.xla_scan import views as V
-
-    formula, cpu, tpu = V.linear_trap(2, 4, 8, 16, 32, 64)
+    formula, cpu, tpu = C.linear_trap(trap_params(2, 4, 8, 16))
     assert tpu.values["linear.rows"] == tpu.values["einsum.rows"] == 8 * 16 // 8
     assert tpu.values["linear.collectives"] == 0
     assert set(tpu.differs) == {"linear.rows", "linear.out_tiles", "linear.collectives"}
@@ -190,69 +200,61 @@ VIEW_MESHES = [(2, 4), (4, 2), (8, 1)]
 
 @pytest.mark.parametrize("mesh", VIEW_MESHES)
 def test_views_agree_with_the_formula_on_and_off(xla_world: Any, mesh: tuple[int, int]) -> None:
-    from shardlab.views import compare
-    from shardlab.xla_scan import views as V
-
-    base = V.ScanConfig(layers=2, hidden=32, ffn=64, batch=8, seq=2, mesh_fsdp=mesh[0], mesh_tensor=mesh[1])
+    base = ScanParams(hidden=32, ffn=64, batch=8, seq=2, mesh_fsdp=mesh[0], mesh_tensor=mesh[1])
     views = {}
     for flag in (True, False):
-        c = base.replace(shard_as=flag)
-        views[flag] = vs = [V.formula(c), V.compiler(c), V.tpu(c)]
+        views[flag] = vs = harness.views(C.ScanCase(base, 2, shard_as=flag), ("formula", "hlo", "tpu"))
         assert all(v.ran for v in vs), [v.skipped for v in vs]
-        rows = compare(vs)
+        rows = harness.compare(vs)
         assert all(r["agree"] for r in rows), [r for r in rows if not r["agree"]]
-        assert all(r["checked"] >= 2 for r in rows if r["name"] in vs[0].values)  # formula vs at least one compiler
+        # formula vs at least one compiler
+        assert all(len(r["checked_sources"]) >= 2 for r in rows if r["name"] in vs[0].values)
         for v in vs:
             assert all(ok for ok, _ in v.checks.values()), v.checks
         # oracle: the per-device shapes by hand, W_up [L, H, F] = [2, 32, 64] split (H over fsdp, F over tensor)
         f, t = mesh
         assert vs[1]["grad_shape.w_up"] == f"[2, {32 // f if flag else 32}, {64 // t}]"
     for src in (1, 2):  # CPU and TPU programs: what shard_as changed in the backward body
-        assert V.what_shard_as_changed(views[False][src], views[True][src], *mesh) == \
+        assert C.what_shard_as_changed(views[False][src], views[True][src], base) == \
             ("all-reduce fsdp", "reduce-scatter fsdp")
 
 
 def test_mesh_axis_of_replica_groups() -> None:
-    from shardlab.xla_scan.views import mesh_axis
-
     # mesh (fsdp 2, tensor 4): device d at (d // 4, d % 4)
-    assert mesh_axis([0, 4], 2, 4) == "fsdp"
-    assert mesh_axis([4, 5, 6, 7], 2, 4) == "tensor"
-    assert mesh_axis(list(range(8)), 2, 4) == "fsdp+tensor"
-    assert mesh_axis([0, 5], 2, 4) == "other"
+    assert C.mesh_axis([0, 4], 2, 4) == "fsdp"
+    assert C.mesh_axis([4, 5, 6, 7], 2, 4) == "tensor"
+    assert C.mesh_axis(list(range(8)), 2, 4) == "fsdp+tensor"
+    assert C.mesh_axis([0, 5], 2, 4) == "other"
 
 
-def test_scan_config_rejects_a_mode_and_views_reject_unstacked_modes() -> None:
-    from shardlab.xla_scan import views as V
-
+def test_scan_case_rejects_a_mode_and_the_formula_unstacked_modes() -> None:
     with pytest.raises(ValueError, match="mode='while'"):
-        V.ScanConfig(2, 8, 8, 2, 2, 2, 1, mode="while")
+        C.ScanCase(P, 2, mode="while")
     with pytest.raises(ValueError, match="mode='loop': the views compare the pre-stacked scan"):
-        V.formula(V.ScanConfig(2, 8, 8, 2, 2, 2, 1, mode="loop"))
+        C.ScanCase(P, 2, mode="loop").formula()
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(mesh_fsdp=3, mesh_tensor=4), r"uses 12 devices but num_devices=8"),
-    (dict(cfg=M.StackConfig(hidden=66, ffn=256, batch=4), mesh_fsdp=4, mesh_tensor=2),
-     r"hidden=66 is not divisible by fsdp=4"),
-    (dict(cfg=M.StackConfig(hidden=64, ffn=102, batch=4), mesh_fsdp=2, mesh_tensor=4),
-     r"ffn=102 is not divisible by tensor=4"),
-    (dict(cfg=M.StackConfig(hidden=64, ffn=256, batch=3), mesh_fsdp=2, mesh_tensor=4),
-     r"batch=3 is not divisible by fsdp=2"),
+@pytest.mark.parametrize("changes,match", [
+    (dict(hidden=66, mesh_fsdp=4, mesh_tensor=2), r"hidden=66 is not divisible by fsdp=4"),
+    (dict(ffn=102), r"ffn=102 is not divisible by tensor=4"),
+    (dict(batch=3), r"batch=3 is not divisible by fsdp=2"),
+    (dict(mesh_fsdp=0), r"mesh_fsdp=0 must be an int >= 1"),
 ])
-def test_bad_mesh_or_sizes_fail_before_xla_work(kwargs: dict[str, Any], match: str) -> None:
-    cfg = kwargs.pop("cfg", CFG)
+def test_bad_sizes_fail_before_xla_work(changes: dict[str, Any], match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        S.check_sharding(cfg, num_devices=8, **kwargs)
+        C.ScanCase(replace(P, **changes), 2)
+
+
+def test_a_mesh_this_process_cannot_hold_is_skipped_with_the_reason(xla_world: Any) -> None:
+    view = harness.hlo(C.ScanCase(replace(P, mesh_fsdp=4), 2))
+    assert view.skipped == "the mesh (fsdp=4, tensor=4) needs 16 devices; this process has num_devices=8"
 
 
 def test_bad_layers() -> None:
-    from shardlab.xla_scan.measure import check_layers_sweep
-
     with pytest.raises(ValueError, match="layers=0 must be an int >= 1"):
-        M.StackConfig(layers=0)
+        C.ScanCase(P, 0)
     with pytest.raises(ValueError, match=r"entries \[0\]"):
-        check_layers_sweep([2, 0])
+        replace(P, layers_sweep=[2, 0]).validate()
     a, b = M.Block(8, 16), M.Block(8, 32)
     with pytest.raises(ValueError, match=r"layer 1 parameter 'w_up' has shape \[8, 32\] but layer 0 has \[8, 16\]"):
         M.BlockList([a, b], "loop")

@@ -348,35 +348,24 @@ class LeversParams(NotebookParams):
 
 # ------------------------------------------------------------------------------------------------------ planner
 @dataclass(frozen=True)
-class PlannerParams(NotebookParams):
-    """Notebook 07: a plan (model, slice, degrees, recompute, batch) and a small validation configuration.
+class PlannerParams(planner.PlanConfig, NotebookParams):
+    """Notebook 07: a plan and a small validation configuration.
 
-    The plan is pure arithmetic, legal at any ``num_devices``. The validation runs at ``val_world`` ranks (the
-    tensor degree of the Megatron MLP and layer, the data degree of the data-parallel and FSDP steps): formula
-    and ledger always, the CPU compiler when ``val_world`` tiles ``num_devices``, the TPU compiler for a
-    ``val_world``-chip slice (in a helper process when this one has fewer devices)."""
+    The plan's fields — model, slice, degrees, recompute, batch and the planner's assumptions — are
+    :class:`shardlab.planner.PlanConfig`'s, declared there once: ``planner.plan(p)`` plans these parameters. The plan
+    is pure arithmetic, legal at any ``num_devices``. The validation runs at ``val_world`` ranks (the tensor degree
+    of the Megatron MLP and layer, the data degree of the data-parallel and FSDP steps): formula and ledger always,
+    the CPU compiler when ``val_world`` tiles ``num_devices``, the TPU compiler for a ``val_world``-chip slice (in a
+    helper process when this one has fewer devices)."""
 
     NOTEBOOK: ClassVar[str] = "07_planner"
 
-    model: str | dict = "llama-3-8b"  # a preset name, or custom sizes as a dict (see shardlab.presets)
-    topology: str = "v6e-8"  # a TPU slice of data/hardware: v5e-8, v6e-8, v6e-256, v5p-128, ...
-    data: int = 1  # data-parallel replicas
-    fsdp: int = 8  # ZeRO-3 / FSDP sharding degree
-    tensor: int = 1  # Megatron tensor-parallel degree
-    recompute: str = "full"  # none | selective | full
-    global_batch: int = 8  # sequences per step
-    seq: int = 8192  # tokens per sequence
     val_world: int = 8  # ranks of the validation configurations
     val_tokens: int = 64  # tokens (b = 1, s = val_tokens) of the validation MLP / layer / steps
     val_hidden: int = 128
     val_ffn: int = 512
     val_heads: int = 8  # heads of the validation transformer layer
     full_size: bool = False  # compile the presets' full training steps with XLA:TPU (tens of minutes); False: cached
-
-    def plan_config(self) -> planner.PlanConfig:
-        return planner.PlanConfig(planner.model_from(self.model), self.topology, data=self.data, fsdp=self.fsdp,
-                                  tensor=self.tensor, recompute=self.recompute, global_batch=self.global_batch,
-                                  seq=self.seq)
 
     def checks(self) -> None:
         if not isinstance(self.model, str | dict):
@@ -395,7 +384,7 @@ class PlannerParams(NotebookParams):
                   "dimensions")
         divisible("val_hidden", self.val_hidden, "val_world", w, "the FSDP step shards the weights' hidden rows")
         divisible("val_tokens", self.val_tokens, "val_world", w, "data parallelism splits the tokens")
-        planner.plan(self.plan_config())  # the plan's own rules: degrees x slice, divisibility, known names
+        planner.plan(self)  # the plan's own rules: degrees x slice, divisibility, known names, assumptions
 
 
 

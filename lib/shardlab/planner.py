@@ -3,7 +3,9 @@
 Design note
 -----------
 `plan(PlanConfig(...))` composes the formula modules (no torch, no XLA) for a decoder-only transformer on a
-TPU slice with a (data, fsdp, tensor) mesh:
+TPU slice with a (data, fsdp, tensor) mesh. :class:`PlanConfig` is the one declaration of a plan's inputs (type,
+default, comment); notebook 07's parameters (``shardlab.params.PlannerParams``) extend it, so ``plan(p)`` plans the
+notebook's own parameters and nothing copies them:
 
     memory per chip   model state (`formulas.memory` -> `formulas.zero`, flat-unit padding), activations
                       (`formulas.activations.block_activation_bytes`: the model's own block — GQA KV heads,
@@ -49,7 +51,7 @@ Every bad input raises ValueError naming the values, before any arithmetic:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import NamedTuple
 
 from shardlab.formulas import activations as act
@@ -68,22 +70,24 @@ __all__ = ["MODEL_PRESETS", "CommTerm", "ModelConfig", "Plan", "PlanConfig", "mo
 
 @dataclass(frozen=True)
 class PlanConfig:
-    model: ModelConfig | str | dict  # preset name, dict of custom sizes, or ModelConfig
-    topology: str = "v6e-8"  # slice name, see formulas.hardware.topologies()
-    data: int = 1  # pure data-parallel replicas
-    fsdp: int = 8  # ZeRO / FSDP sharding degree
+    """What a plan is of: a model on a TPU slice, the mesh degrees, the batch, and the planner's assumptions."""
+
+    model: ModelConfig | str | dict = "llama-3-8b"  # a preset name, or custom sizes as a dict (see shardlab.presets)
+    topology: str = "v6e-8"  # a TPU slice of data/hardware: v5e-8, v6e-8, v6e-256, v5p-128, ...
+    data: int = 1  # data-parallel replicas
+    fsdp: int = 8  # ZeRO-3 / FSDP sharding degree
     tensor: int = 1  # Megatron tensor-parallel degree
     recompute: str = "full"  # none | selective | full
-    global_batch: int = 8  # sequences per step (all chips)
+    global_batch: int = 8  # sequences per step
     seq: int = 8192  # tokens per sequence
-    zero_stage: int | None = None  # over the fsdp axis; default 3 if fsdp > 1 else 0
-    sequence_parallel: bool = False  # Megatron SP on the tensor axis
+    zero_stage: int | None = None  # ZeRO stage over the fsdp axis; None: 3 if fsdp > 1 else 0
+    sequence_parallel: bool = False  # Megatron sequence parallelism on the tensor axis
     flash_attention: bool = True  # a flash kernel: no s x s scores stored or held in the backward
-    param_bytes: int = 2  # bf16 parameters
-    grad_bytes: int = 2  # bf16 gradients
-    optimizer_k: float = 12  # ZeRO's K: fp32 master + Adam m, v
-    act_dtype: str = "bfloat16"  # activations on the wire (TP collectives)
-    logits_bytes: int = 4  # fp32 logits for the loss
+    param_bytes: int = 2  # bytes per parameter (bf16)
+    grad_bytes: int = 2  # bytes per gradient (bf16)
+    optimizer_k: float = 12  # ZeRO's K, optimizer bytes per parameter: fp32 master + Adam m, v
+    act_dtype: str = "bfloat16"  # activations on the wire (the TP collectives)
+    logits_bytes: int = 4  # bytes per logit for the loss (fp32)
     fit_margin: float = 0.10  # "fits" only under (1 - fit_margin) x usable HBM: the compiler's heap packing
 
 
@@ -151,7 +155,7 @@ class Plan:
             "roofline": self.roofline._asdict(), "mfu": self.mfu, "fits": self.fits, "at_risk": self.at_risk,
             "fit_limit_bytes": self.fit_limit_bytes, "phases": dict(self.phases), "peak_phase": self.peak_phase,
             "verdict": self.verdict,
-            "config": {k: v for k, v in asdict(self.config).items() if k != "model"},
+            "config": {f.name: getattr(c, f.name) for f in fields(PlanConfig) if f.name != "model"},
         }
 
 
@@ -159,9 +163,17 @@ def _validate(cfg: PlanConfig, m: ModelConfig, chips: int | None) -> int:
     """Every rule of a configuration (``chips``: the slice's chip count, None = not tied to a slice)."""
     d, f, t = cfg.data, cfg.fsdp, cfg.tensor
     sizes = (("data", d), ("fsdp", f), ("tensor", t), ("global_batch", cfg.global_batch), ("seq", cfg.seq))
+    sizes += (("param_bytes", cfg.param_bytes), ("grad_bytes", cfg.grad_bytes), ("logits_bytes", cfg.logits_bytes))
     for name, v in sizes:
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name}={v!r} must be an integer >= 1")
+    for name, v in (("sequence_parallel", cfg.sequence_parallel), ("flash_attention", cfg.flash_attention)):
+        if not isinstance(v, bool):
+            raise ValueError(f"{name}={v!r} must be True or False")
+    k = cfg.optimizer_k
+    if isinstance(k, bool) or not isinstance(k, int | float) or k < 0:
+        raise ValueError(f"optimizer_k={k!r} must be a number >= 0 (optimizer bytes per parameter)")
+    dtype_bytes(cfg.act_dtype)  # a known element type, or ValueError naming it
     if chips is not None and d * f * t != chips:
         raise ValueError(f"data={d} × fsdp={f} × tensor={t} = {d * f * t} does not equal "
                          f"the {chips} chips of {cfg.topology}")

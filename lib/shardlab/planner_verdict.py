@@ -5,7 +5,11 @@ Design note
 ``shardlab.planner.plan`` predicts per-chip memory by formula. Here the same model is traced on the CPU device
 world as one training step — embedding, ``scan`` over the real L decoder layers (stacked weights), final norm,
 LM head, cross-entropy, backward, AdamW — with every weight, optimizer state and the tokens as placeholders
-(nothing is allocated), then compiled by the XLA:TPU compiler (``shardlab.profile.tpu``) for the planner's slice.
+(nothing is allocated), then compiled by the XLA:TPU compiler for the planner's slice: a :class:`VerdictCase`
+holds the plan (a ``planner.PlanConfig``; notebook 07's parameters are one) and its ``graph()`` is the step, which
+the harness's TPU view (:func:`shardlab.harness.tpu`) compiles. The trace makes the planner's default assumptions
+(bf16 parameters and gradients, fp32 AdamW state, ZeRO-3 over fsdp, no sequence parallelism); a plan that assumes
+otherwise is refused with the reason.
 
 Representation (stated once, every choice visible in the numbers):
 
@@ -21,8 +25,8 @@ Representation (stated once, every choice visible in the numbers):
     activations x [B_(data,fsdp), S, H] between layers, tensor-sharded inside the block (Megatron).
 
 Donation. torch_xla's optimizer step updates parameters and AdamW state in place: the new values are written
-into the old buffers. ``build`` returns a ``tpu.Step`` that donates every parameter and state placeholder to its
-update, so the compiled program aliases them (``donate=False`` in :class:`CheckConfig` compiles the same graph
+into the old buffers. ``graph()`` returns a ``tpu.Step`` that donates every parameter and state placeholder to its
+update, so the compiled program aliases them (``donate=False`` in :class:`VerdictCase` compiles the same graph
 without: the updated state is then a second copy among the outputs, which the capacity check does not count, and
 the bf16 gradients sit in output buffers instead of temporaries — measured on Llama 3 70B, v6e:8x8: "fits"
 without donation, "Used 33.92G of 31.25G hbm" with it). The donated verdict is the realistic one.
@@ -46,13 +50,26 @@ the attention traced here has no flash kernel, so the no-flash column is the one
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+import pandas as pd
 import torch
+import torch_xla.distributed.spmd as xs  # imported after runtime.setup() (the notebooks' order)
+from torch._functorch.partitioners import _extract_fwd_bwd_modules, _is_primal, default_partition
+from torch.fx import GraphModule
+from torch_xla.experimental.scan import scan
 
+from shardlab import harness, runtime
+from shardlab.case import Case
+from shardlab.planner import ModelConfig, Plan, PlanConfig, model_from, plan
+from shardlab.profile.hlo_text import Array, parse_shape
+from shardlab.profile.record import Recorder
+from shardlab.profile.tpu import Step, TpuCompile, get_topology
+from shardlab.profile.tpu_worker import TpuWorkerError
 from shardlab.result_files import load_results, save_results
+from shardlab.xla_scan.patches import placeholder
 
 LAYER_SPECS: dict[str, tuple[str, ...]] = {  # torch layout [out, in]; stacked with a leading unsplit L
     "q": ("tensor", "fsdp"), "k": ("tensor", "fsdp"), "v": ("tensor", "fsdp"), "o": ("fsdp", "tensor"),
@@ -62,69 +79,175 @@ LAYER_SPECS: dict[str, tuple[str, ...]] = {  # torch layout [out, in]; stacked w
 ADAMW = {"b1": 0.9, "b2": 0.95, "lr": 1e-4, "eps": 1e-8, "wd": 0.1}
 RECOMPUTE = ("full", "none")
 GIB = 1024**3
+# What the traced step does, as planner assumptions: a plan that assumes otherwise is not what it compiles
+TRACED = {"zero_stage": (None, 3), "sequence_parallel": (False,), "param_bytes": (2,), "grad_bytes": (2,),
+          "optimizer_k": (12,), "logits_bytes": (4,)}
+PLAN_KEYS = ("model", "topology", "data", "fsdp", "tensor", "global_batch", "seq", "recompute", "fit_margin")
 
 
 @dataclass(frozen=True)
-class CheckConfig:
-    model: str | dict = "llama-3-8b"  # a planner preset name, or a dict of sizes (planner.model_from)
-    topology: str = "v6e-8"  # planner slice name (v5e-8, v6e-8, v6e-64, ...)
-    data: int = 1
-    fsdp: int = 8
-    tensor: int = 1
-    global_batch: int = 8  # sequences per step
-    seq: int = 8192
-    recompute: str = "full"  # full | none (the trace's partition function; the planner gets the same policy)
-    layers: int | None = None  # override L (quick checks); None = the preset's
+class VerdictCase(Case):
+    """One Llama training step of the plan ``p`` (a :class:`PlanConfig`; notebook 07's ``PlannerParams`` is one),
+    traced with placeholders and compiled by XLA:TPU for the plan's slice."""
+
+    p: PlanConfig
+    layers: int | None = None  # override L (quick checks); None = the model's
     donate: bool = True  # parameters and AdamW state aliased to their updates (torch_xla's in-place step)
-    fit_margin: float = 0.10  # the planner's: "fits" only under (1 - fit_margin) x usable HBM
 
-    def validate(self) -> CheckConfig:
-        from shardlab import planner as P
+    ops: ClassVar[tuple[str, ...]] = ()  # read as memory, not collectives
+    size_name: ClassVar[str] = "data·fsdp·tensor"
 
-        if self.recompute not in RECOMPUTE:
-            raise ValueError(f"recompute={self.recompute!r} must be one of {RECOMPUTE}")
+    def __post_init__(self) -> None:
+        """Every rule, before any XLA work: the planner's own (the mesh tiles the slice, divisibility, known names),
+        then what this trace needs; errors name the values."""
+        p = self.p
+        if p.recompute not in RECOMPUTE:
+            raise ValueError(f"recompute={p.recompute!r} must be one of {RECOMPUTE} (the trace's partition function)")
         if self.layers is not None and (isinstance(self.layers, bool) or not isinstance(self.layers, int)
                                         or self.layers < 1):
             raise ValueError(f"layers={self.layers!r} must be None or an int >= 1")
-        self.plan()  # the planner's own validation (mesh tiles the slice, divisibility), errors name the values
-        m = P.model_from(self.model)
-        if m.heads % self.tensor or m.kv_heads % self.tensor:
+        for name, allowed in TRACED.items():
+            if getattr(p, name) not in allowed:
+                raise ValueError(f"{name}={getattr(p, name)!r}: the traced step assumes {name} in {allowed}")
+        self.plan()
+        m = model_from(p.model)
+        if m.heads % p.tensor or m.kv_heads % p.tensor:
             raise ValueError(f"heads={m.heads} and kv_heads={m.kv_heads} must both be divisible by "
-                             f"tensor={self.tensor} (the traced attention shards heads over tensor)")
-        return self
-
-    def model_config(self) -> Any:
-        from dataclasses import replace
-
-        from shardlab import planner as P
-
-        m = P.model_from(self.model)
-        return m if self.layers is None else replace(m, layers=self.layers, name=f"{m.name}-L{self.layers}")
-
-    def plan(self, flash_attention: bool = True) -> Any:
-        from shardlab import planner as P
-
-        return P.plan(P.PlanConfig(self.model_config(), self.topology, data=self.data, fsdp=self.fsdp,
-                                   tensor=self.tensor, recompute=self.recompute, global_batch=self.global_batch,
-                                   seq=self.seq, flash_attention=flash_attention, fit_margin=self.fit_margin))
+                             f"tensor={p.tensor} (the traced attention shards heads over tensor)")
 
     @property
-    def chips(self) -> int:
-        return self.data * self.fsdp * self.tensor
+    def devices(self) -> int:
+        return self.p.data * self.p.fsdp * self.p.tensor
 
-    def tpu_topology(self) -> str:
-        """The compiler's name for the planner's slice: ``v6e-8`` -> ``v6e:2x4``."""
-        from shardlab.profile import tpu
+    def mesh_problem(self, num_devices: int) -> str | None:
+        if self.devices != num_devices:  # the mesh (data, fsdp, tensor) spans every device of the world
+            return f"the mesh needs {self.size_name}={self.devices} devices; this process has {num_devices}"
+        return None
 
-        generation = self.topology.split("-", 1)[0]
-        return tpu.topology_for(self.chips, generation)
+    @property
+    def phase(self) -> str:
+        return f"planner verdict {self.model.name} {self.p.topology}"
+
+    @property
+    def generation(self) -> str:
+        """The planner's slice name's generation: ``v6e-8`` -> ``v6e``."""
+        return self.p.topology.split("-", 1)[0]
+
+    @property
+    def model(self) -> ModelConfig:
+        m = model_from(self.p.model)
+        return m if self.layers is None else replace(m, layers=self.layers, name=f"{m.name}-L{self.layers}")
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The configuration as the cached results store it."""
+        return {k: getattr(self.p, k) for k in PLAN_KEYS} | {"layers": self.layers, "donate": self.donate}
+
+    def plan(self, flash_attention: bool = True) -> Plan:
+        return plan(replace(self.p, model=self.model, flash_attention=flash_attention))
+
+    def compile_options(self) -> dict[str, Any]:
+        return {"donate": self.donate}
+
+    def graph(self) -> Step:
+        """One training step on this process's world: ``[loss, *new state]``, each parameter and AdamW state
+        placeholder donated to its update."""
+        p, m = self.p, self.model
+        L, H, F, a, kvh, V = m.layers, m.hidden, m.ffn, m.heads, m.kv_heads, self.plan().padded_vocab
+        hd = H // a
+        b, s = p.global_batch, p.seq
+        mesh = runtime.mesh((p.data, p.fsdp, p.tensor), ("data", "fsdp", "tensor"))
+        ba = ("data", "fsdp")  # the batch is split over data and fsdp
+        dt = torch.bfloat16
+
+        def marked(shape: tuple[int, ...], spec: tuple[str | tuple[str, ...] | None, ...],
+                   dtype: torch.dtype = dt) -> torch.Tensor:
+            t = placeholder(shape, dtype) * 1  # a placeholder cannot carry an annotation; its product can
+            xs.mark_sharding(t, mesh, spec)
+            return t
+
+        def ann(t: torch.Tensor, spec: tuple[str | tuple[str, ...] | None, ...]) -> torch.Tensor:
+            return xs.mark_sharding_with_gradients(t, mesh, spec)
+
+        kv = kvh * hd
+        shapes = {"q": (H, H), "k": (kv, H), "v": (kv, H), "o": (H, H), "up": (F, H), "down": (H, F),
+                  "ln1": (H,), "ln2": (H,)}
+        if m.gated_mlp:
+            shapes["gate"] = (F, H)
+        params: dict[str, tuple[torch.Tensor, torch.Tensor, tuple[str | None, ...]]] = {}  # leaf, annotated, spec
+        for name, shp in shapes.items():
+            spec = (None, *LAYER_SPECS[name])
+            leaf = placeholder((L, *shp), dt).requires_grad_(True)  # [L, out, in]
+            w = leaf * 1
+            xs.mark_sharding(w, mesh, spec)
+            params[name] = (leaf, w, spec)
+        for name, shp, spec in (("embed", (V, H), ("tensor", "fsdp")), ("lm_head", (V, H), ("tensor", "fsdp")),
+                                ("norm", (H,), ("fsdp",))):
+            leaf = placeholder(shp, dt).requires_grad_(True)
+            w = leaf * 1
+            xs.mark_sharding(w, mesh, spec)
+            params[name] = (leaf, w, spec)
+        tokens = marked((b, s), (ba, None), torch.int64)  # [B, S]
+        labels = marked((b, s), (ba, None), torch.int64)
+
+        def layer(x: torch.Tensor, w: dict[str, torch.Tensor]) -> tuple[torch.Tensor, None]:
+            x = ann(x, (ba, None, None))  # [B, S, H]
+            h = _rmsnorm(x, w["ln1"])
+            q = ann(torch.einsum("bsh,oh->bso", h, w["q"]), (ba, None, "tensor")).view(b, s, a, hd)
+            k = ann(torch.einsum("bsh,oh->bso", h, w["k"]), (ba, None, "tensor")).view(b, s, kvh, hd)
+            v = ann(torch.einsum("bsh,oh->bso", h, w["v"]), (ba, None, "tensor")).view(b, s, kvh, hd)
+            q = ann(q.transpose(1, 2), (ba, "tensor", None, None))  # [B, a, S, hd]
+            rep = a // kvh  # GQA: each K/V head serves `rep` query heads
+            k = k.transpose(1, 2)[:, :, None].expand(b, kvh, rep, s, hd).reshape(b, a, s, hd)
+            v = v.transpose(1, 2)[:, :, None].expand(b, kvh, rep, s, hd).reshape(b, a, s, hd)
+            scores = torch.einsum("bash,bath->bast", q, k) / math.sqrt(hd)  # [B, a, S, S]
+            causal = torch.ones(s, s, dtype=torch.bool, device=x.device).tril()
+            pr = torch.softmax(scores.masked_fill(~causal, float("-inf")).float(), dim=-1).to(dt)
+            ctx = torch.einsum("bast,bath->bash", pr, v).transpose(1, 2).reshape(b, s, H)  # [B, S, H_tensor]
+            x = x + torch.einsum("bsi,oi->bso", ann(ctx, (ba, None, "tensor")), w["o"])  # [B, S, H]
+            h = _rmsnorm(x, w["ln2"])
+            u = ann(torch.einsum("bsh,fh->bsf", h, w["up"]), (ba, None, "tensor"))  # [B, S, F_tensor]
+            if "gate" in w:
+                u = torch.nn.functional.silu(ann(torch.einsum("bsh,fh->bsf", h, w["gate"]), (ba, None, "tensor"))) * u
+            else:
+                u = torch.nn.functional.gelu(u)
+            return x + torch.einsum("bsf,hf->bsh", u, w["down"]), None  # [B, S, H]
+
+        partition = full_recompute_partition if p.recompute == "full" else default_partition
+        x = ann(torch.nn.functional.embedding(tokens, params["embed"][1]), (ba, None, None))  # [B, S, H]
+        x, _ = scan(layer, x, {n: params[n][1] for n in shapes}, partition_fn=partition)
+        x = _rmsnorm(x, params["norm"][1])
+        logits = ann(torch.einsum("bsh,vh->bsv", x, params["lm_head"][1]), (ba, None, "tensor"))  # [B, S, V_tensor]
+        loss = torch.nn.functional.cross_entropy(logits.float().view(-1, V), labels.view(-1))
+        loss.backward()
+        outs: list[torch.Tensor] = [loss]
+        donate: dict[int, torch.Tensor] = {}  # output index -> the placeholder whose buffer it reuses
+        c = ADAMW
+        for leaf, _, spec in params.values():
+            g = leaf.grad.float()
+            raw = [placeholder(tuple(leaf.shape), torch.float32) for _ in range(3)]  # fp32 master, exp_avg, exp_avg_sq
+            master, m1, m2 = (r * 1 for r in raw)
+            for t in (master, m1, m2):
+                xs.mark_sharding(t, mesh, spec)
+            m1 = c["b1"] * m1 + (1 - c["b1"]) * g
+            m2 = c["b2"] * m2 + (1 - c["b2"]) * g * g
+            master = master - c["lr"] * (m1 / (m2.sqrt() + c["eps"]) + c["wd"] * master)
+            for src, new in zip((leaf, *raw), (master.to(dt), master, m1, m2), strict=True):
+                donate[len(outs)] = src
+                outs.append(new)
+        return Step(outs, donate)
 
 
-def full_recompute_partition(joint_module: Any, _joint_inputs: Any, *, num_fwd_outputs: int, **_: Any) -> Any:
+def case_of(config: dict[str, Any]) -> VerdictCase:
+    """The case a cached result's ``config`` describes (:attr:`VerdictCase.config`)."""
+    return VerdictCase(PlanConfig(**{k: config[k] for k in PLAN_KEYS}), config.get("layers"),
+                       config.get("donate", True))
+
+
+def full_recompute_partition(joint_module: GraphModule, _joint_inputs: Any, *, num_fwd_outputs: int,
+                             **_: Any) -> tuple[GraphModule, GraphModule]:
     """AOTAutograd partition that saves only the primals (layer input and weight slices): the backward graph is
     extracted from primals + tangents, so it recomputes every forward op it needs (full activation recompute)."""
-    from torch._functorch.partitioners import _extract_fwd_bwd_modules, _is_primal
-
     saved = [n for n in joint_module.graph.nodes if _is_primal(n) and n.users]
     return _extract_fwd_bwd_modules(joint_module, saved, [], num_fwd_outputs=num_fwd_outputs)
 
@@ -132,103 +255,6 @@ def full_recompute_partition(joint_module: Any, _joint_inputs: Any, *, num_fwd_o
 def _rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
-
-
-def build(cfg: CheckConfig) -> Any:
-    """One training step on this process's world; returns a ``tpu.Step``: ``[loss, *new state]``, each parameter
-    and AdamW state placeholder donated to its update (module-level for the worker)."""
-    import torch_xla.distributed.spmd as xs
-    from torch._functorch.partitioners import default_partition
-    from torch_xla.experimental.scan import scan
-
-    from shardlab import runtime
-    from shardlab.profile import tpu as T
-    from shardlab.xla_scan.patches import placeholder
-
-    m = cfg.model_config()
-    plan = cfg.plan()
-    L, H, F, a, kvh, V = m.layers, m.hidden, m.ffn, m.heads, m.kv_heads, plan.padded_vocab
-    hd = H // a
-    b, s = cfg.global_batch, cfg.seq
-    mesh = runtime.mesh((cfg.data, cfg.fsdp, cfg.tensor), ("data", "fsdp", "tensor"))
-    ba = ("data", "fsdp")  # the batch is split over data and fsdp
-    dt = torch.bfloat16
-
-    def marked(shape: tuple[int, ...], spec: tuple[Any, ...], dtype: torch.dtype = dt) -> torch.Tensor:
-        t = placeholder(shape, dtype) * 1  # a placeholder cannot carry an annotation; its product can
-        xs.mark_sharding(t, mesh, spec)
-        return t
-
-    def ann(t: torch.Tensor, spec: tuple[Any, ...]) -> torch.Tensor:
-        return xs.mark_sharding_with_gradients(t, mesh, spec)
-
-    kv = kvh * hd
-    shapes = {"q": (H, H), "k": (kv, H), "v": (kv, H), "o": (H, H), "up": (F, H), "down": (H, F),
-              "ln1": (H,), "ln2": (H,)}
-    if m.gated_mlp:
-        shapes["gate"] = (F, H)
-    params: dict[str, tuple[torch.Tensor, torch.Tensor, tuple[Any, ...]]] = {}  # leaf, annotated, spec
-    for name, shp in shapes.items():
-        spec = (None, *LAYER_SPECS[name])
-        leaf = placeholder((L, *shp), dt).requires_grad_(True)  # [L, out, in]
-        w = leaf * 1
-        xs.mark_sharding(w, mesh, spec)
-        params[name] = (leaf, w, spec)
-    for name, shp, spec in (("embed", (V, H), ("tensor", "fsdp")), ("lm_head", (V, H), ("tensor", "fsdp")),
-                            ("norm", (H,), ("fsdp",))):
-        leaf = placeholder(shp, dt).requires_grad_(True)
-        w = leaf * 1
-        xs.mark_sharding(w, mesh, spec)
-        params[name] = (leaf, w, spec)
-    tokens = marked((b, s), (ba, None), torch.int64)  # [B, S]
-    labels = marked((b, s), (ba, None), torch.int64)
-
-    def layer(x: torch.Tensor, w: dict[str, torch.Tensor]) -> tuple[torch.Tensor, None]:
-        x = ann(x, (ba, None, None))  # [B, S, H]
-        h = _rmsnorm(x, w["ln1"])
-        q = ann(torch.einsum("bsh,oh->bso", h, w["q"]), (ba, None, "tensor")).view(b, s, a, hd)
-        k = ann(torch.einsum("bsh,oh->bso", h, w["k"]), (ba, None, "tensor")).view(b, s, kvh, hd)
-        v = ann(torch.einsum("bsh,oh->bso", h, w["v"]), (ba, None, "tensor")).view(b, s, kvh, hd)
-        q = ann(q.transpose(1, 2), (ba, "tensor", None, None))  # [B, a, S, hd]
-        rep = a // kvh  # GQA: each K/V head serves `rep` query heads
-        k = k.transpose(1, 2)[:, :, None].expand(b, kvh, rep, s, hd).reshape(b, a, s, hd)
-        v = v.transpose(1, 2)[:, :, None].expand(b, kvh, rep, s, hd).reshape(b, a, s, hd)
-        scores = torch.einsum("bash,bath->bast", q, k) / math.sqrt(hd)  # [B, a, S, S]
-        causal = torch.ones(s, s, dtype=torch.bool, device=x.device).tril()
-        p = torch.softmax(scores.masked_fill(~causal, float("-inf")).float(), dim=-1).to(dt)
-        ctx = torch.einsum("bast,bath->bash", p, v).transpose(1, 2).reshape(b, s, H)  # [B, S, H_tensor]
-        x = x + torch.einsum("bsi,oi->bso", ann(ctx, (ba, None, "tensor")), w["o"])  # [B, S, H]
-        h = _rmsnorm(x, w["ln2"])
-        u = ann(torch.einsum("bsh,fh->bsf", h, w["up"]), (ba, None, "tensor"))  # [B, S, F_tensor]
-        if "gate" in w:
-            u = torch.nn.functional.silu(ann(torch.einsum("bsh,fh->bsf", h, w["gate"]), (ba, None, "tensor"))) * u
-        else:
-            u = torch.nn.functional.gelu(u)
-        return x + torch.einsum("bsf,hf->bsh", u, w["down"]), None  # [B, S, H]
-
-    partition = full_recompute_partition if cfg.recompute == "full" else default_partition
-    x = ann(torch.nn.functional.embedding(tokens, params["embed"][1]), (ba, None, None))  # [B, S, H]
-    x, _ = scan(layer, x, {n: params[n][1] for n in shapes}, partition_fn=partition)
-    x = _rmsnorm(x, params["norm"][1])
-    logits = ann(torch.einsum("bsh,vh->bsv", x, params["lm_head"][1]), (ba, None, "tensor"))  # [B, S, V_tensor]
-    loss = torch.nn.functional.cross_entropy(logits.float().view(-1, V), labels.view(-1))
-    loss.backward()
-    outs: list[torch.Tensor] = [loss]
-    donate: dict[int, torch.Tensor] = {}  # output index -> the placeholder whose buffer it reuses
-    c = ADAMW
-    for leaf, _, spec in params.values():
-        g = leaf.grad.float()
-        raw = [placeholder(tuple(leaf.shape), torch.float32) for _ in range(3)]  # fp32 master, exp_avg, exp_avg_sq
-        master, m1, m2 = (r * 1 for r in raw)
-        for t in (master, m1, m2):
-            xs.mark_sharding(t, mesh, spec)
-        m1 = c["b1"] * m1 + (1 - c["b1"]) * g
-        m2 = c["b2"] * m2 + (1 - c["b2"]) * g * g
-        master = master - c["lr"] * (m1 / (m2.sqrt() + c["eps"]) + c["wd"] * master)
-        for src, new in zip((leaf, *raw), (master.to(dt), master, m1, m2), strict=True):
-            donate[len(outs)] = src
-            outs.append(new)
-    return T.Step(outs, donate)
 
 
 @dataclass
@@ -290,35 +316,30 @@ class PlannerCheck:
     def replanned(self) -> PlannerCheck:
         """The same compile with the planner's side recomputed by the current planner (cached compiles keep their
         compiler numbers; the formulas are always today's)."""
-        from dataclasses import replace
-
-        cfg = CheckConfig(**self.config)
-        plan, plan_nf = cfg.plan(True), cfg.plan(False)
-        return replace(self, planner_fits=plan.fits, planner_no_flash_fits=plan_nf.fits,
-                       planner_at_risk={"flash": plan.at_risk, "no_flash": plan_nf.at_risk},
-                       planner=dict(plan.memory), planner_no_flash=dict(plan_nf.memory))
+        case = case_of(self.config)
+        flash, no_flash = case.plan(True), case.plan(False)
+        return replace(self, planner_fits=flash.fits, planner_no_flash_fits=no_flash.fits,
+                       planner_at_risk={"flash": flash.at_risk, "no_flash": no_flash.at_risk},
+                       planner=dict(flash.memory), planner_no_flash=dict(no_flash.memory))
 
 
-def _entry_parameters(hlo_text: str) -> list[Any]:
-    from shardlab.profile.hlo_text import parse_shape
-
+def _entry_parameters(hlo_text: str) -> list[Array]:
     head = hlo_text.split("\n", 1)[0]
     layout = head.split("entry_computation_layout={", 1)[1].split(", allow_spmd", 1)[0]
     return parse_shape(layout.split(")->", 1)[0])
 
 
-def check(cfg: CheckConfig) -> PlannerCheck:
-    """Compile ``cfg``'s training step for the planner's slice and compare with the planner's terms."""
-    from shardlab.profile import tpu
-
-    cfg.validate()
-    topology = cfg.tpu_topology()
-    plan, plan_nf = cfg.plan(True), cfg.plan(False)
-    name = cfg.model_config().name
-    c = tpu.compile_program(build, cfg, topology, donate=cfg.donate, label=f"planner verdict {name} {cfg.topology}")
-    res = PlannerCheck(asdict(cfg), topology, c.compile_s, cfg.donate, c.fits, plan.fits, plan_nf.fits,
-                       {"flash": plan.at_risk, "no_flash": plan_nf.at_risk}, dict(plan.memory), dict(plan_nf.memory),
-                       tpu.get_topology(topology).hbm_bytes or plan.hbm_bytes)
+def check(case: VerdictCase) -> PlannerCheck:
+    """Compile ``case``'s training step for the planner's slice (the harness's TPU view) and compare with the
+    planner's terms; ValueError with the reason when the view is skipped here (no libtpu, no such slice)."""
+    view = harness.tpu(case, case.generation)
+    if not view.ran:
+        raise ValueError(f"{case.p.topology}: {view.skipped}")
+    c: TpuCompile = view.detail
+    flash, no_flash = case.plan(True), case.plan(False)
+    res = PlannerCheck(case.config, c.topology, c.compile_s, case.donate, c.fits, flash.fits, no_flash.fits,
+                       {"flash": flash.at_risk, "no_flash": no_flash.at_risk}, dict(flash.memory),
+                       dict(no_flash.memory), get_topology(c.topology).hbm_bytes or flash.hbm_bytes)
     if c.fits and c.memory is not None and c.hlo_text is not None:
         m = c.memory
         args = [x for x in _entry_parameters(c.hlo_text) if x.dims]  # scalars: torch_xla's lifted constants
@@ -349,22 +370,20 @@ MATRIX: tuple[tuple[str, str, tuple[int, int, int], int], ...] = (
 MATRIX_FILE = Path(__file__).resolve().parents[2] / "data" / "scale" / "planner_verdict.json"
 
 
-def matrix_configs(seq: int = 8192) -> dict[str, CheckConfig]:
-    """``{"<preset>.<slice>": CheckConfig}`` for every row of :data:`MATRIX` (full recompute, donated)."""
-    return {f"{m}.{topo}": CheckConfig(m, topo, data=d, fsdp=f, tensor=t, global_batch=b, seq=seq)
+def matrix_cases(seq: int = 8192) -> dict[str, VerdictCase]:
+    """``{"<preset>.<slice>": VerdictCase}`` for every row of :data:`MATRIX` (full recompute, donated)."""
+    return {f"{m}.{topo}": VerdictCase(PlanConfig(m, topo, data=d, fsdp=f, tensor=t, global_batch=b, seq=seq))
             for m, topo, (d, f, t), b in MATRIX}
 
 
-def matrix(configs: dict[str, CheckConfig] | None = None) -> dict[str, PlannerCheck]:
-    """Compile every configuration (a few minutes each at full size) and compare with the planner."""
-    return {k: check(c) for k, c in (configs or matrix_configs()).items()}
+def matrix(cases: dict[str, VerdictCase] | None = None) -> dict[str, PlannerCheck]:
+    """Compile every case (a few minutes each at full size) and compare with the planner."""
+    return {k: check(c) for k, c in (cases or matrix_cases()).items()}
 
 
-def verdict_frame(results: dict[str, PlannerCheck]) -> Any:
+def verdict_frame(results: dict[str, PlannerCheck]) -> pd.DataFrame:
     """One row per preset x slice: the compiler's verdict and bytes next to the planner's (no flash: what was
     traced; flash: the planner's default), with ratios compiler / planner."""
-    import pandas as pd
-
     gib = 2**30
 
     def verdict(fits: bool, at_risk: bool) -> str:
@@ -393,11 +412,9 @@ def verdict_frame(results: dict[str, PlannerCheck]) -> Any:
     return pd.DataFrame(rows).set_index("preset · slice")
 
 
-def terms_frame(r: PlannerCheck) -> Any:
+def terms_frame(r: PlannerCheck) -> pd.DataFrame:
     """The term-by-term comparison of one configuration (GiB; ratios compiler / planner). The planner's
     temporaries are listed one by one too ("· grads" ...): the compiler's program does not separate them."""
-    import pandas as pd
-
     gib = 2**30
     rows = [{"term": x["term"], "planner flash": round(x["planner"] / gib, 2),
              "planner no flash": round(x["planner_no_flash"] / gib, 2),
@@ -410,7 +427,7 @@ def terms_frame(r: PlannerCheck) -> Any:
     return pd.DataFrame(rows[:4] + parts + rows[4:]).set_index("term")
 
 
-def record_matrix(rec: Any, results: dict[str, PlannerCheck], live: bool) -> None:
+def record_matrix(rec: Recorder, results: dict[str, PlannerCheck], live: bool) -> None:
     """``planner.compiler.<preset>.<slice>.{per_chip.bytes,fits}`` from the planner (formula, no flash: the
     attention traced) always, and from the compiler (tpu) when ``live``; checks that the verdicts agree."""
     for key, r in results.items():
@@ -439,48 +456,24 @@ def load_matrix(path: Path = MATRIX_FILE) -> tuple[dict[str, PlannerCheck], dict
     return {k: r.replanned() for k, r in results.items()}, source
 
 
-TINY_MODEL = {"name": "tiny-llama", "layers": 2, "hidden": 256, "ffn": 512, "heads": 8, "kv_heads": 8,
-              "vocab": 1000, "gated_mlp": True}
-
-
-def small_config(chips: int) -> CheckConfig | None:
-    """A two-layer Llama-shaped model on the v5e slice with ``chips`` chips, FSDP over all of them (one sequence
-    of 64 tokens per chip): every step of the full-size check in a few seconds. None when v5e has no such slice."""
-    from shardlab.formulas import hardware
-
-    topology = f"v5e-{chips}"
-    if topology not in hardware.chip("v5e").slices or TINY_MODEL["hidden"] % chips:
-        return None
-    return CheckConfig(TINY_MODEL, topology, data=1, fsdp=chips, tensor=1, global_batch=chips, seq=64)
-
-
-def matching(results: dict[str, PlannerCheck], plan_config: Any) -> str | None:
-    """The key of the row whose configuration is ``plan_config``'s (model, slice, degrees, batch, sequence,
+def matching(results: dict[str, PlannerCheck], p: PlanConfig) -> str | None:
+    """The key of the row whose configuration is the plan ``p``'s (model, slice, degrees, batch, sequence,
     recompute), or None."""
-    from shardlab import planner as P
-
-    m = P.model_from(plan_config.model)
+    m = model_from(p.model)
     for key, r in results.items():
         c = r.config
-        if (P.model_from(c["model"]) == m and c["topology"] == plan_config.topology
-                and (c["data"], c["fsdp"], c["tensor"]) == (plan_config.data, plan_config.fsdp, plan_config.tensor)
-                and (c["global_batch"], c["seq"], c["recompute"]) == (plan_config.global_batch, plan_config.seq,
-                                                                     plan_config.recompute)):
+        if (model_from(c["model"]) == m and c["topology"] == p.topology
+                and (c["data"], c["fsdp"], c["tensor"]) == (p.data, p.fsdp, p.tensor)
+                and (c["global_batch"], c["seq"], c["recompute"]) == (p.global_batch, p.seq, p.recompute)):
             return key
     return None
 
 
-def check_plan(plan_config: Any) -> tuple[PlannerCheck | None, str]:
-    """Compile a planner configuration as the matrix does (``(None, why)`` when this check cannot trace it: a
-    recompute policy other than full / none, heads the tensor degree does not divide, a slice with no compile-only
-    topology, or a helper process that fails — e.g. 256 CPU devices)."""
-    from shardlab.profile.tpu_worker import TpuWorkerError
-
-    c = plan_config
+def check_plan(p: PlanConfig) -> tuple[PlannerCheck | None, str]:
+    """Compile the plan ``p`` as the matrix does (``(None, why)`` when this check cannot trace it: a recompute
+    policy other than full / none, an assumption the trace does not make, heads the tensor degree does not divide,
+    a slice with no compile-only topology, or a helper process that fails — e.g. 256 CPU devices)."""
     try:
-        cfg = CheckConfig(c.model, c.topology, data=c.data, fsdp=c.fsdp, tensor=c.tensor,
-                          global_batch=c.global_batch, seq=c.seq, recompute=c.recompute).validate()
-        cfg.tpu_topology()
-        return check(cfg), ""
+        return check(VerdictCase(p)), ""
     except (ValueError, TpuWorkerError) as exc:
         return None, str(exc).split("\n", 1)[0]

@@ -48,14 +48,15 @@ world
 # (notation from notebook 00: $A[I_X, J_Y]$ = dim I split over mesh axis X, $\{U_X\}$ = unreduced over X).
 # Every measured view — the **formula**, the **CPU compiler** (XLA's SPMD partitioner on this process's
 # devices) and the **TPU compiler** (the same graph compiled by XLA:TPU for a TPU slice, compile-only) — is one
-# function of `shardlab.xla_scan.views`.
+# view of a case in `shardlab.xla_scan.case`, run by `shardlab.harness`.
 
 # %%
-from shardlab.views import memory_frame, record
-from shardlab.xla_scan import views as V
+from shardlab import harness
+from shardlab.xla_scan import case as C
 
-on = V.ScanConfig.from_params(p)  # pre-stacked scan at L = max(layers_sweep), shard_as on
-off = on.replace(shard_as=False)  # the same step as before the fix
+L = max(p.layers_sweep)
+on = C.ScanCase(p, layers=L)  # pre-stacked scan at L = max(layers_sweep), shard_as on
+off = C.ScanCase(p, layers=L, shard_as=False)  # the same step as before the fix
 
 # %% [markdown]
 # ## 1 · Three ways to run L blocks — and the loop is the oracle
@@ -72,8 +73,10 @@ off = on.replace(shard_as=False)  # the same step as before the fix
 # residual stream stays O(1) at any depth.
 
 # %%
-rows = V.sweep(on, p.layers_sweep)  # every mode at every L: compiled and run on the CPU devices
-V.record_sweep(rec, rows, on)
+cases = [C.ScanCase(p, layers=n, mode=mode) for n in sorted(set(p.layers_sweep)) for mode in C.MODES]
+sweep = [(c, harness.hlo(c)) for c in cases]  # every mode at every L: compiled and run on the CPU devices
+rows = C.record_sweep(rec, sweep)
+rows
 
 # %% [markdown]
 # ## 2 · Compile time and graph size vs L
@@ -86,8 +89,8 @@ V.record_sweep(rec, rows, on)
 from shardlab.viz.scan import bytes_vs_layers, compile_curves, explorer, tiling_figure
 from shardlab.xla_scan.sharding import layer_spec
 
-if rows:
-    compile_curves(rows).show()
+if rows is not None:
+    compile_curves(rows.to_dict("records")).show()
 
 # %% [markdown]
 # **Reading the curves.** The loop's graph is L blocks long (instructions ≈ L × one block), so tracing,
@@ -108,7 +111,7 @@ if rows:
 # `devices_sweep=[1, 2, 4, 8]` runs each in a fresh subprocess with mesh (fsdp = n, tensor = 1).
 
 # %%
-V.devices_sweep(rec, on, p.devices_sweep)
+C.devices_sweep(rec, p, L)
 
 # %% [markdown]
 # GSPMD partitions once into one per-device program, whatever the count: its size is the same for every count
@@ -153,14 +156,14 @@ V.devices_sweep(rec, on, p.devices_sweep)
 # alike).
 
 # %%
-views = {c.tag: [V.formula(c), V.compiler(c), V.tpu(c)] for c in (on, off)}
-record(rec, "shard_as.on", *views["on"])
+views = {c.tag: harness.views(c, ("formula", "hlo", "tpu")) for c in (on, off)}
+harness.record(rec, "shard_as.on", *views["on"])
 
 # %%
-record(rec, "shard_as.off", *views["off"])
+harness.record(rec, "shard_as.off", *views["off"])
 
 # %%
-V.contrast(rec, views["on"], views["off"])
+C.contrast(rec, views["on"], views["off"])
 
 # %% [markdown]
 # **Interpretation.** Both compilers do what the formula says: without `shard_as` the weight gradients are
@@ -182,7 +185,7 @@ V.contrast(rec, views["on"], views["off"])
 # seed's full size it reproduces the seed's out-of-memory error too (section "At full size" below).
 
 # %%
-memory_frame({f"cpu · {t} (buffer assignment)": views[t][1] for t in ("on", "off")}
+harness.memory_frame({f"cpu · {t} (buffer assignment)": views[t][1] for t in ("on", "off")}
              | {f"tpu · {t} (compiled memory stats)": views[t][2] for t in ("on", "off")})
 
 # %% [markdown]
@@ -191,8 +194,8 @@ memory_frame({f"cpu · {t} (buffer assignment)": views[t][1] for t in ("on", "of
 # compiler, OFF exceeds ON by the stacked gradients' difference (the outputs, on TPU).
 
 # %%
-points = V.stacked_bytes_points(rows, views)  # measured: CPU at every L of the sweep (on), both compilers at L
-bytes_vs_layers(V.stacked_bytes_lines(on, list(range(1, 2 * on.layers + 1))), points).show()
+points = C.stacked_bytes_points(sweep, views)  # measured: CPU at every L of the sweep (on), both compilers at L
+bytes_vs_layers(C.stacked_bytes_lines(p, list(range(1, 2 * L + 1))), points).show()
 if views["on"][1].ran:
     tiling_figure({f"shard_as {t}": layer_spec(views[t][1]["grad_spec"]) for t in ("on", "off")}, "H", "F").show()
 
@@ -206,10 +209,10 @@ if views["on"][1].ran:
 # fsdp size — compiled by XLA:TPU, which is fast for a second mesh because nothing runs.
 
 # %%
-V.layer_grad_specs(rec, on.replace(layers=min(p.layers_sweep)))
+C.layer_grad_specs(rec, p, min(p.layers_sweep))
 
 # %%
-V.transposed(rec, on)
+C.transposed(rec, p, L)
 
 # %% [markdown]
 # ### The seed case: `[126, 4K, 16K]` on v6e-256
@@ -223,7 +226,7 @@ V.transposed(rec, on)
 # (32 GiB published):
 
 # %%
-V.seed_table(rec)
+C.seed_table(rec)
 
 # %% [markdown]
 # 2-D: 252 MiB per chip for this array on every mesh. 1-D at (64, 4): 15.75 GiB per chip — half of a v6e
@@ -250,7 +253,7 @@ V.seed_table(rec)
 from shardlab.xla_scan import scale as S
 
 if p.full_size:
-    full = S.story()  # the five compiles, in a helper process with 64 CPU devices
+    full, _ = S.story()  # the five compiles, in a helper process with 64 CPU devices
     S.record_story(rec, "scale.405b", full, S.FULL_SIZE)
     cached, _ = S.load_story()
     rec.check("scale.405b: every verdict the text below describes holds for this compiler",
@@ -310,27 +313,25 @@ print(f"shard_as on: fits; arguments {seed_on.argument_bytes / 2**30:.2f} GiB + 
 # an update, 2-D otherwise, identical programs with the update.
 
 # %%
-small_cfg = S.small_config(max(p.layers_sweep), p.hidden, p.batch, p.seq, p.mesh_fsdp, p.mesh_tensor)
-small, why = S.small_story(small_cfg)  # a v6e slice of fsdp x tensor chips (a helper process if that is not 8)
-if small is None:
+small_case = S.small_case(p)
+small, why = S.story(small_case)  # a v6e slice of fsdp x tensor chips (a helper process if that is not 8)
+if why:
     print(f"[tpu] skipped: {why}")
-    rec.note("scale.small", f"skipped: {why}")
+    rec.skip("scale.small", "tpu", why)
 else:
-    S.record_story(rec, "scale.small", small, small_cfg)
-    display(S.story_frame(small, small_cfg, unit="KiB"))
+    S.record_story(rec, "scale.small", small, small_case)
+    display(S.story_frame(small, small_case, unit="KiB"))
 #
 # ### `shard_as` on its own, and the `nn.Linear` trap
 # `shard_as(a, b)` only says "a and b are sharded alike"; the partitioner copies the annotated one.
 
 # %%
-from shardlab.xla_scan.demos import shard_as_demo
-
-if V.mesh_problem(p.mesh_fsdp, p.mesh_tensor, world.num_devices) is None:
-    demo = shard_as_demo(p.mesh_fsdp, p.mesh_tensor)
+demo = C.shard_as_demo(p)  # None when the mesh does not tile this process
+if demo is not None:
     rec.check("shard_as.demo.copies_sharding", demo.b_spec_with == demo.a_spec and "replicated" in
               demo.b_spec_without, str(demo))
     display(demo)
-record(rec, "linear_trap", *V.linear_trap(p.mesh_fsdp, p.mesh_tensor, p.batch, p.seq, p.hidden, p.ffn))
+harness.record(rec, "linear_trap", *C.linear_trap(p))
 
 # %% [markdown]
 # `F.linear(x, W)` on `x[B, S, H]` lowers to a reshape to `[B·S, H]`, a 2-D dot, and a reshape back. With
@@ -380,12 +381,13 @@ print(f"logical {P.logical_bytes(big) / 2**30:.0f} GiB, RSS grew {rss_grew_mib:.
 # pre-fix `torch.zeros(shape).to(device)`: one real transfer per fake input, replicated to every device.
 
 # %%
-tt = V.transfers(on, p.placeholder_hiddens)
+tt = C.transfers(p, L)
 if tt is None:
-    print(f"[metrics] skipped: {V.mesh_problem(p.mesh_fsdp, p.mesh_tensor, world.num_devices)}")
-    rec.note("placeholder.trace", "trace transfers skipped: the mesh does not tile this process")
+    why = C.mesh_problem(p, world.num_devices)
+    print(f"[metrics] skipped: {why}")
+    rec.skip("placeholder.trace", "metrics", why)
 else:
-    display(V.record_transfers(rec, on, tt))
+    display(C.record_transfers(rec, p, tt))
 
 # %% [markdown]
 # Without placeholders one trace sends $3BSH + 2BSF + 4HF$ elements (fake carry and one layer's weights for
@@ -399,8 +401,8 @@ else:
 # Pick a mesh, L and hidden; the small case re-runs with shard_as on and off (two compiles).
 
 # %%
-if rows:
-    widget, update = explorer(lambda f, t, L, h: V.explore(on, f, t, L, h),
+if rows is not None:
+    widget, update = explorer(lambda f, t, n, h: C.explore(p, f, t, n, h),
                               [(p.mesh_fsdp, p.mesh_tensor), (p.mesh_tensor, p.mesh_fsdp)],
                               sorted(set(p.layers_sweep), reverse=True), [p.hidden, 2 * p.hidden])
     display(widget)
@@ -429,8 +431,7 @@ from shardlab.exercises import Exercises
 
 ex = Exercises(p.NOTEBOOK, rec, p.answers)
 program = next((t for t in (1, 2) if views["on"][t].ran and views["off"][t].ran), None)  # CPU, else TPU
-changed = V.what_shard_as_changed(views["off"][program], views["on"][program], p.mesh_fsdp, p.mesh_tensor) \
-    if program else (None, None)
+changed = C.what_shard_as_changed(views["off"][program], views["on"][program], p) if program else (None, None)
 answer_1 = None  # a ratio
 answer_2 = None  # GiB (a number)
 answer_3 = None  # "<collective> <axis>"

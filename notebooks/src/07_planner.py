@@ -10,6 +10,15 @@ tensor = 1  # Megatron tensor-parallel degree
 recompute = "full"  # none | selective | full
 global_batch = 8  # sequences per step
 seq = 8192  # tokens per sequence
+zero_stage = None  # ZeRO stage over the fsdp axis; None: 3 if fsdp > 1 else 0
+sequence_parallel = False  # Megatron sequence parallelism on the tensor axis
+flash_attention = True  # a flash kernel: no s x s scores stored or held in the backward
+param_bytes = 2  # bytes per parameter (bf16)
+grad_bytes = 2  # bytes per gradient (bf16)
+optimizer_k = 12  # ZeRO's K, optimizer bytes per parameter: fp32 master + Adam m, v
+act_dtype = "bfloat16"  # activations on the wire (the TP collectives)
+logits_bytes = 4  # bytes per logit for the loss (fp32)
+fit_margin = 0.1  # "fits" only under (1 - fit_margin) x usable HBM: the compiler's heap packing
 val_world = 8  # ranks of the validation configurations
 val_tokens = 64  # tokens (b = 1, s = val_tokens) of the validation MLP / layer / steps
 val_hidden = 128
@@ -170,8 +179,7 @@ rec.check("planner.stacked_grad: model state + 1-D gradient exceeds v6e's usable
 # %%
 from shardlab.viz.planner import PlannerExplorer, memory_figure, summary_frame
 
-config = p.plan_config()
-my_plan = P.plan(config)
+my_plan = P.plan(p)  # the notebook's parameters are the plan's configuration
 print(my_plan.verdict)
 for note in my_plan.notes:
     print(" -", note)
@@ -229,11 +237,11 @@ print(about)
 pv.verdict_frame(verdicts)
 
 # %%
-mine = pv.matching(verdicts, config)  # the row of the table that is your plan, if any
+mine = pv.matching(verdicts, p)  # the row of the table that is your plan, if any
 if mine:
     print(f"your plan ({my_plan.model.name} on {p.topology}) is the row {mine!r} above")
 elif p.full_size:
-    yours, why = pv.check_plan(config)  # your plan compiled the same way
+    yours, why = pv.check_plan(p)  # your plan compiled the same way
     print(f"your plan ({my_plan.model.name} on {p.topology}): " + (why or "compiled"))
     if yours is not None:
         display(pv.verdict_frame({"your plan": yours}))
@@ -288,7 +296,7 @@ for key in ("llama-3-8b.v6e-64", "llama-3-8b.v6e-8"):
 # once so the same code path is exercised.
 
 # %%
-explorer = PlannerExplorer(config)
+explorer = PlannerExplorer(p)
 display(explorer.widget)
 explored = explorer.update()
 rec.check("planner.explorer: update() reproduces the plan", explored is not None
@@ -368,16 +376,16 @@ rec.check("planner.compare: sequence parallelism shrinks 405B activations (betwe
 from shardlab import harness
 from shardlab import planner_check as pc
 from shardlab.harness import memory_frame, record, record_compile_s
+from shardlab.tp.case import MlpCase
 
-vc = pc.CheckConfig.from_params(p)
-mlp = pc.mlp(vc)
+mlp = MlpCase(pc.tp_params(p))  # notebook 02's case at the validation sizes
 mlp_views = (harness.formula(mlp), harness.ledger(mlp), pc.only(harness.hlo(mlp), "all-reduce"),
              pc.only(harness.tpu(mlp), "all-reduce"))
 record(rec, "planner.validate.tp_mlp", *mlp_views)
 record_compile_s(rec, "planner.validate.tp_mlp.compile_s", *mlp_views)  # XLA:CPU and XLA:TPU seconds (timing)
 
 # %%
-layer_views = (pc.layer_formula(vc), pc.layer_compiler(vc), pc.layer_tpu(vc))
+layer_views = harness.views(pc.LayerTermCase(pc.tp_params(p)), ("formula", "hlo", "tpu"))
 layer_f, mlp_f = layer_views[0], mlp_views[0]
 rec.check("planner.validate.tp_layer: the planner's layer term is two MLP-sized all-reduce pairs",
           layer_f["fwd_bwd.all_reduce.count"] == 2 * mlp_f["fwd_bwd.all_reduce.count"]
@@ -386,7 +394,7 @@ rec.check("planner.validate.tp_layer: the planner's layer term is two MLP-sized 
 record(rec, "planner.validate.tp_layer", *layer_views)
 
 # %%
-dp_views = (pc.dp_formula(vc), pc.dp_compiler(vc), pc.dp_tpu(vc))
+dp_views = harness.views(pc.DataCase(p), ("formula", "hlo", "tpu"))
 record(rec, "planner.validate.dp", *dp_views)
 record_compile_s(rec, "planner.validate.dp.compile_s", *dp_views)
 
@@ -404,7 +412,7 @@ record_compile_s(rec, "planner.validate.dp.compile_s", *dp_views)
 memory_frame({"cpu (buffer assignment)": dp_views[1], "tpu (compiled memory stats)": dp_views[2]})
 
 # %%
-fsdp_views = (pc.fsdp_formula(vc), pc.fsdp_compiler(vc), pc.fsdp_tpu(vc))
+fsdp_views = harness.views(pc.DataCase(p, sharded=True), ("formula", "hlo", "tpu"))
 display(record(rec, "planner.validate.fsdp", *fsdp_views))
 pc.collectives_frame({"cpu": fsdp_views[1], "tpu": fsdp_views[2]})
 
@@ -423,7 +431,7 @@ pc.collectives_frame({"cpu": fsdp_views[1], "tpu": fsdp_views[2]})
 # 4 + 4 + 8) of each rank's padded shard.
 
 # %%
-units = (pc.units_formula(vc), pc.units_ledger(vc))
+units = harness.views(pc.UnitsCase(p), ("formula", "ledger"))
 record(rec, "planner.validate.fsdp_units", *units)
 
 # %% [markdown]

@@ -14,10 +14,16 @@ the error message (which names the values) is shown instead, and kept in `.error
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
+import ipywidgets as w
+import pandas as pd
+import plotly.graph_objects as go
+import plotly.io as pio
+
 from shardlab.formulas.hardware import topologies
-from shardlab.planner import MODEL_PRESETS, Plan, PlanConfig, model_from, plan
+from shardlab.planner import MODEL_PRESETS, ModelConfig, Plan, PlanConfig, model_from, plan
 
 GB = 1e9
 CATEGORY_ORDER = ("params", "grads", "optimizer", "padding", "activations", "logits", "fsdp_gathered_unit")
@@ -28,10 +34,8 @@ def _label(p: Plan) -> str:
     return f"{p.model.name} · {c.topology} · d{c.data} f{c.fsdp} t{c.tensor} · {c.recompute}"
 
 
-def memory_figure(plans: Plan | list[Plan], title: str = "Per-chip memory") -> Any:
+def memory_figure(plans: Plan | list[Plan], title: str = "Per-chip memory") -> go.Figure:
     """Plotly stacked bar of per-chip memory by category, with the chip's HBM marked."""
-    import plotly.graph_objects as go
-
     plans = [plans] if isinstance(plans, Plan) else list(plans)
     labels = [_label(p) for p in plans]
     fig = go.Figure()
@@ -44,10 +48,8 @@ def memory_figure(plans: Plan | list[Plan], title: str = "Per-chip memory") -> A
     return fig
 
 
-def summary_frame(plans: Plan | list[Plan]) -> Any:
+def summary_frame(plans: Plan | list[Plan]) -> pd.DataFrame:
     """pandas DataFrame: one row per plan with the headline numbers."""
-    import pandas as pd
-
     plans = [plans] if isinstance(plans, Plan) else list(plans)
     rows = []
     for p in plans:
@@ -69,12 +71,12 @@ def summary_frame(plans: Plan | list[Plan]) -> Any:
 
 
 class PlannerExplorer:
-    """ipywidgets front end of `planner.plan`; `update()` recomputes and redraws."""
+    """ipywidgets front end of `planner.plan`; `update()` recomputes and redraws. ``initial`` is any plan
+    configuration (notebook 07 passes its parameters); the widgets change its model, slice, degrees, recompute
+    policy, batch and sequence, and keep the rest (sequence parallelism, flash attention, the byte assumptions)."""
 
     def __init__(self, initial: PlanConfig) -> None:
-        import ipywidgets as w
-
-        self.custom = None if isinstance(initial.model, str) else model_from(initial.model)
+        self.custom: ModelConfig | None = None if isinstance(initial.model, str) else model_from(initial.model)
         model = initial.model if self.custom is None else self.custom.name
         models = sorted(MODEL_PRESETS) + ([model] if self.custom else [])
         self.base = initial
@@ -99,10 +101,9 @@ class PlannerExplorer:
     def config(self) -> PlanConfig:
         name = self.model.value
         model = self.custom if (self.custom is not None and name == self.custom.name) else name
-        return PlanConfig(model, self.topology.value, data=self.data.value, fsdp=self.fsdp.value,
-                          tensor=self.tensor.value, recompute=self.recompute.value,
-                          global_batch=self.batch.value, seq=self.seq.value,
-                          sequence_parallel=self.base.sequence_parallel, flash_attention=self.base.flash_attention)
+        return replace(self.base, model=model, topology=self.topology.value, data=self.data.value,
+                       fsdp=self.fsdp.value, tensor=self.tensor.value, recompute=self.recompute.value,
+                       global_batch=self.batch.value, seq=self.seq.value)
 
     def update(self) -> Plan | None:
         """Recompute the plan from the widget values and redraw; returns the plan (None on bad input).
@@ -124,10 +125,8 @@ class PlannerExplorer:
         return self.plan
 
 
-def figure_bundle(fig: Any) -> dict[str, Any]:
+def figure_bundle(fig: go.Figure) -> dict[str, Any]:
     """MIME bundle of a plotly figure (plotly JSON + standalone HTML), independent of the default renderer."""
-    import plotly.io as pio
-
     bundle = dict(pio.renderers["plotly_mimetype"].to_mimebundle(fig.to_dict()))
     bundle["text/html"] = fig.to_html(include_plotlyjs="cdn", full_html=False)
     return bundle

@@ -15,17 +15,19 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import ipywidgets as w
 import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from shardlab.viz.common import device_color
 
 MODE_COLORS = {"loop": "#EB663B", "scan_layers": "#B68100", "scan": "#2E91E5"}
 
 
-def compile_curves(rows: Sequence[dict[str, Any]]) -> Any:
-    """rows: dicts with mode, layers, compile_s, hlo_instructions (e.g. ``StepMeasure.as_dict()``)."""
-    from plotly.subplots import make_subplots
-
+def compile_curves(rows: Sequence[dict[str, Any]]) -> go.Figure:
+    """rows: dicts with mode, layers, compile_s, hlo_instructions (the compile sweep's rows)."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=("compile time (s)", "HLO instructions (per device)"))
     for mode in MODE_COLORS:
         rs = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["layers"])
@@ -40,11 +42,10 @@ def compile_curves(rows: Sequence[dict[str, Any]]) -> Any:
     return fig
 
 
-def bytes_vs_layers(lines: dict[str, list[tuple[int, int]]], points: dict[str, list[tuple[int, int]]]) -> Any:
+def bytes_vs_layers(lines: dict[str, list[tuple[int, int]]], points: dict[str, list[tuple[int, int]]]
+                    ) -> go.Figure:
     """Stacked-gradient MiB per device vs L: ``lines`` {label: [(L, bytes)]} (the formula, drawn as lines) and
     ``points`` {label: [(L, bytes)]} (measured, drawn as markers). A label containing "off" is drawn red."""
-    import plotly.graph_objects as go
-
     fig = go.Figure()
     for label, xy in lines.items():
         xy = sorted(xy)
@@ -81,14 +82,12 @@ def tile_devices(spec: str, rank: int) -> np.ndarray:
     return ids.reshape(dims)
 
 
-def tiling_figure(specs: dict[str, str], rows_label: str = "d_in", cols_label: str = "d_out") -> Any:
+def tiling_figure(specs: dict[str, str], rows_label: str = "d_in", cols_label: str = "d_out") -> go.Figure:
     """One heatmap per spec (e.g. ``{"shard_as on": s1, "shard_as off": s2}``) of a 2-D gradient's tiles.
 
     Each cell is one tile on the finest common grid; its colour is the first device holding it, its text
     lists every device holding a copy.
     """
-    from plotly.subplots import make_subplots
-
     grids = {k: tile_devices(v, 2) for k, v in specs.items()}
     R = math.lcm(*[g.shape[0] for g in grids.values()])
     C = math.lcm(*[g.shape[1] for g in grids.values()])
@@ -114,14 +113,11 @@ def tiling_figure(specs: dict[str, str], rows_label: str = "d_in", cols_label: s
 
 
 def explorer(run: Callable[[int, int, int, int], dict[str, Any]], meshes: Sequence[tuple[int, int]],
-             layers: Sequence[int], hiddens: Sequence[int]) -> tuple[Any, Callable[..., dict[str, Any]]]:
+             layers: Sequence[int], hiddens: Sequence[int]) -> tuple[w.VBox, Callable[..., dict[str, Any]]]:
     """Controls for (mesh, L, hidden); ``run(fsdp, tensor, L, hidden) -> dict`` is shown as a table.
 
     Returns (widget, update). Headless use: build it, call ``update()`` once — it returns run()'s dict.
     """
-    import ipywidgets as w
-    import pandas as pd
-
     mesh_dd = w.Dropdown(options=[(f"fsdp={a} × tensor={b}", (a, b)) for a, b in meshes], description="mesh")
     l_dd = w.Dropdown(options=list(layers), description="L")
     h_dd = w.Dropdown(options=list(hiddens), description="hidden")

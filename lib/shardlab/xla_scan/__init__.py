@@ -7,12 +7,13 @@ Modules (read top-down):
 ``sharding``  the 2-D (fsdp, tensor) layout of weights and activations; parsing XLA sharding strings.
 ``patches``   scoped switches back to torch_xla's pre-fix behaviour (``shard_as_enabled(False)``,
               ``placeholders_enabled(False)``) and placeholder helpers with a clear read error.
-``measure``   one compiled step per (mode, L): timings from metrics, structure from the partitioned HLO,
-              gradient specs; trace transfers; fresh-subprocess runs for compile time vs device count.
-``demos``     ``shard_as`` on its own.
-``views``     the notebook's views of one configuration (formula, CPU compiler, TPU compiler), the compile
-              sweep, the ``nn.Linear`` flattening trap vs einsum, trace transfers, the explorer's run.
+``measure``   the sharded model on the device, program size, trace transfers, compile time vs device count
+              (one fresh ``python -m shardlab.xla_scan`` per count).
+``case``      notebook 06's cases (the stacked step, the ``nn.Linear`` trap, ``shard_as`` on its own), run by
+              :mod:`shardlab.harness`, and the notebook's measurements beyond one case's views.
+``scale``     the 405B seed at full size (placeholders, XLA:TPU compile-only), shard_as off/on.
 
 Formulas live in :mod:`shardlab.formulas.scan`, figures in :mod:`shardlab.viz.scan`, the story in notebook
-``06_scan_shard_as``. Nothing here imports torch_xla at import time: call ``shardlab.runtime.setup()`` first.
+``06_scan_shard_as``. Importing this package imports nothing; its modules import torch_xla, so call
+``shardlab.runtime.setup()`` first.
 """

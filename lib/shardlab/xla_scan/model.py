@@ -20,6 +20,8 @@ Three ways to run L of them (the *loop is the oracle*):
                  ``torch.func.functional_call`` on a template block: the graph is the same for every L.
 
 All weights come from one seeded CPU generator (``init_weights``), so the three modes hold identical numbers.
+Sizes are plain ints (notebook 06 reads them from its ``ScanParams``); torch_xla is imported at the top, so
+import this module after ``shardlab.runtime.setup()`` (the notebooks' order).
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch_xla.experimental.scan import scan  # imported after runtime.setup() (the notebooks' order)
+from torch_xla.experimental.scan_layers import scan_layers
 
 MODES = ("loop", "scan_layers", "scan")
 WEIGHT_NAMES = ("w_up", "w_down")
@@ -40,25 +43,16 @@ WEIGHT_NAMES = ("w_up", "w_down")
 Annotate = Callable[[torch.Tensor, str], torch.Tensor]
 
 
-@dataclass(frozen=True)
-class StackConfig:
-    layers: int = 4  # L, number of identical blocks
-    hidden: int = 256  # H, model width (W_up's d_in, W_down's d_out)
-    ffn: int = 1024  # F, up-projection width
-    batch: int = 8  # B
-    seq: int = 16  # S
-    dtype: torch.dtype = torch.float32
+def weight_shapes(hidden: int, ffn: int) -> dict[str, tuple[int, int]]:
+    """Per-layer weight shapes: ``w_up`` [H, F], ``w_down`` [F, H]."""
+    return {"w_up": (hidden, ffn), "w_down": (ffn, hidden)}
 
-    def __post_init__(self) -> None:
-        for name in ("layers", "hidden", "ffn", "batch", "seq"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name}={v!r} must be an int >= 1")
 
-    @property
-    def weight_shapes(self) -> dict[str, tuple[int, int]]:
-        """Per-layer weight shapes: ``w_up`` [H, F], ``w_down`` [F, H]."""
-        return {"w_up": (self.hidden, self.ffn), "w_down": (self.ffn, self.hidden)}
+def check_sizes(**sizes: int) -> None:
+    """Every size an int >= 1, or ValueError naming it."""
+    for name, v in sizes.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name}={v!r} must be an int >= 1")
 
 
 class Block(nn.Module):
@@ -81,25 +75,24 @@ class Block(nn.Module):
         return x + torch.einsum("bsf,fh->bsh", h, self.w_down)  # [B,S,F] · [F,H] -> [B,S,H]
 
 
-def init_weights(cfg: StackConfig, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Stacked CPU weights ``{"w_up": [L, H, F], "w_down": [L, F, H]}``.
+def init_weights(layers: int, hidden: int, ffn: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Stacked float32 CPU weights ``{"w_up": [L, H, F], "w_down": [L, F, H]}``.
 
     ``W_up ~ N(0, 1/H)``; ``W_down ~ N(0, 1/(F·2L))`` — GPT-2's residual scaling, so the residual stream
     stays O(1) at any depth and float32 comparisons with the oracle stay meaningful at L = 64.
     """
+    check_sizes(layers=layers, hidden=hidden, ffn=ffn)
     g = torch.Generator().manual_seed(seed)
-    scale = {"w_up": 1 / math.sqrt(cfg.hidden), "w_down": 1 / math.sqrt(cfg.ffn * 2 * cfg.layers)}
-    out = {}
-    for name, (d_in, d_out) in cfg.weight_shapes.items():
-        w = torch.randn(cfg.layers, d_in, d_out, generator=g) * scale[name]  # [L, d_in, d_out]
-        out[name] = w.to(cfg.dtype)
-    return out
+    scale = {"w_up": 1 / math.sqrt(hidden), "w_down": 1 / math.sqrt(ffn * 2 * layers)}
+    return {name: torch.randn(layers, d_in, d_out, generator=g) * scale[name]  # [L, d_in, d_out]
+            for name, (d_in, d_out) in weight_shapes(hidden, ffn).items()}
 
 
-def init_input(cfg: StackConfig, seed: int = 0) -> torch.Tensor:
-    """CPU input ``x: [B, S, H]`` from its own seeded generator."""
+def init_input(batch: int, seq: int, hidden: int, seed: int = 0) -> torch.Tensor:
+    """Float32 CPU input ``x: [B, S, H]`` from its own seeded generator."""
+    check_sizes(batch=batch, seq=seq, hidden=hidden)
     g = torch.Generator().manual_seed(seed + 1)
-    return torch.randn(cfg.batch, cfg.seq, cfg.hidden, generator=g).to(cfg.dtype)
+    return torch.randn(batch, seq, hidden, generator=g)
 
 
 def check_same_shapes(blocks: Sequence[nn.Module]) -> None:
@@ -133,8 +126,6 @@ class BlockList(nn.Module):
             for block in self.blocks:
                 x = block(x)  # [B,S,H] -> [B,S,H]
             return x
-        from torch_xla.experimental.scan_layers import scan_layers
-
         return scan_layers(self.blocks, x)
 
     def stacked_grads(self) -> dict[str, torch.Tensor]:
@@ -164,8 +155,6 @@ class StackedBlocks(nn.Module):
         self._template = [Block(H, F, dtype=w_up.dtype, device="meta", annotate=annotate)]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from torch_xla.experimental.scan import scan
-
         template = self._template[0]
 
         def step(carry: torch.Tensor, layer: dict[str, torch.Tensor]) -> tuple[torch.Tensor, None]:

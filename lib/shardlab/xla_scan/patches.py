@@ -28,17 +28,20 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
+import resource
 from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch_xla
+import torch_xla.core.xla_builder as xb  # imported after runtime.setup() (the notebooks' order)
+import torch_xla.experimental.scan as scan_mod
 
 
 @contextlib.contextmanager
 def shard_as_enabled(on: bool = True) -> Iterator[None]:
     """Within the block, scan's backward uses ``shard_as`` iff ``on`` (torch_xla 2.9 default: on)."""
-    import torch_xla.experimental.scan as scan_mod
-
     original = scan_mod._backward_shard_alike
     if not on:
         def _backward_no_shard_alike(carry: Any, x: Any, backward: Any, init: Any, xs: Any) -> Any:
@@ -54,9 +57,6 @@ def shard_as_enabled(on: bool = True) -> Iterator[None]:
 @contextlib.contextmanager
 def placeholders_enabled(on: bool = True) -> Iterator[None]:
     """Within the block, scan traces with placeholders iff ``on``; off = real zero tensors sent to the device."""
-    import torch_xla
-    import torch_xla.core.xla_builder as xb
-
     original = xb.create_placeholder_tensor
     if not on:
         def _real_tensor(shape: Any, dtype: torch.dtype) -> torch.Tensor:
@@ -79,8 +79,6 @@ def placeholder(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> t
 
     >>> p = placeholder((1 << 34,))   # 64 GiB of float32, allocates nothing
     """
-    import torch_xla.core.xla_builder as xb
-
     shape = tuple(shape)
     if not shape or any((not isinstance(d, int)) or d < 0 for d in shape):
         raise ValueError(f"placeholder shape={shape} must be a non-empty tuple of ints >= 0")
@@ -89,9 +87,6 @@ def placeholder(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> t
 
 def current_rss_bytes() -> int:
     """Resident memory of this process now (``/proc/self/statm``; peak RSS where /proc is missing)."""
-    import os
-    import resource
-
     try:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -105,8 +100,6 @@ def logical_bytes(t: torch.Tensor) -> int:
 
 def is_placeholder_data(t: torch.Tensor) -> bool:
     """True if ``t`` is a device-data tensor whose PjRt buffer is null (a placeholder)."""
-    import torch_xla
-
     try:
         torch_xla._XLAC._unsafe_buffer_pointer(t)
     except RuntimeError as e:
@@ -116,8 +109,6 @@ def is_placeholder_data(t: torch.Tensor) -> bool:
 
 def depends_on_placeholder(t: torch.Tensor) -> bool:
     """True if the lazy graph producing ``t`` reads a placeholder (checked without executing anything)."""
-    import torch_xla
-
     _ids, leaves = torch_xla._XLAC._get_tensors_xla_device_data_node([t])
     return any(is_placeholder_data(v) for v in leaves)
 
@@ -147,6 +138,4 @@ def read(t: torch.Tensor) -> torch.Tensor:
 
 def lowered_hlo(outputs: list[torch.Tensor]) -> str:
     """Pre-partitioning HLO text of the graph producing ``outputs`` — lowered, never executed."""
-    import torch_xla
-
     return torch_xla._XLAC._get_xla_tensors_hlo(list(outputs))

@@ -33,22 +33,36 @@ scan writes it into takes that sharding: ``bf16[126, 4096, 16384]`` = 15.75 GiB 
 31.5 GiB of outputs that no chip can hold. When an update ``w - lr·g`` in the same graph ties the gradient to
 the 2-D weight, sharding propagation carries the weight's sharding back into the loop and off = on.
 
-:func:`story` compiles the five cases notebook 06 shows (in-graph off / on, held off, update off / on);
-:func:`record_story` records them and checks the invariants that hold at any size. At full size (:data:`FULL_SIZE`
-on :data:`FULL_TOPOLOGY`) the five compiles take 1-5 minutes on a 2-core host depending on its load, so the
+:class:`SeedCase` holds notebook 06's parameters (``ScanParams``: H, F, B, S, the mesh) and the variant; its
+``graph()`` is the step, compiled by the harness's TPU view. :func:`story` compiles the five cases notebook 06 shows
+(in-graph off / on, held off, update off / on); :func:`record_story` records them and checks the invariants that
+hold at any size. At full size (:data:`FULL_SIZE`, 64 chips: v6e:8x8) the five compiles take 1-5 minutes on a
+2-core host depending on its load, so the
 notebook reads them from ``data/scale/seed_405b.json`` (:func:`save_story` / :func:`load_story`, written by
 ``tools/scale_full_size.py seed``) unless it runs with ``full_size=True``.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+import pandas as pd
 import torch
+import torch_xla.distributed.spmd as xs  # imported after runtime.setup() (the notebooks' order)
+from torch_xla.experimental.scan import scan
 
+from shardlab import harness, runtime
+from shardlab.params import ScanParams
+from shardlab.profile.hlo_text import parse_shape
+from shardlab.profile.record import Recorder
+from shardlab.profile.tpu import TpuCompile
 from shardlab.result_files import load_results, save_results
+from shardlab.xla_scan.case import MeshCase
+from shardlab.xla_scan.patches import placeholder, shard_as_enabled
 
 # (out, in) per layer, as a function of (hidden, ffn); mesh axes of (out, in)
 WEIGHTS: dict[str, tuple[str, str]] = {"q": ("hidden", "hidden"), "o": ("hidden", "hidden"),
@@ -63,23 +77,21 @@ SGD_LR = 1e-3
 
 
 @dataclass(frozen=True)
-class SeedConfig:
+class SeedCase(MeshCase):
+    """One step of the seed's block stack on ``p``'s mesh (sizes H, F, B, S from ``p``), compile-only."""
+
     layers: int = 126  # L (Llama 3.1 405B)
-    hidden: int = 16384  # H
-    ffn: int = 53248  # F (SwiGLU)
-    batch: int = 16  # B, sharded over fsdp
-    seq: int = 1024  # S
-    mesh_fsdp: int = 16
-    mesh_tensor: int = 4
     weights: tuple[str, ...] = ("q", "o")  # which per-layer weights the block has (the seed: q_proj, o_proj)
     stacking: str = "in_graph"  # "in_graph" (scan_layers style) | "held" (pre-stacked [L, ...] parameters)
     update: str = "none"  # "none": the step returns the gradients | "sgd": w - lr·g in the same graph
     shard_as: bool = True  # torch_xla's default; False = the monkeypatched pre-fix backward
-    dtype: str = "bfloat16"
+    dtype: str = "bfloat16"  # type: ignore[assignment]  (a field here; Case reads it from p)
 
-    def validate(self) -> SeedConfig:
-        for name in ("layers", "hidden", "ffn", "batch", "seq", "mesh_fsdp", "mesh_tensor"):
-            v = getattr(self, name)
+    SIZES: ClassVar[tuple[str, ...]] = ("hidden", "ffn", "batch", "seq", "mesh_fsdp", "mesh_tensor")
+
+    def __post_init__(self) -> None:
+        p = self.p
+        for name, v in (("layers", self.layers), *((n, getattr(p, n)) for n in self.SIZES)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name}={v!r} must be an int >= 1")
         unknown = [w for w in self.weights if w not in WEIGHTS]
@@ -97,28 +109,68 @@ class SeedConfig:
             raise ValueError(f"update={self.update!r} must be one of {UPDATES}")
         if self.dtype not in ("bfloat16", "float32"):
             raise ValueError(f"dtype={self.dtype!r} must be 'bfloat16' or 'float32'")
-        rules = (("hidden", self.hidden, "fsdp", self.mesh_fsdp), ("hidden", self.hidden, "tensor", self.mesh_tensor),
-                 ("batch", self.batch, "fsdp", self.mesh_fsdp))
+        rules = (("hidden", p.hidden, "fsdp", p.mesh_fsdp), ("hidden", p.hidden, "tensor", p.mesh_tensor),
+                 ("batch", p.batch, "fsdp", p.mesh_fsdp))
         if "up" in self.weights:
-            rules += (("ffn", self.ffn, "tensor", self.mesh_tensor),)
+            rules += (("ffn", p.ffn, "tensor", p.mesh_tensor),)
         for name, size, axis, n in rules:
             if size % n:
                 raise ValueError(f"{name}={size} is not divisible by {axis}={n} (it is sharded over {axis})")
-        return self
 
     @property
-    def chips(self) -> int:
-        return self.mesh_fsdp * self.mesh_tensor
+    def phase(self) -> str:
+        return f"seed {self.stacking} {self.update} shard_as={'on' if self.shard_as else 'off'}"
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The configuration as the cached results store it."""
+        return {"layers": self.layers, **{n: getattr(self.p, n) for n in self.SIZES}, "weights": list(self.weights),
+                "stacking": self.stacking, "update": self.update, "shard_as": self.shard_as, "dtype": self.dtype}
 
     def shape(self, weight: str) -> tuple[int, int]:
         """Per-layer ``(out, in)`` of ``weight``."""
         out_dim, in_dim = WEIGHTS[weight]
-        return getattr(self, out_dim), getattr(self, in_dim)
+        return getattr(self.p, out_dim), getattr(self.p, in_dim)
+
+    def graph(self) -> list[torch.Tensor]:
+        """Trace one step of the seed stack on this process's device world; returns ``[loss, *outputs]``.
+
+        Outputs are the weight gradients (``update="none"``; stacked ``[L, out, in]`` each, or L per-layer
+        ``[out, in]`` with ``stacking="in_graph"``) or the updated weights (``update="sgd"``)."""
+        p = self.p
+        mesh = runtime.mesh((p.mesh_fsdp, p.mesh_tensor), ("fsdp", "tensor"))
+        dt = getattr(torch, self.dtype)
+        leaves: dict[str, list[torch.Tensor]] = {}
+        stacked: dict[str, torch.Tensor] = {}
+        for name in self.weights:
+            if self.stacking == "held":
+                leaf = placeholder((self.layers, *self.shape(name)), dt).requires_grad_(True)  # [L, out, in]
+                w = leaf * 1  # a placeholder cannot carry an annotation; its product can
+                xs.mark_sharding(w, mesh, (None, *SPECS[name]))
+                leaves[name], stacked[name] = [leaf], w
+            else:
+                per_layer = []
+                leaves[name] = []
+                for _ in range(self.layers):
+                    leaf = placeholder(self.shape(name), dt).requires_grad_(True)  # [out, in]
+                    w = leaf * 1
+                    xs.mark_sharding(w, mesh, SPECS[name])
+                    leaves[name].append(leaf)
+                    per_layer.append(w)
+                stacked[name] = torch.stack(per_layer)  # [L, out, in], inside the graph (as scan_layers does)
+        x = placeholder((p.batch, p.seq, p.hidden), dt) * 1  # [B, S, H]
+        xs.mark_sharding(x, mesh, ("fsdp", None, None))
+        with shard_as_enabled(self.shard_as):
+            out, _ = scan(_block(mesh), x, stacked)  # [B, S, H]
+            loss = out.float().pow(2).mean()
+            loss.backward()
+        flat = [leaf for name in self.weights for leaf in leaves[name]]
+        if self.update == "sgd":
+            return [loss, *[leaf - SGD_LR * leaf.grad for leaf in flat]]
+        return [loss, *[leaf.grad for leaf in flat]]
 
 
-def _block(cfg: SeedConfig, mesh: Any) -> Any:
-    import torch_xla.distributed.spmd as xs
-
+def _block(mesh: xs.Mesh) -> Callable[[torch.Tensor, dict[str, torch.Tensor]], tuple[torch.Tensor, None]]:
     def ann(t: torch.Tensor, spec: tuple[str | None, ...]) -> torch.Tensor:
         return xs.mark_sharding_with_gradients(t, mesh, spec)
 
@@ -139,52 +191,6 @@ def _block(cfg: SeedConfig, mesh: Any) -> Any:
         return h, None
 
     return step
-
-
-def build(cfg: SeedConfig) -> list[torch.Tensor]:
-    """Trace one step of the seed stack on this process's device world; returns ``[loss, *outputs]``.
-
-    Outputs are the weight gradients (``update="none"``; stacked ``[L, out, in]`` each, or L per-layer
-    ``[out, in]`` with ``stacking="in_graph"``) or the updated weights (``update="sgd"``). Module-level so
-    ``shardlab.profile.tpu.compile_program`` can run it in a worker with ``cfg.chips`` devices.
-    """
-    import torch_xla.distributed.spmd as xs
-    from torch_xla.experimental.scan import scan
-
-    from shardlab import runtime
-    from shardlab.xla_scan.patches import placeholder, shard_as_enabled
-
-    cfg.validate()
-    mesh = runtime.mesh((cfg.mesh_fsdp, cfg.mesh_tensor), ("fsdp", "tensor"))
-    dt = getattr(torch, cfg.dtype)
-    leaves: dict[str, list[torch.Tensor]] = {}
-    stacked: dict[str, torch.Tensor] = {}
-    for name in cfg.weights:
-        if cfg.stacking == "held":
-            leaf = placeholder((cfg.layers, *cfg.shape(name)), dt).requires_grad_(True)  # [L, out, in]
-            w = leaf * 1  # a placeholder cannot carry an annotation; its product can
-            xs.mark_sharding(w, mesh, (None, *SPECS[name]))
-            leaves[name], stacked[name] = [leaf], w
-        else:
-            per_layer = []
-            leaves[name] = []
-            for _ in range(cfg.layers):
-                leaf = placeholder(cfg.shape(name), dt).requires_grad_(True)  # [out, in]
-                w = leaf * 1
-                xs.mark_sharding(w, mesh, SPECS[name])
-                leaves[name].append(leaf)
-                per_layer.append(w)
-            stacked[name] = torch.stack(per_layer)  # [L, out, in], inside the graph (as scan_layers does)
-    x = placeholder((cfg.batch, cfg.seq, cfg.hidden), dt) * 1  # [B, S, H]
-    xs.mark_sharding(x, mesh, ("fsdp", None, None))
-    with shard_as_enabled(cfg.shard_as):
-        out, _ = scan(_block(cfg, mesh), x, stacked)  # [B, S, H]
-        loss = out.float().pow(2).mean()
-        loss.backward()
-    flat = [leaf for name in cfg.weights for leaf in leaves[name]]
-    if cfg.update == "sgd":
-        return [loss, *[leaf - SGD_LR * leaf.grad for leaf in flat]]
-    return [loss, *[leaf.grad for leaf in flat]]
 
 
 @dataclass
@@ -248,8 +254,6 @@ class SeedResult:
 
 def _entry_outputs(hlo_text: str) -> list[str]:
     """Per-chip result shapes of the TPU program's entry computation (from its layout header)."""
-    from shardlab.profile.hlo_text import parse_shape
-
     head = hlo_text.split("\n", 1)[0]
     key = "entry_computation_layout={"
     if key not in head:
@@ -261,8 +265,6 @@ def _entry_outputs(hlo_text: str) -> list[str]:
 def stacked_shapes(text: str, layers: int) -> dict[str, int]:
     """Per-chip arrays with a leading ``layers`` dim in a TPU program (or an out-of-memory message), layouts
     dropped: ``{"bf16[126,4096,1024]": occurrences}``. The stacked weights, gradients and saved activations."""
-    import re
-
     found: dict[str, int] = {}
     for dtype, dims in re.findall(rf"\b(bf16|f32|f16)\[({layers},[\d,]+)\]", text):
         key = f"{dtype}[{dims}]"
@@ -270,22 +272,23 @@ def stacked_shapes(text: str, layers: int) -> dict[str, int]:
     return dict(sorted(found.items(), key=lambda kv: -kv[1]))
 
 
-def sharding_of(shape: str, cfg: SeedConfig, weight: str = "q") -> str:
+def sharding_of(shape: str, case: SeedCase, weight: str = "q") -> str:
     """``"2-D"`` / ``"1-D"`` / ``""``: is a per-chip array (``"bf16[out, in]"``, or stacked ``"bf16[L, out, in]"``)
     one of ``weight``'s layers split over fsdp and tensor, as the weight is (either orientation), or over tensor only
     (all-reduced over fsdp), or neither (an activation, or a shape that matches both)?
 
-    >>> cfg = SeedConfig()                                   # q [16384, 16384] on mesh (fsdp 16, tensor 4)
-    >>> sharding_of("bf16[126,4096,16384]", cfg), sharding_of("bf16[1024,4096]", cfg)
+    >>> FULL_SIZE.shape("q"), (FULL_SIZE.p.mesh_fsdp, FULL_SIZE.p.mesh_tensor)      # q on mesh (fsdp 16, tensor 4)
+    ((16384, 16384), (16, 4))
+    >>> sharding_of("bf16[126,4096,16384]", FULL_SIZE), sharding_of("bf16[1024,4096]", FULL_SIZE)
     ('1-D', '2-D')
     """
     dims = [int(d) for d in shape[shape.index("[") + 1:shape.index("]")].split(",") if d]
-    if len(dims) == 3 and dims[0] == cfg.layers:
+    if len(dims) == 3 and dims[0] == case.layers:
         dims = dims[1:]
     if len(dims) != 2:
         return ""
-    out_dim, in_dim = cfg.shape(weight)
-    f, t = cfg.mesh_fsdp, cfg.mesh_tensor
+    out_dim, in_dim = case.shape(weight)
+    f, t = case.p.mesh_fsdp, case.p.mesh_tensor
     two_d = {tuple(sorted((out_dim // t, in_dim // f))), tuple(sorted((out_dim // f, in_dim // t)))}
     one_d = {tuple(sorted((out_dim // t, in_dim))), tuple(sorted((out_dim, in_dim // t)))} if f > 1 else set()
     key = tuple(sorted(dims))
@@ -296,25 +299,18 @@ def sharding_of(shape: str, cfg: SeedConfig, weight: str = "q") -> str:
     return ""
 
 
-def compile_seed(cfg: SeedConfig, topology: str = "v6e:8x8") -> SeedResult:
-    """Build ``cfg``'s step (in a worker with ``cfg.chips`` devices when needed) and compile it for ``topology``."""
-    from shardlab.profile import tpu
-
-    cfg.validate()
-    topo = tpu.get_topology(topology)
-    if topo.chips != cfg.chips:
-        raise ValueError(f"topology={topology!r} has {topo.chips} chips but the mesh (fsdp={cfg.mesh_fsdp}, "
-                         f"tensor={cfg.mesh_tensor}) has {cfg.chips}")
-    c = tpu.compile_program(build, cfg, topology, label=f"seed shard_as={'on' if cfg.shard_as else 'off'}")
-    res = SeedResult(asdict(cfg), topology, c.fits, c.compile_s, capacity_bytes=topo.hbm_bytes)
+def seed_result(case: SeedCase, c: TpuCompile) -> SeedResult:
+    """One compile of ``case`` (the tpu view's detail) as the story's numbers."""
+    res = SeedResult(case.config, c.topology, c.fits, c.compile_s)
     if c.fits and c.memory is not None and c.hlo_text is not None:
         m = c.memory
+        res.capacity_bytes = m.capacity
         res.argument_bytes, res.output_bytes, res.temp_bytes = m.argument, m.output, m.checked_temp
         res.temp_size_bytes, res.peak_bytes = m.temp, m.peak
         shapes = _entry_outputs(c.hlo_text)[1:]  # [0] is the loss
-        per = len(shapes) // len(cfg.weights)
-        res.grad_shapes = {w: sorted(set(shapes[i * per:(i + 1) * per])) for i, w in enumerate(cfg.weights)}
-        res.stacked_shapes = stacked_shapes(c.hlo_text, cfg.layers)
+        per = len(shapes) // len(case.weights)
+        res.grad_shapes = {w: sorted(set(shapes[i * per:(i + 1) * per])) for i, w in enumerate(case.weights)}
+        res.stacked_shapes = stacked_shapes(c.hlo_text, case.layers)
     elif c.oom is not None:
         o = c.oom
         res.message = o.first_line
@@ -323,20 +319,16 @@ def compile_seed(cfg: SeedConfig, topology: str = "v6e:8x8") -> SeedResult:
         res.largest = [(b.size, b.shape, b.label) for b in o.buffers[:5]]
         res.argument_bytes = o.arguments  # None: "arguments 0B" = not evaluated (the program alone was over)
         res.output_bytes = o.outputs
-        res.stacked_shapes = stacked_shapes("\n".join(b.shape for b in o.buffers), cfg.layers)
+        res.stacked_shapes = stacked_shapes("\n".join(b.shape for b in o.buffers), case.layers)
         res.output_in_message = next((ln.strip() for ln in o.message.splitlines()
                                       if ln.strip().startswith("Output size")), "")
     return res
 
 
-def off_on(cfg: SeedConfig, topology: str = "v6e:8x8") -> dict[str, SeedResult]:
-    """The same step compiled with shard_as off and on."""
-    return {"off": compile_seed(replace(cfg, shard_as=False), topology),
-            "on": compile_seed(replace(cfg, shard_as=True), topology)}
-
-
-FULL_SIZE = SeedConfig()  # 405B's q_proj and o_proj, 126 layers, b 16 x s 1024, mesh fsdp 16 x tensor 4, bf16
-FULL_TOPOLOGY = "v6e:8x8"  # 64 chips: the [126, 4K, 16K] buffer depends on tensor = 4, not on the fsdp size
+# The seed's sizes: 405B's q_proj and o_proj, 126 layers, b 16 x s 1024, mesh fsdp 16 x tensor 4, bf16. 64 chips
+# (v6e:8x8): the [126, 4K, 16K] buffer depends on tensor = 4, not on the fsdp size.
+FULL_SIZE = SeedCase(ScanParams(hidden=16384, ffn=53248, batch=16, seq=1024, mesh_fsdp=16, mesh_tensor=4), layers=126)
+GENERATION = "v6e"
 # The story, case -> (stacking, update, shard_as values): the seed, then the two contrasts that explain it
 CASES: dict[str, tuple[str, str, tuple[bool, ...]]] = {
     "in_graph": ("in_graph", "none", (False, True)),  # scan_layers: per-layer weights stacked in the step
@@ -345,66 +337,56 @@ CASES: dict[str, tuple[str, str, tuple[bool, ...]]] = {
 }
 
 
-def story(base: SeedConfig = FULL_SIZE, topology: str = FULL_TOPOLOGY,
-          cases: tuple[str, ...] = tuple(CASES)) -> dict[str, SeedResult]:
-    """Every compile of the seed story: ``{"in_graph.off": ..., "in_graph.on": ..., "held.off": ...,
-    "update.off": ..., "update.on": ...}`` (``base``'s stacking / update / shard_as are replaced per case)."""
+def story(base: SeedCase = FULL_SIZE, generation: str = GENERATION, cases: tuple[str, ...] = tuple(CASES)
+          ) -> tuple[dict[str, SeedResult], str]:
+    """Every compile of the seed story, XLA:TPU on a ``generation`` slice of ``base``'s fsdp·tensor chips (in a
+    helper process when this one has another device count): ``({"in_graph.off": ..., "in_graph.on": ...,
+    "held.off": ..., "update.off": ..., "update.on": ...}, "")`` (``base``'s stacking / update / shard_as are
+    replaced per case), or ``({}, why)`` when the TPU view is skipped here."""
     out: dict[str, SeedResult] = {}
-    for case in cases:
-        if case not in CASES:
-            raise ValueError(f"case {case!r} is not one of {tuple(CASES)}")
-        stacking, update, flags = CASES[case]
+    for key in cases:
+        if key not in CASES:
+            raise ValueError(f"case {key!r} is not one of {tuple(CASES)}")
+        stacking, update, flags = CASES[key]
         for on in flags:
-            cfg = replace(base, stacking=stacking, update=update, shard_as=on)
-            out[f"{case}.{'on' if on else 'off'}"] = compile_seed(cfg, topology)
-    return out
+            case = replace(base, stacking=stacking, update=update, shard_as=on)
+            view = harness.tpu(case, generation)
+            if not view.ran:
+                return {}, view.skipped or ""
+            out[f"{key}.{'on' if on else 'off'}"] = seed_result(case, view.detail)
+    return out, ""
 
 
-
-# ------------------------------------------------------------------------------------------ notebook helpers
-def small_config(layers: int, hidden: int, batch: int, seq: int, mesh_fsdp: int, mesh_tensor: int) -> SeedConfig:
-    """The seed's block (q and o, bf16) at notebook size: every case compiles in well under a second."""
-    return SeedConfig(layers=layers, hidden=hidden, ffn=4 * hidden, batch=batch, seq=seq, mesh_fsdp=mesh_fsdp,
-                      mesh_tensor=mesh_tensor).validate()
+def small_case(p: ScanParams) -> SeedCase:
+    """The seed's block (q and o, bf16) at the notebook's sizes, L = max(layers_sweep): every case compiles in well
+    under a second."""
+    return SeedCase(p, layers=max(p.layers_sweep))
 
 
-def small_story(cfg: SeedConfig) -> tuple[dict[str, SeedResult] | None, str]:
-    """:func:`story` on the v6e slice with ``cfg.chips`` chips; ``(None, why)`` when no such slice exists."""
-    from shardlab.profile import tpu
-
-    try:
-        topology = tpu.topology_for(cfg.chips, "v6e")
-    except ValueError as exc:
-        return None, str(exc)
-    return story(cfg, topology), ""
-
-
-def grad_sharding(r: SeedResult, cfg: SeedConfig) -> dict[str, str]:
+def grad_sharding(r: SeedResult, seed: SeedCase) -> dict[str, str]:
     """Per weight: how the gradient (or updated weight) leaves the step — "1-D", "2-D", or "" (not compiled)."""
     out = {}
     for w, shapes in r.grad_shapes.items():
-        kinds = {sharding_of(sh, cfg, w) for sh in shapes}
+        kinds = {sharding_of(sh, seed, w) for sh in shapes}
         out[w] = kinds.pop() if len(kinds) == 1 else "/".join(sorted(kinds))
     return out
 
 
-def stacks(r: SeedResult, cfg: SeedConfig, kind: str) -> list[str]:
+def stacks(r: SeedResult, seed: SeedCase, kind: str) -> list[str]:
     """The stacked ``[L, ·, ·]`` per-chip arrays in the TPU program (or its out-of-memory list) that hold a weight's
     layers ``kind`` ("1-D": the all-reduced gradient stack; "2-D": the weights and 2-D gradient stacks)."""
-    return [sh for sh in r.stacked_shapes if any(sharding_of(sh, cfg, w) == kind for w in cfg.weights)
+    return [sh for sh in r.stacked_shapes if any(sharding_of(sh, seed, w) == kind for w in seed.weights)
             and sh.count(",") == 2]
 
 
-def one_d_stacks(r: SeedResult, cfg: SeedConfig) -> list[str]:
+def one_d_stacks(r: SeedResult, seed: SeedCase) -> list[str]:
     """:func:`stacks` of kind "1-D": empty when every stacked weight-shaped array is 2-D."""
-    return stacks(r, cfg, "1-D")
+    return stacks(r, seed, "1-D")
 
 
-def story_frame(results: dict[str, SeedResult], cfg: SeedConfig, unit: str = "GiB") -> Any:
+def story_frame(results: dict[str, SeedResult], seed: SeedCase, unit: str = "GiB") -> pd.DataFrame:
     """One row per compile: verdicts, per-chip bytes (in ``unit``: GiB, MiB or KiB), how the gradients leave the
     step, the 1-D stacks in the program."""
-    import pandas as pd
-
     units = {"GiB": 2**30, "MiB": 2**20, "KiB": 2**10}
     if unit not in units:
         raise ValueError(f"unit={unit!r} must be one of {tuple(units)}")
@@ -427,9 +409,9 @@ def story_frame(results: dict[str, SeedResult], cfg: SeedConfig, unit: str = "Gi
             f"checked {b}": g(r.per_chip_bytes),
             "gradient out, per chip": ", ".join(sorted({sh for shapes in r.grad_shapes.values() for sh in shapes}))
             or "–",
-            "sharding": ", ".join(f"{w} {k}" for w, k in grad_sharding(r, cfg).items()) or "–",
-            "1-D stacks in the program": ", ".join(one_d_stacks(r, cfg)) or "none",
-            "2-D stacks in the program": ", ".join(stacks(r, cfg, "2-D")) or "none",
+            "sharding": ", ".join(f"{w} {k}" for w, k in grad_sharding(r, seed).items()) or "–",
+            "1-D stacks in the program": ", ".join(one_d_stacks(r, seed)) or "none",
+            "2-D stacks in the program": ", ".join(stacks(r, seed, "2-D")) or "none",
             "compile s": round(r.compile_s, 1),
         })
     return pd.DataFrame(rows).set_index(["case", "shard_as"])
@@ -440,7 +422,7 @@ def _name(prefix: str, key: str) -> str:
     return f"{prefix}.shard_as_{flag}" if case == "in_graph" else f"{prefix}.{case}.shard_as_{flag}"
 
 
-def record_story(rec: Any, prefix: str, results: dict[str, SeedResult], cfg: SeedConfig) -> None:
+def record_story(rec: Recorder, prefix: str, results: dict[str, SeedResult], seed: SeedCase) -> None:
     """Record every compile, source tpu: the seed itself (in-graph stacking) as ``<prefix>.shard_as_<off|on>``,
     the contrasts as ``<prefix>.<case>.shard_as_<off|on>``, each ``.fits`` (1/0), ``.runs``, ``.per_chip.bytes``
     (what the capacity check counted: :attr:`SeedResult.per_chip_bytes`); and check the invariants that hold at
@@ -456,15 +438,15 @@ def record_story(rec: Any, prefix: str, results: dict[str, SeedResult], cfg: See
         rec.measure(f"{name}.compile_s", r.compile_s, "s", "tpu", kind="timing")
     for key, r in results.items():
         case, flag = key.rsplit(".", 1)
-        kinds = set(grad_sharding(r, cfg).values())
+        kinds = set(grad_sharding(r, seed).values())
         if case in ("in_graph", "held") and flag == "off":
-            ok = (kinds == {"1-D"} or not r.fits) and bool(one_d_stacks(r, cfg))
+            ok = (kinds == {"1-D"} or not r.fits) and bool(one_d_stacks(r, seed))
             rec.check(f"{_name(prefix, key)}: gradients leave 1-D, a 1-D stack is in the program", ok,
-                      f"{grad_sharding(r, cfg)}; 1-D stacks {one_d_stacks(r, cfg)}; {r.message}")
+                      f"{grad_sharding(r, seed)}; 1-D stacks {one_d_stacks(r, seed)}; {r.message}")
         elif r.fits:
-            ok = kinds == {"2-D"} and not one_d_stacks(r, cfg)
+            ok = kinds == {"2-D"} and not one_d_stacks(r, seed)
             rec.check(f"{_name(prefix, key)}: gradients leave 2-D, no 1-D stack in the program", ok,
-                      f"{grad_sharding(r, cfg)}; 1-D stacks {one_d_stacks(r, cfg)}")
+                      f"{grad_sharding(r, seed)}; 1-D stacks {one_d_stacks(r, seed)}")
     off, on = results.get("update.off"), results.get("update.on")
     if off is not None and on is not None:
         same = (off.grad_shapes, off.argument_bytes, off.output_bytes, off.temp_bytes) == \

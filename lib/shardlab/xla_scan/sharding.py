@@ -12,63 +12,61 @@ Notation ``A[I_X, J_Y]``: dim I split over mesh axis X, dim J over Y; ``∅`` = 
 XLA prints a sharding as ``{devices=[t0,t1,...]<device order>}`` with one tile count per tensor dim; a
 trailing extra count plus ``last_tile_dim_replicate`` means "each tile is replicated that many times".
 ``W[H, F_tensor]`` on mesh (2, 4) is ``{devices=[1,4,2]... last_tile_dim_replicate}``: the 1-D gradient
-that an all-reduce over fsdp leaves behind.
+that an all-reduce over fsdp leaves behind. torch_xla is imported at the top: import this module after
+``shardlab.runtime.setup()`` (the notebooks' order).
 """
 
 from __future__ import annotations
 
 import math
 import re
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
+import torch_xla
+import torch_xla.distributed.spmd as xs  # imported after runtime.setup() (the notebooks' order)
 
 from shardlab import runtime
 from shardlab.formulas.common import ceil_div
-from shardlab.xla_scan.model import StackConfig
+from shardlab.params import ScanParams
+from shardlab.xla_scan.model import Annotate
 
 AXES = ("fsdp", "tensor")
 WEIGHT_SPECS: dict[str, tuple[str | None, ...]] = {"w_up": ("fsdp", "tensor"), "w_down": ("tensor", "fsdp")}
 ACT_SPECS: dict[str, tuple[str | None, ...]] = {"act_in": ("fsdp", None, None), "act_mid": ("fsdp", None, "tensor")}
 
 
-def check_sharding(cfg: StackConfig, mesh_fsdp: int, mesh_tensor: int, num_devices: int) -> None:
+def check_sharding(p: ScanParams) -> None:
     """Clear errors, before any XLA work, for a mesh or sizes the 2-D sharding cannot tile."""
-    for name, v in (("mesh_fsdp", mesh_fsdp), ("mesh_tensor", mesh_tensor)):
+    for name in ("hidden", "ffn", "batch", "seq", "mesh_fsdp", "mesh_tensor"):
+        v = getattr(p, name)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name}={v!r} must be an int >= 1")
-    if mesh_fsdp * mesh_tensor != num_devices:
-        raise ValueError(f"mesh (fsdp={mesh_fsdp}, tensor={mesh_tensor}) uses {mesh_fsdp * mesh_tensor} "
-                         f"devices but num_devices={num_devices}: the mesh must tile the device count")
-    rules = (("hidden", cfg.hidden, "fsdp", mesh_fsdp), ("ffn", cfg.ffn, "tensor", mesh_tensor),
-             ("batch", cfg.batch, "fsdp", mesh_fsdp))
+    rules = (("hidden", p.hidden, "fsdp", p.mesh_fsdp), ("ffn", p.ffn, "tensor", p.mesh_tensor),
+             ("batch", p.batch, "fsdp", p.mesh_fsdp))
     for name, size, axis, n in rules:
         if size % n:
             raise ValueError(f"{name}={size} is not divisible by {axis}={n} (it is sharded over {axis})")
 
 
-def make_mesh(mesh_fsdp: int, mesh_tensor: int) -> Any:
+def make_mesh(mesh_fsdp: int, mesh_tensor: int) -> xs.Mesh:
     return runtime.mesh((mesh_fsdp, mesh_tensor), AXES)
 
 
-def annotator(mesh: Any) -> Any:
+def annotator(mesh: xs.Mesh) -> Annotate:
     """An ``annotate(t, role) -> t'`` for :class:`~shardlab.xla_scan.model.Block`.
 
     Uses ``mark_sharding_with_gradients`` (out-of-place, annotates the gradient too): the in-place
     ``mark_sharding`` cannot run under the AOTAutograd tracing that ``scan`` does.
     """
-    import torch_xla.distributed.spmd as xs
-
     def annotate(t: torch.Tensor, role: str) -> torch.Tensor:
         return xs.mark_sharding_with_gradients(t, mesh, ACT_SPECS[role])
 
     return annotate
 
 
-def shard_model(model: torch.nn.Module, mesh: Any) -> None:
+def shard_model(model: torch.nn.Module, mesh: xs.Mesh) -> None:
     """Mark every weight 2-D: per-layer ``[H_fsdp, F_tensor]``; stacked adds a replicated layer axis."""
-    import torch_xla.distributed.spmd as xs
-
     for name, p in model.named_parameters():
         leaf = name.rsplit(".", 1)[-1]
         spec = WEIGHT_SPECS[leaf]
@@ -77,16 +75,12 @@ def shard_model(model: torch.nn.Module, mesh: Any) -> None:
         xs.mark_sharding(p, mesh, spec)
 
 
-def shard_input(x: torch.Tensor, mesh: Any) -> None:
-    import torch_xla.distributed.spmd as xs
-
+def shard_input(x: torch.Tensor, mesh: xs.Mesh) -> None:
     xs.mark_sharding(x, mesh, ACT_SPECS["act_in"])
 
 
 def spec_of(t: torch.Tensor) -> str:
     """torch_xla's sharding string of an XLA tensor (``''`` when unsharded/replicated)."""
-    import torch_xla
-
     return torch_xla._XLAC._get_xla_sharding_spec(t)
 
 
