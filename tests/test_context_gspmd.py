@@ -48,9 +48,11 @@ def _block_elements(cp: int) -> int:
     return BASE["batch"] * BASE["seq"] // cp * BASE["kv_heads"] * BASE["head_dim"]
 
 
-@pytest.mark.parametrize(("method", "cp", "layout"), [("ring_scan", 8, "zigzag"), ("ring", 4, "contiguous")])
-def test_spmd_ring_permutes(G, method: str, cp: int, layout: str) -> None:  # type: ignore[no-untyped-def]
-    cfg = G.CPGraphConfig(method=method, cp=cp, layout=layout, causal=True, **BASE)
+@pytest.mark.parametrize(("method", "cp", "layout", "remat"), [("ring_scan", 8, "zigzag", True),
+                                                               ("ring", 4, "contiguous", False)])
+def test_spmd_ring_permutes(G, method: str, cp: int, layout: str, remat: bool) -> None:  # type: ignore[no-untyped-def]
+    """(The scan case with its backward recomputing the loop body: the same permutes, the same answers.)"""
+    cfg = G.CPGraphConfig(method=method, cp=cp, layout=layout, causal=True, remat=remat, **BASE)
     fwd = G.permute_traffic(_capture(G, replace(cfg, backward=False)))
     step = G.permute_traffic(_capture(G, cfg))
     want_f = fcp.ring_p2p(**KV, cp=cp)  # k and v sent separately: 2(cp-1) sends of one block
