@@ -5,8 +5,10 @@ attention   the dense oracle (PyTorch's scaled_dot_product_attention) and its ei
 ring        ring attention per rank over a `shardlab.comm.Comm` (send / recv): forward and a hand-written
             backward that rings too; the blocks each rank computed (causal balance)
 balance     causal balance: work per rank counted from the ring's trace, contiguous vs zig-zag, beside the formula
+ulysses     DeepSpeed-Ulysses per rank: all-to-alls from sequence shards to head shards and back
 gspmd       the same as GSPMD programs on torch_xla (imports torch_xla lazily): all-gather CP (q, k, v sharded
-            on the sequence) and the SPMD ring (K/V stacked on a `context` axis, shifted by slice + concatenate)
+            on the sequence), the SPMD ring (K/V stacked on a `context` axis, shifted by slice + concatenate;
+            unrolled or inside scan) and Ulysses (re-annotation from sequence- to head-sharded)
 """
 
 from shardlab.context.attention import (
@@ -23,6 +25,7 @@ from shardlab.context.attention import (
 from shardlab.context.balance import measure as measure_balance
 from shardlab.context.balance import work_from_trace
 from shardlab.context.ring import Block, RingAttention, ring_attention, ring_attention_step
+from shardlab.context.ulysses import ulysses_attention, ulysses_step
 
 __all__ = [
     "LAYOUTS",
@@ -38,6 +41,8 @@ __all__ = [
     "ring_attention",
     "ring_attention_step",
     "shard_sequence",
+    "ulysses_attention",
+    "ulysses_step",
     "unshard_sequence",
     "work_from_trace",
 ]

@@ -35,6 +35,11 @@ intermediates); ``remat=True`` passes functorch's min-cut rematerialisation part
 forward + backward 23.1 MB, with ``remat`` 15.0 MB (all-gather CP 11.7 MB) — the per-rank ring's hand-written
 backward (``shardlab.context.ring``) keeps only q, k, v, out and the log-sum-exp instead.
 
+``ulysses`` — DeepSpeed-Ulysses (Jacobs et al. 2023): q, k, v re-annotated from sequence-sharded to head-sharded
+(``shardlab.expert.gspmd.Reshard``: one all-to-all each), attention per head group over the whole sequence, the
+output re-annotated back: 4 all-to-alls forward, 4 backward (``formulas.context.ulysses_all_to_all``); needs
+hkv divisible by cp.
+
 Under a causal mask SPMD computes every block and masks it: all devices run one program, so the rank-dependent
 skip of the per-rank ring (``shardlab.context.ring``) — and with it the causal imbalance — does not exist here;
 the zig-zag layout changes only which positions a device holds.
@@ -62,7 +67,7 @@ from shardlab import runtime
 from shardlab.context.attention import check_layout, dense_attention, shard_sequence, unshard_sequence
 
 AXIS = "context"
-METHODS = ("allgather", "ring", "ring_scan")
+METHODS = ("allgather", "ring", "ring_scan", "ulysses")
 NEG_INF = float("-inf")
 
 
@@ -70,7 +75,7 @@ NEG_INF = float("-inf")
 class CPGraphConfig:
     """One attention layer under context parallelism, as a GSPMD program."""
 
-    method: str = "ring"  # allgather | ring | ring_scan
+    method: str = "ring"  # allgather | ring | ring_scan | ulysses
     batch: int = 1  # b
     seq: int = 256  # s (whole sequence)
     heads: int = 8  # hq
@@ -98,7 +103,10 @@ class CPGraphConfig:
         problem = runtime.axis_problem(self.cp, devices, "cp", "(data, context) = (n / cp, cp)")
         if problem:
             raise ValueError(problem)
-        check_layout(self.layout if self.method != "allgather" else "contiguous", self.seq, self.cp)
+        check_layout(self.layout if self.method.startswith("ring") else "contiguous", self.seq, self.cp)
+        if self.method == "ulysses" and self.kv_heads % self.cp:
+            raise ValueError(f"kv_heads={self.kv_heads} is not divisible by cp={self.cp} (Ulysses gives each device "
+                             "whole heads)")
         return self
 
 
@@ -168,6 +176,24 @@ def allgather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mesh:
         scores = scores.masked_fill(kpos[None, :] > qpos[:, None], NEG_INF)  # [s, s] from positions: no comm
     out = torch.einsum("bngqk,bknd->bqngd", scores.softmax(dim=-1), v)  # [b, s, hkv, g, d]
     return out.reshape(b, s, hq, d)
+
+
+def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mesh: Any,
+                      causal: bool) -> torch.Tensor:
+    """q [b, s, hq, d], k, v [b, s, hkv, d] sequence-sharded: each re-annotated head-sharded (one all-to-all
+    each), attention over the whole sequence per head group, the output re-annotated sequence-sharded."""
+    from shardlab.expert.gspmd import Reshard
+
+    seq, heads = (None, AXIS, None, None), (None, None, AXIS, None)
+    q, k, v = (Reshard.apply(t, mesh, seq, heads) for t in (q, k, v))  # [b, s, h/cp, d] per device
+    b, s, hq, d = q.shape
+    hkv = k.shape[2]
+    scores = torch.einsum("bqngd,bknd->bngqk", q.reshape(b, s, hkv, hq // hkv, d), k) / math.sqrt(d)
+    if causal:
+        pos = torch.arange(s, device=q.device)
+        scores = scores.masked_fill(pos[None, :] > pos[:, None], NEG_INF)
+    out = torch.einsum("bngqk,bknd->bqngd", scores.softmax(dim=-1), v).reshape(b, s, hq, d)
+    return Reshard.apply(out, mesh, heads, seq)
 
 
 def _block(qg: torch.Tensor, kv: torch.Tensor, qpos: torch.Tensor | None, kpos: torch.Tensor | None,
@@ -269,7 +295,7 @@ def stack_rows(x: torch.Tensor, cfg: CPGraphConfig) -> torch.Tensor:
 
 def to_sequence(x: torch.Tensor, cfg: CPGraphConfig) -> torch.Tensor:
     """A graph output back to [b, s, h, d] (the ring's [cp, b, s/cp, h, d] unstacked by ``cfg.layout``)."""
-    return x if cfg.method == "allgather" else unshard_sequence(list(x.unbind(0)), cfg.layout)
+    return unshard_sequence(list(x.unbind(0)), cfg.layout) if cfg.method.startswith("ring") else x
 
 
 def oracle(cfg: CPGraphConfig) -> list[torch.Tensor]:
@@ -297,12 +323,17 @@ def _device_input(t: torch.Tensor, cfg: CPGraphConfig, mesh: Any, spec: tuple, g
 
 def build_graph(cfg: CPGraphConfig) -> list[torch.Tensor]:
     """The step on the current device world: ``[out, dq, dk, dv]`` (``[out]`` without backward), not synced.
-    allgather outputs are [b, s, h, d]; ring outputs [cp, b, s/cp, h, d] (:func:`to_sequence`)."""
+    allgather / ulysses outputs are [b, s, h, d]; ring outputs [cp, b, s/cp, h, d] (:func:`to_sequence`)."""
     cfg.validate(runtime.current().num_devices)
     mesh = context_mesh(cfg.cp)
     data = inputs(cfg)  # (shapes only, with placeholders)
     dev, bw = runtime.device(), cfg.backward
-    if cfg.method == "allgather":
+    if cfg.method == "ulysses":
+        seq = (None, AXIS, None, None)
+        q, k, v = (_device_input(data[n], cfg, mesh, seq, bw) for n in ("q", "k", "v"))
+        out = _mark(ulysses_attention(q, k, v, mesh, cfg.causal), mesh, seq)
+        leaves, go = (q, k, v), _device_input(data["grad_out"], cfg, mesh, seq, False)
+    elif cfg.method == "allgather":
         seq = (None, AXIS, None, None)
         q, k, v = (_device_input(data[n], cfg, mesh, seq, bw) for n in ("q", "k", "v"))
         pos = torch.arange(cfg.seq)
