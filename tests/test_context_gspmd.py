@@ -96,8 +96,8 @@ def test_config_errors(G) -> None:  # type: ignore[no-untyped-def]
         G.CPGraphConfig(cp=3, **BASE).validate(8)
     with pytest.raises(ValueError, match="seq=48 is not divisible by the 32 chunks of the zigzag layout"):
         G.CPGraphConfig(cp=16, layout="zigzag", **{**BASE, "seq": 48}).validate(16)
-    with pytest.raises(ValueError, match="method='ulysses'"):
-        G.CPGraphConfig(method="ulysses", **BASE).validate(8)
+    with pytest.raises(ValueError, match="method='striped'"):
+        G.CPGraphConfig(method="striped", **BASE).validate(8)
 
 
 def test_tpu_compiler(G) -> None:  # type: ignore[no-untyped-def]
