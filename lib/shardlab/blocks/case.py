@@ -185,7 +185,7 @@ class BlockCase(Case):
     def oracle(self) -> torch.Tensor:
         return dense(self.p)
 
-    def parity(self, source: str, got: Any, ref: torch.Tensor) -> Checks:
+    def parity(self, source: str, got: list[torch.Tensor] | list[list[torch.Tensor]], ref: torch.Tensor) -> Checks:
         dt, k, name = self.p.dtype, self.p.k, f"parity.{source}.{self.phase}"
         if source == "hlo":
             return {name: (_close(got[0], ref, dt, k), "XLA's Y == x @ W")}
@@ -365,7 +365,7 @@ class CollectiveCase(Case):
             return list(data.sum(0).chunk(w, dim=0))
         return [data] * w
 
-    def parity(self, source: str, got: Any, ref: list[torch.Tensor]) -> Checks:
+    def parity(self, source: str, got: list[torch.Tensor], ref: list[torch.Tensor]) -> Checks:
         w, name = self.p.world_size, f"parity.{source}.{self.phase}"
         if source == "hlo":  # the program's one output, gathered to the host by .cpu()
             want = {"all_reduce": ref[0], "reduce_scatter": torch.cat(ref, dim=0), "all_gather": ref[0] * 2}[self.op]

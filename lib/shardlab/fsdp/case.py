@@ -228,7 +228,8 @@ class GspmdCase(Case):
         loss.backward()
         return float(loss.detach()), [(q - LR * q.grad).detach() for q in model.parameters()]
 
-    def parity(self, source: str, got: Any, ref: tuple[float, list[torch.Tensor]]) -> Checks:
+    def parity(self, source: str, got: dict[str, list[torch.Tensor]], ref: tuple[float, list[torch.Tensor]]
+               ) -> Checks:
         loss, updated = ref
         g_loss, g_updated = float(got["forward"][0].detach()), got["backward"][: len(updated)]
         # f32 on both sides: the partitioned sums differ from the dense ones only in order

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, NamedTuple
+from typing import ClassVar, NamedTuple
 
 import torch
 from torch import nn
@@ -212,7 +212,7 @@ class FlatCase(Case):
     def oracle(self) -> tuple[list[torch.Tensor], list[float]]:
         return reference_train(self)
 
-    def parity(self, source: str, got: Any, ref: tuple[list[torch.Tensor], list[float]]) -> Checks:
+    def parity(self, source: str, got: list[RankResult], ref: tuple[list[torch.Tensor], list[float]]) -> Checks:
         err = max(float((a - b).abs().max()) for a, b in zip(gather_params(self, got), ref[0], strict=True))
         # float32: sharded and unsharded sums differ only in summation order
         return {"parity.params_match_unsharded": (err < 1e-5, f"max |FSDP - unsharded| = {err:.2e} after "

@@ -11,7 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import ipywidgets as widgets
+import plotly.graph_objects as go
 import torch
+from plotly.subplots import make_subplots
 
 from shardlab import blocks
 from shardlab.viz.common import REPLICATED, device_color
@@ -44,9 +47,6 @@ def owners(m: int, k: int, n: int, parts: int, kind: str) -> dict[str, list[list
 
 def split_figure(m: int, k: int, n: int, parts: int, kind: str) -> Any:
     """Three heatmaps: x (m×k), W (k×n), Y (m×n), coloured by owning device."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
     own = owners(m, k, n, parts, kind)
     notes = {
         "column": ("x: replicated", "W = [W_1 … W_p]<br>by columns", "Y = [xW_1 … xW_p]<br>concatenate, no collective"),
@@ -90,8 +90,6 @@ def block_check(m: int, k: int, n: int, parts: int, kind: str, seed: int = 0) ->
 def explorer(m: int = 8, k: int = 16, n: int = 12, parts: int = 4, kind: str = "row"
              ) -> tuple[Any, Callable[..., dict[str, Any]]]:
     """Sliders for (m, k, n, parts, kind); returns ``(ui, update)``; ``update`` returns what it showed."""
-    import ipywidgets as widgets
-
     sliders = {
         "m": widgets.IntSlider(value=m, min=1, max=32, description="m (rows of x)"),
         "k": widgets.IntSlider(value=k, min=1, max=32, description="k (inner)"),

@@ -15,6 +15,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
 from shardlab.blocks import rank_arithmetic, tiles
 from shardlab.blocks.ring import RingTrace
 from shardlab.formulas.common import ceil_div
@@ -41,9 +44,6 @@ def _cells(values: list[list[float | None]], colours: list[list[str]]) -> dict[s
 
 def before_after(world_size: int = 4) -> Any:
     """Three rows (all-reduce, reduce-scatter, all-gather) × (before, after): a row per rank, a cell per element."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
     w = world_size
     ops = ("all_reduce", "reduce_scatter", "all_gather")
     titles = []
@@ -82,9 +82,6 @@ def before_after(world_size: int = 4) -> Any:
 
 def ring_figure(trace: RingTrace) -> Any:
     """One panel per step of a ring collective: ranks × chunks, coloured by contributions held."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
     w, steps = trace.world_size, trace.steps
     cols = min(steps + 1, 4) if steps else 1
     rows = ceil_div(steps + 1, cols)
@@ -132,9 +129,6 @@ def _mix(k: int, w: int) -> str:
 def tiles_figure(strings: Mapping[str, str], shape: tuple[int, int], num_devices: int) -> Any:
     """One panel per sharding string of a 2-D tensor of ``shape``: each element coloured by its first device,
     labelled with every device that holds it (grey when every device does)."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
     fig = make_subplots(rows=1, cols=len(strings), subplot_titles=[f"{k}<br>{v}" for k, v in strings.items()],
                         horizontal_spacing=0.05)
     for col, s in enumerate(strings.values(), start=1):

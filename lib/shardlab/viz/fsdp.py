@@ -19,6 +19,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import ipywidgets as widgets
+import plotly.graph_objects as go
+
 from shardlab.fsdp.flat_param import FlatShardPlan, plan_flat_shards_for
 from shardlab.fsdp.train import make_model
 from shardlab.params import FsdpParams
@@ -50,8 +53,6 @@ def pieces(plan: FlatShardPlan, names: list[str] | None = None) -> list[dict[str
 
 
 def flat_buffer_figure(plan: FlatShardPlan, names: list[str] | None = None, title: str | None = None) -> Any:
-    import plotly.graph_objects as go
-
     fig = go.Figure()
     shown: set[str] = set()
     for p in pieces(plan, names):
@@ -104,8 +105,6 @@ def parse_sizes(text: str) -> tuple[int, ...]:
 def explorer(layer_sizes: tuple[int, ...] = (16, 32, 8), world_size: int = 4, use_orig_params: bool = False
              ) -> tuple[Any, Callable[..., dict[str, Any]]]:
     """Widgets for (layer sizes, world size, alignment); returns ``(ui, update)``."""
-    import ipywidgets as widgets
-
     w_sizes = widgets.Text(value=", ".join(map(str, layer_sizes)), description="widths")
     w_world = widgets.IntSlider(value=world_size, min=1, max=16, description="world size")
     w_align = widgets.Checkbox(value=use_orig_params, description="use_orig_params (16-byte alignment)")
