@@ -72,7 +72,8 @@ def test_tiny_step_fits_and_the_compiler_kept_the_plan(name: str, xla_world) -> 
 
 @pytest.mark.slow
 def test_out_of_memory_is_the_compilers_verdict(xla_world) -> None:  # type: ignore[no-untyped-def]
-    """(~80 s: XLA:TPU works long before it gives up.) A 3M-word vocabulary: 2 x 3M x 2048 weights with AdamW = 20 GiB of arguments per chip of 15.75."""
+    """(~80 s: XLA:TPU works long before it gives up.) A 3M-word vocabulary: 2 x 3M x 2048 weights with AdamW
+    = 20 GiB of arguments per chip of 15.75."""
     cfg = make_config("llama-3-8b", mesh="fsdp=8", topology="v5e-8", batch=8, seq=64, num_layers=1,
                       overrides={**ATTN, "hidden_size": 2048, "num_attention_heads": 16, "vocab_size": 3_000_000})
     r = run(cfg)
@@ -106,3 +107,60 @@ def test_layer_modes_hold_the_same_state(layers: str, xla_world) -> None:  # typ
     for kind in ("parameters", "optimizer state"):
         assert r.row(kind)["compiler"] == ref.row(kind)["compiler"] == layout_bytes(cfg)[
             "params" if kind == "parameters" else "optimizer"]
+
+
+# The first lines and two largest allocations of XLA:TPU's message for Llama 3 8B on v5e:2x4 (fsdp 8, batch 8,
+# seq 8192; data/models/inspect_full.json): the program alone was over, so the arguments were not evaluated.
+OOM = """RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space hbm. Used 32.34G of 15.75G hbm. Exceeded hbm capacity by 16.59G.
+
+Total hbm usage >= 32.59G:
+    reserved        258.00M 
+    program          32.34G 
+    arguments            0B 
+
+Output size 0B; shares 0B with arguments.
+
+Program hbm requirement 32.34G:
+    global           304.5K
+    HLO temp         32.34G (100.0% utilization: Unpadded (28.52G) Padded (28.52G), 11.8% fragmentation (3.82G))
+
+  Largest program allocations in hbm:
+
+  1. Size: 8.00G
+     Operator: op_name="call.2205/call.2046/broadcast.1258"
+     Shape: f32[32,8192,8192]{1,2,0:T(8,128)}
+     Unpadded size: 8.00G
+     XLA label: fusion.988 = fusion(subtract_exponential_fusion.5), kind=kOutput, calls=fused_computation.606.clone
+     Allocation type: HLO temp
+     ==========================
+
+  2. Size: 4.00G
+     Operator: op_name="call.2205/call.2046/dot.1473"
+     Shape: bf16[32,8192,8192]{1,2,0:T(8,128)(2,1)}
+     Unpadded size: 4.00G
+     XLA label: fusion.1001.remat3 = fusion(bitcast.1634, copy-done.5), kind=kOutput, calls=fused_computation.695
+     Allocation type: HLO temp
+"""  # noqa: E501,W291
+
+
+def test_an_out_of_memory_message_becomes_the_table() -> None:
+    """No compile: the analysis of a real message (the slow test above compiles one)."""
+    from shardlab.inspect import analysis as A
+    from shardlab.inspect.api import _Compiled
+    from shardlab.profile.tpu_memory import parse_oom
+
+    cfg = make_config("llama-3-8b", mesh="fsdp=8", topology="v5e-8", batch=8, seq=8192).validate()
+    plan, _ = A.planner_for(cfg)
+    rows, totals = A.memory_rows(_Compiled(False, parse_oom(OOM)), cfg, plan)
+    by = {r["kind"].split(" (")[0]: r for r in rows}
+    g = 2**30
+    assert totals["used"] == round(32.34 * g) and totals["lower_bound"] and totals["arguments"] is None
+    # parameters 8,030,261,248 bf16 over 8 chips; AdamW 3 fp32 per parameter (all dims divide: no padding)
+    assert by["parameters"]["compiler"] == 8_030_261_248 * 2 // 8 and by["optimizer state"]["compiler"] == \
+        8_030_261_248 * 12 // 8
+    assert by["total"]["compiler"] == totals["used"] + by["parameters"]["compiler"] + \
+        by["optimizer state"]["compiler"] + by["inputs"]["compiler"]
+    assert by["arguments"]["source"] == "not evaluated"
+    big = A.largest(_Compiled(False, parse_oom(OOM)))
+    assert [b["shape"].split("{")[0] for b in big] == ["f32[32,8192,8192]", "bf16[32,8192,8192]"]
+    assert by["parameters"]["ratio"] == 1.0  # the planner's bf16 parameters per chip: the same arithmetic

@@ -200,13 +200,15 @@ def memory_rows(compiled: Any, cfg: InspectConfig, plan: Any) -> tuple[list[dict
         totals = {"arguments": m.argument, "temporaries": temp, "checked": total, "peak": m.peak,
                   "outputs": m.output, "aliased": m.alias, "temp_size": m.temp, "capacity": m.capacity}
         src = "compiler"
-    else:
+    else:  # out of memory: the message's figures
         o = compiled.oom
         args = {k: lay_b[k] for k in ("params", "optimizer", "inputs")}
         temp, total = o.program, o.used
-        totals = {"arguments": o.arguments, "temporaries": o.program, "checked": o.used, "capacity": o.capacity,
-                  "exceeded": o.exceeded, "fragmentation": o.fragmentation,
-                  "arguments_evaluated": o.arguments_evaluated}
+        if not o.arguments_evaluated:  # the program alone was over: "used" is the program; add the arguments it
+            total = o.used + sum(args.values())  # skipped (the layout's): a lower bound of what the check counts
+        totals = {"arguments": o.arguments, "temporaries": o.program, "checked": total, "capacity": o.capacity,
+                  "used": o.used, "exceeded": o.exceeded, "fragmentation": o.fragmentation,
+                  "arguments_evaluated": o.arguments_evaluated, "lower_bound": not o.arguments_evaluated}
         src = "layout"
     grads = lay_b["grads"]
     rest = None if temp is None else temp - grads
@@ -229,7 +231,8 @@ def memory_rows(compiled: Any, cfg: InspectConfig, plan: Any) -> tuple[list[dict
                 "compiler" if totals.get("arguments") is not None else "not evaluated",
                 pl("params", "optimizer", "padding")),
             row("total (what the capacity check counts)", total,
-                "compiler" if compiled.fits else "compiler (message: used)", pl(*p) if p else None)]
+                "compiler" if compiled.fits else "compiler (message: used)" if not totals.get("lower_bound") else
+                ">= message's program + layout arguments", pl(*p) if p else None)]
     return rows, totals
 
 

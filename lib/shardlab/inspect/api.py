@@ -66,6 +66,42 @@ class InspectResult:
     def from_dict(cls, d: dict[str, Any]) -> InspectResult:
         return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
 
+    def config_object(self) -> InspectConfig:
+        """The :class:`InspectConfig` this result was made from."""
+        import json
+
+        d = {k: v for k, v in self.config.items() if k != "model_config"}
+        d["mesh"] = tuple((a, n) for a, n in d["mesh"])
+        d["fsdp"] = tuple(d["fsdp"])
+        d["rules"] = tuple((p, tuple(tuple(a) if isinstance(a, list) else a for a in s)) for p, s in d["rules"])
+        d["overrides"] = tuple((k, v) for k, v in d["overrides"])
+        return InspectConfig(model_json=json.dumps(self.config["model_config"], sort_keys=True), **d)
+
+    def reread(self) -> InspectResult:
+        """An out-of-memory result with its memory rows recomputed from the stored compiler message by today's
+        analysis and planner (a compile that fitted keeps its rows: its program is not stored)."""
+        from dataclasses import replace
+
+        from shardlab.profile.tpu_memory import parse_oom
+
+        if self.fits or not self.oom_message:
+            return self
+        cfg = self.config_object()
+        compiled = _Compiled(False, parse_oom(self.oom_message))
+        plan, _ = A.planner_for(cfg)
+        rows, totals = A.memory_rows(compiled, cfg, plan)
+        return replace(self, memory=rows, totals=totals, largest=A.largest(compiled))
+
+
+@dataclass
+class _Compiled:
+    """The parts of a ``TpuCompile`` the analysis reads for an out-of-memory result."""
+
+    fits: bool
+    oom: Any
+    memory: Any = None
+    module: Any = None
+
 
 def _config_dict(cfg: InspectConfig) -> dict[str, Any]:
     d = asdict(cfg)
