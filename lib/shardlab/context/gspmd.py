@@ -9,10 +9,12 @@ collective runs within groups of cp devices. Three methods (:class:`CPGraphConfi
 contracts every query with every key, so each device needs all of K and V: :class:`GatherKV` annotates a
 replicated copy of k and v (forward: **all-gather** of each shard) and, in its backward, pins the K/V gradient
 replicated before annotating it sequence-sharded again (**reduce-scatter**: all-reduce + dynamic-slice on
-XLA:CPU). Scores per device [b, hq, s/cp, s]. Measured (torch_xla 2.9, XLA:CPU, 8 devices, s = 1024): without the
-pin (``pin_grad=False``) the partitioner computes dk / dv already sequence-sharded instead: it all-to-alls the
-[b, hq, s/cp, s] score gradient to key-sharding (4.3 MB per device) and all-gathers q — O(s²) bytes where the
-reduce-scatter moves O(s·d) (1 MB).
+XLA:CPU). Scores per device [b, hq, s/cp, s]. Measured (torch_xla 2.9, XLA:CPU, 8 devices, b 1, s 1024, hq 8,
+hkv 2, d 64, f32): with the pin 2 all-gathers (64 KiB each) and 2 reduce-scatters (512 KiB each), 1.2 MB of
+collective operands per device; without it (``pin_grad=False``) the partitioner computes dk already
+sequence-sharded: it all-to-alls the [b, hkv, g, s/cp, s] score gradient to key-sharding (4 MiB, plus its
+causal mask), all-gathers q, and reduces dv before summing its g query heads (2 MiB all-reduce) — 7.3 MB, with
+the O(s²) score gradient on the wire where the reduce-scatter moves O(s·d).
 
 ``ring`` — Liu et al.'s ring as one SPMD program. q, k, v are stacked on a leading ``context`` axis
 ([cp, b, s/cp, h, d], row r = rank r's chunks, ``(context, None, ...)``), k and v concatenated into one
