@@ -17,7 +17,10 @@ With E | cf·k·S the payload E·C·h·e equals cf·k·S·h·e = **tokens · k �
 statement, with "capacity" read as the capacity *factor* and "tokens" as the global count. The measured buffer
 is E·C rows whatever the routing: the slots are paid for even when empty, and C's ceiling rounds up
 (:func:`all_to_all` uses C; :func:`statement_bytes` is the rounded-free statement). The GSPMD program moves the
-same [E, G/ep, C, h] per device (one group per device).
+same [E, G/n, C, h] per device (one group per device). On a 2-D mesh (data × expert, n = dp·ep devices) "ranks"
+in the statement is n, not ep: every device routes its own T/n tokens, the all-to-all runs within the ep devices
+of an expert group, and the payload E·C·h·e does not depend on ep — only the wire, (ep − 1)/ep · payload, does
+(measured: the same 80 KiB all-to-alls at ep 8 and at ep 4 × data 2 for T/n = 128 tokens per device).
 
 **Expert weights** per chip: (E/ep) · 3·h·f · e (SwiGLU: W1, W3 [h, f], W2 [f, h]).
 
