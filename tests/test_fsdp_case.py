@@ -120,6 +120,18 @@ def test_compiler_view_matches_formula_and_skips(xla_world) -> None:  # type: ig
 
 
 @pytest.mark.xla
+def test_tpu_before_hlo_of_a_two_program_case(xla_world) -> None:  # type: ignore[no-untyped-def]
+    """The TPU compile of the backward program executes the forward first (``harness.build_program``); a later
+    capture of that forward must still find its HLO (memoised by graph hash), and both views must be whole."""
+    case = _gspmd(4, (9, 6, 3), 8)  # sizes no other test compiles
+    t, h = harness.tpu(case), harness.hlo(case)
+    assert t.ran and [c.label for c in t.detail] == ["step forward", "step backward"]
+    assert len(h.detail) == 2 and all(c.module.collectives for c in h.detail)  # both programs captured
+    assert all(r["agree"] for r in harness.compare([harness.formula(case), h]))
+    assert all(ok for v in (t, h) for ok, _ in v.checks.values()), (t.checks, h.checks)
+
+
+@pytest.mark.xla
 def test_tpu_view_defaults(xla_world) -> None:  # type: ignore[no-untyped-def]
     case = _gspmd(8, (30, 50, 10), 64)
     t = harness.tpu(case)
