@@ -12,7 +12,8 @@ the parameters the graph left without a sharding (placeholders) — never to a p
 out (:func:`parameter_propagation`), nor to an output tensor that has a sharding spec: that spec is set as the
 result's sharding, as torch_xla's own program keeps it (:func:`pin_shardings`). Measured why: allowed to
 propagate, XLA:TPU returned the dim-0 sharded gradients and updated parameters of a per-parameter FSDP step
-replicated, and all-gathered every parameter to produce them (``shardlab.fsdp.gspmd.backward_graph``).
+replicated, and all-gathered every parameter to produce them (the backward program of
+notebook 05b's ``shardlab.fsdp.case.GspmdCase``).
 Nothing executes, and the outputs are never synced (graphs over placeholders crash when executed).
 
 **Donation.** torch_xla updates parameters and optimizer state in place: the step's new value of a tensor is
