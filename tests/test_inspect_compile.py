@@ -76,15 +76,17 @@ def test_out_of_memory_is_the_compilers_verdict(xla_world) -> None:  # type: ign
     = 20 GiB of arguments per chip of 15.75."""
     cfg = make_config("llama-3-8b", mesh="fsdp=8", topology="v5e-8", batch=8, seq=64, num_layers=1,
                       overrides={**ATTN, "hidden_size": 2048, "num_attention_heads": 16, "vocab_size": 3_000_000})
-    r = run(cfg)
+    r = run(cfg, confirm=True)  # the nearest plan is compiled too (in a helper process when it has more chips)
     assert not r.fits and r.exit_status == 1
     assert "Ran out of memory in memory space hbm" in r.message and r.message in r.oom_message
     assert r.totals["checked"] > r.totals["capacity"] == 15.75 * 2**30  # "Used X of 15.75G hbm"
     assert r.largest and all(c["instructions"] == 0 for c in r.collectives)  # no program: the planner's rows only
     assert r.planner is not None and not r.planner["fits"]
     assert r.nearest is not None and r.nearest["total"] <= 0.9 * 15.75 * 2**30  # the planner's fit limit
+    assert r.confirmed is not None and r.confirmed["slice"] == r.nearest["topology"]
+    assert r.confirmed["fits"]  # the compiler agrees with the planner's nearest plan
     text = output.text(r)
-    assert "DOES NOT FIT" in text and "nearest plan that fits" in text
+    assert "DOES NOT FIT" in text and "nearest plan that fits" in text and "confirmed by the compiler" in text
 
 
 def test_outputs_render_and_round_trip(xla_world) -> None:  # type: ignore[no-untyped-def]

@@ -82,3 +82,26 @@ def test_cli_exits_2_naming_the_rule(tmp_path, capfd) -> None:  # type: ignore[n
         assert main(["inspect", *argv, "--quiet"]) == 2
         out, err = capfd.readouterr()
         assert pattern in err and out == "", (argv, err)
+
+
+def test_nearest_fit_is_the_closest_plan_the_planner_accepts() -> None:
+    """Brute force over the planner (no compile): the plan returned fits, and when it sits on a larger slice no
+    mesh / recompute choice on the original slice fits."""
+    from shardlab import planner as P
+    from shardlab.inspect import analysis as A
+
+    cfg = make_config("llama-3-8b", mesh="fsdp=8", topology="v5e-8", batch=8, seq=8192).validate()
+    near = A.nearest_fit(cfg)
+    assert near is not None and near.fits
+    c = near.config
+    if c.topology != cfg.topology:
+        for t in (1, 2, 4, 8):
+            for f in (1, 2, 4, 8):
+                if 8 % (t * f):
+                    continue
+                for rc in ("full", "none"):
+                    try:
+                        p = P.plan(A.plan_config(cfg, data=8 // (t * f), fsdp=f, tensor=t, recompute=rc))
+                    except ValueError:
+                        continue
+                    assert not p.fits, (t, f, rc)

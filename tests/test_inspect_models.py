@@ -87,3 +87,18 @@ def test_rebuilt_mask_equals_hfs(window: int | None) -> None:
     mine = causal_mask(7, torch.bfloat16, window, torch.device("cpu"))
     assert hf.shape == (2, 1, 7, 7) and mine.shape == (1, 1, 7, 7)
     assert torch.equal(hf, mine.expand(2, 1, 7, 7))
+
+
+def test_a_config_object_a_model_and_a_file_give_the_same_fields(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_hidden_layers=1)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg.to_dict()))
+    a, b = M.load_config(cfg), M.load_config(str(path))
+    model = M.build_meta(a)
+    c = M.load_config(model)  # a model: its config only
+    for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers", "vocab_size"):
+        assert getattr(a, k) == getattr(b, k) == getattr(c, k) == getattr(cfg, k)
