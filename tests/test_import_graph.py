@@ -82,8 +82,7 @@ def test_lib_has_no_import_cycle() -> None:
 
 def test_report_data_types_sit_below_their_users() -> None:
     graph = import_graph()
-    below = {"shardlab.report.runner", "shardlab.report.html", "shardlab.report.sweeps_config",
-             "shardlab.report.rundir"}
+    below = {"shardlab.report.runner", "shardlab.report.html", "shardlab.report.rundir"}
     for user in below:
         assert "shardlab.report.datatypes" in graph[user], user
     assert not graph["shardlab.report.datatypes"] & (below | {"shardlab.report.sweep"})
