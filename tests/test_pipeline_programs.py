@@ -13,19 +13,20 @@ biases' gradients are exactly 0 in exact arithmetic (softmax ignores a constant 
 from __future__ import annotations
 
 import copy
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from shardlab.comm import DistributedWorld, Ledger, RankError, SimulatedWorld
 from shardlab.formulas.pipeline import p2p_traffic
-from shardlab.pipeline.model import LMConfig, TinyLM, batch
+from shardlab.pipeline.model import TinyLM, batch
 from shardlab.pipeline.programs import dense_step, merge_results, pipeline_program
 from shardlab.pipeline.schedules import build
 from shardlab.pipeline.split import best_cuts, split, trace
 from shardlab.pipeline.torch_ref import torch_pipeline_program
 
-CFG = LMConfig(vocab=256, hidden=32, heads=2, ffn=64, layers=4, seq=8)
+CFG = SimpleNamespace(vocab=256, hidden=32, heads=2, ffn=64, layers=4, seq=8)
 B = 8  # batch
 
 
@@ -40,8 +41,8 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def setup(one_thread):
-    model = TinyLM(CFG)
-    tokens, targets = batch(CFG, B)
+    model = TinyLM(CFG.vocab, CFG.hidden, CFG.heads, CFG.ffn, CFG.layers)
+    tokens, targets = batch(CFG.vocab, CFG.seq, B)
     traced = trace(model, tokens)
     loss, grads = dense_step(copy.deepcopy(model), tokens, targets)
     return traced, tokens, targets, loss, grads

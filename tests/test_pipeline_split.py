@@ -5,17 +5,18 @@ against the even split by layer count on a model whose ends are heavy."""
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from shardlab.formulas.flops import transformer_flops
 from shardlab.formulas.pipeline import pipeline_step_time
-from shardlab.pipeline.model import LMConfig, TinyLM, batch, lm_loss
+from shardlab.pipeline.model import TinyLM, batch, lm_loss
 from shardlab.pipeline.split import best_cuts, brute_force_cuts, even_cuts, split, stage_costs, trace
 
-HEAVY = LMConfig(vocab=4096, hidden=64, heads=4, ffn=256, layers=8, seq=16)  # head ~ 2.6 blocks of FLOPs
-SMALL = LMConfig(vocab=256, hidden=32, heads=2, ffn=64, layers=4, seq=8)
+HEAVY = SimpleNamespace(vocab=4096, hidden=64, heads=4, ffn=256, layers=8, seq=16)  # head ~ 2.6 blocks of FLOPs
+SMALL = SimpleNamespace(vocab=256, hidden=32, heads=2, ffn=64, layers=4, seq=8)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -29,8 +30,8 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def heavy(one_thread):
-    model = TinyLM(HEAVY)
-    tokens, _ = batch(HEAVY, 4)
+    model = TinyLM(HEAVY.vocab, HEAVY.hidden, HEAVY.heads, HEAVY.ffn, HEAVY.layers)
+    tokens, _ = batch(HEAVY.vocab, HEAVY.seq, 4)
     return model, tokens, trace(model, tokens)
 
 
@@ -88,8 +89,8 @@ def test_auto_split_beats_the_even_split_when_the_ends_are_heavy(heavy) -> None:
 
 @pytest.mark.parametrize("rule", ["auto", "even"])
 def test_split_stages_compose_to_the_unsplit_model_exactly(rule: str) -> None:
-    model = TinyLM(SMALL)
-    tokens, targets = batch(SMALL, 4)
+    model = TinyLM(SMALL.vocab, SMALL.hidden, SMALL.heads, SMALL.ffn, SMALL.layers)
+    tokens, targets = batch(SMALL.vocab, SMALL.seq, 4)
     traced = trace(model, tokens)
     cuts = best_cuts(traced.train_costs, traced.frontier, 3).cuts if rule == "auto" else even_cuts(traced, 3)
     stages = split(traced, cuts)
@@ -114,8 +115,8 @@ def test_split_stages_compose_to_the_unsplit_model_exactly(rule: str) -> None:
 
 
 def test_bad_splits_are_refused() -> None:
-    model = TinyLM(SMALL)
-    tokens, _ = batch(SMALL, 2)
+    model = TinyLM(SMALL.vocab, SMALL.hidden, SMALL.heads, SMALL.ffn, SMALL.layers)
+    tokens, _ = batch(SMALL.vocab, SMALL.seq, 2)
     traced = trace(model, tokens)
     with pytest.raises(ValueError, match="need 11 cuts but the graph has only 10"):
         best_cuts(traced.train_costs, traced.frontier, 12)

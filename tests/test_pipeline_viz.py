@@ -26,8 +26,9 @@ def test_figure_has_one_bar_per_action_and_per_idle_interval() -> None:
     sched = build("interleaved", 2, 4, 2)
     t = simulate(sched, forward=1, backward=2)
     fig = timeline_figure(t, formula=bubble_ratio(2, 4, 2))
-    actions = [b for b in fig.data if b.marker.color in (KIND_COLOR["F"], KIND_COLOR["B"])]
-    assert len(actions) == sum(len(d) for d in sched.devices)
-    assert len(fig.data) - len(actions) == len(idle_intervals(t))
-    assert {b.text[0] for b in actions} >= {"0·0", "3·1"}  # microbatch·chunk labels
+    actions = [b for b in fig.data if b.marker.color in (KIND_COLOR["F"], KIND_COLOR["B"])]  # a trace per kind
+    assert sum(len(b.x) for b in actions) == sum(len(d) for d in sched.devices)
+    idle = [b for b in fig.data if b not in actions]
+    assert sum(len(b.x) for b in idle) == len(idle_intervals(t))
+    assert {x for b in actions for x in b.text} >= {"0·0", "3·1"}  # microbatch·chunk labels
     assert t.bubble_ratio == Fraction(1, 8) and "0.125 (formula 0.125)" in fig.layout.title.text

@@ -11,16 +11,13 @@ where an even split by layer count leaves the last stage slowest.
 The loss is the mean cross-entropy over every token of the batch; a pipeline step with m equal microbatches
 sums loss_i / m, the same number.
 
-    >>> cfg = LMConfig(vocab=64, hidden=16, heads=2, ffn=32, layers=2, seq=8)
-    >>> model = TinyLM(cfg)
-    >>> tokens, targets = batch(cfg, 4)
+    >>> model = TinyLM(vocab=64, hidden=16, heads=2, ffn=32, layers=2)
+    >>> tokens, targets = batch(vocab=64, seq=8, size=4)
     >>> tuple(model(tokens).shape), tuple(tokens.shape)
     ((4, 8, 64), (4, 8))
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -28,38 +25,27 @@ from torch import nn
 
 from shardlab.models import TransformerBlock
 
-__all__ = ["LMConfig", "TinyLM", "batch", "lm_loss"]
-
-
-@dataclass(frozen=True)
-class LMConfig:
-    vocab: int = 2048  # V: large next to h, so the ends are heavy
-    hidden: int = 64  # h
-    heads: int = 4  # nh (hidden % heads == 0)
-    ffn: int = 256  # MLP width (4 h)
-    layers: int = 8  # L transformer blocks
-    seq: int = 16  # s
-    seed: int = 0  # parameters and data are drawn from torch.manual_seed(seed)
-
-    def __post_init__(self) -> None:
-        for name in ("vocab", "hidden", "heads", "ffn", "layers", "seq"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
-        if self.hidden % self.heads:
-            raise ValueError(f"hidden={self.hidden} is not divisible by heads={self.heads}")
+__all__ = ["TinyLM", "batch", "lm_loss"]
 
 
 class TinyLM(nn.Module):
-    def __init__(self, cfg: LMConfig) -> None:
+    """Embedding [V, h] -> `layers` transformer blocks (hidden h, `heads` heads, MLP width `ffn`) -> LayerNorm
+    -> LM head [h, V]; parameters drawn from torch.manual_seed(seed), the caller's RNG untouched."""
+
+    def __init__(self, vocab: int, hidden: int, heads: int, ffn: int, layers: int, seed: int = 0) -> None:
         super().__init__()
-        with torch.random.fork_rng():  # deterministic parameters, the caller's RNG untouched
-            torch.manual_seed(cfg.seed)
-            self.embed = nn.Embedding(cfg.vocab, cfg.hidden)  # [V, h]
-            self.blocks = nn.ModuleList(
-                [TransformerBlock(cfg.hidden, cfg.heads, cfg.ffn) for _ in range(cfg.layers)]
-            )
-            self.norm = nn.LayerNorm(cfg.hidden)
-            self.head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)  # [V, h]
+        for name, value in (("vocab", vocab), ("hidden", hidden), ("heads", heads), ("ffn", ffn),
+                            ("layers", layers)):
+            if value < 1:
+                raise ValueError(f"{name}={value} must be >= 1")
+        if hidden % heads:
+            raise ValueError(f"hidden={hidden} is not divisible by heads={heads}")
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            self.embed = nn.Embedding(vocab, hidden)  # [V, h]
+            self.blocks = nn.ModuleList([TransformerBlock(hidden, heads, ffn) for _ in range(layers)])
+            self.norm = nn.LayerNorm(hidden)
+            self.head = nn.Linear(hidden, vocab, bias=False)  # [V, h]
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.embed(tokens)  # [b, s] -> [b, s, h]
@@ -73,8 +59,8 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
-def batch(cfg: LMConfig, size: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+def batch(vocab: int, seq: int, size: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """(tokens, targets), both int64 [size, seq]; targets are the tokens shifted by one (next-token)."""
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, cfg.vocab, (size, cfg.seq + 1), generator=g)
+    ids = torch.randint(0, vocab, (size, seq + 1), generator=g)
     return ids[:, :-1].contiguous(), ids[:, 1:].contiguous()

@@ -66,7 +66,9 @@ def pipeline_program(
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = lm_loss,
 ) -> dict[str, Any]:
     """One device's training step under `schedule` -> {"loss": sum of loss_i (last stage's device, else None),
-    "grads": {unsplit parameter name: gradient} of this device's stages}."""
+    "grads": {unsplit parameter name: gradient} of this device's stages, "order": the actions in the order they
+    ran, "peak_held": the most (stage, microbatch) activations this device held at once (forward done, backward
+    not yet)}."""
     p, m, n = schedule.p, schedule.m, schedule.stages
     if comm.world_size != p:
         raise ValueError(f"the schedule has p={p} devices but the world has {comm.world_size} ranks")
@@ -87,7 +89,9 @@ def pipeline_program(
     local: dict[tuple[str, int, int], torch.Tensor] = {}  # same-device hand-over (p = 1)
     saved: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # (stage, i) -> (input, output | loss)
     loss_total: torch.Tensor | None = None
+    order, peak_held = [], 0
     for a in schedule.devices[rank]:
+        order.append(a)
         s, i = a.stage, a.microbatch
         if a.kind == "F":
             if s == 0:
@@ -110,6 +114,7 @@ def pipeline_program(
                 else:
                     comm.send(y, dst, tag="act")
             saved[(s, i)] = (x, y)
+            peak_held = max(peak_held, len(saved))
         elif a.kind == "B":
             x, y = saved.pop((s, i))
             with phase_scope("backward"):
@@ -134,7 +139,7 @@ def pipeline_program(
     for s in mine:
         for name, prm in stages[s].named_parameters():
             grads[param_names[s][name]] = prm.grad.detach().clone() if prm.grad is not None else None
-    return {"loss": loss_total, "grads": grads}
+    return {"loss": loss_total, "grads": grads, "order": order, "peak_held": peak_held}
 
 
 def merge_results(results: Sequence[dict[str, Any]]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

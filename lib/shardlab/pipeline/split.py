@@ -23,7 +23,8 @@ points.  Here:
    (same ops in the same order: the tests compare with `torch.equal`).
 
 `even_cuts` is the usual alternative: L/p transformer blocks per stage, the embedding on the first stage, the
-final norm and the LM head on the last.
+final norm and the LM head on the last.  `compare_splits` puts the two side by side: each stage's cost, the
+slowest stage, and the step time they predict (GPipe's flow-shop formula, 1F1B timed by the simulator).
 
 Example::
 
@@ -47,13 +48,16 @@ from torch.fx.passes.split_module import split_module
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
+from shardlab.formulas.pipeline import pipeline_step_time
 from shardlab.models import Attention
+from shardlab.pipeline.schedules import build
+from shardlab.pipeline.timeline import simulate
 
 LEAF_MODULES: tuple[type[nn.Module], ...] = (Attention,)
 
 __all__ = [
-    "Cuts", "NodeCost", "StageCost", "Stages", "Traced", "best_cuts", "brute_force_cuts", "even_cuts", "split",
-    "stage_costs", "trace",
+    "Cuts", "NodeCost", "SplitCost", "StageCost", "Stages", "Traced", "best_cuts", "brute_force_cuts",
+    "compare_splits", "even_cuts", "split", "stage_costs", "trace",
 ]
 
 
@@ -265,3 +269,26 @@ def split(traced: Traced, cuts: Sequence[int]) -> Stages:
     original = {id(p): name for name, p in traced.model.named_parameters()}
     names = tuple({n: original[id(p)] for n, p in m.named_parameters()} for m in modules)
     return Stages(modules, names, tuple(traced.boundary[c] for c in cuts))
+
+
+@dataclass(frozen=True)
+class SplitCost:
+    cuts: tuple[int, ...]
+    stages: tuple[StageCost, ...]
+    max_cost: float  # the slowest stage's training cost (3 x its forward FLOPs), per step
+    gpipe_step: float  # step time in FLOP units (forward = its FLOPs, backward = 2 x): pipeline_step_time
+    one_f_one_b_step: float  # the same costs timed under 1F1B by the simulator
+
+
+def compare_splits(traced: Traced, p: int, m: int) -> dict[str, SplitCost]:
+    """{"auto": the DP's cuts, "even": L/p blocks per stage}: stage costs and the step each predicts at m
+    microbatches (each stage's forward per microbatch = its FLOPs / m, backward twice that)."""
+    out = {}
+    auto = best_cuts(traced.train_costs, traced.frontier, p).cuts
+    for rule, cuts in (("auto", auto), ("even", even_cuts(traced, p))):
+        st = stage_costs(traced, cuts)
+        f = [s.flops / m for s in st]
+        timed = simulate(build("1f1b", p, m), stage_costs=[(x, 2 * x) for x in f]).makespan
+        out[rule] = SplitCost(tuple(cuts), tuple(st), 3 * max(s.flops for s in st),
+                              pipeline_step_time(f, [2 * x for x in f], m), float(timed))
+    return out

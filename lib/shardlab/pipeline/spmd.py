@@ -4,11 +4,13 @@ activation in one [p, ...] buffer shifted one stage per loop iteration (the GSPM
 
 Design note
 -----------
-p stages, m microbatches of [mb, h], v repeats (circular pipeline; v = 1 is GPipe's fill-drain).  The model is
+p stages, m microbatches of [rows, h], v repeats (circular pipeline; v = 1 is GPipe's fill-drain).  The model is
 p v layers `y = tanh(x @ W_k)`; layer k = r p + s lives on stage s as repeat r (the interleaved placement: stage
-k on device k % p), so the weights are held as W [v, p, h, h], sharded ('stage' on dim 1).
+k on device k % p), so the weights are held as W [v, p, h, h], sharded ('stage' on dim 1).  Stacking needs
+identical stages: an SPMD pipeline pipelines the repeated layers only (MaxText keeps the embedding and the head
+outside it).  p, m and v are read from the shapes of x [m, rows, h] and W [v, p, h, h].
 
-State: `state` [p, mb, h] sharded on dim 0 — slot s is what stage s works on.  Iteration t (T = v m + p - 1
+State: `state` [p, rows, h] sharded on dim 0 — slot s is what stage s works on.  Iteration t (T = v m + p - 1
 iterations; GPipe: m + p - 1):
 
     rotated = shift(state)                         slot s+1 <- slot s; slot 0 <- slot p-1 (circular) or zeros
@@ -25,7 +27,7 @@ virtual devices, state [8, 8, 64] sharded on dim 0, measured):
     shift="cat"        torch.cat([state[-1:], state[:-1]])      ONE collective-permute, one shard, p pairs
     shift="pad"        F.pad(state[:-1], front of dim 0)        ONE collective-permute, one shard, p - 1 pairs
     shift="roll"       torch.roll(state, 1, 0)                  two all-to-alls + an all-gather
-    shift="cat_zeros"  torch.cat([zeros[1], state[:-1]])        three all-to-alls (the same values as pad!)
+    shift="cat_zeros"  torch.cat([zeros[1], state[:-1]])        all-to-alls (the same values as pad!)
 
 GPipe (v = 1) needs no hand-back from the last stage (slot 0 is overwritten by the next microbatch), so
 "pad" is its natural shift; the circular pipeline needs "cat".
@@ -33,22 +35,24 @@ GPipe (v = 1) needs no hand-back from the last stage (slot 0 is overwritten by t
 The loop is `torch_xla.experimental.scan` (one While loop in the HLO: trip count T, one permute in the body)
 or a Python loop (`loop="python"`: T permutes unrolled into the entry).  The bubble shows up as the trip
 count: T iterations do v m stage-steps of useful work each, (p - 1) / T of the step is fill and drain, and the
-shift moves a shard per device in every iteration — bubble iterations included.
+shift moves a shard per device in every iteration — bubble iterations included.  Autograd differentiates the
+whole forward loop before any backward runs: the ordering is GPipe's (every microbatch's activations held until
+the backward loop); a 1F1B order, which starts microbatch 0's backward while later forwards are still running,
+has no place in one forward scan followed by its reversed scan.
 
-Parity: `dense_forward` runs the p v layers one after another per microbatch on CPU; the tests compare the
-pipeline's outputs and weight gradients with it.
+Parity: `dense_forward` runs the p v layers one after another per microbatch on CPU; `stage_modules` gives the
+same layers to the per-stage programs (`shardlab.pipeline.programs`).
 
 Example::
 
     runtime.setup(num_devices=4)
-    cfg = SpmdPipeline(p=4, m=4)
-    x, w = init(cfg)
-    out = circular_pipeline(x.to(dev), w.to(dev), cfg, runtime.mesh(4, "stage"))     # [m, mb, h]
+    x, w = init(p=4, m=4, v=1, rows=8, hidden=64)
+    mesh = runtime.mesh((4, 1), ("stage", "data"))
+    out = circular_pipeline(x.to(dev), w.to(dev), mesh, shift="pad")     # [m, rows, h] == dense_forward(x, w)
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -57,57 +61,38 @@ import torch.nn.functional as F
 SHIFTS = ("cat", "pad", "roll", "cat_zeros")
 LOOPS = ("scan", "python")
 
-__all__ = ["LOOPS", "SHIFTS", "SpmdPipeline", "build_graph", "circular_pipeline", "dense_forward", "init",
-           "microbatch_loss", "pipeline_loss", "read_program", "schedule_inputs", "stage_modules", "TanhLayer"]
+__all__ = ["LOOPS", "SHIFTS", "TanhLayer", "check_spmd", "circular_pipeline", "dense_forward", "init",
+           "iterations", "microbatch_loss", "pipeline_loss", "pipeline_step", "read_program", "schedule_inputs",
+           "shift", "stage_modules"]
 
 
-@dataclass(frozen=True)
-class SpmdPipeline:
-    p: int = 4  # stages (the `stage` mesh axis)
-    m: int = 4  # microbatches
-    v: int = 1  # repeats per stage (circular pipeline); v > 1 needs m >= p
-    micro_batch: int = 8  # rows of one microbatch
-    hidden: int = 64  # h
-    fsdp: int = 1  # second mesh axis: shards the microbatch rows and W's input dim (1: replicated over it)
-    shift: str = "cat"  # cat | pad | roll | cat_zeros: how the shift is written (module note)
-    loop: str = "scan"  # scan (one While loop) | python (unrolled)
-    backward: bool = True  # build the loss's backward too
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        for name in ("p", "m", "v", "micro_batch", "hidden", "fsdp"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r} must be an int >= 1")
-        if self.shift not in SHIFTS:
-            raise ValueError(f"shift={self.shift!r} is not one of {SHIFTS}")
-        if self.loop not in LOOPS:
-            raise ValueError(f"loop={self.loop!r} is not one of {LOOPS}")
-        if self.v > 1 and self.shift in ("pad", "cat_zeros"):
-            raise ValueError(f"shift={self.shift!r} drops the last stage's slot; a circular pipeline (v={self.v}) "
-                             "needs shift 'cat' or 'roll'")
-        if self.v > 1 and self.m < self.p:
-            raise ValueError(f"m={self.m} must be >= p={self.p} for a circular pipeline (v={self.v}): an item "
-                             "leaving the last stage re-enters stage 0 m iterations after it first entered")
-        if self.micro_batch % self.fsdp or self.hidden % self.fsdp:
-            raise ValueError(f"micro_batch={self.micro_batch} and hidden={self.hidden} must be divisible by "
-                             f"fsdp={self.fsdp}")
-
-    @property
-    def iterations(self) -> int:
-        """T = v m + p - 1: the loop's trip count."""
-        return self.v * self.m + self.p - 1
-
-    @property
-    def devices(self) -> int:
-        return self.p * self.fsdp
+def iterations(p: int, m: int, v: int = 1) -> int:
+    """T = v m + p - 1: the loop's trip count."""
+    return v * m + p - 1
 
 
-def init(cfg: SpmdPipeline) -> tuple[torch.Tensor, torch.Tensor]:
-    """CPU inputs: x [m, mb, h] and W [v, p, h, h] (scaled so tanh stays in its linear-ish range)."""
-    g = torch.Generator().manual_seed(cfg.seed)
-    x = torch.randn(cfg.m, cfg.micro_batch, cfg.hidden, generator=g)
-    w = torch.randn(cfg.v, cfg.p, cfg.hidden, cfg.hidden, generator=g) / cfg.hidden**0.5
+def check_spmd(p: int, m: int, v: int = 1, how: str = "cat", loop: str = "scan") -> None:
+    """Raise ValueError naming the rule when (p, m, v, shift, loop) is no circular pipeline this module builds."""
+    for name, value in (("p", p), ("m", m), ("v", v)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} must be an int >= 1")
+    if how not in SHIFTS:
+        raise ValueError(f"shift={how!r} is not one of {SHIFTS}")
+    if loop not in LOOPS:
+        raise ValueError(f"loop={loop!r} is not one of {LOOPS}")
+    if v > 1 and how in ("pad", "cat_zeros"):
+        raise ValueError(f"shift={how!r} drops the last stage's slot; a circular pipeline (v={v}) needs shift "
+                         "'cat' or 'roll'")
+    if v > 1 and m < p:
+        raise ValueError(f"m={m} must be >= p={p} for a circular pipeline (v={v}): an item leaving the last stage "
+                         "re-enters stage 0 m iterations after it first entered")
+
+
+def init(p: int, m: int, v: int, rows: int, hidden: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """CPU inputs: x [m, rows, h] and W [v, p, h, h] (scaled so tanh stays in its linear-ish range)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, rows, hidden, generator=g)
+    w = torch.randn(v, p, hidden, hidden, generator=g) / hidden**0.5
     return x, w
 
 
@@ -116,14 +101,14 @@ def dense_forward(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     v, p = w.shape[0], w.shape[1]
     out = x
     for k in range(p * v):
-        out = torch.tanh(out @ w[k // p, k % p])  # [m, mb, h] @ [h, h]
+        out = torch.tanh(out @ w[k // p, k % p])  # [m, rows, h] @ [h, h]
     return out
 
 
-def schedule_inputs(cfg: SpmdPipeline) -> tuple[torch.Tensor, torch.Tensor]:
+def schedule_inputs(p: int, m: int, v: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Per iteration t: `fresh` [T] (1.0 while a new microbatch enters, t < m) and `select` [T, v, p] (one-hot:
     stage s uses repeat r = clamp((t - s) // m, 0, v - 1))."""
-    T, m, v, p = cfg.iterations, cfg.m, cfg.v, cfg.p
+    T = iterations(p, m, v)
     fresh = (torch.arange(T) < m).float()
     select = torch.zeros(T, v, p)
     for t in range(T):
@@ -132,64 +117,69 @@ def schedule_inputs(cfg: SpmdPipeline) -> tuple[torch.Tensor, torch.Tensor]:
     return fresh, select
 
 
-def _shift(state: torch.Tensor, how: str) -> torch.Tensor:
+def shift(state: torch.Tensor, how: str) -> torch.Tensor:
     """slot s+1 <- slot s for s < p - 1; slot 0 <- slot p-1 (cat, roll) or zeros (pad, cat_zeros).
-    state [p, mb, h]; the caller overwrites slot 0 whenever it is not the circular hand-back."""
+    state [p, rows, h]; the caller overwrites slot 0 whenever it is not the circular hand-back."""
     if how == "cat":
-        return torch.cat([state[-1:], state[:-1]], 0)  # [1, mb, h] + [p-1, mb, h] -> [p, mb, h]
+        return torch.cat([state[-1:], state[:-1]], 0)  # [1, rows, h] + [p-1, rows, h] -> [p, rows, h]
     if how == "pad":
-        return F.pad(state[:-1], (0, 0, 0, 0, 1, 0))  # zeros in front of [p-1, mb, h] -> [p, mb, h]
+        return F.pad(state[:-1], (0, 0, 0, 0, 1, 0))  # zeros in front of [p-1, rows, h] -> [p, rows, h]
     if how == "cat_zeros":
         return torch.cat([state.new_zeros(1, *state.shape[1:]), state[:-1]], 0)
-    return torch.roll(state, 1, 0)
+    if how == "roll":
+        return torch.roll(state, 1, 0)
+    raise ValueError(f"shift={how!r} is not one of {SHIFTS}")
 
 
-def circular_pipeline(x: torch.Tensor, w: torch.Tensor, cfg: SpmdPipeline, mesh: Any = None) -> torch.Tensor:
-    """The pipeline's outputs [m, mb, h] (differentiable in x and w).  With `mesh` (axes ("stage",) or
-    ("stage", "fsdp")) the state and the weights are annotated; without it the same math runs unannotated."""
-    import torch_xla.distributed.spmd as xs
+def circular_pipeline(x: torch.Tensor, w: torch.Tensor, mesh: Any = None, *, how: str = "cat",
+                      loop: str = "scan", data_axis: str | None = None, fsdp: bool = False) -> torch.Tensor:
+    """The pipeline's outputs [m, rows, h] (differentiable in x and w).  With `mesh` the state and the weights
+    are annotated: "stage" splits the stages; `data_axis` (a second mesh axis) splits every microbatch's rows —
+    data parallelism, one pipeline per data shard — and, with `fsdp`, W's input dim as well (ZeRO-3 / FSDP:
+    each stage gathers its layer's shards when it runs it).  Without `mesh` the same math runs unannotated."""
+    import torch_xla.distributed.spmd as xs  # imported here: this module is imported before runtime.setup()
     from torch_xla.experimental.scan import scan
 
-    p, m, v = cfg.p, cfg.m, cfg.v
-    T, depth = cfg.iterations, max(cfg.m - cfg.p, 0)  # FIFO slots between the last stage and stage 0
+    m, v, p = x.shape[0], w.shape[0], w.shape[1]
+    check_spmd(p, m, v, how, loop)
+    T, depth = iterations(p, m, v), max(m - p, 0)  # FIFO slots between the last stage and stage 0
     dev = x.device
-    two_d = mesh is not None and "fsdp" in mesh.axis_names
 
-    def shard_state(t: torch.Tensor, spec: tuple) -> torch.Tensor:
+    def annotate(t: torch.Tensor, spec: tuple) -> torch.Tensor:
         if mesh is not None:
             xs.mark_sharding(t, mesh, spec)
         return t
 
-    row = "fsdp" if two_d else None  # the microbatch rows (and W's input dim) on the second axis
-    if mesh is not None:
-        xs.mark_sharding(w, mesh, (None, "stage", row, None))  # W [v, p, h, h]
-    fresh, select = (t.to(dev) for t in schedule_inputs(cfg))
-    stream = torch.cat([x, x.new_zeros(T - m, *x.shape[1:])], 0)  # [T, mb, h]: x[t] enters at t < m
-    if mesh is not None:  # every stage sees the stream (only stage 0 reads it): left unannotated, the
-        xs.mark_sharding(stream, mesh, (None, row, None))  # partitioner shards it on mb and reshards the state
-        xs.mark_sharding(select, mesh, (None, None, None))  # to match, with all-to-alls in every iteration
-    state = shard_state(x.new_zeros(p, cfg.micro_batch, cfg.hidden), ("stage", row, None))  # [p, mb, h]
-    fifo = shard_state(x.new_zeros(p, max(depth, 1), cfg.micro_batch, cfg.hidden), ("stage", None, row, None))
+    row = data_axis
+    annotate(w, (None, "stage", row if fsdp else None, None))  # W [v, p, h, h]
+    fresh, select = (t.to(dev) for t in schedule_inputs(p, m, v))
+    # [T, p, rows, h]: x[t] in stage 0's slot at t < m, zeros elsewhere — sharded like the state, so entering is
+    # local (a stream every stage reads would need an all-reduce of its gradient over the stages per iteration)
+    stream = annotate(F.pad(x[:, None], (0, 0, 0, 0, 0, p - 1, 0, T - m)), (None, "stage", row, None))
+    annotate(select, (None, None, None))  # replicated: left unannotated, the partitioner reshards per iteration
+    state = annotate(x.new_zeros(p, x.shape[1], x.shape[2]), ("stage", row, None))  # [p, rows, h]
+    fifo = annotate(x.new_zeros(p, max(depth, 1), x.shape[1], x.shape[2]), ("stage", None, row, None))
 
     def step(carry, inputs):
         state, fifo, w = carry
-        x_t, fresh_t, sel_t = inputs  # [mb, h], [], [v, p]
-        rotated = _shift(state, cfg.shift)  # the one collective of the iteration (written as cat or pad)
+        x_t, fresh_t, sel_t = inputs  # [p, rows, h] (slot 0: the microbatch entering), [], [v, p]
+        rotated = shift(state, how)  # the one collective of the iteration (written as cat or pad)
         if v > 1 and depth > 0:  # what left the last stage m - p iterations ago re-enters stage 0 now
-            back = fifo[:, 0]  # [p, mb, h] (slot 0 meaningful: stage 0's FIFO)
+            back = fifo[:, 0]  # [p, rows, h] (slot 0 meaningful: stage 0's FIFO)
             fifo = torch.cat([fifo[:, 1:], rotated[:, None]], 1)  # push; local to each stage
         else:
             back = rotated
-        enter = fresh_t * x_t[None] + (1 - fresh_t) * back  # [p, mb, h]; only slot 0 is used
+        enter = fresh_t * x_t + (1 - fresh_t) * back  # [p, rows, h]; only slot 0 is used
         slot0 = (torch.arange(p, device=rotated.device) == 0).to(rotated.dtype).view(p, 1, 1)  # made inside:
         state = slot0 * enter + (1 - slot0) * rotated  # scan's body may not capture outer tensors
-        w_sel = torch.einsum("vp,vphk->phk", sel_t, w)  # [p, h, h]: stage s's layer this iteration
+        # stage s's layer this iteration: W[0] for GPipe, else the repeat `select` picks
+        w_sel = w[0] if v == 1 else torch.einsum("vp,vphk->phk", sel_t, w)  # [p, h, h]
         state = torch.tanh(torch.einsum("pbh,phk->pbk", state, w_sel))  # every stage at once, locally
         return (state, fifo, w), state
 
     carry = (state, fifo, w)
-    if cfg.loop == "scan":
-        _, ys = scan(step, carry, (stream, fresh, select))  # ys [T, p, mb, h]
+    if loop == "scan":
+        _, ys = scan(step, carry, (stream, fresh, select))  # ys [T, p, rows, h]
     else:
         outs = []
         for t in range(T):
@@ -197,7 +187,7 @@ def circular_pipeline(x: torch.Tensor, w: torch.Tensor, cfg: SpmdPipeline, mesh:
             outs.append(y)
         ys = torch.stack(outs)
     first = (v - 1) * m + p - 1  # microbatch i leaves the last stage (last repeat) at first + i
-    return ys[first : first + m, p - 1]  # [m, mb, h]
+    return ys[first : first + m, p - 1]  # [m, rows, h]
 
 
 def pipeline_loss(out: torch.Tensor) -> torch.Tensor:
@@ -209,6 +199,20 @@ def microbatch_loss(y: torch.Tensor, _unused: torch.Tensor) -> torch.Tensor:
     return pipeline_loss(y)
 
 
+def pipeline_step(x: torch.Tensor, w: torch.Tensor, mesh: Any = None, *, how: str = "cat", loop: str = "scan",
+                  data_axis: str | None = None, fsdp: bool = False, backward: bool = True) -> list[torch.Tensor]:
+    """One step on device tensors x [m, rows, h], W [v, p, h, h]: [outputs] or, with `backward`, [outputs, loss,
+    grad x, grad W].  Not synced (for `shardlab.harness` to capture or compile)."""
+    if not backward:
+        return [circular_pipeline(x, w, mesh, how=how, loop=loop, data_axis=data_axis, fsdp=fsdp)]
+    x.requires_grad_(True)
+    w.requires_grad_(True)
+    out = circular_pipeline(x, w, mesh, how=how, loop=loop, data_axis=data_axis, fsdp=fsdp)
+    loss = pipeline_loss(out)
+    gx, gw = torch.autograd.grad(loss, (x, w))
+    return [out, loss, gx, gw]
+
+
 class TanhLayer(torch.nn.Module):
     """One layer of the SPMD pipeline's model, y = tanh(x W), as a module for the per-stage programs."""
 
@@ -217,38 +221,18 @@ class TanhLayer(torch.nn.Module):
         self.weight = torch.nn.Parameter(w.clone())  # [h, h]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(x @ self.weight)  # [mb, h] @ [h, h]
+        return torch.tanh(x @ self.weight)  # [rows, h] @ [h, h]
 
 
-def stage_modules(cfg: SpmdPipeline) -> tuple[list[TanhLayer], list[dict[str, str]], list[tuple]]:
+def stage_modules(w: torch.Tensor, rows: int) -> tuple[list[TanhLayer], list[dict[str, str]], list[tuple]]:
     """The same model for `shardlab.pipeline.programs.pipeline_program`: stage k = layer k (W[k // p, k % p]),
-    the gradient names "w.<r>.<s>" (index into W), and the [mb, h] tensor each cut hands over."""
-    _, w = init(cfg)
-    n = cfg.p * cfg.v
-    layers = [TanhLayer(w[k // cfg.p, k % cfg.p]) for k in range(n)]
-    names = [{"weight": f"w.{k // cfg.p}.{k % cfg.p}"} for k in range(n)]
-    boundary = [((cfg.micro_batch, cfg.hidden), torch.float32)] * (n - 1)
+    the gradient names "w.<r>.<s>" (index into W), and the [rows, h] tensor each cut hands over."""
+    v, p, h = w.shape[0], w.shape[1], w.shape[2]
+    n = p * v
+    layers = [TanhLayer(w[k // p, k % p]) for k in range(n)]
+    names = [{"weight": f"w.{k // p}.{k % p}"} for k in range(n)]
+    boundary = [((rows, h), torch.float32)] * (n - 1)
     return layers, names, boundary
-
-
-def build_graph(cfg: SpmdPipeline) -> list[torch.Tensor]:
-    """The pipeline on this process's SPMD world (mesh stage x fsdp = p x fsdp devices): its outputs, and with
-    `cfg.backward` the loss and the gradients of x and W.  Not synced; for `capture_hlo` / `profile.tpu`."""
-    from shardlab import runtime
-
-    axes = ("stage", "fsdp")
-    mesh = runtime.mesh((cfg.p, cfg.fsdp), axes)
-    dev = runtime.device()
-    x, w = init(cfg)
-    x, w = x.to(dev), w.to(dev)
-    if not cfg.backward:
-        return [circular_pipeline(x, w, cfg, mesh)]
-    x.requires_grad_(True)
-    w.requires_grad_(True)
-    out = circular_pipeline(x, w, cfg, mesh)
-    loss = pipeline_loss(out)
-    gx, gw = torch.autograd.grad(loss, (x, w))
-    return [out, loss, gx, gw]
 
 
 def read_program(module: Any) -> dict[str, Any]:
@@ -258,7 +242,9 @@ def read_program(module: Any) -> dict[str, Any]:
     ``<op>.in_loop`` (of them inside a loop body), ``<op>.step_count`` / ``<op>.step_bytes`` (executions and
     per-device operand bytes per step: each collective times the runs of the computation that schedules it),
     ``<op>.async`` (issued as start / done); for the collective-permutes also ``collective_permute.pairs``
-    (source-target pairs of each in-loop permute) and ``collective_permute.bytes_per_iteration``.
+    (source-target pairs of each in-loop permute), ``collective_permute.bytes_per_iteration`` and
+    ``collective_permute.windows``: per asynchronous in-loop permute, (instructions the schedule puts between its
+    start and its done, how many of them do matmul work) — what XLA:TPU overlaps with the shift.
     """
     out: dict[str, Any] = {"trip_counts": sorted(t for w in module.while_loops
                                                  if (t := module.trip_count(w.name)) is not None)}
@@ -271,4 +257,6 @@ def read_program(module: Any) -> dict[str, Any]:
         if c.op == "collective-permute" and c.in_while:
             out.setdefault("collective_permute.pairs", []).append(len(c.source_target_pairs))
             out.setdefault("collective_permute.bytes_per_iteration", []).append(c.operand_bytes)
+    windows = [w for w in module.async_windows() if w.collective.op == "collective-permute" and w.collective.in_while]
+    out["collective_permute.windows"] = [(len(w.between), len(w.compute)) for w in windows]
     return out

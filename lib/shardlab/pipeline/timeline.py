@@ -37,9 +37,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-from shardlab.pipeline.schedules import Action, Schedule
+from shardlab.formulas import pipeline as fpp
+from shardlab.pipeline.schedules import Action, Schedule, build, peak_inflight
 
-__all__ = ["Event", "Timeline", "simulate"]
+__all__ = ["Event", "Timeline", "compare", "simulate"]
 
 
 @dataclass(frozen=True)
@@ -148,3 +149,33 @@ def simulate(
             blocked = [str(acts[nxt[r]]) for r, acts in enumerate(schedule.devices) if nxt[r] < len(acts)]
             raise ValueError(f"{schedule.name}: the order deadlocks; every device waits (next: {blocked})")
     return Timeline(schedule, tuple(events))
+
+
+def compare(p: int, m: int, v: int, message_bytes: int = 0) -> list[dict[str, object]]:
+    """Per schedule (gpipe, 1f1b, interleaved at v): the bubble by formula and measured from the order (both
+    conventions), the activations device 0 holds at most (formula and counted; in stage-microbatches: one chunk
+    is 1/v of a stage), point-to-point messages and bytes per step (`message_bytes` each).  A schedule that
+    cannot run at (p, m, v) gets ``{"schedule", "error"}`` instead — the explorer reports it, nothing raises.
+
+    >>> [(r["schedule"], r["bubble_fraction"]) for r in compare(4, 8, 2)][:2]
+    [('gpipe', Fraction(3, 11)), ('1f1b', Fraction(3, 11))]
+    """
+    rows: list[dict[str, object]] = []
+    for name in fpp.SCHEDULES:
+        vv = v if name == "interleaved" else 1
+        try:
+            sched = build(name, p, m, vv)
+        except ValueError as exc:
+            rows.append({"schedule": name, "error": str(exc)})
+            continue
+        t = simulate(sched, forward=1, backward=2)
+        traffic = fpp.p2p_traffic(p, m, 1, 1, 1, v=vv)
+        rows.append({
+            "schedule": name, "v": vv,
+            "bubble_fraction": t.idle_fraction, "formula_fraction": Fraction(p - 1, vv * m + p - 1),
+            "bubble_ratio": t.bubble_ratio, "formula_ratio": Fraction(p - 1, vv * m),
+            "inflight": Fraction(peak_inflight(sched)[0], vv),
+            "formula_inflight": Fraction(fpp.peak_inflight(name, p, m, vv, device=0), vv),
+            "messages": int(traffic["count"]), "bytes": int(traffic["count"]) * message_bytes,
+        })
+    return rows

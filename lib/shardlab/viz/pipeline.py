@@ -10,19 +10,25 @@ idle interval of a device as a light hatched bar, so the bubble is what you see.
 PyTorch's spelling ("1F0": stage 1, forward, microbatch 0), its start and end.  The title states the measured
 bubble (idle / busy, the paper's convention) next to the formula's.
 ``idle_intervals`` is the pure part (tested without plotly).
+
+``split_figure`` draws the stage costs of two splits side by side (the automatic split against the even one);
+``explorer`` gives p, m, v sliders over :func:`shardlab.pipeline.timeline.compare` (bubble, memory, traffic), its
+update function callable headless.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from shardlab.pipeline.timeline import Timeline
-from shardlab.viz.common import PADDING
+from shardlab.pipeline.schedules import Action
+from shardlab.pipeline.timeline import Timeline, compare
+from shardlab.viz.common import PADDING, device_color
 
 KIND_COLOR = {"F": "#2E91E5", "B": "#E15F99", "I": "#E15F99", "W": "#F6A6C8"}
 KIND_NAME = {"F": "forward", "B": "backward", "I": "backward (input grad)", "W": "backward (weight grad)"}
 
-__all__ = ["KIND_COLOR", "idle_intervals", "timeline_figure"]
+__all__ = ["KIND_COLOR", "explorer", "idle_intervals", "split_figure", "timeline_figure"]
 
 
 def idle_intervals(timeline: Timeline) -> list[tuple[int, float, float]]:
@@ -39,6 +45,10 @@ def idle_intervals(timeline: Timeline) -> list[tuple[int, float, float]]:
     return out
 
 
+def _label(a: Action, p: int, v: int) -> str:
+    return f"{a.microbatch}" if v == 1 else f"{a.microbatch}·{a.stage // p}"  # microbatch (· chunk)
+
+
 def timeline_figure(timeline: Timeline, title: str | None = None, formula: float | None = None) -> Any:
     """The timeline as a plotly figure (see the module note); `formula` (bubble ratio) goes in the title."""
     import plotly.graph_objects as go
@@ -46,25 +56,23 @@ def timeline_figure(timeline: Timeline, title: str | None = None, formula: float
     sched = timeline.schedule
     rows = [f"device {r}" for r in range(sched.p)]
     fig = go.Figure()
-    shown: set[str] = set()
-    for e in timeline.events:
-        a = e.action
-        chunk = a.stage // sched.p
-        label = f"{a.microbatch}" if sched.v == 1 else f"{a.microbatch}·{chunk}"
-        name = KIND_NAME[a.kind]
-        fig.add_bar(y=[rows[e.device]], x=[float(e.end - e.start)], base=[float(e.start)], orientation="h",
-                    marker_color=KIND_COLOR[a.kind], marker_line_color="white", marker_line_width=1,
-                    text=[label], textposition="inside", insidetextanchor="middle", name=name, legendgroup=name,
-                    showlegend=name not in shown, hoverinfo="text",
-                    hovertext=f"{a} (stage {a.stage}, microbatch {a.microbatch}): {float(e.start):g} -> "
-                              f"{float(e.end):g}")
-        shown.add(name)
-    for r, lo, hi in idle_intervals(timeline):
-        fig.add_bar(y=[rows[r]], x=[float(hi - lo)], base=[float(lo)], orientation="h", marker_color=PADDING,
-                    marker_pattern_shape="/", name="idle (bubble)", legendgroup="idle",
-                    showlegend="idle" not in shown, hoverinfo="text",
-                    hovertext=f"device {r} idle {float(lo):g} -> {float(hi):g}")
-        shown.add("idle")
+    for kind in KIND_COLOR:  # one trace per kind (a trace per bar is slow to build and to draw)
+        events = [e for e in timeline.events if e.action.kind == kind]
+        if not events:
+            continue
+        fig.add_bar(y=[rows[e.device] for e in events], x=[float(e.end - e.start) for e in events],
+                    base=[float(e.start) for e in events], orientation="h", marker_color=KIND_COLOR[kind],
+                    marker_line_color="white", marker_line_width=1, name=KIND_NAME[kind], hoverinfo="text",
+                    text=[_label(e.action, sched.p, sched.v) for e in events], textposition="inside",
+                    insidetextanchor="middle",
+                    hovertext=[f"{e.action} (stage {e.action.stage}, microbatch {e.action.microbatch}): "
+                               f"{float(e.start):g} -> {float(e.end):g}" for e in events])
+    idle = idle_intervals(timeline)
+    if idle:
+        fig.add_bar(y=[rows[r] for r, _, _ in idle], x=[float(hi - lo) for _, lo, hi in idle],
+                    base=[float(lo) for _, lo, _ in idle], orientation="h", marker_color=PADDING,
+                    marker_pattern_shape="/", name="idle (bubble)", hoverinfo="text",
+                    hovertext=[f"device {r} idle {float(lo):g} -> {float(hi):g}" for r, lo, hi in idle])
     measured = float(timeline.bubble_ratio)
     head = title or f"{sched.name}: p={sched.p}, m={sched.m}" + (f", v={sched.v}" if sched.v > 1 else "")
     tail = f"bubble / ideal = {measured:.3f}" + (f" (formula {formula:.3f})" if formula is not None else "")
@@ -72,3 +80,61 @@ def timeline_figure(timeline: Timeline, title: str | None = None, formula: float
                       yaxis={"categoryorder": "array", "categoryarray": rows[::-1]},
                       height=140 + 40 * sched.p, bargap=0.15, legend={"orientation": "h", "y": -0.25})
     return fig
+
+
+def split_figure(costs: Mapping[str, Sequence[float]], layers: Mapping[str, Sequence[str]], unit: str = "GFLOP",
+                 scale: float = 1e9) -> Any:
+    """Grouped bars: each split's per-stage cost (``costs[rule]``), hover naming the layers a stage holds."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for i, (rule, values) in enumerate(costs.items()):
+        fig.add_bar(name=rule, x=[f"stage {j}" for j in range(len(values))], y=[c / scale for c in values],
+                    marker_color=device_color(i), hovertext=[", ".join(x) for x in layers[rule]], hoverinfo="text+y")
+        worst = max(values) / scale
+        fig.add_hline(y=worst, line_dash="dot", line_color=device_color(i),
+                      annotation_text=f"{rule}: slowest {worst:.3g} {unit}", annotation_position="top left")
+    fig.update_layout(barmode="group", height=320, yaxis_title=f"training cost per step ({unit})",
+                      title="stage costs: the slowest stage sets the pipeline's pace")
+    return fig
+
+
+def explorer(p: int = 4, m: int = 8, v: int = 2, message_bytes: int = 0) -> tuple[Any, Callable[..., dict]]:
+    """Sliders for p, m, v over :func:`shardlab.pipeline.timeline.compare`; returns (ui, update).
+
+    ``update(**kw)`` recomputes (formula and the order timed) and returns ``{"ok", "rows", "errors", p, m, v}``:
+    ok when every schedule that can run at (p, m, v) measures its formula; a schedule that cannot run is
+    listed in ``errors`` and shown in the status line, never raised."""
+    import ipywidgets as widgets
+
+    sliders = {"p": widgets.IntSlider(value=p, min=1, max=16, description="p (stages)"),
+               "m": widgets.IntSlider(value=m, min=1, max=64, description="m (micro)"),
+               "v": widgets.IntSlider(value=v, min=1, max=8, description="v (chunks)")}
+    status, table = widgets.HTML(), widgets.HTML()
+
+    def update(**kw: Any) -> dict[str, Any]:
+        args = {name: kw.get(name, s.value) for name, s in sliders.items()}
+        try:
+            rows = compare(args["p"], args["m"], args["v"], message_bytes)
+        except ValueError as exc:  # (p, m, v) no schedule accepts
+            status.value = f"<b style='color:#c00'>{exc}</b>"
+            table.value = ""
+            return {"ok": False, "rows": [], "errors": [str(exc)], **args}
+        good = [r for r in rows if "error" not in r]
+        errors = [f"{r['schedule']}: {r['error']}" for r in rows if "error" in r]
+        ok = all(r["bubble_fraction"] == r["formula_fraction"] and r["bubble_ratio"] == r["formula_ratio"]
+                 and r["inflight"] == r["formula_inflight"] for r in good)
+        cells = "".join(
+            f"<tr><td>{r['schedule']}</td><td>{float(r['bubble_fraction']):.3f}</td>"
+            f"<td>{float(r['bubble_ratio']):.3f}</td><td>{float(r['inflight']):g}</td><td>{r['messages']}</td>"
+            f"<td>{r['bytes']:,}</td></tr>" for r in good)
+        table.value = ("<table><tr><th>schedule</th><th>idle share of step</th><th>bubble / ideal</th>"
+                       "<th>held on device 0 (stage-microbatches)</th><th>p2p messages</th><th>p2p bytes</th></tr>"
+                       f"{cells}</table>")
+        bad = "".join(f"<br><b style='color:#c00'>{e}</b>" for e in errors)
+        status.value = f"timed orders {'match' if ok else 'DO NOT match'} the formulas{bad}"
+        return {"ok": ok and not errors, "rows": rows, "errors": errors, **args}
+
+    for s in sliders.values():
+        s.observe(lambda _change: update(), names="value")
+    return widgets.VBox([widgets.HBox(list(sliders.values())), status, table]), update

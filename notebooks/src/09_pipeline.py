@@ -1,0 +1,448 @@
+# %% tags=["parameters"]
+num_devices = 8  # virtual CPU devices (or TPU chips) of this kernel; needs a kernel restart to change
+results_dir = None  # where the JSON record goes (the report runner sets it)
+seed = 0  # seed of every random tensor
+stages = 4  # p: pipeline stages = devices of the `stage` mesh axis = ranks of the ledger
+microbatches = 8  # m: microbatches per step (a multiple of stages: the interleaved schedule's rule)
+virtual = 2  # v: model chunks per device in the interleaved schedule (>= 2)
+batch = 8  # sequences per step; one microbatch holds batch / microbatches of them
+seq = 16  # tokens per sequence
+hidden = 64  # h: the activation every cut hands over is [batch / m, seq, hidden]
+heads = 4
+ffn = 256  # MLP width of each transformer block
+layers = 8  # transformer blocks (>= stages * virtual: every chunk gets at least one block's worth)
+vocab = 4096  # large next to hidden: the embedding and the LM head make the model's ends heavy
+fsdp = True  # also compile the SPMD pipeline with its weights sharded over the second mesh axis
+run_gloo = False  # also run the pipeline in `stages` real processes (gloo): ours and PyTorch's (slow)
+answers = None  # exercise answer key (the tests and the report inject it); leave None
+
+# %%
+from shardlab import runtime
+from shardlab.pipeline.params import PipelineParams
+from shardlab.profile import Recorder
+
+p = PipelineParams.from_namespace(globals())  # every parameter checked here, before any XLA work
+world = runtime.setup(num_devices=p.num_devices)
+rec = Recorder.for_params(p, world)
+world
+
+# %% [markdown]
+# # 09 · Pipeline parallelism: the bubble, the schedules, an automatic split, and what the compilers make of it
+#
+# Cut the model into **p stages**, one per device, and stream **m microbatches** through them: stage s works on
+# microbatch i while stage s + 1 works on microbatch i − 1. Each stage boundary carries one activation forward and
+# one gradient backward per microbatch — **point-to-point sends**, the one kind of communication the suite has not
+# shown yet. The price is the **bubble**: at the start of a step the later stages wait for the first microbatch, at
+# the end the earlier ones wait for the last backward.
+#
+# Four views, as in every notebook: the **formula** (Huang et al. 2019; Narayanan et al. 2021, §2.2), the
+# **ledger** (each device's program, sends and receives recorded, in a `SimulatedWorld`), and the two
+# **compilers**, which see the pipeline as ONE SPMD program (the GSPMD paper's circular pipeline, §3.3, as MaxText
+# writes it) whose sends have become collective-permutes.
+
+# %%
+from fractions import Fraction
+
+import pandas as pd
+import torch
+
+from shardlab import harness
+from shardlab.formulas import pipeline as fpp
+from shardlab.pipeline.case import FsdpCase, ScheduleCase, ShiftCase, compiled, spmd_ledger, traced_model
+from shardlab.pipeline.schedules import build
+from shardlab.pipeline.timeline import simulate
+from shardlab.viz import pipeline as vpp
+
+torch.set_num_threads(1)  # tiny CPU matmuls: intra-op threads only spin against each other (and the ranks' threads)
+P, M, V = p.stages, p.microbatches, p.virtual
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+cases = {s: ScheduleCase(p, s) for s in SCHEDULES}
+
+# %% [markdown]
+# ## 1 · The formula — and its two conventions
+# Let $t_f$, $t_b$ be one microbatch's forward and backward through one stage. GPipe (Huang et al. 2019) runs every
+# forward, then every backward; the step takes $(m + p - 1)(t_f + t_b)$ of which each device works $m(t_f + t_b)$.
+# The bubble is $(p-1)(t_f + t_b)$, and it is quoted two ways — we keep both, under two names:
+#
+# | name | definition | GPipe / 1F1B | interleaved (v chunks per device) |
+# |---|---|---|---|
+# | `bubble_fraction` | bubble time / **step** time (the share of the step a device idles) | $\frac{p-1}{m+p-1}$ | $\frac{p-1}{vm+p-1}$ |
+# | `bubble_ratio` | bubble time / **ideal** time (Narayanan et al.'s "bubble time fraction") | $\frac{p-1}{m}$ | $\frac{p-1}{vm}$ |
+#
+# **1F1B** (PipeDream-Flush) has the same bubble but starts each backward as soon as it can: stage s holds at most
+# p − s microbatches' activations instead of m. **Interleaved 1F1B** gives each device v model chunks (stage k on
+# device k mod p); the bubble shrinks by v, the boundaries — and so the sends — grow from p − 1 to pv − 1.
+# Point-to-point bytes per step: $2m(pv-1)$ messages of one activation [b/m, s, h].
+
+# %%
+fr = {s: harness.formula(c) for s, c in cases.items()}
+pd.DataFrame({s: {k.split(".", 1)[1]: v for k, v in f.values.items() if k.startswith(s + ".")}
+              for s, f in fr.items()})
+
+# %% [markdown]
+# ## 2 · The schedules, drawn
+# A schedule is each device's ordered list of actions (`1F0`: stage 1, forward, microbatch 0). The timeline places
+# every action as soon as its device is free and its input exists (the previous stage's forward, the next stage's
+# backward), with backward = 2 × forward; idle time is hatched. The bubble is then *measured* from the order —
+# exactly, in fractions — and must equal the formula.
+
+# %%
+timelines = {}
+for s in SCHEDULES:
+    sched = build(s, P, M, cases[s].v)
+    sched.validate()
+    t = timelines[s] = simulate(sched, forward=1, backward=2)
+    v = cases[s].v
+    rec.check(f"pp.{s}.timeline.bubble_fraction", t.idle_fraction == Fraction(P - 1, v * M + P - 1),
+              f"measured {t.idle_fraction} = (p-1)/(vm+p-1)")
+    rec.check(f"pp.{s}.timeline.bubble_ratio", t.bubble_ratio == Fraction(P - 1, v * M),
+              f"measured {t.bubble_ratio} = (p-1)/(vm)")
+    vpp.timeline_figure(t, formula=fpp.bubble_ratio(P, M, v)).show()
+
+# %% [markdown]
+# GPipe and 1F1B leave the same idle area — 1F1B only moves it — but on device 0 GPipe holds all m microbatches'
+# activations at the turn, 1F1B at most p. The interleaved schedule's blocks are v times shorter, and so is its
+# ramp.
+#
+# ### PyTorch's own schedules as the reference
+# `torch.distributed.pipelining` ships `ScheduleGPipe`, `Schedule1F1B` and `ScheduleInterleaved1F1B`. Its
+# single-stage schedules decide their order while they run; `torch_orders` runs PyTorch's own `_step_microbatches`
+# on a recording stage, and reads the multi-stage schedules' `pipeline_order` (built on a fake process group). Ours
+# must be the same lists, device by device. (PyTorch's *drawing* of 1F1B, `_get_pipeline_order()`, is not what it
+# runs in torch 2.9.0: on the last rank it starts at F1 and ends at a microbatch that does not exist.)
+
+# %%
+from shardlab.pipeline.torch_ref import as_schedule, torch_drawn_order, torch_orders
+
+for s in SCHEDULES:
+    ours = [list(d) for d in build(s, P, M, cases[s].v).devices]
+    rec.check(f"pp.{s}.torch_order", ours == torch_orders(s, P, M, cases[s].v),
+              f"every device's action list == torch.distributed.pipelining's ({sum(map(len, ours))} actions)")
+drawn = [a for a in torch_drawn_order("1f1b", P, M)[P - 1] if a is not None]
+print(f"PyTorch's 1F1B drawing, last rank: starts {drawn[0]}, ends {drawn[-1]}; "
+      f"it runs {torch_orders('1f1b', P, M)[P - 1][0]} first")
+
+# %% [markdown]
+# PyTorch also ships zero-bubble schedules (Qi et al. 2024), which split a backward into the input gradient (`I`,
+# which the previous stage waits for) and the weight gradient (`W`, which nobody waits for) and fill the bubble
+# with the `W`s. We read PyTorch's orders and time them the same way (I = W = one forward per chunk).
+
+# %%
+zb = {name: simulate(as_schedule(name, P, M, 2), forward=1, backward=2) for name in ("interleaved_zb", "zbv")}
+rec.check("pp.zero_bubble.smaller", all(t.bubble_ratio < timelines["interleaved"].bubble_ratio or V != 2
+                                        for t in zb.values()),
+          ", ".join(f"{k} {t.bubble_ratio}" for k, t in zb.items()) + " < interleaved 1F1B at v = 2")
+vpp.timeline_figure(zb["zbv"], title=f"PyTorch's ZBVZeroBubble: p={P}, m={M}").show()
+
+# %% [markdown]
+# ## 3 · The automatic split (TorchAcc's)
+# TorchAcc pipelines at the FX-graph level: it traces the model, finds where it can cut, and picks the cut points.
+# We do the same on a small language model with **heavy ends** (vocabulary V = `vocab` next to h = `hidden`): trace
+# with `torch.fx`, count each node's FLOPs with PyTorch's `FlopCounterMode`, keep the positions after which exactly
+# one tensor is still needed (between blocks, or between a block's attention and its MLP), and choose the p − 1 cuts
+# that minimise the slowest stage — exactly, by dynamic programming over the node order. The usual alternative cuts
+# by layer count: L/p blocks per stage, the embedding first, the LM head last.
+
+# %%
+from shardlab.formulas.flops import transformer_flops
+from shardlab.pipeline.split import best_cuts, brute_force_cuts, compare_splits
+
+traced = traced_model(p)
+splits = compare_splits(traced, P, M)
+display(vpp.split_figure({r: [3 * s.flops for s in c.stages] for r, c in splits.items()},
+                         {r: [s.layers for s in c.stages] for r, c in splits.items()}))
+for rule, c in splits.items():
+    rec.measure(f"pp.split.max_stage_cost.{rule}", c.max_cost, "flops", "formula")
+    rec.measure(f"pp.split.gpipe_step.{rule}", c.gpipe_step, "flop_time", "formula")
+rec.check("pp.split.dp_is_optimal", best_cuts(traced.train_costs, traced.frontier, P).max_cost
+          == brute_force_cuts(traced.train_costs, traced.frontier, P).max_cost, "dynamic programme = every cut set")
+tf = transformer_flops(p.batch, p.seq, p.layers, p.hidden, p.ffn, p.heads, p.heads, p.vocab, gated_mlp=False)
+rec.check("pp.split.costs_add_up", sum(traced.train_costs) == tf.model,
+          f"traced nodes {sum(traced.train_costs):.4g} = formulas.flops {tf.model:.4g} FLOPs per step")
+last = transformer_flops(p.batch, p.seq, p.layers // P, p.hidden, p.ffn, p.heads, p.heads, p.vocab, gated_mlp=False)
+if p.layers % P == 0:
+    rec.check("pp.split.even_last_stage", splits["even"].stages[-1].flops * 3 == last.model,
+              f"even split's last stage = {p.layers // P} blocks + the head = {last.model:.4g} FLOPs")
+rec.check("pp.split.auto_not_slower", splits["auto"].max_cost <= splits["even"].max_cost,
+          f"slowest stage auto {splits['auto'].max_cost:.4g} <= even {splits['even'].max_cost:.4g}")
+pd.DataFrame({r: {"slowest stage (GFLOP)": c.max_cost / 1e9, "GPipe step (GFLOP-time)": c.gpipe_step / 1e9,
+                  "1F1B step, timed (GFLOP-time)": c.one_f_one_b_step / 1e9,
+                  "layers per stage": [", ".join(s.layers) for s in c.stages]} for r, c in splits.items()})
+
+# %% [markdown]
+# The even split puts the LM head (2·b·s·h·V FLOPs forward, several blocks' worth at this vocabulary) on the last
+# stage with L/p blocks beside it; every other stage then waits for it each microbatch. The automatic split gives
+# the head a stage of its own (or nearly) and spreads the blocks over the rest. With unequal stages the slowest one
+# sets the pace: the step is $\sum_s (f_s + b_s) + (m-1)\max_s(f_s + b_s)$ (a flow shop; `pipeline_step_time`), and
+# the simulator times 1F1B on the same costs to the same number.
+#
+# ## 4 · The ledger: each device's program, every send recorded
+# `pipeline_program(comm, schedule, stages, ...)` walks its device's action list: a forward receives the activation
+# (`comm.recv`), runs its stage and sends the output on; a backward receives the output gradient, runs autograd and
+# sends the input gradient back. Sends are buffered, receives block — any valid order runs without deadlock. The
+# stages are the automatic split's GraphModules (p v of them for the interleaved schedule). Loss and **every
+# parameter gradient** must equal the unsplit model's (up to fp32 summation order: m partial sums instead of one
+# matmul over the whole batch).
+
+# %%
+led = {s: harness.ledger(c) for s, c in cases.items()}
+pd.DataFrame({s: {k.split(".", 1)[1]: x for k, x in v.values.items()} for s, v in led.items()})
+
+# %% [markdown]
+# The ledger's bubble is measured from the order the programs *executed* (timed like the drawings), its peak
+# in-flight count is what each program really held in memory at once (interleaved: in chunks, 1/v of a stage).
+#
+# ### Real processes (`run_gloo`)
+# The same programs in `stages` gloo processes, then **PyTorch's own pipelining** in the same processes:
+# `PipelineStage` + `ScheduleGPipe` / `Schedule1F1B` / `ScheduleInterleaved1F1B`. One patch was needed: torch 2.9.0's
+# `PipelineStage` warms its communicators up (`_get_init_p2p_neighbors_ops`) by sending an int64 scalar into a
+# float32 buffer; NCCL does not check, gloo aborts ("Received data size doesn't match expected size", 8 vs 4 bytes).
+# The warm-up only creates NCCL communicators, so `torch_pipeline_program` replaces it with no ops; then all three
+# schedules run — shapes given up front, or (1F1B) inferred at run time by PyTorch's own metadata exchange.
+
+# %%
+if p.run_gloo:
+    from shardlab.comm import Ledger
+    from shardlab.pipeline.case import gloo_runs
+    from shardlab.pipeline.programs import merge_results
+
+    gloo_ledgers, gloo = gloo_runs(list(cases.values()))
+    for s in SCHEDULES:
+        ours = [r[s]["ours"] for r in gloo]
+        loss, grads = merge_results(ours)
+        ref = cases[s].oracle()
+        sim_sends = [b for r in led[s].detail["ranks"] for b in r["sends"]]
+        gl_sends = [e.payload_bytes for r, lg in zip(gloo, gloo_ledgers, strict=True)
+                    for e in list(lg)[slice(*r[s]["rows"])] if e.op == "send"]
+        rec.check(f"pp.{s}.gloo.same_sends", sorted(gl_sends) == sorted(sim_sends),
+                  f"{len(gl_sends)} sends, {sum(gl_sends)} bytes in gloo = the simulated world's")
+        rec.check(f"pp.{s}.gloo.parity", torch.allclose(loss, ref["loss"], rtol=1e-6) and
+                  cases[s].parity("ledger", ours, ref)[f"{s}.parity.ledger.grads"][0], "loss and gradients")
+        theirs = [r[s]["torch"] for r in gloo]
+        t_loss = next(r["loss"] for r in theirs if r["loss"] is not None)
+        t_grads = {k: g for r in theirs for k, g in r["grads"].items()}
+        scale = max(g.abs().max().item() for g in ref["grads"].values())
+        rec.check(f"pp.{s}.torch.parity", torch.allclose(t_loss, ref["loss"], rtol=1e-6) and all(
+            torch.allclose(t_grads[k], g, rtol=1e-5, atol=1e-5 * scale) for k, g in ref["grads"].items()),
+                  "PyTorch's pipelining: loss and gradients == the unsplit model's")
+        key = [sorted((e.op, e.peer, e.shape) for e in Ledger.from_records(r["p2p"])) for r in theirs]
+        mine = [sorted((e.op, e.peer, e.shape) for e in list(lg)[slice(*r[s]["rows"])])
+                for r, lg in zip(gloo, gloo_ledgers, strict=True)]
+        rec.check(f"pp.{s}.torch.same_p2p", key == mine, "PyTorch's isend / irecv ops == our sends / recvs, per rank")
+else:
+    print("gloo runs skipped (run_gloo=False): ours and PyTorch's pipelining in real processes take ~10-30 s")
+
+# %% [markdown]
+# ## 5 · The compilers: the pipeline as ONE SPMD program
+# Under SPMD there is no "device 2's program": every device runs the same program on its shard. The pipeline
+# becomes (`shardlab.pipeline.spmd`, the GSPMD paper's §3.3, MaxText's `pipeline.py`):
+#
+# - stage weights **stacked** W [v, p, h, h] and sharded over a `stage` mesh axis — stacking needs identical
+#   stages, so an SPMD pipeline pipelines the repeated layers (MaxText keeps embedding and head outside); here each
+#   stage is one tanh layer, handing over the same [b/m · s, h] activation as the language model's cut;
+# - every stage's current activation in ONE buffer `state` [p, rows, h], sharded the same way;
+# - a loop (`torch_xla`'s `scan`: one While loop) whose iteration shifts the buffer by one stage, feeds the next
+#   microbatch into slot 0, and runs all stages at once — each device its own slot, locally.
+#
+# The shift is the only communication: one **collective-permute** of one shard per iteration, and autograd's
+# reversed loop has the mirror permute. The loop runs T = v·m + p − 1 iterations, p − 1 of them filling or draining
+# — **the bubble is the trip count**: (T − v·m)/T. GPipe uses a shift with zeros in front (`pad`), interleaved
+# becomes the **circular** pipeline (v repeats; the last stage hands back to the first with a wrap-round `cat`).
+# The mesh is (stage, data) = (p, n / p): the `data` axis runs n / p pipelines side by side on slices of every
+# microbatch (data parallelism). **1F1B has no SPMD form**: autograd differentiates the whole forward loop before
+# its reversed loop runs, which is GPipe's order.
+
+# %%
+hlo = {s: compiled(c, "hlo") for s, c in cases.items()}  # 1F1B: skipped, with the reason
+tpu = {s: compiled(c, "tpu") for s, c in cases.items()}
+harness.record_compile_s(rec, "pp.gpipe.compile_s", hlo["gpipe"], tpu["gpipe"])
+
+# %% [markdown]
+# ### The ledger on the compiled program's own layers
+# The per-stage GPipe program runs the SPMD pipeline's tanh layers too: its loss and gradients equal the dense
+# layers' (which the compiled program was checked against above), and its sends are the compiled loop's shifts
+# minus the bubble's: the loop also shifts zeros during the p − 1 fill and p − 1 drain iterations, 2(p − 1)² extra
+# transfers per step (forward and backward).
+
+# %%
+gp = cases["gpipe"]
+mine = spmd_ledger(gp)
+want = gp.oracle()["spmd"]
+rec.check("pp.spmd.ledger.parity", torch.allclose(mine["loss"], want["loss"], rtol=1e-5) and all(
+    torch.allclose(mine["grads"][f"w.0.{s}"], want["gw"][0, s], rtol=1e-5, atol=1e-5 * want["gw"].abs().max().item())
+    for s in range(P)), "per-stage GPipe on the tanh layers == dense layers (loss, weight gradients)")
+rec.check("pp.spmd.sends_plus_bubble", mine["sends"] + 2 * (P - 1) ** 2 == fr["gpipe"]["spmd.p2p.count"],
+          f"{mine['sends']} sends + 2(p-1)^2 = {2 * (P - 1) ** 2} bubble shifts = the loop's "
+          f"{fr['gpipe']['spmd.p2p.count']} transfers")
+harness.memory_frame({"cpu (buffer assignment)": hlo["gpipe"], "tpu (compiled memory stats)": tpu["gpipe"]})
+
+# %% [markdown]
+# **Per-chip memory, GPipe's order.** The forward loop saves what its backward needs for *every* iteration —
+# [T, rows / (n/p), h] stacks per chip (bubble iterations included) — and the backward loop reads them in reverse:
+# all m microbatches' activations are alive at the turn, as in GPipe's timeline. A 1F1B order would keep at most p.
+# `torch_xla`'s scan also saves its carried weights once per iteration (a [T, 1, h, h] stack per chip): it cannot
+# tell a loop-invariant carry from a changing one.
+#
+# ### What XLA:TPU does with the permutes
+# Read from its per-chip program: each in-loop collective-permute is issued **asynchronously** (a start and a
+# done), and `collective_permute.windows` lists, per permute, how many instructions the scheduler put between start
+# and done and how many of them do matmul work — whether the shift is overlapped with a stage's matmul.
+
+# %%
+from shardlab.pipeline.spmd import read_program
+
+for s, view in tpu.items():
+    if view.ran and view.values.get("fits", 1):
+        got = read_program(view.detail.module)
+        rec.measure(f"pp.{s}.tpu.collective_permute.async", got.get("collective_permute.async", 0), "count", "tpu")
+        overlapped = sum(1 for _, dots in got["collective_permute.windows"] if dots)
+        rec.measure(f"pp.{s}.tpu.collective_permute.overlapped", overlapped, "count", "tpu")
+        print(f"{s}: in-loop permutes (instructions between start and done, of them matmul work): "
+              f"{got['collective_permute.windows']}")
+    else:
+        print(f"{s}: no XLA:TPU program here ({view.skipped})")
+
+# %% [markdown]
+# ## 6 · Four ways, one number
+# Per schedule: the formula, the ledger (language model, automatic split), and the two compilers (the SPMD
+# program): bubble by formula = by the executed order = by the compiled trip count; sends by formula = ledger;
+# the loop's transfers (`spmd.p2p.count`, bubble iterations included) by formula = both compilers.
+
+# %%
+tables = {s: harness.record(rec, "pp", fr[s], led[s], hlo[s], tpu[s]) for s in SCHEDULES}
+tables["gpipe"]
+
+# %%
+tables["1f1b"]
+
+# %%
+tables["interleaved"]
+
+# %% [markdown]
+# **Interpretation.** The bubble is a property of the order alone: formula, timed order and the compiled loop's
+# trip count agree for GPipe and interleaved (the circular pipeline's v·m + p − 1 iterations), and 1F1B has
+# GPipe's bubble with p instead of m microbatches held. The ledger's sends are exactly 2m(pv − 1) activations of
+# [b/m, s, h]; the compiled loop moves more — it shifts in every iteration, fill and drain included. XLA:CPU and
+# XLA:TPU agree on the permutes (one per iteration each way) but not on the data-parallel gradient sum: XLA:TPU
+# all-reduces W's gradient once after the backward loop, XLA:CPU inside it, once per iteration.
+#
+# ## 7 · How the shift is written decides the collective
+# The same values — slot s + 1 ← slot s — written four ways, each compiled alone on the (stage, data) mesh. The
+# formula is the data movement: every slot moves to the next device, one collective-permute of one shard.
+
+# %%
+shift_rows = {}
+for how in ("cat", "pad", "roll", "cat_zeros"):
+    c = ShiftCase(p, how)
+    views = [harness.formula(c), harness.hlo(c), harness.tpu(c)]
+    harness.record(rec, "pp", *views, show=False)
+    shift_rows[how] = {v.source: ", ".join(f"{v.values[f'shift.{how}.{op}.count']} {op.replace('_', '-')}"
+                                           for op in c.shift_ops if v.values[f"shift.{how}.{op}.count"]) or "none"
+                       for v in views if v.ran}
+pd.DataFrame(shift_rows).T
+
+# %% [markdown]
+# `torch.cat([state[-1:], state[:-1]])` (the wrap-round) and `F.pad(state[:-1], ...)` are recognised as shifts by
+# both partitioners: one collective-permute. `torch.roll` over the sharded axis is not, on XLA:CPU: it reshards
+# with all-to-alls and all-gathers; XLA:TPU splits it into several permutes. Concatenating a **new zeros block**
+# instead of padding computes the same values, yet XLA:CPU reshards it with all-to-alls (XLA:TPU finds the permute).
+# In a pipeline that collective runs in every iteration: write the shift as `cat` or `pad`.
+#
+# ## 8 · A 2-D mesh: stage × fsdp
+# The `data` axis can also shard the weights (ZeRO-3 / FSDP inside the pipeline): W [1, p, h, h] split over stage
+# and data, so each stage must gather its layer's shards before its matmul. The formula: one all-gather of the
+# layer per iteration beside the shift — FSDP gathers a weight when it is used.
+
+# %%
+if p.fsdp:
+    fc = FsdpCase(p)
+    fviews = [harness.formula(fc), harness.hlo(fc), harness.tpu(fc)]
+    display(harness.record(rec, "pp", *fviews))
+else:
+    print("2-D mesh skipped (fsdp=False)")
+
+# %% [markdown]
+# ## Explore
+# Move p, m and v: the formulas and the timed orders of the three schedules, device 0's activations (in
+# stage-microbatches) and the point-to-point traffic of one step with this notebook's [b/m, s, h] activation. A
+# combination a schedule cannot run (interleaved needs m a multiple of p) is reported, not raised.
+
+# %%
+msg = p.batch // M * p.seq * p.hidden * 4
+ui, update = vpp.explorer(P, M, V, message_bytes=msg)
+shown = update()  # what a slider move does; run here so a headless run exercises it too
+rec.check("pp.explorer.update", shown["ok"], f"p={shown['p']} m={shown['m']} v={shown['v']}: timed = formula")
+bad = update(m=P + 1 if P > 1 else 3)
+rec.check("pp.explorer.rejects_bad_combination", not bad["ok"] and bool(bad["errors"]), "; ".join(bad["errors"]))
+update(m=M)
+ui
+
+# %% [markdown]
+# ## Exercises
+# Write your answer into the variable and run the cell: the grader says right or gives a hint.
+#
+# 1. GPipe with p = 8 stages and m = 32 microbatches: what share of the step does each device idle
+#    (`bubble_fraction`, a number between 0 and 1)?
+# 2. Interleaved 1F1B with p = 8, v = 4, m = 32: how many point-to-point sends does one training step make, all
+#    devices together (activations forward and gradients backward)?
+# 3. 1F1B with p = 8, m = 32: how many microbatches' activations does stage 0 hold at most?
+# 4. **Code.** Write `answer_4(p, m, s)` returning stage s's 1F1B action list as `[("F", 0), ("F", 1), ("B", 0), ...]`
+#    (kind, microbatch). It is run on several (p, m, s), including m < p.
+# 5. The SPMD GPipe program with p = 8 and m = 24 (forward and backward loops): how many collective-permutes does
+#    it execute per step inside its loops?
+
+# %%
+from shardlab.exercises import Exercises
+from shardlab.pipeline.solutions import SOLUTIONS
+
+ex = Exercises(p.NOTEBOOK, rec, p.answers, solutions=SOLUTIONS)
+answer_1 = None  # a fraction of the step
+answer_2 = None  # a count
+answer_3 = None  # a count
+answer_4 = None  # a function (p, m, s) -> [(kind, microbatch), ...]
+answer_5 = None  # a count
+for n, a in enumerate((answer_1, answer_2, answer_3, answer_4, answer_5), start=1):
+    ex.show(n, a)
+
+# %% [markdown]
+# <details><summary>Why (open after trying)</summary>
+#
+# 1. (p − 1)/(m + p − 1) = 7/39 ≈ 0.18 of the step; the paper's convention (bubble over ideal time) says 7/32.
+# 2. p·v = 32 stages in a row have 31 boundaries; each of the 32 microbatches crosses each once forward and once
+#    backward: 2·32·31 = 1984 (GPipe or 1F1B at p = 8: 2·32·7 = 448).
+# 3. p − 1 = 7 warm-up forwards and one more before its first backward: 8 (GPipe: all 32).
+# 4. `warm = min(p - 1 - s, m)` forwards; then while forwards remain: one forward, then the oldest backward; then
+#    the remaining backwards. Stage p − 1 has no warm-up: F0 B0 F1 B1 …
+# 5. T = m + p − 1 = 31 iterations, one permute each, and the backward loop as many: 62 — of which 2·(p − 1) = 14
+#    iterations (fill and drain) shift no microbatch.
+# </details>
+#
+# ## Closing note: the numbers
+# From this run's record (the report's `09_pipeline.json`). Reproduce: `python -m shardlab report --only 09`, or
+# `pytest tests/test_nb_09_pipeline.py` (the notebook at several parameter sets), `pytest tests/test_pipeline_*.py`.
+
+# %%
+rows = {}
+for s, c in cases.items():
+    def val(name, src, s=s):  # the recorded value of pp.<name> from source src, or "—"
+        v = {"formula": fr[s], "ledger": led[s], "hlo": hlo[s], "tpu": tpu[s]}[src]
+        return v.values.get(name, "—") if v.ran else "—"
+    k = c.spmd_key
+    rows[s] = {
+        "bubble_fraction: formula": val(f"{s}.bubble_fraction", "formula"),
+        "… by the executed order": val(f"{s}.bubble_fraction", "ledger"),
+        "… by the trip count (cpu / tpu)": f"{val(f'{s}.bubble_fraction', 'hlo')} / "
+                                           f"{val(f'{s}.bubble_fraction', 'tpu')}",
+        "trip count (cpu / tpu)": f"{val(f'{k}.trip_count', 'hlo')} / {val(f'{k}.trip_count', 'tpu')}",
+        "sends: count / bytes (ledger)": f"{val(f'{s}.p2p.count', 'ledger')} / {val(f'{s}.p2p.bytes', 'ledger')}",
+        "loop transfers (cpu / tpu)": f"{val(f'{k}.p2p.count', 'hlo')} / {val(f'{k}.p2p.count', 'tpu')}",
+        "peak in-flight (formula / ledger)": f"{val(f'{s}.peak_inflight_microbatches', 'formula')} / "
+                                             f"{val(f'{s}.peak_inflight_microbatches', 'ledger')}",
+    }
+rows["split"] = {"slowest stage auto (GFLOP)": splits["auto"].max_cost / 1e9,
+                 "slowest stage even (GFLOP)": splits["even"].max_cost / 1e9,
+                 "GPipe step even / auto": splits["even"].gpipe_step / splits["auto"].gpipe_step}
+pd.DataFrame(rows).fillna("")
+
+# %%
+rec.close()["status"]
