@@ -25,8 +25,8 @@ def test_formula_is_the_planners_statement() -> None:
 def test_bad_config_names_the_parameter() -> None:
     with pytest.raises(ValueError, match="kernel='xformers'"):
         F.AttentionConfig(kernel="xformers").validate()
-    with pytest.raises(ValueError, match="seq=1000"):
-        F.AttentionConfig(seq=1000).validate()
+    with pytest.raises(ValueError, match="seq=1536"):
+        F.AttentionConfig(seq=1536).validate()
     with pytest.raises(ValueError, match="tensor=3"):
         F.AttentionConfig(tensor=3).validate()
 
@@ -86,7 +86,7 @@ def test_flash_vs_plain_on_the_tpu_compiler(xla_world) -> None:  # type: ignore[
 
 
 def test_seq_max_fit_search(monkeypatch: pytest.MonkeyPatch) -> None:
-    limit = 23 * 512  # fits(s) iff s <= limit: the search must land on it
+    limit = 23 * 1024  # fits(s) iff s <= limit: the search must land on it
     seen: list[int] = []
 
     def fake(cfg: F.AttentionConfig, k: int = 5) -> F.AttentionMemory:
@@ -95,6 +95,7 @@ def test_seq_max_fit_search(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(F, "measure", fake)
     fit = F.seq_max_fit(SMALL)
-    assert fit.seq == limit and fit.probes[0] == (512, True)
-    assert len(seen) <= 2 * 5 + 2  # doubling to 16384, then bisection
+    assert fit.seq == limit and fit.probes[0] == (1024, True)
+    assert len(seen) <= 2 * 5 + 2  # doubling to 32768, then bisection
+    assert F.seq_max_fit(SMALL, start=8192).seq == limit  # from a closer first probe
     assert F.seq_max_fit(SMALL, limit=4096).seq == 4096  # never probes past the limit

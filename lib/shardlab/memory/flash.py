@@ -50,7 +50,9 @@ from typing import Any
 import torch
 
 KERNELS = ("flash", "plain")
-FLASH_BLOCK = 512  # torch_xla's flash kernel tiles the sequence in blocks of 512 (FlashAttention.DEFAULT_BLOCK_SIZES)
+# torch_xla's flash kernel tiles the sequence: its dq kernel by min(1024, s) (FlashAttention.DEFAULT_BLOCK_SIZES
+# block_q_dq; measured: s = 179712 fails "q_seq_len=179712 should be divisible by block_q_dq=1024")
+FLASH_BLOCK = 1024
 ALIAS_OPCODES = ("parameter", "tuple", "get-tuple-element", "bitcast", "constant", "copy-start", "copy-done",
                  "opt-barrier", "after-all", "add-dependency")
 _ALLOC_OOM = re.compile(r"RESOURCE_EXHAUSTED: Allocation \(size=(\d+)\) would exceed memory \(size=(\d+)\)"
@@ -294,7 +296,7 @@ class SeqFit:
 
 
 def seq_max_fit(cfg: AttentionConfig, step: int = FLASH_BLOCK, start: int | None = None,
-                limit: int = 1 << 20) -> SeqFit:
+                limit: int = 1 << 21) -> SeqFit:
     """Largest s (a multiple of ``step``, at most ``limit``) whose step fits, assuming fits(s) is monotone.
 
     Doubles from ``start`` (default ``step``) until a compile runs out of memory, then bisects between the last

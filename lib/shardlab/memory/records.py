@@ -31,7 +31,8 @@ from shardlab.memory import graph as G
 class MemoryConfig:
     attention: F.AttentionConfig = F.AttentionConfig(seq=2048, heads=8, kv_heads=8, tensor=1)
     seqs: tuple[int, ...] = (1024, 2048)  # the flash table's sequence lengths
-    fit_step: int = 512  # seq_max_fit resolution (a multiple of 512)
+    fit_step: int = 1024  # seq_max_fit resolution (a multiple of 1024: the flash kernel's tile)
+    fit_start: tuple[int, int] = (1024, 1024)  # seq_max_fit's first probe: (flash, plain)
     fit: bool = False  # search the longest sequence that fits: about 2 log2(s / fit_step) compiles per kernel
     step: G.StepConfig = G.StepConfig(model="mlp", layers=2, hidden=128, ffn=256, seq=1, batch=8)
     max_ops: int = 20  # ROAM: largest part before a live-set cut
@@ -44,7 +45,7 @@ class MemoryConfig:
 
 SMALL = MemoryConfig()
 LARGE = MemoryConfig(attention=F.AttentionConfig(seq=8192), seqs=(1024, 2048, 4096, 8192, 16384, 32768),
-                     fit=True, step=G.GPT2_SMALL_BLOCK, unsplit_limit_s=120.0)
+                     fit=True, fit_start=(65536, 4096), step=G.GPT2_SMALL_BLOCK, unsplit_limit_s=120.0)
 
 
 def flash_numbers(cfg: MemoryConfig) -> dict[str, Any]:
@@ -52,8 +53,9 @@ def flash_numbers(cfg: MemoryConfig) -> dict[str, Any]:
     t0 = time.perf_counter()
     rows = F.sweep(cfg.attention, cfg.seqs)
     at = {k: F.measure(replace(cfg.attention, kernel=k)) for k in F.KERNELS}
-    fits = {k: F.seq_max_fit(replace(cfg.attention, kernel=k), step=cfg.fit_step) for k in F.KERNELS} \
-        if cfg.fit else {}
+    start = dict(zip(F.KERNELS, cfg.fit_start, strict=True))
+    fits = {k: F.seq_max_fit(replace(cfg.attention, kernel=k), step=cfg.fit_step, start=start[k])
+            for k in F.KERNELS} if cfg.fit else {}
     return {"rows": rows, "at": at, "fits": fits, "seconds": time.perf_counter() - t0}
 
 
