@@ -1,28 +1,33 @@
 """The lever graphs on the CPU compiler: the memory-order toy's schedule priced by the order module against
 XLA's own heap simulation; the layouts enumerated and the Megatron layout's all-reduces worked out by hand;
-the search ranking and the planner's choice; the notebook's parameter rules."""
+the search's candidates, ranking and the planner's choice; the notebook's parameter rules."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
+from shardlab import harness
+from shardlab.levers import case as L
 from shardlab.levers import order as O
 from shardlab.levers import programs as P
 from shardlab.levers import search as S
 from shardlab.params import LeversParams
+from shardlab.planner import PlanConfig, plan
 
 
+@pytest.mark.xla
 def test_order_toy_on_cpu(xla_world) -> None:  # type: ignore[no-untyped-def]
-    from shardlab.profile import capture_hlo
-
-    cfg = P.ToyConfig(rows=32, cols=32, dtype="float32", placeholders=False)
-    cap = capture_hlo(P.order_toy, cfg)
+    case = L.OrderToyCase(LeversParams(), compile_only=False)
+    assert (case.rows, case.cols, case.dtype) == (64, 64, "float32")
+    cap = harness.hlo(case).detail
     g = O.graph_from_hlo(cap.module)
     ext, xla = O.extremes(g), O.peak(g)
     assert ext.best.peak <= xla.peak <= ext.worst.peak
-    u = cfg.unit_bytes
+    u = 64 * 64 * 4
+    assert case.unit_bytes == u
     # the four matmuls write 1 (a), 10 (b), 6 (c), 1 (d) units: every order holds b with d or with a, so the
     # best order over the CPU graph (V0 split into its two matmuls) is b + d = 11 units; the worst a + b + c = 17
     assert (ext.best.peak, ext.worst.peak) == (11 * u, 17 * u)
@@ -37,20 +42,35 @@ def test_layouts_enumerated() -> None:
     assert all(d * f * t == 8 for d, f, t, _ in eight)
     assert {lay for *_, t, lay in [(0, 0, t, lay) for _, _, t, lay in eight if t == 1]} == {"megatron"}
     assert P.layouts(1) == [(1, 1, 1, "megatron")]
-    with pytest.raises(ValueError, match="does not equal the 8 devices"):
-        P.LayoutConfig(2, 2, 1).validate(8)
-    with pytest.raises(ValueError, match="hidden=100 is not divisible by fsdp × tensor = 8"):
-        P.LayoutConfig(1, 1, 8, hidden=100).validate(8)
+    assert "does not equal the 8 devices" in P.layout_problem(2, 2, 1, "megatron", 8, 512, 2048, 8)
+    assert P.layout_problem(1, 1, 8, "megatron", 8, 100, 2048, 8) == \
+        "hidden=100 is not divisible by fsdp × tensor = 8"
+    assert P.layout_problem(1, 8, 1, "megatron", 4, 512, 2048, 8) == "batch=4 is not divisible by data × fsdp = 8"
+    assert P.layout_problem(1, 1, 8, "megatron", 8, 512, 2048, 8) is None
+    with pytest.raises(ValueError, match="must be one of"):
+        P.mlp_layout(1, 1, 8, "diagonal", 8, 4, 16, 64)
 
 
+@pytest.mark.xla
 def test_megatron_layout_on_cpu(xla_world) -> None:  # type: ignore[no-untyped-def]
-    from shardlab.profile import capture_hlo
+    p = LeversParams(mlp_seq=32, mlp_hidden=16, mlp_ffn=64)  # batch 8, seq 32 / 8 = 4
+    case = L.LayoutCase(p, 1, 1, 8, "megatron")
+    h = harness.hlo(case)
+    ar = [c for c in h.detail.module.collectives if c.op == "all-reduce"]
+    # g forward + f backward, each of the [b, s, h] activation: 8·4·16 = 512 elements (no combiner on CPU)
+    assert [sum(math.prod(s) for s in c.operand_shapes) for c in ar] == [512, 512]
+    assert h[f"{case.phase}.all_reduce.elements"] == 1024
 
-    cfg = P.LayoutConfig(1, 1, 8, "megatron", batch=2, seq=4, hidden=16, ffn=64, dtype="float32")
-    cap = capture_hlo(P.mlp_layout, cfg)
-    ar = [c for c in cap.module.collectives if c.op == "all-reduce"]
-    # g forward + f backward, each of the [b, s, h] activation: 2·4·16·4 = 512 bytes (no combiner on CPU)
-    assert [c.operand_bytes for c in ar] == [512, 512]
+
+def test_search_candidates() -> None:
+    p = LeversParams()
+    small = [(c.data, c.fsdp, c.tensor, c.layout) for c in S.candidates(p, (2, 1, 4))]
+    assert small == [(8, 1, 1, "megatron"), (1, 8, 1, "megatron"), (2, 1, 4, "megatron"), (1, 1, 8, "megatron")]
+    assert len(S.candidates(p, (8, 1, 1))) == 3  # the planner chose pure data parallel: nothing to add
+    full = S.candidates(dataclasses.replace(p, search="full"), None)
+    assert [(c.data, c.fsdp, c.tensor, c.layout) for c in full] == P.layouts(8)
+    assert S.candidates(dataclasses.replace(p, search="off"), (8, 1, 1)) == []
+    assert L.LayoutCase(p, 1, 8, 1).problem() is None and L.LayoutCase(p, 2, 2, 1).devices == 4
 
 
 def test_rank_and_marks() -> None:
@@ -68,8 +88,6 @@ def test_rank_and_marks() -> None:
 
 
 def test_planner_choice_is_a_legal_fitting_mesh() -> None:
-    from shardlab.planner import PlanConfig, plan
-
     d, f, t = S.planner_choice(8, 64, 512, 2048, heads=8, topology="v5e-8", devices=8)
     assert d * f * t == 8
     model = {"name": "x", "layers": 1, "hidden": 512, "ffn": 2048, "heads": 8, "kv_heads": 8, "vocab": 128,
@@ -78,12 +96,11 @@ def test_planner_choice_is_a_legal_fitting_mesh() -> None:
                            seq=64)).fits
 
 
-def test_update_config_rules() -> None:
+def test_weight_update_rules() -> None:
     with pytest.raises(ValueError, match="stage='later' must be one of"):
-        P.UpdateConfig(stage="later").validate()
+        P.weight_update("later", "adam", 2, 4, 8)
     with pytest.raises(ValueError, match="optimizer='lion' must be one of"):
-        P.UpdateConfig(optimizer="lion").validate()
-    assert P.UpdateConfig(layers=2, hidden=8, dtype="bfloat16").weight_bytes == 2 * 8 * 8 * 2
+        P.weight_update("fused", "lion", 2, 4, 8)
 
 
 @pytest.mark.parametrize("change, words", [

@@ -54,41 +54,24 @@ world
 # on this machine's CPU cores, labelled as such.
 
 # %%
-import re
-
 import pandas as pd
 
+from shardlab import harness
 from shardlab.formulas.flops import linear_stack_step_flops
 from shardlab.formulas.hardware import chip
+from shardlab.levers import case as L
 from shardlab.levers import combine as C
 from shardlab.levers import fusion as FU
 from shardlab.levers import order as O
 from shardlab.levers import overlap as OV
 from shardlab.levers import programs as P
 from shardlab.levers import search as S
-from shardlab.levers import views as LV
-from shardlab.views import record
 from shardlab.viz import levers as VL
 
 n = world.num_devices
 use_tpu = p.run_tpu and world.kind == "cpu"  # on a TPU host the "hlo" programs below are already the TPU's own
 if p.run_tpu and not use_tpu:
     print("this kernel runs on a TPU: the compile-only TPU sections are skipped (the hlo views are the TPU's)")
-compiles = []  # every TPU compile of this run: the compile-time budget is printed at the end
-
-
-def tpu_compile(build, cfg, label, **options):
-    """Compile ``build(cfg)`` for the n-chip slice (compile-only) and keep the result for the time budget."""
-    from shardlab.profile import tpu as T
-
-    comp = T.compile_program(build, cfg, T.topology_for(n, p.generation), label=label, **options)
-    compiles.append(comp)
-    return comp
-
-
-def mib(b):
-    return None if b is None else round(b / 2**20, 2)
-
 
 # %% [markdown]
 # ## 1 · Combining collectives
@@ -100,51 +83,29 @@ def mib(b):
 # ### 1.1 · Config → four views
 
 # %%
-steps = {mode: P.StepConfig(mode=mode, layers=p.layers, batch=p.batch, hidden=p.hidden, seed=p.seed)
-         for mode in ("dp", "fsdp")}
-combine = {}
-for mode, cfg in steps.items():
-    v = {"formula": LV.formula(cfg, n), "XLA:CPU": LV.compiler(cfg)}
-    if use_tpu:
-        v["XLA:TPU"] = LV.tpu(cfg, p.generation, combiners=True)
-        v["XLA:TPU combiners off"] = LV.tpu(cfg, p.generation, combiners=False)
-        compiles += [v["XLA:TPU"].detail, v["XLA:TPU combiners off"].detail]
-    combine[mode] = v
+steps = {mode: L.StepCase(p, mode) for mode in P.MODES}  # formula, XLA:CPU, XLA:TPU with combiners on + off
+combine = {mode: L.combining(case, use_tpu, p.generation) for mode, case in steps.items()}
 prefix = {"dp": "levers.combine", "fsdp": "levers.combine.fsdp"}
-tables = {}
-for mode, v in combine.items():
-    frame = record(rec, prefix[mode], *v.values())
-    frame.columns = ["name", "unit", *v, *frame.columns[2 + len(v):]]  # both TPU columns are "tpu": label them
-    tables[mode] = frame
-for mode in steps:  # the combiner's invariants (the record already checked "reductions" everywhere)
-    if "XLA:TPU" not in combine[mode]:
-        continue
-    f, on, off = combine[mode]["formula"], combine[mode]["XLA:TPU"], combine[mode]["XLA:TPU combiners off"]
-    rec.check(f"{prefix[mode]}.tpu: combining never adds instructions", on["instructions"]
-              <= off["instructions.combiner_off"], f"{on['instructions']} <= {off['instructions.combiner_off']}")
-    rec.check(f"{prefix[mode]}.tpu: combining keeps every operand", on["operands"] == off["operands.combiner_off"],
-              f"{on['operands']} = {off['operands.combiner_off']}")
-    rec.check(f"{prefix[mode]}.tpu.combiner_off: one operand per instruction", off["operands.combiner_off"]
-              == off["instructions.combiner_off"], "no tuple collective without the combiner passes")
+tables = {mode: harness.record(rec, prefix[mode], *views.values()) for mode, views in combine.items()}
 display(tables["dp"])
-LV.summary(combine["dp"], steps["dp"]).assign(step="data parallel")
+VL.combining_summary(combine["dp"]).assign(step="data parallel")
 
 # %%
 display(tables["fsdp"])
-LV.summary(combine["fsdp"], steps["fsdp"]).assign(step="FSDP")
+VL.combining_summary(combine["fsdp"]).assign(step="FSDP")
 
 # %% [markdown]
 # Which of the three passes did it? XLA ignores a pass name it does not know — silently — so each name is verified
 # only by its effect: the same programs with one pass disabled at a time, and a made-up name as the control.
 
 # %%
+effects = {}
 if use_tpu:
-    for mode, cfg in steps.items():
-        effects, comps = LV.pass_effects(cfg, p.generation)
-        compiles += comps
+    for mode, case in steps.items():
+        frame, effects[mode] = L.pass_effects(case, p.generation)
         rec.check(f"{prefix[mode]}.tpu: an unknown pass name changes nothing",
-                  not effects.loc["no-such-pass", "changes the program"], "the control")
-        display(effects.assign(step=mode))
+                  not frame.loc["no-such-pass", "changes the program"], "the control")
+        display(frame.assign(step=mode))
 
 # %% [markdown]
 # **Interpretation.** The formula and the CPU program agree: one collective per gradient (plus one scalar
@@ -179,18 +140,9 @@ if fit is not None:
     rec.measure("levers.combine.alpha_s", fit.alpha_s, "s", "timer", kind="timing", spread=spread.get("alpha_s"))
     rec.measure("levers.combine.beta_Bps", fit.beta_Bps, "B/s", "timer", kind="timing", spread=spread.get("beta_Bps"))
     rec.measure("levers.combine.fit_r2", fit.r2, "1", "timer", kind="timing")
-    timing_table = pd.DataFrame([{"n": pt.numel, "k": pt.calls, "median ms": pt.timing.median_s * 1e3,
-                                  "min ms": pt.timing.min_s * 1e3, "max ms": pt.timing.max_s * 1e3,
-                                  "model ms": fit.time_s(pt.calls, pt.payload_bytes) * 1e3,
-                                  "k calls / 1 call": pt.timing.median_s / next(
-                                      q.timing.median_s for q in points if q.numel == pt.numel and q.calls == min(
-                                          p.gloo_calls))} for pt in points])
-    print(f"α = {fit.alpha_s * 1e6:.1f} µs per call, β = {fit.beta_Bps / 1e9:.3f} GB/s payload; "
-          f"R² = {fit.r2:.3f}, relative RMS residual {fit.rel_rms:.0%} over {fit.points} points; "
-          f"α over the repeats: {spread.get('alpha_s', {}).get('min', float('nan')) * 1e6:.0f}–"
-          f"{spread.get('alpha_s', {}).get('max', float('nan')) * 1e6:.0f} µs")
+    print(VL.fit_text(fit, spread))
     VL.timing_figure(points, fit).show()
-    display(timing_table)
+    display(VL.timing_table(points, fit))
 elif not p.gloo_world:
     print("gloo timings skipped (gloo_world=0)")
 
@@ -208,16 +160,15 @@ elif not p.gloo_world:
 # bytes at every bucket size, and give every rank the exact sums (gradient i on rank r is `(i+1)(r+1)`).
 
 # %%
-ledger_world = max(n, 2)
 grad_numel = p.hidden * p.hidden
-curve = C.bucket_curve(p.layers, grad_numel, ledger_world, fit)
+curve = C.bucket_curve(p.layers, grad_numel, max(n, 2), fit)
 for row in curve:
     rec.check(f"levers.combine.bucket.{row['bucket_bytes']}: formula = ledger", row["formula"] == row["ledger"],
               f"formula {row['formula']} = ledger {row['ledger']}")
     rec.check(f"levers.combine.bucket.{row['bucket_bytes']}: bytes and sums", row["sums_exact"]
               and row["payload_bytes"] == p.layers * grad_numel * C.ELEMENT_BYTES, "bucketing never changes bytes")
-mine = C.bucket_curve(p.layers, grad_numel, ledger_world, fit, sizes=[p.bucket_bytes])[0]
-rec.agree("levers.combine.bucket.count", "count", formula=mine["formula"], ledger=mine["ledger"])
+mine = C.bucket_curve(p.layers, grad_numel, max(n, 2), fit, sizes=[p.bucket_bytes])[0]
+harness.agree(rec, "levers.combine.bucket.count", "count", formula=mine["formula"], ledger=mine["ledger"])
 VL.bucket_figure(curve).show()
 pd.DataFrame(curve)
 
@@ -228,18 +179,8 @@ pd.DataFrame(curve)
 # ICI bandwidth, not a per-call latency, so we do not invent a TPU α).
 
 # %%
-saving = []
-if use_tpu and fit is not None:
-    for mode, v in combine.items():
-        for op in LV.ops(steps[mode]):
-            k, c = LV.logical(v["XLA:TPU"], op), v["XLA:TPU"][f"{op}.count"]
-            if k:
-                nbytes = v["XLA:TPU"][f"{op}.bytes"]
-                saving.append({"step": mode, "collective": op, "logical k": k, "TPU calls c": c,
-                               "model ms, k calls": fit.time_s(k, nbytes) * 1e3,
-                               "model ms, c calls": fit.time_s(c, nbytes) * 1e3,
-                               "saving ms": C.combining_saving_s(fit, k, c) * 1e3})
-pd.DataFrame(saving)
+saving = VL.saving_table(combine, fit) if use_tpu and fit is not None else pd.DataFrame()
+saving
 
 # %% [markdown]
 # ## 2 · Overlap: asynchronous collectives and the latency-hiding scheduler
@@ -251,20 +192,12 @@ pd.DataFrame(saving)
 # ### 2.1 · The Megatron MLP (notebook 02's graph, bf16, tp = num_devices)
 
 # %%
-from shardlab import harness
-from shardlab.case import build_graph
-from shardlab.params import MlpParams
-from shardlab.tp.case import MlpCase
-
-LHS_OFF = {"xla_tpu_enable_latency_hiding_scheduler": False}
 v5 = chip(p.generation)
-mlp_cfg = MlpCase(MlpParams(tp=n, batch=2, seq=p.mlp_seq, hidden=p.mlp_hidden, ffn=p.mlp_ffn, dtype="bfloat16",
-                            seed=p.seed))
+mlp = L.mlp_case(p)  # notebook 02's MlpCase: bf16, batch 2, tp = every device
 overlap = {}
 if use_tpu:
-    overlap["mlp"] = {lhs: tpu_compile(build_graph, mlp_cfg, f"MLP, LHS {lhs}",
-                                       debug_options={} if lhs == "on" else LHS_OFF) for lhs in ("on", "off")}
-    mlp_rows, mlp_total = OV.exposed(overlap["mlp"]["on"].module, v5)
+    overlap["mlp"] = L.scheduler_on_off(mlp, p.generation)
+    mlp_rows, mlp_total = OV.exposed(overlap["mlp"]["on"].detail.module, v5)
     display(pd.DataFrame(mlp_rows))
 else:
     print("TPU compiles skipped (run_tpu=False)")
@@ -278,20 +211,14 @@ else:
 # ### 2.2 · An FSDP step, large enough to matter (compile-only: the inputs are placeholders)
 
 # %%
-big = P.StepConfig(mode="fsdp", layers=p.big_layers, batch=p.overlap_batch, hidden=p.overlap_hidden, dtype="bfloat16",
-                   placeholders=True)
+big = L.StepCase(p, "fsdp", big=True)  # big_layers x [overlap_hidden]², batch overlap_batch, bf16, placeholders
 if use_tpu:
-    overlap["fsdp"] = {lhs: tpu_compile(P.train_step, big, f"FSDP big step, LHS {lhs}",
-                                        debug_options={} if lhs == "on" else LHS_OFF) for lhs in ("on", "off")}
-    exposure = {lhs: OV.exposed(c.module, v5) for lhs, c in overlap["fsdp"].items()}
-    VL.schedule_figure({f"scheduler {lhs}": OV.schedule(c.module) for lhs, c in overlap["fsdp"].items()},
+    overlap["fsdp"] = L.scheduler_on_off(big, p.generation)
+    big_modules = {lhs: v.detail.module for lhs, v in overlap["fsdp"].items()}
+    exposure = {lhs: OV.exposed(m, v5) for lhs, m in big_modules.items()}
+    VL.schedule_figure({f"scheduler {lhs}": OV.schedule(m) for lhs, m in big_modules.items()},
                        "FSDP step on the TPU: matmuls and collectives in schedule order").show()
-    win = pd.DataFrame(exposure["on"][0], columns=["collective", "op", "form", "bytes", "matmuls_between", "comm_s",
-                                                   "exposed_s"])
-    display(win.groupby(["op", "form"]).agg(collectives=("collective", "count"), bytes=("bytes", "sum"),
-                                            matmuls_between=("matmuls_between", "sum"),
-                                            comm_us=("comm_s", lambda s: s.sum() * 1e6),
-                                            exposed_us=("exposed_s", lambda s: s.sum() * 1e6)))
+    display(VL.window_table(exposure["on"][0]))
 
 # %% [markdown]
 # ### 2.3 · Exposed communication, a model
@@ -301,31 +228,28 @@ if use_tpu:
 
 # %%
 if use_tpu:
-    model = pd.DataFrame({f"scheduler {lhs}": {k: v * 1e6 for k, v in tot.items() if k.endswith("_s")}
-                          for lhs, (rows, tot) in exposure.items()}).rename(index=lambda k: k.replace("_s", " µs"))
     for lhs, (_rows, tot) in exposure.items():
         rec.check(f"levers.overlap.fsdp.{lhs}: exposed <= communication", tot["exposed_s"] <= tot["comm_s"] + 1e-12,
                   f"{tot['exposed_s'] * 1e6:.1f} <= {tot['comm_s'] * 1e6:.1f} µs")
         rec.measure(f"levers.overlap.fsdp.exposed_s.lhs_{lhs}", tot["exposed_s"], "s (model)", "tpu")
-        rec.measure(f"levers.overlap.fsdp.async.lhs_{lhs}",
-                    sum(c.async_ for c in overlap["fsdp"][lhs].module.collectives), "count", "tpu")
+        rec.measure(f"levers.overlap.fsdp.async.lhs_{lhs}", sum(c.async_ for c in big_modules[lhs].collectives),
+                    "count", "tpu")
     hand = linear_stack_step_flops(big.batch, big.hidden, big.layers, n)  # 2·(B/n)·h²·(3L − 1)
-    for lhs, c in overlap["fsdp"].items():
-        priced, unknown = OV.schedule_flops(c.module), exposure[lhs][1]["loops_unknown_trips"]
-        loops = len(c.module.while_loops)
+    for lhs, v in overlap["fsdp"].items():
+        priced, unknown = OV.schedule_flops(v.detail.module), exposure[lhs][1]["loops_unknown_trips"]
+        loops = len(v.detail.module.while_loops)
         if unknown:  # a loop whose trip count the parser cannot read: its body is priced once, and we say so
             rec.note(f"levers.overlap.fsdp.{lhs}.trips", f"{unknown} of {loops} loops with an unread trip count")
         else:
             rec.check(f"levers.overlap.fsdp.{lhs}: priced matmul FLOPs = 2·(B/n)·h²·(3L−1)", priced == hand,
                       f"{priced} vs {hand} by hand ({loops} windowed-einsum loops, trip counts read from the HLO)")
         print(f"scheduler {lhs}: {loops} loops; matmul FLOPs per chip priced {priced / 1e9:.2f} G, by hand "
-              f"{hand / 1e9:.2f} G, the compiler's cost analysis {c.cost.get('flops', 0) / 1e9:.2f} G (all ops)")
-    mem = {lhs: overlap["fsdp"][lhs].memory for lhs in ("on", "off")}
-    for lhs in ("on", "off"):
-        rec.measure(f"levers.overlap.fsdp.peak_bytes.lhs_{lhs}", mem[lhs].peak, "bytes", "tpu")
-    print(f"peak HBM per chip (arguments + outputs + temporaries live at once): scheduler on {mib(mem['on'].peak)}"
-          f" MiB, off {mib(mem['off'].peak)} MiB")
-    display(model)
+              f"{hand / 1e9:.2f} G, the compiler's cost analysis {v.detail.cost.get('flops', 0) / 1e9:.2f} G (all ops)")
+    peak = {lhs: rec.measure(f"levers.overlap.fsdp.peak_bytes.lhs_{lhs}", overlap["fsdp"][lhs].detail.memory.peak,
+                             "bytes", "tpu") for lhs in ("on", "off")}
+    print(f"peak HBM per chip (arguments + outputs + temporaries live at once): scheduler on {VL.mib(peak['on'])}"
+          f" MiB, off {VL.mib(peak['off'])} MiB")
+    display(VL.exposure_table(exposure))
 
 # %% [markdown]
 # **Interpretation** (measured at the default sizes). With the scheduler on, the weight all-gathers are async
@@ -368,10 +292,8 @@ pd.DataFrame([{"order": "-".join(pr.order), "peak (MB)": pr.peak, "peak while": 
 # simulation. **XLA:TPU**: the compiled temporaries, in units of one [rows, 256] tensor.
 
 # %%
-toy_cpu = P.ToyConfig(rows=64, cols=64, dtype="float32", placeholders=False)
-from shardlab.profile import capture_hlo
-
-cap = capture_hlo(P.order_toy, toy_cpu)
+toy_cpu = L.OrderToyCase(p, compile_only=False)  # [64, 64] f32 units: XLA:CPU runs it
+cap = harness.hlo(toy_cpu).detail
 g_cpu = O.graph_from_hlo(cap.module)
 ext_cpu, xla_cpu = O.extremes(g_cpu), O.peak(g_cpu)
 unit = toy_cpu.unit_bytes
@@ -379,18 +301,14 @@ rec.check("levers.order.cpu: best <= XLA's order <= worst", ext_cpu.best.peak <=
           f"{ext_cpu.best.peak} <= {xla_cpu.peak} <= {ext_cpu.worst.peak}")
 rec.measure("levers.order.toy.cpu.xla_order_units", xla_cpu.peak / unit, "units", "hlo")
 rec.measure("levers.order.toy.cpu.heap_temp_units", cap.module.buffers.temp / unit, "units", "hlo")
-order_rows = [{"program": "XLA:CPU", "orders": ext_cpu.orders, "best order": ext_cpu.best.peak / unit,
-               "XLA's order": xla_cpu.peak / unit, "worst order": ext_cpu.worst.peak / unit,
-               "compiler's own number": cap.module.buffers.temp / unit, "which": "heap-simulated temporaries"}]
+toy_tpu = toy_units = None
 if use_tpu:
-    toy_tpu = P.ToyConfig(rows=p.toy_rows)
-    comp = tpu_compile(P.order_toy, toy_tpu, "order toy")
-    rec.measure("levers.order.toy.tpu.temp_units", comp.memory.temp / toy_tpu.unit_bytes, "units", "tpu")
-    order_rows.append({"program": "XLA:TPU", "orders": None, "best order": 12, "XLA's order": None,
-                       "worst order": 17, "compiler's own number": comp.memory.temp / toy_tpu.unit_bytes,
-                       "which": "compiled temporaries (toy's best 12 / worst 17)"})
+    toy_case = L.OrderToyCase(p)  # [toy_rows, 256] bf16 units, placeholders: compile-only
+    toy_tpu = harness.tpu(toy_case, p.generation)
+    toy_units = rec.measure("levers.order.toy.tpu.temp_units", toy_tpu.detail.memory.temp / toy_case.unit_bytes,
+                            "units", "tpu")
 print("XLA:CPU's schedule:", " ".join(xla_cpu.order), "| best:", " ".join(ext_cpu.best.order))
-pd.DataFrame(order_rows)
+VL.order_table(ext_cpu, xla_cpu, cap.module.buffers.temp, unit, toy_units)
 
 # %% [markdown]
 # **Interpretation.** XLA:CPU computes both of V0's products first and then both branches: the order our model
@@ -404,7 +322,7 @@ pd.DataFrame(order_rows)
 # search).
 
 # %%
-step_cap = combine["dp"]["XLA:CPU"].detail
+step_cap = combine["dp"]["hlo"].detail
 g_step = O.graph_from_hlo(step_cap.module)
 ext_step = xla_step = None
 try:
@@ -427,24 +345,17 @@ except ValueError as exc:
 # %%
 wu = {}
 if use_tpu:
-    for stage in P.STAGES:
-        ucfg = P.UpdateConfig(stage=stage, optimizer=p.optimizer, layers=p.big_layers, batch=p.update_batch,
-                              hidden=p.update_hidden)
-        wu[stage] = tpu_compile(P.weight_update, ucfg, f"weight update: {stage}").memory
-    peak = {k: m.argument + m.output - m.alias + m.temp for k, m in wu.items()}
-    temp = {"fused": wu["fused"].temp, "separate": max(wu["backward"].temp, wu["update"].temp)}
-    peaks = {"fused": peak["fused"], "separate": max(peak["backward"], peak["update"])}
+    wu = {stage: harness.tpu(L.UpdateCase(p, stage), p.generation) for stage in P.STAGES}
+    mem = L.update_memory(wu)  # {"temp" | "peak": {"fused", "separate"}}
     for k in ("fused", "separate"):
-        rec.measure(f"levers.order.weight_update.temp_bytes.{k}", temp[k], "bytes", "tpu")
-        rec.measure(f"levers.order.weight_update.peak_bytes.{k}", peaks[k], "bytes", "tpu")
-    grads = ucfg.weight_bytes
-    rec.check("levers.order.weight_update.separate: gradients leave the backward graph",
-              wu["backward"].output >= grads, f"backward outputs {wu['backward'].output} >= gradients {grads}")
-    display(pd.DataFrame({k: {"arguments MiB": mib(m.argument), "outputs MiB": mib(m.output),
-                              "temporaries MiB": mib(m.temp), "aliased MiB": mib(m.alias),
-                              "peak MiB": mib(peak[k])} for k, m in wu.items()}))
-    print(f"peak per chip: fused {mib(peaks['fused'])} MiB, separate {mib(peaks['separate'])} MiB "
-          f"(the gradients: {mib(grads)} MiB)")
+        rec.measure(f"levers.order.weight_update.temp_bytes.{k}", mem["temp"][k], "bytes", "tpu")
+        rec.measure(f"levers.order.weight_update.peak_bytes.{k}", mem["peak"][k], "bytes", "tpu")
+    grads, out = L.UpdateCase(p).weight_bytes, wu["backward"].detail.memory.output
+    rec.check("levers.order.weight_update.separate: gradients leave the backward graph", out >= grads,
+              f"backward outputs {out} >= gradients {grads}")
+    display(VL.memory_table({k: v.detail.memory for k, v in wu.items()}))
+    print(f"peak per chip: fused {VL.mib(mem['peak']['fused'])} MiB, separate {VL.mib(mem['peak']['separate'])} MiB "
+          f"(the gradients: {VL.mib(grads)} MiB)")
 
 # %% [markdown]
 # **Interpretation.** The temporaries hardly move; what moves is *where the gradients live*. Fused, they are
@@ -462,18 +373,16 @@ if use_tpu:
 # %%
 auto = None
 if use_tpu and p.auto_sharding:
-    auto = S.auto_sharding(build_graph, mlp_cfg, p.generation)
-    if auto.get("skipped"):
-        print("auto-sharding:", auto["skipped"])
+    auto = S.auto_sharding(mlp, p.generation)
+    if not auto.ran:
+        print("auto-sharding:", auto.skipped)
     else:
-        compiles.append(auto["compile"])
-        rec.measure("levers.auto.wire_bytes", auto["metrics"]["wire_bytes"], "bytes", "tpu")
-        rec.measure("levers.auto.memory_bytes", auto["metrics"]["memory_bytes"], "bytes", "tpu")
-        shardings = [m.group(1) for ln in auto["compile"].hlo_text.splitlines() if " parameter(" in ln
-                     for m in [re.search(r"sharding=(\{[^}]*\})", ln)] if m]
-        print("auto-sharding's parameter shardings:", ", ".join(shardings))
-        display(pd.DataFrame([{"what": "Megatron (annotated)", **S.metrics(overlap["mlp"]["on"])},
-                              auto["metrics"]]).set_index("what"))
+        auto_metrics = {"what": "auto-sharding", **S.metrics(auto.detail)}
+        rec.measure("levers.auto.wire_bytes", auto_metrics["wire_bytes"], "bytes", "tpu")
+        rec.measure("levers.auto.memory_bytes", auto_metrics["memory_bytes"], "bytes", "tpu")
+        print("auto-sharding's parameter shardings:", ", ".join(S.parameter_shardings(auto.detail)))
+        display(pd.DataFrame([{"what": "Megatron (annotated)", **S.metrics(overlap["mlp"]["on"].detail)},
+                              auto_metrics]).set_index("what"))
 
 # %% [markdown]
 # ### 4.2 · Exhaustive search: every (data, fsdp, tensor) mesh and weight layout
@@ -482,35 +391,19 @@ if use_tpu and p.auto_sharding:
 # FSDP, Megatron, and the planner's mesh), `"full"` every mesh and both layouts.
 
 # %%
-lay_kw = dict(batch=8, seq=p.mlp_seq // 8, hidden=p.mlp_hidden, ffn=p.mlp_ffn, dtype="bfloat16", seed=p.seed)
 found = None
 if use_tpu and p.search != "off":
-    planner = S.planner_choice(lay_kw["batch"], lay_kw["seq"], p.mlp_hidden, p.mlp_ffn, heads=8,
-                               topology=f"{p.generation}-{n}", devices=n)
-    cands = P.layouts(n)
-    if p.search == "small":  # pure data parallel, pure FSDP, Megatron, and the planner's mesh
-        want = {(n, 1, 1, "megatron"), (1, n, 1, "megatron"), (1, 1, n, "megatron"), (*(planner or (n, 1, 1)),
-                                                                                     "megatron")}
-        cands = [c for c in cands if c in want]
-    rows = []
-    for d, f, t, lay in cands:
-        lcfg = P.LayoutConfig(d, f, t, lay, **lay_kw)
-        try:
-            lcfg.validate(n)
-        except ValueError as exc:
-            print(f"{lcfg.name}: skipped ({exc})")
-            continue
-        rows.append({"data": d, "fsdp": f, "tensor": t, "layout": lay,
-                     **S.metrics(tpu_compile(P.mlp_layout, lcfg, lcfg.name))})
-    found = S.rank(rows, planner)
-    best = found.iloc[0]
+    found = S.search(p, p.generation)  # every candidate compiled for the TPU, ranked
+    for name, why in found.skipped.items():
+        print(f"{name}: skipped ({why})")
+    best = found.frame.iloc[0]
     rec.measure("levers.search.best.bytes", int(best["wire_bytes"]), "bytes", "tpu")
-    rec.check("levers.search.best <= every candidate", all(best["wire_bytes"] <= w for w in found["wire_bytes"]
+    rec.check("levers.search.best <= every candidate", all(best["wire_bytes"] <= w for w in found.frame["wire_bytes"]
                                                           if w is not None), f"best {best['mesh']} {best['layout']}")
-    VL.search_figure(found).show()
-    display(found[["mesh", "layout", "ops", "payload_bytes", "wire_bytes", "memory_bytes", "compile_s",
-                   "megatron", "planner"]])
-    print(f"planner's mesh (data, fsdp, tensor): {planner}")
+    VL.search_figure(found.frame).show()
+    display(found.frame[["mesh", "layout", "ops", "payload_bytes", "wire_bytes", "memory_bytes", "compile_s",
+                         "megatron", "planner"]])
+    print(f"planner's mesh (data, fsdp, tensor): {found.planner}")
 
 # %% [markdown]
 # **Interpretation.** The ranking is by communication first: for this block and batch, which axis pays depends on
@@ -523,13 +416,11 @@ if use_tpu and p.search != "off":
 # copies — each reads and writes memory), collectives, and how many HLO ops disappeared into fusions.
 
 # %%
-fus = {"XLA:CPU": FU.fusion_counts(harness.hlo(MlpCase(MlpParams(tp=n, batch=2, seq=p.mlp_seq // 8,
-                                                                  hidden=p.mlp_hidden // 4, ffn=p.mlp_ffn // 4,
-                                                                  seed=p.seed))).detail.module)
-       if n > 1 else None}
+fus = {}
+if n > 1:  # a smaller MLP of the same shape ratios, f32: XLA:CPU runs it
+    fus["XLA:CPU"] = FU.fusion_counts(harness.hlo(L.mlp_case(p, runnable=True)).detail.module)
 if use_tpu:
-    fus["XLA:TPU"] = FU.fusion_counts(overlap["mlp"]["on"].module)
-fus = {k: v for k, v in fus.items() if v is not None}
+    fus["XLA:TPU"] = FU.fusion_counts(overlap["mlp"]["on"].detail.module)
 for k, v in fus.items():
     rec.check(f"levers.fusion.{k}: kernels add up", v["kernels"] == v["matmul"] + v["memory-bound"]
               + v["collective"], str(v))
@@ -543,42 +434,11 @@ pd.DataFrame(fus).fillna(0).astype(int)
 # ## Summary: the levers, off vs on
 
 # %%
-def value(name, source):
-    return rec.values(name).get(source)
-
-
-dp_tpu = combine["dp"].get("XLA:TPU")
-summary_rows = [
-    {"lever": "combining: DP step all-reduces", "off": value("levers.combine.all_reduce.count.combiner_off", "tpu"),
-     "on": value("levers.combine.all_reduce.count", "tpu"), "unit": "instructions",
-     "where": f"XLA:TPU (XLA:CPU: {value('levers.combine.all_reduce.count', 'hlo')}, no combiner)"},
-    {"lever": "combining: what it buys", "off": saving[0]["model ms, k calls"] if saving else None,
-     "on": saving[0]["model ms, c calls"] if saving else None, "unit": "ms",
-     "where": "α–β model with this machine's gloo α, β (DP step's bytes)"},
-    {"lever": "overlap: FSDP step", "off": round(exposure["off"][1]["exposed_s"] * 1e6, 1) if use_tpu else None,
-     "on": round(exposure["on"][1]["exposed_s"] * 1e6, 1) if use_tpu else None, "unit": "µs exposed",
-     "where": "XLA:TPU schedule, latency-hiding scheduler off / on (model)"},
-    {"lever": "memory order: toy", "off": ext_cpu.worst.peak / unit, "on": value("levers.order.toy.tpu.temp_units",
-                                                                                "tpu"),
-     "unit": "units", "where": f"worst order / XLA:TPU (XLA:CPU chose {xla_cpu.peak / unit:g})"},
-    {"lever": "memory order: DP step", "off": None if ext_step is None else ext_step.worst.peak / 1024,
-     "on": None if ext_step is None else xla_step.peak / 1024, "unit": "KiB",
-     "where": "XLA:CPU: worst order / XLA's order" + ("" if ext_step is None
-                                                     else f" (best {ext_step.best.peak / 1024:g})")},
-    {"lever": "weight update in the backward graph", "off": mib(peaks["separate"]) if use_tpu else None,
-     "on": mib(peaks["fused"]) if use_tpu else None, "unit": "MiB peak per chip", "where": "XLA:TPU"},
-    {"lever": "strategy search", "off": None if found is None or not (found["data"] == n).any()
-     else int(found[found["data"] == n]["wire_bytes"].iloc[0]),
-     "on": None if found is None else int(found.iloc[0]["wire_bytes"]), "unit": "wire bytes per chip",
-     "where": "XLA:TPU: pure data parallel / best candidate" + ("" if found is None else
-                                                                f" ({found.iloc[0]['mesh']} {found.iloc[0]['layout']})")},
-    {"lever": "fusion", "off": fus.get("XLA:CPU", {}).get("kernels"), "on": fus.get("XLA:TPU", {}).get("kernels"),
-     "unit": "kernels", "where": "XLA:CPU / XLA:TPU, MLP block"},
-]
-tpu_s = sum(c.compile_s for c in compiles if not c.cached)
-rec.measure("levers.tpu.compile_s", tpu_s, "s", "timer", kind="timing", spread={"n": len(compiles)})
-print(f"TPU compile time of this run: {tpu_s:.1f} s over {len(compiles)} compiles")
-pd.DataFrame(summary_rows)
+tpu_s, compiles = L.compile_seconds(combine, effects, overlap, toy_tpu, wu, auto, found.views if found else None)
+rec.measure("levers.tpu.compile_s", tpu_s, "s", "timer", kind="timing", spread={"n": compiles})
+print(f"TPU compile time of this run: {tpu_s:.1f} s over {compiles} compiles")
+VL.summary_table(rec.values, saving, ext_cpu.worst.peak / unit, None if ext_step is None else (ext_step, xla_step),
+                 None if found is None else found.frame, n)
 
 # %% [markdown]
 # ## Exercises

@@ -1,7 +1,8 @@
 """Compiler levers (the ones TorchAcc relies on), each measured off vs on, on XLA:CPU and XLA:TPU (compile-only).
 
 - ``programs``: the graphs (DP / FSDP step, memory-order toy, fused or separate weight update, MLP layouts);
-- ``views``: combining in four views — formula, CPU compiler, TPU compiler with its combiner passes on and off;
+- ``case``: those graphs as cases of notebook 08's ``LeversParams`` — combining in four views (formula, CPU
+  compiler, TPU compiler with its combiner passes on and off), the scheduler on / off, the update's memory;
 - ``combine``: the α–β model, gloo timings of k all-reduces of n/k elements, hand-made buckets (DDP's rule);
 - ``overlap``: matmul FLOPs, async windows and a model of exposed communication time;
 - ``order``: peak memory of every operator order (brute force, exact search), XLA's chosen order;

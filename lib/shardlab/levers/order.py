@@ -39,9 +39,12 @@ Example (ROAM's effect on a hand-built four-operator graph, sizes in MB)::
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import pandas as pd
 
 MAX_BRUTE_FORCE_OPS = 10  # 10! = 3.6 M orders for ten independent operators: the brute force's ceiling
 MAX_ORDERS = 200_000  # orders the brute force enumerates before giving up
@@ -130,16 +133,17 @@ class Graph:
             idx.append(i)
         return idx
 
+    def freeable(self, i: int) -> list[tuple[int, int]]:
+        """``(bytes, consumer mask)`` of each counted, non-output tensor operator ``i`` reads or writes: freed
+        after ``i`` once every consumer in the mask has run (an output nobody reads: mask 0, freed at once)."""
+        o = self.ops[i]
+        return [(self.size[t], sum(1 << c for c in self.consumers[t]))
+                for t in dict.fromkeys([*o.inputs, *(t for t, _ in o.outputs)])
+                if t in self.producer and t not in self.outputs and self.counted(t)]
+
     def freed_after(self, i: int, done: int) -> int:
         """Bytes freed once operator ``i`` has run, given the operators in ``done`` (which include ``i``)."""
-        freed = 0
-        o = self.ops[i]
-        for t in {*o.inputs, *(t for t, _ in o.outputs)}:
-            if t not in self.producer or t in self.outputs or not self.counted(t):
-                continue
-            if all(done >> c & 1 for c in self.consumers[t]):
-                freed += self.size[t]
-        return freed
+        return sum(b for b, consumers in self.freeable(i) if not consumers & ~done)
 
     def step_bytes(self, i: int) -> int:
         return sum(b for t, b in self.ops[i].outputs if self.counted(t))
@@ -166,9 +170,7 @@ class Profile:
     def peak_op(self) -> str:
         return max(self.steps, key=lambda s: s.during).op
 
-    def frame(self) -> Any:
-        import pandas as pd
-
+    def frame(self) -> pd.DataFrame:
         return pd.DataFrame([s.__dict__ for s in self.steps])
 
 
@@ -242,6 +244,9 @@ def extremes(graph: Graph, max_states: int = MAX_STATES) -> Extremes:
     """
     n = len(graph.ops)
     full = (1 << n) - 1
+    pred = graph.pred
+    out_bytes = [graph.step_bytes(i) for i in range(n)]
+    frees = [graph.freeable(i) for i in range(n)]  # (bytes, consumer mask) per tensor operator i may free
     live_of: dict[int, int] = {0: 0}
     memo: dict[int, tuple[int, int, int, int, int]] = {}  # S -> (best, best_next, worst, worst_next, count)
 
@@ -256,12 +261,14 @@ def extremes(graph: Graph, max_states: int = MAX_STATES) -> Extremes:
                              f"({n} operators) is too wide for the exact search")
         live = live_of[done]
         best, bnext, worst, wnext, count = math.inf, -1, -1, -1, 0
-        for i in _ready(graph, done):
-            during = live + graph.step_bytes(i)
+        for i in range(n):
+            if done >> i & 1 or pred[i] & ~done:
+                continue  # run, or not ready
+            during = live + out_bytes[i]
             nxt = done | 1 << i
-            if nxt not in live_of:
-                live_of[nxt] = during - graph.freed_after(i, nxt)
-            b, _, w, _, c = solve(nxt)
+            if nxt not in live_of:  # freed: tensors whose every consumer has run (graph.freed_after)
+                live_of[nxt] = during - sum(b for b, consumers in frees[i] if not consumers & ~nxt)
+            b, _, w, _, c = memo[nxt] if nxt in memo else solve(nxt)
             if max(during, b) < best:
                 best, bnext = max(during, b), i
             if max(during, w) > worst:
@@ -271,8 +278,6 @@ def extremes(graph: Graph, max_states: int = MAX_STATES) -> Extremes:
             raise ValueError(f"{graph.name}: no operator can run after {bin(done)} — the graph has a cycle")
         memo[done] = (int(best), bnext, worst, wnext, count)
         return memo[done]
-
-    import sys
 
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(limit, 4 * n + 100))

@@ -1,12 +1,11 @@
-"""The XLA graphs notebook 08 compiles: one builder per lever, each a module-level function of a frozen config.
+"""The XLA graphs notebook 08 compiles: one builder per lever, each a plain function of its sizes.
 
 Design
 ------
 A builder runs on the current SPMD device world (``shardlab.runtime.setup``), creates its tensors on the
 CPU (or as placeholders: nothing allocated, compile-only), moves and annotates them, traces one step and returns
-every tensor the step produces — *not* synced. The same builder feeds the CPU compiler
-(``shardlab.profile.capture_hlo`` runs it) and the TPU compiler (``shardlab.profile.tpu.compile_program``
-pickles the builder and the config by reference, so a worker with another device count can rebuild the graph).
+every tensor the step produces — *not* synced. The cases of :mod:`shardlab.levers.case` call them from
+``graph()``; :mod:`shardlab.harness` hands that graph to both compilers.
 
 - :func:`train_step` — ``L`` square layers ``h <- tanh(h W_l)``, loss ``mean(h²)``, forward + backward, data
   parallel (weights replicated, batch sharded over ``data``) or FSDP (weights dim-0 sharded over ``fsdp``,
@@ -21,17 +20,19 @@ pickles the builder and the config by reference, so a worker with another device
   backward (``stage="fused"``), or the backward alone (``"backward"``, gradients as outputs) and the update
   alone (``"update"``, gradients as inputs): "after a separate sync". Placeholders, so sizes can be large.
 - :func:`mlp_layout` — the Megatron MLP ``gelu(x A) B`` forward + backward on a (data, fsdp, tensor) mesh with
-  a named weight layout (the automatic-strategy search).
+  a named weight layout (the automatic-strategy search); :func:`layouts` lists every mesh and layout.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch_xla.core.xla_model as xm  # levers modules are imported after runtime.setup() (the notebooks' order)
+import torch_xla.distributed.spmd as xs
+from torch_xla.core.xla_builder import create_placeholder_tensor
 
-from shardlab import runtime
+from shardlab import models, runtime
 
 MODES = ("dp", "fsdp")
 STAGES = ("fused", "backward", "update")
@@ -41,48 +42,17 @@ LR = 0.01
 
 
 def _mark(t: torch.Tensor, mesh: Any, spec: tuple) -> torch.Tensor:
-    import torch_xla.distributed.spmd as xs
-
     xs.mark_sharding(t, mesh, spec)
     return t
 
 
-def _dtype(name: str) -> torch.dtype:
-    return getattr(torch, name)
+def _input(shape: tuple[int, ...], dtype: torch.dtype, placeholder: bool, g: torch.Generator) -> torch.Tensor:
+    if placeholder:
+        return create_placeholder_tensor(shape, dtype)
+    return torch.randn(*shape, generator=g).to(dtype).to(runtime.device())
 
 
 # --------------------------------------------------------------------------------------- DP / FSDP step
-@dataclass(frozen=True)
-class StepConfig:
-    """A data-parallel or FSDP training step of ``layers`` square [hidden, hidden] weights."""
-
-    mode: str = "dp"  # "dp": weights replicated; "fsdp": weights dim-0 sharded, gathered before use
-    layers: int = 8  # L: weight gradients to reduce
-    batch: int = 64  # global batch, sharded over all devices
-    hidden: int = 256
-    dtype: str = "float32"
-    seed: int = 0
-    placeholders: bool = False  # compile-only inputs (nothing allocated; the graph must never run)
-
-    def validate(self, devices: int) -> StepConfig:
-        if self.mode not in MODES:
-            raise ValueError(f"mode={self.mode!r} must be one of {MODES}")
-        for name in ("layers", "batch", "hidden"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name}={v!r} must be a positive int")
-        if self.batch % devices:
-            raise ValueError(f"batch={self.batch} is not divisible by the {devices} devices (batch sharding)")
-        if self.mode == "fsdp" and self.hidden % devices:
-            raise ValueError(f"hidden={self.hidden} is not divisible by the {devices} devices (FSDP shards dim 0)")
-        return self
-
-    @property
-    def grad_bytes(self) -> int:
-        """Bytes of one weight gradient [hidden, hidden]."""
-        return self.hidden * self.hidden * torch.finfo(_dtype(self.dtype)).bits // 8
-
-
 class _Unshard(torch.autograd.Function):
     """FSDP's unshard as sharding constraints. Forward: a replicated copy of the sharded weight (all-gather);
     backward: the gradient constrained back to the weight's dim-0 sharding (reduce-scatter)."""
@@ -97,23 +67,24 @@ class _Unshard(torch.autograd.Function):
         return _mark(g * 1.0, ctx.mesh, ("fsdp", None)), None  # [h / n, h] per device
 
 
-def train_step(cfg: StepConfig) -> list[torch.Tensor]:
-    """Forward + backward on the current world; returns ``[loss, *grads]`` (not synced)."""
+def train_step(mode: str, layers: int, batch: int, hidden: int, dtype: str = "float32", seed: int = 0,
+               placeholders: bool = False) -> list[torch.Tensor]:
+    """Forward + backward of ``layers`` [hidden, hidden] weights on the current world, batch [batch, hidden]
+    sharded over every device; ``placeholders``: compile-only inputs. Returns ``[loss, *grads]`` (not synced)."""
     n = runtime.current().num_devices
-    cfg.validate(n)
-    axis = "data" if cfg.mode == "dp" else "fsdp"
+    axis = "data" if mode == "dp" else "fsdp"
     mesh = runtime.mesh((n,), (axis,))
-    g = torch.Generator().manual_seed(cfg.seed)
-    dt = _dtype(cfg.dtype)
+    g = torch.Generator().manual_seed(seed)
+    dt = getattr(torch, dtype)
     # a placeholder cannot carry a sharding itself: annotate a value computed from it (placeholder * 1)
-    ws = [(_input((cfg.hidden, cfg.hidden), dt, cfg.placeholders, g) * (1.0 if cfg.placeholders
-           else cfg.hidden**-0.5)).detach().requires_grad_() for _ in range(cfg.layers)]  # L x [h, h]
-    x = _mark(_input((cfg.batch, cfg.hidden), dt, cfg.placeholders, g) * 1.0, mesh, (axis, None))  # [B, h]
+    ws = [(_input((hidden, hidden), dt, placeholders, g) * (1.0 if placeholders else hidden**-0.5))
+          .detach().requires_grad_() for _ in range(layers)]  # L x [h, h]
+    x = _mark(_input((batch, hidden), dt, placeholders, g) * 1.0, mesh, (axis, None))  # [B, h]
     for w in ws:
-        _mark(w, mesh, (None, None) if cfg.mode == "dp" else ("fsdp", None))
+        _mark(w, mesh, (None, None) if mode == "dp" else ("fsdp", None))
     h = x
     for w in ws:
-        full = w if cfg.mode == "dp" else _Unshard.apply(w, mesh)
+        full = w if mode == "dp" else _Unshard.apply(w, mesh)
         h = _mark(torch.tanh(h @ full), mesh, (axis, None))  # [B, h] @ [h, h] -> [B, h], batch-sharded
     loss = h.float().pow(2).mean()  # mean over the sharded batch: one scalar all-reduce
     loss.backward()
@@ -121,43 +92,20 @@ def train_step(cfg: StepConfig) -> list[torch.Tensor]:
 
 
 # ----------------------------------------------------------------------------------------- memory order
-@dataclass(frozen=True)
-class ToyConfig:
-    """The memory-order toy as tensors; one unit = [rows, cols] of ``dtype`` per device (replicated)."""
-
-    rows: int = 262144
-    cols: int = 256  # one unit = [rows, cols]: 128 MiB of bf16, too large for the TPU's on-chip memory
-    dtype: str = "bfloat16"
-    placeholders: bool = True  # compile-only inputs (nothing allocated); False: real CPU tensors
-
-    @property
-    def unit_bytes(self) -> int:
-        return self.rows * self.cols * torch.finfo(_dtype(self.dtype)).bits // 8
-
-
 def _barrier(*ts: torch.Tensor) -> list[torch.Tensor]:
-    import torch_xla.core.xla_model as xm
-
     out = list(ts)
     xm.optimization_barrier_(out)
     return out
 
 
-def _input(shape: tuple[int, ...], dtype: torch.dtype, placeholder: bool, g: torch.Generator) -> torch.Tensor:
-    if placeholder:
-        from torch_xla.core.xla_builder import create_placeholder_tensor
-
-        return create_placeholder_tensor(shape, dtype)
-    return torch.randn(*shape, generator=g).to(dtype).to(runtime.device())
-
-
-def order_toy(cfg: ToyConfig) -> list[torch.Tensor]:
-    """V0 -> (a, b); V1: a -> c; V2: b -> d; V3: (c, d) -> o. Sizes 1, 10, 6, 1 units (see the module note)."""
+def order_toy(rows: int, cols: int, dtype: str, placeholders: bool) -> list[torch.Tensor]:
+    """V0 -> (a, b); V1: a -> c; V2: b -> d; V3: (c, d) -> o, one unit = [rows, cols] of ``dtype`` per device
+    (replicated). Sizes 1, 10, 6, 1 units (see the module note)."""
     g = torch.Generator().manual_seed(0)
-    r, k, dt = cfg.rows, cfg.cols, _dtype(cfg.dtype)
-    x = _input((r, k), dt, cfg.placeholders, g)  # [r, k]: the graph input (not counted)
-    wa, wb = _input((k, k), dt, cfg.placeholders, g), _input((k, 10 * k), dt, cfg.placeholders, g)
-    wc, wd = _input((k, 6 * k), dt, cfg.placeholders, g), _input((10 * k, k), dt, cfg.placeholders, g)
+    r, k, dt = rows, cols, getattr(torch, dtype)
+    x = _input((r, k), dt, placeholders, g)  # [r, k]: the graph input (not counted)
+    wa, wb = _input((k, k), dt, placeholders, g), _input((k, 10 * k), dt, placeholders, g)
+    wc, wd = _input((k, 6 * k), dt, placeholders, g), _input((10 * k, k), dt, placeholders, g)
     a, b = _barrier(x @ wa, x @ wb)  # V0: a [r, k] (1 unit), b [r, 10k] (10 units), materialised together
     (c,) = _barrier(a @ wc)  # V1 expands: c [r, 6k] (6 units)
     (d,) = _barrier(b @ wd)  # V2 shrinks: d [r, k] (1 unit)
@@ -165,29 +113,6 @@ def order_toy(cfg: ToyConfig) -> list[torch.Tensor]:
 
 
 # ------------------------------------------------------------------------------- memory-aware update
-@dataclass(frozen=True)
-class UpdateConfig:
-    """An L-layer step whose optimizer update runs in the backward's graph or in a graph of its own."""
-
-    stage: str = "fused"  # "fused" | "backward" | "update"
-    optimizer: str = "adam"  # "sgd" | "adam" (two fp32-free moments of the weight dtype, for simplicity)
-    layers: int = 8
-    batch: int = 4096
-    hidden: int = 4096
-    dtype: str = "bfloat16"
-
-    def validate(self) -> UpdateConfig:
-        if self.stage not in STAGES:
-            raise ValueError(f"stage={self.stage!r} must be one of {STAGES}")
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"optimizer={self.optimizer!r} must be one of {OPTIMIZERS}")
-        return self
-
-    @property
-    def weight_bytes(self) -> int:
-        return self.layers * self.hidden * self.hidden * torch.finfo(_dtype(self.dtype)).bits // 8
-
-
 def _update(w: torch.Tensor, grad: torch.Tensor, state: list[torch.Tensor], optimizer: str) -> list[torch.Tensor]:
     """One SGD or Adam step (step 1, no bias correction): returns [new weight, *new state]."""
     if optimizer == "sgd":
@@ -198,68 +123,33 @@ def _update(w: torch.Tensor, grad: torch.Tensor, state: list[torch.Tensor], opti
     return [w - LR * m2 / (v2.sqrt() + 1e-8), m2, v2]
 
 
-def weight_update(cfg: UpdateConfig) -> list[torch.Tensor]:
-    """The graph of one stage (see the module note); every input is a placeholder (compile-only)."""
-    from torch_xla.core.xla_builder import create_placeholder_tensor as ph
-
-    cfg.validate()
-    dt, h = _dtype(cfg.dtype), cfg.hidden
-    ws = [ph((h, h), dt) for _ in range(cfg.layers)]  # L x [h, h]
-    states = [[ph((h, h), dt), ph((h, h), dt)] if cfg.optimizer == "adam" else [] for _ in ws]
-    if cfg.stage == "update":  # the gradients come from the previous graph: inputs here
+def weight_update(stage: str, optimizer: str, layers: int, batch: int, hidden: int,
+                  dtype: str = "bfloat16") -> list[torch.Tensor]:
+    """The graph of one stage (see the module note) of ``layers`` [hidden, hidden] weights, replicated, with
+    Adam's two moments in the weight dtype (for simplicity); every input is a placeholder (compile-only)."""
+    if stage not in STAGES:
+        raise ValueError(f"stage={stage!r} must be one of {STAGES}")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer={optimizer!r} must be one of {OPTIMIZERS}")
+    dt, h, ph = getattr(torch, dtype), hidden, create_placeholder_tensor
+    ws = [ph((h, h), dt) for _ in range(layers)]  # L x [h, h]
+    states = [[ph((h, h), dt), ph((h, h), dt)] if optimizer == "adam" else [] for _ in ws]
+    if stage == "update":  # the gradients come from the previous graph: inputs here
         grads = [ph((h, h), dt) for _ in ws]
-        return [t for w, gr, s in zip(ws, grads, states, strict=True) for t in _update(w, gr, s, cfg.optimizer)]
-    x = ph((cfg.batch, h), dt)  # [B, h]
+        return [t for w, gr, s in zip(ws, grads, states, strict=True) for t in _update(w, gr, s, optimizer)]
+    x = ph((batch, h), dt)  # [B, h]
     params = [(w * 1.0).detach().requires_grad_() for w in ws]  # differentiable leaves over the placeholders
     act = x
     for p in params:
         act = torch.tanh(act @ p)  # [B, h] @ [h, h]
     loss = act.float().pow(2).mean()
     grads = torch.autograd.grad(loss, params)
-    if cfg.stage == "backward":
+    if stage == "backward":
         return [loss, *grads]
-    return [loss, *[t for w, gr, s in zip(ws, grads, states, strict=True) for t in _update(w, gr, s, cfg.optimizer)]]
+    return [loss, *[t for w, gr, s in zip(ws, grads, states, strict=True) for t in _update(w, gr, s, optimizer)]]
 
 
 # ---------------------------------------------------------------------------------- layouts (search)
-@dataclass(frozen=True)
-class LayoutConfig:
-    """The MLP gelu(x A) B on a (data, fsdp, tensor) mesh with a weight layout.
-
-    - ``megatron``: A split by columns and B by rows over ``tensor`` (one all-reduce each way);
-    - ``swapped``: A split by rows and B by columns (the contraction of x A is split: partial sums before GeLU).
-    The other weight dimension is split over ``fsdp`` (gathered before use); the batch over ``data`` x ``fsdp``.
-    """
-
-    data: int = 1
-    fsdp: int = 1
-    tensor: int = 8
-    layout: str = "megatron"
-    batch: int = 8
-    seq: int = 256
-    hidden: int = 512
-    ffn: int = 2048
-    dtype: str = "bfloat16"
-    seed: int = 0
-
-    @property
-    def name(self) -> str:
-        return f"d{self.data}·f{self.fsdp}·t{self.tensor} {self.layout}"
-
-    def validate(self, devices: int) -> LayoutConfig:
-        if self.layout not in LAYOUTS:
-            raise ValueError(f"layout={self.layout!r} must be one of {LAYOUTS}")
-        if self.data * self.fsdp * self.tensor != devices:
-            raise ValueError(f"data={self.data} × fsdp={self.fsdp} × tensor={self.tensor} = "
-                             f"{self.data * self.fsdp * self.tensor} does not equal the {devices} devices")
-        if self.batch % (self.data * self.fsdp):
-            raise ValueError(f"batch={self.batch} is not divisible by data × fsdp = {self.data * self.fsdp}")
-        for name, v in (("hidden", self.hidden), ("ffn", self.ffn)):
-            if v % (self.fsdp * self.tensor):
-                raise ValueError(f"{name}={v} is not divisible by fsdp × tensor = {self.fsdp * self.tensor}")
-        return self
-
-
 def layouts(devices: int, tensor_layouts: tuple[str, ...] = LAYOUTS) -> list[tuple[int, int, int, str]]:
     """Every (data, fsdp, tensor) with data·fsdp·tensor = devices, and every layout where tensor > 1."""
     out = []
@@ -273,29 +163,51 @@ def layouts(devices: int, tensor_layouts: tuple[str, ...] = LAYOUTS) -> list[tup
     return out
 
 
-def mlp_layout(cfg: LayoutConfig) -> list[torch.Tensor]:
-    """Forward + backward of (out * grad_out).sum() for the layout; returns [out, grad x, grad A, grad B]."""
-    from shardlab import models
+def layout_problem(data: int, fsdp: int, tensor: int, layout: str, batch: int, hidden: int, ffn: int,
+                   devices: int) -> str | None:
+    """Why the (data, fsdp, tensor) mesh and ``layout`` cannot hold the MLP on ``devices`` devices, or None."""
+    if layout not in LAYOUTS:
+        return f"layout={layout!r} must be one of {LAYOUTS}"
+    if data * fsdp * tensor != devices:
+        return f"data={data} × fsdp={fsdp} × tensor={tensor} = {data * fsdp * tensor} does not equal the " \
+               f"{devices} devices"
+    if batch % (data * fsdp):
+        return f"batch={batch} is not divisible by data × fsdp = {data * fsdp}"
+    for name, v in (("hidden", hidden), ("ffn", ffn)):
+        if v % (fsdp * tensor):
+            return f"{name}={v} is not divisible by fsdp × tensor = {fsdp * tensor}"
+    return None
 
+
+def mlp_layout(data: int, fsdp: int, tensor: int, layout: str, batch: int, seq: int, hidden: int, ffn: int,
+               dtype: str = "bfloat16", seed: int = 0) -> list[torch.Tensor]:
+    """The MLP gelu(x A) B on a (data, fsdp, tensor) mesh of every device with a weight layout:
+
+    - ``megatron``: A split by columns and B by rows over ``tensor`` (one all-reduce each way);
+    - ``swapped``: A split by rows and B by columns (the contraction of x A is split: partial sums before GeLU).
+    The other weight dimension is split over ``fsdp`` (gathered before use); the batch over ``data`` x ``fsdp``.
+    Forward + backward of (out * grad_out).sum(); returns [out, grad x, grad A, grad B] (not synced)."""
     n = runtime.current().num_devices
-    cfg.validate(n)
-    mesh = runtime.mesh((cfg.data, cfg.fsdp, cfg.tensor), ("data", "fsdp", "tensor"))
-    g = torch.Generator().manual_seed(cfg.seed)
-    dt, dev = _dtype(cfg.dtype), runtime.device()
+    problem = layout_problem(data, fsdp, tensor, layout, batch, hidden, ffn, n)
+    if problem:
+        raise ValueError(problem)
+    mesh = runtime.mesh((data, fsdp, tensor), ("data", "fsdp", "tensor"))
+    g = torch.Generator().manual_seed(seed)
+    dt, dev = getattr(torch, dtype), runtime.device()
     with torch.random.fork_rng():
-        torch.manual_seed(cfg.seed)
-        mlp = models.MLP(cfg.hidden, cfg.ffn, bias=False).to(dt)
-    x = torch.randn(cfg.batch, cfg.seq, cfg.hidden, generator=g).to(dt)  # [b, s, h]
-    gout = torch.randn(cfg.batch, cfg.seq, cfg.hidden, generator=g).to(dt)
+        torch.manual_seed(seed)
+        mlp = models.MLP(hidden, ffn, bias=False).to(dt)
+    x = torch.randn(batch, seq, hidden, generator=g).to(dt)  # [b, s, h]
+    gout = torch.randn(batch, seq, hidden, generator=g).to(dt)
     mlp = mlp.to(dev)
     # nn.Linear layout: fc1.weight = A^T [ffn, h], fc2.weight = B^T [h, ffn]
-    if cfg.layout == "megatron":  # A columns (ffn) and B rows (ffn) on tensor; the h side on fsdp
+    if layout == "megatron":  # A columns (ffn) and B rows (ffn) on tensor; the h side on fsdp
         _mark(mlp.fc1.weight, mesh, ("tensor", "fsdp"))
         _mark(mlp.fc2.weight, mesh, ("fsdp", "tensor"))
     else:  # A rows (h) and B columns (h) on tensor; the ffn side on fsdp
         _mark(mlp.fc1.weight, mesh, ("fsdp", "tensor"))
         _mark(mlp.fc2.weight, mesh, ("tensor", "fsdp"))
-    batch_axes = tuple(a for a, k in (("data", cfg.data), ("fsdp", cfg.fsdp)) if k > 1) or None
+    batch_axes = tuple(a for a, k in (("data", data), ("fsdp", fsdp)) if k > 1) or None
     x = _mark(x.to(dev), mesh, (batch_axes, None, None)).requires_grad_()  # a layer inside a network: dX needed
     gout = _mark(gout.to(dev), mesh, (batch_axes, None, None))
     out = mlp(x)  # [b, s, h]

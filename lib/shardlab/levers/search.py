@@ -1,10 +1,11 @@
 """Automatic strategy, by brute force: every (data, fsdp, tensor) mesh and weight layout of one block, compiled
-for the TPU, ranked by what it communicates and what it holds per chip.
+for the TPU, ranked by what it communicates and what it holds per chip; and XLA's own auto-sharding.
 
 Design
 ------
-:func:`shardlab.levers.programs.layouts` lists the candidates; the notebook compiles each with
-``shardlab.profile.tpu`` and hands the results to :func:`rank`. Per candidate and per chip:
+:func:`shardlab.levers.programs.layouts` lists the candidates; :func:`search` compiles each
+(:class:`shardlab.levers.case.LayoutCase` through ``harness.tpu``) and hands the results to :func:`rank`. Per
+candidate and per chip:
 
 - ``collectives`` / ``payload_bytes`` — logical collectives in the TPU program and the bytes each chip hands
   to them (a combined tuple collective is one, with all its operands' bytes);
@@ -12,20 +13,34 @@ Design
   its replica groups), times the iterations of the loop that holds it: what the interconnect must carry;
 - ``memory_bytes`` — arguments + outputs − aliased + temporaries (``TpuMemory.total`` minus generated code).
 
-Ranking: wire bytes, then memory, then the name. Megatron's plan (all 8 chips on ``tensor``, megatron
+Ranking: wire bytes, then memory, then the name. Megatron's plan (all chips on ``tensor``, megatron
 layout) and the planner's choice (``shardlab.planner``: the fitting mesh with the smallest roofline step for
 a one-layer model of the same sizes — the planner also counts attention, embedding and logits) are marked.
+:func:`auto_sharding` compiles a case with XLA's auto-sharding pass in place of sharding propagation.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from typing import Any, NamedTuple
 
+import pandas as pd
+
+from shardlab import harness
+from shardlab.case import Case
 from shardlab.formulas.common import wire_bytes
+from shardlab.levers import programs as P
+from shardlab.levers.case import LayoutCase, LeversCase
+from shardlab.params import LeversParams
+from shardlab.planner import PlanConfig, plan
+from shardlab.profile.tpu import TpuCompile
+from shardlab.views import View
+
+AUTO_OPTIONS = {"debug_options": {"xla_tpu_auto_spmd_remove_all_user_shardings": True}, "label": "auto-sharding"}
 
 
-def metrics(comp: Any) -> dict[str, Any]:
-    """Communication and memory of one TPU compile (a ``TpuCompile``); ``fits`` False when out of memory."""
+def metrics(comp: TpuCompile) -> dict[str, Any]:
+    """Communication and memory of one TPU compile; ``fits`` False when out of memory."""
     if not comp.fits:
         return {"fits": False, "collectives": None, "payload_bytes": None, "wire_bytes": None,
                 "memory_bytes": comp.oom.used if comp.oom else None, "compile_s": comp.compile_s}
@@ -47,32 +62,24 @@ def planner_choice(batch: int, seq: int, hidden: int, ffn: int, heads: int, topo
                    devices: int = 8) -> tuple[int, int, int] | None:
     """The planner's (data, fsdp, tensor) for a one-layer model of these sizes: among the meshes that fit, the
     smallest roofline step time (ties: less memory). None when no mesh is legal for the planner."""
-    from shardlab.planner import PlanConfig, plan
-
     model = {"name": "levers-mlp", "layers": 1, "hidden": hidden, "ffn": ffn, "heads": heads, "kv_heads": heads,
              "vocab": 128, "gated_mlp": False}
     best: tuple[float, float, tuple[int, int, int]] | None = None
-    for t in range(1, devices + 1):
-        for f in range(1, devices // t + 1):
-            if devices % (t * f):
-                continue
-            d = devices // (t * f)
-            try:
-                p = plan(PlanConfig(model, topology, data=d, fsdp=f, tensor=t, recompute="none",
-                                    global_batch=batch, seq=seq))
-            except ValueError:
-                continue
-            if p.fits:
-                key = (p.roofline.step_s, p.memory_total, (d, f, t))
-                best = key if best is None or key < best else best
+    for d, f, t, _ in P.layouts(devices, ("megatron",)):
+        try:
+            p = plan(PlanConfig(model, topology, data=d, fsdp=f, tensor=t, recompute="none",
+                                global_batch=batch, seq=seq))
+        except ValueError:
+            continue
+        if p.fits:
+            key = (p.roofline.step_s, p.memory_total, (d, f, t))
+            best = key if best is None or key < best else best
     return best[2] if best else None
 
 
-def rank(rows: list[dict[str, Any]], planner: tuple[int, int, int] | None = None) -> Any:
+def rank(rows: list[dict[str, Any]], planner: tuple[int, int, int] | None = None) -> pd.DataFrame:
     """A DataFrame of candidates (each row: data, fsdp, tensor, layout + :func:`metrics`), best first, with
     ``megatron`` and ``planner`` marks."""
-    import pandas as pd
-
     frame = pd.DataFrame(rows)
     frame["megatron"] = (frame["data"] == 1) & (frame["fsdp"] == 1) & (frame["layout"] == "megatron") \
         & (frame["tensor"] == frame[["data", "fsdp", "tensor"]].prod(axis=1))
@@ -87,26 +94,54 @@ def rank(rows: list[dict[str, Any]], planner: tuple[int, int, int] | None = None
     return out
 
 
-def auto_sharding(build: Any, cfg: Any, generation: str = "v5e") -> dict[str, Any]:
-    """XLA's auto-sharding (``use_auto_spmd_partitioning``) on the graph of ``build(cfg)``, compile-only, over a
-    1-D mesh of all chips, with the user's shardings removed so the solver chooses every array's sharding.
+class Search(NamedTuple):
+    frame: pd.DataFrame  # :func:`rank`'s table
+    planner: tuple[int, int, int] | None  # the planner's (data, fsdp, tensor)
+    views: dict[str, View]  # candidate name -> its tpu view
+    skipped: dict[str, str]  # candidate name -> why its sizes do not split over it
 
-    Returns ``{"compile": TpuCompile, "metrics": ...}`` or ``{"skipped": reason}`` when the TPU compile module of
-    this installation has no auto-sharding option, or the compiler rejects it.
-    """
-    import inspect
 
-    from shardlab import runtime
-    from shardlab.profile import tpu as T
+def candidates(p: LeversParams, planner: tuple[int, int, int] | None) -> list[LayoutCase]:
+    """``p.search == "full"``: every mesh and layout of the devices; ``"small"``: pure data parallel, pure FSDP,
+    Megatron, and the planner's mesh; ``"off"``: none."""
+    n = LeversCase(p).devices
+    cands = P.layouts(n) if p.search != "off" else []
+    if p.search == "small":
+        want = {(n, 1, 1, "megatron"), (1, n, 1, "megatron"), (1, 1, n, "megatron"),
+                (*(planner or (n, 1, 1)), "megatron")}
+        cands = [c for c in cands if c in want]
+    return [LayoutCase(p, d, f, t, lay) for d, f, t, lay in cands]
 
-    n = runtime.current().num_devices
-    if "auto_spmd_mesh" not in inspect.signature(T.compile_program).parameters:
-        return {"skipped": "shardlab.profile.tpu.compile_program has no auto_spmd_mesh option in this version "
-                           "(the build option use_auto_spmd_partitioning is not reachable)"}
+
+def search(p: LeversParams, generation: str = "v5e") -> Search:
+    """Every candidate of :func:`candidates` compiled for the TPU, ranked (see the module note)."""
+    n = LeversCase(p).devices
+    planner = planner_choice(LayoutCase.batch, p.mlp_seq // 8, p.mlp_hidden, p.mlp_ffn, heads=8,
+                             topology=f"{generation}-{n}", devices=n)
+    rows, views, skipped = [], {}, {}
+    for case in candidates(p, planner):
+        why = case.problem()
+        view = View.skip("tpu", why) if why else harness.tpu(case, generation)
+        if not view.ran:
+            skipped[case.phase] = view.skipped or ""
+            continue
+        views[case.phase] = view
+        rows.append({"data": case.data, "fsdp": case.fsdp, "tensor": case.tensor, "layout": case.layout,
+                     **metrics(view.detail)})
+    return Search(rank(rows, planner) if rows else pd.DataFrame(), planner, views, skipped)
+
+
+def auto_sharding(case: Case, generation: str = "v5e") -> View:
+    """XLA's auto-sharding (``use_auto_spmd_partitioning``) on the case's graph, compile-only, over a 1-D mesh of
+    its chips, with the user's shardings removed so the solver chooses every array's sharding. A compiler that
+    rejects it gives a skipped view with its message."""
     try:
-        comp = T.compile_program(build, cfg, T.topology_for(n, generation), auto_spmd_mesh=(n,),
-                                 debug_options={"xla_tpu_auto_spmd_remove_all_user_shardings": True},
-                                 label="auto-sharding")
+        return harness.tpu(case, generation, auto_spmd_mesh=(case.devices,), **AUTO_OPTIONS)
     except Exception as exc:  # noqa: BLE001 — the compiler's refusal is the finding
-        return {"skipped": f"the TPU compiler rejected auto-sharding: {type(exc).__name__}: {str(exc)[:300]}"}
-    return {"compile": comp, "metrics": {"what": "auto-sharding", **metrics(comp)}}
+        return View.skip("tpu", f"the TPU compiler rejected auto-sharding: {type(exc).__name__}: {str(exc)[:300]}")
+
+
+def parameter_shardings(comp: TpuCompile) -> list[str]:
+    """The sharding of every entry parameter of a compiled program (``{devices=[8,1]0,1,...}``)."""
+    return [m.group(1) for ln in (comp.hlo_text or "").splitlines() if " parameter(" in ln
+            for m in [re.search(r"sharding=(\{[^}]*\})", ln)] if m]
