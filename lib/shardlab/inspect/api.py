@@ -146,7 +146,7 @@ def run(cfg: InspectConfig, progress: Progress | None = None, confirm: bool = Fa
     notes = list(model_notes)
     if why:
         notes.append(why)
-    if cfg.hf_config().model_type == "mixtral":
+    if lay.hf_config.model_type == "mixtral":
         notes.append("MoE dispatch traced in its static form (every expert on every token, weighted by the router; "
                      "HF's expert loop has data-dependent shapes a placeholder trace cannot follow)")
     notes.append("attention: HF eager (the [b, a, s, s] scores exist): the planner's no-flash prediction is compared")
