@@ -52,3 +52,16 @@ def test_figures_build() -> None:
     rows = measure(seq=32, cp=4)
     fig = work_figure(rows)
     assert [list(d.y) for d in fig.data if d.type == "scatter"] == [r["elements"] for r in rows]
+
+
+def test_explorer_headless() -> None:
+    """The explorer's update (what a slider move runs): a small ring matches its formula; a bad split is shown."""
+    from shardlab.viz.context import explorer
+
+    ui, update = explorer(cp=2, seq=16, kv_heads=1, head_dim=4, layout="zigzag")
+    shown = update()
+    # forward 2(cp - 1) = 2 blocks, the ring backward 2(cp - 1) + 2cp = 6; a block is 1·(16/2)·1·4 float32 = 128 B
+    assert shown["ok"] and shown["ledger"] == {"count": 2 + 6, "bytes": 8 * 128}
+    bad = update(cp=3)
+    assert not bad["ok"] and "not divisible by the 6 chunks" in bad["error"]
+    assert ui.children  # the sliders, the status line and the table

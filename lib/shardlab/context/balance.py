@@ -58,3 +58,25 @@ def measure(seq: int, cp: int, layouts: Iterable[str] = LAYOUTS, causal: bool = 
             "max_over_mean": fcp.max_over_mean(elements),
         })
     return rows
+
+
+def explore(cp: int, seq: int, kv_heads: int, head_dim: int, layout: str, causal: bool, batch: int = 1,
+            seed: int = 0) -> dict[str, Any]:
+    """The explorer's numbers for one small ring (heads = 2·kv_heads): the formula's sends per rank for a forward +
+    backward (``backward="ring"``) beside the ledger of a SimulatedWorld(cp) run, the all-gather payload, and
+    the forward work per rank (formula vs counted from the trace) with its max / mean. ValueError (naming the
+    rule) for a combination that cannot be split."""
+    heads = 2 * kv_heads
+    fcp.causal_work(seq, cp, layout, causal)  # the layout's divisibility rule, before any work
+    g = torch.Generator().manual_seed(seed)
+    q, go = (torch.randn(batch, seq, heads, head_dim, generator=g) for _ in range(2))
+    k, v = (torch.randn(batch, seq, kv_heads, head_dim, generator=g) for _ in range(2))
+    world = SimulatedWorld(cp)
+    results = world.run(ring_attention_step, q, k, v, go, causal=causal, layout=layout)
+    sends = world.ledger.select("send")
+    work = [work_from_trace(r["trace"])["elements"] for r in results]
+    return {"formula": fcp.ring_p2p(batch, seq, kv_heads, head_dim, cp, "float32", phase="step"),
+            "ledger": {"count": len(sends), "bytes": sends.payload_bytes()},
+            "allgather_payload": fcp.kv_block_bytes(batch, seq, kv_heads, head_dim, cp, "float32"),
+            "work": work, "formula_work": fcp.causal_work(seq, cp, layout, causal),
+            "max_over_mean": fcp.max_over_mean(work)}

@@ -3,7 +3,8 @@
 Design note
 -----------
 Mesh (data = n / cp, context = cp); inputs are replicated over ``data`` (only ``context`` splits anything), so every
-collective runs within groups of cp devices. Three methods (:class:`CPGraphConfig.method`):
+collective runs within groups of cp devices. Four methods (``shardlab.context.case`` builds each step from the
+notebook's parameters and runs it through the harness):
 
 ``allgather`` — q, k, v [b, s, h, d] sharded on the sequence: ``(None, "context", None, None)``. Attention
 contracts every query with every key, so each device needs all of K and V: :class:`GatherKV` annotates a
@@ -11,7 +12,7 @@ replicated copy of k and v (forward: **all-gather** of each shard) and, in its b
 replicated before annotating it sequence-sharded again (**reduce-scatter**: all-reduce + dynamic-slice on
 XLA:CPU). Scores per device [b, hq, s/cp, s]. Measured (torch_xla 2.9, XLA:CPU, 8 devices, b 1, s 1024, hq 8,
 hkv 2, d 64, f32): with the pin 2 all-gathers (64 KiB each) and 2 reduce-scatters (512 KiB each), 1.2 MB of
-collective operands per device; without it (``pin_grad=False``) the partitioner computes dk already
+collective operands per device; without it (``pin=False``) the partitioner computes dk already
 sequence-sharded: it all-to-alls the [b, hkv, g, s/cp, s] score gradient to key-sharding (4 MiB, plus its
 causal mask), all-gathers q, and reduces dv before summing its g query heads (2 MiB all-reduce) — 7.3 MB, with
 the O(s²) score gradient on the wire where the reduce-scatter moves O(s·d).
@@ -52,78 +53,47 @@ Tried and not used (torch_xla 2.9.0): manual-sharding regions (``xs.enable_manua
 process (``std::out_of_range: Span::at failed bounds check``): the replica-based collective does not fit SPMD's one
 replica of n partitions.
 
-:func:`build_graph` builds the step for a config on the current device world and returns ``[out, dq, dk, dv]`` (or
-``[out]``), unsynced — for ``shardlab.profile.capture_hlo`` (XLA:CPU) and ``shardlab.profile.tpu.compile_program``
-(XLA:TPU). :func:`to_sequence` brings a ring output back to [b, s, h, d]; :func:`oracle` is the dense answer.
+The step functions below take device tensors already annotated and return unsynced outputs; positions travel
+as tensors (never Python ints) so one program serves every device. :func:`permute_traffic` reads the
+collective-permutes of either compiler's program.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections import Counter
 from typing import Any
 
 import torch
+import torch_xla.distributed.spmd as xs  # context.gspmd is imported after runtime.setup() (the notebooks' order)
+from functorch.compile import default_partition, min_cut_rematerialization_partition
+from torch_xla.experimental.scan import scan
 
 from shardlab import runtime
-from shardlab.context.attention import check_layout, dense_attention, shard_sequence, unshard_sequence
+from shardlab.context.attention import shard_sequence, unshard_sequence
+from shardlab.dtypes import HLO_BYTES
+from shardlab.expert.gspmd import Reshard
+from shardlab.profile.hlo import HloModule
 
 AXIS = "context"
-METHODS = ("allgather", "ring", "ring_scan", "ulysses")
+MESH_TEXT = "(data, context) = (n / cp, cp)"
 NEG_INF = float("-inf")
-
-
-@dataclass(frozen=True)
-class CPGraphConfig:
-    """One attention layer under context parallelism, as a GSPMD program."""
-
-    method: str = "ring"  # allgather | ring | ring_scan | ulysses
-    batch: int = 1  # b
-    seq: int = 256  # s (whole sequence)
-    heads: int = 8  # hq
-    kv_heads: int = 2  # hkv (GQA when < heads)
-    head_dim: int = 32  # d
-    cp: int = 8  # size of the context axis (mesh: data = n / cp, context = cp)
-    causal: bool = True
-    layout: str = "contiguous"  # ring methods: which sequence chunks row r holds (contiguous | zigzag)
-    backward: bool = True  # forward + backward of (out * grad_out).sum()
-    pin_grad: bool = True  # allgather: pin the K/V gradient replicated first (-> reduce-scatter)
-    remat: bool = False  # ring_scan: let scan's backward recompute the loop body (min-cut rematerialisation)
-    dtype: str = "float32"
-    seed: int = 0
-    placeholders: bool = False  # compile-only inputs (nothing allocated; the graph must never run)
-
-    def validate(self, devices: int) -> CPGraphConfig:
-        if self.method not in METHODS:
-            raise ValueError(f"method={self.method!r} is not one of {METHODS}")
-        for name in ("batch", "seq", "heads", "kv_heads", "head_dim", "cp"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name}={v!r} must be a positive int")
-        if self.heads % self.kv_heads:
-            raise ValueError(f"heads={self.heads} must be a multiple of kv_heads={self.kv_heads} (GQA)")
-        problem = runtime.axis_problem(self.cp, devices, "cp", "(data, context) = (n / cp, cp)")
-        if problem:
-            raise ValueError(problem)
-        check_layout(self.layout if self.method.startswith("ring") else "contiguous", self.seq, self.cp)
-        if self.method == "ulysses" and self.kv_heads % self.cp:
-            raise ValueError(f"kv_heads={self.kv_heads} is not divisible by cp={self.cp} (Ulysses gives each device "
-                             "whole heads)")
-        return self
+SEQ = (None, AXIS, None, None)  # [b, s, h, d] split along the sequence
+HEADS = (None, None, AXIS, None)  # [b, s, h, d] split along the heads
+ROWS = (AXIS, None, None, None, None)  # [cp, b, s/cp, h, d]: row r on context rank r
 
 
 def context_mesh(cp: int) -> Any:
     """Mesh (data = n / cp, context = cp) over all devices."""
     n = runtime.current().num_devices
-    problem = runtime.axis_problem(cp, n, "cp", "(data, context) = (n / cp, cp)")
+    problem = runtime.axis_problem(cp, n, "cp", MESH_TEXT)
     if problem:
         raise ValueError(problem)
     return runtime.mesh((n // cp, cp), ("data", AXIS))
 
 
-def _mark(t: torch.Tensor, mesh: Any, spec: tuple) -> torch.Tensor:
-    import torch_xla.distributed.spmd as xs
-
+def mark(t: torch.Tensor, mesh: Any, spec: tuple) -> torch.Tensor:
+    """``t`` annotated with ``spec`` on ``mesh`` (returned for chaining)."""
     xs.mark_sharding(t, mesh, spec)
     return t
 
@@ -137,13 +107,13 @@ class GatherKV(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, mesh: Any, pin: bool) -> torch.Tensor:
         ctx.mesh, ctx.pin = mesh, pin
-        return _mark(x * 1.0, mesh, (None,) * x.dim())  # [b, s, hkv, d] on every device
+        return mark(x * 1.0, mesh, (None,) * x.dim())  # [b, s, hkv, d] on every device
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         if ctx.pin:
-            g = _mark(g * 1.0, ctx.mesh, (None,) * g.dim())
-        return _mark(g * 1.0, ctx.mesh, (None, AXIS, None, None)), None, None  # [b, s/cp, hkv, d]
+            g = mark(g * 1.0, ctx.mesh, (None,) * g.dim())
+        return mark(g * 1.0, ctx.mesh, SEQ), None, None  # [b, s/cp, hkv, d]
 
 
 def _shift(x: torch.Tensor, n: int) -> torch.Tensor:
@@ -184,10 +154,7 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mesh: A
                       causal: bool) -> torch.Tensor:
     """q [b, s, hq, d], k, v [b, s, hkv, d] sequence-sharded: each re-annotated head-sharded (one all-to-all
     each), attention over the whole sequence per head group, the output re-annotated sequence-sharded."""
-    from shardlab.expert.gspmd import Reshard
-
-    seq, heads = (None, AXIS, None, None), (None, None, AXIS, None)
-    q, k, v = (Reshard.apply(t, mesh, seq, heads) for t in (q, k, v))  # [b, s, h/cp, d] per device
+    q, k, v = (Reshard.apply(t, mesh, SEQ, HEADS) for t in (q, k, v))  # [b, s, h/cp, d] per device
     b, s, hq, d = q.shape
     hkv = k.shape[2]
     scores = torch.einsum("bqngd,bknd->bngqk", q.reshape(b, s, hkv, hq // hkv, d), k) / math.sqrt(d)
@@ -195,7 +162,7 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mesh: A
         pos = torch.arange(s, device=q.device)
         scores = scores.masked_fill(pos[None, :] > pos[:, None], NEG_INF)
     out = torch.einsum("bngqk,bknd->bqngd", scores.softmax(dim=-1), v).reshape(b, s, hq, d)
-    return Reshard.apply(out, mesh, heads, seq)
+    return Reshard.apply(out, mesh, HEADS, SEQ)
 
 
 def _block(qg: torch.Tensor, kv: torch.Tensor, qpos: torch.Tensor | None, kpos: torch.Tensor | None,
@@ -253,9 +220,6 @@ def ring_attention_scan(q: torch.Tensor, kv: torch.Tensor, qpos: torch.Tensor | 
     """As :func:`ring_attention_unrolled`, steps 1 … cp − 1 inside torch_xla's ``scan`` (kposs [cp, cp, c] float
     positions, or None; ``remat``: the backward recomputes what the min-cut partition chooses instead of
     saving it). Returns out [cp, b, c, hq, d]."""
-    from functorch.compile import default_partition, min_cut_rematerialization_partition
-    from torch_xla.experimental.scan import scan
-
     cp, b, c, hq, d = q.shape
     hkv = kv.shape[3]
     qg = q.reshape(cp, b, c, hkv, hq // hkv, d)
@@ -277,121 +241,45 @@ def ring_attention_scan(q: torch.Tensor, kv: torch.Tensor, qpos: torch.Tensor | 
     return _finish(carry[2:5], hq)
 
 
-# ------------------------------------------------------------------------------------------ the step
-def inputs(cfg: CPGraphConfig) -> dict[str, torch.Tensor]:
-    """The step's data on the CPU: q, grad_out [b, s, hq, d], k, v [b, s, hkv, d] (seeded; on the ``meta``
-    device — shapes only — when ``cfg.placeholders``)."""
-    dt = getattr(torch, cfg.dtype)
-    qs, ks = (cfg.batch, cfg.seq, cfg.heads, cfg.head_dim), (cfg.batch, cfg.seq, cfg.kv_heads, cfg.head_dim)
-    shapes = {"q": qs, "k": ks, "v": ks, "grad_out": qs}
-    if cfg.placeholders:
-        return {n: torch.empty(shape, dtype=dt, device="meta") for n, shape in shapes.items()}
-    g = torch.Generator().manual_seed(cfg.seed)
-    return {n: torch.randn(shape, generator=g).to(dt) for n, shape in shapes.items()}
+# ------------------------------------------------------------------------------------------ layouts
+def stack_rows(x: torch.Tensor, layout: str, cp: int) -> torch.Tensor:
+    """[b, s, ...] -> [cp, b, s/cp, ...]: row r = rank r's chunks (``layout``)."""
+    return torch.stack([shard_sequence(x, layout, r, cp) for r in range(cp)])
 
 
-def stack_rows(x: torch.Tensor, cfg: CPGraphConfig) -> torch.Tensor:
-    """[b, s, ...] -> [cp, b, s/cp, ...]: row r = rank r's chunks (``cfg.layout``)."""
-    return torch.stack([shard_sequence(x, cfg.layout, r, cfg.cp) for r in range(cfg.cp)])
-
-
-def to_sequence(x: torch.Tensor, cfg: CPGraphConfig) -> torch.Tensor:
-    """A graph output back to [b, s, h, d] (the ring's [cp, b, s/cp, h, d] unstacked by ``cfg.layout``)."""
-    return unshard_sequence(list(x.unbind(0)), cfg.layout) if cfg.method.startswith("ring") else x
-
-
-def oracle(cfg: CPGraphConfig) -> list[torch.Tensor]:
-    """Dense answers [out, dq, dk, dv] ([b, s, h, d]; PyTorch's scaled_dot_product_attention on the CPU)."""
-    data = inputs(cfg)
-    q, k, v = (data[n].detach().clone().requires_grad_() for n in ("q", "k", "v"))
-    out = dense_attention(q, k, v, cfg.causal)
-    if not cfg.backward:
-        return [out.detach()]
-    (out * data["grad_out"]).sum().backward()
-    return [out.detach(), q.grad, k.grad, v.grad]
-
-
-def _device_input(t: torch.Tensor, cfg: CPGraphConfig, mesh: Any, spec: tuple, grad: bool) -> torch.Tensor:
-    dev = runtime.device()
-    if cfg.placeholders:  # a placeholder cannot carry a sharding: annotate a value computed from it
-        from torch_xla.core.xla_builder import create_placeholder_tensor
-
-        x = create_placeholder_tensor(tuple(t.shape), t.dtype) * 1
-    else:
-        x = t.to(dev)
-    x = _mark(x, mesh, spec)
-    return x.detach().requires_grad_(grad) if grad else x
-
-
-def build_graph(cfg: CPGraphConfig) -> list[torch.Tensor]:
-    """The step on the current device world: ``[out, dq, dk, dv]`` (``[out]`` without backward), not synced.
-    allgather / ulysses outputs are [b, s, h, d]; ring outputs [cp, b, s/cp, h, d] (:func:`to_sequence`)."""
-    cfg.validate(runtime.current().num_devices)
-    mesh = context_mesh(cfg.cp)
-    data = inputs(cfg)  # (shapes only, with placeholders)
-    dev, bw = runtime.device(), cfg.backward
-    if cfg.method == "ulysses":
-        seq = (None, AXIS, None, None)
-        q, k, v = (_device_input(data[n], cfg, mesh, seq, bw) for n in ("q", "k", "v"))
-        out = _mark(ulysses_attention(q, k, v, mesh, cfg.causal), mesh, seq)
-        leaves, go = (q, k, v), _device_input(data["grad_out"], cfg, mesh, seq, False)
-    elif cfg.method == "allgather":
-        seq = (None, AXIS, None, None)
-        q, k, v = (_device_input(data[n], cfg, mesh, seq, bw) for n in ("q", "k", "v"))
-        pos = torch.arange(cfg.seq)
-        qpos = _mark(pos.to(dev), mesh, (AXIS,)) if cfg.causal else None  # this device's query positions
-        kpos = _mark(pos.to(dev), mesh, (None,)) if cfg.causal else None  # every key position
-        out = _mark(allgather_attention(q, k, v, mesh, qpos, kpos, cfg.pin_grad), mesh, seq)
-        leaves, go = (q, k, v), _device_input(data["grad_out"], cfg, mesh, seq, False)
-    else:
-        rows = (AXIS, None, None, None, None)
-        q = _device_input(stack_rows(data["q"], cfg), cfg, mesh, rows, bw)
-        k, v = (_device_input(stack_rows(data[n], cfg), cfg, mesh, rows, bw) for n in ("k", "v"))
-        kv = _mark(torch.cat([k, v], dim=1), mesh, rows)  # [cp, 2b, c, hkv, d]: one permute moves both
-        pos = stack_rows(torch.arange(cfg.seq).view(1, -1), cfg)[:, 0]  # [cp, c] positions row r holds
-        qpos = kposs = None
-        if cfg.causal:
-            qpos = _mark(pos.to(q.dtype).to(dev), mesh, (AXIS, None))
-            steps = torch.stack([pos.roll(t, 0) for t in range(cfg.cp)]).to(q.dtype)  # [cp steps, cp, c]
-            if cfg.method == "ring":
-                kposs = [_mark(steps[t].to(dev), mesh, (AXIS, None)) for t in range(cfg.cp)]
-            else:
-                kposs = _mark(steps.to(dev), mesh, (None, AXIS, None))
-        if cfg.method == "ring":
-            out = ring_attention_unrolled(q, kv, qpos, kposs)
-        else:
-            out = ring_attention_scan(q, kv, qpos, kposs, cfg.remat)
-        out = _mark(out, mesh, rows)
-        leaves, go = (q, k, v), _device_input(stack_rows(data["grad_out"], cfg), cfg, mesh, rows, False)
-    if not bw:
-        return [out]
-    (out * go).sum().backward()
-    return [out, *(t.grad for t in leaves)]
+def unstack_rows(x: torch.Tensor, layout: str) -> torch.Tensor:
+    """The inverse of :func:`stack_rows`: [cp, b, s/cp, ...] -> [b, s, ...]."""
+    return unshard_sequence(list(x.unbind(0)), layout)
 
 
 # ------------------------------------------------------------------------------------------ reading the programs
-def permute_traffic(module: Any) -> dict[str, Any]:
-    """The collective-permutes of a partitioned program (XLA:CPU or XLA:TPU, ``shardlab.profile.HloModule``):
+def permute_traffic(module: HloModule) -> dict[str, Any]:
+    """The collective-permutes of a partitioned program (XLA:CPU or XLA:TPU):
 
-    ``count`` instructions (logical, start/done folded) and their per-device ``bytes``; ``executed`` and
-    ``executed_bytes`` with each counted as often as its computation runs (a ``while`` body: trip count times);
-    ``sent_elements`` — elements one device sends on average per execution of the program (Σ runs · pairs ·
-    operand elements / devices), the number to hold against the formula's per-rank bytes / e whatever the dtype
-    (XLA:TPU moves the forward's K/V in bf16 and may split a cyclic permute into several with fewer pairs);
-    ``dtypes`` the element types seen; ``async`` how many are start/done pairs. None for a count whose loop trip
-    count is unknown."""
-    from shardlab.dtypes import HLO_BYTES
-
+    ``count`` instructions (logical, start/done folded), ``operands`` the arrays they carry (> count: combined) and
+    their per-device ``bytes``; ``executed`` with each counted as often as its computation runs (a ``while`` body:
+    trip count times); ``sent_elements`` / ``sent_bytes`` — what one device sends on average per execution of the
+    program (Σ runs · source-target pairs · operand size / devices), the numbers to hold against the formula's
+    per-rank traffic (XLA:TPU moves the forward's K/V in bf16 and may split a cyclic permute into several with
+    fewer pairs: elements still agree); ``pairs`` ``{source-target pairs: permutes with that many}``; ``dtypes`` the
+    element types seen; ``async`` how many are start/done pairs; ``loops`` ``[(while, trip count)]``. Executed
+    and sent values are None when a loop's trip count is unknown."""
     perms = [c for c in module.collectives if c.op == "collective-permute"]
     runs = [module.runs(c.computation) for c in perms]
     known = all(r is not None for r in runs)
-    elements = [c.operand_bytes // HLO_BYTES[c.dtype] for c in perms]
+
+    def sent(size: list[int]) -> int | float | None:
+        if not known:
+            return None
+        total = sum(r * len(c.source_target_pairs) * n for r, c, n in zip(runs, perms, size, strict=True))
+        return total // module.num_partitions if total % module.num_partitions == 0 else total / module.num_partitions
+
     return {
-        "count": len(perms), "bytes": sum(c.operand_bytes for c in perms),
+        "count": len(perms), "operands": sum(c.operands for c in perms), "bytes": sum(c.operand_bytes for c in perms),
         "executed": sum(runs) if known else None,
-        "executed_bytes": sum(r * c.operand_bytes for r, c in zip(runs, perms, strict=True)) if known else None,
-        "sent_elements": (sum(r * len(c.source_target_pairs) * n for r, c, n in zip(runs, perms, elements, strict=True))
-                          / module.num_partitions) if known else None,
+        "sent_elements": sent([c.operand_bytes // HLO_BYTES[c.dtype] for c in perms]),
+        "sent_bytes": sent([c.operand_bytes for c in perms]),
+        "pairs": dict(sorted(Counter(len(c.source_target_pairs) for c in perms).items(), reverse=True)),
         "dtypes": sorted({c.dtype for c in perms}), "async": sum(c.async_ for c in perms),
         "loops": [(w.name, module.trip_count(w.name)) for w in module.while_loops],
     }
