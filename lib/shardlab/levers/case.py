@@ -68,6 +68,11 @@ def _bytes(dtype: str, elements: int) -> int:
     return elements * {"float32": 4, "bfloat16": 2}[dtype]
 
 
+def devices(p: LeversParams) -> int:
+    """The notebook's devices: ``p.num_devices`` (None on a TPU host: every chip of this process)."""
+    return int(p.num_devices or runtime.current().num_devices)
+
+
 @dataclass(frozen=True)
 class LeversCase(Case):
     """A lever's program on the notebook's devices (``p.num_devices``; None on a TPU host: every chip)."""
@@ -79,7 +84,7 @@ class LeversCase(Case):
 
     @property
     def devices(self) -> int:
-        return int(self.p.num_devices or runtime.current().num_devices)
+        return devices(self.p)
 
     def mesh_problem(self, num_devices: int) -> str | None:
         """The program's mesh spans ``devices`` exactly (a replicated program: any device count)."""
@@ -265,7 +270,7 @@ def mlp_case(p: LeversParams, runnable: bool = False) -> MlpCase:
     """Notebook 02's Megatron MLP at tp = every device: bf16 at ``mlp_seq`` / ``mlp_hidden`` / ``mlp_ffn``
     (overlap, auto-sharding, the TPU's kernels), or — ``runnable`` — f32 at 1/8 of the sequence and 1/4 of the
     widths, a program XLA:CPU executes (its kernels)."""
-    n = LeversCase(p).devices
+    n = devices(p)
     if runnable:
         return MlpCase(MlpParams(tp=n, batch=2, seq=p.mlp_seq // 8, hidden=p.mlp_hidden // 4, ffn=p.mlp_ffn // 4,
                                  seed=p.seed))

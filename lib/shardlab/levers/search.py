@@ -30,7 +30,7 @@ from shardlab import harness
 from shardlab.case import Case
 from shardlab.formulas.common import wire_bytes
 from shardlab.levers import programs as P
-from shardlab.levers.case import LayoutCase, LeversCase
+from shardlab.levers.case import LayoutCase, devices
 from shardlab.params import LeversParams
 from shardlab.planner import PlanConfig, plan
 from shardlab.profile.tpu import TpuCompile
@@ -104,7 +104,7 @@ class Search(NamedTuple):
 def candidates(p: LeversParams, planner: tuple[int, int, int] | None) -> list[LayoutCase]:
     """``p.search == "full"``: every mesh and layout of the devices; ``"small"``: pure data parallel, pure FSDP,
     Megatron, and the planner's mesh; ``"off"``: none."""
-    n = LeversCase(p).devices
+    n = devices(p)
     cands = P.layouts(n) if p.search != "off" else []
     if p.search == "small":
         want = {(n, 1, 1, "megatron"), (1, n, 1, "megatron"), (1, 1, n, "megatron"),
@@ -115,7 +115,7 @@ def candidates(p: LeversParams, planner: tuple[int, int, int] | None) -> list[La
 
 def search(p: LeversParams, generation: str = "v5e") -> Search:
     """Every candidate of :func:`candidates` compiled for the TPU, ranked (see the module note)."""
-    n = LeversCase(p).devices
+    n = devices(p)
     planner = planner_choice(LayoutCase.batch, p.mlp_seq // 8, p.mlp_hidden, p.mlp_ffn, heads=8,
                              topology=f"{generation}-{n}", devices=n)
     rows, views, skipped = [], {}, {}
