@@ -22,7 +22,7 @@ from shardlab.comm import DistributedWorld, Ledger, RankError, SimulatedWorld
 from shardlab.formulas.pipeline import p2p_traffic
 from shardlab.pipeline.model import TinyLM, batch
 from shardlab.pipeline.programs import dense_step, merge_results, pipeline_program
-from shardlab.pipeline.schedules import build
+from shardlab.pipeline.schedules import build, peak_inflight
 from shardlab.pipeline.split import best_cuts, split, trace
 from shardlab.pipeline.torch_ref import torch_pipeline_program
 
@@ -72,6 +72,8 @@ def test_simulated_pipeline_equals_the_unsplit_model(setup, name: str, p: int, m
     results = world.run(pipeline_program, sched, copy.deepcopy(stages.modules), stages.param_names,
                         stages.boundary, tokens, targets)
     _assert_parity(*merge_results(results), ref_loss, ref_grads)
+    assert [r["order"] for r in results] == [list(d) for d in sched.devices]  # each device ran its list, in order
+    assert [r["peak_held"] for r in results] == peak_inflight(sched)  # held activations = counted from the order
 
     f = p2p_traffic(p, m, B // m, CFG.seq, CFG.hidden, "float32", v=v)
     for r, led in enumerate(world.ledgers):

@@ -86,3 +86,16 @@ def test_p2p_latency_lengthens_the_step_by_the_hops_it_waits_for() -> None:
 def test_peak_inflight_of_pytorch_orders_matches_ours() -> None:
     for name, p, m, v in [("1f1b", 4, 8, 1), ("interleaved", 4, 8, 2)]:
         assert peak_inflight(as_schedule(name, p, m, v)) == peak_inflight(build(name, p, m, v))
+
+
+def test_compare_times_every_schedule_to_its_formula() -> None:
+    from shardlab.pipeline.timeline import compare
+
+    for p, m, v in [(4, 8, 2), (3, 6, 3), (2, 2, 2), (5, 5, 1)]:
+        for r in compare(p, m, v):
+            vv = v if r["schedule"] == "interleaved" else 1
+            assert r["bubble_fraction"] == Fraction(p - 1, vv * m + p - 1) == r["formula_fraction"]
+            assert r["bubble_ratio"] == Fraction(p - 1, vv * m) == r["formula_ratio"]
+            assert r["inflight"] == r["formula_inflight"]
+    one_f = next(r for r in compare(4, 8, 2) if r["schedule"] == "1f1b")
+    assert one_f["inflight"] == 4  # p on stage 0, not m

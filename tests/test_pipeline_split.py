@@ -125,3 +125,17 @@ def test_bad_splits_are_refused() -> None:
     inside = next(k for k in range(len(traced.nodes)) if k not in traced.boundary)
     with pytest.raises(ValueError, match="not single-tensor cut positions"):
         split(traced, [inside])
+
+
+def test_compare_splits_predicts_the_even_split_slower(heavy) -> None:
+    from shardlab.pipeline.split import compare_splits
+
+    _, _, traced = heavy
+    got = compare_splits(traced, 4, 8)
+    assert got["auto"].max_cost == best_cuts(traced.train_costs, traced.frontier, 4).max_cost
+    assert got["even"].max_cost == 3 * got["even"].stages[-1].flops  # the head's stage is the slowest
+    for c in got.values():  # the flow-shop formula with b = 2 f, and the 1F1B order timed: same step
+        f = [s.flops / 8 for s in c.stages]
+        assert c.gpipe_step == pytest.approx(sum(3 * x for x in f) + 7 * 3 * max(f))
+        assert c.one_f_one_b_step == pytest.approx(c.gpipe_step)
+    assert got["auto"].gpipe_step < got["even"].gpipe_step

@@ -32,3 +32,18 @@ def test_figure_has_one_bar_per_action_and_per_idle_interval() -> None:
     assert sum(len(b.x) for b in idle) == len(idle_intervals(t))
     assert {x for b in actions for x in b.text} >= {"0·0", "3·1"}  # microbatch·chunk labels
     assert t.bubble_ratio == Fraction(1, 8) and "0.125 (formula 0.125)" in fig.layout.title.text
+
+
+def test_explorer_update_reports_a_bad_combination_instead_of_raising() -> None:
+    from shardlab.viz.pipeline import explorer
+
+    _, update = explorer(4, 8, 2, message_bytes=100)
+    good = update()
+    assert good["ok"] and not good["errors"]
+    rows = {r["schedule"]: r for r in good["rows"]}
+    assert rows["interleaved"]["messages"] == 2 * 8 * (4 * 2 - 1)  # 2 m (p v - 1)
+    assert rows["gpipe"]["bytes"] == 2 * 8 * 3 * 100
+    bad = update(m=6)  # interleaved needs m % p == 0; GPipe and 1F1B still run
+    assert not bad["ok"] and len(bad["errors"]) == 1 and "m=6 must be a multiple of p=4" in bad["errors"][0]
+    assert {r["schedule"] for r in bad["rows"] if "error" not in r} == {"gpipe", "1f1b"}
+    assert not update(p=0)["ok"]  # no schedule at all: reported too

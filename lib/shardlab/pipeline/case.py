@@ -62,6 +62,7 @@ from shardlab.profile.hlo import HloModule
 from shardlab.views import View
 
 F32 = 4
+COMPILER = {"hlo": "XLA:CPU", "tpu": "XLA:TPU"}
 ONE_F_ONE_B = ("1F1B has no SPMD form: one forward scan followed by autograd's reversed scan runs every forward "
                "before any backward (GPipe's order); 1F1B starts microbatch 0's backward while later forwards "
                "still run")
@@ -424,7 +425,7 @@ class ShiftCase(Case):
             said = ", ".join(f"{view.values[f'{self.phase}.{op}.count']} {op.replace('_', '-')}"
                              for op in self.shift_ops if view.values[f"{self.phase}.{op}.count"])
             for name in view.values:
-                view.differs[name] = (f"the {view.source} compiler wrote {self.how} as {said or 'no collective'} "
+                view.differs[name] = (f"{COMPILER[view.source]} wrote {self.how} as {said or 'no collective'} "
                                       "(the data movement: one collective-permute of one shard)")
         return view
 
@@ -445,18 +446,26 @@ class FsdpCase(Case):
     def phase(self) -> str:
         return "spmd.fsdp"
 
-    def mesh_problem(self, num_devices: int) -> str | None:
-        problem = ScheduleCase(self.p).mesh_problem(num_devices)
-        if problem is None and num_devices == self.p.stages:
-            return f"num_devices={num_devices} = stages leaves the data axis 1 device: nothing to shard W over"
-        if problem is None and self.p.hidden % (num_devices // self.p.stages):
-            return (f"hidden={self.p.hidden} is not divisible by the data axis n / stages = "
-                    f"{num_devices // self.p.stages}")
-        return problem
-
     @property
     def data(self) -> int:
-        return runtime.current().num_devices // self.p.stages
+        """The second axis: n / p on this process's n devices when that is 2 or more, else 2 (the TPU view then
+        compiles 2 p chips in a helper process)."""
+        n, stages = runtime.current().num_devices, self.p.stages
+        return n // stages if n % stages == 0 and n // stages >= 2 else 2
+
+    @property
+    def devices(self) -> int:
+        return self.p.stages * self.data
+
+    def mesh_problem(self, num_devices: int) -> str | None:
+        p, d = self.p, self.data
+        if num_devices < 2 * p.stages or num_devices % p.stages:
+            return (f"the 2-D mesh needs stages * data = {p.stages} * (2 or more) devices; this process has "
+                    f"num_devices={num_devices}")
+        for name, size in (("a microbatch's rows", p.rows), ("hidden", p.hidden)):
+            if size % d:
+                return f"{name} = {size} is not divisible by the data axis n / stages = {d}"
+        return None
 
     def formula(self) -> View:
         p, d = self.p, self.data
@@ -497,12 +506,12 @@ class FsdpCase(Case):
         view.add(f"{ph}.all_gather.bytes", sum(c.operand_bytes for c in gathers), "bytes")
         if gathers and not any(c.in_while for c in gathers):
             view.differs[f"{ph}.all_gather.step_count"] = (
-                f"the {src} compiler hoists the gather of the loop-invariant weight out of the loop: gathered once "
+                f"{COMPILER[src]} hoists the gather of the loop-invariant weight out of the loop: gathered once "
                 "per step and kept whole")
         other = sorted({c.dtype for c in gathers} - {"f32"})
         if other:
             view.differs[f"{ph}.all_gather.bytes"] = (
-                f"the {src} compiler gathers the f32 weight shard as {'/'.join(other)} (the matmul runs at default "
+                f"{COMPILER[src]} gathers the f32 weight shard as {'/'.join(other)} (the matmul runs at default "
                 "precision, 16-bit inputs): elements agree instead")
         return view
 

@@ -30,15 +30,15 @@ class PipelineParams(NotebookParams):
 
     NOTEBOOK: ClassVar[str] = "09_pipeline"
 
-    stages: int = 4  # p: pipeline stages = devices of the `stage` mesh axis = ranks of the ledger
+    stages: int = 4  # p: pipeline stages, the devices of the `stage` mesh axis and the ranks of the ledger
     microbatches: int = 8  # m: microbatches per step (a multiple of stages: the interleaved schedule's rule)
-    virtual: int = 2  # v: model chunks per device in the interleaved schedule (>= 2)
+    virtual: int = 2  # v: model chunks per device in the interleaved schedule (at least 2)
     batch: int = 8  # sequences per step; one microbatch holds batch / microbatches of them
     seq: int = 16  # tokens per sequence
     hidden: int = 64  # h: the activation every cut hands over is [batch / m, seq, hidden]
     heads: int = 4
     ffn: int = 256  # MLP width of each transformer block
-    layers: int = 8  # transformer blocks (>= stages * virtual: every chunk gets at least one block's worth)
+    layers: int = 8  # transformer blocks, at least stages * virtual (a block's worth for every chunk)
     vocab: int = 4096  # large next to hidden: the embedding and the LM head make the model's ends heavy
     fsdp: bool = True  # also compile the SPMD pipeline with its weights sharded over the second mesh axis
     run_gloo: bool = False  # also run the pipeline in `stages` real processes (gloo): ours and PyTorch's (slow)
