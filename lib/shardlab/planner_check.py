@@ -126,8 +126,12 @@ class LayerTermCase(LayerCase):
 
     p: AttentionParams
 
-    def mesh_problem(self, num_devices: int) -> str | None:
-        return runtime.axis_problem(self.p.tp, num_devices, "val_world", "(n / val_world, val_world)")
+    size_name: ClassVar[str] = "val_world"  # notebook 07's name for the tensor degree (in the skip message)
+    mesh_text: ClassVar[str] = "(n / val_world, val_world)"
+
+    @property
+    def devices(self) -> int:
+        return self.p.tp
 
     def formula(self) -> View:
         t = layer_term(self.p)

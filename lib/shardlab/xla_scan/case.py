@@ -129,7 +129,7 @@ class ScanCase(MeshCase):
     layers: int
     mode: str = "scan"  # "loop" | "scan_layers" | "scan" (pre-stacked weights)
     shard_as: bool = True  # torch_xla's shard_as in scan's backward (off: the behaviour before the fix)
-    trace: dict[str, float] = field(default_factory=dict, compare=False, repr=False)  # graph(): {"s": tracing s}
+    trace: dict[str, float] = field(default_factory=dict, init=False, compare=False, repr=False)  # graph() writes {"s"}
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
