@@ -10,7 +10,7 @@ import torch
 from shardlab.expert.drops import drop_table
 from shardlab.expert.moe import (
     MoE,
-    MoEConfig,
+    capacity,
     dispatch_tensors,
     expert_ffn,
     moe_reference,
@@ -18,6 +18,7 @@ from shardlab.expert.moe import (
     router_probs,
     top_k_gates,
 )
+from shardlab.expert.params import ExpertParams
 from shardlab.formulas import expert as fexp
 
 
@@ -30,8 +31,8 @@ def _one_thread():  # type: ignore[no-untyped-def]
     torch.set_num_threads(n)
 
 
-def _layer(cf: float | None = 1.0, k: int = 2, e: int = 4, seed: int = 0) -> MoE:
-    return MoE(MoEConfig(hidden=8, ffn=12, experts=e, top_k=k, capacity_factor=cf),
+def _layer(cf: float = 1.0, k: int = 2, e: int = 4, seed: int = 0) -> MoE:
+    return MoE(ExpertParams(hidden=8, ffn=12, experts=e, top_k=k, capacity_factor=cf),
                torch.Generator().manual_seed(seed)).double()
 
 
@@ -52,7 +53,8 @@ def test_vectorised_dispatch_equals_the_loops(cf: float) -> None:
     moe = _layer(cf, e=8)
     x = torch.randn(3, 20, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float64)  # 3 groups
     gates, experts = top_k_gates(router_probs(x, moe.router), 2, True)
-    c = moe.cfg.capacity(20)
+    c = capacity(moe.p, 20)
+    assert c == {0.5: 3, 1.0: 5, 2.0: 10}[cf]  # ceil(cf * 2 * 20 / 8): 2.5 -> 3, 5, 10
     d = dispatch_tensors(gates, experts, 8, c)
     for g in range(3):
         r = route_loop(experts[g], 8, c)
@@ -87,16 +89,15 @@ def test_oracle_equals_per_token_sum() -> None:
 
 
 def test_dropless_keeps_everything() -> None:
-    moe = _layer(cf=None)
+    moe = _layer(cf=0.25)  # the capacity factor is ignored by the dropless layer
     x = torch.randn(16, 8, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
-    ref = moe_reference(x, moe, groups=2)
+    ref = moe_reference(x, moe, groups=2, dropless=True)
     assert all(not r.dropped and len(r.kept) == 16 for r in ref.routings)
-    with pytest.raises(ValueError, match="dropless"):
-        moe.cfg.capacity(8)
+    assert sum(len(r.dropped) for r in moe_reference(x, moe, groups=2).routings) > 0  # C = 1 drops
 
 
 def test_drop_table_measured_equals_formula() -> None:
-    moe = MoE(MoEConfig(hidden=16, ffn=16, experts=8, top_k=2), torch.Generator().manual_seed(0))
+    moe = MoE(ExpertParams(hidden=16, ffn=16, experts=8, top_k=2), torch.Generator().manual_seed(0))
     x = torch.randn(256, 16, generator=torch.Generator().manual_seed(1))
     rows = drop_table(x, moe, groups=4, factors=(0.5, 1.0, 1.25, 2.0, 4.0))
     for row in rows:
@@ -106,8 +107,12 @@ def test_drop_table_measured_equals_formula() -> None:
     assert [r["measured"] for r in rows] == sorted((r["measured"] for r in rows), reverse=True)
 
 
-def test_config_errors() -> None:
+def test_parameter_errors() -> None:
     with pytest.raises(ValueError, match="top_k=3 must be <= experts=2"):
-        MoEConfig(experts=2, top_k=3)
-    with pytest.raises(ValueError, match="capacity_factor=-1"):
-        MoEConfig(capacity_factor=-1)
+        ExpertParams(experts=2, top_k=3, ep=1).validate()
+    with pytest.raises(ValueError, match="capacity_factor=-1 must be a positive number"):
+        ExpertParams(capacity_factor=-1).validate()
+    with pytest.raises(ValueError, match="experts=6 is not divisible by ep=4"):
+        ExpertParams(experts=6).validate()
+    with pytest.raises(ValueError, match="drop_factors entry=0 must be a positive number"):
+        ExpertParams(drop_factors=[1.0, 0]).validate()

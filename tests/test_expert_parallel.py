@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from shardlab.comm import DistributedWorld, SimulatedWorld
-from shardlab.expert.moe import MoE, MoEConfig, moe_reference
+from shardlab.expert.moe import MoE, moe_reference
 from shardlab.expert.parallel import expert_range, moe_step
+from shardlab.expert.params import ExpertParams
 from shardlab.formulas import expert as fexp
 
 T, H, F, E, K = 64, 16, 24, 8, 2
@@ -25,17 +26,18 @@ def _one_thread():  # type: ignore[no-untyped-def]
     torch.set_num_threads(n)
 
 
-def _setup(cf: float | None, seed: int = 0) -> tuple[MoE, torch.Tensor, torch.Tensor]:
+def _setup(cf: float, seed: int = 0) -> tuple[MoE, torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    moe = MoE(MoEConfig(hidden=H, ffn=F, experts=E, top_k=K, capacity_factor=cf), g).double()
+    moe = MoE(ExpertParams(hidden=H, ffn=F, experts=E, top_k=K, capacity_factor=cf), g).double()
     return moe, torch.randn(T, H, generator=g, dtype=torch.float64), torch.randn(T, H, generator=g,
                                                                                    dtype=torch.float64)
 
 
-def _dense(moe: MoE, x: torch.Tensor, go: torch.Tensor, groups: int):  # type: ignore[no-untyped-def]
+def _dense(moe: MoE, x: torch.Tensor, go: torch.Tensor, groups: int,  # type: ignore[no-untyped-def]
+           dropless: bool = False):
     moe.zero_grad(set_to_none=True)
     xr = x.clone().requires_grad_()
-    ref = moe_reference(xr, moe, groups)
+    ref = moe_reference(xr, moe, groups, dropless)
     (ref.out * go).sum().backward()
     return ref, xr.grad
 
@@ -71,13 +73,14 @@ def test_expert_parallel_matches_dense_and_formula(ep: int, cf: float) -> None:
 
 
 def test_dropless_sizes_buffers_by_the_largest_load() -> None:
-    moe, x, go = _setup(None, seed=1)
-    ref, grad_x = _dense(moe, x, go, groups=4)
+    moe, x, go = _setup(1.0, seed=1)
+    ref, grad_x = _dense(moe, x, go, groups=4, dropless=True)
     world = SimulatedWorld(4)
-    results = world.run(moe_step, moe, x, go)
+    results = world.run(moe_step, moe, x, go, dropless=True)
     _check(results, moe, ref, grad_x, 4)
     biggest = max(max(rt.loads) for rt in ref.routings)
     assert {r["capacity"] for r in results} == {biggest} and all(r["dropped"] == 0 for r in results)
+    assert biggest > 16 * K // E  # the routing is uneven: the buffers grow past the mean load (cf 1.0's C = 4)
     led = world.ledger
     assert led.count("all_reduce") == 1 and led[0].tag == "ep.capacity"  # agree on C first
     assert led.payload_bytes("all_to_all", "forward") == fexp.all_to_all(16, H, E, K, 1.0, 4, "float64",

@@ -9,8 +9,9 @@ import torch
 
 from shardlab.comm import SimulatedWorld
 from shardlab.expert.drops import drop_table
-from shardlab.expert.moe import MoE, MoEConfig, moe_reference
+from shardlab.expert.moe import MoE, moe_reference
 from shardlab.expert.parallel import moe_step
+from shardlab.expert.params import ExpertParams
 from shardlab.viz.expert import dispatch_figure, dispatch_matrix, drop_figure, load_figure
 
 
@@ -24,7 +25,8 @@ def _one_thread():  # type: ignore[no-untyped-def]
 
 
 def _case():  # type: ignore[no-untyped-def]
-    moe = MoE(MoEConfig(hidden=8, ffn=8, experts=8, top_k=2, capacity_factor=1.0), torch.Generator().manual_seed(0))
+    moe = MoE(ExpertParams(hidden=8, ffn=8, experts=8, top_k=2, capacity_factor=1.0),
+              torch.Generator().manual_seed(0))
     x = torch.randn(64, 8, generator=torch.Generator().manual_seed(1))
     return moe, x
 

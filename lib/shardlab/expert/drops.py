@@ -17,8 +17,8 @@ Fractions are of all G·S·k assignments.
 
 Example::
 
-    >>> from shardlab.expert.moe import MoE, MoEConfig
-    >>> moe = MoE(MoEConfig(hidden=8, ffn=8, experts=4, top_k=1), torch.Generator().manual_seed(0))
+    >>> from shardlab.expert.params import ExpertParams
+    >>> moe = MoE(ExpertParams(hidden=8, ffn=8, experts=4, top_k=1), torch.Generator().manual_seed(0))
     >>> x = torch.randn(32, 8, generator=torch.Generator().manual_seed(1))
     >>> rows = drop_table(x, moe, groups=2, factors=(1.0, 4.0))
     >>> rows[-1]["measured"], rows[0]["measured"] == rows[0]["formula"]       # cf = 4 = E / k: nothing drops
@@ -36,23 +36,31 @@ from shardlab.expert.moe import MoE, dispatch_tensors, router_probs, top_k_gates
 from shardlab.formulas import expert as fexp
 
 
-def drop_table(x: torch.Tensor, moe: MoE, groups: int, factors: Iterable[float]) -> list[dict[str, Any]]:
-    """x [T, h] routed by ``moe``'s router in ``groups`` equal groups; one row per capacity factor."""
-    cfg = moe.cfg
+def route_groups(x: torch.Tensor, moe: MoE, groups: int) -> tuple[torch.Tensor, torch.Tensor, list[list[int]]]:
+    """x [T, h] routed by ``moe``'s router in ``groups`` equal groups: (gates [G, S, k], experts [G, S, k],
+    loads[g][e] = assignments of group g to expert e, kept or not)."""
+    p = moe.p
     t = x.shape[0]
     if t % groups:
         raise ValueError(f"tokens={t} is not divisible by groups={groups}")
-    s = t // groups
     with torch.no_grad():
-        gates, experts = top_k_gates(router_probs(x.reshape(groups, s, -1), moe.router), cfg.top_k, cfg.normalize)
-    loads = [torch.bincount(experts[g].flatten(), minlength=cfg.experts).tolist() for g in range(groups)]
+        gates, experts = top_k_gates(router_probs(x.reshape(groups, t // groups, -1), moe.router), p.top_k,
+                                     p.normalize)
+    return gates, experts, [torch.bincount(experts[g].flatten(), minlength=p.experts).tolist() for g in range(groups)]
+
+
+def drop_table(x: torch.Tensor, moe: MoE, groups: int, factors: Iterable[float]) -> list[dict[str, Any]]:
+    """x [T, h] routed by ``moe``'s router in ``groups`` equal groups; one row per capacity factor."""
+    p = moe.p
+    gates, experts, loads = route_groups(x, moe, groups)
+    s = x.shape[0] // groups
     rows = []
     for cf in factors:
-        c = fexp.capacity(s, cfg.experts, cfg.top_k, cf)
-        kept = int(dispatch_tensors(gates, experts, cfg.experts, c).kept.sum())
-        total = t * cfg.top_k
+        c = fexp.capacity(s, p.experts, p.top_k, cf)
+        kept = int(dispatch_tensors(gates, experts, p.experts, c).kept.sum())
+        total = x.shape[0] * p.top_k
         rows.append({"capacity_factor": cf, "capacity": c, "assignments": total, "dropped": total - kept,
                      "measured": (total - kept) / total,
                      "formula": fexp.dropped_from_loads(loads, c) / total,
-                     "uniform": fexp.expected_dropped_fraction(s, cfg.experts, cfg.top_k, c), "loads": loads})
+                     "uniform": fexp.expected_dropped_fraction(s, p.experts, p.top_k, c), "loads": loads})
     return rows

@@ -13,8 +13,9 @@ Tokens are split into G **groups** (GShard's dispatch groups; one per expert-par
 counted per group: each expert takes at most C = ceil(capacity_factor · k · S / E) tokens of a group of S.
 Assignments claim slots in priority order — every token's first choice (in token order), then every token's
 second choice, … (GShard's top-2 order); an assignment that finds its expert full is **dropped** (it contributes
-nothing; the residual connection outside the layer carries the token). ``capacity_factor=None`` is the dropless
-variant: every assignment is kept (the expert-parallel code then sizes its buffers to the largest load).
+nothing; the residual connection outside the layer carries the token). ``dropless=True`` is the dropless variant:
+every assignment is kept, and the expert-parallel code pads every expert's buffer to the largest load (MegaBlocks,
+Gale et al. 2023, avoids that padding with block-sparse kernels).
 
 Two independent implementations of the routing:
 
@@ -24,10 +25,12 @@ Two independent implementations of the routing:
   expert-parallel code (``shardlab.expert.parallel``) and the GSPMD graph (``shardlab.expert.gspmd``) use it:
   ``dispatched = einsum("gsec,gsh->egch")``, ``y = einsum("gsec,egch->gsh")``.
 
+The layer's sizes and routing rule are notebook 11's parameters (:class:`shardlab.expert.params.ExpertParams`:
+hidden, ffn, experts, top_k, capacity_factor, normalize); :class:`MoE` is built from them and keeps them as ``p``.
+
 Example::
 
-    >>> cfg = MoEConfig(hidden=8, ffn=16, experts=4, top_k=2, capacity_factor=1.0)
-    >>> cfg.capacity(tokens_per_group=6)            # ceil(1.0 * 2 * 6 / 4)
+    >>> capacity(ExpertParams(experts=4, top_k=2, capacity_factor=1.0), tokens_per_group=6)  # ceil(1.0·2·6/4)
     3
 """
 
@@ -40,45 +43,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from shardlab.expert.params import ExpertParams
 from shardlab.formulas import expert as fexp
 
 
-@dataclass(frozen=True)
-class MoEConfig:
-    """One MoE layer's sizes and routing rule."""
-
-    hidden: int = 64  # h: token width
-    ffn: int = 128  # f: each expert's inner width
-    experts: int = 8  # E
-    top_k: int = 2  # k: experts per token
-    capacity_factor: float | None = 1.25  # slots per expert = ceil(cf·k·S/E); None: dropless
-    normalize: bool = True  # renormalise the k gates to sum to 1
-
-    def __post_init__(self) -> None:
-        for name in ("hidden", "ffn", "experts", "top_k"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name}={v!r} must be a positive int")
-        if self.top_k > self.experts:
-            raise ValueError(f"top_k={self.top_k} must be <= experts={self.experts}")
-        cf = self.capacity_factor
-        if cf is not None and (isinstance(cf, bool) or not isinstance(cf, int | float) or cf <= 0):
-            raise ValueError(f"capacity_factor={cf!r} must be a positive number or None (dropless)")
-
-    def capacity(self, tokens_per_group: int) -> int:
-        """Slots per expert per group: ceil(capacity_factor · k · S / E) (GShard's expert capacity)."""
-        if self.capacity_factor is None:
-            raise ValueError("capacity_factor=None (dropless): the capacity is the largest load, not a formula")
-        return fexp.capacity(tokens_per_group, self.experts, self.top_k, self.capacity_factor)
+def capacity(p: ExpertParams, tokens_per_group: int) -> int:
+    """Slots per expert per group: ceil(capacity_factor · k · S / E) (GShard's expert capacity)."""
+    return fexp.capacity(tokens_per_group, p.experts, p.top_k, p.capacity_factor)
 
 
 class MoE(nn.Module):
-    """The layer's parameters, stacked per expert. ``forward`` is the dense oracle (:func:`moe_reference`)."""
+    """The layer's parameters, stacked per expert, built from ``p`` (hidden, ffn, experts). ``forward`` is the dense
+    oracle (:func:`moe_reference`)."""
 
-    def __init__(self, cfg: MoEConfig, generator: torch.Generator | None = None) -> None:
+    def __init__(self, p: ExpertParams, generator: torch.Generator | None = None) -> None:
         super().__init__()
-        self.cfg = cfg
-        h, f, e = cfg.hidden, cfg.ffn, cfg.experts
+        self.p = p
+        h, f, e = p.hidden, p.ffn, p.experts
 
         def init(*shape: int, fan_in: int) -> nn.Parameter:
             return nn.Parameter(torch.randn(*shape, generator=generator) / math.sqrt(fan_in))
@@ -90,6 +71,18 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor, groups: int = 1) -> torch.Tensor:
         return moe_reference(x, self, groups).out
+
+
+def layer(p: ExpertParams) -> MoE:
+    """The notebook's layer: weights drawn under ``p.seed`` (the same for every view)."""
+    return MoE(p, torch.Generator().manual_seed(p.seed))
+
+
+def inputs(p: ExpertParams, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x and grad_out [groups · S, h], seeded: group g is rows g·S … (g+1)·S (the same for every view)."""
+    g = torch.Generator().manual_seed(p.seed + 1)
+    x = torch.randn(groups * p.tokens, p.hidden, generator=g)
+    return x, torch.randn(groups * p.tokens, p.hidden, generator=g)
 
 
 def expert_ffn(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
@@ -144,20 +137,20 @@ class Reference:
     routings: list[Routing]  # one per group
 
 
-def moe_reference(x: torch.Tensor, moe: MoE, groups: int = 1) -> Reference:
-    """The dense oracle: route each of ``groups`` equal token groups with :func:`route_loop`, then loop over
-    the experts, each applied to the tokens it kept, weighted by their gates. x [T, h] -> [T, h]."""
-    cfg = moe.cfg
+def moe_reference(x: torch.Tensor, moe: MoE, groups: int = 1, dropless: bool = False) -> Reference:
+    """The dense oracle: route each of ``groups`` equal token groups with :func:`route_loop` (``dropless``: no
+    capacity, every assignment kept), then loop over the experts, each applied to the tokens it kept, weighted by
+    their gates. x [T, h] -> [T, h]."""
+    p = moe.p
     t_all = x.shape[0]
     if t_all % groups:
         raise ValueError(f"tokens={t_all} is not divisible by groups={groups}")
     outs, routings = [], []
     for xg in x.chunk(groups, dim=0):  # [S, h]
-        gates, experts = top_k_gates(router_probs(xg, moe.router), cfg.top_k, cfg.normalize)  # [S, k]
-        cap = None if cfg.capacity_factor is None else cfg.capacity(xg.shape[0])
-        routing = route_loop(experts, cfg.experts, cap)
+        gates, experts = top_k_gates(router_probs(xg, moe.router), p.top_k, p.normalize)  # [S, k]
+        routing = route_loop(experts, p.experts, None if dropless else capacity(p, xg.shape[0]))
         y = torch.zeros_like(xg)
-        for e in range(cfg.experts):
+        for e in range(p.experts):
             mine = [(t, j) for t, j, ee, _ in routing.kept if ee == e]
             if not mine:
                 continue

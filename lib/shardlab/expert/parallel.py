@@ -19,7 +19,7 @@ router's gradient flows through the combine weights (the gates); top-k itself ha
 router gradient covers its own tokens only: in training they are summed over the ranks (the data-parallel
 all-reduce of replicated weights, not counted here); the expert gradients are complete where they live.
 
-Capacity: C = ceil(cf · k · S / E) per rank (``MoEConfig.capacity``). Dropless (``capacity_factor=None``):
+Capacity: C = ceil(cf · k · S / E) per rank (``moe.capacity``). Dropless (``dropless=True``):
 every rank must send buffers of the same C, so C = the largest load of any expert on any rank, agreed with one
 all-reduce (max) of a scalar before the dispatch — the buffers grow with the worst imbalance.
 
@@ -27,7 +27,7 @@ Tags: ``ep.capacity`` (dropless only), ``ep.dispatch``, ``ep.combine``.
 
 Example (dense oracle with one routing group per rank; tests and notebook compare)::
 
-    results = SimulatedWorld(4).run(moe_step, moe, x, grad_out)      # moe: expert.MoE, x: [T, h]
+    results = SimulatedWorld(4).run(moe_step, moe, x, grad_out)      # moe: expert.moe.MoE, x: [T, h]
     torch.cat([r["out"] for r in results]) == moe_reference(x, moe, groups=4).out
 """
 
@@ -37,7 +37,8 @@ from typing import Any
 
 import torch
 
-from shardlab.expert.moe import MoE, dispatch_tensors, expert_ffn, router_probs, top_k_gates
+from shardlab.expert.moe import MoE, capacity, dispatch_tensors, expert_ffn, router_probs, top_k_gates
+from shardlab.expert.params import ExpertParams
 
 
 class _AllToAll(torch.autograd.Function):
@@ -67,20 +68,22 @@ def expert_range(experts: int, ep: int, rank: int) -> range:
 
 
 def expert_parallel_moe(x: torch.Tensor, router: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor,
-                        w2: torch.Tensor, comm: Any, cfg: Any) -> tuple[torch.Tensor, dict[str, Any]]:
-    """This rank's MoE output for its tokens x [S, h]; w1/w3 [E/ep, h, f], w2 [E/ep, f, h] are its experts.
+                        w2: torch.Tensor, comm: Any, p: ExpertParams,
+                        dropless: bool = False) -> tuple[torch.Tensor, dict[str, Any]]:
+    """This rank's MoE output for its tokens x [S, h]; w1/w3 [E/ep, h, f], w2 [E/ep, f, h] are its experts;
+    the routing rule is ``p``'s (top_k, capacity_factor, normalize; ``dropless``: no capacity).
     Returns (y [S, h], routing facts: capacity, loads [E], kept assignments, dropped assignments)."""
     ep = comm.world_size
     s, h = x.shape
-    e_all, e_loc = cfg.experts, w1.shape[0]
+    e_all, e_loc = p.experts, w1.shape[0]
     if e_loc * ep != e_all:
         raise ValueError(f"this rank holds {e_loc} experts; ep={ep} ranks must hold experts={e_all} in all")
-    gates, experts = top_k_gates(router_probs(x, router), cfg.top_k, cfg.normalize)  # [S, k] each
-    if cfg.capacity_factor is None:  # dropless: one C for every rank = the largest load anywhere
+    gates, experts = top_k_gates(router_probs(x, router), p.top_k, p.normalize)  # [S, k] each
+    if dropless:  # one C for every rank = the largest load anywhere
         loads = torch.bincount(experts.flatten(), minlength=e_all)
         c = int(comm.all_reduce(loads.max().reshape(1).float(), op="max", tag="ep.capacity").item())
     else:
-        c = cfg.capacity(s)
+        c = capacity(p, s)
     d = dispatch_tensors(gates[None], experts[None], e_all, c)  # G = 1: this rank's group
     buf = torch.einsum("sec,sh->ech", d.mask[0].to(x.dtype), x)  # [E, C, h]
     recv = all_to_all(buf, comm, 0, "ep.dispatch")  # [ep · E/ep, C, h]: rows (source rank, local expert)
@@ -90,25 +93,27 @@ def expert_parallel_moe(x: torch.Tensor, router: torch.Tensor, w1: torch.Tensor,
     home = all_to_all(back, comm, 0, "ep.combine")  # [E, C, h]: this rank's tokens, global expert order
     y = torch.einsum("sec,ech->sh", d.combine[0].to(x.dtype), home)  # [S, h]
     kept = int(d.kept.sum())
-    return y, {"capacity": c, "loads": d.loads[0].tolist(), "kept": kept, "dropped": s * cfg.top_k - kept}
+    return y, {"capacity": c, "loads": d.loads[0].tolist(), "kept": kept, "dropped": s * p.top_k - kept}
 
 
-def moe_step(comm: Any, dense: MoE, x: torch.Tensor, grad_out: torch.Tensor | None = None) -> dict[str, Any]:
+def moe_step(comm: Any, dense: MoE, x: torch.Tensor, grad_out: torch.Tensor | None = None,
+             dropless: bool = False) -> dict[str, Any]:
     """One forward (+ backward of ``(y * grad_out).sum()``) on this rank. x, grad_out: the FULL [T, h]; rank r
     takes rows r·T/ep … (r+1)·T/ep and experts ``expert_range``. Returns its output, input gradient, router
-    gradient (its tokens' share), its experts' gradients and the routing facts."""
+    gradient (its tokens' share), its experts' gradients, the bytes of its expert weights and the routing facts."""
     ep, r = comm.world_size, comm.rank
     t = x.shape[0]
     if t % ep:
         raise ValueError(f"tokens={t} is not divisible by ep={ep} (one equal group per rank)")
-    mine = expert_range(dense.cfg.experts, ep, r)
+    mine = expert_range(dense.p.experts, ep, r)
     want_grad = grad_out is not None
     router = dense.router.detach().clone().requires_grad_(want_grad)
     w1, w3, w2 = (p.detach()[mine.start:mine.stop].clone().requires_grad_(want_grad)
                   for p in (dense.w1, dense.w3, dense.w2))
     xl = x.chunk(ep, dim=0)[r].detach().clone().requires_grad_(want_grad)  # [S, h]
-    y, facts = expert_parallel_moe(xl, router, w1, w3, w2, comm, dense.cfg)
+    y, facts = expert_parallel_moe(xl, router, w1, w3, w2, comm, dense.p, dropless)
     if want_grad:
         (y * grad_out.chunk(ep, dim=0)[r]).sum().backward()
     return {"out": y.detach(), "grad_x": xl.grad, "grad_router": router.grad,
-            "grads": {"w1": w1.grad, "w3": w3.grad, "w2": w2.grad}, "experts": list(mine), **facts}
+            "grads": {"w1": w1.grad, "w3": w3.grad, "w2": w2.grad}, "experts": list(mine),
+            "expert_bytes": sum(w.numel() * w.element_size() for w in (w1, w3, w2)), **facts}
