@@ -1,5 +1,6 @@
-"""Notebook parameters: each notebook's parameters cell declares exactly its dataclass's fields, with the same
-defaults, and every rule raises a ValueError naming the parameter (checked on the dataclasses directly)."""
+"""Notebook parameters: the dataclass is the one declaration — each notebook's parameters cell is generated from
+it (same names, defaults and comments, also checked by `tools/build_notebooks.py --check`) — and every rule raises
+a ValueError naming the parameter (checked on the dataclasses directly)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from shardlab import planner
 from shardlab.params import (
-    NOTEBOOK_PARAMS,
     AttentionParams,
     BlocksParams,
     FsdpGspmdParams,
@@ -19,22 +20,38 @@ from shardlab.params import (
     ScanParams,
     VocabParams,
     WelcomeParams,
+    field_comments,
+    notebook_params,
 )
 from shardlab.report.notebooks import read_parameters
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
 
-@pytest.mark.parametrize("stem", sorted(NOTEBOOK_PARAMS))
+@pytest.mark.parametrize("stem", sorted(notebook_params()))
 def test_parameters_cell_declares_exactly_the_dataclass_fields(stem):
     declared, err = read_parameters(NOTEBOOKS / f"{stem}.ipynb")
     assert err is None, err
-    cls = NOTEBOOK_PARAMS[stem]
+    cls = notebook_params()[stem]
     defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
                 for f in dataclasses.fields(cls)}
     assert sorted(declared) == sorted(defaults), f"{stem}: cell {sorted(declared)} vs dataclass {sorted(defaults)}"
-    assert declared == defaults
+    assert declared == {k: list(v) if isinstance(v, tuple) else v for k, v in defaults.items()}
     cls(**declared).validate()  # the defaults are legal
+
+
+def test_every_notebook_has_a_parameter_dataclass():
+    stems = sorted(p.stem for p in NOTEBOOKS.glob("[0-9][0-9]*.ipynb"))
+    assert stems == sorted(notebook_params()), "a notebook without a dataclass (or the reverse)"
+
+
+def test_parameters_cell_is_generated_with_the_comments():
+    """The cell is plain literals in field order with the comment of the class that declared each field last."""
+    cell = MlpParams.parameters_cell().splitlines()
+    assert cell[0].startswith("num_devices = 8  # ") and cell[-1].startswith("answers = None  # ")
+    assert "ffn = 256  # MLP inner size (4 * hidden in GPT)" in cell
+    assert 'dtype = "float32"  # "float32" or "bfloat16"' in cell
+    assert field_comments(MlpParams)["ffn"] == "MLP inner size (4 * hidden in GPT)"
 
 
 def test_from_namespace_reads_every_field_and_rejects_a_missing_one():
@@ -117,7 +134,7 @@ def test_tp_may_exceed_the_device_count():
 def test_planner_validation_may_exceed_the_device_count():
     """The plan is arithmetic and the validation's formula / ledger need no devices: val_world=8 on 1 device."""
     assert PlannerParams(num_devices=1).validate().val_world == 8
-    assert PlannerParams().plan_config().fsdp == 8
+    assert planner.plan(PlannerParams()).config.fsdp == 8
 
 
 def test_record_leaves_out_where_and_the_answer_key():

@@ -142,10 +142,9 @@ def scan_stack(cfg: MlpCfg) -> list[torch.Tensor]:
     from shardlab.xla_scan import sharding as S
 
     mesh = S.make_mesh(2, 4)
-    scfg = M.StackConfig(layers=2, hidden=cfg.hidden, ffn=cfg.ffn, batch=4, seq=16)
-    model = M.build("scan", M.init_weights(scfg), annotate=S.annotator(mesh), device=runtime.device())
+    model = M.build("scan", M.init_weights(2, cfg.hidden, cfg.ffn), annotate=S.annotator(mesh), device=runtime.device())
     S.shard_model(model, mesh)
-    x = M.init_input(scfg).to(runtime.device())  # [B, S, H]
+    x = M.init_input(4, 16, cfg.hidden).to(runtime.device())  # [B, S, H]
     S.shard_input(x, mesh)
     x.requires_grad_(True)
     out = model(x)
