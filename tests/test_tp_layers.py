@@ -17,7 +17,7 @@ from shardlab import models
 from shardlab.comm import SimulatedWorld
 from shardlab.formulas.activations import mlp_activation_bytes
 from shardlab.tp import ColumnParallelLinear, ParallelAttention, ParallelMLP, RowParallelLinear, vocab_range
-from shardlab.tp.programs import attention_step, embedding_step, mlp_step, transformer_layer_step
+from shardlab.tp.programs import _step, attention_step, embedding_step, mlp_step, transformer_layer_step
 
 B, S, H, NH, FFN = 2, 4, 8, 4, 16
 TOL = dict(rtol=1e-10, atol=1e-12)
@@ -27,10 +27,10 @@ def close(a: torch.Tensor, b: torch.Tensor) -> None:
     torch.testing.assert_close(a, b, **TOL)
 
 
-def dense_step(module: nn.Module, x: torch.Tensor, grad_out: torch.Tensor, input_grad: bool = True):
+def dense_step(module: nn.Module, x: torch.Tensor, target: torch.Tensor, input_grad: bool = True):
     x = x.detach().clone().requires_grad_(input_grad)
     out = module(x)
-    (out * grad_out).sum().backward()
+    (0.5 * ((out - target) ** 2).sum()).backward()  # the steps' loss, written out here (the oracle)
     return out.detach(), x.grad, {n: p.grad for n, p in module.named_parameters()}
 
 
@@ -67,8 +67,31 @@ def test_sequence_parallel_mlp_matches_dense(tp: int, data) -> None:
         close(rr["grad_x"], gx[:, r * sc : (r + 1) * sc])
         close(rr["grads"]["fc1.weight"], grads["fc1.weight"][r * c : (r + 1) * c])
         close(rr["grads"]["fc2.weight"], grads["fc2.weight"][:, r * c : (r + 1) * c])
-    # the replicated row bias only saw this rank's tokens: the ranks' partial gradients sum to the dense one
-    close(sum(rr["grads"]["fc2.bias"] for rr in res), grads["fc2.bias"])
+        # the row bias saw only this rank's tokens; the sp.grads all-reduce summed the partials: dense on every rank
+        close(rr["grads"]["fc2.bias"], grads["fc2.bias"])
+        close(rr["grads"]["fc1.bias"], grads["fc1.bias"][r * c : (r + 1) * c])
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_sequence_parallel_bias_grad_is_one_all_reduce(tp: int, data) -> None:
+    """Without the sp.grads all-reduce each rank's b2 gradient is a partial sum over its s/p tokens (they add up to
+    the dense gradient); with it, one backward all-reduce of the h bias elements, tagged sp.grads."""
+    x, go = data
+    dense = models.MLP(H, FFN).double()
+    _, _, grads = dense_step(dense, x, go)
+    world = SimulatedWorld(tp)
+    world.run(mlp_step, dense, x, go, sequence_parallel=True)
+    sums = world.ledger.select("all_reduce")
+    assert [(e.tag, e.shape, e.phase) for e in sums] == [("sp.grads", (H,), "backward")]
+
+    def no_sum(comm, dense, x, go):  # the same step, the sum switched off: each rank keeps its partial gradient
+        mlp = ParallelMLP.from_dense(dense, comm, sequence_parallel=True)
+        xs, gs = (t.chunk(comm.world_size, dim=1)[comm.rank] for t in (x, go))
+        return _step(mlp, xs, gs)["grads"]["fc2.bias"]
+
+    partial = SimulatedWorld(tp).run(no_sum, dense, x, go)
+    assert not any(torch.allclose(g, grads["fc2.bias"]) for g in partial)
+    close(sum(partial), grads["fc2.bias"])
 
 
 @pytest.mark.parametrize("tp", [2, 4])
@@ -137,7 +160,7 @@ def test_vocab_parallel_embedding_matches_dense(tp: int, vocab: int) -> None:
     ids[0, :2] = torch.tensor([0, vocab - 1])  # both ends of the table
     go = torch.randn(B, S, H, dtype=torch.float64)
     out = dense(ids)
-    (out * go).sum().backward()
+    (0.5 * ((out - go) ** 2).sum()).backward()
     for r, res in enumerate(SimulatedWorld(tp).run(embedding_step, dense, ids, go)):
         start, end = vocab_range(vocab, r, tp)
         close(res["out"], out.detach())  # exact in fact: one rank contributes each row, the others add 0

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from shardlab import models
+from shardlab.blocks import ring
 from shardlab.comm import DistributedWorld, SimulatedWorld
 from shardlab.formulas import tp as ftp
 from shardlab.tp.programs import attention_step, ce_step, embedding_step, mlp_step, transformer_layer_step
@@ -52,25 +53,27 @@ def test_sequence_parallel_ledger_matches_formula(tp: int) -> None:
     x, go = _x()
     world = SimulatedWorld(tp)
     world.run(mlp_step, models.MLP(H, FFN), x, go, sequence_parallel=True)
-    want = ftp.sequence_parallel(B, S, H, tp)
+    want = ftp.sequence_parallel(B, S, H, tp, sp_params=H)  # b2 [h]: its gradient sum is the one all-reduce
     led = world.ledger
-    assert led.count("all_reduce") == 0
-    for op in ("all_gather", "reduce_scatter"):
+    for op in ("all_gather", "reduce_scatter", "all_reduce"):
         assert led.count(op) == want[f"{op}.count"] and led.payload_bytes(op) == want[f"{op}.bytes"]
     assert led.count("all_gather", "backward", tag="sp.regather") == want["all_gather.regather.count"] == 1
-    assert led.wire_bytes() == pytest.approx(want["wire_bytes"])
-    # program order (rank arithmetic, not the formula): what Megatron's SP linear pair issues
+    # wire counted along the ring schedule (blocks.ring), not the ledger entries' model: tests the formula's factors
+    activations = ring.ledger_wire_bytes(led, "all_gather") + ring.ledger_wire_bytes(led, "reduce_scatter")
+    assert activations == pytest.approx(want["wire_bytes"])
+    assert ring.ledger_wire_bytes(led, "all_reduce") == pytest.approx(want["all_reduce.wire_bytes"])
+    # program order (rank arithmetic, not the formula): what Megatron's SP linear pair issues, then the bias sum
     assert [(e.phase, e.op, e.tag) for e in led] == [
         ("forward", "all_gather", "sp.gather"), ("forward", "reduce_scatter", "sp.reduce_scatter"),
         ("backward", "all_gather", "sp.reduce_scatter"), ("backward", "all_gather", "sp.regather"),
-        ("backward", "reduce_scatter", "sp.gather"),
+        ("backward", "reduce_scatter", "sp.gather"), ("backward", "all_reduce", "sp.grads"),
     ]
     # the plain TP MLP's two all-reduces move (p-1)/p·bsh·e less on the wire: exactly one all-gather of the shard
     plain = SimulatedWorld(tp)
     plain.run(mlp_step, models.MLP(H, FFN), x, go)
     full = B * S * H * 4
-    assert plain.ledger.wire_bytes() == pytest.approx(want["all_reduce_wire_bytes"])
-    assert led.wire_bytes() - plain.ledger.wire_bytes() == pytest.approx((tp - 1) * full / tp)
+    assert ring.ledger_wire_bytes(plain.ledger) == pytest.approx(want["all_reduce_wire_bytes"])
+    assert activations - ring.ledger_wire_bytes(plain.ledger) == pytest.approx((tp - 1) * full / tp)
 
 
 @pytest.mark.parametrize("tp,vocab", [(2, 50), (4, 50), (4, 53)])
@@ -86,11 +89,11 @@ def test_embedding_and_ce_ledger_match_formula(tp: int, vocab: int) -> None:
         world.run(ce_step, logits, ids, "vocab_parallel", eps)
         want = ftp.vocab_parallel_ce(B, S, tp, "float32", eps)
         assert (world.ledger.count("all_reduce"), world.ledger.payload_bytes()) == (want["count"], want["bytes"])
-        assert world.ledger.wire_bytes() == pytest.approx(want["wire_bytes"], rel=1e-12)  # the ring model
+        assert ring.ledger_wire_bytes(world.ledger) == pytest.approx(want["wire_bytes"], rel=1e-12)  # ring schedule
     world.run(ce_step, logits, ids, "gather")
     want = ftp.gathered_logits(B, S, vocab, tp)
     assert (world.ledger.count("all_gather"), world.ledger.payload_bytes()) == (want["count"], want["bytes"])
-    assert world.ledger.wire_bytes() == pytest.approx(want["wire_bytes"], rel=1e-12)
+    assert ring.ledger_wire_bytes(world.ledger) == pytest.approx(want["wire_bytes"], rel=1e-12)
 
 
 # ---- gloo ---------------------------------------------------------------------------------------------------

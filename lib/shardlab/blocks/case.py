@@ -39,7 +39,7 @@ import torch_xla  # blocks.case is imported after runtime.setup() (the notebooks
 import torch_xla.distributed.spmd as xs
 
 from shardlab import blocks, runtime
-from shardlab.blocks import tiles
+from shardlab.blocks import ring, tiles
 from shardlab.case import Case, Checks, Program
 from shardlab.comm import Ledger
 from shardlab.dtypes import hlo_name
@@ -87,10 +87,13 @@ def _formula_extra(view: View, phase: str, op: str, f: dict[str, Any]) -> View:
 
 
 def _ledger_extra(view: View, phase: str, op: str, ledger: Ledger) -> View:
+    """Group size and wire bytes of the ledger's ``op`` — the wire counted chunk by chunk along the ring
+    schedule (:func:`shardlab.blocks.ring.ledger_wire_bytes`), not the formula's factor: formula = ledger on
+    ``wire_bytes`` then tests that factor."""
     rows = list(ledger.select(op))
     if rows:
         view.add(f"{phase}.{op}.group_size", rows[0].group_size, "devices")
-    view.add(f"{phase}.{op}.wire_bytes", ledger.wire_bytes(op), "bytes")
+    view.add(f"{phase}.{op}.wire_bytes", ring.ledger_wire_bytes(ledger, op), "bytes")
     return view
 
 

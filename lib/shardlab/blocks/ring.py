@@ -17,6 +17,11 @@ the same time, one chunk per rank.
 :func:`simulate` runs the schedule on real tensors and records every send and, after each step, which ranks'
 contributions each rank's copy of each chunk holds. Its sums are checked against the dense sum by the tests,
 its byte counts against the ring formula (``shardlab.formulas.common.wire_bytes``), which it never calls.
+:func:`wire_bytes` walks the same :func:`schedule` without data — bytes per rank of a collective given only its
+op, length, item size and group size — so a ledger entry or a compiled collective can be priced by *counting the
+chunks the algorithm sends* (:func:`ledger_wire_bytes`), independently of the formula's factors. With uneven
+chunks (n not divisible by W) the ranks send different amounts (by whole elements); :func:`wire_bytes` returns
+the mean over the ranks — what the formula's 2(W−1)/W·payload describes.
 
 Example::
 
@@ -24,15 +29,20 @@ Example::
     >>> t = simulate("all_reduce", [torch.full((8,), float(r + 1)) for r in range(4)])   # ranks hold 1, 2, 3, 4
     >>> t.steps, t.sent_bytes(0), t.results[2].tolist()       # 6 steps; 6 chunks of 2 floats = 48 bytes
     (6, 48, [10.0, 10.0, 10.0, 10.0, 10.0, 10.0, 10.0, 10.0])
+    >>> wire_bytes("all_reduce", 10, 4, 4)   # chunks 3, 3, 2, 2: the ranks send 56, 60, 64, 60 bytes
+    60.0
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
 
 from shardlab.blocks import split_sizes
+from shardlab.comm import Ledger
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather")
 
@@ -74,6 +84,48 @@ class RingTrace:
 
     def phase_of(self, step: int) -> str:
         return self.sends_at(step)[0].phase if self.sends_at(step) else "start"
+
+
+def schedule(op: str, world_size: int) -> Iterator[tuple[int, str, list[int], bool]]:
+    """The ring's steps: ``(step, phase, chunk_of, add)`` — at ``step`` rank r sends chunk ``chunk_of[r]`` to rank
+    r + 1, which adds it to its copy (``add``, the reduce-scatter phase) or keeps it (the all-gather phase)."""
+    if op not in OPS:
+        raise ValueError(f"op={op!r} is not one of {OPS}")
+    w, s = world_size, 0
+    if op in ("all_reduce", "reduce_scatter"):
+        for i in range(1, w):
+            s += 1
+            yield s, "reduce-scatter", [(r - i) % w for r in range(w)], True
+    if op in ("all_reduce", "all_gather"):
+        for i in range(1, w):
+            s += 1
+            yield s, "all-gather", [(r - i + 1) % w for r in range(w)], False
+
+
+def wire_bytes(op: str, numel: int, world_size: int, itemsize: int) -> float:
+    """Bytes one rank sends in the ring ``op`` (mean over the ranks), counted chunk by chunk along
+    :func:`schedule`: ``numel`` is the length each rank hands in (all_gather: its shard, every rank's alike)."""
+    if world_size < 1 or numel < 0 or itemsize < 1:
+        raise ValueError(f"world_size={world_size}, numel={numel}, itemsize={itemsize}: need world_size >= 1, "
+                         "numel >= 0, itemsize >= 1")
+    base, extra = divmod(numel, world_size)  # split_sizes' rule, empty chunks allowed (n < W)
+    sizes = [numel] * world_size if op == "all_gather" else [base + (c < extra) for c in range(world_size)]
+    sent = sum(sizes[c] for _, _, chunk_of, _ in schedule(op, world_size) for c in chunk_of)  # all ranks, all steps
+    return sent * itemsize / world_size
+
+
+def ledger_wire_bytes(ledger: Ledger, op: str | None = None) -> float:
+    """Wire bytes per rank of a ledger's ring collectives (all-reduce, reduce-scatter, all-gather), counted by
+    :func:`wire_bytes` from each entry's shape, dtype and group — not from the entry's own ``wire_bytes`` (the
+    formula's model). ``op``: only that collective."""
+    total = 0.0
+    for e in ledger.select(op):
+        if e.op not in OPS:
+            raise ValueError(f"ledger entry {e.seq} is a {e.op}: the ring schedule prices {OPS} only")
+        numel = math.prod(e.shape)
+        if numel:
+            total += wire_bytes(e.op, numel, e.group_size, e.payload_bytes // numel)
+    return total
 
 
 def simulate(op: str, inputs: list[torch.Tensor]) -> RingTrace:
@@ -118,15 +170,8 @@ def simulate(op: str, inputs: list[torch.Tensor]) -> RingTrace:
         held = new_held
         trace.held.append([list(row) for row in held])
 
-    s = 0
-    if op in ("all_reduce", "reduce_scatter"):
-        for i in range(1, w):
-            s += 1
-            step(s, "reduce-scatter", [(r - i) % w for r in range(w)], add=True)
-    if op in ("all_reduce", "all_gather"):
-        for i in range(1, w):
-            s += 1
-            step(s, "all-gather", [(r - i + 1) % w for r in range(w)], add=False)
+    for number, phase, chunk_of, add in schedule(op, w):
+        step(number, phase, chunk_of, add)
     if op == "reduce_scatter":
         trace.results = [chunks[r][r] for r in range(w)]
     else:

@@ -12,7 +12,10 @@ V vocab, p = tp, e bytes per element.  At p = 1 nothing is communicated (count 0
                         gathers it again for the weight gradient.  Each all-reduce's wire 2 (p-1)/p b s h e is
                         matched by one all-gather + one reduce-scatter; the re-gather adds (p-1)/p b s h e per
                         pair and step.  In return the stored layer inputs are divided by p
-                        (`formulas.activations`)
+                        (`formulas.activations`).  Backward, one more all-reduce: the parameters that act on
+                        each rank's s/p tokens (LayerNorm weight and bias, a row-parallel bias) have partial
+                        gradients, summed over the group in one coalesced all-reduce of their n elements
+                        (Megatron's `_allreduce_layernorm_grads`): payload n e
     embedding           forward: 1 all-reduce of [b, s, h]
     vocab-parallel CE   n = 3 all-reduces of [b, s]: max, target logit, sum of exponentials (n = 4 with label
                         smoothing: + the sum of logits).  Payload n b s e; wire n 2(p-1)/p b s e
@@ -78,20 +81,28 @@ def transformer_layer_all_reduce(
 
 
 def sequence_parallel(
-    batch: int, seq: int, hidden: int, tp: int, dtype: Any = "float32", sublayers: int = 1, backward: bool = True
+    batch: int, seq: int, hidden: int, tp: int, dtype: Any = "float32", sublayers: int = 1, backward: bool = True,
+    sp_params: int = 0,
 ) -> dict[str, float]:
     """Megatron sequence parallelism for `sublayers` f/g pairs (each a column- then row-parallel layer).
 
     Per pair: forward 1 all-gather (payload [b, s/p, h]) + 1 reduce-scatter (payload [b, s, h]); backward 2
     all-gathers (the output gradient, and the re-gather of the saved input shard) + 1 reduce-scatter.  Returns
-    counts and payload bytes, `all_gather.regather.count` (the backward re-gathers), the ring wire bytes and
-    the wire bytes of the all-reduces the pairs replace (plain TP: 1 forward + 1 backward per pair).
+    counts and payload bytes, `all_gather.regather.count` (the backward re-gathers), the ring wire bytes of
+    those activation collectives (`wire_bytes`) and of the all-reduces the pairs replace (plain TP: 1 forward +
+    1 backward per pair).  `sp_params`: elements of the parameters that act on the s/p token shards (a
+    row-parallel bias: h; a LayerNorm: 2 h) — backward, their partial gradients are summed in ONE all-reduce
+    (`all_reduce.count`, `all_reduce.bytes` = sp_params e, `all_reduce.wire_bytes`).
 
-    >>> sp = sequence_parallel(batch=2, seq=8, hidden=16, tp=4, dtype="float32")
+    >>> sp = sequence_parallel(batch=2, seq=8, hidden=16, tp=4, dtype="float32", sp_params=16)
     >>> sp["all_gather.count"], sp["reduce_scatter.count"], sp["wire_bytes"] - sp["all_reduce_wire_bytes"]
     (3, 2, 768.0)
+    >>> sp["all_reduce.count"], sp["all_reduce.bytes"]
+    (1, 64)
     """
     _check(batch=batch, seq=seq, hidden=hidden, tp=tp, sublayers=sublayers)
+    if isinstance(sp_params, bool) or not isinstance(sp_params, int) or sp_params < 0:
+        raise ValueError(f"sp_params={sp_params!r} must be an int >= 0")
     if seq % tp:
         raise ValueError(f"seq={seq} is not divisible by tp={tp} (sequence parallelism splits the sequence)")
     full = batch * seq * hidden * dtype_bytes(dtype)
@@ -99,10 +110,15 @@ def sequence_parallel(
     if tp == 1:
         return {"all_gather.count": 0, "all_gather.bytes": 0, "all_gather.regather.count": 0,
                 "reduce_scatter.count": 0, "reduce_scatter.bytes": 0, "wire_bytes": 0.0,
-                "all_reduce_wire_bytes": 0.0}
+                "all_reduce_wire_bytes": 0.0, "all_reduce.count": 0, "all_reduce.bytes": 0,
+                "all_reduce.wire_bytes": 0.0}
     n_ag, n_rs = sublayers + 2 * bwd, sublayers + bwd
     ag, rs = full // tp, full
+    n_ar = int(backward and sp_params > 0)
     return {
+        "all_reduce.count": n_ar,  # the sequence-parallel parameters' gradients, one coalesced all-reduce
+        "all_reduce.bytes": n_ar * sp_params * dtype_bytes(dtype),
+        "all_reduce.wire_bytes": wire_bytes("all_reduce", n_ar * sp_params * dtype_bytes(dtype), tp),
         "all_gather.count": n_ag,
         "all_gather.bytes": n_ag * ag,  # payload = the shard [b, s/p, h]
         "all_gather.regather.count": bwd,  # backward re-gathers of the saved input shard
@@ -111,6 +127,25 @@ def sequence_parallel(
         "wire_bytes": n_ag * wire_bytes("all_gather", ag, tp) + n_rs * wire_bytes("reduce_scatter", rs, tp),
         "all_reduce_wire_bytes": (sublayers + bwd) * wire_bytes("all_reduce", full, tp),
     }
+
+
+def sp_grad_elements(hidden: int, layers: int, norm: str = "layernorm", row_biases: bool = True,
+                     final_norm: bool = True) -> int:
+    """Elements whose gradients the sequence-parallel all-reduce sums per step (`sequence_parallel`'s
+    `sp_params`): per layer two norms (LayerNorm weight + bias: 2 h each; RMSNorm weight: h each) and, with
+    `row_biases`, the biases of the attention output and MLP down projections (h each); plus the final norm.
+
+    >>> sp_grad_elements(4096, 32, norm="rmsnorm", row_biases=False)   # Llama 3 8B: (32·2 + 1)·4096
+    266240
+    >>> sp_grad_elements(64, 1)   # a GPT layer: 2·2h + 2h, + the final LayerNorm 2h
+    512
+    """
+    _check(hidden=hidden, layers=layers)
+    per_norm = {"layernorm": 2 * hidden, "rmsnorm": hidden}
+    if norm not in per_norm:
+        raise ValueError(f"norm={norm!r} is not one of {sorted(per_norm)}")
+    per_layer = 2 * per_norm[norm] + (2 * hidden if row_biases else 0)
+    return layers * per_layer + (per_norm[norm] if final_norm else 0)
 
 
 def embedding_all_reduce(batch: int, seq: int, hidden: int, tp: int, dtype: Any = "float32") -> dict[str, int]:

@@ -39,14 +39,15 @@ import torch_xla.distributed.spmd as xs  # tp.case is imported after runtime.set
 from torch_xla.core.xla_builder import create_placeholder_tensor
 
 from shardlab import models, runtime
+from shardlab.blocks import ring
 from shardlab.case import Case, Checks
 from shardlab.comm import DistributedWorld
 from shardlab.formulas import tp as ftp
-from shardlab.formulas.common import dtype_bytes, wire_bytes
+from shardlab.formulas.common import dtype_bytes
 from shardlab.params import AttentionParams, MlpParams, VocabParams
 from shardlab.tp import gspmd
 from shardlab.tp.layers import vocab_range
-from shardlab.tp.programs import attention_step, ce_step, embedding_step, mlp_step, transformer_layer_step
+from shardlab.tp.programs import attention_step, ce_step, embedding_step, loss, mlp_step, transformer_layer_step
 from shardlab.views import View, merge, traffic
 
 TOL = {"float32": dict(rtol=1e-4, atol=1e-5), "bfloat16": dict(rtol=5e-2, atol=5e-2)}
@@ -75,25 +76,27 @@ def written_arrays(module: Any) -> list[tuple[str, Any]]:
     return out
 
 
-def dense_grads(dense: torch.nn.Module, x: torch.Tensor, grad_out: torch.Tensor | None) -> dict[str, torch.Tensor]:
-    """The oracle: output, input gradient and every parameter gradient of the unsharded module on the CPU."""
-    x = x.clone().requires_grad_(grad_out is not None and x.is_floating_point())
+def dense_grads(dense: torch.nn.Module, x: torch.Tensor, target: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """The oracle: output, input gradient and every parameter gradient of the unsharded module on the CPU (the
+    same loss as the per-rank and GSPMD steps, ``programs.loss``)."""
+    x = x.clone().requires_grad_(target is not None and x.is_floating_point())
     out = dense(x)
     res = {"out": out.detach()}
-    if grad_out is not None:
-        (out * grad_out).sum().backward()
+    if target is not None:
+        loss(out, target).backward()
         res |= {"grad_x": x.grad, **{n: q.grad for n, q in dense.named_parameters()}}
     return res
 
 
 @dataclass(frozen=True)
 class TpCase(Case):
-    """A forward (+ backward of ``(out * grad_out).sum()``) step of a dense module, Megatron-split over tp ranks.
+    """A forward (+ backward of ½‖out − target‖², ``programs.loss``) step of a dense module, Megatron-split over
+    tp ranks.
     Subclasses name the module (:meth:`dense`), its per-rank step and its GSPMD annotation."""
 
     backward: bool = True
 
-    step: ClassVar[Any] = None  # the per-rank program: fn(comm, dense, x, grad_out)
+    step: ClassVar[Any] = None  # the per-rank program: fn(comm, dense, x, target)
     gathers: ClassVar[bool] = False  # True: the program legitimately all-gathers (the gathered CE)
 
     @property
@@ -104,15 +107,15 @@ class TpCase(Case):
         raise NotImplementedError
 
     def inputs(self) -> tuple[Any, torch.Tensor, torch.Tensor | None]:
-        """The dense module (built under the seed) and x, grad_out [b, s, h] in the dtype, the same for every view."""
+        """The dense module (built under the seed) and x, target [b, s, h] in the dtype, the same for every view."""
         p, dt = self.p, getattr(torch, self.dtype)
         g = torch.Generator().manual_seed(p.seed)
         with torch.random.fork_rng():
             torch.manual_seed(p.seed)
             dense = self.dense().to(dt)
         x = torch.randn(p.batch, p.seq, p.hidden, generator=g).to(dt)  # [b, s, h]
-        grad_out = torch.randn(p.batch, p.seq, p.hidden, generator=g).to(dt) if self.backward else None
-        return dense, x, grad_out
+        target = torch.randn(p.batch, p.seq, p.hidden, generator=g).to(dt) if self.backward else None
+        return dense, x, target
 
     def program(self) -> tuple[Any, tuple[Any, ...]]:
         return type(self).step, self.inputs()
@@ -152,10 +155,10 @@ class TpCase(Case):
 
     def graph(self) -> list[torch.Tensor]:
         """The GSPMD step on the current world, NOT synced: [out, (input grad, *parameter grads)]."""
-        dense, x, grad_out = self.inputs()
+        dense, x, target = self.inputs()
         dev = runtime.device()
         module = self.shard(dense.to(dev), gspmd.tensor_mesh(self.p.tp))  # created on CPU, moved, then annotated
-        return gspmd.step(module, x.to(dev), grad_out.to(dev) if grad_out is not None else None)
+        return gspmd.step(module, x.to(dev), target.to(dev) if target is not None else None)
 
     def read(self, view: View, module: Any) -> View:
         src = view.source
@@ -176,11 +179,13 @@ class MlpCase(TpCase):
     sequence_parallel: bool = False  # activations outside the MLP split along the sequence (Korthikanti et al.)
 
     step: ClassVar[Any] = staticmethod(mlp_step)
-    grads_text: ClassVar[str] = "rank i's A_i, B_i gradients == dense slices"
+    grads_text: ClassVar[str] = "rank i's A_i, b1_i, B_i gradients == dense slices, b2's == dense"
 
     @property
     def ops(self) -> tuple[str, ...]:  # type: ignore[override]
-        return ("all_gather", "reduce_scatter") if self.sequence_parallel else ("all_reduce",)
+        if not self.sequence_parallel:
+            return ("all_reduce",)
+        return ("all_gather", "reduce_scatter") + (("all_reduce",) if self.backward else ())  # + b2's grad sum
 
     def dense(self) -> models.MLP:
         return models.MLP(self.p.hidden, self.p.ffn)
@@ -198,7 +203,8 @@ class MlpCase(TpCase):
     def formula(self) -> View:
         p = self.p
         if self.sequence_parallel:
-            f = ftp.sequence_parallel(p.batch, p.seq, p.hidden, p.tp, p.dtype, backward=self.backward)
+            f = ftp.sequence_parallel(p.batch, p.seq, p.hidden, p.tp, p.dtype, backward=self.backward,
+                                      sp_params=p.hidden)  # b2 [h] acts on each rank's s/p tokens
             return traffic(View("formula", detail=f), self.phase, {op: f[f"{op}.count"] for op in self.ops},
                            {op: f[f"{op}.bytes"] for op in self.ops}, p.dtype, self.ops)
         f = ftp.mlp_all_reduce(p.batch, p.seq, p.hidden, p.tp, p.dtype, backward=self.backward)
@@ -207,7 +213,8 @@ class MlpCase(TpCase):
 
     def want_grads(self, ref: dict[str, torch.Tensor], rank: int) -> dict[str, torch.Tensor]:
         c = slice(rank * self.p.ffn // self.p.tp, (rank + 1) * self.p.ffn // self.p.tp)
-        return {"fc1.weight": ref["fc1.weight"][c], "fc2.weight": ref["fc2.weight"][:, c]}
+        return {"fc1.weight": ref["fc1.weight"][c], "fc1.bias": ref["fc1.bias"][c],
+                "fc2.weight": ref["fc2.weight"][:, c], "fc2.bias": ref["fc2.bias"]}  # b2 whole (SP: summed)
 
     def shard(self, module: torch.nn.Module, mesh: Any) -> torch.nn.Module:
         return gspmd.shard_mlp(module, mesh)
@@ -338,7 +345,7 @@ class EmbeddingCase(TpCase):
     ranks own one row more); each rank looks up the ids it owns, zeros elsewhere, and g sums the ranks' rows."""
 
     p: VocabParams
-    backward: bool = False  # + backward of (out * grad_out).sum(): the weight gradient (no communication)
+    backward: bool = False  # + backward of ½‖out − target‖²: the weight gradient (no communication)
 
     step: ClassVar[Any] = staticmethod(embedding_step)
 
@@ -346,8 +353,8 @@ class EmbeddingCase(TpCase):
         return models.Embedding(self.p.vocab, self.p.hidden)
 
     def inputs(self) -> tuple[Any, torch.Tensor, torch.Tensor | None]:
-        dense, _, grad_out = super().inputs()
-        return dense, token_ids(self.p), grad_out
+        dense, _, target = super().inputs()
+        return dense, token_ids(self.p), target
 
     def formula(self) -> View:
         p = self.p
@@ -449,12 +456,13 @@ class CrossEntropyCase(TpCase):
     def not_executable(self) -> str | None:
         return "placeholder logits cannot be executed (compile-only TPU programs)" if self.placeholders else None
 
-    def renamed(self, view: View) -> View:
-        """``<phase>.<op>.<q>`` -> ``<key>.<q>``, plus ``<key>.wire_bytes`` (ring model)."""
+    def renamed(self, view: View, wire: float | None = None) -> View:
+        """``<phase>.<op>.<q>`` -> ``<key>.<q>``, plus ``<key>.wire_bytes``: the formula's ring model for the
+        formula view; for a measured view ``wire``, the bytes its collectives send counted along the ring schedule
+        (:func:`wire_counted`) — so formula = measured on wire tests the formula's factor."""
         view = view.renamed(lambda n: n.replace(f"{self.phase}.{self.op}.", f"{self.key}.", 1))
-        if view.ran:
-            view.add(f"{self.key}.wire_bytes", float(wire_bytes(self.op, view[f"{self.key}.bytes"], self.p.tp)),
-                     "bytes")
+        if view.ran and wire is not None:
+            view.add(f"{self.key}.wire_bytes", float(wire), "bytes")
             if f"{self.key}.bytes" in view.differs:
                 view.differs[f"{self.key}.wire_bytes"] = view.differs[f"{self.key}.bytes"]
         return view
@@ -466,7 +474,7 @@ class CrossEntropyCase(TpCase):
         else:
             f = ftp.vocab_parallel_ce(b, s, p.tp, self.dtype, self.label_smoothing)
         view = self.renamed(traffic(View("formula", detail=f), self.phase, {self.op: f["count"]},
-                                    {self.op: f["bytes"]}, self.dtype, self.ops))
+                                    {self.op: f["bytes"]}, self.dtype, self.ops), f["wire_bytes"])
         if self.backward and p.tp > 1:
             mem = ftp.ce_logits_bytes(b, s, p.vocab, p.tp, self.dtype)
             view.add(f"{self.key}.largest_array.elements",
@@ -491,7 +499,7 @@ class CrossEntropyCase(TpCase):
         return checks
 
     def ledger_extra(self, view: View, ledger: Any, results: list[Any]) -> View:
-        view = self.renamed(view)
+        view = self.renamed(view, wire_counted(view, self.op))
         if self.backward:
             view.checks[f"ledger.{self.key}.no_backward_collectives"] = (ledger.count(phase="backward") == 0,
                                                                          "the backward is local")
@@ -525,7 +533,7 @@ class CrossEntropyCase(TpCase):
         return [loss, grad]
 
     def read(self, view: View, module: Any) -> View:
-        view = super().read(self.renamed(view), module)
+        view = super().read(self.renamed(view, wire_counted(view, self.op, module)), module)
         others = [c for c in module.collectives if c.op != self.op.replace("_", "-")]
         if others:
             kinds = sorted({f"{c.op} {c.dtype}{list(c.shape[0])}" for c in others})
@@ -538,6 +546,20 @@ class CrossEntropyCase(TpCase):
         return view
 
 
+def wire_counted(view: View, op: str, module: Any = None, per_element: bool = False) -> float:
+    """Bytes (``per_element``: elements) one rank sends for the ``op`` collectives of a measured view — a
+    ledger (its entries) or a compiled program (``module``, else the view's ``detail.module``) — counted chunk
+    by chunk along the ring schedule (:func:`shardlab.blocks.ring.wire_bytes`), not by the formula's factor."""
+    if view.source == "ledger":
+        items = [(math.prod(e.shape), e.group_size, e.payload_bytes // max(math.prod(e.shape), 1))
+                 for e in view.detail["ledger"].select(op)]
+    else:
+        module = module if module is not None else view.detail.module
+        items = [(math.prod(s), c.group_size, c.operand_bytes // max(sum(math.prod(t) for t in c.operand_shapes), 1))
+                 for c in module.collectives if c.op == op.replace("_", "-") for s in c.operand_shapes]
+    return sum(ring.wire_bytes(op, n, g, 1 if per_element else size) for n, g, size in items if n)
+
+
 def ce_cases(p: VocabParams, **variant: Any) -> dict[str, CrossEntropyCase]:
     """Both methods of one variant: ``{key: case}``."""
     cases = (CrossEntropyCase(p, method=m, **variant) for m in CE_METHODS)
@@ -547,9 +569,10 @@ def ce_cases(p: VocabParams, **variant: Any) -> dict[str, CrossEntropyCase]:
 def ce_table_views(vocab_parallel: list[View], gather: list[View], p: VocabParams, smoothing: bool = False
                    ) -> list[View]:
     """One view per source that has both programs: their values together plus the two ratios, gathered /
-    vocab-parallel, named ``saving_ratio`` (wire bytes per rank, ring model) and ``payload_ratio`` (payload per
-    rank) (+ ``_smoothing``). Measured views compute them from ELEMENTS (dtype-free: XLA:CPU reduces 16-bit
-    floats in f32 but gathers them as they are); the formula view from ``formulas.tp``'s named ratios."""
+    vocab-parallel, named ``saving_ratio`` (wire per rank) and ``payload_ratio`` (payload per rank) (+
+    ``_smoothing``). Measured views compute them from ELEMENTS (dtype-free: XLA:CPU reduces 16-bit floats in f32
+    but gathers them as they are), the wire counted along the ring schedule (:func:`wire_counted`); the formula
+    view from ``formulas.tp``'s named ratios."""
     ls = float(p.label_smoothing) if smoothing else 0.0
     suffix = "_smoothing" if ls > 0 else ""
     out = []
@@ -561,10 +584,11 @@ def ce_table_views(vocab_parallel: list[View], gather: list[View], p: VocabParam
         if view.ran:
             if view.source == "formula":
                 wire, payload = ftp.ce_wire_ratio(p.vocab, p.tp, ls), ftp.ce_payload_ratio(p.vocab, p.tp, ls)
-            else:
+            else:  # wire elements counted along the ring schedule; payload elements as recorded
                 vp_el = next(v for n, v in vp.values.items() if n.endswith(".elements") and "largest" not in n)
                 ga_el = next(v for n, v in ga.values.items() if n.endswith(".elements") and "largest" not in n)
-                wire = wire_bytes("all_gather", ga_el, p.tp) / wire_bytes("all_reduce", vp_el, p.tp)
+                wire = (wire_counted(ga, "all_gather", per_element=True)
+                        / wire_counted(vp, "all_reduce", per_element=True))
                 payload = ga_el / vp_el
             view.add(f"saving_ratio{suffix}", wire, "ratio")
             view.add(f"payload_ratio{suffix}", payload, "ratio")

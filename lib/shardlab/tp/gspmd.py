@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from shardlab import models, runtime
+from shardlab.tp.programs import loss
 
 AXIS = "tensor"
 
@@ -125,14 +126,14 @@ def gathered_ce(logits: torch.Tensor, target: torch.Tensor, mesh: Any, label_smo
                            ignore_index=ignore_index).view_as(target)
 
 
-def step(module: torch.nn.Module, x: torch.Tensor, grad_out: torch.Tensor | None = None) -> list[torch.Tensor]:
-    """One forward (+ backward of `(out * grad_out).sum()`) on device tensors.  Returns [out, input grad,
+def step(module: torch.nn.Module, x: torch.Tensor, target: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """One forward (+ backward of :func:`loss` against ``target``) on device tensors.  Returns [out, input grad,
     *parameter grads] — every tensor the step produces, as `capture_hlo` needs to identify the graph."""
     module.zero_grad(set_to_none=True)
-    x = x.detach().clone().requires_grad_(grad_out is not None and x.is_floating_point())
+    x = x.detach().clone().requires_grad_(target is not None and x.is_floating_point())
     out = module(x)
-    if grad_out is None:
+    if target is None:
         return [out]
-    (out * grad_out).sum().backward()
+    loss(out, target).backward()
     grads = [p.grad for p in module.parameters() if p.grad is not None]
     return [out, *([x.grad] if x.grad is not None else []), *grads]

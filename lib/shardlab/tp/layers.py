@@ -29,9 +29,13 @@ Communication), so the stored MLP input is divided by p — the point of SP.  Pe
     backward  all-gather dz (gbar_sp's backward)             all-gather x again (the re-gather)
               reduce-scatter dx [b, s, h] -> [b, s/p, h]
 
-i.e. the two all-reduces' wire bytes plus one all-gather of [b, s/p, h] (`formulas.tp.sequence_parallel`).  The
-row bias gradient is then a per-rank partial sum (Megatron all-reduces such "sequence-parallel" parameter
-gradients separately).
+i.e. the two all-reduces' wire bytes plus one all-gather of [b, s/p, h] (`formulas.tp.sequence_parallel`).
+
+One more collective comes with SP: a parameter that acts on each rank's s/p tokens — the row-parallel layer's
+bias (added after the reduce-scatter), a LayerNorm's weight and bias outside the linear pair — gets a per-rank
+*partial* gradient.  Megatron tags such parameters ``sequence_parallel`` and, after the backward, sums their
+gradients over the tensor-parallel group in one coalesced all-reduce (``finalize_model_grads`` ->
+``_allreduce_layernorm_grads``); :func:`allreduce_sequence_parallel_grads` does the same (ledger tag "sp.grads").
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from shardlab import models
-from shardlab.comm import Comm
+from shardlab.comm import Comm, phase_scope
 from shardlab.tp.mappings import (
     copy_to_tp_region,
     gather_from_tp_region,
@@ -67,6 +71,22 @@ def vocab_range(vocab: int, rank: int, world_size: int) -> tuple[int, int]:
     base, extra = divmod(vocab, world_size)
     start = rank * base + min(rank, extra)
     return start, start + base + (1 if rank < extra else 0)
+
+
+def allreduce_sequence_parallel_grads(module: nn.Module, comm: Comm) -> int:
+    """Sum the gradients of ``module``'s parameters tagged ``sequence_parallel`` over the tensor-parallel group:
+    one all-reduce of their concatenation (Megatron's coalesced `_allreduce_layernorm_grads`), recorded as a
+    backward collective tagged "sp.grads".  Returns the elements reduced (0: nothing tagged, or tp = 1)."""
+    grads = [q.grad for q in module.parameters() if getattr(q, "sequence_parallel", False) and q.grad is not None]
+    if not grads or comm.world_size == 1:
+        return 0
+    with phase_scope("backward"):  # after the engine returned, still part of the step's backward
+        summed = comm.all_reduce(torch.cat([g.flatten() for g in grads]), tag="sp.grads")  # [n]
+    offset = 0
+    for g in grads:
+        g.copy_(summed[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
+    return offset
 
 
 def _like(m: nn.Module, dense: nn.Module) -> nn.Module:
@@ -165,7 +185,9 @@ class RowParallelLinear(nn.Module):
 
 
 class ParallelMLP(nn.Module):
-    """column -> GeLU -> row.  With sequence_parallel, x and the output are [b, s/p, h] shards (module note)."""
+    """column -> GeLU -> row.  With sequence_parallel, x and the output are [b, s/p, h] shards (module note), and
+    the row bias b2 — added to this rank's s/p tokens only — is tagged ``sequence_parallel``: its gradient is a
+    partial sum until :func:`allreduce_sequence_parallel_grads` adds the ranks' parts."""
 
     def __init__(self, hidden: int, ffn: int, comm: Comm, bias: bool = True, sequence_parallel: bool = False) -> None:
         super().__init__()
@@ -173,6 +195,11 @@ class ParallelMLP(nn.Module):
         self.comm, self.sequence_parallel = comm, sequence_parallel
         self.fc1 = ColumnParallelLinear(hidden, ffn, comm, bias, sequence_parallel=sequence_parallel)
         self.fc2 = RowParallelLinear(ffn, hidden, comm, bias)
+        self._tag_sp_params()
+
+    def _tag_sp_params(self) -> None:
+        if self.sequence_parallel and self.fc2.bias is not None:
+            self.fc2.bias.sequence_parallel = True  # type: ignore[attr-defined]  # sees s/p tokens per rank
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.sequence_parallel:
@@ -186,6 +213,7 @@ class ParallelMLP(nn.Module):
         m = cls(dense.fc1.in_features, dense.fc1.out_features, comm, dense.fc1.bias is not None, sequence_parallel)
         m.fc1 = ColumnParallelLinear.from_dense(dense.fc1, comm, sequence_parallel=sequence_parallel)
         m.fc2 = RowParallelLinear.from_dense(dense.fc2, comm)
+        m._tag_sp_params()
         return m
 
 

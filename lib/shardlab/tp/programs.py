@@ -3,15 +3,16 @@
 Design note
 -----------
 Module-level functions `fn(comm, ...)` so both worlds can run them (DistributedWorld pickles them into spawned
-processes).  Each builds its layer with `from_dense`, runs forward and, if `grad_out` is given, backward of
-`(out * grad_out).sum()` (so the output gradient is `grad_out`, a fixed random tensor — not all ones, which
-would hide transposition mistakes).  Each returns plain tensors: the output, the input gradient and this
+processes).  Each builds its layer with `from_dense`, runs forward and, if `target` is given, backward of
+:func:`loss` = ½‖out − target‖² (the output gradient out − target depends on the output, as in training, so the
+backward's f needs the forward's g; the target is a fixed random tensor, not zeros or ones, which would hide
+transposition mistakes).  Each returns plain tensors: the output, the input gradient and this
 rank's parameter gradients (names as in the parallel module), for comparison with the dense oracle, and
 `saved_bytes`: the activation bytes autograd stored for the backward on this rank (every tensor packed by
 `torch.autograd.graph.saved_tensors_hooks`, one count per storage, parameters excluded) — the measured
 counterpart of `formulas.activations`.
 
-    results = SimulatedWorld(4).run(mlp_step, dense_mlp, x, grad_out)
+    results = SimulatedWorld(4).run(mlp_step, dense_mlp, x, target)
     results[r]["out"], results[r]["grad_x"], results[r]["grads"]["fc1.weight"]   # rank r's slice
 
 `formula_and_ledger(kind, ...)` runs one small configuration in a SimulatedWorld next to its formula (what the
@@ -34,12 +35,21 @@ from shardlab.tp.layers import (
     ParallelMLP,
     ParallelTransformerBlock,
     VocabParallelEmbedding,
+    allreduce_sequence_parallel_grads,
     vocab_range,
 )
 
 
+def loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """½‖out − target‖², the loss of every forward + backward step here: its output gradient ``out − target``
+    depends on the forward's output, as in training, so the backward's first collective (f) waits for the
+    forward's last (g). (A loss ``(out * grad_out).sum()`` has the constant output gradient ``grad_out``: the
+    two all-reduces are then independent and XLA:TPU's combiner merged them into one — an artefact, measured.)"""
+    return 0.5 * (out - target).pow(2).sum()
+
+
 def _step(
-    module: torch.nn.Module, x: torch.Tensor, grad_out: torch.Tensor | None, input_grad: bool = True
+    module: torch.nn.Module, x: torch.Tensor, target: torch.Tensor | None, input_grad: bool = True
 ) -> dict[str, Any]:
     x = x.detach().clone().requires_grad_(input_grad and x.is_floating_point())
     params = {p.untyped_storage().data_ptr() for p in module.parameters()}
@@ -53,8 +63,8 @@ def _step(
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):  # this rank's thread only
         out = module(x)
-    if grad_out is not None:
-        (out * grad_out).sum().backward()
+    if target is not None:
+        loss(out, target).backward()
     return {
         "out": out.detach(),
         "grad_x": x.grad,
@@ -67,39 +77,44 @@ def mlp_step(
     comm: Comm,
     dense: models.MLP,
     x: torch.Tensor,
-    grad_out: torch.Tensor | None = None,
+    target: torch.Tensor | None = None,
     sequence_parallel: bool = False,
     input_grad: bool = True,
 ) -> dict[str, Any]:
-    """x: [b, s, h] (full; sliced along seq here when sequence_parallel)."""
+    """x: [b, s, h] (full; sliced along seq here when sequence_parallel, and then the sequence-parallel bias
+    gradient is all-reduced after the backward)."""
     mlp = ParallelMLP.from_dense(dense, comm, sequence_parallel=sequence_parallel)
     if sequence_parallel and x.shape[1] % comm.world_size:
         raise ValueError(f"seq={x.shape[1]} is not divisible by tp={comm.world_size} (sequence parallelism gives "
                          "every rank an equal slice of the sequence)")
-    if sequence_parallel:
-        x = x.chunk(comm.world_size, dim=1)[comm.rank]  # [b, s, h] -> [b, s/p, h]
-        if grad_out is not None:
-            grad_out = grad_out.chunk(comm.world_size, dim=1)[comm.rank]
-    return _step(mlp, x, grad_out, input_grad)
+    if not sequence_parallel:
+        return _step(mlp, x, target, input_grad)
+    x = x.chunk(comm.world_size, dim=1)[comm.rank]  # [b, s, h] -> [b, s/p, h]
+    if target is not None:
+        target = target.chunk(comm.world_size, dim=1)[comm.rank]
+    res = _step(mlp, x, target, input_grad)
+    if target is not None:  # b2 saw this rank's tokens only: sum its gradient over the group (in place)
+        allreduce_sequence_parallel_grads(mlp, comm)
+    return res
 
 
 def attention_step(
-    comm: Comm, dense: models.Attention, x: torch.Tensor, grad_out: torch.Tensor | None = None, input_grad: bool = True
+    comm: Comm, dense: models.Attention, x: torch.Tensor, target: torch.Tensor | None = None, input_grad: bool = True
 ) -> dict[str, Any]:
-    return _step(ParallelAttention.from_dense(dense, comm), x, grad_out, input_grad)
+    return _step(ParallelAttention.from_dense(dense, comm), x, target, input_grad)
 
 
 def transformer_layer_step(
-    comm: Comm, dense: models.TransformerBlock, x: torch.Tensor, grad_out: torch.Tensor | None = None
+    comm: Comm, dense: models.TransformerBlock, x: torch.Tensor, target: torch.Tensor | None = None
 ) -> dict[str, Any]:
     """x: [b, s, h] (full, replicated). One pre-LayerNorm layer: attention then MLP, each with its f and g."""
-    return _step(ParallelTransformerBlock.from_dense(dense, comm), x, grad_out)
+    return _step(ParallelTransformerBlock.from_dense(dense, comm), x, target)
 
 
 def embedding_step(
-    comm: Comm, dense: torch.nn.Embedding, ids: torch.Tensor, grad_out: torch.Tensor | None = None
+    comm: Comm, dense: torch.nn.Embedding, ids: torch.Tensor, target: torch.Tensor | None = None
 ) -> dict[str, Any]:
-    return _step(VocabParallelEmbedding.from_dense(dense, comm), ids, grad_out, input_grad=False)
+    return _step(VocabParallelEmbedding.from_dense(dense, comm), ids, target, input_grad=False)
 
 
 def ce_step(
@@ -132,17 +147,17 @@ def formula_and_ledger(
     "attention" or "embedding_ce".  Returns {"formula", "ledger": {"count", "bytes"}, "ledger_obj"} (+
     "gathered_bytes" for embedding_ce).  Raises ValueError on bad sizes."""
     torch.manual_seed(seed)
-    x, go = torch.randn(batch, seq, hidden), torch.randn(batch, seq, hidden)
+    x, target = torch.randn(batch, seq, hidden), torch.randn(batch, seq, hidden)
     world = SimulatedWorld(tp)
     if kind == "mlp":
-        world.run(mlp_step, models.MLP(hidden, 4 * hidden), x, go)
+        world.run(mlp_step, models.MLP(hidden, 4 * hidden), x, target)
         f = ftp.mlp_all_reduce(batch, seq, hidden, tp, backward=True)
     elif kind == "attention":
-        world.run(attention_step, models.Attention(hidden, heads), x, go)
+        world.run(attention_step, models.Attention(hidden, heads), x, target)
         f = ftp.attention_all_reduce(batch, seq, hidden, tp, backward=True)
     elif kind == "embedding_ce":
         ids = torch.randint(0, vocab, (batch, seq))
-        world.run(embedding_step, torch.nn.Embedding(vocab, hidden), ids, go)
+        world.run(embedding_step, torch.nn.Embedding(vocab, hidden), ids, target)
         e = ftp.embedding_all_reduce(batch, seq, hidden, tp)
         emb_ledger = world.ledger
         world.run(ce_step, torch.randn(batch, seq, vocab), ids)
