@@ -77,7 +77,7 @@ cases = {s: ScheduleCase(p, s) for s in SCHEDULES}
 # %%
 fr = {s: harness.formula(c) for s, c in cases.items()}
 pd.DataFrame({s: {k.split(".", 1)[1]: v for k, v in f.values.items() if k.startswith(s + ".")}
-              for s, f in fr.items()})
+              for s, f in fr.items()}, dtype=object)
 
 # %% [markdown]
 # ## 2 · The schedules, drawn
@@ -109,7 +109,7 @@ for s in SCHEDULES:
 # single-stage schedules decide their order while they run; `torch_orders` runs PyTorch's own `_step_microbatches`
 # on a recording stage, and reads the multi-stage schedules' `pipeline_order` (built on a fake process group). Ours
 # must be the same lists, device by device. (PyTorch's *drawing* of 1F1B, `_get_pipeline_order()`, is not what it
-# runs in torch 2.9.0: on the last rank it starts at F1 and ends at a microbatch that does not exist.)
+# runs in torch 2.9.0: on the last rank it starts at F1 and draws a forward of microbatch m, which does not exist.)
 
 # %%
 from shardlab.pipeline.torch_ref import as_schedule, torch_drawn_order, torch_orders
@@ -119,8 +119,8 @@ for s in SCHEDULES:
     rec.check(f"pp.{s}.torch_order", ours == torch_orders(s, P, M, cases[s].v),
               f"every device's action list == torch.distributed.pipelining's ({sum(map(len, ours))} actions)")
 drawn = [a for a in torch_drawn_order("1f1b", P, M)[P - 1] if a is not None]
-print(f"PyTorch's 1F1B drawing, last rank: starts {drawn[0]}, ends {drawn[-1]}; "
-      f"it runs {torch_orders('1f1b', P, M)[P - 1][0]} first")
+print(f"PyTorch's 1F1B drawing, last rank: starts at {drawn[0]}, draws {P - 1}F{M}: "
+      f"{any(a.kind == 'F' and a.microbatch == M for a in drawn)}; it runs {torch_orders('1f1b', P, M)[P - 1][0]} first")
 
 # %% [markdown]
 # PyTorch also ships zero-bubble schedules (Qi et al. 2024), which split a backward into the input gradient (`I`,
@@ -167,14 +167,15 @@ rec.check("pp.split.auto_not_slower", splits["auto"].max_cost <= splits["even"].
           f"slowest stage auto {splits['auto'].max_cost:.4g} <= even {splits['even'].max_cost:.4g}")
 pd.DataFrame({r: {"slowest stage (GFLOP)": c.max_cost / 1e9, "GPipe step (GFLOP-time)": c.gpipe_step / 1e9,
                   "1F1B step, timed (GFLOP-time)": c.one_f_one_b_step / 1e9,
-                  "layers per stage": [", ".join(s.layers) for s in c.stages]} for r, c in splits.items()})
+                  "layers per stage": " | ".join(", ".join(s.layers) for s in c.stages)} for r, c in splits.items()},
+             dtype=object)
 
 # %% [markdown]
 # The even split puts the LM head (2·b·s·h·V FLOPs forward, several blocks' worth at this vocabulary) on the last
 # stage with L/p blocks beside it; every other stage then waits for it each microbatch. The automatic split gives
 # the head a stage of its own (or nearly) and spreads the blocks over the rest. With unequal stages the slowest one
-# sets the pace: the step is $\sum_s (f_s + b_s) + (m-1)\max_s(f_s + b_s)$ (a flow shop; `pipeline_step_time`), and
-# the simulator times 1F1B on the same costs to the same number.
+# sets the pace: the step is $\sum_s (f_s + b_s) + (m-1)\max_s(f_s + b_s)$ (a flow shop; `pipeline_step_time`); the
+# table's third row times the 1F1B order on the same stage costs with the simulator.
 #
 # ## 4 · The ledger: each device's program, every send recorded
 # `pipeline_program(comm, schedule, stages, ...)` walks its device's action list: a forward receives the activation
@@ -186,7 +187,7 @@ pd.DataFrame({r: {"slowest stage (GFLOP)": c.max_cost / 1e9, "GPipe step (GFLOP-
 
 # %%
 led = {s: harness.ledger(c) for s, c in cases.items()}
-pd.DataFrame({s: {k.split(".", 1)[1]: x for k, x in v.values.items()} for s, v in led.items()})
+pd.DataFrame({s: {k.split(".", 1)[1]: x for k, x in v.values.items()} for s, v in led.items()}, dtype=object)
 
 # %% [markdown]
 # The ledger's bubble is measured from the order the programs *executed* (timed like the drawings), its peak
@@ -247,7 +248,8 @@ else:
 # The shift is the only communication: one **collective-permute** of one shard per iteration, and autograd's
 # reversed loop has the mirror permute. The loop runs T = v·m + p − 1 iterations, p − 1 of them filling or draining
 # — **the bubble is the trip count**: (T − v·m)/T. GPipe uses a shift with zeros in front (`pad`), interleaved
-# becomes the **circular** pipeline (v repeats; the last stage hands back to the first with a wrap-round `cat`).
+# becomes the **circular** pipeline (v repeats; the last stage hands back to the first with a wrap-round `cat`;
+# compiled forward only here — its backward loop mirrors it, and GPipe's program shows the backward).
 # The mesh is (stage, data) = (p, n / p): the `data` axis runs n / p pipelines side by side on slices of every
 # microbatch (data parallelism). **1F1B has no SPMD form**: autograd differentiates the whole forward loop before
 # its reversed loop runs, which is GPipe's order.
@@ -429,27 +431,32 @@ for n, a in enumerate((answer_1, answer_2, answer_3, answer_4, answer_5), start=
 # `pytest tests/test_nb_09_pipeline.py` (the notebook at several parameter sets), `pytest tests/test_pipeline_*.py`.
 
 # %%
+def val(s: str, name: str, src: str) -> str:
+    """The value of pp.<name> in schedule s's view from src, formatted; "—" where that view did not run."""
+    v = {"formula": fr, "ledger": led, "hlo": hlo, "tpu": tpu}[src][s]
+    x = v.values.get(name) if v.ran else None
+    return "—" if x is None else f"{x:.4f}" if isinstance(x, float) else str(x)
+
+
 rows = {}
 for s, c in cases.items():
-    def val(name, src, s=s):  # the recorded value of pp.<name> from source src, or "—"
-        v = {"formula": fr[s], "ledger": led[s], "hlo": hlo[s], "tpu": tpu[s]}[src]
-        return v.values.get(name, "—") if v.ran else "—"
     k = c.spmd_key
     rows[s] = {
-        "bubble_fraction: formula": val(f"{s}.bubble_fraction", "formula"),
-        "… by the executed order": val(f"{s}.bubble_fraction", "ledger"),
-        "… by the trip count (cpu / tpu)": f"{val(f'{s}.bubble_fraction', 'hlo')} / "
-                                           f"{val(f'{s}.bubble_fraction', 'tpu')}",
-        "trip count (cpu / tpu)": f"{val(f'{k}.trip_count', 'hlo')} / {val(f'{k}.trip_count', 'tpu')}",
-        "sends: count / bytes (ledger)": f"{val(f'{s}.p2p.count', 'ledger')} / {val(f'{s}.p2p.bytes', 'ledger')}",
-        "loop transfers (cpu / tpu)": f"{val(f'{k}.p2p.count', 'hlo')} / {val(f'{k}.p2p.count', 'tpu')}",
-        "peak in-flight (formula / ledger)": f"{val(f'{s}.peak_inflight_microbatches', 'formula')} / "
-                                             f"{val(f'{s}.peak_inflight_microbatches', 'ledger')}",
+        "bubble_fraction: formula": val(s, f"{s}.bubble_fraction", "formula"),
+        "… by the executed order (ledger)": val(s, f"{s}.bubble_fraction", "ledger"),
+        "… by the trip count (cpu / tpu)": f"{val(s, f'{s}.bubble_fraction', 'hlo')} / "
+                                           f"{val(s, f'{s}.bubble_fraction', 'tpu')}",
+        "trip count (cpu / tpu)": f"{val(s, f'{k}.trip_count', 'hlo')} / {val(s, f'{k}.trip_count', 'tpu')}",
+        "sends per step: count / bytes (formula = ledger)": f"{val(s, f'{s}.p2p.count', 'ledger')} / "
+                                                            f"{val(s, f'{s}.p2p.bytes', 'ledger')}",
+        "loop transfers per step (cpu / tpu; circular: forward)": f"{val(s, f'{k}.p2p.count', 'hlo')} / "
+                                                                  f"{val(s, f'{k}.p2p.count', 'tpu')}",
+        "peak in flight (formula / ledger)": f"{val(s, f'{s}.peak_inflight_microbatches', 'formula')} / "
+                                             f"{val(s, f'{s}.peak_inflight_microbatches', 'ledger')}",
     }
-rows["split"] = {"slowest stage auto (GFLOP)": splits["auto"].max_cost / 1e9,
-                 "slowest stage even (GFLOP)": splits["even"].max_cost / 1e9,
-                 "GPipe step even / auto": splits["even"].gpipe_step / splits["auto"].gpipe_step}
-pd.DataFrame(rows, dtype=object).fillna("")
+display(pd.DataFrame(rows, dtype=object))
+print(f"split: slowest stage auto {splits['auto'].max_cost / 1e9:.4f} vs even {splits['even'].max_cost / 1e9:.4f} "
+      f"GFLOP per step; GPipe step even / auto = {splits['even'].gpipe_step / splits['auto'].gpipe_step:.3f}")
 
 # %%
 rec.close()["status"]
