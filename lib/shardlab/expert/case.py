@@ -233,10 +233,12 @@ def views(case: MoECase, sources: tuple[str, ...] = harness.SOURCES) -> list[Vie
 
 # ------------------------------------------------------------------------------------------------- reading
 def collective_frame(module: HloModule) -> pd.DataFrame:
-    """Every collective of a compiled program: op, element type, form (sync, start / done ...), operands,
-    group size and the bytes one device hands over."""
-    return pd.DataFrame([{"op": c.op, "dtype": c.dtype, "form": c.form, "async": c.async_, "operands": c.operands,
-                          "group": c.group_size, "operand_bytes": c.operand_bytes, "shapes": c.operand_shapes}
+    """Every collective of a compiled program: op, element type, form (sync, start / done ...), the logical
+    collectives it carries (> 1: combined; a chunk-form all-to-all is one), group size, the bytes one device hands
+    over and the operand shapes."""
+    return pd.DataFrame([{"op": c.op, "dtype": c.dtype, "form": c.form, "async": c.async_,
+                          "collectives": 1 if gspmd.chunk_form(c) else c.operands, "group": c.group_size,
+                          "operand_bytes": c.operand_bytes, "shapes": c.operand_shapes}
                          for c in module.collectives])
 
 
