@@ -81,8 +81,9 @@ print(f"ep = {p.ep}: mesh (data, expert) = ({step.data}, {p.ep}), {step.groups} 
 # %% [markdown]
 # ## 1 · The routing at hand
 # The router here is random (untrained), as at the start of training: it does not spread the tokens evenly. The
-# bars count, per expert, the assignments it kept and dropped over all groups; the dashed line is its capacity.
-# Colour: the device that holds the expert.
+# bars count, per expert, the assignments it kept and dropped over all groups; the dashed line is its capacity in
+# all groups together (C per group — an expert can drop in one group while it has room in another). Colour: the
+# device that holds the expert.
 
 # %%
 loads = step.loads()
@@ -94,8 +95,8 @@ vexp.load_figure(loads, C, p.ep).show()
 # are paid for whether a token fills them or not — and the same two again backward (the gradients travel the
 # reverse way):
 #
-# $$\text{count} = 2 + 2,\qquad \text{payload} = E \cdot C \cdot h \cdot e \;\le\; \frac{\text{tokens}\cdot k\cdot
-# cf\cdot h\cdot e}{\text{ranks}} \text{ rounded up by } C\text{'s ceiling},\qquad
+# $$\text{count} = 2 + 2,\qquad \text{payload} = E \cdot C \cdot h \cdot e \;\ge\; \frac{\text{tokens}\cdot k\cdot
+# cf\cdot h\cdot e}{\text{ranks}}\ \ (\text{equal when } E \text{ divides } cf\cdot k\cdot S),\qquad
 # \text{wire} = \tfrac{ep-1}{ep}\,\text{payload}$$
 #
 # The usual statement divides by "ranks": read it as the **devices that route their own tokens**, data × expert —
