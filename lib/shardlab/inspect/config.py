@@ -123,7 +123,7 @@ class InspectConfig:
         if not names:
             raise InspectInputError("mesh is empty: give at least one axis, e.g. fsdp=8")
         if len(set(names)) != len(names):
-            raise InspectInputError(f"mesh {self.mesh_dict} names an axis twice ({names})")
+            raise InspectInputError(f"mesh {list(self.mesh)} names an axis twice ({names})")
         for a, n in self.mesh:
             if isinstance(n, bool) or not isinstance(n, int) or n < 1:
                 raise InspectInputError(f"mesh axis {a}={n!r} must be an integer >= 1")
