@@ -506,7 +506,7 @@ class FsdpGspmdParams(FsdpParamsBase):
 
 
 # Modules that declare notebook parameter dataclasses (light: no torch_xla at import).
-PARAM_MODULES = ("shardlab.params", "shardlab.expert.params")
+PARAM_MODULES = ("shardlab.params", "shardlab.expert.params", "shardlab.pipeline.params")
 
 
 def notebook_params() -> dict[str, type[NotebookParams]]:
