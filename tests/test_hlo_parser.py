@@ -467,3 +467,19 @@ def test_tpu_windowed_einsum_loops() -> None:
     assert [m.trip_count(w.name) for w in loops] == [2, 2, 2, 2]
     permutes = [c for c in m.collectives if c.op == "collective-permute" and c.in_while]
     assert permutes and {m.runs(c.computation) for c in permutes} == {2}
+
+
+def test_cpu_tuple_all_to_all_is_one_collective() -> None:
+    """XLA:CPU writes an all-to-all as a tuple, one [2, 8] chunk per destination of 4: ONE all-to-all of
+    4 × 2 × 8 × 4 = 256 bytes, not 4 combined; with `dimensions=` the array form is one operand anyway."""
+    text = """HloModule m, num_partitions=4
+ENTRY %main (p: f32[8,8]) -> (f32[2,8], f32[2,8], f32[2,8], f32[2,8]) {
+  %p = f32[8,8]{1,0} parameter(0)
+  %a = f32[2,8]{1,0} slice(%p), slice={[0:2], [0:8]}
+  %b = f32[2,8]{1,0} slice(%p), slice={[2:4], [0:8]}
+  %c = f32[2,8]{1,0} slice(%p), slice={[4:6], [0:8]}
+  %d = f32[2,8]{1,0} slice(%p), slice={[6:8], [0:8]}
+  ROOT %x = (f32[2,8]{1,0}, f32[2,8]{1,0}, f32[2,8]{1,0}, f32[2,8]{1,0}) all-to-all(%a, %b, %c, %d), channel_id=1, replica_groups={{0,1,2,3}}
+}"""
+    (c,) = parse_hlo(text).collectives
+    assert (c.op, c.operands, c.operand_bytes) == ("all-to-all", 1, 256)

@@ -391,6 +391,9 @@ def _collectives(instructions: dict[str, Instruction], computations: dict[str, l
             op, form, result = "reduce-scatter", "all-reduce-scatter-fusion", start.shape  # TPU's reduce-scatter
         rg = parse_replica_groups(ins.attrs.get("replica_groups"), num_partitions)
         cp = op == "collective-permute"
+        operands = len(ins.operands)
+        if op == "all-to-all" and "dimensions" not in ins.attrs and rg and operands == len(rg[0]):
+            operands = 1  # XLA:CPU's tuple form: one array per destination of ONE all-to-all, not k combined
         out.append(Collective(
             op=op, name=ins.name, dtype=result[0].dtype if result else "?", shape=[a.dims for a in result],
             operand_shapes=[a.dims for a in operand_arrays], operand_bytes=sum(a.nbytes for a in operand_arrays),
@@ -399,7 +402,7 @@ def _collectives(instructions: dict[str, Instruction], computations: dict[str, l
             feeds_dynamic_slice=form == "sync" and op == "all-reduce"
             and lowered_reduce_scatter(ins, len(rg[0]) if rg else 0),
             source_target_pairs=parse_replica_groups(ins.attrs.get("source_target_pairs"), 0) if cp else [],
-            operands=len(ins.operands), async_=form != "sync" and form != "all-reduce-scatter-fusion",
+            operands=operands, async_=form != "sync" and form != "all-reduce-scatter-fusion",
             form=form, channel_id=int(ins.attrs["channel_id"]) if "channel_id" in ins.attrs else None,
             clones=len(clones), start=start.name, done=done.name,
             decomposed_all_reduce=op == "all-gather"
