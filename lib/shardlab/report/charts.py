@@ -58,6 +58,12 @@ REPORT_CHARTS = (
     ChartSpec("scan: HLO instructions vs number of layers L", "06_scan_shard_as",
               r"scan\.hlo_instructions\.(?P<series>loop|scan_layers|scan)\.L(?P<x>\d+)$", "instructions",
               "layers L"),
+    ChartSpec("Expert parallelism: tokens dropped vs capacity factor", "11_expert_parallel",
+              r"ep\.drops\.cf(?P<x>\d+(?:\.\d+)?)\.(?P<series>dropped|uniform)\.fraction", "dropped fraction",
+              "capacity factor"),
+    ChartSpec("Expert parallelism: bytes per device vs ep (forward)", "11_expert_parallel",
+              r"ep\.by_ep\.ep(?P<x>\d+)\.(?P<series>all_to_all\.bytes|expert_params\.per_chip\.bytes)",
+              "bytes per device", "ep", log_x=True),
 )
 
 
