@@ -71,7 +71,7 @@ def test_viz_owner_maps_and_explorer_headless() -> None:
     """The picture's owner maps follow the split rules; the explorer's update recomputes against dense."""
     own = vb.owners(4, 6, 8, 2, "row")
     assert own["x"][0] == [0, 0, 0, 1, 1, 1] and [r[0] for r in own["W"]] == [0, 0, 0, 1, 1, 1]
-    assert all(v == -1 for row in own["Y"] for v in row)  # after the all-reduce every device holds all of Y
+    assert all(v == -1 for row in own["y"] for v in row)  # after the all-reduce every device holds all of y
     own = vb.owners(4, 6, 8, 2, "column")
     assert own["W"][0] == [0] * 4 + [1] * 4 and all(v == -1 for row in own["x"] for v in row)
     _ui, update = vb.explorer(m=6, k=8, n=4, parts=4, kind="grid")

@@ -12,7 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
+from shardlab.blocks import ring
 from shardlab.blocks.tiles import sharding_string
+from shardlab.comm import SimulatedWorld
 from shardlab.formulas import activations, hardware, memory
 from shardlab.formulas import blocks as fblocks
 from shardlab.formulas import fsdp as ffsdp
@@ -58,6 +62,36 @@ def _llama_8b_selective_share(flash_attention: bool) -> float:
     """Share of one Llama 3 8B layer's stored activations that selective recompute drops (s 8192, b 1, t 1)."""
     t = activations.llama_activation_bytes_per_layer(8192, 1, 4096, 14336, 32, 8, flash_attention=flash_attention)
     return t.attention_core / t.total
+def _two_phase_all_reduce(fn: Callable[..., Any]) -> list[Any]:
+    """00 #6: run the learner's ``fn(comm, x)`` on 4 ranks of a SimulatedWorld (x: 12 values per rank):
+    [every rank returned the sum, the collectives it issued, its wire bytes (counted along the ring schedule) ==
+    a ring all-reduce's]."""
+    data = torch.randn(4, 12, generator=torch.Generator().manual_seed(0))  # rank r hands in row r
+    world = SimulatedWorld(4)
+    out = world.run(lambda comm: fn(comm, data[comm.rank].clone()))
+    ok = all(isinstance(o, torch.Tensor) and o.shape == (12,) and torch.allclose(o, data.sum(0), atol=1e-5)
+             for o in out)
+    ops = [e.op for e in world.ledger]
+    ring_ops = all(op in ring.OPS for op in ops)
+    return [ok, ops, ring_ops and ring.ledger_wire_bytes(world.ledger) == ring.wire_bytes("all_reduce", 12, 4, 4)]
+
+
+def _matmul_c_elements(spec: Any) -> int:
+    """01 #6: compile notebook 01's case 5 (defaults: A [64, 128], B [128, 64] on the (X 2, Y 4) mesh) with C
+    annotated ``spec``; C's elements per device, from XLA:CPU when this process has the mesh, else XLA:TPU."""
+    # imported here: shardlab.solutions is imported before runtime.setup() (tests, exercises), and these modules
+    # import torch_xla
+    from shardlab import harness
+    from shardlab.blocks.case import MatmulCase
+    from shardlab.params import BlocksParams
+
+    case = MatmulCase(BlocksParams(), "5", ask=tuple(spec))
+    for view in (harness.hlo(case), harness.tpu(case)):
+        if view.ran:
+            return int(view["case5.C.elements"])
+    raise ValueError(f"no compiler can grade this here: {harness.hlo(case).skipped}")
+
+
 def _measured(value: Any = None, what: str = "") -> Any:
     """A "predict it, then check" solution: the value the notebook measured and passed in."""
     if value is None:
@@ -81,6 +115,9 @@ SOLUTIONS: dict[str, dict[int, Solution]] = {
         5: Solution(lambda: sharding_string((2, 4), ("data", "model"), (None, "data")),
                     "one tile count per tensor dim, then the copies count; the device list is the mesh's id array "
                     "with the spec's axis first and the unnamed axis last, flattened"),
+        6: Solution(lambda: [True, ["reduce_scatter", "all_gather"], True],
+                    "reduce-scatter leaves each rank one block of the sum; which collective then hands every rank "
+                    "every block? (and return a 1-D tensor of x's length)", run=_two_phase_all_reduce),
     },
     "01_block_matrices": {
         1: Solution(lambda: fblocks.row_split_all_reduce(16, 32, 4, "float32")["bytes"],
@@ -96,6 +133,9 @@ SOLUTIONS: dict[str, dict[int, Solution]] = {
                     "tile counts, then the copies, then the device ids with c first"),
         5: Solution(lambda count=None: _measured(count, "the compiler's collective count for the column rule"),
                     "x is on every device already; does any output column block depend on another device's W?"),
+        6: Solution(lambda: fblocks.sharded_matmul("5b", 64, 128, 32)["C.elements"],
+                    "C is [M, M]: name a mesh axis for each of its two dims so that no device holds a copy another "
+                    "device also holds — a tuple of two axis names", run=_matmul_c_elements),
     },
     "02_megatron_mlp": {
         1: Solution(lambda: ftp.mlp_all_reduce(1, 2048, 12288, 8, "bfloat16")["bytes"],

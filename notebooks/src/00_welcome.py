@@ -20,7 +20,23 @@ world
 # # 00 · Welcome to shardlab
 #
 # shardlab teaches **and measures** how large models are split across accelerators, on PyTorch/XLA. Every
-# notebook answers a question with a number measured four ways that must agree:
+# notebook answers a question with a number measured four ways that must agree.
+#
+# **Words used before they are explained** (each notebook explains its own at length):
+# - **f and g** — Megatron-LM's two communication operators for tensor parallelism (Shoeybi et al. 2019): **f**
+#   sits where a replicated activation enters a layer split over devices (forward: identity; backward: an
+#   all-reduce of the input gradient), **g** where that layer's partial sums leave it (forward: an all-reduce;
+#   backward: identity). The letters f and g mean only these two operators in every notebook.
+# - **ZeRO** — sharding a data-parallel model's optimizer state (stage 1), also its gradients (stage 2), also its
+#   parameters (stage 3) over the data-parallel devices, instead of replicating them (Rajbhandari et al. 2020).
+#   PyTorch's FSDP is ZeRO stage 3.
+# - **SPMD, GSPMD** — single program, multiple data: every device runs the same program on its own block of the
+#   data. GSPMD is XLA's SPMD *partitioner* (Xu et al. 2021): from sharding annotations on a few tensors it derives
+#   one per-device program and inserts the collectives it needs.
+# - **HLO** — XLA's intermediate representation, a text program of operations on arrays. The *partitioned* HLO is
+#   the per-device program the partitioner produced; its collectives are what the compiler views count.
+# - **PJRT** — the runtime interface torch_xla uses to reach devices; `PJRT_DEVICE=CPU` or `TPU` picks the kind.
+# - **collectives** — all-reduce, all-gather, reduce-scatter: section 2 shows what each does.
 #
 # | view | what it is | where |
 # |---|---|---|
@@ -30,8 +46,9 @@ world
 # | **TPU compiler** | the same traced graph handed to the real XLA:TPU compiler (`libtpu`) for a TPU slice we do not own — compile-only, nothing runs on a TPU: the per-chip program, its collectives and its memory | `shardlab.profile.tpu` |
 #
 # When views disagree where they must agree, the notebook fails — loudly, with both numbers. Where the two
-# compilers legitimately differ (the TPU keeps bf16 in bf16, merges collectives, has a native reduce-scatter),
-# the table shows both and the notebook says why.
+# compilers legitimately differ (the TPU keeps bf16 in bf16 and merges independent collectives, and its passes
+# turn an all-reduce + slice into a real reduce-scatter; XLA:CPU's passes do neither), the table shows both and
+# the notebook says why.
 #
 # ## The notebooks
 # | # | topic |
@@ -46,16 +63,18 @@ world
 # | 07 | planner: from 8 CPU devices to a TPU pod |
 # | 08 | compiler levers (TorchAcc's): combining collectives, overlapping them with compute, memory order, automatic sharding |
 #
-# ## Notation (used everywhere)
-# - Shapes: `b` batch, `s` sequence, `h` hidden, `f` FFN width, `a` heads, `v` vocabulary, `L` layers,
-#   `t` tensor-parallel degree, `W` or `p` devices in a group, `Ψ` parameters.
+# ## Notation (used everywhere; one letter, one meaning)
+# - Sizes: `b` batch, `s` sequence, `h` hidden, `F` FFN width (notebook 02's parameter `ffn`), `n_h` heads, `V`
+#   vocabulary, `L` layers, `p` devices in a group (a ring, a tensor-parallel group: `tp` = p), `e` bytes per
+#   element, `Ψ` parameters. `W` is always a weight matrix, never a device count.
 # - `A[I_X, J_Y]`: tensor A with its first dimension split over mesh axis X and its second over Y;
-#   an axis not named is replicated. `A[I, J_X]` is "split by columns over X".
+#   an axis not named is replicated. `A[I, J_X]` is "split by columns over X". Capital `X`, `Y` are mesh axes;
+#   activations are written lower-case (`x`, `y`).
 # - `A{U_X}`: A holds *unreduced partial sums* over X — each device has a full-size piece that must still be
 #   added across X (an all-reduce, or a reduce-scatter if the result may stay split).
 # - Bytes are **payload per device**: what one device hands to a collective (all-reduce: its input; all-gather:
 #   its shard; reduce-scatter: its full input). The ring model turns payload into bytes sent per device:
-#   all-reduce 2(W−1)/W·payload, all-gather (W−1)·payload, reduce-scatter (W−1)/W·payload (section 3 shows why).
+#   all-reduce 2(p−1)/p·payload, all-gather (p−1)·payload, reduce-scatter (p−1)/p·payload (section 3 shows why).
 #
 # ## Running on a TPU (Kaggle, Colab, Cloud TPU VMs)
 # The cell right after the parameters cell installs the pinned `torch==2.9.0`, `torch_xla[tpu]==2.9.0` (which
@@ -143,9 +162,9 @@ tiles.tile_devices(tiles.sharding_string((2, 4), ("data", "model"), (None, "mode
 # before and what the call returned:
 #
 # - **all-reduce**: every rank hands in a full tensor and gets back the elementwise sum over ranks
-#   (1 + 2 + … + W everywhere). Payload: the whole tensor.
-# - **reduce-scatter**: the same sum, but rank r keeps only block r of it. Payload: the whole tensor; result: 1/W.
-# - **all-gather**: rank r hands in its block and every rank gets all W blocks, in rank order. Payload: one block.
+#   (1 + 2 + … + p everywhere). Payload: the whole tensor.
+# - **reduce-scatter**: the same sum, but rank r keeps only block r of it. Payload: the whole tensor; result: 1/p.
+# - **all-gather**: rank r hands in its block and every rank gets all p blocks, in rank order. Payload: one block.
 #
 # An all-reduce is a reduce-scatter followed by an all-gather — the next section builds it that way.
 
@@ -153,20 +172,26 @@ tiles.tile_devices(tiles.sharding_string((2, 4), ("data", "model"), (None, "mode
 vc.before_after(p.world_size).show()
 
 # %% [markdown]
-# ## 3 · Why a ring all-reduce costs each device 2(W−1)/W of its payload
-# Put the W ranks in a ring; rank r only ever sends to rank r + 1. Cut every rank's vector into W chunks.
+# ## 3 · Why a ring all-reduce costs each device 2(p−1)/p of its payload
+# Put the p ranks in a ring; rank r only ever sends to rank r + 1. Cut every rank's vector into p chunks.
 #
-# 1. **Reduce-scatter, W − 1 steps.** At step s, rank r sends chunk r − s (mod W) — its own copy at step 1, after
-#    that the partial sum it built at the step before — and the receiver adds it to its own copy. After W − 1 steps
+# 1. **Reduce-scatter, p − 1 steps.** At step i, rank r sends chunk r − i (mod p) — its own copy at step 1, after
+#    that the partial sum it built at the step before — and the receiver adds it to its own copy. After p − 1 steps
 #    rank r holds chunk r summed over all ranks.
-# 2. **All-gather, W − 1 steps.** At step s, rank r sends the complete chunk r − s + 1, and the receiver keeps it.
-#    After W − 1 steps every rank has every complete chunk.
+# 2. **All-gather, p − 1 steps.** At step i, rank r sends the complete chunk r − i + 1, and the receiver keeps it.
+#    After p − 1 steps every rank has every complete chunk.
 #
-# Each step every rank sends exactly one chunk of payload/W bytes, so each rank sends
-# 2(W − 1)·payload/W — just under twice the payload, **whatever W is**: adding devices barely changes the traffic
-# per device, because each link only ever carries 1/W of the data at a time. `shardlab.blocks.ring.simulate` runs this
-# schedule on real tensors and counts what each rank sent; below it is drawn for 4 ranks, then counted for every
-# ring size and compared with the formula.
+# Each step every rank sends exactly one chunk of payload/p bytes, so each rank sends 2(p − 1)·payload/p — just
+# under twice the payload whatever p is: the *bytes* per device barely change with p, because each link only ever
+# carries 1/p of the data at a time. The *steps* do change: 2(p − 1) of them, and each pays a fixed start-up α
+# (latency, synchronisation) before its chunk travels. So the time is, in the α–β model,
+#
+# $$T_\text{ring} \approx 2(p-1)\,\alpha \;+\; \frac{2(p-1)}{p}\,\frac{\text{payload}}{\beta}$$
+#
+# — for a large payload the second term dominates and the time is flat in p; for a small one the first does, and a
+# ring over many devices is slow. `shardlab.blocks.ring.simulate` runs this schedule on real tensors and counts the
+# steps and what each rank sent; below it is drawn for 4 ranks, then counted for every ring size and compared with
+# the formulas.
 
 # %%
 from shardlab.blocks import ring
@@ -177,7 +202,7 @@ vc.ring_figure(ring4).show()
 # %%
 import pandas as pd
 
-from shardlab.formulas.common import wire_bytes
+from shardlab.formulas.common import ring_steps, ring_time_s, wire_bytes
 
 rows = []
 for w in sorted(w for w in {2, 4, 8, p.world_size} if p.n % w == 0):  # even chunks: every rank sends alike
@@ -193,38 +218,61 @@ for w in sorted(w for w in {2, 4, 8, p.world_size} if p.n % w == 0):  # even chu
                       all(torch.allclose(r, dense, atol=1e-4) for r in trace.results),
                       "every rank's ring result == the sum of the vectors")
         formula = wire_bytes(op, payload, w)
-        rows.append({"W": w, "op": op, "payload bytes": payload, "steps": trace.steps, "sent by each rank": sent[0],
-                     "formula": formula, "sent / payload": round(sent[0] / payload, 4)})
+        rows.append({"p": w, "op": op, "payload bytes": payload, "latency steps": trace.steps,
+                     "sent by each rank": sent[0], "formula": formula, "sent / payload": round(sent[0] / payload, 4)})
         rec.check(f"welcome.ring.{op}.W{w}.sent_bytes", all(s == formula for s in sent),
                   f"every rank sent {sorted(set(sent))} bytes, the ring formula says {formula}")
+        rec.check(f"welcome.ring.{op}.W{w}.steps", trace.steps == ring_steps(op, w),
+                  f"the simulation took {trace.steps} steps, the formula says {ring_steps(op, w)}")
 pd.DataFrame(rows)
 
 # %% [markdown]
-# The all-reduce column approaches 2 as W grows; the all-gather's payload is one shard, so its (W − 1)·shard is
-# the same (W − 1)/W of the *gathered* vector that the reduce-scatter sends — half of the all-reduce each.
+# The all-reduce's bytes approach 2 × the payload as p grows while its steps grow as 2(p − 1); the all-gather's
+# payload is one shard, so its (p − 1)·shard is the same (p − 1)/p of the *gathered* vector that the
+# reduce-scatter sends — half of the all-reduce each, in half the steps.
+#
+# What the two terms mean in time, for an all-reduce of a small (4 KiB) and a large (64 MiB) payload. α and β are
+# stated here, not measured: α = 240 µs per step and β = 1.2 GB/s are the per-call start-up and the bandwidth
+# notebook 08 fits for gloo all-reduces on the reference machine (its baseline, rounded) — a CPU transport, far
+# slower than a TPU's links; the *shape* of the curves is the point.
+
+# %%
+alpha_s, beta_Bps = 240e-6, 1.2e9  # stated (notebook 08's gloo fit on the reference machine, rounded)
+pd.DataFrame([{"p": w, "payload": label, "steps": ring_steps("all_reduce", w),
+               "latency 2(p−1)α [ms]": ring_steps("all_reduce", w) * alpha_s * 1e3,
+               "bandwidth 2(p−1)/p·payload/β [ms]": wire_bytes("all_reduce", nbytes, w) / beta_Bps * 1e3,
+               "T_ring [ms]": ring_time_s("all_reduce", nbytes, w, alpha_s, beta_Bps) * 1e3}
+              for label, nbytes in (("4 KiB", 4096), ("64 MiB", 64 * 2**20)) for w in (2, 8, 64, 256)]).round(3)
+
+# %% [markdown]
+# At 4 KiB the latency term is all there is, and it grows 255-fold from p = 2 to 256. At 64 MiB the bandwidth term
+# dominates over tens of devices and grows less than 2× from p = 2 to 256 — but with gloo's large α the 510
+# start-ups of a 256-device ring cost about as much as the bytes. That is why frameworks bucket many small
+# gradients into one all-reduce (notebook 08), and why large groups are not one flat ring (trees, rings of rings,
+# or the torus axes of a TPU slice).
 #
 # ## 4 · Four views of one collective
-# Now the same three collectives, each measured four ways at `world_size` = W ranks, every rank holding a vector of
-# `n` float32 values (for the all-gather: a shard of n/W):
+# Now the same three collectives, each measured four ways at `world_size` = p ranks, every rank holding a vector of
+# `n` float32 values (for the all-gather: a shard of n/p):
 #
-# - **formula**: one collective, payload per device (n·4 bytes, or (n/W)·4 for the all-gather's shard), ring wire
+# - **formula**: one collective, payload per device (n·4 bytes, or (n/p)·4 for the all-gather's shard), ring wire
 #   bytes;
-# - **ledger**: the per-rank code of section 2 in a `SimulatedWorld(W)`;
-# - **compiler**: `x` of shape `[W, n]` sharded by rows over a mesh axis of W devices (device r holds row r), then
+# - **ledger**: the per-rank code of section 2 in a `SimulatedWorld(p)`; its wire bytes are counted chunk by chunk
+#   along section 3's ring schedule (`ring.ledger_wire_bytes`), so formula = ledger on wire tests the formula;
+# - **compiler**: `x` of shape `[p, n]` sharded by rows over a mesh axis of p devices (device r holds row r), then
 #   `x.sum(0)` (XLA sums locally, then all-reduces the partial sums), the same sum asked to stay split along its
 #   dim 0 (a reduce-scatter), and `x * 2` asked for on every device (an all-gather). The mesh is
-#   `(num_devices / W, W)`; when W does not tile this process's devices the view is skipped, with a note;
-# - **TPU compiler**: the same graph compiled for a v5e slice — of `num_devices` chips, or of W chips in a helper
-#   process when W does not tile this process.
+#   `(num_devices / p, p)`; when p does not tile this process's devices the view is skipped, with a note;
+# - **TPU compiler**: the same graph compiled for a v5e slice — of `num_devices` chips, or of p chips in a helper
+#   process when p does not tile this process.
 
 # %%
 from shardlab import harness
 from shardlab.blocks.case import CollectiveCase, measured
 
-W = p.world_size
 cases = {
     "sum": CollectiveCase(p, "all_reduce", (p.n,), label="sum"),
-    "gather": CollectiveCase(p, "all_gather", (p.n // W,), label="gather"),
+    "gather": CollectiveCase(p, "all_gather", (p.n // p.world_size,), label="gather"),
     "scatter": CollectiveCase(p, "reduce_scatter", (p.n,), label="scatter"),
 }
 views = {k: harness.views(c) for k, c in cases.items()}  # formula, ledger, hlo, tpu
@@ -239,15 +287,17 @@ pd.concat(tables, ignore_index=True)
 # **Reading the table.** Each row is one quantity; each column one way of getting it. `agree` is checked, not
 # eyeballed: the notebook raises if it is False. The compilers' bytes are the operand of the collective in the
 # per-device program, so they are per-device numbers, like the ledger's payload. Wire bytes exist only where an
-# algorithm is assumed (the formula's ring model, the ledger's entries); the HLO names the collective, not the
-# algorithm that will run it.
+# algorithm is assumed (the formula's ring model, the ledger's collectives walked through the ring schedule); the
+# HLO names the collective, not the algorithm that will run it.
 #
-# **CPU vs TPU: the reduce-scatter.** XLA:CPU has no reduce-scatter instruction at all: it all-reduces the whole
-# vector and each device cuts out its block with a `dynamic-slice` (the table counts that pair as the reduce-scatter
-# it implements). The TPU has a native reduce-scatter, but its compiler picks the form by shape and size: in our
-# runs (libtpu 0.0.21) a 1-D vector stayed an all-reduce + `dynamic-slice` at every size we tried, a [32, 128]
-# float32 block too, and a [64, 256] one became a real reduce-scatter, whose result is 1/W of its operand. This
-# run, both forms:
+# **CPU vs TPU: the reduce-scatter.** XLA:CPU never emits a reduce-scatter here: the partitioner writes the sum as
+# an all-reduce of the whole vector followed by a `dynamic-slice` of each device's block, and XLA:CPU's pass
+# pipeline (torch_xla 2.9) has no pass that turns that pair into a reduce-scatter — its runtime does run one when
+# the HLO contains it (measured with a hand-written reduce-scatter). The table counts the pair as the
+# reduce-scatter it implements. XLA:TPU's passes do the rewrite, picking the form by shape and size: in our runs
+# (libtpu 0.0.21) a 1-D vector stayed an all-reduce + `dynamic-slice` at every size we tried, a [32, 128] float32
+# block too, and a [64, 256] one became a real reduce-scatter, whose result is 1/p of its operand. This run, both
+# forms:
 
 # %%
 big_views = harness.views(CollectiveCase(p, "reduce_scatter", (64, 256), label="scatter_64x256"))
@@ -264,14 +314,18 @@ for label, v in (("the n-element vector", views["scatter"][3]), ("the [64, 256] 
 # "predict it, then check": the grader compares your number with what the notebook measures — the ring simulation
 # for 1–3, the compiler's program for 4.
 #
-# 1. A ring all-reduce over W = 8 devices: how many steps does it take?
-# 2. With W = 8 and a vector of 1024 float32 values, how many bytes does each device *send* in that ring
+# 1. A ring all-reduce over p = 8 devices: how many steps does it take?
+# 2. With p = 8 and a vector of 1024 float32 values, how many bytes does each device *send* in that ring
 #    all-reduce?
 # 3. The same data as a ring all-gather of 128-element float32 shards: how many bytes does each device send?
-# 4. Each of the W devices holds a shard of 256 float32 values; the program asks for the gathered tensor on every
+# 4. Each of the p devices holds a shard of 256 float32 values; the program asks for the gathered tensor on every
 #    device. What operand bytes does the compiler's all-gather show per device?
 # 5. A tensor [8, 8] on the mesh `(data 2, model 4)` of devices 0–7, spec `(None, "data")`: write the sharding string
 #    XLA prints for it.
+# 6. Code: write the per-rank function `answer_6(comm, x)` that returns the all-reduce of `x` (a 1-D tensor whose
+#    length divides by the world size) **without** calling `comm.all_reduce` — only `comm.reduce_scatter` and
+#    `comm.all_gather`. The grader runs it on 4 ranks of a `SimulatedWorld`: every rank must get the sum, and its
+#    ledger must send exactly the wire bytes of a ring all-reduce.
 
 # %%
 from shardlab.exercises import Exercises
@@ -287,25 +341,30 @@ answer_2 = None  # bytes
 answer_3 = None  # bytes
 answer_4 = None  # bytes
 answer_5 = None  # a string like "{devices=[...]...}"
+answer_6 = None  # a function (comm, x) -> tensor, e.g. def answer_6(comm, x): ...
 ex.show(1, answer_1, steps=ring8.steps)
 ex.show(2, answer_2, sent=ring8.sent_bytes(0))
 ex.show(3, answer_3, sent=gather8.sent_bytes(0))
 ex.show(4, answer_4, operand_bytes=measured("exercise_gather.all_gather.bytes", shard_views[3], shard_views[2]))
 ex.show(5, answer_5)
+ex.show(6, answer_6)
 
 # %% [markdown]
 # <details><summary>Why (open after trying)</summary>
 #
-# 1. W − 1 steps of reduce-scatter, then W − 1 of all-gather.
-# 2. Every step each device sends one chunk of payload/W; there are 2(W − 1) steps. So 2(W − 1)/W of the payload —
-#    it would be the same fraction on 64 devices.
-# 3. An all-gather is only the second half of the ring: W − 1 steps of one shard each. Half of exercise 2 — an
+# 1. p − 1 steps of reduce-scatter, then p − 1 of all-gather.
+# 2. Every step each device sends one chunk of payload/p; there are 2(p − 1) steps. So 2(p − 1)/p of the payload —
+#    nearly the same fraction of bytes on 64 devices, in 126 steps instead of 14.
+# 3. An all-gather is only the second half of the ring: p − 1 steps of one shard each. Half of exercise 2 — an
 #    all-reduce *is* a reduce-scatter plus an all-gather.
-# 4. The operand of an all-gather is what one device contributes, its own shard: 256 × 4 bytes, whatever W is. The
-#    result is W times larger.
+# 4. The operand of an all-gather is what one device contributes, its own shard: 256 × 4 bytes, whatever p is. The
+#    result is p times larger.
 # 5. One tile count per tensor dim (rows not split, columns cut in 2 by `data`), then the copies (`model`'s 4
 #    devices hold each tile), flagged `last_tile_dim_replicate`. The device ids in `(data, model)` order are the
 #    mesh's own order.
+# 6. `part = comm.reduce_scatter(x)` leaves rank r with block r of the sum (p − 1 ring steps), then
+#    `return comm.all_gather(part)` hands every rank every block (p − 1 more): together (p − 1)/p + (p − 1)/p of the
+#    payload — the ring all-reduce of section 3, written as its two phases.
 # </details>
 
 # %%

@@ -7,6 +7,7 @@ k = 64  # inner dimension
 n = 32  # W is k×n
 parts = 4  # p, the number of blocks and of devices in the split; the 2-D grid is 2 by p/2
 dtype = "float32"  # "float32" or "bfloat16"
+matmul = [64, 128, 32]  # I, J, K of section 7's sharded matmuls A[I, J]·B[J, K] on the (X 2, Y 4) mesh
 answers = None  # exercise answer key (the tests and the report inject it); leave None
 
 # %%
@@ -23,13 +24,13 @@ world
 # # 01 · Block matrices: the two rules every sharding scheme is made of
 #
 # Every tensor-parallel layer, every FSDP all-gather and every GSPMD decision in this suite reduces to two
-# facts about a product $Y = xW$ with $x$ of shape $m\times k$ and $W$ of shape $k\times n$, split into p blocks
+# facts about a product $y = xW$ with $x$ of shape $m\times k$ and $W$ of shape $k\times n$, split into p blocks
 # held by p devices:
 #
-# 1. **Split W by columns** — $W = [W_1 \dots W_p]$ (`W[K, N_X]`): $Y = [xW_1 \dots xW_p]$. Each device computes a
-#    column block of $Y$ on its own; the blocks are *concatenated*. **No communication.**
+# 1. **Split W by columns** — $W = [W_1 \dots W_p]$ (`W[K, N_X]`): $y = [xW_1 \dots xW_p]$. Each device computes a
+#    column block of $y$ on its own; the blocks are *concatenated*. **No communication.**
 # 2. **Split W by rows and x by columns** — $W = [W_1; \dots; W_p]$, $x = [x_1 \dots x_p]$ (`x[M, K_X]`,
-#    `W[K_X, N]`): $Y = \sum_i x_i W_i$. Each device holds a full-size *partial sum* `Y{U_X}`; the partial sums
+#    `W[K_X, N]`): $y = \sum_i x_i W_i$. Each device holds a full-size *partial sum* `y{U_X}`; the partial sums
 #    must be *added*: **one all-reduce of m·n elements per device** (none when p = 1: nothing to add).
 #
 # We check each rule four ways, every view at the same p: the **formula** (this algebra), the **ledger** (per-rank
@@ -148,7 +149,7 @@ pd.concat(tables, ignore_index=True)
 
 # %% [markdown]
 # When n does not split evenly over p (say n = 10 over 4), XLA pads every column block to ⌈n/p⌉ and — measured on
-# both compilers — hands the unevenly split Y back whole, through an all-gather: the table then shows that
+# both compilers — hands the unevenly split y back whole, through an all-gather: the table then shows that
 # collective in the compiler columns, marked "not compared", with the reason. The row rule's partial sums are
 # full-size whatever the split of k, so an uneven k changes nothing there.
 
@@ -179,9 +180,10 @@ harness.memory_frame({"cpu (buffer assignment)": compiler["row"], "tpu (compiled
 # %% [markdown]
 # ## 6 · What element type the partial sums travel in
 # The tables above compare what the views agree on. One thing they legitimately do not: with `dtype="bfloat16"`,
-# XLA:CPU has no bf16 arithmetic, so its float-normalization pass computes the dot in f32 and all-reduces the f32
-# partial sums (`to_apply=%add.clone_promoted` in the HLO), converting back to bf16 afterwards — twice the bytes.
-# The TPU adds bf16 partial sums in bf16. The formula takes the device kind (`reduction_dtype(dtype, kind)`) and
+# XLA:CPU's pipeline computes bf16 in f32 — its float-normalisation pass upcasts every bf16 operation (the dot,
+# the all-reduce, even an elementwise product are f32 in the optimized program; a choice of this compiler's
+# passes, not a missing instruction) — so it all-reduces the f32 partial sums (`to_apply=%add.clone_promoted` in
+# the HLO) and converts back to bf16 afterwards: twice the bytes. The TPU adds bf16 partial sums in bf16. The formula takes the device kind (`reduction_dtype(dtype, kind)`) and
 # predicts each compiler's element type and bytes; this table checks each compiler against its own prediction
 # (in float32 both columns say f32).
 
@@ -203,6 +205,53 @@ pd.concat(carried, ignore_index=True)
 # from the same annotations; only the element type the sum travels in depends on the hardware.
 
 # %% [markdown]
+# ## 7 · Four sharded-matmul cases, and the one that breaks 2-D gradients
+# Sections 1–6 split one operand at a time over one mesh axis. With *both* operands annotated on a 2-D mesh the
+# partitioner meets four situations (*How to Scale Your Model*, part 3), named in the notation of notebook 00:
+# `A[I_X, J]` is A with its rows split over mesh axis X. On a mesh (X 2, Y 4) of 8 devices — two axes of different
+# sizes, so a collective's group size says which axis it runs over — with A [I, J], B [J, K] (`matmul` = (I, J, K)):
+#
+# 1. **No contracting dimension split** — `A[I_X, J]·B[J, K_Y] = C[I_X, K_Y]`: every device multiplies its blocks;
+#    nothing to send.
+# 2. **One operand's contracting dimension split** — `A[I, J_X]·B[J, K]`: A must be gathered over X first.
+# 3. **Both contracting dimensions split over the same axis** — `A[I, J_X]·B[J_X, K] = C{U_X}`: every device forms a
+#    full-size partial sum (section 2's row rule), added by an all-reduce over X (or a reduce-scatter, if C may stay
+#    split).
+# 4. **Both non-contracting dimensions want the same axis** — `A[I_X, J]·B[J, K_X]`: `C[I_X, K_X]` is not a tiling
+#    (each device would need a block of C whose rows and columns both vary with X), so one operand is gathered and C
+#    keeps one X.
+#
+# **The case that combines 3 and 4** is the weight gradient of a 2-D sharded model whose activations are split over
+# the tensor axis too: `A[M_X, N_Y]·B[N_Y, M_X]` (the seed of notebook 06, pytorch/xla#8883, with X = tensor and Y =
+# fsdp). The contracted N takes Y with it — partial sums over Y — and C can keep X on only one of its two M's. Left
+# to itself (case 5) the partitioner gathers B over X and all-reduces over Y, leaving `C[M_X, M]`: 1-D, every Y
+# device holding the same copy. Asked for `C[M_X, M_Y]` (case 5b — what `shard_as` asks for in notebook 06) it
+# finishes the sum with a reduce-scatter over Y instead, and C is 2-D: |Y| = 4 times smaller per device.
+#
+# The formula column holds what the algebra fixes (C's elements per device, which collectives, their payload and
+# group size); case 4 fixes only that one operand is gathered — which one, and over which axis, is the
+# partitioner's choice. The last table lists what each compiler emitted.
+
+# %%
+matmuls = bc.matmul_cases(p)
+matmul_views = {name: harness.views(c, ("formula", "hlo", "tpu")) for name, c in matmuls.items()}
+display(pd.concat([harness.record(rec, "blocks.matmul", *v, show=False) for v in matmul_views.values()],
+                  ignore_index=True))
+bc.matmul_table(matmuls, {name: v[1:] for name, v in matmul_views.items()})
+
+# %% [markdown]
+# **Reading the tables.** Cases 1–3 are sections 1–2 again on a 2-D mesh. Case 4: both partitioners keep A's X and
+# gather B — measured: first re-sharding B from X onto Y (a collective-permute), then gathering the smaller Y shards
+# over Y's 4 devices. Case 5 is 3 and 4 at once: a gather over X (the conflict) *and* a partial sum over Y (the
+# contraction), and C comes out 1-D. Case 5b changes only what is asked of C, and with it the collective that
+# finishes the sum: XLA:TPU emits a reduce-scatter over Y; XLA:CPU writes the same sum as an all-reduce followed by
+# a `dynamic-slice` (its passes never turn that pair into a reduce-scatter; notebook 00), counted here as the
+# reduce-scatter it implements. XLA:TPU gathers its f32 operands in bf16 (its default matmul precision rounds f32
+# inputs of a dot to bf16 first), so its all-gather bytes are half XLA:CPU's and the elements are compared instead.
+# At smaller sizes XLA:TPU also picks other forms for case 5b's sum (an all-reduce + dynamic-slice at I = 32,
+# collective-permutes at I = 16; measured with libtpu 0.0.21): set `matmul` and see.
+
+# %% [markdown]
 # ## Exercises
 # Write your answer into the variable and run the cell: the grader says right or gives a hint.
 #
@@ -215,6 +264,10 @@ pd.concat(carried, ignore_index=True)
 #    string XLA prints for W.
 # 5. Predict it, then check the HLO: how many collectives does the compiler emit for the column rule when W's
 #    columns split evenly over the p devices? (The grader compiles such a product at this notebook's p and counts.)
+# 6. Code (an annotation): section 7's case 5 leaves C 1-D. Write the annotation that makes it 2-D — the spec
+#    `answer_6` that `xs.mark_sharding(c, mesh, answer_6)` gets for C [M, M] on the mesh (X 2, Y 4): a tuple with one
+#    entry per dim of C, each a mesh axis name or None. The grader compiles case 5 at the default sizes with C
+#    annotated by your spec and counts C's elements per device.
 
 # %%
 from shardlab.exercises import Exercises
@@ -225,8 +278,10 @@ answer_2 = None  # [group size, groups]
 answer_3 = None  # [cpu bytes, tpu bytes]
 answer_4 = None  # a string like "{devices=[...]...}"
 answer_5 = None  # a count
+answer_6 = None  # a spec for C, e.g. ("X", None)
 for i, a in enumerate((answer_1, answer_2, answer_3, answer_4), start=1):
     ex.show(i, a)
+ex.show(6, answer_6)
 even = bc.BlockCase(replace(p, m=8, k=max(8, p.parts), n=4 * p.parts, dtype="float32"), "column")  # even split
 col_count = bc.measured("col.collective.count", harness.tpu(even), harness.hlo(even))
 if col_count is None:  # both compiler views skipped (e.g. an odd p that neither this world nor a TPU slice has)
@@ -246,6 +301,9 @@ else:
 #    `last_tile_dim_replicate`. The ids in `(c, r)` order from the mesh `[[0,1],[2,3]]`: 0,2 then 1,3.
 # 5. None: x is replicated — every device already has all of it — and each output column block depends only on
 #    its own W block.
+# 6. `("X", "Y")` (or `("Y", "X")`): each dim of C on its own axis, so each of the 8 devices holds a different
+#    [M/2, M/4] block — 512 elements at the defaults instead of case 5's 2048. The partitioner then finishes the
+#    Y partial sums with a reduce-scatter instead of an all-reduce.
 # </details>
 
 # %%

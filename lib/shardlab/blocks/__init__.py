@@ -5,13 +5,13 @@ three collectives; :mod:`shardlab.blocks.case` answers "what does this split com
 ledger, CPU compiler, TPU compiler); :mod:`shardlab.blocks.ring` runs the ring schedule of the collectives step by
 step; :mod:`shardlab.blocks.tiles` predicts and reads XLA's sharding strings (which device holds which block).
 
-Notation (00_welcome): x is m×k, W is k×n, Y = xW; ``A[I_X, J_Y]`` means A's rows split over mesh axis X
+Notation (00_welcome): x is m×k, W is k×n, y = xW; ``A[I_X, J_Y]`` means A's rows split over mesh axis X
 and columns over Y; ``{U_X}`` marks a partial sum still to be reduced over X.
 
-- :func:`column_parallel` — ``W = [W_1 … W_p]`` (``W[K, N_X]``): ``Y = [xW_1 … xW_p]``; pieces are
+- :func:`column_parallel` — ``W = [W_1 … W_p]`` (``W[K, N_X]``): ``y = [xW_1 … xW_p]``; pieces are
   concatenated, nothing is summed.
 - :func:`row_parallel` — ``W = [W_1; …; W_p]`` (``W[K_X, N]``) with ``x = [x_1 … x_p]`` (``x[M, K_X]``):
-  ``Y = Σ_i x_i W_i``; each piece is a full m×n partial sum ``Y{U_X}``.
+  ``y = Σ_i x_i W_i``; each piece is a full m×n partial sum ``y{U_X}``.
 - :func:`grid_parallel` — SUMMA-style 2-D grid: x in (p_r × q) blocks, W in (q × p_c) blocks,
   ``Y_ij = Σ_l x_il W_lj``.
 - :func:`col_rank` / :func:`row_rank` — what rank r of p runs for the column / row split (``fn(comm, x, W)``,
@@ -113,12 +113,12 @@ def grid_parallel(x: torch.Tensor, w: torch.Tensor, grid: tuple[int, int], k_par
 
 
 def column_parallel(x: torch.Tensor, w: torch.Tensor, parts: int) -> BlockProduct:
-    """``Y = x[W_1 … W_p] = [xW_1 … xW_p]``: concatenate the pieces (no reduction)."""
+    """``y = x[W_1 … W_p] = [xW_1 … xW_p]``: concatenate the pieces (no reduction)."""
     return grid_parallel(x, w, (1, parts), k_parts=1)
 
 
 def row_parallel(x: torch.Tensor, w: torch.Tensor, parts: int) -> BlockProduct:
-    """``Y = [x_1 … x_p][W_1; …; W_p] = Σ_i x_i W_i``: sum the partial products (an all-reduce)."""
+    """``y = [x_1 … x_p][W_1; …; W_p] = Σ_i x_i W_i``: sum the partial products (an all-reduce)."""
     return grid_parallel(x, w, (1, 1), k_parts=parts)
 
 
@@ -131,13 +131,13 @@ def owner_map(n_rows: int, n_cols: int, row_parts: int, col_parts: int) -> list[
 
 # ------------------------------------------------------------------------------------------- per-rank code
 def col_rank(comm: Comm, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """Column rule, rank r: Y's column block r is x @ W_r — no collective."""
+    """Column rule, rank r: y's column block r is x @ W_r — no collective."""
     w_r = split_cols(w, comm.world_size)[comm.rank]  # [k, n_r]
     return x @ w_r  # [m, n_r]
 
 
 def row_rank(comm: Comm, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """Row rule, rank r: the partial sum x_r @ W_r (full size, Y{U}), then one all-reduce adds them."""
+    """Row rule, rank r: the partial sum x_r @ W_r (full size, y{U}), then one all-reduce adds them."""
     x_r = split_cols(x, comm.world_size)[comm.rank]  # [m, k_r]
     w_r = split_rows(w, comm.world_size)[comm.rank]  # [k_r, n]
     return comm.all_reduce(x_r @ w_r)  # [m, n]: Σ_r x_r W_r

@@ -5,7 +5,7 @@ Design
 Each case holds its notebook's parameters ``p`` (:mod:`shardlab.params`: ``BlocksParams`` for 01,
 ``WelcomeParams`` for 00) and the variant it shows; :mod:`shardlab.harness` runs it through the four views::
 
-    BlockCase(p, rule)                   Y = x W over p = parts blocks, one per device, split by `rule`:
+    BlockCase(p, rule)                   y = x W over p = parts blocks, one per device, split by `rule`:
                                          column (W by columns: no collective), row (x by columns, W by rows: one
                                          all-reduce of the m×n partial sums over p devices), grid (p devices as a
                                          (2, p/2) grid: one all-reduce of an (m/2)×n partial within each group of
@@ -34,6 +34,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import pandas as pd
 import torch
 import torch_xla  # blocks.case is imported after runtime.setup() (the notebooks' order)
 import torch_xla.distributed.spmd as xs
@@ -113,10 +114,10 @@ def _read_op(view: View, module: HloModule, phase: str, op: str, reduce_scatter:
     return view
 
 
-# ---------------------------------------------------------------------------------------- notebook 01: Y = xW
+# ---------------------------------------------------------------------------------------- notebook 01: y = xW
 @dataclass(frozen=True)
 class BlockCase(Case):
-    """``Y = x W`` (x: [m, k], W: [k, n]) split over ``p.parts`` blocks = devices by ``rule``."""
+    """``y = x W`` (x: [m, k], W: [k, n]) split over ``p.parts`` blocks = devices by ``rule``."""
 
     size_name: ClassVar[str] = "parts"
     mesh_text: ClassVar[str] = "(copies, blocks) = (num_devices / parts, parts)"
@@ -191,13 +192,13 @@ class BlockCase(Case):
     def parity(self, source: str, got: list[torch.Tensor] | list[list[torch.Tensor]], ref: torch.Tensor) -> Checks:
         dt, k, name = self.p.dtype, self.p.k, f"parity.{source}.{self.phase}"
         if source == "hlo":
-            return {name: (_close(got[0], ref, dt, k), "XLA's Y == x @ W")}
+            return {name: (_close(got[0], ref, dt, k), "XLA's y == x @ W")}
         if self.rule == "column":
             return {name: (_close(torch.cat(got, dim=1), ref, dt, k), "the column blocks, concatenated, == x @ W")}
         if self.rule == "row":
-            return {name: (all(_close(y, ref, dt, k) for y in got), "every rank's Y == x @ W")}
+            return {name: (all(_close(y, ref, dt, k) for y in got), "every rank's y == x @ W")}
         return {name: (all(_close(torch.cat([g[j] for g in got], dim=0), ref, dt, k) for j in range(self.ranks)),
-                       "every rank's row block of Y, stacked over the row groups, == x @ W")}
+                       "every rank's row block of y, stacked over the row groups, == x @ W")}
 
     def ledger_extra(self, view: View, ledger: Ledger, results: list[Any]) -> View:
         if self.rule == "column":
@@ -234,13 +235,13 @@ class BlockCase(Case):
             view.add("col.collective.count", len(colls), "count")
             if p.n % p.parts == 0:
                 view.checks[f"{src}.col.no_collective"] = (not colls, f"collectives: {[c.op for c in colls] or 'none'}")
-            else:  # measured on both compilers: an unevenly split Y comes back whole, through an all-gather
+            else:  # measured on both compilers: an unevenly split y comes back whole, through an all-gather
                 gathers = [c for c in colls if c.op == "all-gather"]
                 view.checks[f"{src}.col.only_output_gather"] = (
                     len(gathers) == len(colls), f"n={p.n} over p={p.parts}: collectives {[c.op for c in colls]}")
                 if colls:
                     view.differs["col.collective.count"] = (
-                        f"the {src} program all-gathers Y ({sum(c.operand_bytes for c in gathers)} B per device): "
+                        f"the {src} program all-gathers y ({sum(c.operand_bytes for c in gathers)} B per device): "
                         f"n={p.n} columns do not split evenly over p={p.parts}, and XLA hands the unevenly split "
                         "result back whole")
         else:
@@ -398,3 +399,150 @@ class CollectiveCase(Case):
 
     def read(self, view: View, module: HloModule) -> View:
         return _read_op(view, module, self.phase, self.op, reduce_scatter=self.op == "reduce_scatter")
+
+
+# ------------------------------------------------------------------- notebook 01: sharded matmuls on (X, Y)
+MATMUL_MESH = (2, 4)  # (X, Y): distinct sizes, so a collective's group size names its axis
+MATMUL_SPECS: dict[str, tuple[str, tuple[str | None, ...], tuple[str | None, ...], tuple[str, ...] | None]] = {
+    # case: (what it shows, A's spec, B's spec, C's spec asked for or None); A [I, J], B [J, K] (5, 5b: [J, I])
+    "1": ("A[I_X, J] · B[J, K_Y]: no contracting dim split", ("X", None), (None, "Y"), None),
+    "2": ("A[I, J_X] · B[J, K]: one operand's contracting dim split", (None, "X"), (None, None), None),
+    "3": ("A[I, J_X] · B[J_X, K]: both contracting dims split", (None, "X"), ("X", None), None),
+    "4": ("A[I_X, J] · B[J, K_X]: both output dims want X", ("X", None), (None, "X"), None),
+    "5": ("A[M_X, N_Y] · B[N_Y, M_X]: 3 and 4 at once (the 2-D weight gradient)", ("X", "Y"), ("Y", "X"), None),
+    "5b": ("the same, C asked for as C[M_X, M_Y] (what shard_as asks)", ("X", "Y"), ("Y", "X"), ("X", "Y")),
+}
+
+
+def root_elements(module: HloModule) -> int:
+    """Elements per device of the program's (first) result: the entry computation's root."""
+    root = next(module.instructions[n] for n in module.computations[module.entry] if module.instructions[n].is_root)
+    return math.prod(root.shape[0].dims)
+
+
+@dataclass(frozen=True)
+class MatmulCase(Case):
+    """``C = A·B`` on the mesh (copies, X, Y) = (n / 8, 2, 4), annotated as matmul ``case`` (:data:`MATMUL_SPECS`;
+    sizes ``p.matmul`` = (I, J, K)): what the algebra fixes (``formulas.blocks.sharded_matmul``) against what each
+    partitioner emits. No per-rank program: the lesson is what the partitioners choose."""
+
+    mesh_text: ClassVar[str] = "(copies, X, Y) = (num_devices / 8, 2, 4)"
+
+    p: BlocksParams
+    case: str = "1"
+    ask: tuple[str | None, ...] | None = None  # C's spec asked for instead of the case's (an exercise's answer)
+
+    def __post_init__(self) -> None:
+        if self.case not in MATMUL_SPECS:
+            raise ValueError(f"case={self.case!r} is not one of {tuple(MATMUL_SPECS)}")
+        if self.ask is not None and (not isinstance(self.ask, tuple) or len(self.ask) != 2):
+            raise ValueError(f"ask={self.ask!r} must be a spec for the 2-D C: a tuple of two mesh axes or None")
+
+    @property
+    def phase(self) -> str:
+        return f"case{self.case}"
+
+    @property
+    def devices(self) -> int:
+        return math.prod(MATMUL_MESH)
+
+    def mesh_problem(self, num_devices: int) -> str | None:
+        n = self.devices
+        if num_devices % n:
+            return (f"the matmul mesh (X 2, Y 4) needs a multiple of {n} devices; this process has "
+                    f"num_devices={num_devices}")
+        return None
+
+    @property
+    def ops(self) -> tuple[str, ...]:  # type: ignore[override]
+        return tuple(k.removesuffix(".count") for k in self.formula_terms() if k.endswith(".count")
+                     and k != "collective.count")
+
+    @property
+    def cpu_reduce_scatter(self) -> bool:  # type: ignore[override]
+        return self.case == "5b"  # XLA:CPU's all-reduce + dynamic-slice is the reduce-scatter asked for
+
+    def formula_terms(self) -> dict[str, int]:
+        return F.sharded_matmul(self.case, *self.p.matmul, MATMUL_MESH, self.dtype)
+
+    def operands(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """A [I, J] and B [J, K] (cases 5, 5b: [J, I]), seeded, in the notebook's dtype."""
+        i, j, k = self.p.matmul
+        g = torch.Generator().manual_seed(self.p.seed + 7)
+        dt = getattr(torch, self.dtype)
+        return torch.randn(i, j, generator=g).to(dt), torch.randn(j, i if self.case in ("5", "5b") else k,
+                                                                   generator=g).to(dt)
+
+    def formula(self) -> View:
+        units = {"count": "count", "elements": "elements", "bytes": "bytes", "group_size": "devices"}
+        view = View("formula", detail=self.formula_terms())
+        for name, value in self.formula_terms().items():
+            view.add(f"{self.phase}.{name}", value, units[name.rsplit(".", 1)[1]])
+        return view
+
+    def oracle(self) -> torch.Tensor:
+        a, b = self.operands()
+        return a.double() @ b.double()
+
+    def parity(self, source: str, got: list[torch.Tensor], ref: torch.Tensor) -> Checks:
+        return {f"parity.hlo.{self.phase}": (_close(got[0], ref, self.dtype, self.p.matmul[1]), "XLA's C == A @ B")}
+
+    def graph(self) -> list[torch.Tensor]:
+        n = runtime.current().num_devices
+        mesh = runtime.mesh((n // self.devices, *MATMUL_MESH), ("copies", "X", "Y"))
+        _, a_spec, b_spec, c_spec = MATMUL_SPECS[self.case]
+        c_spec = self.ask if self.ask is not None else c_spec
+        a, b = (t.to(runtime.device()) for t in self.operands())  # created on the CPU, moved, then annotated
+        xs.mark_sharding(a, mesh, a_spec)
+        xs.mark_sharding(b, mesh, b_spec)
+        c = a @ b  # [I, K] (5, 5b: [I, I])
+        if c_spec is not None:
+            xs.mark_sharding(c, mesh, c_spec)
+        return [c]
+
+    def read(self, view: View, module: HloModule) -> View:
+        ph, colls = self.phase, list(module.collectives)
+        view.add(f"{ph}.C.elements", root_elements(module), "elements")
+        if not self.ops:
+            view.add(f"{ph}.collective.count", len(colls), "count")
+        for op in self.ops:
+            mine = [c for c in colls if c.op == op.replace("_", "-")
+                    or (op == "reduce_scatter" and self.cpu_reduce_scatter and c.feeds_dynamic_slice)]
+            sizes = sorted({c.group_size for c in mine})
+            if len(sizes) == 1:
+                view.add(f"{ph}.{op}.group_size", sizes[0], "devices")
+        permutes = [c for c in colls if c.op == "collective-permute"]
+        if self.case == "4":  # measured: both partitioners move B from X onto Y first, then gather over Y
+            view.add(f"{ph}.collective_permute.count", len(permutes), "count")
+        elif self.case == "5b" and permutes and not view.get(f"{ph}.reduce_scatter.count"):
+            for q in ("count", "bytes", "elements"):
+                view.differs[f"{ph}.reduce_scatter.{q}"] = (
+                    f"the {view.source} compiler sent the Y partial sums with {len(permutes)} collective-permutes "
+                    f"at these sizes (matmul={self.p.matmul}): a reduce-scatter decomposed, C still [M_X, M_Y]")
+        return view
+
+
+def matmul_cases(p: BlocksParams) -> dict[str, MatmulCase]:
+    """Notebook 01's sharded-matmul cases, in order."""
+    return {c: MatmulCase(p, c) for c in MATMUL_SPECS}
+
+
+def matmul_table(cases: dict[str, MatmulCase], compiled: dict[str, list[View]]) -> pd.DataFrame:
+    """What each partitioner emitted per case: its collectives (op, element type, per-device operand shape, the
+    mesh axis its groups run over) and C's per-device elements; one row per case and compiler that ran."""
+    rows = []
+    for name, case in cases.items():
+        what, a_spec, b_spec, c_spec = MATMUL_SPECS[name]
+        for v in compiled[name]:
+            if not v.ran:
+                continue
+            module = v.detail.module
+            shape = (module.num_partitions // case.devices, *MATMUL_MESH)
+            emitted = [f"{c.op} {c.dtype}{list(c.operand_shapes[0])} "
+                       + ("between device pairs" if c.op == "collective-permute" else
+                          f"over {tiles.group_axes(c.replica_groups, shape, ('copies', 'X', 'Y'))}")
+                       + (" + dynamic-slice" if c.feeds_dynamic_slice else "") for c in module.collectives]
+            rows.append({"case": name, "what": what, "C asked": str(c_spec) if c_spec else "free",
+                         "compiler": {"hlo": "XLA:CPU", "tpu": "XLA:TPU"}[v.source],
+                         "collectives": "; ".join(emitted) or "none", "C elements per device": root_elements(module)})
+    return pd.DataFrame(rows)

@@ -36,6 +36,7 @@ Example::
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Sequence
@@ -147,3 +148,26 @@ def owners(shape: Sequence[int], devices: np.ndarray) -> list[Any]:
     (rows, cols), (tr, tc) = shape, devices.shape[:2]
     br, bc = ceil_div(rows, tr), ceil_div(cols, tc)
     return [[tuple(int(d) for d in devices[r // br, c // bc]) for c in range(cols)] for r in range(rows)]
+
+
+def group_axes(groups: Sequence[Sequence[int]], mesh_shape: Sequence[int], axis_names: Sequence[str]) -> str:
+    """The mesh axes a collective's replica groups run over: the groups are the lines of the device-id array
+    along those axes. ``"+"``-joined names; ``"?"`` when the groups match no set of axes (or there are none).
+
+    >>> group_axes([[0, 4], [1, 5], [2, 6], [3, 7]], (2, 4), ("X", "Y"))
+    'X'
+    >>> group_axes([[0, 1, 2, 3], [4, 5, 6, 7]], (2, 4), ("X", "Y"))
+    'Y'
+    """
+    shape, names = tuple(mesh_shape), tuple(axis_names)
+    ids = np.arange(math.prod(shape)).reshape(shape)
+    want = {frozenset(int(d) for d in g) for g in groups}
+    if not want:
+        return "?"
+    for r in range(1, len(names) + 1):
+        for axes in itertools.combinations(range(len(names)), r):
+            rest = [a for a in range(len(names)) if a not in axes]
+            lines = ids.transpose(rest + list(axes)).reshape(-1, math.prod(shape[a] for a in axes))
+            if {frozenset(int(d) for d in line) for line in lines} == want:
+                return "+".join(names[a] for a in axes)
+    return "?"

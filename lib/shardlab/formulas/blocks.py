@@ -1,14 +1,14 @@
 """Block-matrix partitioning and the three basic collectives: what each must communicate (notebooks 00, 01).
 
-Notation (00_welcome): x is m×k, W is k×n, Y = xW, p devices (blocks), e bytes per element.
+Notation (00_welcome): x is m×k, W is k×n, y = xW, p devices (blocks), e bytes per element.
 
-- **Column split** ``W = [W_1 ... W_p]``: ``Y = [xW_1 ... xW_p]`` — every device owns a column block of Y,
+- **Column split** ``W = [W_1 ... W_p]``: ``y = [xW_1 ... xW_p]`` — every device owns a column block of y,
   no collective (the concatenation is only a layout).
-- **Row split** ``W = [W_1; ...; W_p]`` with ``x = [x_1 ... x_p]`` by columns: ``Y = Σ_i x_i W_i`` — every
+- **Row split** ``W = [W_1; ...; W_p]`` with ``x = [x_1 ... x_p]`` by columns: ``y = Σ_i x_i W_i`` — every
   device holds an unreduced m×n partial sum; one all-reduce over the p devices, payload m·n·e per device
   (none when p = 1: there is nothing to add).
 - **2-D grid** on a (p_r × p_c) mesh, x by (rows over p_r, k over p_c), W rows (k) over p_c: device (i, j)
-  holds the partial ``x_ij W_j`` of Y's row block i; one all-reduce within each group of p_c devices,
+  holds the partial ``x_ij W_j`` of y's row block i; one all-reduce within each group of p_c devices,
   payload (m/p_r)·n·e per device.
 
 The element type ``e`` is the one the reduction carries, which depends on the compiler: pass
@@ -35,7 +35,7 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 
 
 def col_split_collectives() -> int:
-    """Collectives needed by a column split of W (Y = [xW_1 ... xW_p])."""
+    """Collectives needed by a column split of W (y = [xW_1 ... xW_p])."""
     return 0
 
 
@@ -86,3 +86,61 @@ def collective(op: str, numel: int, world_size: int, dtype: Any = "float32") -> 
         return {"count": 0, "bytes": 0, "wire_bytes": 0.0, "group_size": 1}
     payload = numel * dtype_bytes(dtype)
     return {"count": 1, "bytes": payload, "wire_bytes": wire_bytes(op, payload, world_size), "group_size": world_size}
+
+
+# ------------------------------------------------------------------------------ sharded matmuls on a 2-D mesh
+MATMUL_CASES = ("1", "2", "3", "4", "5", "5b")
+"""The scaling book's cases (How to Scale Your Model, part 3) for C = A·B on a mesh (X, Y), plus the conflict::
+
+    1   A[I_X, J] · B[J, K_Y]   no contracting dim split        C[I_X, K_Y], nothing to send
+    2   A[I, J_X] · B[J, K]     one contracting dim split       all-gather A over X, then C[I, K]
+    3   A[I, J_X] · B[J_X, K]   both contracting dims split     C{U_X}: all-reduce over X
+    4   A[I_X, J] · B[J, K_X]   both output dims on X           not a tiling: gather one operand; C keeps one X
+    5   A[M_X, N_Y] · B[N_Y, M_X]   3 and 4 at once             gather B over X, all-reduce over Y: C[M_X, M], 1-D
+    5b  the same, C asked for as C[M_X, M_Y]                  gather B over X, reduce-scatter over Y: 2-D
+
+Case 5 is the weight gradient of a 2-D sharded model whose activations are split over the tensor axis too
+(pytorch/xla#8883): the contracted N takes Y with it (partial sums over Y), and the result can keep X on one of
+its two M's only.
+"""
+
+
+def sharded_matmul(case: str, i: int, j: int, k: int, mesh: tuple[int, int] = (2, 4),
+                   dtype: Any = "float32") -> dict[str, int]:
+    """What the algebra fixes for matmul ``case`` (:data:`MATMUL_CASES`) with A [i, j], B [j, k] (cases 5, 5b:
+    B [j, i]) on a mesh (X, Y) = ``mesh``: ``C.elements`` (C's elements per device) and, per collective,
+    ``<op>.count`` and — where the rule fixes them — ``<op>.elements`` / ``.bytes`` (payload per device) and
+    ``.group_size``. Case 4 fixes only that one operand is gathered: which one, and over which axis, is the
+    partitioner's choice. A case without a collective gives ``collective.count`` 0.
+
+    >>> sharded_matmul("5", 64, 128, 32)["C.elements"], sharded_matmul("5b", 64, 128, 32)["C.elements"]
+    (2048, 512)
+    >>> sharded_matmul("5", 64, 128, 32)["all_reduce.group_size"]   # the partial sums run over Y
+    4
+    """
+    if case not in MATMUL_CASES:
+        raise ValueError(f"case={case!r} is not one of {MATMUL_CASES}")
+    _positive(i=i, j=j, k=k, X=mesh[0], Y=mesh[1])
+    x, y = mesh
+    e = dtype_bytes(dtype)
+
+    def op(name: str, elements: int | None, group: int | None) -> dict[str, int]:
+        out = {f"{name}.count": 1}
+        if elements is not None:
+            out |= {f"{name}.elements": elements, f"{name}.bytes": elements * e}
+        if group is not None:
+            out[f"{name}.group_size"] = group
+        return out
+
+    if case == "1":
+        return {"C.elements": (i // x) * (k // y), "collective.count": 0}
+    if case == "2":
+        return {"C.elements": i * k} | op("all_gather", i * (j // x), x)  # A's shard gathered over X
+    if case == "3":
+        return {"C.elements": i * k} | op("all_reduce", i * k, x)  # full-size partial sums over X
+    if case == "4":
+        return {"C.elements": (i // x) * k} | op("all_gather", None, None)  # one operand gathered, one X kept
+    gather = op("all_gather", (j // y) * (i // x), x)  # B's [j/Y, i/X] shard over X: C keeps A's X
+    if case == "5":
+        return {"C.elements": (i // x) * i} | gather | op("all_reduce", (i // x) * i, y)
+    return {"C.elements": (i // x) * (i // y)} | gather | op("reduce_scatter", (i // x) * i, y)

@@ -1,4 +1,4 @@
-"""Pictures for notebook 01: which device holds which block of x, W and Y, and an explorer that redraws.
+"""Pictures for notebook 01: which device holds which block of x, W and y, and an explorer that redraws.
 
 ``split_figure`` draws three heatmaps of owner ids (device colours from :mod:`shardlab.viz.common`, grey =
 replicated). ``explorer`` builds ipywidgets sliders (m, k, n, parts, split kind) that redraw the figure and
@@ -29,7 +29,7 @@ def _grid_shape(parts: int) -> tuple[int, int]:
 
 
 def owners(m: int, k: int, n: int, parts: int, kind: str) -> dict[str, list[list[int]]]:
-    """Owner-id maps for x, W and Y (−1 = replicated on every device)."""
+    """Owner-id maps for x, W and y (−1 = replicated on every device)."""
     if kind not in KINDS:
         raise ValueError(f"kind={kind!r} must be one of {KINDS}")
 
@@ -37,21 +37,21 @@ def owners(m: int, k: int, n: int, parts: int, kind: str) -> dict[str, list[list
         return [[-1] * c for _ in range(r)]
 
     if kind == "column":
-        return {"x": rep(m, k), "W": blocks.owner_map(k, n, 1, parts), "Y": blocks.owner_map(m, n, 1, parts)}
+        return {"x": rep(m, k), "W": blocks.owner_map(k, n, 1, parts), "y": blocks.owner_map(m, n, 1, parts)}
     if kind == "row":
-        return {"x": blocks.owner_map(m, k, 1, parts), "W": blocks.owner_map(k, n, parts, 1), "Y": rep(m, n)}
+        return {"x": blocks.owner_map(m, k, 1, parts), "W": blocks.owner_map(k, n, parts, 1), "y": rep(m, n)}
     pr, pc = _grid_shape(parts)
     y = [[pc * i for i in row] for row in blocks.owner_map(m, n, pr, 1)]  # row block i: group of devices i*pc..
-    return {"x": blocks.owner_map(m, k, pr, pc), "W": blocks.owner_map(k, n, pc, 1), "Y": y}
+    return {"x": blocks.owner_map(m, k, pr, pc), "W": blocks.owner_map(k, n, pc, 1), "y": y}
 
 
 def split_figure(m: int, k: int, n: int, parts: int, kind: str) -> Any:
-    """Three heatmaps: x (m×k), W (k×n), Y (m×n), coloured by owning device."""
+    """Three heatmaps: x (m×k), W (k×n), y (m×n), coloured by owning device."""
     own = owners(m, k, n, parts, kind)
     notes = {
-        "column": ("x: replicated", "W = [W_1 … W_p]<br>by columns", "Y = [xW_1 … xW_p]<br>concatenate, no collective"),
-        "row": ("x = [x_1 … x_p]<br>by columns", "W = [W_1; …; W_p]<br>by rows", "Y = Σ x_i W_i<br>one all-reduce"),
-        "grid": ("x by (mesh rows,<br>mesh cols)", "W rows over<br>mesh cols", "Y row blocks:<br>all-reduce per row"),
+        "column": ("x: replicated", "W = [W_1 … W_p]<br>by columns", "y = [xW_1 … xW_p]<br>concatenate, no collective"),
+        "row": ("x = [x_1 … x_p]<br>by columns", "W = [W_1; …; W_p]<br>by rows", "y = Σ x_i W_i<br>one all-reduce"),
+        "grid": ("x by (mesh rows,<br>mesh cols)", "W rows over<br>mesh cols", "y row blocks:<br>all-reduce per row"),
     }[kind]
     fig = make_subplots(rows=1, cols=3, subplot_titles=notes, column_widths=[k, n, n], horizontal_spacing=0.06)
     n_dev = parts
@@ -59,7 +59,7 @@ def split_figure(m: int, k: int, n: int, parts: int, kind: str) -> Any:
     for d in range(n_dev):
         lo, hi = (d + 1) / (n_dev + 1), (d + 2) / (n_dev + 1)
         scale += [[lo, device_color(d)], [hi, device_color(d)]]
-    for col, name in enumerate(("x", "W", "Y"), start=1):
+    for col, name in enumerate(("x", "W", "y"), start=1):
         z = own[name]
         text = [["replicated" if v < 0 else f"device {v}" for v in row] for row in z]
         fig.add_trace(go.Heatmap(z=z, zmin=-1, zmax=n_dev - 1, colorscale=scale, showscale=False, text=text,
