@@ -185,10 +185,18 @@ class BlocksParams(NotebookParams):
     n: int = 32  # W is k×n
     parts: int = 4  # p, the number of blocks and of devices in the split; the 2-D grid is 2 by p/2
     dtype: str = "float32"  # "float32" or "bfloat16"
+    matmul: tuple = (64, 128, 32)  # I, J, K of section 7's sharded matmuls A[I, J]·B[J, K] on the (X 2, Y 4) mesh
 
     def checks(self) -> None:
         for name in ("m", "k", "n", "parts"):
             positive_int(name, getattr(self, name))
+        if not isinstance(self.matmul, list | tuple) or len(self.matmul) != 3:
+            raise ValueError(f"matmul={self.matmul!r} must be three positive ints (I, J, K)")
+        for name, v, d in zip("IJK", self.matmul, (8, 4, 4), strict=True):
+            positive_int(f"matmul {name}", v)
+            if v % d:
+                raise ValueError(f"matmul={tuple(self.matmul)}: {name}={v} is not divisible by {d} (on the (X 2, Y 4) "
+                                 f"mesh {name} is split over {'X and Y' if name == 'I' else 'Y'})")
         one_of("dtype", self.dtype, DTYPES)
         for name in ("k", "n"):
             if self.parts > getattr(self, name):
