@@ -16,8 +16,8 @@ from report_fakes import fake_notebook
 
 from shardlab.__main__ import main
 from shardlab.report import sweep as sw
+from shardlab.report.charts import charts
 from shardlab.report.notebooks import ReportInputError, find_notebooks
-from shardlab.report.sweep_charts import charts
 
 
 def test_grid_is_the_cartesian_product_in_order() -> None:

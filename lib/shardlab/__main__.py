@@ -132,9 +132,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    from shardlab.report.charts import charts, write_charts
     from shardlab.report.notebooks import find_notebooks, resolve_name
     from shardlab.report.sweep import match_names, run_sweep
-    from shardlab.report.sweep_charts import charts, write_charts
 
     nb_dir = args.notebooks_dir or ROOT / "notebooks"
     nb = resolve_name(args.notebook, find_notebooks(nb_dir))
@@ -154,7 +154,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
           f"{len(bad)} failed, {res.wall_s:.1f} s")
     for p in bad:
         print(f"  {p.status}: {p.dir.name}: {p.message}  (log: {p.dir / 'papermill.log'})")
-    print(f"table: {res.table}" + (f" and {res.parquet}" if res.parquet else "") + f"\ncharts: {out / 'charts.html'}")
+    print(f"table: {res.table}\ncharts: {out / 'charts.html'}")
     return EXIT_FAILED if bad else EXIT_OK
 
 

@@ -5,11 +5,11 @@ Modules, from the bottom of the import graph up (each imports only modules above
 ``notebooks``      find notebooks, read their parameters cell (the one parser), refuse runner-owned ``-p``
 ``execute``        one execution: papermill in a process of its own, a timeout, the failure read back
 ``baseline``       structural exact / timing band comparison with ``data/baselines/<profile>.json``
-``charts``         the report's curves, drawn from what the notebooks recorded
+``charts``         the report's curves drawn from the records; a sweep table's charts
 ``datatypes``      options, per-notebook results, the report, ``EXIT_*``
 ``nbhtml``         an executed notebook as offline HTML
 ``rundir``         the report's output directory and manifest
-``sweep`` + ``sweep_charts``   the ``sweep`` command: one notebook over a grid, table and charts
+``sweep``          the ``sweep`` command: one notebook over a grid, table and charts
 ``html``           the report page
 ``runner``         the ``report`` command
 

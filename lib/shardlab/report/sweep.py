@@ -6,7 +6,7 @@ A sweep directory belongs to one notebook::
 
     DIR/sweep.json                  {"schema", "notebook"} (a directory of another notebook is refused)
     DIR/points/<slug>/              one grid point: executed notebook, log, records/, point.json
-    DIR/table.csv (+ .parquet)      long table: one row per (point, measurement row of its record)
+    DIR/table.csv                   long table: one row per (point, measurement row of its record)
     DIR/charts.html                 plotly: any measurement vs any swept parameter (dropdown), offline
 
 A point is *complete* when its ``point.json`` says ``passed`` and its fingerprint still matches: SHA-256
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
-import importlib.util
 import itertools
 import json
 import re
@@ -33,13 +32,14 @@ import shutil
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from shardlab.report.charts import charts, write_charts
 from shardlab.report.execute import run
 from shardlab.report.notebooks import (
     REQUIRED_PARAMETERS,
@@ -48,7 +48,6 @@ from shardlab.report.notebooks import (
     check_params,
     check_runner_owned,
 )
-from shardlab.report.sweep_charts import charts, write_charts
 
 SWEEP_SCHEMA = "shardlab.sweep/1"
 PKG = Path(__file__).resolve().parents[1]
@@ -73,10 +72,8 @@ class SweepResult:
     points: list[Point]
     frame: pd.DataFrame             # the long table
     table: Path
-    parquet: Path | None
     charts: Path | None
     wall_s: float
-    figures: list[Any] = field(default_factory=list)
 
     @property
     def ran(self) -> int:
@@ -220,16 +217,12 @@ def run_sweep(nb: NotebookInfo, axes: Mapping[str, Sequence[Any]], out: Path, *,
     frame = table(points, list(axes), name_params)
     csv = out / "table.csv"
     frame.to_csv(csv, index=False)
-    parquet = None
-    if importlib.util.find_spec("pyarrow") is not None:
-        parquet = out / "table.parquet"
-        frame.to_parquet(parquet, index=False)
-    result = SweepResult(nb.stem, out, {k: list(v) for k, v in axes.items()}, points, frame, csv, parquet, None,
+    result = SweepResult(nb.stem, out, {k: list(v) for k, v in axes.items()}, points, frame, csv, None,
                          time.monotonic() - started)
     if render:
         xs = [a for a in axes if len(axes[a]) > 1] + list(name_params or {})
-        result.figures = [fig for x in xs for fig in charts(frame, x)]
-        result.charts = write_charts(result.figures, out / "charts.html", f"sweep of {nb.stem}")
+        figures = [fig for x in xs for fig in charts(frame, x)]
+        result.charts = write_charts(figures, out / "charts.html", f"sweep of {nb.stem}")
     return result
 
 
