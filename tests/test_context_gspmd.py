@@ -86,7 +86,7 @@ def test_allgather_cp_collectives(C) -> None:  # type: ignore[no-untyped-def]
     assert (len(ar), sum(c.operand_bytes for c in ar)) == (want["reduce_scatter"]["count"],
                                                            want["reduce_scatter"]["bytes"])
     assert all(c.group_size == 8 for c in m.collectives)
-    assert view["allgather.fwd_bwd.reduce_scatter.count"] == 2  # the harness counts the pair as a reduce-scatter
+    assert view["allgather.reduce_scatter.count"] == 2  # the harness counts the pair as a reduce-scatter
 
 
 def test_two_data_rows(C) -> None:  # type: ignore[no-untyped-def]
@@ -135,5 +135,5 @@ def test_tpu_compiler(C) -> None:  # type: ignore[no-untyped-def]
     s = ag.detail.module.summary()
     block = KV["batch"] * KV["seq"] // 8 * KV["kv_heads"] * KV["head_dim"]
     assert s["all-gather"]["count"] == 2 and s["all-gather"]["operand_bytes"] == 2 * block * 2  # bf16
-    assert ag["allgather.fwd_bwd.reduce_scatter.operands"] == 2 and ag["allgather.fwd_bwd.reduce_scatter.bytes"] \
+    assert ag["allgather.reduce_scatter.operands"] == 2 and ag["allgather.reduce_scatter.bytes"] \
         == 2 * 8 * block * 4  # one instruction carries the full dk and dv, f32

@@ -10,7 +10,7 @@ kv_heads = 2  # hkv: key/value heads (grouped-query attention when fewer than he
 head_dim = 16  # d
 causal = True  # causal mask (a decoder); False: every query sees every key
 layout = "zigzag"  # how the ring ranks hold the sequence: "contiguous" or "zigzag" (2·cp chunks)
-ulysses = True  # also DeepSpeed-Ulysses (all-to-alls; with kv_heads = heads when kv_heads < cp)
+ulysses = False  # also DeepSpeed-Ulysses (all-to-alls; with kv_heads = heads when kv_heads < cp)
 run_gloo = False  # also run the per-rank ring in cp real processes (torch.distributed, gloo)
 answers = None  # exercise answer key (the tests and the report inject it); leave None
 
@@ -94,12 +94,12 @@ memory
 # (`shardlab.context.allgather`) does the same with `comm.all_gather` and its reduce-scatter backward.
 
 # %%
-ag = {bw: AllGatherCase(p, backward=bw) for bw in (False, True)}
-ag_views = {bw: harness.views(c) for bw, c in ag.items()}
-display(harness.record(rec, "cp", *ag_views[False]))
-harness.record(rec, "cp", *ag_views[True])
+ag_views = harness.views(AllGatherCase(p, backward=True))  # forward + backward of (out * grad_out).sum()
+harness.record(rec, "cp", *ag_views)
 
 # %% [markdown]
+# The all-gathers are the forward's (`cp.allgather.*`), the reduce-scatters the backward's.
+#
 # **What each compiler emitted, and why.** XLA:CPU: two all-gathers of one block (the payload the formula names),
 # and — having no reduce-scatter instruction — one all-reduce of each full gradient cut to this device's share by a
 # dynamic-slice (counted as the reduce-scatter it implements). XLA:TPU (lines above): the all-gathers move **bf16**
@@ -188,17 +188,17 @@ harness.record(rec, "cp", *step_views)
 # the loop body is one program for every step.
 
 # %%
-mem = harness.memory_frame({"all-gather fwd (cpu)": ag_views[False][2], "ring fwd (cpu)": ring_views[2],
-                            "all-gather fwd (tpu)": ag_views[False][3], "ring fwd (tpu)": ring_views[3]})
-mem
+harness.memory_frame({"all-gather (cpu)": ag_views[2], "scan ring (cpu)": step_views[2],
+                      "all-gather (tpu)": ag_views[3], "scan ring (tpu)": step_views[3]})
 
 # %% [markdown]
-# Per-device memory of the forward programs (XLA:CPU's buffer assignment, XLA:TPU's compiled memory statistics). Do
-# not read the formula's lesson into it at these sizes: the all-gather's s/cp × s scores are only
-# b·hq·(s/cp)·s·e bytes here (section 1), while the unrolled ring's program keeps each of its cp steps'
-# intermediates and XLA:TPU pads every 16-wide array to its 128-lane tiles. The formula's terms are the ones that
-# grow: scores with s²/cp for all-gather CP against (s/cp)² per ring step, K/V held with s against 4·s/cp — raise
-# `seq` to watch the columns part.
+# Per-device memory of the two forward + backward programs (XLA:CPU's buffer assignment, XLA:TPU's compiled memory
+# statistics). The formula's lesson (section 1) is about what one step of attention holds; these programs also keep
+# what autograd saved for the backward — and autograd through the scan ring saves every visiting K/V block and each
+# step's intermediates, cp − 1 times over, which is exactly what the per-rank ring's hand-written backward avoids
+# by ringing K and V again (`RingCase(p, backward=True, scan=True, remat=True)` lets scan recompute instead). At
+# these sizes XLA:TPU's padding of 16-wide arrays to 128-lane tiles also weighs in: read the columns as what each
+# compiler allocated, and raise `seq` to see the terms that grow with it.
 
 # %% [markdown]
 # ## 5 · Causal balance: contiguous vs zig-zag
@@ -218,7 +218,6 @@ for row in balance:
     harness.agree(rec, f"cp.causal.max_over_mean_work.{row['layout']}", "ratio",
                   formula=fcp.max_over_mean(row["formula_elements"]), ledger=row["max_over_mean"])
 vcp.causal_figure(p.cp).show()
-vcp.work_figure(balance).show()
 pd.DataFrame([{"layout": r["layout"], "work per rank (counted)": r["elements"], "blocks per rank": r["blocks"],
                "max / mean": round(r["max_over_mean"], 4)} for r in balance])
 
@@ -234,21 +233,22 @@ pd.DataFrame([{"layout": r["layout"], "work per rank (counted)": r["elements"], 
 # Each device trades its s/cp positions of all heads for all s positions of hq/cp query heads and hkv/cp key/value
 # heads: one all-to-all each for q, k, v, dense attention per head group, one all-to-all back for the output —
 # 4 forward, 4 backward, payload b·(s/cp)·(2hq + 2hkv)·d·e per direction. Unlike the ring its traffic falls as
-# 1/cp, but cp cannot exceed the key/value heads. (`ulysses=False` skips this section.)
+# 1/cp, but cp cannot exceed the key/value heads. (Run with `ulysses=True`: forward and backward through the four
+# views.)
 
 # %%
 if p.ulysses:
     pu, why = ulysses_params(p)
     print(why)
-    if pu is not None:
-        for bw in (False, True):
-            display(harness.record(rec, "cp", *harness.views(UlyssesCase(pu, backward=bw))))
+    if pu is not None:  # forward + backward: the forward's 4 all-to-alls, then their 4 gradients
+        display(harness.record(rec, "cp", *harness.views(UlyssesCase(pu, backward=True))))
 
 # %% [markdown]
 # XLA:CPU writes each all-to-all as one array per destination device (a tuple of cp equal chunks — one all-to-all,
-# not cp combined ones). XLA:TPU issues every one synchronously and none combined; those whose result feeds a matmul
-# (q, k, v forward) travel in bf16, the others in f32 (the lines above each table list them) — its bytes differ, its
-# elements agree.
+# not cp combined ones). XLA:TPU issues every one synchronously and none combined; half of them travel in bf16 —
+# q, k, v and the output's gradient, each read next by a matmul at the default precision — and half in f32 (the
+# output, and dq, dk, dv on their way home; the line above the table lists them): its bytes differ, its elements
+# agree.
 
 # %% [markdown]
 # ### Explore

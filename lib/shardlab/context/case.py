@@ -32,8 +32,8 @@ measured reason). Two backwards exist: the per-rank ring's own (K/V travel again
     ring.fwd_bwd           forward + the per-rank ring backward             formula, ledger
     ring.spmd.fwd_bwd      forward + autograd's backward, unrolled          formula, hlo, tpu
     ring.scan.fwd_bwd      forward + autograd's backward inside scan        formula, hlo, tpu (+ while.trip_count)
-    allgather              forward all-gathers: count, bytes, elements      formula, ledger, hlo, tpu
-    allgather.fwd_bwd      all_gather.* and reduce_scatter.*                formula, ledger, hlo, tpu
+    allgather              the all-gathers (forward only): count, bytes,    formula, ledger, hlo, tpu
+                           elements; with backward also reduce_scatter.*
     ulysses[.fwd_bwd]      all_to_all.*                                     formula, ledger, hlo, tpu
 
 The model is float32; XLA:TPU reads the forward's K/V in bf16 (its default matmul precision) and moves them so:
@@ -126,7 +126,7 @@ class CpCase(Case):
             full = {n: unshard_sequence([r[n] for r in got], self.layout) for n in ref}
             what = "the ranks' rows, in sequence order"
         else:
-            full = {n: self.to_sequence(t) for n, t in zip(ref, got, strict=False)}
+            full = {n: self.to_sequence(t) for n, t in zip(ref, got, strict=True)}
             what = "the partitioned program's output"
         key = self.ledger_key if source == "ledger" else self.key
         return {f"parity.{source}.{key}.{n}": (
@@ -186,15 +186,15 @@ class AllGatherCase(CpCase):
 
     @property
     def key(self) -> str:
-        return "allgather.fwd_bwd" if self.backward else "allgather"
+        return "allgather"
 
     @property
     def phase(self) -> str:
         return self.key
 
     def renamed(self, view: View) -> View:
-        """The forward's ``allgather.all_gather.<q>`` -> the issue's ``allgather.<q>``."""
-        return view if self.backward else view.renamed(lambda n: n.replace("allgather.all_gather.", "allgather.", 1))
+        """``allgather.all_gather.<q>`` -> the issue's ``allgather.<q>`` (the backward adds no all-gather)."""
+        return view.renamed(lambda n: n.replace("allgather.all_gather.", "allgather.", 1))
 
     def formula(self) -> View:
         p = self.p

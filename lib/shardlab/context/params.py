@@ -39,7 +39,7 @@ class ContextParams(NotebookParams):
     head_dim: int = 16  # d
     causal: bool = True  # causal mask (a decoder); False: every query sees every key
     layout: str = "zigzag"  # how the ring ranks hold the sequence: "contiguous" or "zigzag" (2·cp chunks)
-    ulysses: bool = True  # also DeepSpeed-Ulysses (all-to-alls; with kv_heads = heads when kv_heads < cp)
+    ulysses: bool = False  # also DeepSpeed-Ulysses (all-to-alls; with kv_heads = heads when kv_heads < cp)
     run_gloo: bool = False  # also run the per-rank ring in cp real processes (torch.distributed, gloo)
 
     def checks(self) -> None:
