@@ -514,7 +514,7 @@ class FsdpGspmdParams(FsdpParamsBase):
 
 
 # Modules that declare notebook parameter dataclasses (light: no torch_xla at import).
-PARAM_MODULES = ("shardlab.params", "shardlab.expert.params", "shardlab.pipeline.params")
+PARAM_MODULES = ("shardlab.params", "shardlab.expert.params", "shardlab.pipeline.params", "shardlab.context.params")
 
 
 def notebook_params() -> dict[str, type[NotebookParams]]:
