@@ -69,7 +69,6 @@ from shardlab.views import View, traffic
 
 DTYPE = "float32"  # the model's element type (notebook 10 is float32 throughout)
 TOL = dict(rtol=2e-5, atol=2e-5)  # float32 summed in another order (blocks, devices): measured <= 4e-6
-NAMES = ("out", "grad_q", "grad_k", "grad_v")
 __all__ = ["AllGatherCase", "RingCase", "UlyssesCase", "gloo_run", "ulysses_params"]
 
 
