@@ -204,9 +204,10 @@ else:
 
 # %% [markdown]
 # **Interpretation** (measured at the default sizes). The MLP's forward all-reduce (g) and backward all-reduce (f)
-# are independent of each other in this graph (the output gradient is an *input*, as in notebook 02), so the TPU
-# combiner merges them into one tuple all-reduce — and it runs **synchronously**: no work independent of it is
-# left to do, so there is nothing to hide it behind. Overlap needs independent work; the next program has plenty.
+# stay two separate all-reduces, and both run **synchronously**: the loss ½‖out − target‖² (notebook 02's step)
+# makes the output gradient depend on g's result, f then needs the whole backward before it, and no work independent
+# of either is left to do — there is nothing to hide them behind. Overlap needs independent work; the next program
+# has plenty.
 #
 # ### 2.2 · An FSDP step, large enough to matter (compile-only: the inputs are placeholders)
 
