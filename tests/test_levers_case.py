@@ -110,3 +110,17 @@ def test_update_memory_by_hand() -> None:
     got = L.update_memory({"fused": mem(100, 90, 7, 80), "backward": mem(50, 60, 5), "update": mem(70, 40, 3)})
     assert got == {"temp": {"fused": 7, "separate": 5},
                    "peak": {"fused": 100 + 90 - 80 + 7, "separate": max(50 + 60 + 5, 70 + 40 + 3)}}
+
+
+@pytest.mark.xla
+@needs_tpu
+def test_update_and_toy_compile_replicated(xla_world) -> None:  # type: ignore[no-untyped-def]
+    p = replace(P_SMALL, big_layers=2, update_hidden=128, update_batch=16, optimizer="adam", toy_rows=256)
+    wu = {s: harness.tpu(L.UpdateCase(p, s)) for s in ("fused", "backward", "update")}
+    w = L.UpdateCase(p).weight_bytes  # 2 x [128, 128] bf16
+    # the update graph takes weights, gradients and Adam's two moments — 4 x the weights — plus the step's Python
+    # scalars, which torch_xla passes as device-data parameters (a few small padded buffers)
+    assert 4 * w <= wu["update"].detail.memory.argument < 4 * w + 4096
+    assert wu["backward"].detail.memory.output >= w  # the separate backward hands every gradient out
+    toy = harness.tpu(L.OrderToyCase(p))
+    assert toy.ran and toy.detail.memory is not None and L.OrderToyCase(p).unit_bytes == 256 * 256 * 2

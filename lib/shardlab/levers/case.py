@@ -79,6 +79,7 @@ class LeversCase(Case):
 
     size_name: ClassVar[str] = "num_devices"
     mesh_text: ClassVar[str] = "one mesh over every device"
+    replicated: ClassVar[bool] = False  # True: no mesh, the program compiles for any device count
 
     p: LeversParams
 
@@ -88,7 +89,7 @@ class LeversCase(Case):
 
     def mesh_problem(self, num_devices: int) -> str | None:
         """The program's mesh spans ``devices`` exactly (a replicated program: any device count)."""
-        if self.devices != num_devices:
+        if not self.replicated and self.devices != num_devices:
             return f"the program's mesh spans num_devices={self.devices}; this process has {num_devices}"
         return None
 
@@ -284,6 +285,8 @@ class OrderToyCase(LeversCase):
     """The memory-order toy (``programs.order_toy``), replicated: ``compile_only`` — one unit [p.toy_rows, 256]
     bf16 per chip, placeholders, for XLA:TPU; else [64, 64] f32 tensors XLA:CPU executes."""
 
+    replicated: ClassVar[bool] = True
+
     compile_only: bool = True
 
     @property
@@ -306,9 +309,6 @@ class OrderToyCase(LeversCase):
     def unit_bytes(self) -> int:
         return _bytes(self.dtype, self.rows * self.cols)
 
-    def mesh_problem(self, num_devices: int) -> str | None:
-        return None  # replicated: any device count
-
     def not_executable(self) -> str | None:
         return "placeholder inputs: compile-only" if self.compile_only else None
 
@@ -320,6 +320,8 @@ class OrderToyCase(LeversCase):
 class UpdateCase(LeversCase):
     """``programs.weight_update``'s ``stage`` ("fused" | "backward" | "update") with ``p.optimizer``:
     ``p.big_layers`` x [update_hidden]² bf16 weights, batch ``p.update_batch``, replicated, placeholders."""
+
+    replicated: ClassVar[bool] = True
 
     stage: str = "fused"
 
@@ -334,9 +336,6 @@ class UpdateCase(LeversCase):
     @property
     def weight_bytes(self) -> int:
         return self.p.big_layers * _bytes("bfloat16", self.p.update_hidden ** 2)
-
-    def mesh_problem(self, num_devices: int) -> str | None:
-        return None  # replicated: any device count
 
     def not_executable(self) -> str | None:
         return "placeholder inputs: compile-only"
