@@ -93,6 +93,8 @@ def test_balance_rows() -> None:
     assert rows[0]["elements"] == [136, 392, 648, 904]
     assert rows[0]["max_over_mean"] == pytest.approx(904 / 520)
     assert rows[1]["max_over_mean"] == 1.0
+    # rank 0's forward sends: 2(cp - 1) = 6 blocks of 1·(64/4)·1·8 float32 values each
+    assert [(r["sends"], r["send_bytes"]) for r in rows] == [(6, 6 * 16 * 8 * 4)] * 2
 
 
 def test_gloo_matches_simulated() -> None:

@@ -64,6 +64,10 @@ def test_notebook_10_defaults(run_notebook) -> None:  # type: ignore[no-untyped-
     assert by[("cp.causal.work.contiguous", "ledger")] == work == by[("cp.causal.work.contiguous", "formula")]
     assert by[("cp.causal.max_over_mean_work.contiguous", "ledger")] == pytest.approx(max(work) * 8 / sum(work))
     assert by[("cp.causal.max_over_mean_work.zigzag", "ledger")] == 1.0
+    for c in (2, 4, 8):  # the same layer at other cp: forward sends 2(cp − 1) blocks of b·(s/cp)·hkv·d floats
+        assert by[(f"cp.by_cp.cp{c}.ring.p2p.bytes", "ledger")] == 2 * (c - 1) * (128 // c) * 2 * 16 * F32
+    two = _work(128, 2)  # [2080, 6176]
+    assert by[("cp.by_cp.cp2.max_over_mean_work.contiguous", "ledger")] == pytest.approx(max(two) * 2 / sum(two))
     assert not any(name.startswith("cp.ulysses") for name, _ in by)  # ulysses=False by default
     assert ("cp.ring.scan.fwd_bwd.compile_s", "metrics") in by and ("cp.ring.scan.fwd_bwd.compile_s", "tpu") in by
 

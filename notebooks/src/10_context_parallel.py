@@ -229,6 +229,34 @@ pd.DataFrame([{"layout": r["layout"], "work per rank (counted)": r["elements"], 
 # zig-zag layout there only changes which positions a device holds.
 
 # %% [markdown]
+# ### The same layer at every cp
+# Formula and per-rank ring (forward, in a `SimulatedWorld`) for each cp that splits the sequence: the bytes one
+# device sends, (cp − 1)/cp · 2·b·s·hkv·d·e, *grow* towards the whole K and V as cp grows — context parallelism
+# divides memory and compute by cp, not the traffic per device — and the contiguous split's imbalance grows towards
+# 2 while zig-zag stays at 1.
+
+# %%
+import plotly.graph_objects as go
+
+by_cp = {}
+for c in [c for c in sorted({2, 4, 8, p.cp}) if p.seq % (2 * c) == 0]:
+    by_cp[c] = {row["layout"]: row for row in measure(p.seq, c, batch=p.batch, heads=p.heads, kv_heads=p.kv_heads,
+                                                      head_dim=p.head_dim, seed=p.seed)}
+    harness.agree(rec, f"cp.by_cp.cp{c}.ring.p2p.bytes", "bytes", ledger=by_cp[c][p.layout]["send_bytes"],
+                  formula=fcp.ring_p2p(p.batch, p.seq, p.kv_heads, p.head_dim, c)["bytes"])
+    for layout, row in by_cp[c].items():
+        harness.agree(rec, f"cp.by_cp.cp{c}.max_over_mean_work.{layout}", "ratio",
+                      formula=fcp.max_over_mean(row["formula_elements"]), ledger=row["max_over_mean"])
+fig = go.Figure([go.Scatter(x=list(by_cp), y=[by_cp[c][lay]["max_over_mean"] for c in by_cp], mode="lines+markers",
+                            name=lay) for lay in ("contiguous", "zigzag")])
+fig.update_layout(height=300, xaxis_title="cp", yaxis_title="max / mean work per rank", xaxis_type="log",
+                  title=f"causal attention, s = {p.seq}: the busiest rank over the average (counted)")
+fig.show()
+pd.DataFrame({c: {"ring forward bytes / device (ledger)": rows[p.layout]["send_bytes"],
+                  "contiguous max / mean": round(rows["contiguous"]["max_over_mean"], 4)}
+              for c, rows in by_cp.items()}).T
+
+# %% [markdown]
 # ## 6 · DeepSpeed-Ulysses: all-to-alls instead of a ring
 # Each device trades its s/cp positions of all heads for all s positions of hq/cp query heads and hkv/cp key/value
 # heads: one all-to-all each for q, k, v, dense attention per head group, one all-to-all back for the output —

@@ -42,20 +42,23 @@ def work_from_trace(trace: Iterable[Block], phase: str = "forward") -> dict[str,
 
 def measure(seq: int, cp: int, layouts: Iterable[str] = LAYOUTS, causal: bool = True, batch: int = 1,
             heads: int = 2, kv_heads: int = 1, head_dim: int = 8, seed: int = 0) -> list[dict[str, Any]]:
-    """Per layout: the work per rank counted in a SimulatedWorld(cp) forward, the formula's, and max / mean."""
+    """Per layout: the work per rank counted in a SimulatedWorld(cp) forward, the formula's, max / mean, and what
+    rank 0 sent (``sends``, ``send_bytes``: float32 blocks of k and v)."""
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(batch, seq, heads, head_dim, generator=g)
     k, v = (torch.randn(batch, seq, kv_heads, head_dim, generator=g) for _ in range(2))
     rows = []
     for layout in layouts:
-        results = SimulatedWorld(cp).run(ring_attention_step, q, k, v, None, causal=causal, layout=layout)
+        world = SimulatedWorld(cp)
+        results = world.run(ring_attention_step, q, k, v, None, causal=causal, layout=layout)
         work = [work_from_trace(r["trace"]) for r in results]
+        sends = world.ledger.select("send")
         elements = [w["elements"] for w in work]
         rows.append({
             "layout": layout, "cp": cp, "seq": seq, "elements": elements, "blocks": [w["blocks"] for w in work],
             "formula_elements": fcp.causal_work(seq, cp, layout, causal),
             "formula_blocks": [b["full"] + b["diagonal"] for b in fcp.causal_blocks(cp, layout, causal)],
-            "max_over_mean": fcp.max_over_mean(elements),
+            "max_over_mean": fcp.max_over_mean(elements), "sends": len(sends), "send_bytes": sends.payload_bytes(),
         })
     return rows
 
