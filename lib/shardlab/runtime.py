@@ -10,7 +10,8 @@ holds exactly one *device world*. ``setup()`` is the only place that sets those 
 2. sets the environment (CPU virtual devices by default, TPU when present or asked for),
 3. points ``--xla_dump_to`` at a per-process temporary directory so ``shardlab.profile`` can read the
    post-partitioning HLO of every compiled ``SyncTensorsGraph`` module (the "compiler" view),
-4. imports torch_xla, calls ``use_spmd()`` and returns a small :class:`World` description.
+4. imports torch_xla, calls ``use_spmd()`` (and keeps torch's CPU ops on one thread unless ``OMP_NUM_THREADS`` is
+   set: the suite's CPU tensors are tiny) and returns a small :class:`World` description.
 
 A second call with the same request returns the same world; a different device count raises an error that
 tells the user to restart the kernel (changing it later has no effect in torch_xla).
@@ -153,8 +154,16 @@ def setup(num_devices: int | None = 8, device: str | None = None, spmd: bool = T
             f"--xla_dump_hlo_module_re={DUMP_MODULE_RE}"
         ).strip()
 
+    import torch
     import torch_xla  # noqa: F401  (env must be set first)
     import torch_xla.runtime as xr
+
+    # The suite's CPU tensors are tiny (oracles, per-rank ledger programs in threads): with torch's default of one
+    # OpenMP thread per core the threads spin, measured on the 2-core reference machine under load: a 64k-element
+    # comparison 4 ms of CPU with 2 threads vs 0.1 ms with 1; notebook 08's kernel 40.1 -> 32.7 s of CPU. XLA's own
+    # compile and execution threads are not affected. OMP_NUM_THREADS, when set, wins.
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(1)
 
     _quiet_absl()
 

@@ -59,6 +59,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from shardlab.profile.hlo_loops import trip_count as _loop_trip_count
@@ -216,10 +217,13 @@ class HloModule:
         """Instruction ``name`` and everything it runs: the instructions of the computations it calls (a fusion's
         body, nested fusions, an async wrapper's computation), transitively."""
         ins = self.instructions[name]
-        inner = _reachable([c for c in _called(ins) if c in self.computations],
-                           {c: [x for n in ns for x in _called(self.instructions[n])]
-                            for c, ns in self.computations.items()})
+        inner = _reachable([c for c in _called(ins) if c in self.computations], self.calls)
         return [ins, *(self.instructions[n] for c in sorted(inner) for n in self.computations[c])]
+
+    @cached_property
+    def calls(self) -> dict[str, list[str]]:
+        """``{computation: the computations its instructions call}``, built once per module."""
+        return {c: [x for n in ns for x in _called(self.instructions[n])] for c, ns in self.computations.items()}
 
     def _computes(self, name: str) -> bool:
         return any(i.opcode in ("convolution", "dot") for i in self.executed(name))
