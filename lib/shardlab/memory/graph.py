@@ -323,7 +323,7 @@ def dag_from_fx(gm: Any, marks: Sequence[tuple[str, int]] = (), name: str = "ste
         op = Op(node.name, tuple(ins), tuple(outs))
         ops.append(op)
         phase[node.name] = phase_of(k)
-        extra_inputs[i] = {token(d) for d in deps if d != i and writer_is_not_producer(ops, d, ins)}
+        extra_inputs[i] = {token(d) for d in deps if d != i and _needs_token(ops, d, ins)}
         for b in ins:
             readers.setdefault(b, []).append(i)
         for b, _ in outs:
@@ -341,7 +341,7 @@ def dag_from_fx(gm: Any, marks: Sequence[tuple[str, int]] = (), name: str = "ste
     return g, phase, folded
 
 
-def writer_is_not_producer(ops: list[Op], d: int, ins: list[str]) -> bool:
+def _needs_token(ops: list[Op], d: int, ins: list[str]) -> bool:
     """A token is needed unless op ``d`` already allocated a buffer this op reads (the data edge orders them)."""
     return not any(b in ins for b, _ in ops[d].outputs)
 
