@@ -140,3 +140,52 @@ def test_tpu_view_skips_without_libtpu(xla_world, monkeypatch) -> None:  # type:
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "libtpu" else real(name, *a))
     v = harness.tpu(_case("row", 4, 8, 8, 2))
     assert not v.ran and "libtpu is not installed" in v.skipped
+
+
+# ------------------------------------------------------------------------------- section 7: sharded matmuls
+# The scaling book's cases on the (X 2, Y 4) mesh, A [I, J], B [J, K] (5, 5b: [J, I]); C's elements per device by
+# hand: 1 C[I_X, K_Y] = (I/2)(K/4); 2, 3 C replicated = I·K; 4 C keeps one X = (I/2)·K; 5 C[M_X, M] = (I/2)·I;
+# 5b C[M_X, M_Y] = (I/2)(I/4). Collectives by hand: 2 gathers A's [I, J/2] shard over X (2 devices); 3 all-reduces
+# the full [I, K] partial sums over X; 5 gathers B's [J/4, I/2] shard over X and all-reduces [I/2, I] over Y (4).
+I, J, K = 64, 128, 32  # noqa: E741 - the scaling book's dimension names
+BY_HAND = {"1": (I // 2) * (K // 4), "2": I * K, "3": I * K, "4": (I // 2) * K, "5": (I // 2) * I,
+           "5b": (I // 2) * (I // 4)}
+
+
+@pytest.mark.parametrize("name", list(BY_HAND))
+def test_matmul_cases_formula_cpu_tpu(xla_world, name: str) -> None:  # type: ignore[no-untyped-def]
+    case = bc.MatmulCase(BlocksParams(matmul=(I, J, K)), name)
+    f, hlo, tpu = harness.views(case, ("formula", "hlo", "tpu"))
+    rows = _agree(f, hlo, tpu)  # includes XLA:CPU's parity with A @ B (float64)
+    ph = f"case{name}"
+    for v in (f, hlo, tpu):
+        assert v[f"{ph}.C.elements"] == BY_HAND[name]
+    if name == "2":
+        assert rows[f"{ph}.all_gather.elements"]["hlo"] == I * J // 2 and hlo[f"{ph}.all_gather.group_size"] == 2
+    if name == "3":
+        assert hlo[f"{ph}.all_reduce.bytes"] == I * K * 4 and hlo[f"{ph}.all_reduce.group_size"] == 2
+    if name == "5":
+        assert hlo[f"{ph}.all_gather.elements"] == (J // 4) * (I // 2) and hlo[f"{ph}.all_gather.group_size"] == 2
+        assert hlo[f"{ph}.all_reduce.bytes"] == (I // 2) * I * 4 and hlo[f"{ph}.all_reduce.group_size"] == 4
+    if name == "5b":  # XLA:CPU: all-reduce + dynamic-slice; XLA:TPU at these sizes a real reduce-scatter
+        assert [c.op for c in tpu.detail.module.collectives if c.op != "all-gather"] == ["reduce-scatter"]
+        assert any(c.feeds_dynamic_slice for c in hlo.detail.module.collectives)
+
+
+def test_matmul_asked_spec_and_table(xla_world) -> None:  # type: ignore[no-untyped-def]
+    """Asking case 5's C for (X, Y) gives 5b's 2-D C; the table names the mesh axis of every collective."""
+    p = BlocksParams(matmul=(I, J, K))
+    assert harness.hlo(bc.MatmulCase(p, "5", ask=("X", "Y")))["case5.C.elements"] == BY_HAND["5b"]
+    cases = {n: bc.MatmulCase(p, n) for n in ("3", "5")}
+    table = bc.matmul_table(cases, {n: [harness.hlo(c)] for n, c in cases.items()})
+    assert list(table["collectives"]) == ["all-reduce f32[64, 32] over X",
+                                          "all-gather f32[32, 32] over X; all-reduce f32[32, 64] over Y"]
+
+
+def test_matmul_parameters_are_checked() -> None:
+    with pytest.raises(ValueError, match=r"I=60 is not divisible by 8"):
+        BlocksParams(matmul=(60, 128, 32)).validate()
+    with pytest.raises(ValueError, match="three positive ints"):
+        BlocksParams(matmul=(64, 128)).validate()
+    with pytest.raises(ValueError, match="case='6'"):
+        bc.MatmulCase(BlocksParams(), "6")

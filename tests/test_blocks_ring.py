@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from shardlab.blocks import ring, split_sizes
-from shardlab.formulas.common import wire_bytes
+from shardlab.comm import SimulatedWorld
+from shardlab.formulas.common import ring_steps, ring_time_s, wire_bytes
 
 
 def _ints(w: int, n: int) -> list[torch.Tensor]:
@@ -76,3 +77,37 @@ def test_every_send_goes_to_the_next_rank_one_chunk_per_step() -> None:
 def test_bad_input(op: str, inputs: list[torch.Tensor], msg: str) -> None:
     with pytest.raises(ValueError, match=msg):
         ring.simulate(op, inputs)
+
+
+@pytest.mark.parametrize("op", ring.OPS)
+@pytest.mark.parametrize("w, n", [(1, 5), (2, 8), (3, 13), (4, 10), (8, 5), (8, 64)])
+def test_data_free_wire_bytes_is_the_mean_of_what_the_simulation_sent(op: str, w: int, n: int) -> None:
+    """``ring.wire_bytes`` walks the schedule without data: it must equal the mean over ranks of the bytes the
+    data-carrying simulation sent (uneven chunks make ranks differ by whole elements)."""
+    inputs = [torch.zeros(n)] * w  # all_gather: n is each rank's shard
+    if op != "all_gather" and n < w:
+        pytest.skip("simulate needs a chunk per rank")
+    t = ring.simulate(op, inputs)
+    assert ring.wire_bytes(op, n, w, 4) == pytest.approx(sum(t.sent_bytes(r) for r in range(w)) / w, rel=1e-12)
+
+
+def test_ring_steps_from_the_simulation() -> None:
+    for w in (1, 2, 3, 8):
+        for op in ring.OPS:
+            n = 8 if op == "all_gather" else 16
+            assert ring.simulate(op, [torch.zeros(n)] * w).steps == ring_steps(op, w)
+    # α–β by hand: 2(p−1) = 14 steps of 10 µs + 2·7/8·4096 B at 1 GB/s = 140 µs + 7.168 µs
+    assert ring_time_s("all_reduce", 4096, 8, 1e-5, 1e9) == pytest.approx(140e-6 + 7168e-9)
+
+
+def test_ledger_wire_bytes_counts_the_schedule_not_the_entries() -> None:
+    """A SimulatedWorld ledger priced along the schedule: all-reduce of 10 floats over 4 ranks (chunks 3, 3, 2, 2:
+    the ranks send 56, 60, 64, 60 bytes, mean 60), an all-gather of 3-float shards ((4 − 1)·12 = 36 bytes)."""
+    world = SimulatedWorld(4)
+    world.run(lambda comm: (comm.all_reduce(torch.ones(10)), comm.all_gather(torch.ones(3))))
+    assert ring.ledger_wire_bytes(world.ledger, "all_reduce") == 60.0
+    assert ring.ledger_wire_bytes(world.ledger, "all_gather") == 36.0
+    assert ring.ledger_wire_bytes(world.ledger) == 96.0
+    world.run(lambda comm: comm.broadcast(torch.ones(2)))
+    with pytest.raises(ValueError, match="prices"):
+        ring.ledger_wire_bytes(world.ledger)

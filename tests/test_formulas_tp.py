@@ -80,3 +80,26 @@ def test_cross_entropy_logits_memory() -> None:
     # per device: the shard [b, s, 6283] vs the gathered, padded [b, s, 8 * 6283] (~ b s V)
     assert ftp.ce_logits_bytes(b, s, V, 8, "bf16") == {"vocab_parallel": b * s * 6283 * 2,
                                                        "gathered": b * s * 50264 * 2}
+
+
+def test_sequence_parallel_parameter_gradients_one_all_reduce() -> None:
+    # Megatron's finalize_model_grads -> _allreduce_layernorm_grads: the gradients of the parameters that see only
+    # s/p tokens (LayerNorm weight and bias, a row-parallel bias) are summed in ONE all-reduce over the TP group.
+    sp = ftp.sequence_parallel(b, s, h, 8, "bf16", sp_params=3 * h)
+    assert (sp["all_reduce.count"], sp["all_reduce.bytes"]) == (1, 3 * h * 2)
+    assert sp["all_reduce.wire_bytes"] == 2 * 7 / 8 * 3 * h * 2
+    assert ftp.sequence_parallel(b, s, h, 8, "bf16", sp_params=3 * h, backward=False)["all_reduce.count"] == 0
+    assert ftp.sequence_parallel(b, s, h, 8, "bf16")["all_reduce.count"] == 0  # nothing tagged
+    assert ftp.sequence_parallel(b, s, h, 1, "bf16", sp_params=h)["all_reduce.count"] == 0
+    with pytest.raises(ValueError, match="sp_params"):
+        ftp.sequence_parallel(b, s, h, 8, sp_params=-1)
+    # per layer: a GPT layer's two LayerNorms (weight + bias) and two row biases = 6h; Llama's two RMSNorms = 2h
+    assert ftp.sp_grad_elements(h, 1, final_norm=False) == 6 * h
+    assert ftp.sp_grad_elements(4096, 32, norm="rmsnorm", row_biases=False) == (32 * 2 + 1) * 4096
+
+
+def test_output_layer_backward_all_reduce() -> None:
+    # logits_i = f(x) E_i^T: f's backward all-reduces dx [b, s, h]; the forward sends nothing
+    assert ftp.output_layer_all_reduce(b, s, h, 8, "bf16") == {"count": 1, "bytes": b * s * h * 2}
+    assert ftp.output_layer_all_reduce(b, s, h, 8, "bf16", backward=False)["count"] == 0
+    assert ftp.output_layer_all_reduce(b, s, h, 1)["count"] == 0

@@ -22,7 +22,7 @@ def _assert_collectives(values, n: int, w: int, sources: tuple[str, ...]) -> Non
         assert values[("welcome.gather.all_gather.bytes", src)] == n // w * 4
         assert values[("welcome.scatter.reduce_scatter.bytes", src)] == n * 4
         assert values[("welcome.scatter.reduce_scatter.group_size", src)] == w
-    assert values[("welcome.sum.all_reduce.wire_bytes", "ledger")] == 2 * (w - 1) / w * n * 4
+    assert values[("welcome.sum.all_reduce.wire_bytes", "ledger")] == 2 * (w - 1) / w * n * 4  # ring-counted
 
 
 @pytest.mark.notebook

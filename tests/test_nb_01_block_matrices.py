@@ -22,6 +22,12 @@ def test_notebook_01_defaults(run_notebook) -> None:  # type: ignore[no-untyped-
         assert v[("blocks.grid.collective.bytes", src)] == (m // 2) * n * 4
         assert v[("blocks.grid.all_reduce.group_size", src)] == p // 2
         assert v[("blocks.col.collective.count", src)] == 0
+    # section 7 at matmul = (64, 128, 32) on (X 2, Y 4): case 5's C keeps X on one dim only; asked 2-D, 4x smaller
+    for src in ("formula", "hlo", "tpu"):
+        assert v[("blocks.matmul.case5.C.elements", src)] == (64 // 2) * 64
+        assert v[("blocks.matmul.case5b.C.elements", src)] == (64 // 2) * (64 // 4)
+        assert v[("blocks.matmul.case5.all_reduce.group_size", src)] == 4  # the partial sums run over Y
+        assert v[("blocks.matmul.case1.collective.count", src)] == 0
 
 
 @pytest.mark.notebook
@@ -31,6 +37,7 @@ def test_notebook_01_one_device_bf16(run_notebook) -> None:  # type: ignore[no-u
     rec = run_notebook("01_block_matrices", num_devices=1, m=m, k=32, n=n, parts=4, dtype="bfloat16")
     v = _values(rec)
     assert not any(src == "hlo" for (_, src) in v)
+    assert v[("blocks.matmul.case5b.C.elements", "tpu")] == 32 * 16  # an 8-chip slice in a helper process
     assert v[("blocks.row.all_reduce.bytes", "tpu")] == v[("blocks.row.all_reduce.bytes", "ledger")] == m * n * 2
     assert v[("blocks.carried.row.all_reduce.on_cpu.bytes", "formula")] == m * n * 4  # predicted, not measured here
     assert v[("blocks.carried.row.all_reduce.on_tpu.dtype", "tpu")] == "bf16"

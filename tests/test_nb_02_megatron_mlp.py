@@ -14,9 +14,12 @@ def test_notebook_02_small(run_notebook) -> None:  # type: ignore[no-untyped-def
     by = {(m["name"], m["source"]): m["value"] for m in record["measurements"]}
     act = 1 * 4 * 16 * 4  # one float32 [b, s, h] activation
     for phase, n in (("fwd", 1), ("fwd_bwd", 2)):
-        for source in ("formula", "ledger", "hlo"):
+        for source in ("formula", "ledger", "hlo", "tpu"):
             assert by[(f"mlp.{phase}.all_reduce.count", source)] == n
             assert by[(f"mlp.{phase}.all_reduce.bytes", source)] == n * act
+    # sequence parallelism: b2 [h]'s partial gradients summed by one all-reduce of h elements
+    assert by[("mlp.sp.fwd_bwd.all_reduce.count", "ledger")] == 1
+    assert by[("mlp.sp.fwd_bwd.all_reduce.bytes", "ledger")] == 16 * 4
 
 
 @pytest.mark.notebook

@@ -28,6 +28,9 @@ def test_notebook_04_defaults(run_notebook) -> None:  # type: ignore[no-untyped-
         assert by[("ce.gather_logits.largest_array.elements", source)] == tokens * 8 * shard
     assert by[("ce.vocab_parallel_smoothing.count", "ledger")] == 4  # + the sum of the logits
     assert by[("ce.vocab_parallel.operands", "tpu")] == 3
+    # the tied ends: embedding g [b, s, h], 3 CE sums [b, s] forward; the output layer's f [b, s, h] backward
+    assert by[("tied.fwd_bwd.all_reduce.bytes", "ledger")] == (2 * tokens * 64 + 3 * tokens) * 4
+    assert by[("tied.bwd.all_reduce.bytes", "ledger")] == tokens * 64 * 4
 
 
 @pytest.mark.notebook

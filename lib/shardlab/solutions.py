@@ -76,6 +76,20 @@ def _two_phase_all_reduce(fn: Callable[..., Any]) -> list[Any]:
     return [ok, ops, ring_ops and ring.ledger_wire_bytes(world.ledger) == ring.wire_bytes("all_reduce", 12, 4, 4)]
 
 
+def _row_parallel_forward(fn: Callable[..., Any]) -> list[Any]:
+    """02 #4: run the learner's ``fn(comm, y_i, b_i, bias)`` on 4 ranks (y [6, 16], B [16, 8], b2 [8]; rank i holds
+    columns 4i..4i+3 of y and the same rows of B): [every rank's z == y B + b2, the collectives issued, their payload
+    bytes]."""
+    g = torch.Generator().manual_seed(0)
+    y, b, bias = torch.randn(6, 16, generator=g), torch.randn(16, 8, generator=g), torch.randn(8, generator=g)
+    world = SimulatedWorld(4)
+    out = world.run(lambda comm: fn(comm, y[:, 4 * comm.rank:4 * comm.rank + 4].clone(),
+                                    b[4 * comm.rank:4 * comm.rank + 4].clone(), bias.clone()))
+    ok = all(isinstance(z, torch.Tensor) and z.shape == (6, 8) and torch.allclose(z, y @ b + bias, atol=1e-5)
+             for z in out)
+    return [ok, [e.op for e in world.ledger], world.ledger.payload_bytes()]
+
+
 def _matmul_c_elements(spec: Any) -> int:
     """01 #6: compile notebook 01's case 5 (defaults: A [64, 128], B [128, 64] on the (X 2, Y 4) mesh) with C
     annotated ``spec``; C's elements per device, from XLA:CPU when this process has the mesh, else XLA:TPU."""
@@ -90,6 +104,33 @@ def _matmul_c_elements(spec: Any) -> int:
         if view.ran:
             return int(view["case5.C.elements"])
     raise ValueError(f"no compiler can grade this here: {harness.hlo(case).skipped}")
+
+
+def _attention_collectives(specs: Any) -> list[int]:
+    """03 #5: compile notebook 03's attention step (defaults, forward + backward) with the dense module's parameters
+    annotated by ``specs``; [all-gathers, all-reduces (logical: a tuple all-reduce counts its operands)], from
+    XLA:CPU when this process has tp devices, else XLA:TPU."""
+    # imported here: shardlab.solutions is imported before runtime.setup(), and tp.case imports torch_xla
+    from shardlab import harness
+    from shardlab.params import AttentionParams
+    from shardlab.tp.case import AttentionCase
+
+    if not isinstance(specs, dict):
+        raise ValueError(f"answer_5 must be a dict {{parameter name: spec}}, got {type(specs).__name__}")
+    case = AttentionCase(AttentionParams(), specs={k: tuple(v) for k, v in specs.items()})
+    for view in (harness.hlo(case), harness.tpu(case)):
+        if view.ran:
+            colls = view.detail.module.collectives
+            return [sum(c.op == "all-gather" for c in colls), sum(c.operands for c in colls if c.op == "all-reduce")]
+    raise ValueError("no compiler can grade this here (neither this process nor a TPU slice has tp devices)")
+
+
+VOCAB_GRID = [(v, p) for v in (8, 10, 1003, 50257, 128256) for p in (1, 2, 3, 4, 8) if v >= p]
+
+
+def _vocab_ranges(fn: Callable[..., Any]) -> list[list[int]]:
+    """04 #7: the learner's ``fn(V, rank, p)`` on :data:`VOCAB_GRID`, every rank: a list of [start, end]."""
+    return [[int(x) for x in fn(v, r, p)] for v, p in VOCAB_GRID for r in range(p)]
 
 
 def _measured(value: Any = None, what: str = "") -> Any:
@@ -146,6 +187,9 @@ SOLUTIONS: dict[str, dict[int, Solution]] = {
                     "f's backward all-reduce sums the INPUT gradient — is there one to sum?"),
         3: Solution(lambda: 2,
                     "GeLU(a + b) ≠ GeLU(a) + GeLU(b): with A split by rows, where must the partial sums be added?"),
+        4: Solution(lambda: [True, ["all_reduce"], 6 * 8 * 4],
+                    "y_i B_i is a full-size partial sum: add the ranks' partials with one collective, and add the "
+                    "bias once, after that sum (not on every rank before it)", run=_row_parallel_forward),
     },
     "07_planner": {
         1: Solution(lambda: math.ceil(16 * memory.param_count(80, 8192, 28672, 64, 8, 128256).total
@@ -180,6 +224,10 @@ SOLUTIONS: dict[str, dict[int, Solution]] = {
                                                                                      "bfloat16")["bytes"], 8),
                     "a ring all-reduce sends 2 (p - 1) / p of its payload per rank"),
         4: Solution(lambda: 4, "one g after the output projection, and one f per column-parallel input layer"),
+        5: Solution(lambda: [0, ftp.attention_all_reduce(2, 8, 64, 4, backward=True)["count"]],
+                    "a device must own whole heads: which dim of W_Q/W_K/W_V (nn.Linear layout [out, in]) holds the "
+                    "heads, and which dim of W_O? Answer [all-gathers, all-reduces] must come out [0, 2]",
+                    run=_attention_collectives),
     },
     "04_vocab_parallel_embedding_ce": {
         1: Solution(lambda: ftp.gathered_logits(1, 8192, 128256, 8, "bfloat16")["wire_bytes"],
@@ -195,6 +243,11 @@ SOLUTIONS: dict[str, dict[int, Solution]] = {
                              vocab_range(50257, 7, 8)[1] - vocab_range(50257, 7, 8)[0]],
                     "50257 = 8 · 6282 + 1: the first V mod p ranks own one row more"),
         5: Solution(lambda: 0, "the softmax needs only the max and the sum the forward already all-reduced"),
+        6: Solution(lambda: ftp.output_layer_all_reduce(1, 8, 64, 8, backward=True)["count"],
+                    "logits_i = f(x) E_i^T: what does f do in the backward?"),
+        7: Solution(lambda: [list(vocab_range(v, r, p)) for v, p in VOCAB_GRID for r in range(p)],
+                    "divmod(V, p) gives the base rows and the leftover; the first `leftover` ranks take one more, "
+                    "and every range starts where the previous one ended", run=_vocab_ranges),
     },
     "06_scan_shard_as": {
         1: Solution(lambda: fscan.shard_as_saving(4, [(128, 512), (512, 128)], fsdp=8, tensor=1).ratio,

@@ -24,13 +24,14 @@ world
 # %% [markdown]
 # # 02 · Megatron MLP: column-parallel, GeLU, row-parallel — one all-reduce each way
 #
-# The transformer MLP is $Z = \mathrm{GeLU}(XA)\,B$ with $X$: [b·s, h], $A$: [h, ffn], $B$: [ffn, h].
-# Megatron (Shoeybi et al. 2019, §3) splits **A by columns** and **B by rows** (notation of 00_welcome):
+# The transformer MLP is $z = \mathrm{GeLU}(xA)\,B$ with the activation $x$: [b·s, h], $A$: [h, F], $B$: [F, h]
+# (F = `ffn`, the FFN width; lower-case letters are activations, capital X a mesh axis — notebook 00's notation).
+# Megatron (Shoeybi et al. 2019, §3) splits **A by columns** and **B by rows**:
 #
 # $$A = [A_1, \dots, A_p] \;(A[H, F_X]),\qquad B = \begin{bmatrix}B_1\\ \vdots \\ B_p\end{bmatrix}\;(B[F_X, H])$$
 #
-# Device $i$ computes $Y_i = \mathrm{GeLU}(XA_i)$ on its own — GeLU is elementwise, so the column split needs no
-# communication — then the partial $Z_i = Y_iB_i$ (`Z{U_X}`), and **one all-reduce** sums them. The paper names the
+# Device $i$ computes $y_i = \mathrm{GeLU}(xA_i)$ on its own — GeLU is elementwise, so the column split needs no
+# communication — then the partial $z_i = y_iB_i$ (`z{U_X}`), and **one all-reduce** sums them. The paper names the
 # two operators: **f** (forward: copy, backward: all-reduce) before the MLP and **g** (forward: all-reduce,
 # backward: identity) after it. So per MLP: 1 all-reduce of [b, s, h] forward, 1 backward (the input gradient).
 #
@@ -42,15 +43,16 @@ world
 from dataclasses import replace
 
 from shardlab import harness
+from shardlab.blocks import ring
 from shardlab.tp.case import MlpCase, gloo_run, same_results
 
 fwd = MlpCase(p, backward=False)  # one forward
-fb = MlpCase(p, backward=True)  # forward + backward of (out * grad_out).sum()
+fb = MlpCase(p, backward=True)  # forward + backward of the loss ½‖out − target‖²
 
 # %% [markdown]
 # ## 1 · The formula
 # One all-reduce forward (g) and one backward (f, only when the input needs a gradient), each of the activation
-# [b, s, h]: payload $b\cdot s\cdot h\cdot e$ bytes per rank. Independent of ffn — the big matrices never move.
+# [b, s, h]: payload $b\cdot s\cdot h\cdot e$ bytes per rank. Independent of F — the big matrices never move.
 
 # %%
 formula = {c.phase: harness.formula(c) for c in (fwd, fb)}
@@ -59,7 +61,7 @@ formula = {c.phase: harness.formula(c) for c in (fwd, fb)}
 # %% [markdown]
 # ## 2 · The split, drawn
 # Each cell is coloured by the device that holds it: A by column blocks, B by the matching row blocks — device
-# $i$'s GeLU output $Y_i$ is exactly the input rows its $B_i$ needs.
+# $i$'s GeLU output $y_i$ is exactly the input rows its $B_i$ needs.
 
 # %%
 from shardlab.viz import tp as vtp
@@ -72,7 +74,9 @@ vtp.ownership_figure(vtp.mlp_panels(min(p.hidden, 64), min(p.ffn, 256), p.tp), p
 # `ParallelMLP.from_dense(dense, comm)` keeps rank $r$'s slice ($A_r$: `fc1` rows, $B_r$: `fc2` columns in
 # `nn.Linear` layout). `SimulatedWorld(tp)` runs the step on `tp` ranks in this process (threads; autograd runs in
 # each rank's thread) and records every collective; every rank's output and gradients are compared with the dense
-# module's. The output gradient is a fixed random tensor (not ones, which would hide a transposed gradient).
+# module's. The step's loss is ½‖out − target‖² with a fixed random target: its output gradient, out − target,
+# depends on the output as in training (so the backward's f must wait for the forward's g), and is not all ones
+# (which would hide a transposed gradient).
 
 # %%
 ledger = {c.phase: harness.ledger(c) for c in (fwd, fb)}
@@ -128,10 +132,22 @@ tables[1]
 # way. The bytes scale with b·s·h, not with ffn: doubling the MLP width doubles each device's FLOPs but not its
 # communication.
 #
-# **CPU vs TPU.** Run with `dtype="bfloat16"`: XLA:CPU has no bf16 arithmetic, so it computes the dot in f32 and
-# all-reduces the f32 partial sums (twice the formula's bytes — the table marks that value and compares elements
-# instead), while the TPU program all-reduces bf16, as the formula says. The TPU program also runs its collectives
-# asynchronously; notebook 08 looks at what the scheduler overlaps them with.
+# **CPU vs TPU.** Run with `dtype="bfloat16"`: XLA:CPU's pipeline upcasts bf16 to f32 (a float-normalisation
+# choice of its passes), so it computes the dot in f32 and all-reduces the f32 partial sums (twice the formula's
+# bytes — the table marks that value and compares elements instead), while the TPU program all-reduces bf16, as
+# the formula says. Both compilers issue the two all-reduces one after the other and **synchronously** (measured
+# below): f's input gradient needs the output gradient, which needs the forward's output, which needs g — and
+# nothing independent of them is left to run beside either (notebook 08, section 2). With a loss whose output
+# gradient is a constant, `(out * grad_out).sum()`, the two would be independent, and XLA:TPU's all-reduce combiner
+# merged them into one tuple all-reduce at these sizes — an artefact of that loss, which is why this suite's
+# steps compute their loss from the output.
+
+# %%
+for v in (compiler["fwd_bwd"], tpu["fwd_bwd"]):
+    if v.ran:
+        forms = [f"{c.op} ({c.form}, {c.operands} operand{'s' if c.operands > 1 else ''})"
+                 for c in v.detail.module.collectives]
+        print(f"{v.source}: {'; '.join(forms)}")
 
 # %%
 harness.memory_frame({"cpu (buffer assignment)": compiler["fwd_bwd"], "tpu (compiled memory stats)": tpu["fwd_bwd"]})
@@ -168,6 +184,15 @@ fig.show()
 # then keeps only the s/p shard of the MLP's input for the backward (the stored input shrinks by p, like the
 # LayerNorm and dropout work outside the MLP) and **all-gathers it again** in the backward to form the weight
 # gradient: per MLP, one extra all-gather of (p−1)/p·b·s·h·e wire bytes buys a p-fold smaller saved input.
+#
+# **One more collective comes with SP.** The row-parallel bias b2 is now added to each rank's s/p tokens only (after
+# the reduce-scatter), so its gradient on a rank is a *partial* sum over those tokens — and so are a LayerNorm's
+# weight and bias in a full layer, which under SP also run on the s/p shard. One all-reduce over the tensor-parallel
+# group per step adds them (Megatron tags such parameters `sequence_parallel` and coalesces all their gradients
+# into one all-reduce, `_allreduce_layernorm_grads`): here h elements, b2's. The formula takes their count
+# (`sp_params`), the ledger shows the `sp.grads` all-reduce, and the parity check compares b2's gradient on every
+# rank with the dense one. The wire bytes below are counted along the ring schedule of notebook 00
+# (`ring.ledger_wire_bytes`), not by the formula's factors.
 
 # %%
 if p.seq % p.tp == 0:
@@ -175,10 +200,11 @@ if p.seq % p.tp == 0:
     sp_formula, sp_ledger = harness.formula(sp), harness.ledger(sp)
     display(harness.record(rec, "mlp.sp", sp_formula, sp_ledger))
     f_sp, led_sp = sp_formula.detail, sp_ledger.detail["ledger"]
-    regather = f_sp["wire_bytes"] - f_sp["all_reduce_wire_bytes"]  # the backward re-gather of the s/p shard
-    rec.check("mlp.sp.wire_is_all_reduce_plus_regather",
-              abs(led_sp.wire_bytes() - (led_fb.wire_bytes() + regather)) < 1e-6,
-              f"{led_sp.wire_bytes()} vs {led_fb.wire_bytes()} + {regather}")
+    regather = f_sp["wire_bytes"] - f_sp["all_reduce_wire_bytes"]  # the formula's backward re-gather of the shard
+    sp_wire = ring.ledger_wire_bytes(led_sp, "all_gather") + ring.ledger_wire_bytes(led_sp, "reduce_scatter")
+    plain_wire = ring.ledger_wire_bytes(led_fb)  # counted along the ring schedule, not the formula's factors
+    rec.check("mlp.sp.wire_is_all_reduce_plus_regather", abs(sp_wire - (plain_wire + regather)) < 1e-6,
+              f"{sp_wire} vs {plain_wire} + {regather}")
     vtp.ledger_timeline(led_sp, "sequence-parallel MLP: all-gather, reduce-scatter, backward re-gather").show()
 else:
     print(f"seq={p.seq} is not divisible by tp={p.tp}: sequence parallelism skipped")
@@ -202,9 +228,14 @@ ui
 #
 # 1. GPT-3 175B has h = 12288. With b = 1, s = 2048 in bf16 and tp = 8, how many bytes does each rank hand to the
 #    MLP's forward all-reduce?
-# 2. If the input does not need a gradient (the first layer after a frozen embedding), how many all-reduces does one
-#    MLP forward + backward step issue at tp = 8?
-# 3. Suppose A were split by rows instead (so X by columns). How many all-reduces would one MLP *forward* need?
+# 2. If the MLP is the model's first module and its input does not need a gradient (it is fed the output of a frozen
+#    embedding directly, with no LayerNorm or attention in between), how many all-reduces does one MLP forward +
+#    backward step issue at tp = 8?
+# 3. Suppose A were split by rows instead (so x by columns). How many all-reduces would one MLP *forward* need?
+# 4. Code: write rank i's half of the MLP after the GeLU — `answer_4(comm, y_i, b_i, bias)` with this rank's GeLU
+#    output y_i [b·s, F/p], its row block B_i [F/p, h] of B and the bias b2 [h] (the same on every rank) — returning
+#    the full output z = y B + b2 [b·s, h] on every rank. The grader runs it on 4 ranks of a `SimulatedWorld`:
+#    every rank's z must equal the dense product, with exactly one all-reduce of [b·s, h].
 
 # %%
 from shardlab.exercises import Exercises
@@ -213,7 +244,8 @@ ex = Exercises(p.NOTEBOOK, rec, p.answers)
 answer_1 = None  # bytes (an int)
 answer_2 = None  # a count
 answer_3 = None  # a count
-for n, a in enumerate((answer_1, answer_2, answer_3), start=1):
+answer_4 = None  # a function (comm, y_i, b_i, bias) -> tensor, e.g. def answer_4(comm, y_i, b_i, bias): ...
+for n, a in enumerate((answer_1, answer_2, answer_3, answer_4), start=1):
     ex.show(n, a)
 
 # %% [markdown]
@@ -222,8 +254,12 @@ for n, a in enumerate((answer_1, answer_2, answer_3), start=1):
 # 1. The forward all-reduce carries the whole activation [b, s, h] in the model's dtype: tp only decides how many
 #    partial sums are added, not how big each is.
 # 2. f's backward all-reduce exists to sum the input gradient; without one, only g's forward all-reduce is left.
+#    (Behind a trainable LayerNorm or attention — any MLP but the first module — the input *does* need a gradient.)
 # 3. GeLU is not additive — GeLU(a + b) ≠ GeLU(a) + GeLU(b) — so the partial sums of $XA$ must be added *before*
 #    GeLU, and the row-parallel B still needs its own all-reduce after it (the paper's argument, §3).
+# 4. `return comm.all_reduce(y_i @ b_i) + bias`: the partial product y_i B_i is a full-size [b·s, h] partial sum,
+#    one all-reduce (g) adds the p of them, and the bias is added once, *after* the sum — added before it, every
+#    rank's copy would be counted p times.
 # </details>
 
 # %%

@@ -27,10 +27,12 @@ world
 # Self-attention is embarrassingly parallel over heads. Megatron (Shoeybi et al. 2019, §3, Fig. 3b) gives device
 # $i$ the heads $[i\cdot n_h/p, (i+1)\cdot n_h/p)$: the Q, K and V projections are **column-parallel** (each
 # device holds the columns of its heads, $W_Q[H, (N\,D)_X]$), the attention core runs on local heads only, and the
-# output projection is **row-parallel** ($W_O[(N\,D)_X, H]$), leaving a partial sum `Z{U_X}` that **one
+# output projection is **row-parallel** ($W_O[(N\,D)_X, H]$), leaving a partial sum `z{U_X}` that **one
 # all-reduce** (g) completes. As in the MLP (notebook 02), one f before (copy forward, all-reduce backward) and one
-# g after. Q, K and V share **one** f: Megatron fuses them into one column-parallel linear, so the input gradient
-# is one sum and one all-reduce, not three. Requirement: `heads` divisible by `tp` (whole heads per device).
+# g after. Q, K and V share **one** f: f is applied once to the input, and autograd adds the three projections'
+# input gradients before f's backward all-reduces them — one all-reduce, not three. (Megatron also fuses the three
+# weights into one column-parallel linear, `query_key_value`: one large GEMM instead of three smaller ones, for
+# efficiency; the communication is the same.) Requirement: `heads` divisible by `tp` (whole heads per device).
 #
 # Four views, one number: the **formula**, the **ledger** (per-rank code in a `SimulatedWorld`), the **compiler**
 # (XLA's SPMD partitioner on the CPU devices) and the **TPU compiler** (the same graph compiled by XLA:TPU for a
@@ -38,10 +40,10 @@ world
 
 # %%
 from shardlab import harness
-from shardlab.tp.case import AttentionCase, LayerCase
+from shardlab.tp.case import COMPILERS, AttentionCase, LayerCase
 
 fwd = AttentionCase(p, backward=False)  # one forward
-fb = AttentionCase(p, backward=True)  # forward + backward of (out * grad_out).sum()
+fb = AttentionCase(p, backward=True)  # forward + backward of the loss ½‖out − target‖²
 
 # %% [markdown]
 # ## 1 · The formula
@@ -79,9 +81,10 @@ vtp.ledger_frame(led_fb)
 # **CPU.** The dense `models.Attention` on a mesh (data = num_devices / tp, tensor = tp): $W_Q, W_K, W_V$
 # annotated by output rows `("tensor", None)`, $W_O$ by input columns `(None, "tensor")`. Two details of the dense
 # module matter to the partitioner (measured on torch_xla 2.9): Q/K/V come from **one** einsum over the stacked
-# weights — three separate projections gave three backward all-reduces of the input gradient — and the attention
-# core keeps (b, heads) as separate batch dims (`@` merges them into one dim that cannot be heads-sharded, and the
-# partitioner then all-gathered q, k, v). This view needs `tp` devices in this process; with fewer it is skipped.
+# weights — with three separate projections XLA:CPU's partitioner all-reduces each projection's input gradient on
+# its own (section 5 compiles that too) — and the attention core keeps (b, heads) as separate batch dims (`@`
+# merges them into one dim that cannot be heads-sharded, and the partitioner then all-gathered q, k, v). This view
+# needs `tp` devices in this process; with fewer it is skipped.
 #
 # **TPU.** The same graph, not executed, compiled by XLA:TPU for a v5e slice of the same size — or, when this
 # process has fewer devices than `tp`, rebuilt in a helper process on `tp` virtual devices for a `tp`-chip slice.
@@ -109,11 +112,11 @@ tables[1]
 # activation, never the s×s scores nor the K/V of other heads — both partitioners keep every score array at
 # $n_h/p$ heads (checked: no all-gather, no array with all heads' scores).
 #
-# **CPU vs TPU.** Two differences, both measured above. First, the TPU program carries the forward g and the
-# backward f in **one** tuple all-reduce (count 1, operands 2, the same bytes): the backward of
-# `(out * grad_out).sum()` does not wait for the output, so nothing orders the two, and XLA:TPU's all-reduce
-# combiner merges independent all-reduces into one launch (XLA:CPU has no combiner). Second, **the attention core
-# is lowered differently** (`scores.arrays`): XLA:CPU writes the scores and several steps of the softmax after
+# **CPU vs TPU.** First, both compilers issue g and f as two all-reduces: the loss is computed from the output, so
+# the backward's f needs the forward's g, and there is nothing to merge. (With a loss whose output gradient is a
+# constant, `(out * grad_out).sum()`, the two are independent, and XLA:TPU's all-reduce combiner merged them into
+# one tuple all-reduce at these sizes — an artefact of that loss, measured.) Second, **the attention core is
+# lowered differently** (`scores.arrays`): XLA:CPU writes the scores and several steps of the softmax after
 # them (the scaled and masked scores, the exponentials, the probabilities) as separate [b, n_h/p, s, s] arrays;
 # XLA:TPU fuses the scaling, the mask and parts of the softmax into the matmul kernels around them and writes
 # fewer. It places them in on-chip memory at these sizes: the TPU's temporaries below are 0 because its compiled
@@ -122,6 +125,27 @@ tables[1]
 
 # %%
 harness.memory_frame({"cpu (buffer assignment)": compiler["fwd_bwd"], "tpu (compiled memory stats)": tpu["fwd_bwd"]})
+
+# %% [markdown]
+# **Three separate projections.** The same step with Q, K and V computed by three `nn.Linear` calls instead of the
+# stacked einsum (`gspmd.SeparateQkvAttention`), compiled by both partitioners. The per-rank code has one f either
+# way, so formula and ledger say 2; what each compiler made of it:
+
+# %%
+sep = AttentionCase(p, backward=True, separate_qkv=True)
+sep_views = [harness.formula(sep), harness.ledger(sep), harness.hlo(sep), harness.tpu(sep)]
+display(harness.record(rec, "attention.separate_qkv", *sep_views, show=False))
+for v in sep_views[2:]:
+    if v.ran:
+        n = v.get("fwd_bwd.all_reduce.operands", v["fwd_bwd.all_reduce.count"])
+        print(f"{COMPILERS[v.source]}: {n} all-reduces "
+              f"({'one per projection in the backward' if n > 2 else 'the input gradients added first, one f'})")
+
+# %% [markdown]
+# So "three projections, three all-reduces" is not a law of tensor parallelism: it is one partitioner's lowering.
+# XLA:CPU's partitioner all-reduces the three partial input gradients one by one; XLA:TPU's passes add them first
+# and issue one, as Megatron's per-rank code does with its single f. This suite's dense module uses the stacked
+# einsum so that both compilers show the paper's count.
 
 # %% [markdown]
 # ## 6 · A transformer layer: attention + MLP
@@ -138,8 +162,8 @@ vtp.ledger_timeline(layer_views[1].detail["ledger"],
                     "attention then MLP: g, g forward; f (MLP), f (attention) backward").show()
 
 # %% [markdown]
-# The TPU compiler combines here too: of the four logical all-reduces, the independent ones share tuple
-# instructions (the operands row still counts four), so the count differs and the bytes agree.
+# Four all-reduces on both compilers, one after the other: g (attention), g (MLP), then in the backward f (MLP),
+# f (attention) — each needs the result of the one before, so XLA:TPU has nothing to combine.
 #
 # ### Explore
 # Move the sliders (tp, batch, seq, hidden, heads): formula and ledger of the small config are recomputed. Heads
@@ -166,6 +190,11 @@ ui
 # 3. Same layer at tp = 8: how many bytes does each rank send over the wire for those all-reduces (ring model)?
 # 4. If Q, K and V were three *independent* column-parallel layers each with its own f, how many all-reduces would
 #    one attention forward + backward issue?
+# 5. Code (annotations): write Megatron's attention layout as GSPMD annotations — `answer_5`, a dict from the dense
+#    `models.Attention`'s parameter names (`"q.weight"`, `"k.weight"`, `"v.weight"`, `"out.weight"`, and their
+#    `.bias`; nn.Linear layout, weight [out, in]) to a spec over the mesh axes `("data", "tensor")`; parameters you
+#    leave out stay replicated. The grader compiles a forward + backward step at this notebook's defaults: it must
+#    gather nothing and issue exactly Megatron's all-reduces.
 
 # %%
 from shardlab.exercises import Exercises
@@ -175,7 +204,8 @@ answer_1 = None  # a list of ints
 answer_2 = None  # bytes
 answer_3 = None  # bytes
 answer_4 = None  # a count
-for n, a in enumerate((answer_1, answer_2, answer_3, answer_4), start=1):
+answer_5 = None  # a dict {parameter name: spec}, e.g. {"q.weight": (None, "tensor"), ...}
+for n, a in enumerate((answer_1, answer_2, answer_3, answer_4, answer_5), start=1):
     ex.show(n, a)
 
 # %% [markdown]
@@ -185,8 +215,13 @@ for n, a in enumerate((answer_1, answer_2, answer_3, answer_4), start=1):
 # 2. Two all-reduces forward (attention's g, the MLP's g) and two backward (their f's), each of the activation
 #    [b, s, h]: four activations in the model's dtype.
 # 3. A ring all-reduce sends 2 (p−1)/p of its payload per rank: a little under twice the payload.
-# 4. One g forward, and one f backward per projection — which is why Megatron fuses QKV (and why the GSPMD version
-#    needs the stacked einsum).
+# 4. One g forward, and one f backward per projection — an f per projection is the mistake; one f before the three
+#    (or one fused linear) adds the three gradients first. XLA:CPU's partitioner lowers three separate projections
+#    that way (section 5: 4 all-reduces; XLA:TPU adds first and issues one), which is why our dense module uses one
+#    stacked einsum.
+# 5. Heads are output rows of W_Q, W_K, W_V: `("tensor", None)` for each weight (and `("tensor",)` for their biases,
+#    or leave the biases replicated); W_O takes the heads as its input columns: `(None, "tensor")`, its bias
+#    replicated. Then no device ever needs another device's heads: one all-reduce forward (g), one backward (f).
 # </details>
 
 # %%

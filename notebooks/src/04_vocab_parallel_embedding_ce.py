@@ -35,7 +35,13 @@ world
 #   [b, s, V/p]. Gathering them would need an all-gather of the logits. Instead, the loss is built from
 #   reductions over the vocab: the **max** (for stability), the **target logit**, the **sum of exponentials** —
 #   each a per-token number, so three all-reduces of [b, s]: $\mathrm{loss} = \log\sum_j e^{z_j - m} - (z_t - m)$.
-#   With label smoothing one more: the sum of the logits. The backward needs **no** communication.
+#   With label smoothing one more: the sum of the logits. The loss's own backward needs no communication — each
+#   rank's logit gradient is softmax − one-hot on its own columns. The output layer's does: it is $f(x)E_i^\top$,
+#   and f's backward sums the input gradient $dx = \sum_i dz_i E_i$ — **one all-reduce of [b, s, h]** in the
+#   backward (the planner's "LM-head input grad" term in notebook 07).
+# - **Tied embedding** — when the output layer reuses E, $E_i$ gets two gradient contributions, both local to the
+#   rank that owns the rows: the lookup's (the gradient arriving at the embedding output, for the tokens in its
+#   range) and the output layer's ($dz_i^\top x$). Neither needs communication; section 3 checks both.
 #
 # The vocabulary need not divide evenly: ranks own $\lfloor V/p\rfloor$ or $\lceil V/p\rceil$ rows, and an
 # all-gather pads every shard to $\lceil V/p\rceil$.
@@ -46,12 +52,13 @@ from dataclasses import replace
 from shardlab import harness
 from shardlab.formulas import tp as ftp
 from shardlab.tp import vocab_range
-from shardlab.tp.case import CE_METHODS, CrossEntropyCase, EmbeddingCase, ce_cases, ce_table_views
+from shardlab.tp.case import CE_METHODS, CrossEntropyCase, EmbeddingCase, TiedOutputCase, ce_cases, ce_table_views
 from shardlab.views import View
 
 emb = EmbeddingCase(p)  # one forward lookup
 emb_fb = EmbeddingCase(p, backward=True)  # + the weight gradient
 vp, ga = ce_cases(p).values()  # loss + backward, no label smoothing: vocab-parallel and gathered
+tied = TiedOutputCase(p)  # lookup, a stand-in model, the tied output layer and the loss: forward + backward
 
 # %% [markdown]
 # ## 1 · The formulas, and two ways to count bytes
@@ -124,6 +131,18 @@ vtp.ledger_timeline(ledger["vocab_parallel"].detail["ledger"],
 vtp.ledger_frame(ledger["gather_logits"].detail["ledger"])
 
 # %% [markdown]
+# **The two ends together.** `tied_lm_step` runs the whole vocab-parallel pipe per rank: the lookup (g), a stand-in
+# for the model (tanh), the tied output layer (f, then $xE_i^\top$) and the loss, then the backward. The formula is
+# the sum of its parts — the embedding's all-reduce, the loss's three, and the output layer's backward one; the
+# oracle is the dense tied model in float64. The ledger's backward must hold exactly one collective, f's, and every
+# rank's rows of the tied gradient — lookup and output-layer contributions together — must equal the dense rows.
+
+# %%
+tied_views = harness.views(tied, ("formula", "ledger"))
+display(harness.record(rec, "tied", *tied_views))
+vtp.ledger_frame(tied_views[1].detail["ledger"])
+
+# %% [markdown]
 # ## 4 · The compilers
 # **CPU.** The dense `nn.Embedding` with its weight annotated `("tensor", None)`; the full logits annotated
 # `(None, None, "tensor")`. For the loss, two dense spellings: `vocab_parallel_ce` (max, masked target sum, sum of
@@ -168,7 +187,8 @@ harness.record(rec, "ce", *ce_table_views(views["vocab_parallel"], views["gather
 #
 # **CPU vs TPU.** XLA:TPU issues the target-logit and sum-of-exponentials all-reduces as **one** tuple
 # all-reduce (count 2, operands 3): the all-reduce combiner merges the two independent sums, while the max stays
-# alone — it is another reduction (max, not sum) and both sums need its result. XLA:CPU has no combiner. Any
+# alone — it is another reduction (max, not sum) and both sums need its result. XLA:CPU's pass pipeline has no
+# combiner. (These two sums are independent in any training step, unlike notebook 02's g and f.) Any
 # collective a program issues beyond its method's own is listed in a note above the table: XLA:CPU partitions the
 # backward of the gathered `F.cross_entropy` along the vocabulary (the gradient is annotated vocab-sharded) and
 # adds a few [b, s] all-reduces there. Neither changes the lesson: the logits stay put, or they all move.
@@ -256,6 +276,10 @@ ui
 # 4. GPT-2's V = 50257 over tp = 8: which rank owns token 6283, and how many rows does rank 7 own?
 #    (a list of two ints)
 # 5. How many collectives does the backward of the vocab-parallel loss issue?
+# 6. … and the backward of the vocab-parallel output layer in front of it (logits $= f(x)E_i^\top$)?
+# 7. Code: write `answer_7(V, rank, p)` returning the `[start, end)` rows of a V-row table that rank `rank` of `p`
+#    owns — contiguous ranges in rank order, the first V mod p ranks one row longer. The grader compares it with
+#    the library's `vocab_range` on a grid of V (even and uneven) and p.
 
 # %%
 from shardlab.exercises import Exercises
@@ -266,7 +290,9 @@ answer_2 = None  # [ratio at tp=8, ratio at tp=64]
 answer_3 = None  # bytes
 answer_4 = None  # [rank, rows]
 answer_5 = None  # a count
-for n, a in enumerate((answer_1, answer_2, answer_3, answer_4, answer_5), start=1):
+answer_6 = None  # a count
+answer_7 = None  # a function (V, rank, p) -> (start, end), e.g. def answer_7(V, rank, p): ...
+for n, a in enumerate((answer_1, answer_2, answer_3, answer_4, answer_5, answer_6, answer_7), start=1):
     ex.show(n, a)
 
 # %% [markdown]
@@ -280,6 +306,10 @@ for n, a in enumerate((answer_1, answer_2, answer_3, answer_4, answer_5), start=
 #    the last rank owns the base 6282 rows.
 # 5. $\partial\,\mathrm{loss}/\partial z_j = \mathrm{softmax}_j - (1-\varepsilon)[j=t] - \varepsilon/V$: the softmax
 #    needs only the max and the sum that the forward already all-reduced, and each rank's columns are its own.
+# 6. One: f's all-reduce of the input gradient [b, s, h]. Every rank's $dz_i E_i$ is a partial sum of $dx$ over its
+#    vocab columns (section 3's ledger shows it, tagged `f`).
+# 7. `base, extra = divmod(V, p)`, then `start = rank * base + min(rank, extra)` and
+#    `end = start + base + (rank < extra)`: the first `extra` ranks each own one of the leftover rows.
 # </details>
 
 # %%

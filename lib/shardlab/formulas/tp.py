@@ -17,6 +17,8 @@ V vocab, p = tp, e bytes per element.  At p = 1 nothing is communicated (count 0
                         gradients, summed over the group in one coalesced all-reduce of their n elements
                         (Megatron's `_allreduce_layernorm_grads`): payload n e
     embedding           forward: 1 all-reduce of [b, s, h]
+    output layer        (vocab-parallel, tied or not) logits_i = f(x) E_i^T: forward nothing; backward f's
+                        all-reduce of the input gradient dx = sum_i dlogits_i E_i, [b, s, h]
     vocab-parallel CE   n = 3 all-reduces of [b, s]: max, target logit, sum of exponentials (n = 4 with label
                         smoothing: + the sum of logits).  Payload n b s e; wire n 2(p-1)/p b s e
     gathered logits     1 all-gather of this rank's logits [b, s, ceil(V/p)] (uneven shards padded).
@@ -152,6 +154,14 @@ def embedding_all_reduce(batch: int, seq: int, hidden: int, tp: int, dtype: Any 
     """Vocab-parallel embedding forward: 1 all-reduce of [b, s, h] (each id's row lives on one rank)."""
     _check(batch=batch, seq=seq, hidden=hidden, tp=tp)
     return _all_reduce(1, batch * seq * hidden, dtype, tp)
+
+
+def output_layer_all_reduce(batch: int, seq: int, hidden: int, tp: int, dtype: Any = "float32",
+                            backward: bool = True) -> dict[str, int]:
+    """Vocab-parallel output layer logits_i = f(x) E_i^T: no forward collective; backward 1 all-reduce of the input
+    gradient [b, s, h] (f's: each rank's dlogits_i E_i is a partial sum of dx)."""
+    _check(batch=batch, seq=seq, hidden=hidden, tp=tp)
+    return _all_reduce(int(backward), batch * seq * hidden, dtype, tp)
 
 
 def _ce_reductions(label_smoothing: float) -> int:

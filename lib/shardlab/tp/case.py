@@ -47,7 +47,15 @@ from shardlab.formulas.common import dtype_bytes
 from shardlab.params import AttentionParams, MlpParams, VocabParams
 from shardlab.tp import gspmd
 from shardlab.tp.layers import vocab_range
-from shardlab.tp.programs import attention_step, ce_step, embedding_step, loss, mlp_step, transformer_layer_step
+from shardlab.tp.programs import (
+    attention_step,
+    ce_step,
+    embedding_step,
+    loss,
+    mlp_step,
+    tied_lm_step,
+    transformer_layer_step,
+)
 from shardlab.views import View, merge, traffic
 
 TOL = {"float32": dict(rtol=1e-4, atol=1e-5), "bfloat16": dict(rtol=5e-2, atol=5e-2)}
@@ -55,6 +63,7 @@ FLOAT_TYPES = ("f32", "bf16", "f16", "f64")
 _ALIASES = ("parameter", "constant", "tuple", "get-tuple-element", "bitcast", "copy-start", "copy-done")
 IGNORE_INDEX = -100
 CE_METHODS = ("vocab_parallel", "gather")
+COMPILERS = {"hlo": "XLA:CPU", "tpu": "XLA:TPU"}  # a compiler view's source -> the compiler
 
 
 def close(a: torch.Tensor, b: torch.Tensor, dtype: str) -> bool:
@@ -250,15 +259,24 @@ def _attention_slices(ref: dict[str, torch.Tensor], prefix: str, rank: int, cols
 @dataclass(frozen=True)
 class AttentionCase(TpCase):
     """One Megatron self-attention step: heads split over tp ranks — Q/K/V column-parallel (one fused f), the
-    output projection row-parallel (one g)."""
+    output projection row-parallel (one g).
+
+    ``separate_qkv``: the GSPMD graph computes Q, K, V with three separate projections
+    (``gspmd.SeparateQkvAttention``; the per-rank program still applies one f before them). A compiler that then
+    all-reduces more input gradients than the formula's one f records the count as differing, with the reason.
+    ``specs``: annotate the dense module's parameters with these ``{name: spec}`` instead of Megatron's layout
+    (``gspmd.shard_attention``) — what an exercise's answer is compiled with."""
 
     p: AttentionParams
+    separate_qkv: bool = False
+    specs: dict[str, tuple] | None = None
 
     step: ClassVar[Any] = staticmethod(attention_step)
     grads_text: ClassVar[str] = "rank i's Q/K/V/O gradients == dense slices of its heads"
 
     def dense(self) -> models.Attention:
-        return models.Attention(self.p.hidden, self.p.heads)
+        cls = gspmd.SeparateQkvAttention if self.separate_qkv else models.Attention
+        return cls(self.p.hidden, self.p.heads)
 
     def formula(self) -> View:
         p = self.p
@@ -270,6 +288,8 @@ class AttentionCase(TpCase):
         return _attention_slices(ref, "", rank, self.p.hidden // self.p.tp)
 
     def shard(self, module: torch.nn.Module, mesh: Any) -> torch.nn.Module:
+        if self.specs is not None:
+            return gspmd.shard_params(module, mesh, self.specs)
         return gspmd.shard_attention(module, mesh)
 
     def score_arrays(self, module: Any) -> list[tuple[str, Any]]:
@@ -281,6 +301,13 @@ class AttentionCase(TpCase):
     def read(self, view: View, module: Any) -> View:
         view = super().read(view, module)  # heads stay sharded: no q/k/v all-gather
         p, src = self.p, view.source
+        f_count = ftp.attention_all_reduce(p.batch, p.seq, p.hidden, p.tp, p.dtype, backward=self.backward)["count"]
+        got = view.get(f"{self.phase}.all_reduce.operands", view.get(f"{self.phase}.all_reduce.count"))
+        if self.separate_qkv and got is not None and got > f_count:
+            for q in ("count", "bytes", "elements"):
+                view.differs[f"{self.phase}.all_reduce.{q}"] = (
+                    f"{COMPILERS[src]}'s partitioner all-reduced the input gradient of each of the three "
+                    f"projections separately ({got} all-reduces, the formula's one f gives {f_count})")
         if p.tp > 1:  # no device holds all heads' [s, s] (or [s, hd]) blocks
             full = _squeeze((p.batch, p.heads, p.seq, p.seq))
             view.checks[f"{src}.scores_stay_local"] = (
@@ -382,6 +409,87 @@ class EmbeddingCase(TpCase):
 
     def shard(self, module: torch.nn.Module, mesh: Any) -> torch.nn.Module:
         return gspmd.shard_embedding(module, mesh)
+
+
+@dataclass(frozen=True)
+class TiedOutputCase(TpCase):
+    """The tied vocab-parallel embedding and output layer around a stand-in model (``programs.tied_lm_step``):
+    lookup (g), tanh, output layer (f, then x E_i^T), vocab-parallel loss, backward. Per step: forward 1 all-reduce of
+    [b, s, h] and 3 (4 with label smoothing) of [b, s]; backward exactly 1 — the output layer's f, dx [b, s, h].
+    The tied weight's gradient is the sum of the lookup's contribution (rows of the ids) and the output layer's
+    (dlogits_iᵀ x), both local to the rank that owns the rows. Formula and ledger only (per-rank code)."""
+
+    p: VocabParams
+    smoothing: bool = False
+
+    step: ClassVar[Any] = staticmethod(tied_lm_step)
+
+    @property
+    def label_smoothing(self) -> float:
+        return float(self.p.label_smoothing) if self.smoothing else 0.0
+
+    def inputs(self) -> tuple[Any, torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        """The dense embedding (seeded, in the dtype), ids [b, s] and target ids [b, s] (``IGNORE_INDEX`` at (0, 1)
+        when s > 1)."""
+        p = self.p
+        with torch.random.fork_rng():
+            torch.manual_seed(p.seed)
+            dense = models.Embedding(p.vocab, p.hidden).to(getattr(torch, self.dtype))
+        target = token_ids(replace(p, seed=p.seed + 1))
+        if p.seq > 1:
+            target[0, 1] = IGNORE_INDEX
+        return dense, token_ids(p), target
+
+    def program(self) -> tuple[Any, tuple[Any, ...]]:
+        return tied_lm_step, (*self.inputs(), self.label_smoothing, IGNORE_INDEX)
+
+    def oracle(self) -> dict[str, torch.Tensor]:
+        """The dense tied model on the CPU, in float64: per-token loss and the tied weight's gradient (and its
+        lookup part). float64 because a float32 softmax over V = 50257 columns is off by ~3e-5 relative (its
+        normaliser sums 50257 terms in one pass, measured), more than the per-rank code's error."""
+        dense, ids, target = self.inputs()
+
+        def tied(weight: torch.Tensor, lookup_weight: torch.Tensor) -> torch.Tensor:
+            logits = torch.tanh(F.embedding(ids, lookup_weight)) @ weight.t()  # [b, s, V]
+            return F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="none",
+                                   label_smoothing=self.label_smoothing, ignore_index=IGNORE_INDEX).view_as(target)
+
+        w = dense.weight.detach().double().requires_grad_(True)
+        per_token = tied(w, w)
+        per_token.sum().backward()
+        lookup = w.detach().clone().requires_grad_(True)
+        (lookup_grad,) = torch.autograd.grad(tied(w.detach(), lookup).sum(), lookup)
+        return {"loss": per_token.detach(), "weight": w.grad, "lookup": lookup_grad}
+
+    def formula(self) -> View:
+        p, b, s = self.p, self.p.batch, self.p.seq
+        parts = [ftp.embedding_all_reduce(b, s, p.hidden, p.tp, p.dtype),
+                 ftp.vocab_parallel_ce(b, s, p.tp, p.dtype, self.label_smoothing),
+                 ftp.output_layer_all_reduce(b, s, p.hidden, p.tp, p.dtype, backward=True)]
+        view = traffic(View("formula", detail=parts), self.phase, {"all_reduce": sum(f["count"] for f in parts)},
+                       {"all_reduce": sum(f["bytes"] for f in parts)}, p.dtype)
+        view.add("bwd.all_reduce.count", parts[2]["count"], "count")
+        view.add("bwd.all_reduce.bytes", parts[2]["bytes"], "bytes")
+        return view
+
+    def parity(self, source: str, got: Any, ref: dict[str, torch.Tensor]) -> Checks:
+        dt, rows = self.dtype, [slice(*r["range"]) for r in got]
+        ids = set(token_ids(self.p).flatten().tolist())
+        lookup_rows = set(torch.nonzero(ref["lookup"].abs().sum(1)).flatten().tolist())
+        return {"parity.ledger.loss": (all(close(r["loss"], ref["loss"], dt) for r in got),
+                                       "per-token loss == the dense tied model's, on every rank"),
+                "parity.ledger.grad_weight": (all(close(r["grad"], ref["weight"][i], dt) for r, i in zip(got, rows,
+                                                                                                       strict=True)),
+                                              "rank i's rows of the tied gradient == dense rows (both contributions)"),
+                "dense.lookup_rows": (lookup_rows <= ids, "the lookup's contribution touches only the ids' rows")}
+
+    def ledger_extra(self, view: View, ledger: Any, results: list[Any]) -> View:
+        bwd = ledger.select(phase="backward")
+        view.add("bwd.all_reduce.count", bwd.count("all_reduce"), "count")
+        view.add("bwd.all_reduce.bytes", bwd.payload_bytes("all_reduce"), "bytes")
+        view.checks["ledger.bwd.is_f"] = ([e.tag for e in bwd] == ["f"] if self.p.tp > 1 else not len(bwd),
+                                          f"the backward's collectives: {[(e.tag, e.shape) for e in bwd]}")
+        return view
 
 
 # -------------------------------------------------------------------------------------------- cross-entropy

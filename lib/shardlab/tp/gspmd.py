@@ -13,11 +13,12 @@ every collective runs within groups of tp devices.  Specs in nn.Linear layout (w
                  fc2.weight [h, ffn]  (None, "tensor")  fc2.bias replicated     row-parallel B
     Attention    q/k/v.weight [h, h]  ("tensor", None)  (heads stay whole: h/tp is a multiple of hd)
                  out.weight [h, h]    (None, "tensor")
-                 Two details of `models.Attention` keep this at 1 + 1 all-reduces (measured, torch_xla 2.9):
-                 Q/K/V come from ONE einsum with the stacked weights (three separate projections gave three
-                 backward all-reduces of the input gradient), and the attention core uses einsum with (b, nh)
-                 as separate batch dims (`@` merges them; a merged [b*nh] dim cannot be heads-sharded, and
-                 the partitioner all-gathered q, k and v).
+                 Two details of `models.Attention` keep this at 1 + 1 all-reduces on both compilers (measured,
+                 torch_xla 2.9, libtpu 0.0.21): Q/K/V come from ONE einsum with the stacked weights (three
+                 separate projections, `SeparateQkvAttention`, gave XLA:CPU three backward all-reduces of the
+                 input gradient, one per projection; XLA:TPU adds the three partial gradients first and issues
+                 one), and the attention core uses einsum with (b, nh) as separate batch dims (`@` merges them;
+                 a merged [b*nh] dim cannot be heads-sharded, and the partitioner all-gathered q, k and v).
     Embedding    weight [V, h]        ("tensor", None)  vocab rows split (uneven V: padded per device)
     logits       [b, s, V]            (None, None, "tensor")
     Block        `shard_transformer_block`: attention + MLP as above, LayerNorms replicated
@@ -83,6 +84,29 @@ def shard_attention(attn: models.Attention, mesh: Any) -> models.Attention:
             _mark(lin.bias, mesh, (AXIS,))
     _mark(attn.out.weight, mesh, (None, AXIS))
     return attn
+
+
+class SeparateQkvAttention(models.Attention):
+    """`models.Attention` with Q, K and V as three separate projections (three nn.Linear calls) instead of the one
+    stacked einsum — what notebook 03 compiles to show what each partitioner makes of three projections."""
+
+    def qkv_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        b, s, _ = x.shape
+        q, k, v = (lin(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)  # [b, s, h] -> [b, nh, s, hd]
+                   for lin in (self.q, self.k, self.v))
+        return q, k, v
+
+
+def shard_params(module: torch.nn.Module, mesh: Any, specs: dict[str, tuple]) -> torch.nn.Module:
+    """Annotate ``module``'s parameters by name (``{"q.weight": ("tensor", None), ...}``); errors name the
+    parameter."""
+    names = dict(module.named_parameters())
+    for name, spec in specs.items():
+        if name not in names:
+            raise ValueError(f"specs names {name!r}, which is not a parameter of {type(module).__name__} "
+                             f"(its parameters: {sorted(names)})")
+        _mark(names[name], mesh, tuple(spec))
+    return module
 
 
 def shard_embedding(emb: torch.nn.Embedding, mesh: Any) -> torch.nn.Embedding:

@@ -117,6 +117,22 @@ def embedding_step(
     return _step(VocabParallelEmbedding.from_dense(dense, comm), ids, target, input_grad=False)
 
 
+def tied_lm_step(
+    comm: Comm, dense: torch.nn.Embedding, ids: torch.Tensor, target: torch.Tensor, label_smoothing: float = 0.0,
+    ignore_index: int = -100,
+) -> dict[str, Any]:
+    """The tied, vocab-parallel embedding and output layer around a stand-in model (tanh): ids [b, s] -> E[ids]
+    (g: all-reduce [b, s, h]) -> tanh -> f -> x E_i^T [b, s, V_i] -> vocab-parallel CE -> backward of its sum.
+    Returns the per-token loss and this rank's rows of the tied weight's gradient (both contributions: the
+    lookup's and the output layer's)."""
+    emb = VocabParallelEmbedding.from_dense(dense, comm)
+    x = torch.tanh(emb(ids))  # [b, s, h]: the model between the two ends
+    logits = emb.logits(x)  # f(x) E_i^T: [b, s, V_i]; f's backward all-reduces dx [b, s, h]
+    loss = vocab_parallel_cross_entropy(logits, target, comm, label_smoothing, ignore_index, vocab=emb.vocab)
+    loss.sum().backward()
+    return {"loss": loss.detach(), "grad": emb.weight.grad, "range": (emb.start, emb.end)}
+
+
 def ce_step(
     comm: Comm,
     logits: torch.Tensor,
