@@ -30,7 +30,7 @@ def load_module() -> Any:
 def requirement_pins() -> dict[str, str]:
     out = {}
     for line in (ROOT / "requirements.txt").read_text().splitlines():
-        for pkg in ("torch", "torch_xla", "jax", "jaxlib", "torchax", "flax", "libtpu"):
+        for pkg in ("torch", "torch_xla", "jax", "jaxlib", "torchax", "flax", "libtpu", "transformers"):
             if line.strip().startswith(f"{pkg}=="):
                 out[pkg] = line.strip()
     return out

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # The public repository the hosted runtimes install shardlab from (pip's git+https form).
 # Set this to where the repository is published; users can override it with SHARDLAB_REPO_URL at run time.
 REPO_URL = "https://github.com/shardlab/shardlab"
-HOSTED_PACKAGES = ("torch", "torch_xla", "jax", "jaxlib", "torchax", "flax", "libtpu")
+HOSTED_PACKAGES = ("torch", "torch_xla", "jax", "jaxlib", "torchax", "flax", "libtpu", "transformers")
 
 
 def pins(requirements: Path = ROOT / "requirements.txt") -> list[str]:

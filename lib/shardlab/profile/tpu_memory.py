@@ -159,11 +159,32 @@ class OutOfMemory:
                     self.message.split("\n", 1)[0])
 
 
+_ALLOCATION = re.compile(r"RESOURCE_EXHAUSTED: Allocation \(size=(\d+)\) would exceed memory \(size=(\d+)\)"
+                         r"(?:.*?shape = '([^']*)')?(?:.*?tag = '([^']*)')?", re.S)
+
+
 def parse_oom(message: str) -> OutOfMemory | None:
-    """The structured form of an XLA:TPU out-of-memory compile error; None for any other error."""
+    """The structured form of an XLA:TPU out-of-memory compile error; None for any other error.
+
+    Two forms: the capacity check ("Used X of Y hbm. Exceeded hbm capacity by Z.", with the largest buffers), and
+    one array alone larger than the chip, raised before the heap simulation ("Allocation (size=N) would exceed
+    memory (size=M) :: ... shape = '...' ... tag = '...'": then ``used`` is that one array, a lower bound).
+
+    >>> o = parse_oom("RESOURCE_EXHAUSTED: Allocation (size=8) would exceed memory (size=4) :: #a [shape = "
+    ...               "'bf16[2,2]{1,0}', space=hbm, size = 0x1, tag = 'output of fusion.1'] :: x")
+    >>> o.used, o.capacity, o.exceeded, o.buffers[0].shape, o.buffers[0].label
+    (8, 4, 4, 'bf16[2,2]{1,0}', 'fusion.1')
+    """
     m = re.search(rf"Used {_SIZE} of {_SIZE} hbm\. Exceeded hbm capacity by {_SIZE}\.", message)
-    if "RESOURCE_EXHAUSTED" not in message or not m:
+    if "RESOURCE_EXHAUSTED" not in message:
         return None
+    if not m:
+        a = _ALLOCATION.search(message)
+        if a is None:
+            return None
+        size, capacity = int(a.group(1)), int(a.group(2))
+        label = (a.group(4) or "").removeprefix("output of ")
+        return OutOfMemory(size, capacity, size - capacity, {}, [OomBuffer(size, a.group(3) or "", label)], message)
     used, cap, exc = (parse_size(m.group(i) + m.group(i + 1)) for i in (1, 3, 5))
     breakdown = {}
     tm = re.search(r"Total hbm usage >= .*?\n((?:[ \t]+\w+[ \t]+.*\n)+)", message)
