@@ -1,5 +1,6 @@
-"""Combining: the α–β fit recovers known α, β from synthetic timings; the bucket formula against the bucketing
-rule applied by hand; the ledger's bucketed all-reduce against the formula and against rank arithmetic."""
+"""Combining: the α–β fit recovers known α, β from synthetic timings; the bucketing rule and its formula against
+PyTorch's own DDP bucket assignment (``torch.distributed._compute_bucket_assignment_by_size``) and by hand; the
+ledger's bucketed all-reduce against the formula and against rank arithmetic."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import random
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from shardlab.comm import SimulatedWorld
 from shardlab.levers import combine as C
@@ -59,18 +61,63 @@ def test_bucket_formula_matches_the_rule(num: int, g: int, cap: int) -> None:
     assert len(groups) == -(-num // per)
 
 
+def _pytorch_buckets(sizes: list[int], cap: int, first: int | None) -> list[list[int]]:
+    """DDP's bucket assignment by PyTorch itself: limits [first, cap] as DDP passes them when bucket_cap_mb is left at
+    its default, [cap] when it is passed. uint8 tensors, so a size is its bytes (one dtype, one device: DDP would
+    also split buckets by those)."""
+    tensors = [torch.empty(s, dtype=torch.uint8) for s in sizes]
+    return dist._compute_bucket_assignment_by_size(tensors, [cap] if first is None else [first, cap])[0]
+
+
+def test_ddp_first_bucket_constant_is_pytorchs() -> None:
+    assert C.DDP_FIRST_BUCKET_BYTES == dist._DEFAULT_FIRST_BUCKET_BYTES == 2**20
+
+
+def test_buckets_match_pytorch_ddp() -> None:
+    mib = 2**20
+    # the issue's case: 24 gradients of 4 MiB, DDP's defaults (1 MiB first bucket, 25 MiB cap) -> [1, 7, 7, 7, 2];
+    # bucket_cap_mb=25 passed explicitly -> [7, 7, 7, 3]
+    for first, lengths in ((mib, [1, 7, 7, 7, 2]), (None, [7, 7, 7, 3])):
+        ours = C.buckets([4 * mib] * 24, 25 * mib, first)
+        assert ours == _pytorch_buckets([4 * mib] * 24, 25 * mib, first)
+        assert [len(b) for b in ours] == lengths
+        assert C.bucket_count(24, 4 * mib, 25 * mib, first) == len(lengths)
+    rng = random.Random(0)
+    for _ in range(300):  # uneven sizes, every kind of limit (0 included)
+        sizes = [rng.randint(1, 50) for _ in range(rng.randint(1, 12))]
+        cap, first = rng.choice([0, 1, 7, 20, 64, 200]), rng.choice([None, 0, 1, 10, 30, 500])
+        assert C.buckets(sizes, cap, first) == _pytorch_buckets(sizes, cap, first), (sizes, cap, first)
+
+
+@pytest.mark.parametrize("g", [1, 3, 4, 7])
+def test_bucket_count_matches_pytorch_ddp(g: int) -> None:
+    for num in range(1, 30):
+        for cap in (0, 1, 5, 12, 25):
+            for first in (None, 0, 2, 4, 9, 40):
+                assert C.bucket_count(num, g, cap, first) == len(_pytorch_buckets([g] * num, cap, first)), \
+                    (num, g, cap, first)
+
+
 def test_buckets_uneven_sizes_by_hand() -> None:
     # sizes 3, 5, 1, 9, 2 with cap 6: [3, 5] = 8 >= 6 closes; [1, 9] = 10 closes; [2] left open -> 3 buckets
     assert C.buckets([3, 5, 1, 9, 2], 6) == [[0, 1], [2, 3], [4]]
+    # with a first limit of 2: [3] closes at once, then [5, 1] = 6, [9], [2]
+    assert C.buckets([3, 5, 1, 9, 2], 6, 2) == [[0], [1, 2], [3], [4]]
     with pytest.raises(ValueError, match="bucket_bytes=-1"):
         C.buckets([1], -1)
+    with pytest.raises(ValueError, match="first_bucket_bytes=-2"):
+        C.bucket_count(3, 4, 8, -2)
 
 
-@pytest.mark.parametrize("world, num, numel, cap", [(4, 6, 10, 0), (4, 6, 10, 80), (2, 5, 3, 1000), (3, 4, 8, 33)])
-def test_ledger_bucketing_matches_formula_and_rank_arithmetic(world: int, num: int, numel: int, cap: int) -> None:
+@pytest.mark.parametrize("world, num, numel, cap, first", [(4, 6, 10, 0, None), (4, 6, 10, 80, None),
+                                                           (2, 5, 3, 1000, None), (3, 4, 8, 33, None),
+                                                           (4, 7, 10, 80, 40), (2, 5, 3, 1000, 0)])
+def test_ledger_bucketing_matches_formula_and_rank_arithmetic(world: int, num: int, numel: int, cap: int,
+                                                              first: int | None) -> None:
     sim = SimulatedWorld(world)
-    out = sim.run(C.bucket_program, num, numel, cap)
-    assert sim.ledger.count("all_reduce") == C.bucket_count(num, numel * 4, cap)
+    out = sim.run(C.bucket_program, num, numel, cap, first)
+    assert sim.ledger.count("all_reduce") == C.bucket_count(num, numel * 4, cap, first)
+    assert sim.ledger.count("all_reduce") == len(_pytorch_buckets([numel * 4] * num, cap, first))
     assert sim.ledger.payload_bytes("all_reduce") == num * numel * 4  # combining never changes the bytes
     tri = world * (world + 1) // 2  # sum over ranks of (rank + 1)
     for rank in out:

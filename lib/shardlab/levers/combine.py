@@ -15,9 +15,14 @@ total take ``k·α + n / β``: the bytes cost the same, every extra call costs a
 - :func:`time_all_reduces` — real timings: ``W`` processes on gloo (``torch.distributed``) run, for every
   total size n and every k, k all-reduces of n/k float32 elements, ``repeats`` times after a barrier; a
   repeat's time is the slowest rank's (a collective is done when every rank is). Median and spread per point.
-- :func:`buckets` / :func:`bucket_count` / :func:`bucketed_all_reduce` — hand-made bucketing (DDP's rule: add
-  gradients to the open bucket until it holds at least ``bucket_bytes``, then close it): the formula for L
-  equal gradients, and a per-rank program whose ledger shows one all-reduce per bucket.
+- :func:`buckets` / :func:`bucket_count` / :func:`bucketed_all_reduce` — hand-made bucketing, DDP's rule (torch 2.9:
+  ``dist._compute_bucket_assignment_by_size``, which ``Reducer::rebuild_buckets`` applies after the first
+  iteration): take the gradients in the order they become ready (about reverse parameter order), close the open
+  bucket once it holds at least its limit — :data:`DDP_FIRST_BUCKET_BYTES` (1 MiB) for the first bucket when
+  ``bucket_cap_mb`` is left at its default, ``bucket_cap_mb`` (25 MiB) for every later one — and all-reduce each
+  bucket as one flat tensor. Passing ``bucket_cap_mb`` explicitly makes the first limit the cap too. The formula
+  for L equal gradients, and a per-rank program whose ledger shows one all-reduce per bucket; the tests compare
+  the rule with PyTorch's own function.
 
 Example::
 
@@ -42,6 +47,7 @@ from shardlab.comm import DistributedWorld, SimulatedWorld
 from shardlab.profile.timer import Timing
 
 ELEMENT_BYTES = 4  # the timings move float32
+DDP_FIRST_BUCKET_BYTES = 1 << 20  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES (torch 2.9; the tests compare)
 
 
 class AlphaBeta(NamedTuple):
@@ -89,19 +95,28 @@ def combining_saving_s(fit: AlphaBeta, calls_before: int, calls_after: int) -> f
 
 
 # ------------------------------------------------------------------------------------------------ buckets
-def buckets(sizes_bytes: Sequence[int], bucket_bytes: int) -> list[list[int]]:
-    """Indices of the gradients in each bucket, DDP's rule: fill the open bucket (in the given order — DDP uses
-    reverse parameter order, the order gradients become ready) until it holds >= ``bucket_bytes``, then close
-    it. ``bucket_bytes=0`` gives one bucket per gradient. (DDP also caps its first bucket at 1 MiB; not here.)"""
-    if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 0:
-        raise ValueError(f"bucket_bytes={bucket_bytes!r} must be an int >= 0")
+def _limit(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name}={value!r} must be an int >= 0")
+    return value
+
+
+def buckets(sizes_bytes: Sequence[int], bucket_bytes: int, first_bucket_bytes: int | None = None) -> list[list[int]]:
+    """Indices of the gradients in each bucket, DDP's rule: fill the open bucket in the given order (DDP's: the
+    order gradients become ready, about reverse parameter order) until it holds >= its limit, then close it. The
+    first bucket's limit is ``first_bucket_bytes`` (DDP's default :data:`DDP_FIRST_BUCKET_BYTES`; None: the same
+    as ``bucket_bytes``, DDP with ``bucket_cap_mb`` passed explicitly), every later one's ``bucket_bytes``. A
+    limit 0 closes a bucket after one gradient. (DDP also keeps dtypes and devices in separate buckets; one of
+    each here.)"""
+    later = _limit("bucket_bytes", bucket_bytes)
+    first = later if first_bucket_bytes is None else _limit("first_bucket_bytes", first_bucket_bytes)
     out: list[list[int]] = []
     cur: list[int] = []
     held = 0
     for i, s in enumerate(sizes_bytes):
         cur.append(i)
         held += s
-        if held >= bucket_bytes:
+        if held >= (later if out else first):
             out.append(cur)
             cur, held = [], 0
     if cur:
@@ -109,21 +124,26 @@ def buckets(sizes_bytes: Sequence[int], bucket_bytes: int) -> list[list[int]]:
     return out
 
 
-def bucket_count(num_grads: int, grad_bytes: int, bucket_bytes: int) -> int:
-    """Formula: all-reduces for ``num_grads`` equal gradients of ``grad_bytes`` each — a bucket closes after
-    ``m = max(1, ceil(bucket_bytes / grad_bytes))`` gradients, so ``ceil(num_grads / m)`` buckets."""
+def bucket_count(num_grads: int, grad_bytes: int, bucket_bytes: int, first_bucket_bytes: int | None = None) -> int:
+    """Formula: all-reduces for ``num_grads`` equal gradients of ``grad_bytes`` each. The first bucket closes after
+    ``m1 = max(1, ceil(first_bucket_bytes / grad_bytes))`` gradients, every later one after ``m = max(1,
+    ceil(bucket_bytes / grad_bytes))``: 1 bucket if ``num_grads <= m1``, else ``1 + ceil((num_grads - m1) / m)``
+    (``first_bucket_bytes`` None: the same limit as the others, ``ceil(num_grads / m)``)."""
     if num_grads < 1 or grad_bytes < 1:
         raise ValueError(f"num_grads={num_grads} and grad_bytes={grad_bytes} must be >= 1")
-    per = max(1, math.ceil(bucket_bytes / grad_bytes))
-    return math.ceil(num_grads / per)
+    per = max(1, math.ceil(_limit("bucket_bytes", bucket_bytes) / grad_bytes))
+    first = per if first_bucket_bytes is None else \
+        max(1, math.ceil(_limit("first_bucket_bytes", first_bucket_bytes) / grad_bytes))
+    return 1 if num_grads <= first else 1 + math.ceil((num_grads - first) / per)
 
 
-def bucketed_all_reduce(comm: Any, grads: Sequence[torch.Tensor], bucket_bytes: int) -> list[torch.Tensor]:
+def bucketed_all_reduce(comm: Any, grads: Sequence[torch.Tensor], bucket_bytes: int,
+                        first_bucket_bytes: int | None = None) -> list[torch.Tensor]:
     """Per-rank program: sum ``grads`` over ranks with one all-reduce per bucket (flatten, reduce, unflatten).
 
     The ledger shows one all_reduce per bucket whose payload is the bucket's bytes; the results equal
     per-gradient all-reduces exactly (the same additions, elementwise)."""
-    groups = buckets([g.numel() * g.element_size() for g in grads], bucket_bytes)
+    groups = buckets([g.numel() * g.element_size() for g in grads], bucket_bytes, first_bucket_bytes)
     out: list[torch.Tensor | None] = [None] * len(grads)
     for b, idx in enumerate(groups):
         flat = torch.cat([grads[i].reshape(-1) for i in idx])  # [sum of numels]
@@ -142,9 +162,10 @@ def rank_grads(rank: int, num_grads: int, numel: int) -> list[torch.Tensor]:
     return [torch.full((numel,), float((rank + 1) * (i + 1))) for i in range(num_grads)]
 
 
-def bucket_program(comm: Any, num_grads: int, numel: int, bucket_bytes: int) -> list[torch.Tensor]:
+def bucket_program(comm: Any, num_grads: int, numel: int, bucket_bytes: int,
+                   first_bucket_bytes: int | None = None) -> list[torch.Tensor]:
     """``bucketed_all_reduce`` of :func:`rank_grads` (module level: picklable for real processes)."""
-    return bucketed_all_reduce(comm, rank_grads(comm.rank, num_grads, numel), bucket_bytes)
+    return bucketed_all_reduce(comm, rank_grads(comm.rank, num_grads, numel), bucket_bytes, first_bucket_bytes)
 
 
 # -------------------------------------------------------------------------------------------- gloo timings
@@ -238,21 +259,24 @@ def bucket_sizes(num_grads: int, grad_bytes: int) -> list[int]:
 
 
 def bucket_curve(num_grads: int, numel: int, world_size: int, fit: AlphaBeta | None = None,
-                 sizes: Sequence[int] | None = None) -> list[dict[str, Any]]:
+                 sizes: Sequence[int] | None = None, first_bucket_bytes: int | None = None) -> list[dict[str, Any]]:
     """For each bucket size: the formula's all-reduces, the ledger's (``bucket_program`` in a SimulatedWorld),
-    the payload bytes, whether every rank got the rank-arithmetic sums, and the α–β time of the bucketed step."""
+    the payload bytes, whether every rank got the rank-arithmetic sums, and the α–β time of the bucketed step.
+    ``first_bucket_bytes``: the first bucket's own limit (None: each size is also the first bucket's limit — DDP
+    with ``bucket_cap_mb`` passed)."""
     grad_bytes = numel * ELEMENT_BYTES
     tri = world_size * (world_size + 1) // 2  # sum over ranks of (rank + 1)
     rows = []
     for b in (sizes if sizes is not None else bucket_sizes(num_grads, grad_bytes)):
         sim = SimulatedWorld(world_size)
-        out = sim.run(bucket_program, num_grads, numel, b)
+        out = sim.run(bucket_program, num_grads, numel, b, first_bucket_bytes)
         # compared in numpy (one thread): measured on the shared 2-core machine, torch's 2 OpenMP threads spin ~4 ms
         # of CPU per 64k-element comparison (0.1 ms with one thread) — 2 s of the notebook for these checks
         exact = all(g.shape == (numel,) and bool(np.all(g.numpy() == (i + 1) * tri))
                     for r in out for i, g in enumerate(r))
         count = sim.ledger.count("all_reduce")
-        rows.append({"bucket_bytes": b, "formula": bucket_count(num_grads, grad_bytes, b), "ledger": count,
+        rows.append({"bucket_bytes": b, "formula": bucket_count(num_grads, grad_bytes, b, first_bucket_bytes),
+                     "ledger": count,
                      "payload_bytes": sim.ledger.payload_bytes("all_reduce"), "sums_exact": exact,
                      "model_ms": fit.time_s(count, num_grads * grad_bytes) * 1e3 if fit else None})
     return rows
