@@ -141,3 +141,15 @@ def test_attention_backward_holds_dp_and_ds_without_flash():
     assert attention_backward_bytes(1024, 2, 32, tp=4, flash_attention=True) == 0
     with pytest.raises(ValueError, match=r"heads=32 is not divisible by tp=3"):
         attention_backward_bytes(1024, 2, 32, tp=3)
+
+
+def test_moe_mlp_activations_by_hand():
+    """A mixture-of-experts MLP keeps its input [T, h], the router's fp32 probabilities [T, E], the dispatched buffer
+    and the experts' output [E·C, h], and each expert's SwiGLU inner tensors over its C slots (4 of [C, ffn / t]);
+    C = ceil(cf·k·T/E). T = 16 tokens, h 8, ffn 24, E 4, k 2, cf 1.5: C = ceil(12) = 12, E·C = 48 slots."""
+    e, T, h, f, E, slots = 2, 16, 8, 24, 4, 48
+    want = e * T * h + 4 * T * E + 2 * e * slots * h + 4 * e * slots * f
+    assert A.moe_mlp_activation_bytes(16, 1, 8, 24, experts=4, top_k=2, capacity_factor=1.5) == want
+    # tensor 2 splits the inner width, sequence parallelism the input; GeLU keeps 2 inner tensors, not 4
+    assert A.moe_mlp_activation_bytes(16, 1, 8, 24, 4, 2, 1.5, tp=2, sequence_parallel=True, gated_mlp=False) == \
+        e * T * h / 2 + 4 * T * E + 2 * e * slots * h + 2 * e * slots * f / 2

@@ -110,3 +110,44 @@ def test_every_user_reads_hbm_from_the_profiles():
     c = seed_case()
     assert c.hbm_usable_bytes == v6e.hbm_usable_bytes
     assert c.one_d_fraction_of_hbm == c.one_d_per_chip_bytes / v6e.hbm_usable_bytes
+
+
+def test_ici_per_axis():
+    """The JAX scaling book's per-axis model: a 2D torus chip has 4 links (v5e 400 GB/s bidirectional -> 100 GB/s
+    per link); a ring on one axis sends over 2 links one way each = one link's bidirectional figure; on both axes
+    twice that = half the published number (the all-axes egress this module always had)."""
+    v5e, v5p = H.chip("v5e"), H.chip("v5p")
+    assert (v5e.torus_dims, v5e.ici_links_per_chip, v5e.ici_link_bytes_per_s) == (2, 4, 100e9)
+    assert v5e.ici_egress_for(1) == 100e9 and v5e.ici_egress_for(2) == v5e.ici_egress_bytes_per_s == 200e9
+    assert (v5p.torus_dims, v5p.ici_egress_for(1), v5p.ici_egress_for(3)) == (3, 200e9, 600e9)
+    with pytest.raises(ValueError, match=r"axes=3 must be an int in \[1, 2\]"):
+        v5e.ici_egress_for(3)
+    r = H.roofline(918e12, 0.0, H.chip("v6e"), comm_s=0.5, bubble_ratio=0.25)  # 1 s compute + a quarter of bubble
+    assert (r.comm_s, r.bubble_s, r.step_s, r.step_no_overlap_s, r.bound) == (0.5, 0.25, 1.25, 1.75, "compute")
+
+
+def test_slice_shapes_and_groups():
+    # Google's published slice shapes: v5e / v6e 2x4 (8), 4x4, 8x8, 16x16; v5p 2x2x1 (v5p-8), 2x4x4 (v5p-64)
+    assert [H.slice_shape(t) for t in ("v6e-1", "v6e-8", "v6e-16", "v6e-64", "v6e-256")] == \
+        [(1, 1), (2, 4), (4, 4), (8, 8), (16, 16)]
+    assert [H.slice_shape(t) for t in ("v5p-8", "v5p-16", "v5p-64", "v5p-256")] == \
+        [(2, 2, 1), (2, 2, 2), (2, 4, 4), (4, 4, 8)]
+    # row-major mesh, the last axis fastest: (data 2, fsdp 4): fsdp's group of device 0 is 0..3, data's {0, 4}
+    assert H.mesh_group({"data": 2, "fsdp": 4}, ("fsdp",)) == [0, 1, 2, 3]
+    assert H.mesh_group({"data": 2, "fsdp": 4}, ("data",)) == [0, 4]
+    assert H.mesh_group({"data": 2, "fsdp": 2, "tensor": 2}, ("data", "tensor"), device=2) == [2, 3, 6, 7]
+    assert H.group_axes("v6e-8", [0, 4]) == 1 and H.group_axes("v6e-8", [0, 1, 2, 3]) == 2
+    assert H.group_axes("v6e-8", [0]) == 0
+
+
+@pytest.mark.parametrize("topology,slice_name", [("v5e:2x4", "v5e-8"), ("v6e:4x4", "v6e-16"), ("v6e:8x8", "v6e-64"),
+                                                 ("v6e:16x16", "v6e-256")])
+def test_device_coords_are_libtpus(topology, slice_name):
+    """Oracle: libtpu's own TpuDevice.coords of the compile-only topology the suite compiles for (its device
+    assignment is the devices in this order)."""
+    pytest.importorskip("libtpu")
+    pytest.importorskip("jax")
+    from shardlab.profile import tpu
+
+    got = [tuple(d.coords)[:2] for d in tpu.topology_devices(topology)]
+    assert got == H.device_coords(slice_name)

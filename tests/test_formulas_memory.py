@@ -78,3 +78,17 @@ def test_param_count_layout():
 def test_bad_input():
     with pytest.raises(ValueError, match="heads=32 is not divisible by kv_heads=5"):
         M.param_count(1, 4096, 1, 32, 5, 10)
+
+
+def test_mixture_of_experts_param_count():
+    # Mixtral 8x7B (config.json: 32 layers, h 4096, ffn 14336, 32 heads, 8 KV heads, V 32000, 8 experts): the
+    # published "46.7B" total; by hand per layer attention 2·4096² + 2·4096·1024, router 4096·8, norms 2·4096,
+    # 8 SwiGLU experts 8·3·4096·14336
+    pc = M.param_count(32, 4096, 14336, 32, 8, 32000, experts=8)
+    per_layer = 2 * 4096**2 + 2 * 4096 * 1024 + 4096 * 8 + 2 * 4096 + 8 * 3 * 4096 * 14336
+    assert pc.per_layer == per_layer and pc.expert_per_layer == 8 * 3 * 4096 * 14336
+    assert pc.total == 32 * per_layer + 2 * 32000 * 4096 + 4096 == 46_702_792_704
+    assert round(pc.total / 1e9, 1) == 46.7
+    assert pc.dense_per_layer == per_layer - pc.expert_per_layer
+    with pytest.raises(ValueError, match=r"experts=-1 must be an int >= 0"):
+        M.param_count(2, 64, 128, 4, 4, 100, experts=-1)

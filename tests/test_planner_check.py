@@ -27,11 +27,12 @@ def test_formulas_by_hand() -> None:
     layer = harness.formula(pc.LayerTermCase(pc.tp_params(SMALL)))
     assert (layer["fwd_bwd.all_reduce.count"], layer["fwd_bwd.all_reduce.bytes"]) == (4, 4 * 2048)
     assert layer["fwd_bwd.all_reduce.wire_bytes"] == 4 * 1.5 * 2048
-    # dp: gradients of A [32, 64] and B [64, 32] in fp32; parameters: x's [16/4, 32] shard + both matrices
+    # dp: gradients of A [32, 64] and B [64, 32] in fp32; parameters: x's and the target's [16/4, 32] shards +
+    # both matrices
     dp = harness.formula(pc.DataCase(SMALL))
     assert (dp["fwd_bwd.all_reduce.count"], dp["fwd_bwd.all_reduce.bytes"]) == (2, 2 * 32 * 64 * 4)
-    assert dp["param.bytes"] == 4 * 32 * 4 + 2 * 32 * 64 * 4
-    assert harness.formula(pc.DataCase(SMALL, sharded=True))["param.bytes"] == 4 * 32 * 4 + 2 * 32 * 64 * 4 // 4
+    assert dp["param.bytes"] == 2 * 4 * 32 * 4 + 2 * 32 * 64 * 4
+    assert harness.formula(pc.DataCase(SMALL, sharded=True))["param.bytes"] == 2 * 4 * 32 * 4 + 2 * 32 * 64 * 4 // 4
     # units: inner Linear(32, 64) = 2048 + 64 = 2112 (= 4 · 528); root Linear(64, 33) = 2112 + 33 = 2145 -> 2148
     units = harness.formula(pc.UnitsCase(SMALL))
     assert units["fwd_bwd.all_gather.count"] == 2 + 1  # inner: forward + backward; root: forward only
@@ -87,3 +88,29 @@ def test_views_skip_with_the_reason(xla_world) -> None:  # type: ignore[no-untyp
     odd = replace(SMALL, val_world=3, val_tokens=3, val_hidden=12, val_ffn=6, val_heads=3)
     assert "val_world=3 does not tile num_devices=8" in harness.hlo(pc.DataCase(odd)).skipped
     assert "no 'v5e' topology with num_chips=3" in harness.tpu(pc.DataCase(odd), "v5e").skipped  # no 3-chip slice
+
+
+def test_pipeline_check_arithmetic():
+    """The cached pipeline check's planner side by hand: a stage's weights h² fp32; one more microbatch in flight
+    on a GPipe stage keeps the tanh layer's input and output (2 [rows, h] fp32), and the SPMD loop one more
+    iteration's input-stream and output slots (2 more). The compiler's side: the weight argument is exact and the
+    temporaries grow within 5 % of the SPMD figure."""
+    pipe, source = pc.load_pipeline()
+    msg = pipe.rows * pipe.hidden * 4
+    f, c = pipe.formula(), pipe.measured()
+    weights, gpipe, spmd = f
+    assert (f[weights], f[gpipe], f[spmd]) == (pipe.hidden**2 * 4, 2 * msg, 4 * msg)
+    assert c[weights] == f[weights] and abs(c[spmd] / f[spmd] - 1) < 0.05
+    assert "tools/scale_full_size.py pipeline" in source["command"]
+
+
+@pytest.mark.xla
+@pytest.mark.slow
+def test_pipeline_check_compiles_as_cached(xla_world) -> None:  # type: ignore[no-untyped-def]
+    """Compile notebook 09's SPMD GPipe pipeline at the check's sizes (two compiles, ~30 s here) and find the
+    cached per-chip bytes exactly (compile-only results are deterministic)."""
+    from shardlab.profile import tpu
+
+    tpu.check_backend()
+    cached, _ = pc.load_pipeline()
+    assert pc.pipeline_check().compiler == cached.compiler

@@ -18,8 +18,13 @@ ranks; fp32, so 4 bytes per element on every backend) and compares each with wha
                                               inner unit (resharded after forward)   per unit, model_state_bytes
                                               and the root unit (not), Adam, 1 step  (flat padding)
 
-Values are named ``fwd_bwd.<op>.{count,bytes,elements,wire_bytes}`` (wire: the ring model of
-``formulas.common.wire_bytes``, each collective at its own group size) and ``param.bytes`` / ``model_state.bytes``.
+    pipeline    PipelineCheck (cached)        notebook 09's SPMD GPipe pipeline,      weights per stage, bytes per
+                                              XLA:TPU per-chip bytes at two m         in-flight microbatch
+
+Values are named ``fwd_bwd.<op>.{count,bytes,elements,wire_bytes}`` and ``param.bytes`` / ``model_state.bytes``.
+Wire bytes: the formula's ring model (``formulas.common.wire_bytes``) in the formula view; in the measured views
+each collective counted chunk by chunk along the ring schedule (``blocks.ring``), so formula = measured tests the
+ring factor, not only count × payload. Every step's loss is ½‖out − target‖² (``tp.programs.loss``).
 The compiled programs run on a mesh (n / world, world) over the process's n devices; the CPU compiler view is
 skipped with the reason when world does not tile n, the TPU view compiles for a world-chip slice (in a helper
 process when this one has another device count). Parity with the dense oracle (the same module on the CPU, no XLA)
@@ -33,26 +38,38 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, ClassVar
 
 import pandas as pd
 import torch
 import torch.nn.functional as F
 import torch_xla.distributed.spmd as xs  # imported after runtime.setup() (the notebooks' order)
 
-from shardlab import runtime
+from shardlab import harness, runtime
+from shardlab.blocks import ring
 from shardlab.case import Case, Checks, Program
 from shardlab.comm import Ledger
 from shardlab.formulas import memory
+from shardlab.formulas import pipeline as fpp
 from shardlab.formulas.common import wire_bytes
 from shardlab.formulas.fsdp import FlatStepComm, flat_step_comm
 from shardlab.fsdp.train import FlatCase, RankResult, fsdp_rank_program, reference_train
 from shardlab.params import AttentionParams, FsdpParams, PlannerParams
+from shardlab.pipeline.case import ScheduleCase
+from shardlab.pipeline.params import PipelineParams
 from shardlab.planner import CommTerm, ModelConfig, PlanConfig, step_comm
+from shardlab.planner_verdict import entry_parameters
 from shardlab.profile.hlo import HloModule
-from shardlab.tp.case import LayerCase
-from shardlab.views import HLO_OP, View, traffic
+from shardlab.profile.record import Recorder
+from shardlab.profile.tpu import TpuCompile
+from shardlab.result_files import load_results
+from shardlab.tp.case import LayerCase, wire_counted
+from shardlab.tp.programs import loss
+from shardlab.views import View, traffic
+
+MATRIX_DIR = Path(__file__).resolve().parents[2] / "data" / "scale"
 
 PHASE = "fwd_bwd"  # every check runs one forward + backward step
 DTYPE = "float32"
@@ -68,11 +85,11 @@ def tp_params(p: PlannerParams) -> AttentionParams:
 
 
 def _wire(view: View, ops: tuple[str, ...], module: HloModule) -> View:
-    """Add ``fwd_bwd.<op>.wire_bytes`` of a compiled program (ring model per collective, its own group size)."""
+    """Add ``fwd_bwd.<op>.wire_bytes`` of a compiled program: each collective's operands counted chunk by chunk
+    along the ring schedule (``tp.case.wire_counted``, ``blocks.ring``), not by the formula's factor — so the
+    formula's ring model is what formula = compiler tests."""
     for op in ops:
-        mine = [c for c in module.collectives if c.op == HLO_OP[op]]
-        view.add(f"{PHASE}.{op}.wire_bytes", sum(wire_bytes(op, c.operand_bytes, c.group_size) for c in mine),
-                 "bytes")
+        view.add(f"{PHASE}.{op}.wire_bytes", wire_counted(view, op, module), "bytes")
     return view
 
 
@@ -145,13 +162,14 @@ class LayerTermCase(LayerCase):
 
 
 # ------------------------------------------------------------------------------------ data parallel and FSDP
-def mlp_tensors(p: PlannerParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x [T, h], A [h, ffn], B [ffn, h] of the data-parallel / FSDP steps, seeded."""
+def mlp_tensors(p: PlannerParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [T, h], A [h, ffn], B [ffn, h] and the target [T, h] of the data-parallel / FSDP steps, seeded."""
     g = torch.Generator().manual_seed(p.seed)
     x = torch.randn(p.val_tokens, p.val_hidden, generator=g)  # [T, h]
     a = torch.randn(p.val_hidden, p.val_ffn, generator=g) / p.val_hidden**0.5  # A [h, ffn]
     b = torch.randn(p.val_ffn, p.val_hidden, generator=g) / p.val_ffn**0.5  # B [ffn, h]
-    return x, a, b
+    target = torch.randn(p.val_tokens, p.val_hidden, generator=g)  # [T, h]
+    return x, a, b, target
 
 
 @dataclass(frozen=True)
@@ -177,12 +195,13 @@ class ValidationCase(Case):
         return 2 * self.p.val_hidden * self.p.val_ffn
 
     def input_bytes(self) -> int:
-        return self.p.val_tokens // self.p.val_world * self.p.val_hidden * E  # x[T_data, h] per device
+        return 2 * self.p.val_tokens // self.p.val_world * self.p.val_hidden * E  # x, target [T_data, h] per device
 
 
 @dataclass(frozen=True)
 class DataCase(ValidationCase):
-    """sum(gelu(x A) B) with the tokens x split over ``data`` = val_world: the weights replicated (data parallel:
+    """½‖gelu(x A) B − target‖² (notebooks 02-04's loss, ``tp.programs.loss``: the gradient depends on the output)
+    with the tokens x split over ``data`` = val_world: the weights replicated (data parallel:
     each weight gradient all-reduced over data) or, ``sharded``, annotated by rows over ``data`` (ZeRO-3: the
     partitioner picks its own collectives, so only the parameter bytes are compared)."""
 
@@ -193,7 +212,8 @@ class DataCase(ValidationCase):
         return () if self.sharded else ("all_reduce",)
 
     def formula(self) -> View:
-        """Parameters per device: x's shard + Ψ·4 (stage 0) or Ψ·4 / world (stage 3). Data parallel: each weight
+        """Parameters per device: x's and the target's shards + Ψ·4 (stage 0) or Ψ·4 / world (stage 3). Data
+        parallel: each weight
         gradient all-reduced once (2 collectives; the planner buckets them into one term of the same bytes),
         payload = the ZeRO stage-0 gradient term Ψ·4."""
         w = self.p.val_world
@@ -214,20 +234,21 @@ class DataCase(ValidationCase):
         """The weight gradients [dA, dB] (partial sums over each device's tokens, then reduced), NOT synced."""
         n = runtime.current().num_devices
         mesh = runtime.mesh((n // self.p.val_world, self.p.val_world), ("replica", "data"))
-        x, a, b = (t.to(runtime.device()) for t in mlp_tensors(self.p))
-        xs.mark_sharding(x, mesh, ("data", None))  # x[T_data, h]: T / world tokens per device
+        x, a, b, target = (t.to(runtime.device()) for t in mlp_tensors(self.p))
+        for t in (x, target):
+            xs.mark_sharding(t, mesh, ("data", None))  # [T_data, h]: T / world tokens per device
         for w in (a, b):
             xs.mark_sharding(w, mesh, ("data", None) if self.sharded else (None, None))
             w.requires_grad_(True)
         y = F.gelu(x @ a) @ b  # [T/world, h] @ [h, ffn] @ [ffn, h] -> [T/world, h] per device
-        return list(torch.autograd.grad(y.sum(), (a, b)))
+        return list(torch.autograd.grad(loss(y, target), (a, b)))
 
     def oracle(self) -> list[torch.Tensor]:
         """The unsharded computation's weight gradients on the CPU."""
-        x, a, b = mlp_tensors(self.p)
+        x, a, b, target = mlp_tensors(self.p)
         a.requires_grad_(True)
         b.requires_grad_(True)
-        return list(torch.autograd.grad((F.gelu(x @ a) @ b).sum(), (a, b)))
+        return list(torch.autograd.grad(loss(F.gelu(x @ a) @ b, target), (a, b)))
 
     def parity(self, source: str, got: list[torch.Tensor], ref: list[torch.Tensor]) -> Checks:
         what = "weight gradients == dense gradients" if self.sharded else \
@@ -236,8 +257,10 @@ class DataCase(ValidationCase):
                                            what)}
 
     def read(self, view: View, module: HloModule) -> View:
-        if view.source == "hlo":
-            view.add("param.bytes", module.buffers.parameter, "bytes")
+        if view.source == "hlo":  # the entry's array parameters (scalars: torch_xla's lifted loss constants)
+            params = [module.instructions[n] for n in module.computations[module.entry]
+                      if module.instructions[n].opcode == "parameter"]
+            view.add("param.bytes", sum(i.nbytes for i in params if any(a.dims for a in i.shape)), "bytes")
         if self.sharded:
             return view
         return only(_group_check(_wire(view, self.ops, module), module, self.p.val_world), "all-reduce")
@@ -299,6 +322,115 @@ class UnitsCase(ValidationCase):
                                        f"mean of the ranks' losses {mean:.6f} == full-batch loss {ref:.6f}")}
 
     def ledger_extra(self, view: View, ledger: Ledger, results: list[RankResult]) -> View:
-        view.add(f"{PHASE}.wire_bytes", ledger.wire_bytes(), "bytes")
+        view.add(f"{PHASE}.wire_bytes", ring.ledger_wire_bytes(ledger), "bytes")  # along the ring schedule
         view.add("model_state.bytes", sum(results[0].persistent_bytes.values()), "bytes")
         return view
+
+
+# ------------------------------------------------------------------------------------------------ pipeline
+PIPELINE_PRESET = {"stages": 8, "microbatches": (8, 16), "rows": 512, "hidden": 512}  # one tanh layer per stage, f32
+PIPELINE_FILE = MATRIX_DIR / "planner_pipeline.json"
+
+
+@dataclass
+class PipelineCheck:
+    """The planner's per-stage terms of a GPipe pipeline against XLA:TPU's per-chip bytes of the circular (SPMD)
+    pipeline (``shardlab.pipeline.spmd``: p stages of one layer y = tanh(x W), W [h, h], microbatches [rows, h],
+    fp32), compiled at two microbatch counts m: the difference is what one more microbatch costs."""
+
+    stages: int
+    rows: int
+    hidden: int
+    topology: str
+    compiler: dict[str, dict[str, int]]  # str(m) -> {"argument", "weights", "checked_temp", "output"} per chip
+    compile_s: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PipelineCheck:
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__})
+
+    @property
+    def message(self) -> int:
+        """One microbatch's activation on one stage, [rows, h] fp32: what a stage boundary hands over."""
+        return self.rows * self.hidden * E
+
+    def formula(self) -> dict[str, float]:
+        """The planner's terms for one stage: its weights (L / p layers of h² elements), and what one more
+        microbatch adds — GPipe holds every microbatch in flight (``formulas.pipeline.peak_inflight``), each
+        keeping, per layer, the tanh layer's input (for dW) and output (for tanh'); the SPMD loop also keeps one
+        slot of its input stream and of its outputs per iteration (T = m + p - 1: one more per microbatch)."""
+        (m1, m2), p = sorted(int(m) for m in self.compiler), self.stages
+        inflight = fpp.peak_inflight("gpipe", p, m2) - fpp.peak_inflight("gpipe", p, m1)
+        kept = inflight / (m2 - m1) * 1 * 2 * self.message  # layers per stage 1, two [rows, h] per layer
+        loop = (fpp_iterations(p, m2) - fpp_iterations(p, m1)) / (m2 - m1) * 2 * self.message
+        return {"weights per stage": self.hidden**2 * E, "per microbatch (GPipe stage)": kept,
+                "per microbatch (+ the SPMD loop's stream and output slots)": kept + loop}
+
+    def measured(self) -> dict[str, float]:
+        """The compiler's: the stage's weight argument (W's per-chip shard [v, 1, h, h] in the program's entry
+        layout); the temporaries' growth per microbatch between the two compiles."""
+        (m1, m2) = sorted(int(m) for m in self.compiler)
+        c1, c2 = self.compiler[str(m1)], self.compiler[str(m2)]
+        per = (c2["checked_temp"] - c1["checked_temp"]) / (m2 - m1)
+        return {"weights per stage": c1["weights"], "per microbatch (GPipe stage)": per,
+                "per microbatch (+ the SPMD loop's stream and output slots)": per}
+
+    def text(self) -> str:
+        """The comparison in words, from the data (Markdown)."""
+        f, c = self.formula(), self.measured()
+        k1, k2, k3 = f
+        return (f"- Weights per stage: compiler {c[k1]:,.0f} B, planner {f[k1]:,.0f} B.\n"
+                f"- One more microbatch: compiler +{c[k2]:,.0f} B per chip; the planner's GPipe stage +{f[k2]:,.0f} B "
+                f"({c[k2] / f[k2]:.2f}×), with the SPMD loop's stream and output slots +{f[k3]:,.0f} B "
+                f"({c[k3] / f[k3]:.3f}×).")
+
+    def frame(self) -> pd.DataFrame:
+        f, c = self.formula(), self.measured()
+        return pd.DataFrame([{"term": k, "planner": f[k], "compiler (XLA:TPU)": c[k],
+                              "compiler / planner": round(c[k] / f[k], 3)} for k in f]).set_index("term")
+
+
+def fpp_iterations(p: int, m: int) -> int:
+    """The SPMD loop's trip count T = m + p - 1 (GPipe: fill and drain included)."""
+    return m + p - 1
+
+
+def pipeline_check(preset: dict[str, Any] | None = None) -> PipelineCheck:
+    """Compile the SPMD GPipe pipeline of ``preset`` (default :data:`PIPELINE_PRESET`) at both microbatch counts
+    through the harness's TPU view (notebook 09's ScheduleCase graph)."""
+    q = {**PIPELINE_PRESET, **(preset or {})}
+    compiler, secs, topo = {}, 0.0, ""
+    for m in q["microbatches"]:
+        pp = PipelineParams(stages=q["stages"], microbatches=m, virtual=2, batch=m, seq=q["rows"], hidden=q["hidden"],
+                            layers=2 * q["stages"], num_devices=runtime.current().num_devices)
+        view = harness.tpu(ScheduleCase(pp, "gpipe"))
+        if not view.ran:
+            raise ValueError(f"the pipeline's TPU view is skipped: {view.skipped}")
+        c: TpuCompile = view.detail
+        h = q["hidden"]
+        w = [a for a in entry_parameters(c.hlo_text) if len(a.dims) == 4 and a.dims[-2:] == (h, h)]  # W [v, 1, h, h]
+        compiler[str(m)] = {"argument": c.memory.argument, "weights": sum(a.nbytes for a in w),
+                            "checked_temp": c.memory.checked_temp, "output": c.memory.output}
+        secs, topo = secs + c.compile_s, c.topology
+    return PipelineCheck(q["stages"], q["rows"], q["hidden"], topo, compiler, secs)
+
+
+def record_pipeline(rec: Recorder, pipe: PipelineCheck) -> None:
+    """The planner's two pipeline terms (formula) and the checks against the cached compiles: a stage's weights
+    exactly; one more microbatch within 5 % of the planner's GPipe stage plus the SPMD loop's two slots."""
+    f, c = pipe.formula(), pipe.measured()
+    weights, _, per = f
+    rec.measure("planner.pipeline_check.weights_per_stage.bytes", f[weights], "bytes", "formula")
+    rec.measure("planner.pipeline_check.per_microbatch.bytes", f[per], "bytes", "formula")
+    rec.check("planner.pipeline_check: a stage's weights = the compiler's weight argument", f[weights] == c[weights],
+              f"{c[weights]:,} vs {f[weights]:,} B")
+    rec.check("planner.pipeline_check: one more microbatch costs what the planner + the SPMD loop's slots say (5 %)",
+              abs(c[per] / f[per] - 1) < 0.05, f"{c[per]:,.0f} vs {f[per]:,.0f} B")
+
+
+def load_pipeline(path: Path = PIPELINE_FILE) -> tuple[PipelineCheck, dict[str, Any]]:
+    results, source = load_results(path, PipelineCheck.from_dict, "run tools/scale_full_size.py pipeline")
+    return results["gpipe"], source

@@ -55,11 +55,13 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from shardlab.formulas import expert as fexpert
 from shardlab.formulas.common import RECOMPUTE_POLICIES, check_recompute
 
 __all__ = ["ACT_BYTES", "MASK_BYTES", "RECOMPUTE_POLICIES", "ActivationTerms", "activation_bytes_per_layer",
            "attention_backward_bytes", "attention_score_ratio", "block_activation_bytes",
-           "llama_activation_bytes_per_layer", "mlp_activation_bytes", "selective_recompute_saving"]
+           "llama_activation_bytes_per_layer", "mlp_activation_bytes", "moe_mlp_activation_bytes",
+           "selective_recompute_saving"]
 
 ACT_BYTES = 2  # 16-bit activations (the paper's assumption)
 MASK_BYTES = 1  # dropout masks stored as bytes (the paper's assumption)
@@ -199,6 +201,41 @@ def mlp_activation_bytes(
     mask = MASK_BYTES * sbh if dropout else 0.0
     inner = (4 if gated_mlp else 2) * e * s * b * ffn / tp  # SwiGLU: gate, up, silu(gate), gate·up; GeLU: 2
     return (e * sbh + mask) / (tp if sequence_parallel else 1) + inner
+
+
+def moe_mlp_activation_bytes(
+    seq: int,
+    batch: int,
+    hidden: int,
+    ffn: int,
+    experts: int,
+    top_k: int,
+    capacity_factor: float,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    gated_mlp: bool = True,
+    act_bytes: int = ACT_BYTES,
+) -> float:
+    """The MLP rows of the table for a mixture-of-experts layer (GShard / Switch dispatch, one routing group of the
+    s·b tokens a device holds): its input e·sbh (/t with SP), the router's fp32 probabilities 4·sb·E, the
+    dispatched buffer and the experts' output [E·C, h] (e each: the down projection's and the combine's inputs
+    for the backward), and each expert's inner tensors over its C slots (SwiGLU 4, GeLU 2, of width ffn / t).
+    C = ceil(cf·k·sb/E) (``formulas.expert.capacity``): the slots are kept whether a token fills them or not.
+
+    >>> moe_mlp_activation_bytes(8, 1, 16, 32, experts=4, top_k=2, capacity_factor=1.0, act_bytes=2)  # C = 4
+    5504.0
+
+    (input 2·8·16 = 256, router 4·8·4 = 128, two [16, 16] buffers 1024, SwiGLU 4·2·16·32 = 4096.)
+    """
+    _check(seq=seq, batch=batch, hidden=hidden, ffn=ffn, experts=experts, top_k=top_k, tp=tp, act_bytes=act_bytes)
+    if ffn % tp:
+        raise ValueError(f"ffn={ffn} is not divisible by tp={tp}")
+    tokens = seq * batch
+    slots = experts * fexpert.capacity(tokens, experts, top_k, capacity_factor)  # E·C rows
+    e = act_bytes
+    inner = (4 if gated_mlp else 2) * e * slots * ffn / tp
+    return e * tokens * hidden / (tp if sequence_parallel else 1) + 4 * tokens * experts + 2 * e * slots * hidden \
+        + inner
 
 
 def activation_bytes_per_layer(

@@ -38,6 +38,12 @@ class ParamCounts(NamedTuple):
     final_norm: int  # h
     lm_head: int  # V·h (0 when tied to the embedding)
     total: int
+    expert_per_layer: int = 0  # of per_layer: the experts' weights (E SwiGLU / GeLU MLPs) of a mixture-of-experts layer
+
+    @property
+    def dense_per_layer(self) -> int:
+        """One layer's parameters outside the experts (attention, norms, a dense MLP or the router)."""
+        return self.per_layer - self.expert_per_layer
 
 
 def param_count(
@@ -50,11 +56,15 @@ def param_count(
     gated_mlp: bool = True,
     tied_embeddings: bool = False,
     norm_params_per_layer: int | None = None,
+    experts: int = 0,
 ) -> ParamCounts:
     """Exact parameter count of a bias-free decoder (Llama layout by default).
 
     Per layer: Q [h, h], K and V [h, kv·hd] each, O [h, h], MLP 3·[h, ffn] (SwiGLU) or 2·[h, ffn] (GeLU),
     and two RMSNorm weights (2h). Llama 3 8B (L=32, h=4096, ffn=14336, a=32, kv=8, V=128256) -> 8_030_261_248.
+    ``experts`` > 0: a mixture-of-experts layer (Mixtral, GShard) — ``experts`` MLPs of width ``ffn`` in place of
+    the one MLP, and a router [h, E]: Mixtral 8x7B (L 32, h 4096, ffn 14336, 32 heads, 8 KV heads, V 32000, 8
+    experts) -> 46_702_792_704.
     """
     for name, v in (("layers", layers), ("hidden", hidden), ("ffn", ffn), ("heads", heads),
                     ("kv_heads", kv_heads), ("vocab", vocab)):
@@ -67,12 +77,16 @@ def param_count(
     hd = hidden // heads
     norms = 2 * hidden if norm_params_per_layer is None else norm_params_per_layer
     attn = 2 * hidden * hidden + 2 * hidden * kv_heads * hd  # Q, O: [h, h]; K, V: [h, kv·hd]
+    if isinstance(experts, bool) or not isinstance(experts, int) or experts < 0:
+        raise ValueError(f"experts={experts!r} must be an int >= 0 (0: a dense MLP)")
     mlp = (3 if gated_mlp else 2) * hidden * ffn
-    per_layer = attn + mlp + norms
+    expert = experts * mlp  # E expert MLPs
+    router = hidden * experts  # [h, E]
+    per_layer = attn + norms + (expert + router if experts else mlp)
     emb = vocab * hidden
     head = 0 if tied_embeddings else vocab * hidden
     total = emb + layers * per_layer + hidden + head
-    return ParamCounts(emb, per_layer, layers * per_layer, hidden, head, total)
+    return ParamCounts(emb, per_layer, layers * per_layer, hidden, head, total, expert)
 
 
 def gpt_param_count(layers: int, hidden: int, vocab: int, seq: int) -> float:

@@ -6,9 +6,9 @@ Design note
 chip's HBM as a marker, so "does it fit" is visible at a glance. `summary_frame(plans)` is the same
 information as a table (memory, comm per step, FLOPs, step time, MFU, verdict).
 
-`PlannerExplorer` wires dropdowns / int boxes (model, topology, data / fsdp / tensor, recompute, batch, seq)
-to `planner.plan`. `update()` is an ordinary method: a notebook run headless (papermill) calls it once so the
-code path behind the widgets is exercised without a browser. Bad input does not raise inside the widget:
+`PlannerExplorer` wires dropdowns / int boxes (model, topology, the six mesh degrees, microbatches, recompute,
+batch, seq) to `planner.plan`. `update()` is an ordinary method: a notebook run headless (papermill) calls it
+once so the code path behind the widgets is exercised without a browser. Bad input does not raise inside the widget:
 the error message (which names the values) is shown instead, and kept in `.error`.
 """
 
@@ -23,7 +23,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 
 from shardlab.formulas.hardware import topologies
-from shardlab.planner import MODEL_PRESETS, ModelConfig, Plan, PlanConfig, model_from, plan
+from shardlab.planner import MESH_AXES, MODEL_PRESETS, ModelConfig, Plan, PlanConfig, model_from, plan
 
 GB = 1e9
 CATEGORY_ORDER = ("params", "grads", "optimizer", "padding", "activations", "logits", "fsdp_gathered_unit")
@@ -31,7 +31,8 @@ CATEGORY_ORDER = ("params", "grads", "optimizer", "padding", "activations", "log
 
 def _label(p: Plan) -> str:
     c = p.config
-    return f"{p.model.name} · {c.topology} · d{c.data} f{c.fsdp} t{c.tensor} · {c.recompute}"
+    more = "".join(f" {a[:2]}{getattr(c, a)}" for a in ("pipeline", "context", "expert") if getattr(c, a) > 1)
+    return f"{p.model.name} · {c.topology} · d{c.data} f{c.fsdp} t{c.tensor}{more} · {c.recompute}"
 
 
 def memory_figure(plans: Plan | list[Plan], title: str = "Per-chip memory") -> go.Figure:
@@ -62,6 +63,7 @@ def summary_frame(plans: Plan | list[Plan]) -> pd.DataFrame:
             "PFLOP/step": round(p.flops.hardware / 1e15, 2),
             "compute s": round(p.roofline.compute_s, 4),
             "comm s": round(p.roofline.comm_s, 4),
+            "bubble s": round(p.roofline.bubble_s, 4),
             "step s (roofline)": round(p.roofline.step_s, 4),
             "comm/compute": round(p.roofline.comm_compute_ratio, 3),
             "MFU (bound)": round(p.mfu, 3),
@@ -85,6 +87,10 @@ class PlannerExplorer:
         self.data = w.BoundedIntText(value=initial.data, min=1, max=100000, description="data")
         self.fsdp = w.BoundedIntText(value=initial.fsdp, min=1, max=100000, description="fsdp")
         self.tensor = w.BoundedIntText(value=initial.tensor, min=1, max=100000, description="tensor")
+        self.pipeline = w.BoundedIntText(value=initial.pipeline, min=1, max=100000, description="pipeline")
+        self.context = w.BoundedIntText(value=initial.context, min=1, max=100000, description="context")
+        self.expert = w.BoundedIntText(value=initial.expert, min=1, max=100000, description="expert")
+        self.microbatches = w.BoundedIntText(value=initial.microbatches, min=1, max=100000, description="microbatches")
         self.recompute = w.Dropdown(options=["none", "selective", "full"], value=initial.recompute,
                                     description="recompute")
         self.batch = w.BoundedIntText(value=initial.global_batch, min=1, max=10**7, description="global batch")
@@ -92,18 +98,19 @@ class PlannerExplorer:
         self.out = w.Output()
         self.plan: Plan | None = None
         self.error: str | None = None
-        controls = [self.model, self.topology, self.data, self.fsdp, self.tensor, self.recompute, self.batch,
-                    self.seq]
+        controls = [self.model, self.topology, self.recompute, self.batch, self.seq, self.microbatches,
+                    *(getattr(self, a) for a in MESH_AXES)]
         for c in controls:
             c.observe(lambda _change: self.update(), names="value")
-        self.widget = w.VBox([w.HBox(controls[:4]), w.HBox(controls[4:]), self.out])
+        self.widget = w.VBox([w.HBox(controls[:3]), w.HBox(controls[3:6]), w.HBox(controls[6:9]),
+                              w.HBox(controls[9:]), self.out])
 
     def config(self) -> PlanConfig:
         name = self.model.value
         model = self.custom if (self.custom is not None and name == self.custom.name) else name
-        return replace(self.base, model=model, topology=self.topology.value, data=self.data.value,
-                       fsdp=self.fsdp.value, tensor=self.tensor.value, recompute=self.recompute.value,
-                       global_batch=self.batch.value, seq=self.seq.value)
+        return replace(self.base, model=model, topology=self.topology.value, recompute=self.recompute.value,
+                       global_batch=self.batch.value, seq=self.seq.value, microbatches=self.microbatches.value,
+                       **{a: getattr(self, a).value for a in MESH_AXES})
 
     def update(self) -> Plan | None:
         """Recompute the plan from the widget values and redraw; returns the plan (None on bad input).
