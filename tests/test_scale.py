@@ -51,6 +51,8 @@ def test_validate_names_the_rule(scale) -> None:  # type: ignore[no-untyped-def]
         replace(full, weights=("q",))
     with pytest.raises(ValueError, match=r"stacking='loop' must be one of"):
         replace(full, stacking="loop")
+    with pytest.raises(ValueError, match=r"layout='rows' must be one of"):
+        replace(full, layout="rows")
     # a mesh of 3 chips: no TPU slice has that many, so the story is skipped with the reason (nothing compiles)
     three = scale.SeedCase(ScanParams(hidden=48, ffn=96, batch=3, seq=8, mesh_fsdp=3, mesh_tensor=1), layers=2)
     assert three.devices == 3
@@ -117,11 +119,12 @@ def test_story_small_records_the_invariants(scale) -> None:  # type: ignore[no-u
     arguments + checked temporaries; with the update in the graph both programs are identical."""
     from shardlab.profile import Recorder
 
-    cfg = scale.small_case(replace(SMALL, layers_sweep=[2, L]))  # L = max(layers_sweep), bf16
+    cfg = scale.small_case(replace(SMALL, layers=L))  # L = layers, bf16
     assert (cfg.layers, cfg.dtype, cfg.weights) == (L, "bfloat16", ("q", "o"))
     res, why = scale.story(cfg)  # this process's 8 devices: a v6e:2x4 slice
     assert why == "" and {r.topology for r in res.values()} == {"v6e:2x4"}
-    assert list(res) == ["in_graph.off", "in_graph.on", "held.off", "update.off", "update.on"]
+    assert list(res) == ["in_graph.off", "in_graph.on", "held.off", "update.off", "update.on", "in_graph_update.off",
+                         "in_graph_update.on", "seed_layout.off", "seed_layout.on"]
     rec = Recorder("t")
     scale.record_story(rec, "scale.small", res, cfg)  # raises if a check fails
     v = {(m["name"], m["source"]): m["value"] for m in rec.data["measurements"]}
@@ -135,8 +138,33 @@ def test_story_small_records_the_invariants(scale) -> None:  # type: ignore[no-u
     assert res["held.off"].grad_shapes == {"q": [f"bf16[{L},64,256]"], "o": [f"bf16[{L},256,64]"]}
     assert scale.one_d_stacks(res["held.off"], cfg) and not scale.one_d_stacks(res["in_graph.on"], cfg)
     assert res["update.off"].peak_bytes == res["update.on"].peak_bytes
+    # the seed's training step (in-graph stacking + update): updated weights 2-D [H/4, H/2] either way (any order)
+    for flag in ("off", "on"):
+        assert {tuple(sorted(int(d) for d in sh[sh.index("[") + 1:-1].split(",")))
+                for v in res[f"in_graph_update.{flag}"].grad_shapes.values() for sh in v} == {(64, 128)}
+    # the seed's layout: off 1-D (H/4 x H per layer), on 2-D
+    assert scale.grad_sharding(res["seed_layout.off"], cfg) == {"q": "1-D", "o": "1-D"}
+    assert scale.grad_sharding(res["seed_layout.on"], cfg) == {"q": "2-D", "o": "2-D"}
     frame = scale.story_frame(res, cfg)
     assert frame.loc[("held", "off"), "sharding"] == "q 1-D, o 1-D"
+    assert frame.loc[("seed_layout", "off"), "activations"] == "fsdp, None, tensor"
+
+
+def test_story_text_from_the_cached_compiles(scale) -> None:  # type: ignore[no-untyped-def]
+    """The notebook's numbers are written from the cache: every case of the cached story has its bullet, with the
+    numbers recomputed here by hand from the cached fields (and the seed's buffers from the shapes)."""
+    full, _ = scale.load_story()
+    text = scale.story_text(full, scale.FULL_SIZE)
+    assert set(full) == {f"{k}.{f}" for k, (*_, flags) in scale.CASES.items() for f in
+                         ("on" if x else "off" for x in flags)}, sorted(full)
+    # the seed: two bf16 [126, 16384/4, 16384] stacks of 126·4096·16384·2 B = 15.75 GiB each
+    assert f"{126 * 4096 * 16384 * 2 / 2**30:.2f} GiB" in text and "Used 36.56G of 31.25G" in text
+    off, on = full["in_graph_update.off"], full["in_graph_update.on"]
+    assert off.fits and on.fits
+    assert f"without shard_as {(off.temp_bytes - on.temp_bytes) / 2**30:.2f} GiB more" in text
+    assert f"temporaries {on.temp_bytes / 2**30:.2f} GiB" in text
+    assert "the seed's layout" in text and text.count("\n") == len(full) - 3  # in-graph / update / layout pairs
+    assert "bf16[126,16384,4096]" in text  # the seed layout's 1-D stacks
 
 
 def test_story_cache_round_trips(scale, tmp_path) -> None:  # type: ignore[no-untyped-def]

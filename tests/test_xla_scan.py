@@ -6,6 +6,7 @@ shard_as must be tiled like its weight); formulas/scan.py for bytes. No timings 
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -219,6 +220,37 @@ def test_views_agree_with_the_formula_on_and_off(xla_world: Any, mesh: tuple[int
             ("all-reduce fsdp", "reduce-scatter fsdp")
 
 
+def test_seed_layout_conflicting_axis(xla_world: Any) -> None:
+    """The seed's activation layout x[b_fsdp, s, h_tensor]: dW_up = xᵀ[h_tensor, b_fsdp]·dh[b_fsdp, F_tensor] has both
+    result dims asking for tensor. Oracle: the sharding arithmetic — off, each stacked gradient is a 1-D tiling (tensor
+    on exactly one of its two dims, fsdp gone), either orientation, and L·h·F/tensor elements per device; on, the
+    weight's 2-D tiling where the view says so, and any gradient a compiler left 1-D is recorded with a reason, not
+    compared. The values still equal the CPU loop (the layout changes no number)."""
+    L, h, F, f, t = 2, 32, 64, 2, 4
+    base = ScanParams(hidden=h, ffn=F, batch=8, seq=2, mesh_fsdp=f, mesh_tensor=t)
+    dims = {"w_up": (h, F), "w_down": (F, h)}  # [d_in, d_out] of each stacked weight [L, d_in, d_out]
+    for flag in (False, True):
+        vs = harness.views(C.ScanCase(base, L, shard_as=flag, layout="seed"), ("formula", "hlo", "tpu"))
+        assert all(v.ran for v in vs), [v.skipped for v in vs]
+        assert all(r["agree"] for r in harness.compare(vs)), [r for r in harness.compare(vs) if not r["agree"]]
+        for v in vs[1:]:
+            assert all(ok for ok, _ in v.checks.values()), v.checks
+            for w in ("w_up", "w_down"):
+                shape = tuple(int(d) for d in v[f"grad_shape.{w}"].strip("[]").split(", "))
+                kind = v[f"grad_sharding.{w}"]
+                d_in, d_out = dims[w]
+                if kind == "1-D":  # tensor on one dim, the other whole
+                    assert shape in {(L, d_in // t, d_out), (L, d_in, d_out // t)}, (w, shape)
+                else:
+                    assert kind == "2-D" and flag and math.prod(shape) == L * h * F // (f * t)
+                if not flag:
+                    assert kind == "1-D"
+                elif kind == "1-D":  # shard_as asked for 2-D: recorded with the program's reason, not compared
+                    assert "shard_as asked for 2-D" in v.differs[f"grad_sharding.{w}"]
+        assert vs[0]["stacked_grads.bytes"] == 2 * L * h * F // (t if not flag else f * t) * 4
+        assert vs[1].checks["parity.hlo"][0]
+
+
 def test_mesh_axis_of_replica_groups() -> None:
     # mesh (fsdp 2, tensor 4): device d at (d // 4, d % 4)
     assert C.mesh_axis([0, 4], 2, 4) == "fsdp"
@@ -243,6 +275,13 @@ def test_scan_case_rejects_a_mode_and_the_formula_unstacked_modes() -> None:
 def test_bad_sizes_fail_before_xla_work(changes: dict[str, Any], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         C.ScanCase(replace(P, **changes), 2)
+
+
+def test_bad_layout_and_the_seed_layouts_rule() -> None:
+    with pytest.raises(ValueError, match=r"layout='rows' must be one of \('batch', 'seed'\)"):
+        C.ScanCase(P, 2, layout="rows")
+    with pytest.raises(ValueError, match=r"hidden=66 is not divisible by tensor=4"):  # x's h is split over tensor
+        C.ScanCase(replace(P, hidden=66, mesh_fsdp=2), 2, layout="seed")
 
 
 def test_a_mesh_this_process_cannot_hold_is_skipped_with_the_reason(xla_world: Any) -> None:

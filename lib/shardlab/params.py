@@ -414,11 +414,12 @@ class ScanParams(NotebookParams):
 
     NOTEBOOK: ClassVar[str] = "06_scan_shard_as"
 
-    layers_sweep: list = field(default_factory=lambda: [2, 4])  # L values of the compile curves, each >= 2
-    hidden: int = 64  # H: W_up [H, F] is split H over fsdp
+    layers_sweep: list = field(default_factory=lambda: [2, 16, 32])  # L values of the compile curves, each >= 2
+    layers: int = 4  # L of the shard_as sections, the small seed story and the trace transfers (>= 2)
+    hidden: int = 64  # h: W_up [h, F] is split h over fsdp
     ffn: int = 256  # F: split over tensor
-    batch: int = 8  # B: split over fsdp
-    seq: int = 8  # S: split over tensor in the nn.Linear trap
+    batch: int = 8  # b: split over fsdp
+    seq: int = 8  # s: split over tensor in the nn.Linear trap
     mesh_fsdp: int = 2  # mesh (fsdp, tensor); the CPU sections need fsdp × tensor devices
     mesh_tensor: int = 4
     devices_sweep: list = field(default_factory=list)  # compile time vs device count, one fresh process per count
@@ -430,6 +431,9 @@ class ScanParams(NotebookParams):
         for name in ("hidden", "ffn", "batch", "seq", "mesh_fsdp", "mesh_tensor"):
             positive_int(name, getattr(self, name))
         int_list("layers_sweep", self.layers_sweep, least=2)  # XLA removes a While that runs once
+        positive_int("layers", self.layers)
+        if self.layers < 2:
+            raise ValueError(f"layers={self.layers} must be >= 2 (XLA removes a While loop that runs once)")
         if self.mesh_fsdp == 1:
             raise ValueError("mesh_fsdp=1 leaves shard_as nothing to do (the gradient's 1-D and 2-D shardings "
                              "coincide when the batch is not split): choose mesh_fsdp >= 2")
@@ -469,9 +473,9 @@ class FsdpParamsBase(NotebookParams):
     """Shared by 05 and 05b: an MLP Linear(d0, d1) -> tanh -> ... trained data-parallel on ``world_size`` FSDP
     ranks. ``world_size`` may exceed ``num_devices``: the FlatParameter and the formulas need no devices."""
 
-    world_size: int = 8  # FSDP ranks W (SimulatedWorld ranks; the GSPMD mesh's fsdp axis)
+    world_size: int = 8  # FSDP ranks N (SimulatedWorld ranks; the GSPMD mesh's fsdp axis)
     layer_sizes: tuple[int, ...] = (30, 50, 10)  # MLP widths: Linear(30, 50) -> tanh -> Linear(50, 10)
-    batch: int = 64  # global batch, split evenly over the W ranks
+    batch: int = 64  # global batch b, split evenly over the N ranks
 
     def __post_init__(self) -> None:
         if isinstance(self.layer_sizes, list):  # papermill injects YAML lists

@@ -267,27 +267,35 @@ SOLUTIONS: dict[str, dict[int, Solution]] = {
         6: Solution(lambda: fscan.block_trace_transfer(8, 8, 128, 512, placeholders=False).transfers,
                     "count the fake inputs: the forward scan traces with a carry and one layer's weights, the backward "
                     "with a gradient carry and one slice of every tensor the block saved for its backward"),
+        7: Solution(lambda: [True, ["reduce_scatter"]],
+                    "each rank's xᵀ·dh is a partial sum over its own batch rows; which one collective adds the "
+                    "partial sums and leaves each rank only its block of rows of dW? (return a [h/4, F] tensor)",
+                    run=lambda fn: _shard_as_by_hand(fn)),
     },
     "05_fsdp_flat_params": {
         1: Solution(lambda: [r.numel_padded for r in plan_flat_shards([10], 4).ranks],
-                    "c = ceil(N/W); torch.chunk hands out chunks of c until the elements run out — a list of W ints"),
+                    "c = ceil(n/N); torch.chunk hands out chunks of c until the elements run out — a list of N ints"),
         2: Solution(lambda: ffsdp.flat_numel([1500, 50, 500, 10], 8, align=4) - 2060,
                     "each parameter must start at a multiple of 4 float32 elements (16 bytes), and the total is "
-                    "padded to a multiple of W; add up the pads"),
+                    "padded to a multiple of N; add up the pads"),
         3: Solution(lambda: fzero.zero_memory(7.5e9, 64, 3).total / 1e9,
                     "stage 3 divides all of (2 + 2 + K)·Ψ by N; GB = 1e9 bytes", rel_tol=1e-9),
         4: Solution(lambda: tuple(max((fzero.padding_waste(2060, w), w) for w in range(1, 17))[::-1]),
-                    "waste = W·ceil(N/W) − N; try every W — answer as (W, waste)"),
+                    "waste = N·ceil(n/N) − n; try every N — answer as (N, waste)"),
         5: Solution(lambda: ffsdp.flat_step_comm(2060, 8, 4, root=True).wire_bytes(8),
                     "the root unit is not resharded after forward: count its all-gathers, then the ring model: "
-                    "(W−1)·payload per all-gather, (W−1)/W·payload per reduce-scatter", rel_tol=1e-9),
+                    "(N−1)·payload per all-gather, (N−1)/N·payload per reduce-scatter", rel_tol=1e-9),
         6: Solution(lambda: ffsdp.flat_step_comm(510, 8, root=True).all_gather_count
                     + ffsdp.flat_step_comm(1550, 8, root=False).all_gather_count,
                     "which unit is the root, and which unit frees its parameters after forward?"),
+        7: Solution(lambda: _torch_flat_shards(),
+                    "c = ceil(n/N) elements per rank; torch.chunk hands out chunks of c while elements remain (a "
+                    "trailing rank may get none); pad every shard with zeros to c",
+                    run=lambda fn: _flat_shards(fn)),
     },
     "05b_fsdp_gspmd": {
         1: Solution(lambda: ffsdp.per_param_step_bytes([(10, 50)], 8, [False]).all_gather_forward,
-                    "dim 0 is split with torch.chunk and padded to ceil(d0/W) rows; an all-gather's payload is "
+                    "dim 0 is split with torch.chunk and padded to ceil(d0/N) rows; an all-gather's payload is "
                     "the padded shard"),
         2: Solution(lambda: ffsdp.per_param_step_bytes([(10, 50)], 8, [False], device_kind="tpu").all_gather_forward,
                     "same rows; at the default mat-mul precision, what element type does the TPU matmul read?"),
@@ -302,6 +310,10 @@ SOLUTIONS: dict[str, dict[int, Solution]] = {
                                     for s in [(50, 30), (50,)]),
                     "FSDP2 all-gathers all parameters of a unit in one call: sum the padded dim-0 shards of the "
                     "first Linear's weight [50, 30] and bias [50]"),
+        6: Solution(lambda: ffsdp.per_param_step_bytes([(10, 50)], 8, [False]).all_gather_forward,
+                    "FSDP2's rule: which dim of the weight is split over the fsdp axis, and which is left whole? "
+                    "(a tuple with one entry per dim: a mesh axis name or None)",
+                    run=lambda spec: _unshard_bytes(spec)),
     },
 }
 
@@ -310,3 +322,52 @@ def _reduction(tag: str) -> str:
     """The formula's answer (used when neither compiler view ran): the collective over fsdp that finishes dW."""
     op = fscan.grad_reduction([(128, 512)], fsdp=2, tensor=4, shard_as=tag == "on").op
     return f"{op.replace('_', '-')} fsdp"
+
+
+# FLAT_CASES: (n, N) pairs graded by 05 #7 — even, uneven, an empty trailing rank (n 6, N 4), more ranks than elements
+FLAT_CASES = ((10, 4), (6, 4), (2060, 8), (7, 3), (5, 8))
+
+
+def _torch_flat_shards() -> list[list[list[float]]]:
+    """05 #7's oracle: PyTorch FSDP1's own ``FlatParamHandle._get_shard`` of ``arange(1, n + 1)`` for every rank."""
+    # imported here: torch.distributed.fsdp costs about a second to import (measured), and only this exercise needs it
+    from torch.distributed.fsdp._flat_param import FlatParamHandle
+
+    return [[FlatParamHandle._get_shard(torch.arange(1.0, n + 1), r, w)[0].tolist() for r in range(w)]
+            for n, w in FLAT_CASES]
+
+
+def _flat_shards(fn: Callable[..., Any]) -> list[list[list[float]]]:
+    """05 #7: the learner's ``fn(flat, rank, world_size)`` for every rank of every case of :data:`FLAT_CASES`."""
+    return [[[float(v) for v in fn(torch.arange(1.0, n + 1), r, w)] for r in range(w)] for n, w in FLAT_CASES]
+
+
+def _unshard_bytes(spec: Any) -> int:
+    """05b #6: compile the unshard of the default MLP's weight W_2 [10, 50] annotated ``spec`` on the mesh (fsdp 8,
+    replica); the bytes one device hands to the collectives that replicate it (XLA:CPU here, else XLA:TPU)."""
+    # imported here: shardlab.solutions is imported before runtime.setup() (tests, exercises), and these modules
+    # import torch_xla
+    from shardlab import harness
+    from shardlab.fsdp.case import UnshardCase
+    from shardlab.params import FsdpGspmdParams
+
+    case = UnshardCase(FsdpGspmdParams(), (10, 50), tuple(spec))
+    for view in (harness.hlo(case), harness.tpu(case)):
+        if view.ran:
+            return int(sum(view.get(f"unshard.{op}.bytes", 0) for op in case.ops))
+    raise ValueError(f"no compiler can grade this here: {harness.hlo(case).skipped}")
+
+
+def _shard_as_by_hand(fn: Callable[..., Any]) -> list[Any]:
+    """06 #7: run the learner's ``fn(comm, x, dh)`` on 4 fsdp ranks, rank r holding rows [8r, 8r + 8) of x [32, 16]
+    and dh [32, 24] (h 16, F 24): [every rank returned rows [4r, 4r + 4) of the dense dW = xᵀ·dh, the collectives
+    it issued]."""
+    g = torch.Generator().manual_seed(0)
+    x, dh = torch.randn(32, 16, generator=g), torch.randn(32, 24, generator=g)
+    dense = x.T @ dh  # [h, F]
+    world = SimulatedWorld(4)
+    out = world.run(lambda comm: fn(comm, x[8 * comm.rank:8 * comm.rank + 8].clone(),
+                                    dh[8 * comm.rank:8 * comm.rank + 8].clone()))
+    ok = all(isinstance(o, torch.Tensor) and o.shape == (4, 24) and torch.allclose(o, dense[4 * r:4 * r + 4], atol=1e-4)
+             for r, o in enumerate(out))
+    return [ok, [e.op for e in world.ledger]]

@@ -2,9 +2,9 @@
 num_devices = 8  # virtual CPU devices (or TPU chips) of this kernel; needs a kernel restart to change
 results_dir = None  # where the JSON record goes (the report runner sets it)
 seed = 0  # seed of every random tensor
-world_size = 8  # FSDP ranks W (SimulatedWorld ranks; the GSPMD mesh's fsdp axis)
+world_size = 8  # FSDP ranks N (SimulatedWorld ranks; the GSPMD mesh's fsdp axis)
 layer_sizes = [30, 50, 10]  # MLP widths: Linear(30, 50) -> tanh -> Linear(50, 10)
-batch = 64  # global batch, split evenly over the W ranks
+batch = 64  # global batch b, split evenly over the N ranks
 torch_fsdp_world = 2  # ranks (gloo processes) for PyTorch FSDP1 / FSDP2; 0 skips them (process start-up)
 answers = None  # exercise answer key (the tests and the report inject it); leave None
 
@@ -26,7 +26,8 @@ world
 #
 # Notebook 05 built FSDP1's FlatParameter by hand. Here FSDP is written the other way: **per parameter**, as
 # sharding annotations. Every parameter of shape $(d, \dots)$ is split on dim 0 over the `fsdp` mesh axis with
-# `mark_sharding` — `torch.chunk` rows, padded to $c_p = \lceil d/W\rceil$ — exactly the layout of PyTorch's
+# `mark_sharding` — `torch.chunk` rows, padded to $c_p = \lceil d/N\rceil$ on $N$ ranks (`world_size`) — exactly the
+# layout of PyTorch's
 # FSDP2 (`fully_shard`). XLA's SPMD partitioner inserts the collectives itself. FSDP's three steps are written as
 # sharding constraints in each Linear: *unshard* = a replicated copy of the weight before forward (and of the
 # weights the backward reads, again in backward), the backward saves only the sharded weight, and each gradient
@@ -36,9 +37,11 @@ world
 #
 # | graph | collective (XLA:CPU) | payload per device |
 # |---|---|---|
-# | forward | all-gather of each parameter (an **all-reduce of the full tensor** when $d \le \lfloor W/2 \rfloor$) | $c_p\cdot\text{rest}\cdot b$ ($d\cdot\text{rest}\cdot b$) |
+# | forward | all-gather of each parameter (an **all-reduce of the full tensor** when $d \le \lfloor N/2 \rfloor$) | $c_p\cdot\text{rest}\cdot e$ ($d\cdot\text{rest}\cdot e$) |
 # | backward | the same unshard of each weight that $dX_l = dY_l W_l$ reads (layers 2..L) | same |
-# | backward | reduce-scatter of every gradient — **XLA:CPU emits all-reduce + dynamic-slice** | $d\cdot\text{rest}\cdot b$ |
+# | backward | reduce-scatter of every gradient — **XLA:CPU emits all-reduce + dynamic-slice** | $d\cdot\text{rest}\cdot e$ |
+#
+# ($e$: bytes per element.)
 #
 # Four views: the **formula** (`formulas.fsdp.per_param_step_bytes`, which takes the compiler's device kind),
 # the **CPU compiler** (the partitioned HLO on this process's devices), the **TPU compiler** (the same graphs
@@ -52,7 +55,7 @@ from shardlab import harness
 from shardlab.fsdp import case as fc
 from shardlab.params import FsdpParams
 
-case = fc.GspmdCase(p)  # dim-0 sharding of every parameter, mesh (fsdp W, replica n / W)
+case = fc.GspmdCase(p)  # dim-0 sharding of every parameter, mesh (fsdp N, replica devices / N)
 fc.param_frame(case)
 
 # %% [markdown]
@@ -61,9 +64,9 @@ fc.param_frame(case)
 # domain where they hold).
 #
 # ## 1 · The views
-# The CPU view needs `world_size` to tile this process's devices (mesh (fsdp, replica) = (W, n / W)); otherwise
-# it is skipped with the reason. The TPU view compiles the same mesh for a v5e slice of the process's size — or,
-# when the process cannot tile W, a (W, 1) mesh for a W-chip slice, built in a helper process.
+# The CPU view needs `world_size` to tile this process's devices (mesh (fsdp, replica) = (N, devices / N));
+# otherwise it is skipped with the reason. The TPU view compiles the same mesh for a v5e slice of the process's
+# size — or, when the process cannot tile N, a (N, 1) mesh for an N-chip slice, built in a helper process.
 
 # %%
 formula = harness.formula(case)  # device_kind="cpu": what XLA:CPU's partitioner emits
@@ -89,8 +92,10 @@ fc.device_frame(case, compiler, tpu)
 
 # %% [markdown]
 # ## 2 · CPU vs TPU: four differences
-# **Real reduce-scatters.** XLA:CPU has no reduce-scatter: it sums each full gradient with an all-reduce and
-# keeps its rows with a dynamic-slice (the CPU view counts each such pair as the reduce-scatter it implements).
+# **Real reduce-scatters.** XLA:CPU's pass pipeline (torch_xla 2.9) never forms a reduce-scatter: it sums each
+# full gradient with an all-reduce and keeps its rows with a dynamic-slice (the CPU view counts each such pair as
+# the reduce-scatter it implements; XLA:CPU's runtime does run a reduce-scatter when a program contains one — no
+# pass here writes one).
 # XLA:TPU emits a real reduce-scatter — a fusion calling `%all-reduce-scatter`, counted as a reduce-scatter —
 # where it judges it worth it; for gradients as small as these it keeps all-reduce + dynamic-slice too (the
 # wider model below shows the reduce-scatter). Either way the payload is the full f32 gradient: the bytes agree.
@@ -107,7 +112,7 @@ fc.device_frame(case, compiler, tpu)
 #
 # **Vectors by all-reduce.** A bias of 50 on 8 shards has 7-element shards; all-gathering along the minor
 # dimension of such a short vector would move less than one 128-lane row per device. XLA:TPU instead writes the
-# shard into a zero vector of the padded length $W c_p$ and **all-reduces** it (and combines those all-reduces).
+# shard into a zero vector of the padded length $N c_p$ and **all-reduces** it (and combines those all-reduces).
 # More bytes (the padding travels), one collective. From 128-element shards on it all-gathers vectors too.
 #
 # The formula's TPU rules are measured, not derived from the compiler's source: they hold for dim-0 sharding,
@@ -120,9 +125,9 @@ harness.memory_frame({"cpu (buffer assignment)": compiler, "tpu (compiled memory
 
 # %% [markdown]
 # ### A wider MLP on the TPU
-# The same step for layers 256 → 512 → 128 (TPU only, compile-only). For W > 1 the weight gradients now go
+# The same step for layers 256 → 512 → 128 (TPU only, compile-only). For N > 1 the weight gradients now go
 # through a real reduce-scatter fusion (one instruction, two gradients), the bias gradients through one combined
-# all-reduce, and the 512-wide bias is gathered or all-reduced depending on its shard length at this W.
+# all-reduce, and the 512-wide bias is gathered or all-reduced depending on its shard length at this N.
 
 # %%
 wide = fc.GspmdCase(replace(p, layer_sizes=(256, 512, 128)))
@@ -141,8 +146,8 @@ fc.designs_frame(flat, {"per-parameter (formula)": formula, "per-parameter (hlo)
                         "per-parameter (tpu)": tpu})
 
 # %% [markdown]
-# **Why the columns differ.** (1) *Padding granularity*: the flat design pads the total $N$ once to a multiple
-# of $W$; per-parameter sharding pads every sharded dimension to $\lceil d/W \rceil$ (a bias of 10 on 8 shards
+# **Why the columns differ.** (1) *Padding granularity*: the flat design pads the total $n$ once to a multiple
+# of $N$; per-parameter sharding pads every sharded dimension to $\lceil d/N \rceil$ (a bias of 10 on 8 shards
 # becomes 16). (2) *What the backward re-gathers*: a flat non-root unit re-gathers its whole flat parameter; the
 # root keeps it; the per-parameter step (two graphs) gathers only the weights autograd reads for
 # $dX_l = dY_l W_l$ — layer 1's input is data and biases are never read. (3) The gradient reduction moves the
@@ -153,7 +158,7 @@ fc.designs_frame(flat, {"per-parameter (formula)": formula, "per-parameter (hlo)
 # `SpmdFullyShardedDataParallel` around every Linear makes the same kind of annotations but shards each
 # parameter's **largest** dimension (`shard_maximal=True`) — a $10\times 50$ weight on its 50-wide dim — so its
 # formula uses `rule="largest"`. It annotates only parameters and outputs, so the partitioner may choose another
-# algorithm (at $W = 2$ on 8 devices it reshards over the replica axis with collective-permutes): then the view
+# algorithm (at $N = 2$ on 8 devices it reshards over the replica axis with collective-permutes): then the view
 # says so and does not compare.
 
 # %%
@@ -199,15 +204,20 @@ else:
 # ## Exercises
 # Write your answer into the variable and run the cell: the grader says right or gives a hint.
 #
-# 1. Per-parameter FSDP on $W = 8$, XLA:CPU: how many bytes does each device hand to the forward all-gather of
+# 1. Per-parameter FSDP on $N = 8$, XLA:CPU: how many bytes does each device hand to the forward all-gather of
 #    the f32 weight $W_2$ of shape [10, 50]?
 # 2. The same all-gather compiled by XLA:TPU at the default mat-mul precision: how many bytes?
-# 3. The f32 bias $b_1$ of shape [50] on $W = 8$, XLA:TPU: how many bytes does each device hand to the
+# 3. The f32 bias $b_1$ of shape [50] on $N = 8$, XLA:TPU: how many bytes does each device hand to the
 #    collective that unshards it?
-# 4. Layers 30 → 50 → 10 → 5 (weights and biases), any $W > 1$: how many gradient reductions (logical
+# 4. Layers 30 → 50 → 10 → 5 (weights and biases), any $N > 1$: how many gradient reductions (logical
 #    collectives) does one step issue?
-# 5. PyTorch FSDP2 on $W = 2$ with the first Linear of `(30, 50, 10)` as its own unit: how many bytes does each
+# 5. PyTorch FSDP2 on $N = 2$ with the first Linear of `(30, 50, 10)` as its own unit: how many bytes does each
 #    rank hand to that unit's forward all-gather?
+# 6. *Code: an annotation.* Write the partition spec `answer_6` that `xs.mark_sharding(w, mesh, answer_6)` gets
+#    for FSDP2's layout of the weight $W_2$ [10, 50] on the mesh (fsdp, replica) of this notebook, $N = 8$: a tuple
+#    with one entry per dim of the weight, each a mesh axis name or None. The grader annotates $W_2$ with it,
+#    compiles its unshard (a replicated copy) and compares the bytes one device hands to the collectives that
+#    replicate it with what FSDP2's rule moves.
 
 # %%
 from shardlab.exercises import Exercises
@@ -218,7 +228,8 @@ answer_2 = None  # bytes
 answer_3 = None  # bytes
 answer_4 = None  # a count
 answer_5 = None  # bytes
-for n, a in enumerate((answer_1, answer_2, answer_3, answer_4, answer_5), start=1):
+answer_6 = None  # a partition spec, e.g. (None, "replica")
+for n, a in enumerate((answer_1, answer_2, answer_3, answer_4, answer_5, answer_6), start=1):
     ex.show(n, a)
 
 # %% [markdown]
@@ -232,6 +243,9 @@ for n, a in enumerate((answer_1, answer_2, answer_3, answer_4, answer_5), start=
 # 4. One per parameter (3 weights + 3 biases), however many instructions the compiler packs them into.
 # 5. FSDP2 gathers a unit's parameters in one call: weight [50, 30] → 25 rows × 30, bias [50] → 25; (750 + 25)
 #    float32 elements.
+# 6. `("fsdp", None)`: dim 0 split over fsdp, the rest whole. Its unshard is an all-gather of the padded dim-0 shard,
+#    $\lceil 10/8\rceil = 2$ rows × 50 × 4 B — exercise 1's 400 B. `(None, "fsdp")` would gather shards of
+#    $\lceil 50/8 \rceil = 7$ columns (280 B), not FSDP2's layout; `(None, None)` leaves nothing to gather.
 # </details>
 
 # %%

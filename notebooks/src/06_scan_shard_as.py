@@ -2,11 +2,12 @@
 num_devices = 8  # virtual CPU devices (or TPU chips) of this kernel; needs a kernel restart to change
 results_dir = None  # where the JSON record goes (the report runner sets it)
 seed = 0  # seed of every random tensor
-layers_sweep = [2, 4]  # L values of the compile curves, each >= 2
-hidden = 64  # H: W_up [H, F] is split H over fsdp
+layers_sweep = [2, 16, 32]  # L values of the compile curves, each >= 2
+layers = 4  # L of the shard_as sections, the small seed story and the trace transfers (>= 2)
+hidden = 64  # h: W_up [h, F] is split h over fsdp
 ffn = 256  # F: split over tensor
-batch = 8  # B: split over fsdp
-seq = 8  # S: split over tensor in the nn.Linear trap
+batch = 8  # b: split over fsdp
+seq = 8  # s: split over tensor in the nn.Linear trap
 mesh_fsdp = 2  # mesh (fsdp, tensor); the CPU sections need fsdp × tensor devices
 mesh_tensor = 4
 devices_sweep = []  # compile time vs device count, one fresh process per count
@@ -44,19 +45,12 @@ world
 #    have a shape and no buffer.
 #
 # The block (`shardlab.xla_scan.model`): $y = x + \mathrm{gelu}(x W_{up}) W_{down}$ with
-# $x[B_{fsdp}, S, H]$, $W_{up}[H_{fsdp}, F_{tensor}]$, $W_{down}[F_{tensor}, H_{fsdp}]$
-# (notation from notebook 00: $A[I_X, J_Y]$ = dim I split over mesh axis X, $\{U_X\}$ = unreduced over X).
+# $x[b_{fsdp}, s, h]$, $W_{up}[h_{fsdp}, F_{tensor}]$, $W_{down}[F_{tensor}, h_{fsdp}]$ — b, s, h: batch, sequence,
+# hidden; F: the MLP width; L: layers (notation from notebook 00: $A[I_X, J_Y]$ = dim I split over mesh axis X,
+# $\{U_X\}$ = unreduced over X). A mesh axis's name also stands for its size: $h/\text{fsdp}$ is h split fsdp ways.
 # Every measured view — the **formula**, the **CPU compiler** (XLA's SPMD partitioner on this process's
 # devices) and the **TPU compiler** (the same graph compiled by XLA:TPU for a TPU slice, compile-only) — is one
-# view of a case in `shardlab.xla_scan.case`, run by `shardlab.harness`.
-
-# %%
-from shardlab import harness
-from shardlab.xla_scan import case as C
-
-L = max(p.layers_sweep)
-on = C.ScanCase(p, layers=L)  # pre-stacked scan at L = max(layers_sweep), shard_as on
-off = C.ScanCase(p, layers=L, shard_as=False)  # the same step as before the fix
+# view of a case in `shardlab.xla_scan.case`, run and recorded by `shardlab.harness`.
 
 # %% [markdown]
 # ## 1 · Three ways to run L blocks — and the loop is the oracle
@@ -73,8 +67,10 @@ off = C.ScanCase(p, layers=L, shard_as=False)  # the same step as before the fix
 # residual stream stays O(1) at any depth.
 
 # %%
-cases = [C.ScanCase(p, layers=n, mode=mode) for n in sorted(set(p.layers_sweep)) for mode in C.MODES]
-sweep = [(c, harness.hlo(c)) for c in cases]  # every mode at every L: compiled and run on the CPU devices
+from shardlab import harness
+from shardlab.xla_scan import case as C
+
+sweep = [(c, harness.hlo(c)) for c in C.sweep_cases(p)]  # every mode at every L of layers_sweep, on the CPU devices
 rows = C.record_sweep(rec, sweep)
 rows
 
@@ -97,29 +93,30 @@ if rows is not None:
 # partitioning and compiling all grow with L. `scan_layers` puts one block in the loop but still `stack`s the
 # L per-layer weights before it and slices the L gradients out after it, inside the graph, on every call:
 # its size grows with L, by a few instructions per layer instead of a whole block. Pre-stacked `scan` holds
-# weights as `[L, …]` parameters, so the program is the same for every L — only shapes change.
+# weights as `[L, …]` parameters, so the program is the same for every L — only shapes change (checked).
 #
-# Published TPU figures ([PyTorch/XLA's scan guide](https://docs.pytorch.org/xla/release/r2.8/features/scan.html):
-# a 50-layer decoder trained on one TPU chip): the maximum compile time dropped from 1 min 03 s with a Python for
-# loop to 19 s with `scan_layers`. What transfers to CPU: the *graph sizes* — backend-independent up to the CPU
-# outlining noted above, with the same L-linear vs constant shapes. What does not: absolute seconds (XLA:CPU compiles this small MLP in about a second) and the
-# ratio at small L, where fixed costs dominate. The default sweep is short to keep the notebook fast; run with
-# `layers_sweep=[2, 4, 8, 16, 32, 64]` to see the loop's compile time pull away.
+# The seconds follow the loop's size: its compile time grows with L, pre-stacked scan's stays flat, and somewhere
+# between the sweep's points the loop overtakes it. `scan_layers` is the exception on this CPU: it compiled
+# *slower* than the loop in every run we made, although its program is smaller — the published TPU figures
+# ([PyTorch/XLA's scan guide](https://docs.pytorch.org/xla/release/r2.8/features/scan.html): a 50-layer decoder
+# on one TPU chip, 1 min 03 s with a Python loop, 19 s with `scan_layers`) are about XLA:TPU, and that ordering
+# does not transfer to XLA:CPU. What does transfer: the *graph sizes*, backend-independent up to the CPU outlining
+# noted above. Add points (`layers_sweep=[2, 8, 16, 32, 64]`) to see the curves in more detail.
 #
 # **Compile time vs device count.** GSPMD partitions once for all devices, so compile time should not grow
 # with their number. Each count needs its own process (one device world per process), so
 # `devices_sweep=[1, 2, 4, 8]` runs each in a fresh subprocess with mesh (fsdp = n, tensor = 1).
 
 # %%
-C.devices_sweep(rec, p, L)
+C.devices_sweep(rec, p, p.layers)
 
 # %% [markdown]
 # GSPMD partitions once into one per-device program, whatever the count: its size is the same for every count
 # above 1 (one device needs no collectives, so its program is a little smaller) — that part of the claim
-# holds. The seconds did *not* stay flat on this 2-core host: in every run we made, 8 devices compiled slower
-# than 1–2 (e.g. 4.0 s vs 0.7 s at L = 64), and within one 8-device process mesh (8, 1) compiled ~3× slower
-# than (2, 4). So on XLA:CPU the time depends on the mesh and count beyond the program size; we have not
-# broken down where (PJRT CPU client vs partitioner). Timings are noisy here; the sizes are exact.
+# holds (checked when the sweep runs). The seconds did *not* stay flat on this 2-core host: in every run we
+# made, 8 devices compiled slower than 1–2, and within one 8-device process mesh (8, 1) compiled slower than
+# (2, 4). So on XLA:CPU the time depends on the mesh and count beyond the program size; we have not broken down
+# where (PJRT CPU client vs partitioner). Timings are noisy here; the sizes are exact.
 #
 # ## 3 · 2-D sharding and `shard_as`
 # ### Why the gradient loses its fsdp split
@@ -127,66 +124,61 @@ C.devices_sweep(rec, p, L)
 # sequence) rows. The batch is split over fsdp, so each device can only form a *partial* sum — the rule for a
 # contraction over a split dimension:
 #
-# $$x^\top[H, B_{fsdp}] \cdot dh[B_{fsdp}, F_{tensor}] = dW_{up}[H, F_{tensor}]\{U_{fsdp}\}$$
+# $$x^\top[h, b_{fsdp}] \cdot dh[b_{fsdp}, F_{tensor}] = dW_{up}[h, F_{tensor}]\{U_{fsdp}\}$$
 #
 # The contracted dimension carried the fsdp split, and it is gone from the result: fsdp appears nowhere in
 # $dW_{up}$'s tiling, only in the pending sum. Something must add the fsdp partial sums. If nobody asks for a
 # particular sharding of $dW$, the partitioner's natural finish is an **all-reduce over fsdp**: every fsdp
-# device ends up with the whole sum, $dW[H, F_{tensor}]$ — **1-D**, replicated fsdp times. Asked for
-# $dW[H_{fsdp}, F_{tensor}]$ (the weight's own sharding), it uses a **reduce-scatter over fsdp** instead: each
+# device ends up with the whole sum, $dW[h, F_{tensor}]$ — **1-D**, replicated fsdp times. Asked for
+# $dW[h_{fsdp}, F_{tensor}]$ (the weight's own sharding), it uses a **reduce-scatter over fsdp** instead: each
 # device keeps only its 1/fsdp share of the sum.
 #
 # Inside `scan` that one choice is not local. The backward `While` writes $dW_l$ into slice $l$ of the stacked
-# gradient `[L, H, F]`, which is part of the loop's carried state — and a `While`'s carried state has **one**
+# gradient `[L, h, F]`, which is part of the loop's carried state — and a `While`'s carried state has **one**
 # sharding, the same on every iteration. So the per-layer gradient's 1-D sharding becomes the sharding of the
-# whole stack: $L·H·F/t$ elements per device instead of $L·H·F/(f·t)$, **fsdp times more**. torch_xla's fix
-# wraps the per-layer backward in `shard_as(weight_slice, grad_slice)` ("shard these two alike"), so the
-# partitioner is asked for the weight's sharding and picks the reduce-scatter.
+# whole stack: $L·h·F/\text{tensor}$ elements per device instead of $L·h·F/(\text{fsdp}·\text{tensor})$, **fsdp
+# times more**. torch_xla's fix wraps the per-layer backward in `shard_as(weight_slice, grad_slice)` ("shard these
+# two alike"), so the partitioner is asked for the weight's sharding and picks the reduce-scatter.
 #
 # Predict before you run the next cell: with `shard_as` off, which collective and over which mesh axis finishes
 # $dW$ in the backward body? And with it on? (Exercises 3 and 4 grade your answer against the program.)
-
-# %% [markdown]
+#
 # ### Formula, CPU compiler, TPU compiler
-# The same pre-stacked scan at L = max(`layers_sweep`) with `shard_as` on (torch_xla's default) and off (the
-# scoped monkeypatch `shard_as_enabled(False)` replaces `torch_xla.experimental.scan._backward_shard_alike` with
-# a wrapper that only calls the backward — the behaviour before the fix — and restores it on exit). Per device:
-# the stacked gradients' shapes and bytes, and the reductions over fsdp in the backward `While` body (bytes are
-# what one device hands to the collective: the whole partial gradient, for an all-reduce and a reduce-scatter
-# alike).
+# The pre-stacked scan at L = `layers` with `shard_as` on (torch_xla's default) and off (the scoped monkeypatch
+# `shard_as_enabled(False)` replaces `torch_xla.experimental.scan._backward_shard_alike` with a wrapper that only
+# calls the backward — the behaviour before the fix — and restores it on exit). Per device: the stacked
+# gradients' shapes and bytes, and the reductions over fsdp in the backward `While` body (bytes are what one
+# device hands to the collective: the whole partial gradient, for an all-reduce and a reduce-scatter alike).
 
 # %%
-views = {c.tag: harness.views(c, ("formula", "hlo", "tpu")) for c in (on, off)}
-harness.record(rec, "shard_as.on", *views["on"])
-
-# %%
-harness.record(rec, "shard_as.off", *views["off"])
+views, table = C.shard_as_views(rec, p)  # recorded as shard_as.on.* and shard_as.off.*
+table
 
 # %%
 C.contrast(rec, views["on"], views["off"])
 
 # %% [markdown]
 # **Interpretation.** Both compilers do what the formula says: without `shard_as` the weight gradients are
-# finished by an all-reduce over fsdp and come out 1-D (`[L, H, F/t]`), with it by a reduce-scatter over fsdp
-# and 2-D (`[L, H/f, F/t]`); the stacked gradients differ by exactly the fsdp factor. The backward `While`'s
-# loop state holds an array of exactly each stacked gradient's per-device shape in every program (checked) — the
-# carried sharding *is* the stack's — so the loop state is larger without `shard_as` by the stacked gradients'
-# difference (give or take a few bytes of loop bookkeeping).
+# finished by an all-reduce over fsdp and come out 1-D (`[L, h, F/tensor]`), with it by a reduce-scatter over fsdp
+# and 2-D (`[L, h/fsdp, F/tensor]`); the stacked gradients differ by exactly the fsdp factor. The backward
+# `While`'s loop state holds an array of exactly each stacked gradient's per-device shape in every program
+# (checked) — the carried sharding *is* the stack's — so the loop state is larger without `shard_as` by the
+# stacked gradients' difference (give or take a few bytes of loop bookkeeping).
 #
-# **CPU vs TPU.** XLA:CPU has no reduce-scatter: it all-reduces and then cuts its share out with a
-# dynamic-slice (the table counts that pair as the reduce-scatter it is). XLA:TPU, at the default sizes, emits a
-# real reduce-scatter, and its collective combiner merges the two weights' reductions into one tuple instruction
-# (count 1 with 2 operands; the operands and bytes agree). Both are the compiler's choices: at other sizes XLA:TPU
-# also finishes one of them as all-reduce + dynamic-slice (a `[tpu]` note above the table says so when it
-# happens); the number of logical reductions stays the same. The loop states are each compiler's own: XLA:TPU's
-# holds bf16 copies of some saved tensors in this f32 model (at torch_xla's default matmul precision XLA:TPU
-# multiplies f32 operands in bf16) and other bookkeeping, so the totals differ while the stacked gradients inside
-# them are identical. At this small size the TPU compiler reproduces the 1-D vs 2-D difference exactly; at the
-# seed's full size it reproduces the seed's out-of-memory error too (section "At full size" below).
+# **CPU vs TPU.** XLA:CPU's pass pipeline (torch_xla 2.9) never turns an all-reduce + dynamic-slice into a
+# reduce-scatter: it all-reduces and then cuts its share out with a dynamic-slice (the table counts that pair as
+# the reduce-scatter it implements; XLA:CPU's runtime does run a reduce-scatter when a program contains one — no
+# pass here writes one). XLA:TPU's passes do that rewrite: at the default sizes it emits a real reduce-scatter,
+# and its collective combiner merges the two weights' reductions into one tuple instruction (count 1 with 2
+# operands; the operands and bytes agree). Both are the compiler's choices: at other sizes XLA:TPU also finishes
+# one of them as all-reduce + dynamic-slice (a note says so when it happens); the number of logical reductions
+# stays the same. The loop states are each compiler's own: XLA:TPU's holds bf16 copies of some saved tensors in
+# this f32 model (at torch_xla's default matmul precision XLA:TPU multiplies f32 operands in bf16) and other
+# bookkeeping, so the totals differ while the stacked gradients inside them are identical.
 
 # %%
 harness.memory_frame({f"cpu · {t} (buffer assignment)": views[t][1] for t in ("on", "off")}
-             | {f"tpu · {t} (compiled memory stats)": views[t][2] for t in ("on", "off")})
+                     | {f"tpu · {t} (compiled memory stats)": views[t][2] for t in ("on", "off")})
 
 # %% [markdown]
 # Per-device memory of the four programs. XLA:CPU's buffer assignment and XLA:TPU's compiled memory statistics
@@ -195,9 +187,9 @@ harness.memory_frame({f"cpu · {t} (buffer assignment)": views[t][1] for t in ("
 
 # %%
 points = C.stacked_bytes_points(sweep, views)  # measured: CPU at every L of the sweep (on), both compilers at L
-bytes_vs_layers(C.stacked_bytes_lines(p, list(range(1, 2 * L + 1))), points).show()
+bytes_vs_layers(C.stacked_bytes_lines(p, list(range(1, max(*p.layers_sweep, p.layers) + 1))), points).show()
 if views["on"][1].ran:
-    tiling_figure({f"shard_as {t}": layer_spec(views[t][1]["grad_spec"]) for t in ("on", "off")}, "H", "F").show()
+    tiling_figure({f"shard_as {t}": layer_spec(views[t][1]["grad_spec"]) for t in ("on", "off")}, "h", "F").show()
 
 # %% [markdown]
 # The stacked gradient grows linearly with L in both cases; its slope is the per-layer gradient, fsdp times
@@ -212,117 +204,130 @@ if views["on"][1].ran:
 C.layer_grad_specs(rec, p, min(p.layers_sweep))
 
 # %%
-C.transposed(rec, p, L)
+C.transposed(rec, p, p.layers)
 
 # %% [markdown]
+# ### The seed's layout: two result dims that want the same mesh axis
+# The block above splits only x's batch, $x[b_{fsdp}, s, h]$, so its weight gradient has no conflicting axis:
+# the 1-D result is simply what an all-reduce over the contracted axis leaves. The seed's model (torchprime's
+# `llama-fsdp-tp.yaml`, the configuration of pytorch/xla#8883) shards **every decoder activation
+# `[fsdp, None, tensor]`** — x is $x[b_{fsdp}, s, h_{tensor}]$ — and then
+#
+# $$x^\top[h_{tensor}, b_{fsdp}] \cdot dh[b_{fsdp}, F_{tensor}] = dW_{up}[h_?, F_?]\{U_{fsdp}\}$$
+#
+# is notebook 01's conflicting-axis matmul $A[M_X, N_Y]\cdot B[N_Y, M_X]$: the contracted b takes fsdp with it
+# (partial sums over fsdp, as before), and both result dims ask for tensor — the result can keep it on only one
+# of h and F. The same step with the activations laid out as the seed's (`layout="seed"`), shard_as off and on,
+# through the same three views (recorded as `shard_as.seed_layout.*`):
+
+# %%
+seed_views, _ = C.shard_as_views(rec, p, layout="seed")
+display(C.layout_frame(seed_views))
+C.layout_notes(seed_views)
+
+# %% [markdown]
+# Without `shard_as` every gradient is 1-D again, the same bytes as with the batch-only layout — but *which*
+# dim keeps tensor is now the compiler's choice (the shapes in the table; the formula predicts the bytes and
+# the 1-D/2-D kind, not the orientation, so the shapes are recorded and not compared). With `shard_as` the
+# request is 2-D for both weights; where a compiler still leaves one 1-D, the lines under the table say which and
+# what its backward body does instead, and those values are recorded with that reason rather than compared. The
+# forward changes too (x's h is now split, so the block's first matmul gathers or re-shards it); the views read
+# only the backward's fsdp reductions.
+#
 # ### The seed case: `[126, 4K, 16K]` on v6e-256
 # PyTorch/XLA's report of the OOM ([pytorch/xla#8883](https://github.com/pytorch/xla/issues/8883), "Use shard_as
-# to improve sharding and avoid OOM", March 2025) describes Llama 3.1 405B on v6e-256 with 2-D (FSDP + TP) sharding: in the backward `scan`, a
-# per-layer gradient of shape `[1, 4K, 16K]` was all-reduced over the FSDP axis and written into a stacked
-# `[126, 4K, 16K]` output, too large for one chip (126 = the model's layers). Those are per-chip shapes: the
-# logical weight is `[126, 16K, 16K]` (o_proj's, the gradient [torchprime#160](https://github.com/AI-Hypercomputer/torchprime/issues/160) names; q_proj has the same
-# shape), and 4K = 16K / 4 is the tensor split — so the mesh below is (fsdp 64, tensor 4), our reading of the
-# 256 chips. Per chip, in bf16, against the 31.25 GiB of HBM the XLA:TPU compiler lets one v6e chip's program use
-# (32 GiB published):
+# to improve sharding and avoid OOM", March 2025) describes Llama 3.1 405B on v6e-256 with 2-D (FSDP + TP)
+# sharding — weights `[tensor, fsdp]` / `[fsdp, tensor]` and every activation `[fsdp, None, tensor]` — where in
+# the backward `scan` a per-layer gradient of shape `[1, 4K, 16K]` was all-reduced over the FSDP axis and written
+# into a stacked `[126, 4K, 16K]` output, too large for one chip (126 = the model's layers). Those are per-chip
+# shapes: the logical weight is `[126, 16K, 16K]` (o_proj's, the gradient
+# [torchprime#160](https://github.com/AI-Hypercomputer/torchprime/issues/160) names; q_proj has the same shape),
+# and 4K = 16K / 4 is the tensor split — so the mesh below is (fsdp 64, tensor 4), our reading of the 256 chips.
+# Per chip, in bf16, against the HBM the XLA:TPU compiler lets one v6e chip's program use:
 
 # %%
 C.seed_table(rec)
 
 # %% [markdown]
-# 2-D: 252 MiB per chip for this array on every mesh. 1-D at (64, 4): 15.75 GiB per chip — half of a v6e
-# chip's usable HBM for *one* weight's stacked gradient, with the other large weights' beside it, on top of
-# weights, optimizer state and activations. `shard_as` divides it by 64.
+# 2-D is the same small buffer on every mesh; 1-D keeps only the tensor split, so at (64, 4) *one* weight's stacked
+# gradient takes half of a chip's usable HBM, with the other large weights' beside it, on top of weights,
+# optimizer state and activations. `shard_as` divides it by fsdp = 64.
 #
 # ### At full size: the real thing
 # The seed's own sizes, compiled by XLA:TPU for a TPU slice (compile-only): **126 layers, hidden 16384, q_proj
 # and o_proj [16384, 16384] each** (the two weights the report names), bf16, every weight and the input a
 # placeholder — nothing is allocated, so a 405B-size step is only lowered and compiled. The block is
-# $h = x + \mathrm{silu}(x W_q^\top) W_o^\top$ with $W_q[16384_{tensor}, 16384_{fsdp}]$,
+# $x + \mathrm{silu}(x W_q^\top) W_o^\top$ with $W_q[16384_{tensor}, 16384_{fsdp}]$,
 # $W_o[16384_{fsdp}, 16384_{tensor}]$, $x[16_{fsdp}, 1024, 16384]$ (batch 16 × sequence 1024), on a mesh
 # **fsdp 16 × tensor 4 of a v6e:8x8 slice** (64 chips). The seed's per-chip buffer `[126, 4K, 16K]` is set by the
 # tensor split alone (16384 / 4 = 4K); the fsdp size only sets how much smaller the 2-D version is, so 64 chips
 # show what 256 did (and 256 CPU devices, the graph's own world, are too many for this host). The 126 per-layer
 # weights are stacked **inside the step**, as `scan_layers` does and the seed did, and the 126 per-layer
-# gradients come out.
+# gradients come out. The cases, each with `shard_as` off and on:
 #
-# Five compiles tell the story; at full size they take from ten seconds to a few minutes each on this 2-core
-# host — more than this notebook's budget. So by default the table shows the compiles measured with
-# `full_size=True` (the cache names how and when); `full_size=True` compiles them again here and records them.
+# * **in-graph** — the seed as just described, activations $x[b_{fsdp}, s, h]$;
+# * **held** — the weights held as `[126, …]` parameters, the step returns the stacked gradient;
+# * **update** — held stacking, and the optimizer's update $W - \mathrm{lr}\cdot dW$ in the same graph;
+# * **in_graph_update** — in-graph stacking *and* the update in the graph: the seed's real training step;
+# * **seed_layout** — in-graph, with the seed's activation layout $x[b_{fsdp}, s, h_{tensor}]$.
+#
+# At full size a compile takes from fifteen seconds to ten minutes on this 2-core host — more than this notebook's
+# budget. So by default the table shows the compiles measured with `tools/scale_full_size.py seed` (the cache names
+# how and when); `full_size=True` compiles them again here and records them.
 
 # %%
+from IPython.display import Markdown
+
 from shardlab.xla_scan import scale as S
 
-if p.full_size:
-    full, _ = S.story()  # the five compiles, in a helper process with 64 CPU devices
-    S.record_story(rec, "scale.405b", full, S.FULL_SIZE)
-    cached, _ = S.load_story()
-    rec.check("scale.405b: every verdict the text below describes holds for this compiler",
-              {k: (r.fits, r.runs) for k, r in full.items()} == {k: (r.fits, r.runs) for k, r in cached.items()},
-              str({k: (r.fits, r.runs) for k, r in full.items()}))
-    print("compiled now")
-else:
-    full, source = S.load_story()
-    about = f"cached: {source['command']}, {source['measured']}, libtpu {source['versions']['libtpu']}"
-    rec.note("scale.405b", f"full-size compiles not run (full_size=False); the table shows the {about}")
-    print(about)
+full = S.full_story(rec, p)
 S.story_frame(full, S.FULL_SIZE)
 
 # %%
-seed_off, seed_on = full["in_graph.off"], full["in_graph.on"]
-print("shard_as off:", seed_off.message)
-for size, shape, label in seed_off.largest[:2]:
-    print(f"  {size / 2**30:.2f} GiB  {shape}  {label}")
-print(f"shard_as on: fits; arguments {seed_on.argument_bytes / 2**30:.2f} GiB + temporaries "
-      f"{seed_on.temp_bytes / 2**30:.2f} GiB checked, outputs {seed_on.output_bytes / 2**30:.2f} GiB; "
-      f"per-layer gradients {S.grad_sharding(seed_on, S.FULL_SIZE)}: {seed_on.grad_shapes['q']}")
+Markdown(S.story_text(full, S.FULL_SIZE))
 
 # %% [markdown]
-# **The seed, reproduced.** Without `shard_as` the compiler refuses the step: *"Ran out of memory in memory space
-# hbm. Used 36.56G of 31.25G hbm. Exceeded hbm capacity by 5.32G."* Its two largest allocations are the two
-# stacked gradient buffers, `bf16[126,4096,16384]` and `bf16[126,16384,4096]`, 15.75 GiB each — the seed's
-# `[126, 4K, 16K]` for q_proj and its transpose for o_proj, **1-D**: all-reduced over fsdp, split only over
-# tensor. Their labels (`broadcast(constant)`) say what they are: the zero-initialised stacks the backward `While`
-# writes each layer's gradient into. The two alone are 31.5 GiB, more than the chip's 31.25; the compiler stopped
-# at the program (its message lists the arguments as "0B": not evaluated). With `shard_as` the same step fits:
-# 2.00 GiB of arguments + 7.08 GiB of temporaries (11.05 GiB with the outputs), and each layer's gradient leaves
-# **2-D**, `bf16[1024,4096]` per chip — 16 times smaller (the compiler returns q's with the fsdp and tensor
-# splits swapped relative to the weight's [4096, 1024]; either way 1/64 of the layer).
+# **The seed, reproduced.** Without `shard_as` the compiler refuses the step. Its two largest allocations are the
+# two stacked gradient buffers — the seed's `[126, 4K, 16K]` for q_proj and its transpose for o_proj, **1-D**:
+# all-reduced over fsdp, split only over tensor. Their labels (`broadcast(constant)`) say what they are: the
+# zero-initialised stacks the backward `While` writes each layer's gradient into; the two alone exceed the chip,
+# and the compiler stopped at the program (its message lists the arguments as "0B": not evaluated). With
+# `shard_as` the same step fits, and each layer's gradient leaves **2-D**, 1/64 of the layer per chip.
 #
-# **Two contrasts explain it.**
+# **The contrasts explain it.**
 #
-# * **Held stacking** (weights held as `[126, …]` parameters, the step returns the stacked gradient): without
-#   `shard_as` the gradients leave 1-D, `[126, 4096, 16384]` and `[126, 16384, 4096]` — **31.50 GiB of outputs**,
-#   and the compile succeeds. The compiler's capacity check counts arguments and temporaries, not outputs: the
-#   program needs 38.71 GiB live at its peak and could not run. The same 1-D stack, moved from a temporary to an
-#   output, turns a compile error into a program that fails later.
-# * **An update in the graph** (`w - lr·g` in the same step, held stacking): `shard_as` off and on give the same
-#   program — the same bytes, and the updated weights leave 2-D, `[126, 4096, 1024]`. The update is elementwise
-#   with the 2-D weight, so sharding propagation asks for the gradient sharded like the weight and carries that
-#   back into the backward loop: the all-reduce becomes the reduce-scatter that `shard_as` asks for by hand.
+# * **Held stacking**: without `shard_as` the 1-D stacks leave the step as *outputs*, and the compile succeeds —
+#   the compiler's capacity check counts arguments and temporaries, not outputs — but the program needs more than
+#   the chip at its peak and could not run. The same 1-D stack, moved from a temporary to an output, turns a
+#   compile error into a program that fails later.
+# * **An update in the graph, held stacking**: `shard_as` off and on give the same program, and the updated
+#   weights leave 2-D. The update is elementwise with the 2-D weight, so sharding propagation asks for the
+#   gradient sharded like the weight and carries that back into the backward loop.
+# * **An update in the graph, in-graph stacking** — the seed's real training step: both compile, both leave the
+#   updated weights 2-D with no 1-D stack in the program — propagation finds the weight's sharding here too — but
+#   they are *not* the same program: without `shard_as` it needs more temporaries (the numbers above).
+# * **The seed's activation layout**: the same out-of-memory error, the 1-D stacks now oriented on the
+#   activation's side (tensor kept on q's *input* dim); with `shard_as` it fits, 2-D.
 #
-# So this compiler (libtpu 0.0.21) needs `shard_as` **exactly when nothing in the same graph ties a gradient to its
-# weight** — when the step ends at the gradients (returned, or sliced back out per layer as `scan_layers` does)
-# instead of consuming them in an update. Then the 1-D stack is either a temporary that does not fit (in-graph
-# stacking: a compile error) or an output that does not fit (held stacking: compiles, cannot run). With the
-# optimizer's update in the same graph, propagation finds the weight's sharding on its own. The formula's
+# So on this compiler (libtpu 0.0.21), at this size and mesh (fsdp 16 × tensor 4, batch 16 × 1024, q and o only,
+# SGD), `shard_as` decides whether the step compiles when the step ends at the gradients — returned, or sliced back
+# out per layer as `scan_layers` does: then the 1-D stack is either a temporary that does not fit (in-graph, with
+# either activation layout: a compile error) or an output that does not fit (held: compiles, cannot run). With
+# the optimizer's update in the same graph the step compiles and leaves 2-D either way, and with in-graph stacking
+# `shard_as` still saves temporaries. Another optimizer, mesh or model was not compiled here. The formula's
 # dependence on the mesh holds at full size too: the 1-D buffer is `[126, 16384/tensor, 16384]`, so tensor = 8
-# halves it (7.88 GiB per weight) and two of them no longer exceed the chip.
+# halves it (the table above, mesh (32, 8)).
 #
-# The same five compiles at this notebook's size (the parameters' mesh, L = max(`layers_sweep`), bf16) run in
-# a second: nothing is near the capacity, but the shardings are the same — 1-D without `shard_as` and without
-# an update, 2-D otherwise, identical programs with the update.
+# The same compiles at this notebook's size (the parameters' mesh, L = `layers`, bf16) run in a few seconds:
+# nothing is near the capacity, but the shardings are the same — 1-D without `shard_as` and without an update,
+# 2-D otherwise (checked for every case), identical programs with held stacking and the update (checked); with
+# in-graph stacking and the update compare the temporaries column.
 
 # %%
-small_case = S.small_case(p)
-small, why = S.story(small_case)  # a v6e slice of fsdp x tensor chips (a helper process if that is not 8)
-if why:
-    print(f"[tpu] skipped: {why}")
-    rec.skip("scale.small", "tpu", why)
-else:
-    S.record_story(rec, "scale.small", small, small_case)
-    display(S.story_frame(small, small_case, unit="KiB"))
-#
-# ### `shard_as` on its own, and the `nn.Linear` trap
+S.small_story(rec, p)  # a v6e slice of fsdp x tensor chips (a helper process if that is not this process's count)
+
+# %% [markdown]
+# ## 4 · `shard_as` on its own, and the `nn.Linear` trap
 # `shard_as(a, b)` only says "a and b are sharded alike"; the partitioner copies the annotated one.
 
 # %%
@@ -334,77 +339,58 @@ if demo is not None:
 harness.record(rec, "linear_trap", *C.linear_trap(p))
 
 # %% [markdown]
-# `F.linear(x, W)` on `x[B, S, H]` lowers to a reshape to `[B·S, H]`, a 2-D dot, and a reshape back. With
-# `x[B_fsdp, S_tensor, H]`, device (i, j) holds batch rows $[iB/f, (i+1)B/f)$ and positions $[jS/t, (j+1)S/t)$;
-# in the merged index $b·S + s$ that block is one contiguous run only when it is a single batch row ($B/f = 1$)
-# or all of S ($t = 1$). Otherwise no tiling of the merged dim describes it: the merged dim keeps the batch split
-# only, the sequence split is undone (an all-gather), and each device multiplies $t$ times the rows — the table's
-# `linear.rows` against `einsum.rows`. torch_xla's einsum patch (`XLAPatchedLinear`) keeps a 3-D dot and both
-# splits; our block uses `einsum` for that reason. The checks hold for every mesh: rows as the formula says, and
-# data moves exactly when the rows grow.
+# `F.linear(x, W)` on `x[b, s, h]` lowers to a reshape to `[b·s, h]`, a 2-D dot, and a reshape back. With
+# `x[b_fsdp, s_tensor, h]`, device (i, j) holds batch rows $[i·b/\text{fsdp}, (i+1)·b/\text{fsdp})$ and positions
+# $[j·s/\text{tensor}, (j+1)·s/\text{tensor})$; in the merged index $i_b·s + i_s$ that block is one contiguous run
+# only when it is a single batch row ($b/\text{fsdp} = 1$) or all of s ($\text{tensor} = 1$). Otherwise no tiling of
+# the merged dim describes it: the merged dim keeps the batch split only, the sequence split is undone (an
+# all-gather), and each device multiplies tensor times the rows — the table's `linear.rows` against `einsum.rows`.
+# torch_xla's einsum patch (`XLAPatchedLinear`) keeps a 3-D dot and both splits; our block uses `einsum` for that
+# reason. The checks hold for every mesh: rows as the formula says, and data moves exactly when the rows grow.
 #
 # XLA:TPU did not fall into the trap here: its per-chip dot keeps the batch and sequence dims apart (see the
 # note above the table), so `F.linear` and einsum compile to the same per-chip work. The trap is a property of
 # the flattened 2-D dot reaching the partitioner, which this XLA:CPU pipeline lets happen and this XLA:TPU
 # pipeline did not — measured, for this small case.
 #
-# ## 4 · Placeholder tensors
+# ## 5 · Placeholder tensors
 # A placeholder has a shape and a dtype and no device buffer: it lowers to an HLO parameter.
 
 # %%
-from shardlab.xla_scan import patches as P
-
-rss0 = P.current_rss_bytes()
-big = P.placeholder((1 << 34,))  # 2^34 float32 = 64 GiB
-rss_grew_mib = (P.current_rss_bytes() - rss0) / 2**20
-hlo = P.lowered_hlo([big * 2.0])  # lowered, never executed (executing it would crash torch_xla 2.9)
-try:
-    P.read(big)
-    read_error = None
-except P.PlaceholderReadError as e:
-    read_error = str(e)
-rec.check("placeholder.no_memory", rss_grew_mib < 100, f"RSS grew {rss_grew_mib:.1f} MiB for 64 GiB logical")
-rec.check("placeholder.lowers_to_parameter", "f32[17179869184]{0} parameter(" in hlo, hlo.splitlines()[0])
-rec.check("placeholder.read_error_is_clear", read_error is not None and "placeholder" in read_error, str(read_error))
-print(f"logical {P.logical_bytes(big) / 2**30:.0f} GiB, RSS grew {rss_grew_mib:.1f} MiB\n{read_error}")
+print(C.placeholder_demo(rec))  # a 64 GiB placeholder: its memory, its lowering, reading it (each checked)
 
 # %% [markdown]
 # **Tracing must not move data.** The upstream report ([pytorch/xla#8612](https://github.com/pytorch/xla/issues/8612),
-# "Placeholder tensors", January 2025) compared one model run with a for loop and with `scan`: *"From the metrics, it transfers 23 GiB compared
-# to 182 MiB when using for loops. The metric `IrValueTensorToXlaData` has a large count (>200) under scan
-# compared to 0 under for loop."* The cause: scan traced its function on fake inputs that were real device tensors.
-# The fix ([pytorch/xla#8785](https://github.com/pytorch/xla/pull/8785)) makes them placeholders; torch_xla 2.9, used here, has it.
+# "Placeholder tensors", January 2025) compared one model run with a for loop and with `scan`: *"From the metrics,
+# it transfers 23 GiB compared to 182 MiB when using for loops. The metric `IrValueTensorToXlaData` has a large
+# count (>200) under scan compared to 0 under for loop."* The cause: scan traced its function on fake inputs that
+# were real device tensors. The fix ([pytorch/xla#8785](https://github.com/pytorch/xla/pull/8785)) makes them
+# placeholders; torch_xla 2.9, used here, has it.
 #
-# We trace one forward+backward step (twice; the second is measured, after torch_xla has cached its scalar
-# constants) and read `OutboundData` — host→device bytes despite the name — and the same
+# We trace one forward+backward step at L = `layers` (twice; the second is measured, after torch_xla has cached its
+# scalar constants) and read `OutboundData` — host→device bytes despite the name — and the same
 # `IrValueTensorToXlaData` count. `placeholders_enabled(False)` swaps torch_xla's placeholder factory for the
 # pre-fix `torch.zeros(shape).to(device)`: one real transfer per fake input, replicated to every device.
 
 # %%
-tt = C.transfers(p, L)
-if tt is None:
-    why = C.mesh_problem(p, world.num_devices)
-    print(f"[metrics] skipped: {why}")
-    rec.skip("placeholder.trace", "metrics", why)
-else:
-    display(C.record_transfers(rec, p, tt))
+C.record_trace(rec, p)
 
 # %% [markdown]
-# Without placeholders one trace sends $3BSH + 2BSF + 4HF$ elements (fake carry and one layer's weights for
+# Without placeholders one trace sends $3bsh + 2bsF + 4hF$ elements (fake carry and one layer's weights for
 # the forward scan; fake grad carry and one slice of each saved activation — $x$, $xW_{up}$,
-# $\mathrm{gelu}(xW_{up})$, $W_{up}$, $W_{down}$ — for the backward), times the device count: the $HF$ term
+# $\mathrm{gelu}(xW_{up})$, $W_{up}$, $W_{down}$ — for the backward), times the device count: the $hF$ term
 # makes it grow with the square of the width, and every fake input counts once in `IrValueTensorToXlaData`. With
 # placeholders our trace moves 0 bytes, like the loop. We do not reconstruct the upstream 23 GiB: the report
 # names neither the model's size nor what the for loop's 182 MiB were.
 #
-# ## 5 · Explorer
+# ## 6 · Explorer
 # Pick a mesh, L and hidden; the small case re-runs with shard_as on and off (two compiles).
 
 # %%
 if rows is not None:
     widget, update = explorer(lambda f, t, n, h: C.explore(p, f, t, n, h),
                               [(p.mesh_fsdp, p.mesh_tensor), (p.mesh_tensor, p.mesh_fsdp)],
-                              sorted(set(p.layers_sweep), reverse=True), [p.hidden, 2 * p.hidden])
+                              sorted({p.layers, max(p.layers_sweep)}), [p.hidden, 2 * p.hidden])
     display(widget)
     probe = update()  # headless: exercise the code path once (the default choice is already compiled)
     rec.check("explorer.runs", probe["off"]["stacked grads B"] > probe["on"]["stacked grads B"], str(probe))
@@ -413,7 +399,7 @@ if rows is not None:
 # ## Exercises
 # Write your answer into the variable and run the cell: the grader says right or gives a hint.
 #
-# 1. On a mesh (fsdp = 8, tensor = 1), with L = 4, H = 128, F = 512, how many times larger is the stacked
+# 1. On a mesh (fsdp = 8, tensor = 1), with L = 4, h = 128, F = 512, how many times larger is the stacked
 #    gradient without `shard_as`?
 # 2. The seed case on mesh (fsdp 16, tensor 16) in bf16: how many GiB per chip does the 1-D stacked gradient
 #    `[126, 16384, 16384]` take?
@@ -421,10 +407,15 @@ if rows is not None:
 #    weight gradients in the backward `While` body? Answer as `"<collective> <axis>"`, e.g. `"all-gather tensor"`.
 #    The grader compares with the reductions that the OFF program has and the ON program does not.
 # 4. *Predict, then check the HLO.* And with `shard_as` on — what replaces it?
-# 5. `F.linear` on `x[B=8, S=8, H]` split as `x[B_fsdp, S_tensor, H]` on mesh (fsdp 4, tensor 2): how many rows
+# 5. `F.linear` on `x[b=8, s=8, h]` split as `x[b_fsdp, s_tensor, h]` on mesh (fsdp 4, tensor 2): how many rows
 #    does each device's 2-D dot multiply on XLA:CPU?
 # 6. *Predict, then check the metrics.* How many host→device transfers does one trace of this block make
 #    without placeholders?
+# 7. *Code: `shard_as` by hand.* Write the per-rank function `answer_7(comm, x, dh)` of one fsdp rank (tensor = 1):
+#    `x` [rows, h] and `dh` [rows, F] are this rank's batch rows. Return this rank's block of $dW_{up} = x^\top
+#    dh$ sharded like $W_{up}[h_{fsdp}, F]$ — rows $[r·h/\text{fsdp}, (r+1)·h/\text{fsdp})$ of the full sum — with
+#    one collective. The grader runs it on 4 ranks of a `SimulatedWorld` and compares with the dense gradient
+#    and with the collectives the 2-D gradient needs.
 
 # %%
 from shardlab.exercises import Exercises
@@ -438,12 +429,10 @@ answer_3 = None  # "<collective> <axis>"
 answer_4 = None  # "<collective> <axis>"
 answer_5 = None  # rows (an int)
 answer_6 = None  # a count
-ex.show(1, answer_1)
-ex.show(2, answer_2)
-ex.show(3, answer_3, changed=changed[0])
-ex.show(4, answer_4, changed=changed[1])
-ex.show(5, answer_5)
-ex.show(6, answer_6)
+answer_7 = None  # a function (comm, x, dh) -> tensor, e.g. def answer_7(comm, x, dh): ...
+measured = {3: {"changed": changed[0]}, 4: {"changed": changed[1]}}  # exercises 3, 4: what the programs show
+for n, a in enumerate((answer_1, answer_2, answer_3, answer_4, answer_5, answer_6, answer_7), start=1):
+    ex.show(n, a, **measured.get(n, {}))
 
 # %% [markdown]
 # <details><summary>Why (open after trying)</summary>
@@ -451,15 +440,18 @@ ex.show(6, answer_6)
 # 1. 2-D splits each layer's gradient over fsdp × tensor = 8 devices; all-reduced over fsdp, only the tensor split
 #    (1) is left, so all 8 devices hold the whole thing: 8 times more.
 # 2. The logical array is 126 · 16384 · 16384 · 2 B = 63 GiB; 1-D keeps only the tensor split: 63 / 16 GiB.
-# 3. $x^\top[H, B_{fsdp}] \cdot dh[B_{fsdp}, F_{tensor}] = dW[H, F_{tensor}]\{U_{fsdp}\}$: the partial sums live on
+# 3. $x^\top[h, b_{fsdp}] \cdot dh[b_{fsdp}, F_{tensor}] = dW[h, F_{tensor}]\{U_{fsdp}\}$: the partial sums live on
 #    the fsdp axis, and with no sharding requested for $dW$ the partitioner sums them where every device gets the
 #    whole result — an all-reduce over fsdp.
-# 4. `shard_as` requests $dW[H_{fsdp}, F_{tensor}]$: sum and keep only your share — a reduce-scatter over fsdp
+# 4. `shard_as` requests $dW[h_{fsdp}, F_{tensor}]$: sum and keep only your share — a reduce-scatter over fsdp
 #    (on XLA:CPU an all-reduce followed by a dynamic-slice of the share).
-# 5. B/f = 2 batch rows per device, split again in S by t = 2: not contiguous in the 64 merged rows, so only the
-#    batch split survives: 64 / 4 = 16 rows (einsum: 64 / 8 = 8).
+# 5. b/fsdp = 2 batch rows per device, split again in s by tensor = 2: not contiguous in the 64 merged rows, so only
+#    the batch split survives: 64 / 4 = 16 rows (einsum: 64 / 8 = 8).
 # 6. Forward scan: the carry and one layer's W_up and W_down (3); backward scan: the gradient carry and one slice
 #    of each of the 5 tensors the block saves (x, x·W_up, gelu(x·W_up), W_up, W_down): 9.
+# 7. `return comm.reduce_scatter(x.T @ dh)`: each rank's `x.T @ dh` [h, F] is its partial sum over its own rows;
+#    the reduce-scatter adds the four and leaves rank r block r of dim 0. `comm.all_reduce(...)` and a slice give
+#    the same numbers, but every rank held the whole [h, F] sum first — the 1-D gradient `shard_as` removes.
 # </details>
 
 # %%

@@ -2,50 +2,50 @@
 
 Design note
 -----------
-One FSDP unit holds a flat parameter of N elements (alignment padding included) padded to
-P = W·c, c = ceil(N / W) (see ``shardlab.fsdp.flat_param``). One training step issues::
+One FSDP unit holds a flat parameter of n elements (alignment padding included) padded to
+n_pad = N·c, c = ceil(n / N) (see ``shardlab.fsdp.flat_param``). One training step issues::
 
-    forward   all-gather      payload c·b per rank  -> result P·b       (unshard params)
-    backward  all-gather      payload c·b per rank  -> result P·b       (params were freed after forward;
+    forward   all-gather      payload c·e per rank      -> result n_pad·e   (unshard params)
+    backward  all-gather      payload c·e per rank      -> result n_pad·e   (params were freed after forward;
                                                                           NOT for the root unit)
-    backward  reduce-scatter  payload P·b per rank  -> result c·b       (averaged gradient shard)
+    backward  reduce-scatter  payload n_pad·e per rank  -> result c·e       (averaged gradient shard)
 
 PyTorch (FSDP1 and FSDP2 alike) does not reshard the ROOT unit — the outermost one — after forward, since its
 parameters would be all-gathered again at once for the backward: the root issues one all-gather per step,
 every other unit two. A model wrapped as one unit is the root: one all-gather and one reduce-scatter per step
 (``root=True``). The ring-wire figures below are for a non-root unit.
 
-b = bytes per element. With W = 1 nothing is sharded and the step issues no collective (counts 0; the
-ledger records none and the partitioner emits none). "Payload" is what one rank hands to the collective
-(``formulas.common``); the ring model puts (W-1)·c·b on the wire per all-gather and (W-1)/W·P·b per
-reduce-scatter, 3·(W-1)·c·b per step in total = the ZeRO-3 "3Ψ" (``formulas.zero.zero_comm``) with Ψ = P.
+N = the FSDP ranks, e = bytes per element. With N = 1 nothing is sharded and the step issues no collective
+(counts 0; the ledger records none and the partitioner emits none). "Payload" is what one rank hands to the collective
+(``formulas.common``); the ring model puts (N-1)·c·e on the wire per all-gather and (N-1)/N·n_pad·e per
+reduce-scatter, 3·(N-1)·c·e per step in total = the ZeRO-3 "3Ψ" (``formulas.zero.zero_comm``) with Ψ = n_pad.
 
 Per-parameter FSDP (FSDP2 ``fully_shard``, GSPMD ``mark_sharding`` on dim 0): parameter p of shape
-(d, *rest) is split with ``torch.chunk`` semantics and padded to c_p = ceil(d/W) rows per rank. One step on
+(d, *rest) is split with ``torch.chunk`` semantics and padded to c_p = ceil(d/N) rows per rank. One step on
 XLA's SPMD partitioner (``shardlab.fsdp.gspmd`` measures it)::
 
-    forward   unshard every parameter            all-gather of the padded shard  c_p·rest·b
+    forward   unshard every parameter            all-gather of the padded shard  c_p·rest·e
     backward  unshard the weights dX reads       same (layers 2..L; layer 1's input is data)
-    backward  reduce-scatter every gradient      payload = the full gradient      d·rest·b
-              (XLA:CPU emits reduce-scatter as all-reduce + dynamic-slice)
+    backward  reduce-scatter every gradient      payload = the full gradient      d·rest·e
+              (XLA:CPU: all-reduce + dynamic-slice; its passes never form a reduce-scatter)
 
 except for parameters whose sharded dimension is small: XLA's partitioner replicates a dimension of size d
-split over W partitions with a dynamic-update-slice into zeros and an **all-reduce of the full d·rest·b**
-when d <= W // 2 (most shards are then padding; ``PartitionedHlo::ReplicatePartial`` in XLA's
+split over N partitions with a dynamic-update-slice into zeros and an **all-reduce of the full d·rest·e**
+when d <= N // 2 (most shards are then padding; ``PartitionedHlo::ReplicatePartial`` in XLA's
 ``spmd_partitioner.cc``; d == 1 takes its broadcast path — a select of the owning device — also an
 all-reduce of the full tensor). Such an
 unshard is an all-reduce, not an all-gather, in both graphs. :func:`per_param_step_bytes` predicts every
-term; the earlier formula priced those unshards as all-gathers of c_p·rest·b (e.g. 764 vs the HLO's 760 bytes
-at W = 4) — the term it got wrong.
+term; the earlier formula priced those unshards as all-gathers of c_p·rest·e (e.g. 764 vs the HLO's 760 bytes
+at N = 4) — the term it got wrong.
 
 The XLA:TPU compiler (libtpu 0.0.21, compile-only) partitions the same graph and then rewrites it; measured
 on the per-parameter FSDP step (``device_kind="tpu"``)::
 
     unshard of a vector (a bias, or any parameter whose only non-1 dimension is the sharded one) whose
               shard is shorter than 128 elements (one TPU vector-register row): an all-reduce of the PADDED
-              full vector W·c_p·b (a dynamic-update-slice into zeros), not an all-gather — all-gathering along
+              full vector N·c_p·e (a dynamic-update-slice into zeros), not an all-gather — all-gathering along
               the minor dimension moves less than a row per device, and the all-reduce can be combined with
-              others; the d <= W // 2 rule above still gives the unpadded full tensor
+              others; the d <= N // 2 rule above still gives the unpadded full tensor
     weights read by a matmul (forward, and the backward re-gather for dX) travel in bf16 when the model is
               f32 and the mat-mul precision is torch_xla's "default" (the TPU's bf16 passes): c_p·rest·2
               — unless the matmul is degenerate (a dimension of 1: XLA rewrites it without a dot)
@@ -58,9 +58,9 @@ These rules hold where :func:`tpu_rules_apply` says so (dim-0 sharding, every di
 at least two rows), tested against the compiler on a grid of layer sizes and world sizes; elsewhere XLA:TPU
 makes choices the formula does not model, and the notebook says so instead of comparing.
 
-Persistent per-rank model state after a step with Adam: parameter shard c·b + gradient shard c·b +
+Persistent per-rank model state after a step with Adam: parameter shard c·e + gradient shard c·e +
 optimizer state (exp_avg, exp_avg_sq in fp32) 2·c·4. For fp32 that is 16·c bytes — ZeRO-3's 16Ψ/N with
-Ψ = P. Transient: the unsharded padded parameter (P·b) and its gradient (P·b) while a unit runs.
+Ψ = n_pad. Transient: the unsharded padded parameter (n_pad·e) and its gradient (n_pad·e) while a unit runs.
 """
 
 from __future__ import annotations
@@ -98,8 +98,8 @@ class FlatStepComm(NamedTuple):
 
 
 def flat_numel(numels: list[int] | tuple[int, ...], world_size: int, align: int = 0) -> int:
-    """N of a flat unit by hand: the parameter numels in order; with ``align`` > 0 (``use_orig_params``) each
-    parameter starts at a multiple of ``align`` elements and the total is padded to a multiple of W.
+    """n of a flat unit by hand: the parameter numels in order; with ``align`` > 0 (``use_orig_params``) each
+    parameter starts at a multiple of ``align`` elements and the total is padded to a multiple of N.
 
     >>> flat_numel([1500, 50, 500, 10], 8), flat_numel([1500, 50, 500, 10], 8, align=4)   # 1550 -> 1552, 2062 -> 2064
     (2060, 2064)
@@ -182,7 +182,7 @@ def shard_dim(shape: tuple[int, ...], rule: str = "dim0") -> int:
 def per_param_shard(
     shape: tuple[int, ...], world_size: int, rank: int, rule: str = "dim0"
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(local, padded) shard shape: ``torch.chunk`` on the shard dimension, padded to ceil(d/W).
+    """(local, padded) shard shape: ``torch.chunk`` on the shard dimension, padded to ceil(d/N).
 
     Same rule in FSDP2 (``fully_shard``) and in GSPMD ``mark_sharding``:
     >>> per_param_shard((10, 3), 4, 3)      # chunks 3,3,3,1 -> rank 3 holds 1 row, padded to 3
@@ -202,8 +202,8 @@ DEVICE_KINDS = ("cpu", "tpu")
 MATMUL_PRECISIONS = ("default", "high", "highest")
 """torch_xla's mat-mul precision (``torch_xla.backends.set_mat_mul_precision``); "default" = one bf16 pass on TPU."""
 UNSHARD_FORMS = ("none", "all_gather", "all_reduce", "all_reduce_padded")
-"""How a parameter is replicated before use: nothing (W = 1), an all-gather of its padded shard, the partitioner's
-all-reduce of the full tensor (d <= W // 2), or XLA:TPU's all-reduce of the padded full vector."""
+"""How a parameter is replicated before use: nothing (N = 1), an all-gather of its padded shard, the partitioner's
+all-reduce of the full tensor (d <= N // 2), or XLA:TPU's all-reduce of the padded full vector."""
 
 
 def unshard_form(shape: tuple[int, ...], world_size: int, rule: str = "dim0", device_kind: str = "cpu") -> str:
@@ -241,12 +241,12 @@ def tpu_rules_apply(shapes: list[tuple[int, ...]], world_size: int, rule: str = 
         return "a dimension of size 1 (a degenerate matmul: XLA rewrites it without a dot)"
     thin = [s for s in shapes if len(s) >= 2 and ceil_div(s[0], world_size) < 2]
     if thin:
-        return f"weight(s) {thin} have shards of one row at W = {world_size} (XLA:TPU's element type then varies)"
+        return f"weight(s) {thin} have shards of one row at N = {world_size} (XLA:TPU's element type then varies)"
     return None
 
 
 def unshard_by_all_reduce(shape: tuple[int, ...], world_size: int, rule: str = "dim0") -> bool:
-    """True when XLA replicates this parameter with DUS + all-reduce of the full tensor (d <= W // 2), not an
+    """True when XLA replicates this parameter with DUS + all-reduce of the full tensor (d <= N // 2), not an
     all-gather of its padded shard.
 
     >>> unshard_by_all_reduce((2, 9), 4), unshard_by_all_reduce((3, 9), 4)
@@ -309,7 +309,7 @@ def per_param_step_bytes(
     ``read_by_matmul[i]``: a matmul reads parameter i (default: every parameter of rank >= 2) — only XLA:TPU's
     element type depends on it. Counts are logical collectives (one per parameter and use): XLA:TPU combines
     several into one instruction, so its instruction counts are smaller.
-    Layers 16 -> 9 -> 2 at W = 4 (weights [9, 16], [2, 9]; biases [9], [2]): W2 and b2 have d = 2 <= 4 // 2.
+    Layers 16 -> 9 -> 2 at N = 4 (weights [9, 16], [2, 9]; biases [9], [2]): W2 and b2 have d = 2 <= 4 // 2.
     >>> s = per_param_step_bytes([(9, 16), (9,), (2, 9), (2,)], 4, [False, False, True, False])
     >>> s.all_gather_forward, s.unshard_all_reduce_forward, s.unshard_all_reduce_backward, s.reduce_scatter
     (204, 80, 72, 692)
@@ -333,7 +333,7 @@ def per_param_step_bytes(
             shard = _numel(per_param_shard(shape, world_size, 0, rule)[1]) * e
             ag_f, ag_b, n_ag = ag_f + shard, ag_b + shard * need, n_ag + 1 + need
         else:
-            padded = _numel(per_param_shard(shape, world_size, 0, rule)[1]) * world_size  # W·c_p·rest
+            padded = _numel(per_param_shard(shape, world_size, 0, rule)[1]) * world_size  # N·c_p·rest
             full = (_numel(shape) if form == "all_reduce" else padded) * e
             ar_f, ar_b, n_ar = ar_f + full, ar_b + full * need, n_ar + 1 + need
     rs = sum(_numel(s) * elem_bytes for s in shapes)

@@ -5,11 +5,14 @@ Design
 Each case holds its notebook's parameters ``p`` (:mod:`shardlab.params`: ``FsdpParams`` for 05,
 ``FsdpGspmdParams`` for 05b) and the variant it shows; :mod:`shardlab.harness` runs it through the views::
 
-    FlatCase(p, nested, optimizer)   FSDP1 FlatParameter units trained on W ranks: formula and ledger
+    FlatCase(p, nested, optimizer)   FSDP1 FlatParameter units trained on N ranks: formula and ledger
                                      (shardlab.fsdp.train; re-exported here)
     GspmdCase(p, wrapper)            one SGD step with every parameter sharded (dim 0, FSDP2's rule; or torch_xla's
                                      FSDPv2 wrapper: the largest dim) as two programs, forward and backward +
                                      update: formula (for XLA:CPU or, ``formula("tpu")``, XLA:TPU), hlo, tpu
+
+    UnshardCase(p, shape, spec)      one parameter annotated ``spec`` on the (fsdp, replica) mesh, then replicated:
+                                     the collectives of that unshard (05b's annotation exercise), hlo, tpu
 
 plus :func:`torch_fsdp` (PyTorch's FSDP1 and FSDP2 on gloo against a FlatCase's ledger) and the notebooks'
 tables. GSPMD values are named ``step.<kind>.{count,bytes}`` with kind ``all_gather`` / ``unshard_all_reduce``
@@ -17,7 +20,7 @@ tables. GSPMD values are named ``step.<kind>.{count,bytes}`` with kind ``all_gat
 all-reduce + dynamic-slice; XLA:TPU: an ``all-reduce-scatter`` fusion or an all-reduce, combined),
 ``step.unshard.{forward,backward}.bytes`` and ``step.collective.bytes``; counts are collective instructions and
 ``.operands`` the logical collectives they carry when the compiler combined some (every operand classified by
-``gspmd.moved_operands``). The mesh is (fsdp, replica) = (W, n / W); where XLA:TPU differs from the CPU formula
+``gspmd.moved_operands``). The mesh is (fsdp, replica) = (N, devices / N); where XLA:TPU differs from the CPU formula
 the TPU view says why in ``differs`` (measured from its program) and checks ``formula("tpu")`` instead — where
 that formula applies (``formulas.fsdp.tpu_rules_apply``).
 
@@ -38,10 +41,11 @@ from typing import Any, ClassVar
 
 import pandas as pd
 import torch
+import torch_xla.distributed.spmd as xs  # fsdp.case is imported after runtime.setup() (the notebooks' order)
 from pandas.io.formats.style import Styler
 from torch import nn
 
-from shardlab import harness
+from shardlab import harness, runtime
 from shardlab.case import Case, Checks
 from shardlab.comm import DistributedWorld, Ledger
 from shardlab.formulas import fsdp as ffsdp
@@ -79,7 +83,7 @@ def torch_fsdp(case: FlatCase) -> View:
 
     FSDP1 must match our ledger row by row (op, phase, payload, order), its shard metadata our plan and its
     trained shard ours; FSDP2 issues the same collectives per unit and phase with per-parameter payloads (each
-    parameter's dim-0 shard padded to ceil(d0 / W)), its reduce-scatters in another order."""
+    parameter's dim-0 shard padded to ceil(d0 / N)), its reduce-scatters in another order."""
     w = case.p.world_size
     both = DistributedWorld(w).run(torch_fsdp_both_program, case)
     view = harness.ledger(case)
@@ -101,7 +105,7 @@ def torch_fsdp(case: FlatCase) -> View:
     # FSDP2: per-parameter shards; the same ops per phase; per-unit payloads = padded dim-0 shards
     view.checks["fsdp2.per_param_shards"] = (
         all((q["local_shape"], q["padded_shape"]) == ffsdp.per_param_shard(q["orig_shape"], w, r)
-            for r, t in enumerate(t2) for q in t["params"]), "dim-0 chunk rule, padded to ceil(d0/W)")
+            for r, t in enumerate(t2) for q in t["params"]), "dim-0 chunk rule, padded to ceil(d0/N)")
     led2 = Ledger.from_records(t2[0]["collectives"])
     view.checks["fsdp2.same_ops_per_phase"] = (
         Counter((e.op, e.phase) for e in led2) == Counter((e.op, e.phase) for e in view.detail["ledger"]),
@@ -113,7 +117,7 @@ def torch_fsdp(case: FlatCase) -> View:
     view.checks["fsdp2.unit_payloads"] = (
         w == 1 or (got == padded and sorted({e.payload_bytes for e in led2 if e.op == "reduce_scatter"})
                    == [w * b for b in padded]),
-        f"all-gather payloads per unit {got} B = padded dim-0 shards {padded} B; reduce-scatter = W × those")
+        f"all-gather payloads per unit {got} B = padded dim-0 shards {padded} B; reduce-scatter = N × those")
     view.detail["torch"] = {"fsdp1": t1, "fsdp2": t2, "fsdp1_rows": fsdp1_rows, "fsdp2_rows": _rows(led2),
                             "ours_rows": ours_rows, "one_step": _rows(one)}
     return view
@@ -183,7 +187,7 @@ class GspmdCase(Case):
     forward (loss), then backward + update — between them only sharded parameters and saved activations live."""
 
     size_name: ClassVar[str] = "world_size"
-    mesh_text: ClassVar[str] = "(fsdp, replica) = (W, n / W)"
+    mesh_text: ClassVar[str] = "(fsdp, replica) = (world_size, devices / world_size)"
     ops: ClassVar[tuple[str, ...]] = ()  # every operand is classified instead (gspmd.moved_operands)
     programs: ClassVar[tuple[str, ...]] = ("forward", "backward")
 
@@ -252,9 +256,10 @@ class GspmdCase(Case):
         pairs = sum(c.feeds_dynamic_slice for c in modules["backward"].collectives if c.name in rs)
         view.add("step.all_reduce_dynamic_slice.count", pairs, "count")
         if s.reduce_scatter_count:
-            view.notes.append("XLA:CPU has no reduce-scatter: each gradient's all-reduce + dynamic-slice is counted as "
-                              f"the reduce-scatter it implements ({pairs} of {s.reduce_scatter_count} seen feeding the "
-                              "dynamic-slice directly; uneven dims put a pad or slice in between)")
+            view.notes.append("XLA:CPU's pass pipeline never forms a reduce-scatter: each gradient's all-reduce + "
+                              f"dynamic-slice is counted as the reduce-scatter it implements ({pairs} of "
+                              f"{s.reduce_scatter_count} seen feeding the dynamic-slice directly; uneven dims put a "
+                              "pad or slice in between)")
         resharding: dict[str, int] = {}
         for m in moved:
             if m.kind == "resharding":
@@ -269,7 +274,7 @@ class GspmdCase(Case):
             view.differs["step.resharding.bytes"] = "collectives outside the FSDP algebra: measured, not compared"
         groups = {len(c.replica_groups[0]) for m in modules.values() for c in m.collectives if c.replica_groups}
         view.checks["hlo.group_size"] = (groups <= {self.p.world_size}, f"collectives run in groups of "
-                                         f"{sorted(groups)}, W = {self.p.world_size}")
+                                         f"{sorted(groups)}, N = world_size = {self.p.world_size}")
         other_bytes = sum(m.nbytes for m in moved if m.kind == "other")
         view.notes.append(f"the scalar loss all-reduce ({other_bytes} B) is not FSDP traffic")
         return view
@@ -298,6 +303,40 @@ class GspmdCase(Case):
                                                                            view.get(name))
             view.checks[f"tpu_formula.{name}"] = (got == value, f"formula(device_kind='tpu') {value} = tpu {got}")
         return view
+
+
+@dataclass(frozen=True)
+class UnshardCase(Case):
+    """One parameter of ``shape`` annotated ``spec`` on the mesh (fsdp, replica) = (N, devices / N), then unsharded: a
+    replicated copy (``gspmd.unshard``). Values ``unshard.<all_gather|all_reduce>.{count,bytes,elements}``: what
+    one device hands to the collectives that replicate it — FSDP2's dim-0 rule moves its padded dim-0 shard."""
+
+    size_name: ClassVar[str] = "world_size"
+    mesh_text: ClassVar[str] = "(fsdp, replica) = (world_size, devices / world_size)"
+    ops: ClassVar[tuple[str, ...]] = ("all_gather", "all_reduce")
+
+    p: FsdpParamsBase
+    shape: tuple[int, ...]
+    spec: tuple[str | None, ...]
+
+    def __post_init__(self) -> None:
+        axes = [a for a in self.spec if a is not None]
+        if len(self.spec) != len(self.shape) or any(a not in ("fsdp", "replica") for a in axes) \
+                or len(set(axes)) != len(axes):
+            raise ValueError(f"spec={self.spec!r} must name one entry per dim of the parameter {list(self.shape)}: "
+                             "'fsdp', 'replica' or None, each mesh axis at most once")
+
+    @property
+    def phase(self) -> str:
+        return "unshard"
+
+    def graph(self) -> list[torch.Tensor]:
+        """[the replicated copy] on the current world, NOT synced."""
+        n = runtime.current().num_devices
+        mesh = runtime.mesh((self.p.world_size, n // self.p.world_size), ("fsdp", "replica"))
+        w = torch.arange(math.prod(self.shape), dtype=torch.float32).reshape(self.shape).to(runtime.device())
+        xs.mark_sharding(w, mesh, self.spec)
+        return [gspmd.unshard(w, mesh)]
 
 
 # ---------------------------------------------------------------------------------------------------- tables

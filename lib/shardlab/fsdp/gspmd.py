@@ -12,15 +12,15 @@ all-gather again whatever it needs.
 
 What the HLO shows (CPU, torch_xla 2.9.0)::
 
-    forward   unshard of every parameter: all-gather, operand = its padded shard ceil(d0/W)·rest·b — or, when
-              d0 <= W // 2, an all-reduce of the full d0·rest·b (XLA's partitioner, ``ReplicatePartial``: a
+    forward   unshard of every parameter: all-gather, operand = its padded shard ceil(d0/N)·rest·e — or, when
+              d0 <= N // 2, an all-reduce of the full d0·rest·e (XLA's partitioner, ``ReplicatePartial``: a
               dynamic-update-slice into zeros, or for d0 = 1 a select of the owning device, then all-reduce)
               all-reduce of the scalar loss (the batch mean)                 — not FSDP traffic
     backward  unshard again of the weights the input-gradient needs: dX_l = dY_l · W_l for layers 2..L
               (layer 1's input is data, biases are never needed) — FSDP1 re-gathers the WHOLE flat param
-              gradient "reduce-scatter" of every parameter: on CPU XLA emits all-reduce + dynamic-slice
-              (reduce-scatter never appears); we count each such all-reduce as one reduce-scatter, its
-              operand = the full gradient numel·b
+              gradient "reduce-scatter" of every parameter: XLA:CPU emits all-reduce + dynamic-slice (its
+              pass pipeline never forms a reduce-scatter, though its runtime runs one when the HLO holds one);
+              we count each such all-reduce as one reduce-scatter, its operand = the full gradient numel·e
 
 Every collective is classified operand by operand (:func:`moved_operands`; XLA:TPU packs several operands into
 one tuple collective): an all-gather operand is an unshard; an all-reduce operand whose value places this
@@ -34,16 +34,16 @@ backward, and constrains its gradient to replicated then dim-0 sharded (-> all-r
 Annotating only the parameters left the choice to the partitioner, and on mesh (fsdp 2, replica 4) it chose
 another algorithm (measured, layers 30-50-10): it resharded each *transposed* weight onto the replica axis
 (collective-permutes, then an all-gather over the 4 replica devices of a 1/4 slice) and reduced each weight
-gradient as an all-reduce of half the rows plus a collective-permute to the owner. At W = 4, 8 both forms
-measure the same collective bytes. With W = 1 nothing is sharded: no collective at all (formula: zeros).
+gradient as an all-reduce of half the rows plus a collective-permute to the owner. At N = 4, 8 both forms
+measure the same collective bytes. With N = 1 nothing is sharded: no collective at all (formula: zeros).
 
 ``shardlab.formulas.fsdp.per_param_step_bytes`` is that algebra; :func:`step_bytes` of the classified
-operands measures it. Compare with the flat design (``formulas.fsdp.flat_step_comm``): c·b (+ c·b unless the
-unit is the root) + P·b with c = ceil(N/W). Per-parameter padding rounds each d0 up instead of the total N, and
+operands measures it. Compare with the flat design (``formulas.fsdp.flat_step_comm``): c·e (+ c·e unless the
+unit is the root) + n_pad·e with c = ceil(n/N). Per-parameter padding rounds each d0 up instead of the total n, and
 the backward gathers only what autograd reads. torch_xla's ``SpmdFullyShardedDataParallel``
 (``wrapper="torch_xla_fsdpv2"``) makes the same kind of annotations but shards each parameter's LARGEST dimension
 (``shard_maximal=True``), not dim 0: same algebra with ``rule="largest"``. It annotates only parameters and
-outputs, so at W = 2 on 8 devices the partitioner reshards over the replica axis as above (classified
+outputs, so at N = 2 on 8 devices the partitioner reshards over the replica axis as above (classified
 ``resharding``: another algorithm than FSDP's).
 """
 
@@ -84,7 +84,7 @@ def _producer(module: HloModule, name: str) -> Any:
 
 def _is_unshard_value(module: HloModule, name: str) -> bool:
     """A value that places this device's shard into zeros by its ``partition-id`` — a dynamic-update-slice
-    (d <= W // 2, or XLA:TPU's all-reduce form of a vector all-gather) or a select of the owning device (d == 1):
+    (d <= N // 2, or XLA:TPU's all-reduce form of a vector all-gather) or a select of the owning device (d == 1):
     summed over the devices it is the replicated parameter. A gradient's value is a partial sum (dot, reduce)."""
     op = _producer(module, name)
     if op is None:
@@ -180,7 +180,7 @@ def _fsdp_spec(p: torch.Tensor) -> tuple[str | None, ...]:
     return ("fsdp",) + (None,) * (p.dim() - 1)
 
 
-def _unshard(p: torch.Tensor, mesh: Any) -> torch.Tensor:
+def unshard(p: torch.Tensor, mesh: Any) -> torch.Tensor:
     """FSDP's unshard as a sharding constraint: a replicated copy of the sharded parameter (-> one all-gather)."""
     full = p * 1.0  # an intermediate to constrain; the parameter itself stays sharded
     xs.mark_sharding(full, mesh, (None,) * p.dim())
@@ -209,12 +209,12 @@ class _FsdpLinear(torch.autograd.Function):
         ctx.save_for_backward(x, w)
         ctx.mesh = mesh
         # x (B, d_in) · W_full^T (d_in, d_out) -> (B, d_out)
-        return x @ _unshard(w, mesh).t() + _unshard(b, mesh)
+        return x @ unshard(w, mesh).t() + unshard(b, mesh)
 
     @staticmethod
     def backward(ctx: Any, gy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x, w = ctx.saved_tensors
-        gx = gy @ _unshard(w, ctx.mesh) if ctx.needs_input_grad[0] else None  # (B, d_out)·(d_out, d_in)
+        gx = gy @ unshard(w, ctx.mesh) if ctx.needs_input_grad[0] else None  # (B, d_out)·(d_out, d_in)
         gw = gy.t() @ x  # (d_out, B)·(B, d_in) -> (d_out, d_in), partial sums over the batch shards
         return gx, _reduce_scatter(gw, ctx.mesh), _reduce_scatter(gy.sum(0), ctx.mesh), None  # gb: (d_out,)
 
@@ -226,7 +226,7 @@ def build(p: FsdpParamsBase, wrapper: str = "mark_sharding"
           ) -> tuple[nn.Module, list[torch.Tensor], torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     """The sharded model and batch on the current world: (model, params, x, y, kept activations list).
 
-    The mesh is (fsdp, replica) = (W, n / W) over this process's n devices: parameters and batch sharded over
+    The mesh is (fsdp, replica) = (N, n / N) over this process's n devices: parameters and batch sharded over
     ``fsdp``, replicated over ``replica``. ``wrapper="mark_sharding"``: dim 0 of every parameter (FSDP2's rule),
     the unshards and reduce-scatters written out (:class:`_FsdpLinear`), Linear outputs kept batch-sharded.
     ``wrapper="torch_xla_fsdpv2"``: every Linear wrapped in torch_xla's ``SpmdFullyShardedDataParallel`` (shards

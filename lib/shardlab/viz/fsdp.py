@@ -6,7 +6,7 @@ Design note
 share the x axis (flat element index):
 
 * top, "parameters": one segment per parameter (a parameter palette distinct from device colours),
-  alignment padding (``use_orig_params``) in light grey, shard padding (zeros up to W·c) in dark grey;
+  alignment padding (``use_orig_params``) in light grey, shard padding (zeros up to N·c) in dark grey;
 * bottom, "ranks": rank r's slice [r·c, (r+1)·c) in ``device_color(r)``; dashed lines mark rank boundaries.
 
 Hover shows, per piece, the parameter, its intra-parameter index range (end inclusive, as in
@@ -125,7 +125,7 @@ def explorer(layer_sizes: tuple[int, ...] = (16, 32, 8), world_size: int = 4, us
             return {"ok": False, "error": str(e)}
         names = [n for n, _ in model.named_parameters()]
         fig = flat_buffer_figure(plan, names)
-        status.value = (f"N = {plan.flat_numel}, c = ceil(N/W) = {plan.shard_numel}, padded = {plan.padded_numel};"
+        status.value = (f"n = {plan.flat_numel}, c = ceil(n/N) = {plan.shard_numel}, n_pad = {plan.padded_numel};"
                         f" padding = {plan.padding_numel} elements "
                         f"({100 * plan.padding_numel / plan.padded_numel:.1f}%)")
         out.append_display_data(fig)

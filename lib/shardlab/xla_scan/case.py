@@ -6,9 +6,10 @@ Each case holds notebook 06's parameters ``p`` (:class:`shardlab.params.ScanPara
 (fsdp, tensor)) and the variant it shows; :mod:`shardlab.harness` runs it through the views. There is no ledger:
 scan is a property of one compiled program, not of per-rank code::
 
-    ScanCase(p, layers, mode, shard_as)   L blocks, forward + backward: a Python loop (the graph holds L blocks),
-                                          scan_layers, or scan over pre-stacked weights; shard_as on (torch_xla's
-                                          default) or off (the behaviour before the fix)
+    ScanCase(p, layers, mode, shard_as,   L blocks, forward + backward: a Python loop (the graph holds L blocks),
+             layout)                      scan_layers, or scan over pre-stacked weights; shard_as on (torch_xla's
+                                          default) or off (the behaviour before the fix); activations x[B_fsdp, S, H]
+                                          (layout "batch") or, as the seed ran, x[B_fsdp, S, H_tensor] ("seed")
     TrapCase(p, kind)                     x[B_fsdp, S_tensor, H] · W[F, H]ᵀ through F.linear or einsum
     ShardAsCase(p, shard_as)              a[16_fsdp, 32_tensor] annotated, b = 2·ones not: how b comes out
 
@@ -25,11 +26,16 @@ Values of a pre-stacked :class:`ScanCase` (the notebook puts them under a prefix
     while_state.bytes               per-device bytes of the backward While's state      hlo, tpu (not compared)
     buffers.total.bytes             XLA:CPU buffer assignment total                     hlo
 
+With the seed's layout both result dims of ``dW_up = xᵀ[H_tensor, B_fsdp]·dh[B_fsdp, F_tensor]`` ask for tensor
+(the conflicting-axis matmul), and which dim of a 1-D gradient keeps the tensor split is the compiler's choice:
+the views then add ``grad_sharding.<weight>`` ("1-D" / "2-D", compared) and record a 1-D gradient's shape without
+comparing it.
+
 Checks every compiler view carries (they hold for every legal configuration): each gradient is tiled like its
-weight (shard_as on) or like its weight with the fsdp split removed (off); the backward While's loop state holds
-an array of exactly each stacked gradient's per-device shape (the one carried sharding *is* the stack's); every
-mode's result equals the CPU for-loop oracle. The loop and scan_layers cases add no values: the compile-time sweep
-reads their programs (:func:`record_sweep`).
+weight (shard_as on) or like its weight with the fsdp split removed (off; with the seed's layout: either 1-D
+tiling); the backward While's loop state holds an array of exactly each stacked gradient's per-device shape (the
+one carried sharding *is* the stack's); every mode's result equals the CPU for-loop oracle. The loop and
+scan_layers cases add no values: the compile-time sweep reads their programs (:func:`record_sweep`).
 
 The module also holds what notebook 06 measures beyond one case's views, as small functions: the sweep's record,
 the OFF/ON contrast, the transposed mesh, per-layer gradient specs, trace transfers and the explorer's run.
@@ -66,6 +72,7 @@ from shardlab.profile.record import Recorder
 from shardlab.views import View, collectives_view, merge, traffic
 from shardlab.xla_scan import measure as X
 from shardlab.xla_scan import model as M
+from shardlab.xla_scan import patches as P
 from shardlab.xla_scan import sharding as S
 from shardlab.xla_scan.patches import shard_as_enabled
 
@@ -73,6 +80,7 @@ MODES = M.MODES
 GRAD_OPS = ("all_reduce", "reduce_scatter")
 PARITY_RTOL = 1e-5  # max |xla - cpu loop| / max |cpu loop|: XLA reorders float32 sums, a real bug is O(1)
 NS = 1e-9
+SOURCE_LABEL = {"formula": "formula", "hlo": "XLA:CPU", "tpu": "XLA:TPU"}
 
 
 def mesh_problem(p: ScanParams, num_devices: int) -> str | None:
@@ -129,17 +137,19 @@ class ScanCase(MeshCase):
     layers: int
     mode: str = "scan"  # "loop" | "scan_layers" | "scan" (pre-stacked weights)
     shard_as: bool = True  # torch_xla's shard_as in scan's backward (off: the behaviour before the fix)
+    layout: str = "batch"  # the activations (sharding.ACT_LAYOUTS): "batch" x[B_fsdp, S, H]; "seed" x[B_fsdp, S, H_t]
     trace: dict[str, float] = field(default_factory=dict, init=False, compare=False, repr=False)  # graph() writes {"s"}
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode={self.mode!r} is not one of {MODES}")
         M.check_sizes(layers=self.layers)
-        S.check_sharding(self.p)
+        S.check_sharding(self.p, self.layout)
 
     @property
     def phase(self) -> str:
-        return f"{self.mode} L={self.layers} shard_as {self.tag}"
+        layout = "" if self.layout == "batch" else f" layout {self.layout}"
+        return f"{self.mode} L={self.layers}{layout} shard_as {self.tag}"
 
     @property
     def tag(self) -> str:
@@ -154,6 +164,15 @@ class ScanCase(MeshCase):
         return {w: FS.per_device_shape((self.layers, *shape), stacked_dim_axes(w), self.p.mesh_fsdp,
                                        self.p.mesh_tensor, "2d" if self.shard_as else "1d")
                 for w, shape in self.weight_shapes.items()}
+
+    def grad_kind(self, weight: str, shape: tuple[int, ...]) -> str:
+        """``"2-D"`` (split over fsdp and tensor, either orientation), ``"1-D"`` (tensor on one of the two dims,
+        fsdp gone) or ``"other"``: how a per-device stacked gradient shape ``[L, ·, ·]`` is sharded."""
+        L, d_in, d_out = self.layers, *self.weight_shapes[weight]
+        f, t = self.p.mesh_fsdp, self.p.mesh_tensor
+        two = {(L, -(-d_in // f), -(-d_out // t)), (L, -(-d_in // t), -(-d_out // f))}
+        one = {(L, -(-d_in // t), d_out), (L, d_in, -(-d_out // t))}
+        return "2-D" if tuple(shape) in two else "1-D" if tuple(shape) in one else "other"
 
     def _require_scan(self) -> None:
         if self.mode != "scan":
@@ -176,13 +195,17 @@ class ScanCase(MeshCase):
         if sum(math.prod(s) for s in shapes.values()) * dtype_bytes(self.dtype) != view["stacked_grads.bytes"]:
             raise AssertionError(f"per-device shapes {shapes} disagree with shard_as_saving {saving}")  # one formula
         for w, shape in shapes.items():
+            if self.layout == "seed":  # 1-D: which dim keeps tensor is the compiler's choice; 2-D: the weight's
+                view.add(f"grad_sharding.{w}", "2-D" if self.shard_as else "1-D", "kind")
+                if not self.shard_as:
+                    continue
             view.add(f"grad_shape.{w}", _shape_str(shape), "shape")
         return traffic(view, "grad_fsdp", {red.op: red.count}, {red.op: red.operand_bytes}, "float32", GRAD_OPS)
 
     # ---------------------------------------------------------------------------------------- the program
     def graph(self) -> list[torch.Tensor]:
         """The step on the current world, NOT synced: [out, x.grad, grad of each weight (w_up's, then w_down's)]."""
-        model, x = X.prepare(self.p, self.layers, self.mode)
+        model, x = X.prepare(self.p, self.layers, self.mode, self.layout)
         t0 = time.perf_counter()
         with shard_as_enabled(self.shard_as):
             out = model(x)  # [B, S, H]
@@ -238,12 +261,19 @@ class ScanCase(MeshCase):
         view.add("while_state.bytes", module.while_loops[-1].state_bytes, "bytes")
         view.add("buffers.total.bytes", module.buffers.total if module.buffers else 0, "bytes")
         size = {"fsdp": p.mesh_fsdp, "tensor": p.mesh_tensor}
+        t = p.mesh_tensor
         for w in self.weight_shapes:
             want = tuple(size[a] if a is not None and (self.shard_as or a != "fsdp") else 1
                          for a in stacked_dim_axes(w))
             got = S.parse_spec(specs[w][0], 3).tiles
-            view.checks[f"grad_tiles.{w}"] = (got == want, f"{specs[w][0]}: tiles {got}, want {want} (the weight's "
-                                              + ("tiling)" if self.shard_as else "tiling without its fsdp split)"))
+            if self.layout == "batch":
+                view.checks[f"grad_tiles.{w}"] = (got == want, f"{specs[w][0]}: tiles {got}, want {want} (the "
+                                                  "weight's " + ("tiling)" if self.shard_as else
+                                                                "tiling without its fsdp split)"))
+            else:  # the seed's layout: the weight's 2-D tiling, or tensor on either dim (1-D)
+                legal = {tuple(size[a] if a else 1 for a in stacked_dim_axes(w)), (1, t, 1), (1, 1, t)}
+                view.checks[f"grad_tiles.{w}"] = (got in legal, f"{specs[w][0]}: tiles {got}, one of {sorted(legal)} "
+                                                  "(the weight's 2-D tiling, or tensor on one dim)")
         return view
 
     def _grad_views(self, view: View, module: HloModule, shapes: dict[str, tuple[int, ...]]) -> View:
@@ -271,7 +301,33 @@ class ScanCase(MeshCase):
         view.checks[f"while_state.holds_stacked_grads.{view.source}"] = (
             not missing, f"backward While state holds {sorted(shapes.values())}" if not missing
             else f"no loop-state array of shape {missing}; state arrays {sorted(state)}")
+        if self.layout == "seed":
+            self._seed_layout_values(view, module, shapes)
         return view
+
+    def _seed_layout_values(self, view: View, module: HloModule, shapes: dict[str, tuple[int, ...]]) -> None:
+        """With the seed's layout: each gradient's kind (compared with the formula's); a 1-D gradient's shape is
+        recorded, not compared (its orientation is the compiler's choice). Where shard_as asked for 2-D and this
+        compiler left a gradient 1-D, the values that follow from it are recorded with what its program shows."""
+        compiler = "XLA:CPU" if view.source == "hlo" else "XLA:TPU"
+        for w, shape in shapes.items():
+            kind = self.grad_kind(w, shape)
+            view.add(f"grad_sharding.{w}", kind, "kind")
+            if kind == "1-D":
+                kept = M.WEIGHT_DIMS[w][1 if shape[1] == self.weight_shapes[w][0] else 0]
+                view.differs[f"grad_shape.{w}"] = (
+                    f"1-D: both result dims of d{w} ask for tensor and {compiler} kept it on {kept}; either 1-D "
+                    "tiling holds the same bytes (recorded, not compared)")
+        want = self.formula()
+        one_d = [w for w in shapes if view[f"grad_sharding.{w}"] != want[f"grad_sharding.{w}"]]
+        if not (self.shard_as and one_d):
+            return  # anything else that differs from the formula fails the comparison
+        fsdp = [r for r in backward_reductions(module, self.p.mesh_fsdp, self.p.mesh_tensor) if r.endswith(" fsdp")]
+        why = (f"shard_as asked for 2-D; {compiler} left {', '.join(one_d)} 1-D (measured): its backward body "
+               f"reduces over fsdp with {', '.join(fsdp)} instead of one reduce-scatter per weight")
+        for name, value in view.values.items():
+            if name not in view.differs and want.get(name) is not None and value != want[name]:
+                view.differs[name] = why
 
 
 def grad_specs(view: View) -> dict[str, list[str]]:
@@ -332,6 +388,11 @@ def what_shard_as_changed(off: View, on: View, p: ScanParams) -> tuple[str, str]
 
 
 # ------------------------------------------------------------------------------------------ compile sweep
+def sweep_cases(p: ScanParams) -> list[ScanCase]:
+    """Every mode at every L of ``p.layers_sweep`` (shard_as on): the compile-time sweep's cases."""
+    return [ScanCase(p, layers=n, mode=mode) for n in sorted(set(p.layers_sweep)) for mode in MODES]
+
+
 def record_sweep(rec: Recorder, sweep: list[tuple[ScanCase, View]]) -> pd.DataFrame | None:
     """Record the CPU compiler views of every (mode, L): compile / trace / execute seconds (timings), program size,
     parity with the loop oracle; check that pre-stacked scan's program is the same at every L and the others grow.
@@ -385,6 +446,55 @@ def devices_sweep(rec: Recorder, p: ScanParams, layers: int) -> pd.DataFrame | N
 
 
 # ------------------------------------------------------------------------------------------ shard_as on / off
+def shard_as_views(rec: Recorder, p: ScanParams, layout: str = "batch") -> tuple[dict[str, list[View]], pd.DataFrame]:
+    """The pre-stacked scan at L = ``p.layers`` with shard_as on and off through the formula, XLA:CPU and XLA:TPU
+    views, recorded as ``shard_as.<on|off>`` (``shard_as.seed_layout.<on|off>`` for the seed's layout):
+    ``({"on": views, "off": views}, the recorded values side by side)``."""
+    prefix = "shard_as" if layout == "batch" else f"shard_as.{layout}_layout"
+    views, frames = {}, []
+    for tag in ("on", "off"):
+        case = ScanCase(p, p.layers, shard_as=tag == "on", layout=layout)
+        views[tag] = harness.views(case, ("formula", "hlo", "tpu"))
+        frames.append(harness.record(rec, f"{prefix}.{tag}", *views[tag], show=False))
+    for tag in ("on", "off"):
+        for v in views[tag]:
+            if not v.ran:
+                print(f"[{v.source}] {prefix}.{tag} skipped: {v.skipped}")
+    return views, pd.concat(frames, ignore_index=True)
+
+
+def layout_frame(views: dict[str, list[View]]) -> pd.DataFrame:
+    """Per compiler and shard_as: how each stacked gradient leaves the backward loop (per-device shape, 1-D / 2-D)
+    and the reductions over fsdp that finish them — the compact table of :func:`shard_as_views`' result."""
+    cols: dict[str, dict[str, Any]] = {}
+    for tag in ("off", "on"):
+        for v in views[tag]:
+            if not v.ran:
+                continue
+            col = {}
+            for w in M.WEIGHT_NAMES:
+                col[f"{w} gradient"] = v.get(f"grad_shape.{w}", "1-D (either dim)") + \
+                    (f" {v[f'grad_sharding.{w}']}" if f"grad_sharding.{w}" in v.values else "")
+            for op in GRAD_OPS:
+                n = v.get(f"grad_fsdp.{op}.operands", v.get(f"grad_fsdp.{op}.count"))
+                col[f"{op.replace('_', '-')}s over fsdp"] = n
+            col["stacked gradients B"] = v.get("stacked_grads.bytes")
+            cols[f"{SOURCE_LABEL[v.source]} · {tag}"] = col
+    return pd.DataFrame(cols, dtype=object)
+
+
+def layout_notes(views: dict[str, list[View]]) -> None:
+    """Print, once each, why a compiler view's value was recorded without being compared (the 1-D orientation, a
+    gradient left 1-D although shard_as asked for 2-D)."""
+    seen: set[str] = set()
+    for tag in ("off", "on"):
+        for v in views[tag]:
+            for name, why in v.differs.items():
+                if name.startswith(("grad_shape.", "grad_sharding.")) and why not in seen:
+                    seen.add(why)
+                    print(f"[{SOURCE_LABEL[v.source]}, shard_as {tag}] {why}")
+
+
 def contrast(rec: Recorder, on: list[View], off: list[View]) -> pd.DataFrame:
     """Per compiler that ran: OFF/ON ratios recorded, "OFF holds more" checked, XLA:TPU compile seconds recorded;
     a DataFrame of on vs off. XLA:CPU: backward While state and buffer-assignment total; XLA:TPU: backward While
@@ -656,6 +766,36 @@ def transfers(p: ScanParams, layers: int) -> Transfers | None:
                   else X.trace_transfers(replace(p, hidden=h, ffn=4 * h), layers, "scan", False))
               for h in sorted(set(p.placeholder_hiddens))}
     return Transfers(loop, scan, off, growth)
+
+
+def placeholder_demo(rec: Recorder) -> str:
+    """A 64 GiB placeholder: made without memory, lowered to an HLO parameter (never executed: that would crash
+    torch_xla 2.9), read with a clear error — each checked; returns what was seen."""
+    rss0 = P.current_rss_bytes()
+    big = P.placeholder((1 << 34,))  # 2^34 float32 = 64 GiB
+    grew_mib = (P.current_rss_bytes() - rss0) / 2**20
+    hlo = P.lowered_hlo([big * 2.0])
+    try:
+        P.read(big)
+        error = None
+    except P.PlaceholderReadError as e:
+        error = str(e)
+    rec.check("placeholder.no_memory", grew_mib < 100, f"RSS grew {grew_mib:.1f} MiB for 64 GiB logical")
+    rec.check("placeholder.lowers_to_parameter", "f32[17179869184]{0} parameter(" in hlo, hlo.splitlines()[0])
+    rec.check("placeholder.read_error_is_clear", error is not None and "placeholder" in error, str(error))
+    return f"logical {P.logical_bytes(big) / 2**30:.0f} GiB, RSS grew {grew_mib:.1f} MiB\n{error}"
+
+
+def record_trace(rec: Recorder, p: ScanParams) -> pd.DataFrame | None:
+    """:func:`transfers` at L = ``p.layers`` recorded (:func:`record_transfers`), or a skip recorded when the mesh
+    does not tile this process."""
+    tt = transfers(p, p.layers)
+    if tt is None:
+        why = mesh_problem(p, runtime.current().num_devices) or ""
+        print(f"[metrics] skipped: {why}")
+        rec.skip("placeholder.trace", "metrics", why)
+        return None
+    return record_transfers(rec, p, tt)
 
 
 def record_transfers(rec: Recorder, p: ScanParams, tt: Transfers) -> pd.DataFrame:

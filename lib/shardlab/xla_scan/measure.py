@@ -66,17 +66,18 @@ def graph_size(module: HloModule) -> int:
     return module.instruction_count - outlined
 
 
-def prepare(p: ScanParams, layers: int, mode: str) -> tuple[torch.nn.Module, torch.Tensor]:
-    """The ``mode`` model of L = ``layers`` blocks and its input x [B, S, H] on the device, 2-D sharded."""
-    S.check_sharding(p)
+def prepare(p: ScanParams, layers: int, mode: str, layout: str = "batch") -> tuple[torch.nn.Module, torch.Tensor]:
+    """The ``mode`` model of L = ``layers`` blocks and its input x [B, S, H] on the device, 2-D sharded, the
+    activations as ``layout`` says (:data:`shardlab.xla_scan.sharding.ACT_LAYOUTS`)."""
+    S.check_sharding(p, layout)
     if mode != "loop":
         require_shard_as_deps()
     mesh = S.make_mesh(p.mesh_fsdp, p.mesh_tensor)
     weights = M.init_weights(layers, p.hidden, p.ffn, p.seed)
-    model = M.build(mode, weights, annotate=S.annotator(mesh), device=runtime.device())
+    model = M.build(mode, weights, annotate=S.annotator(mesh, layout), device=runtime.device())
     S.shard_model(model, mesh)
     x = M.init_input(p.batch, p.seq, p.hidden, p.seed).to(runtime.device())  # CPU -> device, then mark
-    S.shard_input(x, mesh)
+    S.shard_input(x, mesh, layout)
     x.requires_grad_(True)
     xm.wait_device_ops()
     return model, x

@@ -37,6 +37,7 @@ from torch_xla.experimental.scan_layers import scan_layers
 
 MODES = ("loop", "scan_layers", "scan")
 WEIGHT_NAMES = ("w_up", "w_down")
+WEIGHT_DIMS = {"w_up": ("h", "F"), "w_down": ("F", "h")}  # what each dim of a weight [d_in, d_out] is
 
 # annotate(tensor, role) -> tensor returns the activation with a sharding annotation (forward and gradient);
 # role is "act_in" ([B,S,H]) or "act_mid" ([B,S,F]). None = no annotation (CPU oracle, single device).

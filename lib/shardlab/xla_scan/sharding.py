@@ -9,6 +9,12 @@ Notation ``A[I_X, J_Y]``: dim I split over mesh axis X, dim J over Y; ``∅`` = 
     x      [B, S, H]   -> x[B_fsdp, S, H]                (act_in, batch over fsdp as in FSDP)
     h      [B, S, F]   -> h[B_fsdp, S, F_tensor]         (act_mid, the up-projection output)
 
+That is the ``"batch"`` activation layout (x's H whole). The ``"seed"`` layout is the one the seed ran
+(torchprime's ``llama-fsdp-tp.yaml``: every decoder activation ``[fsdp, null, tensor]``): x[B_fsdp, S, H_tensor].
+Then ``dW_up = xᵀ[H_tensor, B_fsdp] · dh[B_fsdp, F_tensor]`` has both result dims asking for tensor — the
+conflicting-axis matmul A[M_X, N_Y]·B[N_Y, M_X] of pytorch/xla#8883: the contraction leaves partial sums over
+fsdp, and the result can keep tensor on only one of its dims.
+
 XLA prints a sharding as ``{devices=[t0,t1,...]<device order>}`` with one tile count per tensor dim; a
 trailing extra count plus ``last_tile_dim_replicate`` means "each tile is replicated that many times".
 ``W[H, F_tensor]`` on mesh (2, 4) is ``{devices=[1,4,2]... last_tile_dim_replicate}``: the 1-D gradient
@@ -33,17 +39,28 @@ from shardlab.xla_scan.model import Annotate
 
 AXES = ("fsdp", "tensor")
 WEIGHT_SPECS: dict[str, tuple[str | None, ...]] = {"w_up": ("fsdp", "tensor"), "w_down": ("tensor", "fsdp")}
-ACT_SPECS: dict[str, tuple[str | None, ...]] = {"act_in": ("fsdp", None, None), "act_mid": ("fsdp", None, "tensor")}
+ACT_LAYOUTS: dict[str, dict[str, tuple[str | None, ...]]] = {
+    "batch": {"act_in": ("fsdp", None, None), "act_mid": ("fsdp", None, "tensor")},  # x's H whole
+    "seed": {"act_in": ("fsdp", None, "tensor"), "act_mid": ("fsdp", None, "tensor")},  # torchprime: [fsdp, -, tensor]
+}
 
 
-def check_sharding(p: ScanParams) -> None:
-    """Clear errors, before any XLA work, for a mesh or sizes the 2-D sharding cannot tile."""
+def check_layout(layout: str) -> None:
+    if layout not in ACT_LAYOUTS:
+        raise ValueError(f"layout={layout!r} must be one of {tuple(ACT_LAYOUTS)}")
+
+
+def check_sharding(p: ScanParams, layout: str = "batch") -> None:
+    """Clear errors, before any XLA work, for a mesh or sizes the 2-D sharding (and ``layout``) cannot tile."""
+    check_layout(layout)
     for name in ("hidden", "ffn", "batch", "seq", "mesh_fsdp", "mesh_tensor"):
         v = getattr(p, name)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name}={v!r} must be an int >= 1")
     rules = (("hidden", p.hidden, "fsdp", p.mesh_fsdp), ("ffn", p.ffn, "tensor", p.mesh_tensor),
              ("batch", p.batch, "fsdp", p.mesh_fsdp))
+    if layout == "seed":
+        rules += (("hidden", p.hidden, "tensor", p.mesh_tensor),)
     for name, size, axis, n in rules:
         if size % n:
             raise ValueError(f"{name}={size} is not divisible by {axis}={n} (it is sharded over {axis})")
@@ -53,14 +70,16 @@ def make_mesh(mesh_fsdp: int, mesh_tensor: int) -> xs.Mesh:
     return runtime.mesh((mesh_fsdp, mesh_tensor), AXES)
 
 
-def annotator(mesh: xs.Mesh) -> Annotate:
-    """An ``annotate(t, role) -> t'`` for :class:`~shardlab.xla_scan.model.Block`.
+def annotator(mesh: xs.Mesh, layout: str = "batch") -> Annotate:
+    """An ``annotate(t, role) -> t'`` for :class:`~shardlab.xla_scan.model.Block` (activations as ``layout``).
 
     Uses ``mark_sharding_with_gradients`` (out-of-place, annotates the gradient too): the in-place
     ``mark_sharding`` cannot run under the AOTAutograd tracing that ``scan`` does.
     """
+    specs = ACT_LAYOUTS[layout]
+
     def annotate(t: torch.Tensor, role: str) -> torch.Tensor:
-        return xs.mark_sharding_with_gradients(t, mesh, ACT_SPECS[role])
+        return xs.mark_sharding_with_gradients(t, mesh, specs[role])
 
     return annotate
 
@@ -75,8 +94,8 @@ def shard_model(model: torch.nn.Module, mesh: xs.Mesh) -> None:
         xs.mark_sharding(p, mesh, spec)
 
 
-def shard_input(x: torch.Tensor, mesh: xs.Mesh) -> None:
-    xs.mark_sharding(x, mesh, ACT_SPECS["act_in"])
+def shard_input(x: torch.Tensor, mesh: xs.Mesh, layout: str = "batch") -> None:
+    xs.mark_sharding(x, mesh, ACT_LAYOUTS[layout]["act_in"])
 
 
 def spec_of(t: torch.Tensor) -> str:
