@@ -11,8 +11,12 @@ def _by(record):  # type: ignore[no-untyped-def]
     return {(m["name"], m["source"]): m["value"] for m in record["measurements"]}
 
 
-def _notes(record):  # type: ignore[no-untyped-def]
-    return {n["name"]: n["detail"] for n in record["notes"]}
+def _skipped(record):  # type: ignore[no-untyped-def]
+    return {(s["name"], s["source"]): s["reason"] for s in record["skipped"]}
+
+
+def _differs(record):  # type: ignore[no-untyped-def]
+    return {(m["name"], m["source"]): m["differs"] for m in record["measurements"] if m.get("differs")}
 
 
 @pytest.mark.notebook
@@ -44,9 +48,9 @@ def test_notebook_03_one_device_bf16(run_notebook) -> None:  # type: ignore[no-u
     ledger run at tp = 2 and the TPU view compiles a 2-chip slice in a helper process."""
     record = run_notebook("03_megatron_attention", num_devices=1, tp=2, heads=2, hidden=32, seq=4, batch=1,
                           ffn=64, dtype="bfloat16")
-    by, notes = _by(record), _notes(record)
+    by, skipped = _by(record), _skipped(record)
     act = 1 * 4 * 32 * 2  # bf16
-    assert "attention.hlo" in notes and "num_devices=1" in notes["attention.hlo"]
+    assert "num_devices=1" in skipped[("attention", "hlo")]
     assert ("attention.fwd.all_reduce.count", "hlo") not in by
     for source in ("formula", "ledger", "tpu"):
         assert by[("attention.fwd.all_reduce.bytes", source)] == act  # the TPU keeps bf16
@@ -59,13 +63,13 @@ def test_notebook_03_four_devices_tp4_bf16(run_notebook) -> None:  # type: ignor
     recorded with the reason and the elements are compared instead."""
     record = run_notebook("03_megatron_attention", num_devices=4, tp=4, heads=8, hidden=64, seq=16, batch=1,
                           ffn=128, dtype="bfloat16")
-    by, notes = _by(record), _notes(record)
+    by, differs = _by(record), _differs(record)
     elements = 1 * 16 * 64
     for source in ("formula", "ledger", "hlo", "tpu"):
         assert by[("attention.fwd_bwd.all_reduce.elements", source)] == 2 * elements
     assert by[("attention.fwd_bwd.all_reduce.bytes", "hlo")] == 2 * elements * 4  # f32 on XLA:CPU
     assert by[("attention.fwd_bwd.all_reduce.bytes", "tpu")] == 2 * elements * 2  # bf16 on XLA:TPU
-    assert "attention.fwd_bwd.all_reduce.bytes.hlo" in notes
+    assert "f32" in differs[("attention.fwd_bwd.all_reduce.bytes", "hlo")]
 
 
 @pytest.mark.notebook
