@@ -40,10 +40,11 @@ def random_spec(rng: random.Random, n: int) -> tuple[dict, set[str]]:
 
 def test_roam_toy_by_hand() -> None:
     g = O.roam_toy()
-    # V0-V1-V2-V3: V0 a+b = 11; V1 11 + c(6) = 17, frees a -> 16; V2 16 + d(1) = 17 -> c + d = 7; V3 7 + o = 8
+    # V0-V1-V2-V3: V0 small + large = 11; V1 11 + expanded (6) = 17, frees small -> 16; V2 16 + shrunk (1) = 17
+    # -> expanded + shrunk = 7; V3 7 + out = 8
     bad = O.peak(g, ("V0", "V1", "V2", "V3"))
     assert [s.during for s in bad.steps] == [11, 17, 17, 8]
-    # V0-V2-V1-V3: V2 11 + 1 = 12, frees b -> a + d = 2; V1 2 + 6 = 8 -> c + d = 7; V3 8
+    # V0-V2-V1-V3: V2 11 + 1 = 12, frees large -> small + shrunk = 2; V1 2 + 6 = 8 -> 7; V3 8
     good = O.peak(g, ("V0", "V2", "V1", "V3"))
     assert [s.during for s in good.steps] == [11, 12, 8, 8]
     assert (good.peak, bad.peak) == (12, 17)

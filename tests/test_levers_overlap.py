@@ -117,3 +117,43 @@ def test_windowed_einsum_flops_equal_the_step_by_hand() -> None:
     assert tot["loops_unknown_trips"] == 0
     for r in rows:  # a permute in a loop body moves its bytes once per iteration
         assert r["comm_s"] == pytest.approx((r["runs"] or 1) * r["wire_bytes"] / 1e9)
+
+
+AXES_TEXT = """HloModule m, is_scheduled=true, num_partitions=8
+
+%add (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %s = f32[] add(%x, %y)
+}
+
+ENTRY %main (v: f32[1000,250]) -> (f32[1000,250], f32[1000,250], f32[1000,250]) {
+  %v = f32[1000,250]{1,0} parameter(0)
+  %one_axis = f32[1000,250]{1,0} all-reduce(%v), channel_id=1, replica_groups={{0,2,4,6},{1,3,5,7}}, to_apply=%add
+  %two_axes = f32[1000,250]{1,0} all-reduce(%v), channel_id=2, replica_groups={{0,1,2,3},{4,5,6,7}}, to_apply=%add
+  %cp = f32[1000,250]{1,0} collective-permute(%v), channel_id=3, source_target_pairs={{0,1},{1,0}}
+  ROOT %out = (f32[1000,250]{1,0}, f32[1000,250]{1,0}, f32[1000,250]{1,0}) tuple(%one_axis, %two_axes, %cp)
+}
+"""
+
+
+def test_egress_per_torus_axis_by_hand() -> None:
+    """v5e-8 is a 2 x 4 torus whose devices sit in hosts of 2 x 2 chips: 0 (0,0), 1 (1,0), 2 (0,1), 3 (1,1), 4 (0,2)
+    ... So {0, 2, 4, 6} varies only y (one axis: 2 links one way each = one link's bidirectional figure, the
+    published 400 GB/s over 4 links = 100 GB/s), {0, 1, 2, 3} varies x and y (200 GB/s), the permute 0 <-> 1 only x.
+    The devices' places are libtpu's (tests/test_formulas_hardware.py checks them)."""
+    from shardlab.formulas.hardware import chip
+
+    m = parse_hlo(AXES_TEXT)
+    v5e = chip("v5e")
+    rows, _ = OV.exposed(m, v5e, "v5e-8")
+    by = {r["collective"]: r for r in rows}
+    payload = 1000 * 250 * 4  # 1 MB
+    assert (by["one_axis"]["axes"], by["two_axes"]["axes"], by["cp"]["axes"]) == (1, 2, 1)
+    # ring all-reduce over 4: 2 · 3/4 · 1 MB = 1.5 MB on the wire; 15 µs at 100 GB/s, 7.5 µs at 200 GB/s
+    assert by["one_axis"]["comm_s"] == pytest.approx(1.5e6 / 100e9)
+    assert by["two_axes"]["comm_s"] == pytest.approx(1.5e6 / 200e9)
+    assert by["cp"]["comm_s"] == pytest.approx(payload / 100e9)  # a permute sends its operand once
+    # without a slice: every collective at the all-axes egress (half the published 400 GB/s)
+    rows, _ = OV.exposed(m, v5e)
+    assert [r["comm_s"] for r in rows] == pytest.approx([1.5e6 / 200e9, 1.5e6 / 200e9, payload / 200e9])

@@ -28,8 +28,9 @@ def test_order_toy_on_cpu(xla_world) -> None:  # type: ignore[no-untyped-def]
     assert ext.best.peak <= xla.peak <= ext.worst.peak
     u = 64 * 64 * 4
     assert case.unit_bytes == u
-    # the four matmuls write 1 (a), 10 (b), 6 (c), 1 (d) units: every order holds b with d or with a, so the
-    # best order over the CPU graph (V0 split into its two matmuls) is b + d = 11 units; the worst a + b + c = 17
+    # the four matmuls write 1 (small), 10 (large), 6 (expanded), 1 (shrunk) units: every order holds large with
+    # shrunk or with small, so the best order over the CPU graph (V0 split into its two matmuls) is large + shrunk
+    # = 11 units; the worst small + large + expanded = 17
     assert (ext.best.peak, ext.worst.peak) == (11 * u, 17 * u)
     # XLA's heap simulation of its own schedule never exceeds our (no buffer sharing) model of the same order
     assert cap.module.buffers.temp <= xla.peak + 64 * len(g.ops)  # + allocation alignment
@@ -82,9 +83,19 @@ def test_rank_and_marks() -> None:
          "memory_bytes": 99},
     ]
     frame = S.rank(rows, planner=(8, 1, 1))
-    assert list(frame["mesh"]) == ["d2·f1·t4", "d1·f1·t8", "d8·f1·t1", "d1·f8·t1"]  # bytes, then memory; misfits last
+    assert list(frame["mesh"]) == ["2·1·4", "1·1·8", "8·1·1", "1·8·1"]  # bytes, then memory; misfits last
     assert list(frame["megatron"]) == [False, True, False, False]
     assert list(frame["planner"]) == [False, False, True, False]
+
+
+def test_formula_wire_bytes_by_hand() -> None:
+    p = LeversParams()  # batch 8, seq 512 / 8 = 64, h 512, F 2048, bf16, 8 chips
+    # Megatron: 2 all-reduces of [8, 64, 512] bf16 = 524288 B; ring 2·7/8 of it each: 2 · 917504
+    assert S.formula_wire_bytes(L.LayoutCase(p, 1, 1, 8, "megatron")) == 2 * 917504 == 1835008
+    # pure data parallel: 2 weight gradients [512, 2048] bf16 = 2 MiB each, ring 2·7/8: 2 · 3670016
+    assert S.formula_wire_bytes(L.LayoutCase(p, 8, 1, 1)) == 2 * 3670016
+    assert S.formula_wire_bytes(L.LayoutCase(p, 1, 8, 1)) is None  # FSDP: no closed form here
+    assert S.formula_wire_bytes(L.LayoutCase(p, 1, 1, 8, "swapped")) is None
 
 
 def test_planner_choice_is_a_legal_fitting_mesh() -> None:
@@ -111,6 +122,7 @@ def test_weight_update_rules() -> None:
     ({"search": "huge"}, "search='huge' must be one of"),
     ({"generation": "v4"}, "generation='v4' must be one of"),
     ({"bucket_bytes": -1}, "bucket_bytes=-1 must be an int >= 0"),
+    ({"bucket_first_bytes": 1.5}, "bucket_first_bytes=1.5 must be an int >= 0"),
     ({"optimizer": "lion"}, "optimizer='lion' must be one of"),
     ({"mlp_ffn": 100}, "mlp_ffn=100 is not divisible by num_devices=8"),
 ])

@@ -11,7 +11,8 @@ import pytest
 HAS_TPU = importlib.util.find_spec("shardlab.profile.tpu") is not None
 needs_tpu = pytest.mark.skipif(not HAS_TPU, reason="needs shardlab.profile.tpu (the compile-only TPU view)")
 
-SMALL = dict(num_devices=4, layers=3, hidden=64, batch=16, bucket_bytes=20000, gloo_world=2, gloo_repeats=3,
+SMALL = dict(num_devices=4, layers=3, hidden=64, batch=16, bucket_bytes=20000, bucket_first_bytes=10000,
+             gloo_world=2, gloo_repeats=3,
              gloo_numels=[4096, 262144], gloo_calls=[1, 4], mlp_seq=128, mlp_hidden=128, mlp_ffn=512, toy_rows=65536,
              big_layers=2, overlap_hidden=512, overlap_batch=1024, update_hidden=256, update_batch=64,
              optimizer="sgd", search="full", auto_sharding=False)
@@ -52,7 +53,8 @@ def test_notebook_08_defaults(run_notebook) -> None:  # type: ignore[no-untyped-
     record = run_notebook("08_compiler_levers")
     by = _by(record)
     _common(record, layers=8, hidden=256, numels=[4096, 1048576], calls=[1, 8, 32])
-    # DDP's rule, by hand: 1 MiB buckets of 256 KiB gradients -> 4 per bucket, 8 gradients -> 2 all-reduces
+    # DDP's rule, by hand: 256 KiB gradients, a 1 MiB first bucket and 1 MiB buckets -> 4 per bucket, 8 gradients
+    # -> 2 all-reduces
     assert by[("levers.combine.bucket.count", "formula")]["value"] == 2
     assert by[("levers.combine.bucket.count", "ledger")]["value"] == 2
 
@@ -63,7 +65,8 @@ def test_notebook_08_small_four_devices(run_notebook) -> None:  # type: ignore[n
     record = run_notebook("08_compiler_levers", **SMALL)
     by = _by(record)
     _common(record, layers=3, hidden=64, numels=SMALL["gloo_numels"], calls=SMALL["gloo_calls"])
-    # 16 KiB gradients, 20000-byte buckets: 2 gradients per bucket, 3 gradients -> 2 all-reduces
+    # 16 KiB gradients: the first bucket closes at >= 10000 bytes (1 gradient), the others at >= 20000 (2): 3
+    # gradients -> [1, 2], 2 all-reduces
     assert by[("levers.combine.bucket.count", "ledger")]["value"] == 2
     assert record["env"]["device_count"] == 4
 

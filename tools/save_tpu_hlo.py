@@ -63,8 +63,8 @@ def main() -> None:
     save("scan_fsdp2_tp4_f32_v5e_2x4.txt", tp.scan_stack(cfg))
     from shardlab.levers import programs as P
 
-    save("fsdp4_windowed_bf16_v5e_2x4.txt", P.train_step(P.StepConfig(  # notebook 08's overlap step
-        mode="fsdp", layers=4, batch=8192, hidden=2048, dtype="bfloat16", placeholders=True)))
+    save("fsdp4_windowed_bf16_v5e_2x4.txt",  # notebook 08's overlap step
+         P.train_step("fsdp", layers=4, batch=8192, hidden=2048, dtype="bfloat16", placeholders=True))
     (OUT / "jax_reduce_scatter_f32_v5e_2x4.txt").write_text(jax_reduce_scatter())
 
 

@@ -373,7 +373,7 @@ class LayoutCase(LeversCase):
 
     @property
     def phase(self) -> str:
-        return f"d{self.data}·f{self.fsdp}·t{self.tensor} {self.layout}"
+        return f"mesh {self.data}·{self.fsdp}·{self.tensor} {self.layout}"  # degrees data·fsdp·tensor
 
     @property
     def dtype(self) -> str:

@@ -309,19 +309,19 @@ def roam_toy() -> Graph:
     """Four operators V0 → V3 where V0-V2-V1-V3 needs 12/17 ≈ 71 % of the memory of V0-V1-V2-V3 (sizes in MB).
 
     Built for this suite after the ROAM paper's motivating example (Shu et al. 2023, TorchAcc), whose exact
-    sizes we could not obtain: V0 writes a small tensor ``a`` (1) and a large one ``b`` (10); V1 *expands*
-    ``a`` into ``c`` (6); V2 *shrinks* ``b`` into ``d`` (1); V3 combines ``c`` and ``d`` into the output
-    ``o`` (1). Running the shrinking branch first frees the large ``b`` before the large ``c`` exists::
+    sizes we could not obtain: V0 writes a ``small`` tensor (1) and a ``large`` one (10); V1 *expands* ``small``
+    into ``expanded`` (6); V2 *shrinks* ``large`` into ``shrunk`` (1); V3 combines ``expanded`` and ``shrunk``
+    into the output ``out`` (1). Running the shrinking branch first frees ``large`` before ``expanded`` exists::
 
-        V0-V1-V2-V3: during V1  a + b + c = 1 + 10 + 6 = 17   (b is still waiting for V2)
-        V0-V2-V1-V3: during V2  a + b + d = 1 + 10 + 1 = 12   (then b is freed: a + d = 2, + c = 8)
+        V0-V1-V2-V3: during V1  small + large + expanded = 1 + 10 + 6 = 17   (large still waits for V2)
+        V0-V2-V1-V3: during V2  small + large + shrunk   = 1 + 10 + 1 = 12   (then large is freed: 2, + expanded = 8)
     """
     return graph({
-        "V0": ((), {"a": 1, "b": 10}),
-        "V1": (("a",), {"c": 6}),
-        "V2": (("b",), {"d": 1}),
-        "V3": (("c", "d"), {"o": 1}),
-    }, outputs=("o",), name="roam-toy")
+        "V0": ((), {"small": 1, "large": 10}),
+        "V1": (("small",), {"expanded": 6}),
+        "V2": (("large",), {"shrunk": 1}),
+        "V3": (("expanded", "shrunk"), {"out": 1}),
+    }, outputs=("out",), name="roam-toy")
 
 
 # ------------------------------------------------------------------------------------------- from XLA HLO

@@ -17,16 +17,26 @@ collective, the instructions scheduled in between. This module prices them:
   cost analysis counts a loop body once, so :func:`schedule_flops` can exceed it; the independent check is the
   step's matmul FLOPs worked out by hand.
 - :func:`exposed` — the model, per chip, clearly a model: a collective takes ``wire bytes / ICI egress``
-  (ring model of ``shardlab.formulas.common.wire_bytes``, egress = half the published bidirectional ICI
-  bandwidth of ``data/hardware/<chip>.json``; no start-up latency); the compute of its window takes
-  ``FLOPs / peak bf16 FLOP/s``. Exposed time: a synchronous collective's whole time; an asynchronous one's
-  ``max(0, comm − window compute)``. A collective inside a loop body runs once per iteration (``runs``), its
-  window is one iteration's. "No overlap" is the sum of all collective times.
+  (ring model of ``shardlab.formulas.common.wire_bytes``; a collective-permute its operand bytes; no start-up
+  latency); the compute of its window takes ``FLOPs / peak bf16 FLOP/s``. Exposed time: a synchronous
+  collective's whole time; an asynchronous one's ``max(0, comm − window compute)``. A collective inside a loop
+  body runs once per iteration (``runs``), its window is one iteration's. "No overlap" is the sum of all
+  collective times.
+
+**The egress, per torus axis** (the JAX scaling book's model, ``ChipProfile.ici_egress_for``): a bidirectional
+ring along one axis of the 2-D torus sends over 2 of the chip's 4 links, one way each (v5e: 100 GB/s); a group
+whose devices span k axes gets k times that (both axes of v5e: 200 GB/s, half the published bidirectional
+figure). Given the slice (``topology``, e.g. ``"v5e-8"``), :func:`axes` reads how many axes each collective's
+replica groups (a permute: its source and target devices) span from where the compile-only topology places its
+devices (``shardlab.formulas.hardware.group_axes``: hosts of 2 x 2 chips, checked against libtpu). Without a
+slice every collective gets the all-axes egress (``ici_egress_bytes_per_s``). Not modelled: a slice smaller than
+the pod has no wraparound link on an axis (a line, not a ring), and a permute's neighbours may be more than one
+hop apart.
 
 Example::
 
-    rows, total = exposed(tpu_module, chip("v5e"))
-    total["exposed_s"] <= total["no_overlap_s"]      # always
+    rows, total = exposed(tpu_module, chip("v5e"), "v5e-8")
+    total["exposed_s"] <= total["no_overlap_s"]      # always (by construction: not a check)
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ import math
 import re
 from typing import Any
 
+from shardlab.formulas import hardware
 from shardlab.formulas.common import wire_bytes
 
 MATMUL_OPCODES = ("dot", "convolution")
@@ -89,24 +100,40 @@ def _windows(module: Any) -> dict[str, list[str]]:
     return {w.collective.name: list(w.between) for w in module.async_windows()}
 
 
-def exposed(module: Any, chip: Any) -> tuple[list[dict[str, Any]], dict[str, float]]:
-    """Per-collective rows and totals of the exposed-communication model (see the module note)."""
+def axes(collective: Any, slice_name: str) -> int:
+    """Torus axes the collective's groups span on the slice ``slice_name`` (e.g. ``"v5e-8"``): the most any of its
+    replica groups spans (a collective-permute: all its source and target devices; no groups: every chip); at
+    least 1."""
+    chips = hardware.topology(slice_name)[1]
+    if collective.op == "collective-permute":
+        groups = [sorted({d for pair in collective.source_target_pairs for d in pair})]
+    else:
+        groups = collective.replica_groups or [list(range(chips))]
+    return max(1, *(hardware.group_axes(slice_name, g) for g in groups))
+
+
+def exposed(module: Any, chip: Any, slice_name: str | None = None) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """Per-collective rows and totals of the exposed-communication model (see the module note); ``slice_name``
+    (e.g. ``"v5e-8"``): each collective gets the egress of the torus axes it spans, else the all-axes egress."""
     wins = _windows(module)
     rows = []
     for c in module.collectives:
         group = c.group_size or 2
         wire = wire_bytes(c.op, c.operand_bytes, group) if c.op != "collective-permute" else c.operand_bytes
         runs = module.runs(c.computation)  # iterations of the loop that holds it (1 in the entry)
-        comm_s = wire / chip.ici_egress_bytes_per_s
+        k = axes(c, slice_name) if slice_name else None
+        egress = chip.ici_egress_for(k) if k else chip.ici_egress_bytes_per_s
+        comm_s = wire / egress
         between = wins.get(c.name, [])
         flops = sum(matmul_flops(module, n) for n in between)
         window_s = flops / chip.bf16_peak_flops_per_s
         exp = max(0.0, comm_s - window_s) if c.async_ else comm_s
-        k = runs or 1
+        times = runs or 1
         rows.append({"collective": c.name, "op": c.op, "form": c.form, "operands": c.operands,
-                     "bytes": c.operand_bytes, "group": group, "wire_bytes": wire, "runs": runs,
-                     "between": len(between), "matmuls_between": sum(1 for n in between if matmul_flops(module, n)),
-                     "window_flops": flops, "comm_s": k * comm_s, "window_s": k * window_s, "exposed_s": k * exp})
+                     "bytes": c.operand_bytes, "group": group, "axes": k, "egress_Bps": egress, "wire_bytes": wire,
+                     "runs": runs, "between": len(between),
+                     "matmuls_between": sum(1 for n in between if matmul_flops(module, n)), "window_flops": flops,
+                     "comm_s": times * comm_s, "window_s": times * window_s, "exposed_s": times * exp})
     comm = sum(r["comm_s"] for r in rows)
     compute = schedule_flops(module) / chip.bf16_peak_flops_per_s
     unknown = sum(module.trip_count(w.name) is None for w in module.while_loops)

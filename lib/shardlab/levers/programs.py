@@ -12,15 +12,17 @@ every tensor the step produces — *not* synced. The cases of :mod:`shardlab.lev
   gathered before use, gradients constrained back to the weight's sharding: a reduce-scatter). Outputs
   ``[loss, *weight grads]``: L gradient reductions + 1 for the loss (its mean over the batch shards).
 - :func:`order_toy` — the four-operator memory-order graph (``shardlab.levers.order.roam_toy``) as tensors:
-  V0 writes ``a`` (1 unit) and ``b`` (10), V1 expands ``a`` to ``c`` (6), V2 shrinks ``b`` to ``d`` (1),
-  V3 sums. Each V is a matmul (``x @ W``), which XLA:CPU never fuses into its consumer; optimisation barriers
-  keep every tensor materialised on the TPU too (otherwise it fuses V1/V2 into the reductions of V3 and nothing
-  large ever exists). XLA:CPU drops the barriers; the matmuls keep the graph's shape there.
+  V0 writes ``small`` (1 unit) and ``large`` (10), V1 expands ``small`` to ``expanded`` (6), V2 shrinks ``large``
+  to ``shrunk`` (1), V3 sums. Each V is a matmul (``x @ W``), which XLA:CPU never fuses into its consumer;
+  optimisation barriers keep every tensor materialised on the TPU too (otherwise it fuses V1/V2 into the
+  reductions of V3 and nothing large ever exists). XLA:CPU drops the barriers; the matmuls keep the graph's shape
+  there.
 - :func:`weight_update` — an L-layer step with an SGD or Adam update, either in the same graph as the
   backward (``stage="fused"``), or the backward alone (``"backward"``, gradients as outputs) and the update
   alone (``"update"``, gradients as inputs): "after a separate sync". Placeholders, so sizes can be large.
-- :func:`mlp_layout` — the Megatron MLP ``gelu(x A) B`` forward + backward on a (data, fsdp, tensor) mesh with
-  a named weight layout (the automatic-strategy search); :func:`layouts` lists every mesh and layout.
+- :func:`mlp_layout` — the Megatron MLP ``gelu(x A) B`` forward + backward (loss ½‖out − target‖²) on a (data,
+  fsdp, tensor) mesh with a named weight layout (the automatic-strategy search); :func:`layouts` lists every mesh
+  and layout.
 """
 
 from __future__ import annotations
@@ -99,17 +101,17 @@ def _barrier(*ts: torch.Tensor) -> list[torch.Tensor]:
 
 
 def order_toy(rows: int, cols: int, dtype: str, placeholders: bool) -> list[torch.Tensor]:
-    """V0 -> (a, b); V1: a -> c; V2: b -> d; V3: (c, d) -> o, one unit = [rows, cols] of ``dtype`` per device
-    (replicated). Sizes 1, 10, 6, 1 units (see the module note)."""
+    """V0 -> (small, large); V1: small -> expanded; V2: large -> shrunk; V3: (expanded, shrunk) -> a scalar; one
+    unit = [rows, cols] of ``dtype`` per device (replicated). Sizes 1, 10, 6, 1 units (see the module note)."""
     g = torch.Generator().manual_seed(0)
     r, k, dt = rows, cols, getattr(torch, dtype)
     x = _input((r, k), dt, placeholders, g)  # [r, k]: the graph input (not counted)
-    wa, wb = _input((k, k), dt, placeholders, g), _input((k, 10 * k), dt, placeholders, g)
-    wc, wd = _input((k, 6 * k), dt, placeholders, g), _input((10 * k, k), dt, placeholders, g)
-    a, b = _barrier(x @ wa, x @ wb)  # V0: a [r, k] (1 unit), b [r, 10k] (10 units), materialised together
-    (c,) = _barrier(a @ wc)  # V1 expands: c [r, 6k] (6 units)
-    (d,) = _barrier(b @ wd)  # V2 shrinks: d [r, k] (1 unit)
-    return [c.float().sum() + d.float().sum()]  # V3: a scalar
+    w_small, w_large = _input((k, k), dt, placeholders, g), _input((k, 10 * k), dt, placeholders, g)
+    w_expand, w_shrink = _input((k, 6 * k), dt, placeholders, g), _input((10 * k, k), dt, placeholders, g)
+    small, large = _barrier(x @ w_small, x @ w_large)  # V0: [r, k] (1 unit), [r, 10k] (10), together
+    (expanded,) = _barrier(small @ w_expand)  # V1 expands: [r, 6k] (6 units)
+    (shrunk,) = _barrier(large @ w_shrink)  # V2 shrinks: [r, k] (1 unit)
+    return [expanded.float().sum() + shrunk.float().sum()]  # V3: a scalar
 
 
 # ------------------------------------------------------------------------------- memory-aware update
@@ -186,7 +188,9 @@ def mlp_layout(data: int, fsdp: int, tensor: int, layout: str, batch: int, seq: 
     - ``megatron``: A split by columns and B by rows over ``tensor`` (one all-reduce each way);
     - ``swapped``: A split by rows and B by columns (the contraction of x A is split: partial sums before GeLU).
     The other weight dimension is split over ``fsdp`` (gathered before use); the batch over ``data`` x ``fsdp``.
-    Forward + backward of (out * grad_out).sum(); returns [out, grad x, grad A, grad B] (not synced)."""
+    Forward + backward of ½‖out − target‖² (notebook 02's step: the output gradient out − target depends on the
+    forward, so the backward waits for it; a fixed random target); returns [out, grad x, grad A, grad B] (not
+    synced)."""
     n = runtime.current().num_devices
     problem = layout_problem(data, fsdp, tensor, layout, batch, hidden, ffn, n)
     if problem:
@@ -198,7 +202,7 @@ def mlp_layout(data: int, fsdp: int, tensor: int, layout: str, batch: int, seq: 
         torch.manual_seed(seed)
         mlp = models.MLP(hidden, ffn, bias=False).to(dt)
     x = torch.randn(batch, seq, hidden, generator=g).to(dt)  # [b, s, h]
-    gout = torch.randn(batch, seq, hidden, generator=g).to(dt)
+    target = torch.randn(batch, seq, hidden, generator=g).to(dt)  # [b, s, h]
     mlp = mlp.to(dev)
     # nn.Linear layout: fc1.weight = A^T [ffn, h], fc2.weight = B^T [h, ffn]
     if layout == "megatron":  # A columns (ffn) and B rows (ffn) on tensor; the h side on fsdp
@@ -209,7 +213,7 @@ def mlp_layout(data: int, fsdp: int, tensor: int, layout: str, batch: int, seq: 
         _mark(mlp.fc2.weight, mesh, ("tensor", "fsdp"))
     batch_axes = tuple(a for a, k in (("data", data), ("fsdp", fsdp)) if k > 1) or None
     x = _mark(x.to(dev), mesh, (batch_axes, None, None)).requires_grad_()  # a layer inside a network: dX needed
-    gout = _mark(gout.to(dev), mesh, (batch_axes, None, None))
+    target = _mark(target.to(dev), mesh, (batch_axes, None, None))
     out = mlp(x)  # [b, s, h]
-    (out * gout).sum().backward()
+    (0.5 * (out - target).pow(2).sum()).backward()
     return [out, x.grad, mlp.fc1.weight.grad, mlp.fc2.weight.grad]

@@ -58,6 +58,19 @@ def metrics(comp: TpuCompile) -> dict[str, Any]:
             "memory_bytes": m.argument + m.output - m.alias + m.temp, "compile_s": comp.compile_s}
 
 
+def formula_wire_bytes(case: LayoutCase) -> int | None:
+    """Per-chip wire bytes of a plan whose collectives follow from its layout alone (None for the others), by the
+    ring model: Megatron (every chip on ``tensor``, megatron layout) all-reduces the [b, s, h] activation twice — g
+    on the output, f on the input gradient; pure data parallelism (every chip on ``data``) all-reduces the two
+    weight gradients [h, F]. bf16 (2 bytes per element)."""
+    p, n = case.p, case.devices
+    if case.layout == "megatron" and case.tensor == n:
+        return 2 * int(wire_bytes("all_reduce", case.batch * (p.mlp_seq // 8) * p.mlp_hidden * 2, n))
+    if case.data == n:
+        return 2 * int(wire_bytes("all_reduce", p.mlp_hidden * p.mlp_ffn * 2, n))
+    return None
+
+
 def planner_choice(batch: int, seq: int, hidden: int, ffn: int, heads: int, topology: str = "v5e-8",
                    devices: int = 8) -> tuple[int, int, int] | None:
     """The planner's (data, fsdp, tensor) for a one-layer model of these sizes: among the meshes that fit, the
@@ -79,14 +92,14 @@ def planner_choice(batch: int, seq: int, hidden: int, ffn: int, heads: int, topo
 
 def rank(rows: list[dict[str, Any]], planner: tuple[int, int, int] | None = None) -> pd.DataFrame:
     """A DataFrame of candidates (each row: data, fsdp, tensor, layout + :func:`metrics`), best first, with
-    ``megatron`` and ``planner`` marks."""
+    ``megatron`` and ``planner`` marks and ``mesh`` = the degrees data·fsdp·tensor (``"1·1·8"``)."""
     frame = pd.DataFrame(rows)
     frame["megatron"] = (frame["data"] == 1) & (frame["fsdp"] == 1) & (frame["layout"] == "megatron") \
         & (frame["tensor"] == frame[["data", "fsdp", "tensor"]].prod(axis=1))
     frame["planner"] = [planner is not None and (d, f, t) == tuple(planner) and lay == "megatron"
                         for d, f, t, lay in zip(frame["data"], frame["fsdp"], frame["tensor"], frame["layout"],
                                                 strict=True)]
-    frame["mesh"] = [f"d{d}·f{f}·t{t}" for d, f, t in zip(frame["data"], frame["fsdp"], frame["tensor"], strict=True)]
+    frame["mesh"] = [f"{d}·{f}·{t}" for d, f, t in zip(frame["data"], frame["fsdp"], frame["tensor"], strict=True)]
     fits = frame[frame["fits"]].sort_values(["wire_bytes", "memory_bytes", "mesh", "layout"])
     rest = frame[~frame["fits"]]
     out = pd.concat([fits, rest]).reset_index(drop=True)

@@ -55,36 +55,37 @@ def fit_text(fit: AlphaBeta, spread: Mapping[str, Mapping[str, float]]) -> str:
 
 
 def timing_table(points: Sequence[Point], fit: AlphaBeta) -> pd.DataFrame:
-    """Each timed point: median / min / max, the α–β model, and k calls against the fewest calls of that n."""
+    """Each timed point (m calls carrying n elements): median / min / max, the α–β model, and m calls against the
+    fewest calls of that n."""
     fewest = {n: min((q for q in points if q.numel == n), key=lambda q: q.calls).timing.median_s
               for n in {q.numel for q in points}}
-    return pd.DataFrame([{"n": pt.numel, "k": pt.calls, "median ms": pt.timing.median_s * 1e3,
+    return pd.DataFrame([{"n": pt.numel, "m": pt.calls, "median ms": pt.timing.median_s * 1e3,
                           "min ms": pt.timing.min_s * 1e3, "max ms": pt.timing.max_s * 1e3,
                           "model ms": fit.time_s(pt.calls, pt.payload_bytes) * 1e3,
-                          "k calls / 1 call": pt.timing.median_s / fewest[pt.numel]} for pt in points])
+                          "m calls / fewest": pt.timing.median_s / fewest[pt.numel]} for pt in points])
 
 
 def saving_table(combine: Mapping[str, Mapping[str, View]], fit: AlphaBeta) -> pd.DataFrame:
-    """Per step and collective: the logical k collectives and the TPU's c calls priced by the α–β model."""
+    """Per step and collective: the logical m collectives and the TPU's m′ calls priced by the α–β model."""
     rows = []
     for mode, views in combine.items():
         tpu = views.get("tpu")
         if tpu is None or not tpu.ran:
             continue
         for op in [k.removesuffix(".count") for k in views["formula"].values if k.endswith(".count")]:
-            k, c = logical(tpu, op), tpu.get(f"{op}.count")
-            if k and c:
+            m, m2 = logical(tpu, op), tpu.get(f"{op}.count")
+            if m and m2:
                 nbytes = tpu[f"{op}.bytes"]
-                rows.append({"step": mode, "collective": op, "logical k": k, "TPU calls c": c,
-                             "model ms, k calls": fit.time_s(k, nbytes) * 1e3,
-                             "model ms, c calls": fit.time_s(c, nbytes) * 1e3,
-                             "saving ms": combining_saving_s(fit, k, c) * 1e3})
+                rows.append({"step": mode, "collective": op, "logical m": m, "TPU calls m′": m2,
+                             "model ms, m calls": fit.time_s(m, nbytes) * 1e3,
+                             "model ms, m′ calls": fit.time_s(m2, nbytes) * 1e3,
+                             "saving ms": combining_saving_s(fit, m, m2) * 1e3})
     return pd.DataFrame(rows)
 
 
 def timing_figure(points: Sequence[Point], fit: AlphaBeta | None,
-                  title: str = "k all-reduces of n/k elements (gloo)") -> go.Figure:
-    """Median time (with min-max bars) against k, one line per total size n; dashed: the α–β model."""
+                  title: str = "m all-reduces of n/m elements (gloo)") -> go.Figure:
+    """Median time (with min-max bars) against m, one line per total size n; dashed: the α–β model."""
     fig = go.Figure()
     for i, n in enumerate(sorted({p.numel for p in points})):
         pts = sorted((p for p in points if p.numel == n), key=lambda p: p.calls)
@@ -97,7 +98,7 @@ def timing_figure(points: Sequence[Point], fit: AlphaBeta | None,
         if fit is not None:
             fig.add_scatter(x=ks, y=[fit.time_s(k, n * 4) * 1e3 for k in ks], mode="lines",
                             name=f"n = {n} (α–β model)", line=dict(color=PALETTE[i], dash="dash"))
-    fig.update_layout(title=title, xaxis_title="k (calls)", yaxis_title="ms", xaxis_type="log",
+    fig.update_layout(title=title, xaxis_title="m (calls)", yaxis_title="ms", xaxis_type="log",
                       yaxis_type="log", height=380)
     return fig
 
@@ -222,8 +223,8 @@ def summary_table(values: Callable[[str], Mapping[str, Any]], saving: pd.DataFra
         {"lever": "combining: DP step all-reduces", "off": value(f"levers.combine.all_reduce.count{OFF}", "tpu"),
          "on": value("levers.combine.all_reduce.count", "tpu"), "unit": "instructions",
          "where": f"XLA:TPU (XLA:CPU: {value('levers.combine.all_reduce.count', 'hlo')}, no combiner)"},
-        {"lever": "combining: what it buys", "off": None if first is None else first["model ms, k calls"],
-         "on": None if first is None else first["model ms, c calls"], "unit": "ms",
+        {"lever": "combining: what it buys", "off": None if first is None else first["model ms, m calls"],
+         "on": None if first is None else first["model ms, m′ calls"], "unit": "ms",
          "where": "α–β model with this machine's gloo α, β (DP step's bytes)"},
         {"lever": "overlap: FSDP step", "off": us("levers.overlap.fsdp.exposed_s.lhs_off"),
          "on": us("levers.overlap.fsdp.exposed_s.lhs_on"), "unit": "µs exposed",
