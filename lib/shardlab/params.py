@@ -305,11 +305,12 @@ class LeversParams(NotebookParams):
     layers: int = 8  # L weight gradients of the data-parallel / FSDP step (combining, overlap)
     hidden: int = 256  # width of those square layers
     batch: int = 64  # global batch of that step, sharded over all devices
-    bucket_bytes: int = 1048576  # hand-made gradient bucket for the ledger (DDP's rule), bytes
+    bucket_bytes: int = 1048576  # hand-made gradient buckets for the ledger (DDP's bucket_cap_mb), bytes
+    bucket_first_bytes: int = 1048576  # the first bucket's own limit (DDP: dist._DEFAULT_FIRST_BUCKET_BYTES)
     gloo_world: int = 2  # processes for the real all-reduce timings; 0 skips them
     gloo_repeats: int = 5  # timed samples per point (after 2 warm-up rounds)
-    gloo_numels: tuple = (4096, 1048576)  # float32 elements per timed point (all k calls together)
-    gloo_calls: tuple = (1, 8, 32)  # k: the point's elements are split over k all-reduces
+    gloo_numels: tuple = (4096, 1048576)  # float32 elements per timed point (all m calls together)
+    gloo_calls: tuple = (1, 8, 32)  # m: the point's elements are split over m all-reduces
     mlp_seq: int = 512  # Megatron MLP (bf16, batch 2, tp equal to num_devices) for overlap and fusion
     mlp_hidden: int = 512
     mlp_ffn: int = 2048
@@ -317,7 +318,7 @@ class LeversParams(NotebookParams):
     big_layers: int = 4  # layers of the two large compile-only steps (overlap, weight update)
     overlap_hidden: int = 2048  # the FSDP step of the overlap section (compile-only, bf16): [h, h] weights
     overlap_batch: int = 8192  # and its global batch [B, h]
-    update_hidden: int = 1024  # the memory-aware weight update (compile-only, bf16, replicated)
+    update_hidden: int = 512  # the memory-aware weight update (compile-only, bf16, replicated)
     update_batch: int = 256
     optimizer: str = "adam"  # "sgd" or "adam"
     search: str = "small"  # layouts compiled for the TPU: "off", "small" (4 meshes), "full" (every mesh+layout)
@@ -330,8 +331,10 @@ class LeversParams(NotebookParams):
         for name in ("layers", "hidden", "batch", "gloo_repeats", "mlp_seq", "mlp_hidden", "mlp_ffn", "toy_rows",
                      "big_layers", "overlap_hidden", "overlap_batch", "update_hidden", "update_batch"):
             positive_int(name, getattr(self, name))
-        if isinstance(self.bucket_bytes, bool) or not isinstance(self.bucket_bytes, int) or self.bucket_bytes < 0:
-            raise ValueError(f"bucket_bytes={self.bucket_bytes!r} must be an int >= 0 (0: one bucket per gradient)")
+        for name in ("bucket_bytes", "bucket_first_bytes"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name}={v!r} must be an int >= 0 (0: a bucket closes after one gradient)")
         if isinstance(self.gloo_world, bool) or not isinstance(self.gloo_world, int) or self.gloo_world < 0 \
                 or self.gloo_world == 1:
             raise ValueError(f"gloo_world={self.gloo_world!r} must be 0 (skip the timings) or an int >= 2")
