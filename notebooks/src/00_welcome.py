@@ -29,7 +29,7 @@ world
 #   backward: identity). The letters f and g mean only these two operators in every notebook.
 # - **ZeRO** — sharding a data-parallel model's optimizer state (stage 1), also its gradients (stage 2), also its
 #   parameters (stage 3) over the data-parallel devices, instead of replicating them (Rajbhandari et al. 2020).
-#   PyTorch's FSDP is ZeRO stage 3.
+#   PyTorch's FSDP with FULL_SHARD is ZeRO stage 3.
 # - **SPMD, GSPMD** — single program, multiple data: every device runs the same program on its own block of the
 #   data. GSPMD is XLA's SPMD *partitioner* (Xu et al. 2021): from sharding annotations on a few tensors it derives
 #   one per-device program and inserts the collectives it needs.
@@ -53,7 +53,7 @@ world
 # ## The notebooks
 # | # | topic |
 # |---|---|
-# | 01 | block matrices: split by columns → concatenate; by rows → sum (one all-reduce); a 2-D mesh |
+# | 01 | block matrices: split by columns → concatenate; by rows → sum (one all-reduce); a 2-D mesh; the four sharded-matmul cases and the conflicting-axis one |
 # | 02 | Megatron MLP: column- then row-parallel, the `f` / `g` operators, sequence parallelism |
 # | 03 | Megatron attention: heads split over devices |
 # | 04 | vocab-parallel embedding and cross-entropy |
