@@ -150,4 +150,4 @@ def test_device_coords_are_libtpus(topology, slice_name):
     from shardlab.profile import tpu
 
     got = [tuple(d.coords)[:2] for d in tpu.topology_devices(topology)]
-    assert got == H.device_coords(slice_name)
+    assert got == H.device_coords(slice_name) == H.device_coords(topology)

@@ -25,7 +25,7 @@ def test_errors_name_the_values():
     bad = P.ModelConfig("odd", 2, 1004, 4000, 4, 4, 1000)
     with pytest.raises(ValueError, match=r"hidden=1004 is not divisible by tensor=8"):
         P.plan(P.PlanConfig(bad, "v5e-8", fsdp=1, tensor=8))
-    with pytest.raises(ValueError, match=r"global_batch=4 is not divisible by data × fsdp × expert = 8"):
+    with pytest.raises(ValueError, match=r"global_batch=4 is not divisible by data × fsdp = 8"):
         P.plan(P.PlanConfig("llama-3-8b", "v5e-8", global_batch=4))
     with pytest.raises(ValueError, match=r"recompute='half'"):
         P.plan(P.PlanConfig("llama-3-8b", recompute="half"))
@@ -300,6 +300,8 @@ def test_pipeline_stage_memory_bubble_and_sends():
     work = one_f.phases["layer backward"] - one_f.memory["fsdp_gathered_unit"]  # the recomputed layer's transients
     assert one_f.memory["activations"] == 4 * 20 * 2 * s * h + work
     assert one_f.stage == "first" and one_f.roofline.bubble_s == pytest.approx(3 / 16 * one_f.roofline.compute_s)
+    gathers = [t for t in one_f.comm if t.axis == "fsdp" and t.op == "all-gather"]
+    assert gathers[0].count == 16 * 2 * 20  # every microbatch gathers its stage's 20 layers, forward and backward
     sends = [t for t in one_f.comm if t.op == "send"]
     assert [(t.count, t.payload_bytes, t.wire_bytes) for t in sends] == [(32, s * h * 2, 32 * s * h * 2)]
     # a stage holds 20 of the 80 layers: the first stage's parameters are (20 layers + embedding) / tensor / fsdp

@@ -215,12 +215,12 @@ def _validate(cfg: PlanConfig, m: ModelConfig, chips: int | None) -> int:
             raise ValueError(f"{name}={v} is not divisible by tensor={t}")
     if m.kv_heads % t and t % m.kv_heads:
         raise ValueError(f"kv_heads={m.kv_heads} and tensor={t}: one must divide the other")
-    splits = cfg.data * cfg.fsdp * ep
+    splits, named = cfg.data * cfg.fsdp * ep, "data × fsdp" + (" × expert" if ep > 1 else "")
     if cfg.global_batch % splits:
-        raise ValueError(f"global_batch={cfg.global_batch} is not divisible by data × fsdp × expert = {splits}")
+        raise ValueError(f"global_batch={cfg.global_batch} is not divisible by {named} = {splits}")
     if cfg.global_batch // splits % cfg.microbatches:
         raise ValueError(f"microbatches={cfg.microbatches} does not divide the {cfg.global_batch // splits} "
-                         "sequence(s) of one data replica (global_batch / (data × fsdp × expert))")
+                         f"sequence(s) of one data replica (global_batch / ({named}))")
     fpp.check_pipeline(pp, cfg.microbatches, cfg.virtual, cfg.schedule)
     if m.layers % (pp * cfg.virtual):
         raise ValueError(f"layers={m.layers} is not divisible by pipeline × virtual = {pp * cfg.virtual} "
@@ -272,7 +272,9 @@ def _sizes(cfg: PlanConfig, m: ModelConfig) -> _Sizes:
 
 
 def _fsdp_terms(cfg: PlanConfig, m: ModelConfig, z: _Sizes, stage: int, ends: tuple[str, ...]) -> list[CommTerm]:
-    """ZeRO / FSDP over `fsdp` for the stage holding ``ends`` ("embedding", "head")."""
+    """ZeRO / FSDP over `fsdp` for the stage holding ``ends`` ("embedding", "head"). With microbatches (gradient
+    accumulation, a pipeline) the parameters are gathered again for every microbatch; the accumulated gradient is
+    reduce-scattered once per step."""
     f, t, pb, mb = cfg.fsdp, cfg.tensor, cfg.param_bytes, cfg.microbatches
     pc, h = z.pc, m.hidden
     if f == 1:
@@ -294,7 +296,7 @@ def _fsdp_terms(cfg: PlanConfig, m: ModelConfig, z: _Sizes, stage: int, ends: tu
             fc = flat_step_comm(ceil_div(int(numel), t), f, pb, root=is_root)
             when = "fwd only: not resharded" if is_root else "fwd+bwd"
             out.append(_term("fsdp", f"FSDP1 flat unit: param all-gather ({what} unit, {when})", "all-gather",
-                             n * fc.all_gather_count, fc.all_gather_payload_bytes, f))
+                             mb * n * fc.all_gather_count, fc.all_gather_payload_bytes, f))
             out.append(_term("fsdp", f"FSDP1 flat unit: grad reduce-scatter ({what} unit)", "reduce-scatter",
                              n * fc.reduce_scatter_count, fc.reduce_scatter_payload_bytes, f))
         return out
@@ -307,12 +309,12 @@ def _fsdp_terms(cfg: PlanConfig, m: ModelConfig, z: _Sizes, stage: int, ends: tu
     matrices = z.layer_local - norms / t  # one tensor rank's weight matrices (the planner splits every weight by t)
     layer_gather = matrices * rows * pb + norms * rows * NORM_GATHER_BYTES
     out.append(_term("fsdp", "param all-gather (per parameter: each layer weight fwd + bwd)", "all-gather",
-                     2 * z.layers, layer_gather, f))
+                     mb * 2 * z.layers, layer_gather, f))
     out.append(_term("fsdp", "grad reduce-scatter (per parameter: each layer gradient)", "reduce-scatter",
                      z.layers, z.layer_local * cfg.grad_bytes, f))
     if head:
         out.append(_term("fsdp", "param all-gather (LM head + final norm, once: kept for the backward)",
-                         "all-gather", 1, pc.lm_head / t * rows * pb + h * rows * NORM_GATHER_BYTES, f))
+                         "all-gather", mb, pc.lm_head / t * rows * pb + h * rows * NORM_GATHER_BYTES, f))
         out.append(_term("fsdp", "grad reduce-scatter (LM head + final norm)", "reduce-scatter", 1,
                          head / t * cfg.grad_bytes, f))
     if emb:
@@ -572,7 +574,8 @@ def _notes(cfg: PlanConfig, m: ModelConfig, z: _Sizes, zero: int, phases: dict[s
         notes.append(f"pipeline: {cfg.pipeline} stages of {z.layers} layers, {cfg.microbatches} microbatches, "
                      f"{cfg.schedule}{f' v={cfg.virtual}' if cfg.virtual > 1 else ''}: bubble {bubble:.3f} of the "
                      f"ideal time; {z.inflight['first']} microbatch(es) in flight on the first stage, "
-                     f"{z.inflight['last']} on the last; memory is the {which} stage's (the heavier)")
+                     f"{z.inflight['last']} on the last; memory is the {which} stage's (the heavier), comm the last "
+                     "stage's (it holds the LM head)")
     if cfg.context > 1:
         notes.append(f"context: sequence split {cfg.context} ways ({cfg.context_method}; formulas.context)")
     if cfg.expert > 1:

@@ -81,15 +81,13 @@ GiB = 2**30
 # **ZeRO, Figure 1.** Ψ = 7.5B parameters, N = 64 data-parallel devices, mixed-precision Adam (2 + 2 + K
 # bytes per parameter, K = 12). Per device: baseline (2 + 2 + K)Ψ, P_os 4Ψ + KΨ/N, P_os+g 2Ψ + (2 + K)Ψ/N,
 # P_os+g+p (2 + 2 + K)Ψ/N. The paper prints 120 / 31.4 / 16.6 / 1.9 GB.
-
-# %% [markdown]
+#
 # **Korthikanti et al. 2022, memory.** Activation memory per layer is sbh(34 + 5as/h) bytes (16-bit
 # activations, 1-byte dropout masks, the softmax stored); for GPT-3 (a = 96, s = 2048, h = 12288) the
 # attention-core term 5as/h is **80** — more than twice the 34 of everything else — so recomputing only the
 # attention core in the backward ("selective recompute") removes 80/114 ≈ **70 %** of the activations. Megatron
 # pads the vocabulary to a multiple of 128 × tensor: GPT-2's 50257 becomes **51200** with tensor = 8.
-
-# %% [markdown]
+#
 # **Korthikanti et al. 2022, FLOPs.** What does selective recompute cost? The paper's formula for a step with
 # it, 72·B·L·s·h²(1 + s/(3h) + V/(12hL)), against 72·B·L·s·h²(1 + s/(6h) + V/(12hL)) without recompute, gives
 # **2.7 %** more FLOPs for GPT-3 175B and **1.6 %** for MT-NLG 530B (h = 20480, L = 105) — the overheads the
@@ -103,8 +101,9 @@ GiB = 2**30
 # One more difference matters more for today's models: with **flash attention** (the planner's default) the
 # s × s scores are never stored — the kernel keeps one log-sum-exp per token and head and recomputes the scores
 # in its own backward — so selective recompute has little left to drop (exercise 3).
-
-# Narayanan et al. 2021 estimate GPT-3 (175B, 300B tokens) on 1024 GPUs at 140 TFLOP/s at about 34 days.
+#
+# **Narayanan et al. 2021** estimate GPT-3 (175B parameters, 300B tokens) on 1024 GPUs at 140 TFLOP/s at about
+# **34 days**.
 
 # %%
 planner_figures.published(rec)  # every figure above: the paper's number, the formula's, a check each
@@ -167,7 +166,8 @@ pd.DataFrame([t._asdict() for t in my_plan.comm])
 # The time of a collective is its wire bytes over the ICI links its group uses — the JAX scaling book's per-axis
 # model: a group along one torus axis rings over 2 of the chip's 4 links (half the chip's egress), a group that
 # spans both axes over all 4. Which axes a group spans follows from where its devices sit on the slice (the
-# notes above say it per mesh axis). With sequence parallelism one more all-reduce appears over `tensor`: the
+# notes above say it per mesh axis; the rings are assumed to wrap around — a slice smaller than the pod has lines
+# instead, up to 2× slower, not modelled). With sequence parallelism one more all-reduce appears over `tensor`: the
 # RMSNorm weights act on each rank's s/t tokens, so their gradients are partial sums (Megatron's
 # `_allreduce_layernorm_grads`).
 #
@@ -206,18 +206,28 @@ rec.check("planner.axes: 1F1B holds fewer activations than GPipe on the first st
           f"{one_f.memory['activations'] / GB:.2f} vs {gpipe.memory['activations'] / GB:.2f} GB")
 
 # %% [markdown]
+# The pipeline trades the fsdp gathers of three quarters of the layers for sends of one activation per microbatch
+# and a bubble in the step (the "bubble s" column); GPipe pays in memory what 1F1B does not. Context parallelism
+# makes a 128K-token sequence fit where one chip's s × h activations would not, for K/V sends each layer and a
+# gradient all-reduce over the context ranks. Expert parallelism keeps one Mixtral expert per chip instead of an
+# fsdp share of all eight, for 6 all-to-alls per layer and step (forward, backward, recomputed forward).
+
+# %% [markdown]
 # **Explorer.** Change the model, slice, degrees or recompute policy; a bad combination shows the error (with the
 # numbers) instead of a plot. Run headless, the cell sets two widgets and checks the plan shown is theirs.
 
 # %%
 explorer = PlannerExplorer(p)
 display(explorer.widget)
-explorer.fsdp.value, explorer.data.value = p.fsdp // 2 or 1, 2 if p.fsdp % 2 == 0 else p.data
-wanted = replace(p, fsdp=explorer.fsdp.value, data=explorer.data.value)
-shown = explorer.plan
-rec.check("planner.explorer: the widgets carry the configuration (fsdp, data changed)",
-          shown is not None and shown.config.fsdp == wanted.fsdp and shown.config.data == wanted.data
-          and shown.memory_total == P.plan(wanted).memory_total, str(explorer.error))
+moves = [(p.fsdp // 2, p.data * 2)] if p.fsdp % 2 == 0 else [(p.fsdp * 2, p.data // 2)] if p.data % 2 == 0 else []
+if moves:  # a factor 2 moved between fsdp and data; each widget change re-plans (the first one's mesh is off)
+    fsdp_to, data_to = moves[0]
+    explorer.fsdp.value, explorer.data.value = fsdp_to, data_to
+    shown = explorer.plan
+    rec.check("planner.explorer: the widgets carry the configuration (fsdp and data moved by a factor 2)",
+              shown is not None and (shown.config.fsdp, shown.config.data) == (fsdp_to, data_to)
+              and shown.memory_total == P.plan(replace(p, fsdp=fsdp_to, data=data_to)).memory_total,
+              str(explorer.error))
 explorer.tensor.value = 3  # an invalid degree: the explorer reports it instead of raising
 rec.check("planner.explorer: bad degrees give a named error", explorer.error is not None
           and "does not equal" in explorer.error, str(explorer.error))
