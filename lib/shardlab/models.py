@@ -60,7 +60,8 @@ class Attention(nn.Module):
     def qkv_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Q, K, V per head, [b, nh, s, hd] each, from ONE contraction with the stacked weights (Megatron's
         fused QKV): the input gradient is then one sum over (q|k|v, head, hd) — one all-reduce when heads are
-        sharded, instead of one per projection."""
+        sharded, instead of one per projection on XLA:CPU; XLA:TPU adds the three partial gradients first
+        (measured in notebook 03)."""
         nh, hd, h = self.heads, self.head_dim, self.hidden
         w = torch.stack([self.q.weight, self.k.weight, self.v.weight]).view(3, nh, hd, h)  # [3, nh, hd, h]
         qkv = torch.einsum("bsh,tndh->tbnsd", x, w)  # [b, s, h] x [3, nh, hd, h] -> [3, b, nh, s, hd]

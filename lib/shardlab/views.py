@@ -182,8 +182,8 @@ def collectives_view(source: str, module: Any, phase: str, ops: Iterable[str], d
         view.add(f"{phase}.{op}.elements", sum(_elements(c) for c in mine), "elements")
         if op == "reduce_scatter" and cpu_reduce_scatter and any(c.op == "all-reduce" for c in mine):
             view.notes.append(
-                f"{phase}.{op}: XLA:CPU has no reduce-scatter; its all-reduce + dynamic-slice pairs are counted as "
-                "the reduce-scatter they implement" if source == "hlo" else
+                f"{phase}.{op}: XLA:CPU's pass pipeline forms no reduce-scatter; its all-reduce + dynamic-slice "
+                "pairs are counted as the reduce-scatter they implement" if source == "hlo" else
                 f"{phase}.{op}: the {source} compiler lowered this reduce-scatter as an all-reduce + dynamic-slice, "
                 "counted as the reduce-scatter it implements")
         want = HLO_DTYPE.get(dtype, dtype)
