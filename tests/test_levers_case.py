@@ -38,6 +38,11 @@ def test_formula_by_hand() -> None:
     assert (big.layers, big.hidden, big.batch, big.dtype, big.grad_bytes) == (2, 64, 32, "bfloat16", 64 * 64 * 2)
 
 
+def test_effect_passes_follow_the_collectives() -> None:
+    assert L.effect_passes(L.StepCase(P_SMALL, "dp")) == ("all-reduce-combiner", "no-such-pass")
+    assert L.effect_passes(L.StepCase(P_SMALL, "fsdp")) == (*L.COMBINER_PASSES, "no-such-pass")
+
+
 def test_step_case_rules() -> None:
     with pytest.raises(ValueError, match="batch=10 is not divisible by the 8 devices"):
         L.StepCase(replace(P_SMALL, batch=10), "dp")

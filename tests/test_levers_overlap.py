@@ -157,3 +157,15 @@ def test_egress_per_torus_axis_by_hand() -> None:
     # without a slice: every collective at the all-axes egress (half the published 400 GB/s)
     rows, _ = OV.exposed(m, v5e)
     assert [r["comm_s"] for r in rows] == pytest.approx([1.5e6 / 200e9, 1.5e6 / 200e9, payload / 200e9])
+
+
+def test_window_table_sums_by_hand() -> None:
+    from shardlab.viz import levers as VL
+
+    rows = [{"collective": "a", "op": "all-gather", "form": "sync", "axes": 1, "bytes": 10, "matmuls_between": 0,
+             "comm_s": 1e-6, "exposed_s": 1e-6},
+            {"collective": "b", "op": "all-gather", "form": "sync", "axes": 2, "bytes": 30, "matmuls_between": 2,
+             "comm_s": 3e-6, "exposed_s": 0.0}]
+    t = VL.window_table(rows).loc[("all-gather", "sync")]
+    assert (t["collectives"], t["axes"], t["bytes"], t["matmuls_between"]) == (2, 2, 40, 2)
+    assert (t["comm_us"], t["exposed_us"]) == (pytest.approx(4.0), pytest.approx(1.0))

@@ -53,6 +53,12 @@ world
 #
 # Times that depend on a TPU are a **model** (hardware numbers from `data/hardware`); times measured here are gloo
 # on this machine's CPU cores, labelled as such.
+#
+# **Five levers, five sections** — each stands on its own: 1 combining collectives, 2 overlap, 3 memory order,
+# 4 automatic strategy, 5 fusion; then a summary (off vs on) and the exercises.
+# **Letters**: p chips (devices) of the slice; L layers of width h, global batch B, e bytes per element; m collective
+# calls (m′ after combining) carrying n elements; α the start-up of one call, β the bandwidth; f and g are Megatron's
+# two operators (notebook 02: f identity forward / all-reduce backward, g the reverse).
 
 # %%
 import math
@@ -102,7 +108,8 @@ VL.combining_summary(combine["fsdp"]).assign(step="FSDP")
 
 # %% [markdown]
 # Which of the three passes did it? XLA ignores a pass name it does not know — silently — so each name is verified
-# only by its effect: the same programs with one pass disabled at a time, and a made-up name as the control.
+# only by its effect: the same programs with one pass disabled at a time (the combiners of the collectives each step
+# issues), and a made-up name as the control.
 
 # %%
 effects = {}
@@ -119,8 +126,8 @@ if use_tpu:
 # tuple all-reduce** that carries all L + 1 (data parallel) and, at the default sizes, one reduce-scatter carrying
 # all L FSDP gradients; disabling the passes gives one instruction per operand again — and `all-reduce-combiner`
 # alone does it for both steps: the TPU reduces FSDP gradients as all-reduces, combines those, and only then turns
-# them into a reduce-scatter fusion (`reduce-scatter-combiner` and `all-gather-combiner` change nothing here). The operands and the
-# bytes do not change (checked) — only the number of calls does. On a small slice with small gradients the TPU
+# them into a reduce-scatter fusion (`reduce-scatter-combiner` and `all-gather-combiner` change nothing here). The
+# operands and the bytes do not change (checked) — only the number of calls does. On a small slice with small gradients the TPU
 # compiler may even reduce the FSDP gradients with one tuple all-reduce and keep each chip's shard: the table then
 # marks the per-op values as differing, and the `reductions` row (every logical reduction, wherever it went) is
 # what must agree. The FSDP all-gathers stay separate: each feeds a different layer's matmul, and the TPU runs them
@@ -426,6 +433,13 @@ if use_tpu and p.auto_sharding:
                               auto_metrics]).set_index("what"))
 
 # %% [markdown]
+# **Interpretation** (measured at the default sizes). The solver does not pick Megatron's two all-reduces: it moves
+# weight shards (all-gathers in, reduce-scatters of the weight gradients out) for about the same bytes on the wire
+# and much less memory per chip. It prices the whole graph, loss included: with the earlier harness loss
+# `(out * grad_out).sum()` — whose backward never waits for the output — it chose another plan (2 all-gathers,
+# 1 all-reduce, 1 reduce-scatter, 4.59 MB on the wire). A training step's real loss, computed from the output, is
+# the one to hand it.
+#
 # ### 4.2 · Exhaustive search: every (data, fsdp, tensor) mesh and weight layout
 # The Megatron MLP on a p-chip slice, each candidate compiled for the TPU; ranked by the bytes each chip puts on the
 # interconnect, then by memory per chip (`mesh` = the degrees data·fsdp·tensor). `search="small"` compiles up to four

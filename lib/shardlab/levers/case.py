@@ -242,11 +242,20 @@ def combining(case: StepCase, tpu: bool = True, generation: str = "v5e") -> dict
     return views
 
 
-def pass_effects(case: StepCase, generation: str = "v5e", passes: tuple[str, ...] = (*COMBINER_PASSES, "no-such-pass")
+def effect_passes(case: StepCase) -> tuple[str, ...]:
+    """The combiner passes of the collectives the step issues (``case.ops``: the DP step has no all-gather or
+    reduce-scatter to combine), then a made-up name as the control."""
+    return (*(q for q in COMBINER_PASSES if q.removesuffix("-combiner").replace("-", "_") in case.ops),
+            "no-such-pass")
+
+
+def pass_effects(case: StepCase, generation: str = "v5e", passes: tuple[str, ...] | None = None
                  ) -> tuple[pd.DataFrame, list[View]]:
     """Collective instructions (and operands) of the TPU program with each pass disabled on its own — a pass
-    name is verified when disabling it changes the program. Returns a DataFrame and the views compiled."""
+    name is verified when disabling it changes the program (``passes`` None: :func:`effect_passes`). Returns a
+    DataFrame and the views compiled."""
     rows, views = [], []
+    passes = effect_passes(case) if passes is None else passes
     for disabled in ((), *((q,) for q in passes)):
         view = harness.tpu(case, generation, disable_passes=disabled,
                            label=f"{case.mode} step without {disabled or 'nothing'}")

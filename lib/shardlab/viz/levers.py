@@ -123,10 +123,12 @@ def bucket_figure(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
 
 # -------------------------------------------------------------------------------------------------- overlap
 def window_table(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
-    """``overlap.exposed``'s per-collective rows summed per (op, form): collectives, bytes, matmuls in their
-    windows, communication and exposed µs."""
-    win = pd.DataFrame(rows, columns=["collective", "op", "form", "bytes", "matmuls_between", "comm_s", "exposed_s"])
-    return win.groupby(["op", "form"]).agg(collectives=("collective", "count"), bytes=("bytes", "sum"),
+    """``overlap.exposed``'s per-collective rows summed per (op, form): collectives, the torus axes their groups
+    span (most), bytes, matmuls in their windows, communication and exposed µs."""
+    win = pd.DataFrame(rows, columns=["collective", "op", "form", "axes", "bytes", "matmuls_between", "comm_s",
+                                      "exposed_s"])
+    return win.groupby(["op", "form"]).agg(collectives=("collective", "count"), axes=("axes", "max"),
+                                           bytes=("bytes", "sum"),
                                            matmuls_between=("matmuls_between", "sum"),
                                            comm_us=("comm_s", lambda s: s.sum() * 1e6),
                                            exposed_us=("exposed_s", lambda s: s.sum() * 1e6))
@@ -219,7 +221,7 @@ def summary_table(values: Callable[[str], Mapping[str, Any]], saving: pd.DataFra
     first = saving.iloc[0] if len(saving) else None
     ext, xla = step if step is not None else (None, None)
     dp = None if search is None or not (search["data"] == devices).any() else search[search["data"] == devices]
-    return pd.DataFrame([
+    return _plain(pd.DataFrame([
         {"lever": "combining: DP step all-reduces", "off": value(f"levers.combine.all_reduce.count{OFF}", "tpu"),
          "on": value("levers.combine.all_reduce.count", "tpu"), "unit": "instructions",
          "where": f"XLA:TPU (XLA:CPU: {value('levers.combine.all_reduce.count', 'hlo')}, no combiner)"},
@@ -245,4 +247,16 @@ def summary_table(values: Callable[[str], Mapping[str, Any]], saving: pd.DataFra
                   + ("" if search is None else f" ({search.iloc[0]['mesh']} {search.iloc[0]['layout']})")},
         {"lever": "fusion", "off": value("levers.fusion.kernels.cpu", "hlo"),
          "on": value("levers.fusion.kernels.tpu", "tpu"), "unit": "kernels", "where": "XLA:CPU / XLA:TPU, MLP block"},
-    ])
+    ]))
+
+
+def _plain(frame: pd.DataFrame) -> pd.DataFrame:
+    """The off / on columns as plain numbers (ints stay ints, floats to 4 significant digits), not one float format
+    for a column that mixes counts and bytes."""
+    def plain(v: Any) -> Any:
+        if v is None or isinstance(v, str) or pd.isna(v):
+            return v
+        return int(v) if float(v).is_integer() else float(f"{v:.4g}")
+
+    return frame.assign(**{c: pd.Series([plain(v) for v in frame[c]], index=frame.index, dtype=object)
+                           for c in ("off", "on")})
