@@ -11,8 +11,9 @@ from shardlab.levers import order as O
 from shardlab.memory import graph as G
 from shardlab.memory import roam
 from shardlab.memory import update_schedule as U
+from shardlab.memory.params import MemoryParams
 
-MLP2 = G.StepConfig(model="mlp", layers=2, hidden=16, ffn=64, seq=1, batch=8)
+MLP2 = MemoryParams(model="mlp", layers=2, hidden=16, ffn=64, step_seq=1, step_batch=8)
 
 
 def test_adam_matches_torch_optim() -> None:
@@ -77,7 +78,7 @@ def test_schedule_ilp_equals_brute_force(mlp2: G.StepGraph) -> None:
 
 
 def test_gpt2_fused_qkv_weights_are_one_unit() -> None:
-    step = G.trace_step(G.StepConfig(model="gpt2", layers=1, hidden=32, heads=2, seq=8, batch=1))
+    step = G.trace_step(MemoryParams(model="gpt2", layers=1, hidden=32, step_heads=2, step_seq=8, step_batch=1))
     up = U.plan(step)
     assert "0.attn.q.weight+0.attn.k.weight+0.attn.v.weight" in up.updates  # one stacked gradient buffer
     assert len(up.params) == 16 - 2 - 2  # q/k/v weights and biases: two units of three
@@ -87,7 +88,7 @@ def test_gpt2_fused_qkv_weights_are_one_unit() -> None:
 
 
 def test_roam_compare_small_step_reaches_the_optimum() -> None:
-    step = G.trace_step(G.StepConfig(model="mlp", layers=1, hidden=16, ffn=64, seq=1, batch=8))
+    step = G.trace_step(MemoryParams(model="mlp", layers=1, hidden=16, ffn=64, step_seq=1, step_batch=8))
     r = roam.compare(step, max_ops=20, unsplit_limit_s=120)
     best = O.extremes(step.graph).best.peak  # exact search over executed-operator sets
     assert r.unsplit is not None and r.unsplit.optimal and r.peaks["ilp_unsplit"] == best
@@ -95,8 +96,12 @@ def test_roam_compare_small_step_reaches_the_optimum() -> None:
     assert r.nodes == len(step.graph.ops)
 
 
-def test_bad_config_names_the_parameter() -> None:
+def test_bad_parameters_name_the_rule() -> None:
     with pytest.raises(ValueError, match="model='bert'"):
-        G.StepConfig(model="bert").validate()
-    with pytest.raises(ValueError, match="hidden=10 is not divisible by heads=4"):
-        G.StepConfig(hidden=10).validate()
+        MemoryParams(model="bert").validate()
+    with pytest.raises(ValueError, match="hidden=10 is not divisible by step_heads=4"):
+        MemoryParams(model="gpt2", hidden=10, step_heads=4).validate()
+    with pytest.raises(ValueError, match="min_ops=30 is more than max_ops=20"):
+        MemoryParams(min_ops=30).validate()
+    with pytest.raises(ValueError, match="values one of \\('eager', 'end'\\)"):
+        G.trace_step(MLP2, {"0.fc1.weight": "soon"})

@@ -521,7 +521,8 @@ class FsdpGspmdParams(FsdpParamsBase):
 
 
 # Modules that declare notebook parameter dataclasses (light: no torch_xla at import).
-PARAM_MODULES = ("shardlab.params", "shardlab.expert.params", "shardlab.pipeline.params", "shardlab.context.params")
+PARAM_MODULES = ("shardlab.params", "shardlab.expert.params", "shardlab.pipeline.params", "shardlab.context.params",
+                 "shardlab.memory.params")
 
 
 def notebook_params() -> dict[str, type[NotebookParams]]:

@@ -29,11 +29,11 @@ once there — built on *buffers* (storages), not on FX values:
 - parameters, Adam moments and the batch (graph inputs) are *resident*: never counted (Adam updates them in place);
   graph outputs (the loss) are counted and stay live to the end. Everything counted is a temporary of the step.
 
-Example (a two-layer MLP, batch 8, hidden 16, ffn 64; sizes from the storages)::
+Example (notebook 08b's default step: two MLP layers, batch 8, hidden 16, ffn 64)::
 
-    >>> step = trace_step(StepConfig(model="mlp", layers=2, hidden=16, ffn=64, seq=1, batch=8))  # doctest: +SKIP
-    >>> len(step.graph.ops), step.params[:2]                                                     # doctest: +SKIP
-    (47, ('0.fc1.weight', '0.fc1.bias'))
+    >>> step = trace_step(MemoryParams(layers=2, hidden=16, ffn=64, step_batch=8))
+    >>> step.nodes, step.params[:2]
+    (83, ('0.fc1.weight', '0.fc1.bias'))
 """
 
 from __future__ import annotations
@@ -45,72 +45,34 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
+from torch.multiprocessing.reductions import StorageWeakRef
 
+from shardlab import models
 from shardlab.levers.order import Graph, Op
+from shardlab.memory.params import MemoryParams
 
-MODELS = ("gpt2", "mlp")
 UPDATES = ("eager", "end")
 OPTIMIZERS = ("adam", "none")
 ADAM = {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8}
+DTYPE = torch.float32  # the step's element type (4 bytes: the peaks below are float32 bytes)
 
 
-@dataclass(frozen=True)
-class StepConfig:
-    """One training step of ``layers`` blocks on a [batch, seq, hidden] input (GPT-2 small: 768 / 12 / 3072)."""
-
-    model: str = "gpt2"  # "gpt2": TransformerBlock (attention + MLP); "mlp": MLP layers (fc1, GeLU, fc2)
-    layers: int = 1
-    hidden: int = 64
-    heads: int = 4
-    ffn: int | None = None  # default 4 * hidden
-    seq: int = 32
-    batch: int = 2
-    dtype: str = "float32"
-    optimizer: str = "adam"  # "adam": in-place Adam (step 1); "none": forward + backward, gradients as outputs
-    update: str = "end"  # where every Adam update runs (overridden per parameter by `schedule`)
-    seed: int = 0
-
-    @property
-    def ffn_size(self) -> int:
-        return self.ffn if self.ffn is not None else 4 * self.hidden
-
-    @property
-    def elem_bytes(self) -> int:
-        return torch.finfo(getattr(torch, self.dtype)).bits // 8
-
-    def validate(self) -> StepConfig:
-        if self.model not in MODELS:
-            raise ValueError(f"model={self.model!r} must be one of {MODELS}")
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"optimizer={self.optimizer!r} must be one of {OPTIMIZERS}")
-        if self.update not in UPDATES:
-            raise ValueError(f"update={self.update!r} must be one of {UPDATES}")
-        for name in ("layers", "hidden", "heads", "seq", "batch", "ffn_size"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name}={v!r} must be a positive int")
-        if self.model == "gpt2" and self.hidden % self.heads:
-            raise ValueError(f"hidden={self.hidden} is not divisible by heads={self.heads}")
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"dtype={self.dtype!r} must be 'float32' or 'bfloat16'")
-        return self
-
-
-GPT2_SMALL_BLOCK = StepConfig(model="gpt2", layers=1, hidden=768, heads=12, ffn=3072, seq=1024, batch=1)
-
-
-def build_model(cfg: StepConfig) -> torch.nn.ModuleList:
-    """The blocks on the current default device (``torch.device("meta")`` for tracing), seeded."""
-    from shardlab import models
-
-    cfg.validate()
+def build_model(p: MemoryParams) -> torch.nn.ModuleList:
+    """``p.layers`` blocks of ``p.model`` on the current default device (``torch.device("meta")`` for tracing),
+    seeded by ``p.seed``: GPT-2 blocks (h = ``p.hidden``, ``p.step_heads`` heads, ffn ``p.ffn``) or MLP layers."""
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(cfg.seed)
-        if cfg.model == "gpt2":
-            blocks = [models.TransformerBlock(cfg.hidden, cfg.heads, cfg.ffn_size) for _ in range(cfg.layers)]
+        torch.manual_seed(p.seed)
+        if p.model == "gpt2":
+            blocks = [models.TransformerBlock(p.hidden, p.step_heads, p.ffn) for _ in range(p.layers)]
         else:
-            blocks = [models.MLP(cfg.hidden, cfg.ffn_size) for _ in range(cfg.layers)]
-    return torch.nn.ModuleList(blocks).to(getattr(torch, cfg.dtype))
+            blocks = [models.MLP(p.hidden, p.ffn) for _ in range(p.layers)]
+    return torch.nn.ModuleList(blocks).to(DTYPE)
+
+
+def activation_shape(p: MemoryParams) -> tuple[int, int, int]:
+    """The step's input and target: [step_batch, step_seq, hidden]."""
+    return p.step_batch, p.step_seq, p.hidden
 
 
 def param_names(model: torch.nn.ModuleList) -> tuple[str, ...]:
@@ -132,21 +94,25 @@ def adam_(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, st
 Mark = Callable[[str], None]
 
 
-def train_step(cfg: StepConfig, model: torch.nn.ModuleList, x: torch.Tensor, target: torch.Tensor,
-               params: Sequence[torch.Tensor], ms: Sequence[torch.Tensor], vs: Sequence[torch.Tensor],
-               schedule: Mapping[str, str] | None = None, mark: Mark | None = None,
-               after_block: Callable[[torch.Tensor, list[int]], torch.Tensor] | None = None) -> list[torch.Tensor]:
+def train_step(model: torch.nn.ModuleList, x: torch.Tensor, target: torch.Tensor, params: Sequence[torch.Tensor],
+               ms: Sequence[torch.Tensor], vs: Sequence[torch.Tensor], schedule: Mapping[str, str] | None = None,
+               mark: Mark | None = None, after_block: Callable[[torch.Tensor, list[int]], torch.Tensor] | None = None,
+               update: str = "end", optimizer: str = "adam") -> list[torch.Tensor]:
     """Forward, block-by-block backward and Adam; returns ``[loss]`` (``optimizer="none"``: ``[loss, *grads]``).
 
     ``params`` / ``ms`` / ``vs`` follow :func:`param_names`; they are updated in place. ``schedule`` maps a parameter
-    name to "eager" or "end" (default ``cfg.update``). ``mark(tag)`` is called at every phase boundary;
+    name to "eager" or "end" (default ``update``). ``mark(tag)`` is called at every phase boundary;
     ``after_block(g, updated)`` may replace the gradient flowing to the next block after the eager updates of the
     parameters ``updated`` (indices) ran (the XLA build puts an optimization barrier there).
     """
+    if update not in UPDATES:
+        raise ValueError(f"update={update!r} must be one of {UPDATES}")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer={optimizer!r} must be one of {OPTIMIZERS}")
     names = param_names(model)
     if not (len(params) == len(ms) == len(vs) == len(names)):
         raise ValueError(f"{len(names)} parameters but params/ms/vs have {len(params)}/{len(ms)}/{len(vs)} tensors")
-    sched = {n: cfg.update for n in names} | dict(schedule or {})
+    sched = {n: update for n in names} | dict(schedule or {})
     bad = {k: v for k, v in sched.items() if k not in names or v not in UPDATES}
     if bad:
         raise ValueError(f"schedule {bad}: keys must be parameter names and values one of {UPDATES}")
@@ -175,7 +141,7 @@ def train_step(cfg: StepConfig, model: torch.nn.ModuleList, x: torch.Tensor, tar
             grads[i] = gi
         g = out[0] if b > 0 else g
         mark(f"backward:{b}")
-        eager = [i for i in per_block[b] if sched[names[i]] == "eager"] if cfg.optimizer == "adam" else []
+        eager = [i for i in per_block[b] if sched[names[i]] == "eager"] if optimizer == "adam" else []
         with torch.no_grad():
             for i in eager:
                 adam_(params[i], grads[i], ms[i], vs[i])  # type: ignore[arg-type]
@@ -183,7 +149,7 @@ def train_step(cfg: StepConfig, model: torch.nn.ModuleList, x: torch.Tensor, tar
                 mark(f"update:{names[i]}")
         if after_block is not None and b > 0:
             g = after_block(g, eager)
-    if cfg.optimizer == "none":
+    if optimizer == "none":
         return [loss, *grads]  # type: ignore[list-item]
     with torch.no_grad():
         for i, gi in enumerate(grads):
@@ -199,7 +165,7 @@ def train_step(cfg: StepConfig, model: torch.nn.ModuleList, x: torch.Tensor, tar
 class StepGraph:
     """A traced step: the DAG (program order = ``graph.order``), and what each operator belongs to."""
 
-    config: StepConfig
+    p: MemoryParams  # the sizes traced (model, layers, hidden, ffn, step_heads, step_seq, step_batch, seed)
     graph: Graph
     phase: dict[str, str]  # op -> "forward" | "backward:<block>" | "update:<param>"
     params: tuple[str, ...]
@@ -227,8 +193,6 @@ class StepGraph:
 
 
 def _storage_key(t: torch.Tensor) -> int:
-    from torch.multiprocessing.reductions import StorageWeakRef
-
     return StorageWeakRef(t.untyped_storage()).cdata
 
 
@@ -346,20 +310,17 @@ def _needs_token(ops: list[Op], d: int, ins: list[str]) -> bool:
     return not any(b in ins for b, _ in ops[d].outputs)
 
 
-def trace_step(cfg: StepConfig, schedule: Mapping[str, str] | None = None) -> StepGraph:
-    """Trace :func:`train_step` on meta tensors (fake mode): the step's DAG in program order."""
-    from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
-
-    cfg.validate()
-    dt = getattr(torch, cfg.dtype)
+def trace_step(p: MemoryParams, schedule: Mapping[str, str] | None = None, optimizer: str = "adam") -> StepGraph:
+    """Trace :func:`train_step` at ``p``'s step sizes on meta tensors (fake mode): the step's DAG in program order
+    (every update at the end unless ``schedule`` says "eager"; ``optimizer="none"``: forward + backward only)."""
     with torch.device("meta"):
-        model = build_model(cfg)
+        model = build_model(p)
         names = param_names(model)
-        params = [p.detach() for p in model.parameters()]
-        ms = [torch.empty_like(p) for p in params]
-        vs = [torch.empty_like(p) for p in params]
-        x = torch.empty(cfg.batch, cfg.seq, cfg.hidden, dtype=dt)
-        target = torch.empty(cfg.batch, cfg.seq, cfg.hidden, dtype=dt)
+        params = [w.detach() for w in model.parameters()]
+        ms = [torch.empty_like(w) for w in params]
+        vs = [torch.empty_like(w) for w in params]
+        x = torch.empty(activation_shape(p), dtype=DTYPE)
+        target = torch.empty(activation_shape(p), dtype=DTYPE)
     marks: list[tuple[str, int]] = []
 
     def mark(tag: str) -> None:
@@ -370,11 +331,11 @@ def trace_step(cfg: StepConfig, schedule: Mapping[str, str] | None = None) -> St
     n = len(params)
 
     def step(x: torch.Tensor, target: torch.Tensor, *flat: torch.Tensor) -> list[torch.Tensor]:
-        return train_step(cfg, model, x, target, flat[:n], flat[n:2 * n], flat[2 * n:], schedule, mark)
+        return train_step(model, x, target, flat[:n], flat[n:2 * n], flat[2 * n:], schedule, mark,
+                          optimizer=optimizer)
 
     gm = make_fx(step, tracing_mode="fake")(x, target, *params, *ms, *vs)
-    graph, phase, folded = dag_from_fx(gm, marks, name=f"{cfg.model} L={cfg.layers} step")
-    return StepGraph(cfg, graph, phase, names, {nm: p.numel() * p.element_size() for nm, p in zip(names, params,
-                                                                                                   strict=True)},
-                     len(gm.graph.nodes), folded,
-                     {nm: (schedule or {}).get(nm, cfg.update) for nm in names})
+    graph, phase, folded = dag_from_fx(gm, marks, name=f"{p.model} L={p.layers} step")
+    return StepGraph(p, graph, phase, names, {nm: w.numel() * w.element_size() for nm, w in zip(names, params,
+                                                                                                 strict=True)},
+                     len(gm.graph.nodes), folded, {nm: (schedule or {}).get(nm, "end") for nm in names})

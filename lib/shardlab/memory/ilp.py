@@ -47,6 +47,10 @@ from dataclasses import dataclass, field
 from functools import reduce
 from typing import Any
 
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.sparse import coo_array
+
 DEFAULT_TIME_LIMIT_S = 60.0
 
 
@@ -375,10 +379,6 @@ def solve(problem: Problem, time_limit_s: float = DEFAULT_TIME_LIMIT_S, mip_rel_
 
 
 def _solve(problem: Problem, time_limit_s: float, mip_rel_gap: float) -> Solution:
-    import numpy as np
-    from scipy.optimize import LinearConstraint, milp
-    from scipy.sparse import coo_array
-
     t0 = time.perf_counter()
     n = problem.n
     if n == 0:
@@ -494,8 +494,6 @@ def _solve(problem: Problem, time_limit_s: float, mip_rel_gap: float) -> Solutio
     ub = np.ones(nvar)
     fallback = greedy(problem)
     ub[pvar] = peak(problem, fallback) / unit  # only orders at least as good as greedy's
-    from scipy.optimize import Bounds
-
     res = milp(c, constraints=LinearConstraint(A, lo, hi), integrality=integrality, bounds=Bounds(lb, ub),
                options={"time_limit": float(time_limit_s), "mip_rel_gap": mip_rel_gap, "presolve": True})
     seconds = time.perf_counter() - t0

@@ -38,6 +38,14 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
+# torch_xla must not be imported before runtime.setup(): this module is imported by memory.flash / memory.case,
+# which the notebook imports after it
+import jax
+import jax._src.tpu_custom_call as tcc
+import jax.experimental.pallas.tpu  # noqa: F401  (registers Pallas's Mosaic lowering for the TPU platform)
+import torch
+import torch_xla.experimental.custom_kernel as ck
+
 MOSAIC_IR_VERSION = 7  # the newest Mosaic serialization libtpu 0.0.21 reads
 PLATFORM = "tpu"
 
@@ -49,11 +57,6 @@ def _trace_pallas_for_tpu(kernel: Callable[..., Any], *args: Any, static_argnums
     Same contract as the original (tensors become ``jax.ShapeDtypeStruct``; other arguments pass through; the
     payload cache is used the same way), with ``lower(lowering_platforms=("tpu",))`` instead of the default backend.
     """
-    import jax
-    import jax._src.pallas.mosaic.pallas_call_registration  # noqa: F401  (registers the Mosaic lowering)
-    import torch
-    import torch_xla.experimental.custom_kernel as ck
-
     jax_args, tensor_args = [], []
     for arg in args:
         if torch.is_tensor(arg):
@@ -63,8 +66,6 @@ def _trace_pallas_for_tpu(kernel: Callable[..., Any], *args: Any, static_argnums
             jax_args.append(arg)
     key: tuple[Any, ...] = ()
     if use_cache:  # keyed like the original, plus the IR version in force (the original's key has neither)
-        import jax._src.tpu_custom_call as tcc
-
         key = (PLATFORM, tcc.get_ir_version is _ir_version, jax.config.jax_default_matmul_precision, kernel,
                static_argnums,
                tuple(static_argnames) if static_argnames is not None else static_argnames, tuple(jax_args),
@@ -85,16 +86,8 @@ def _ir_version(ctx: Any) -> int:
     return MOSAIC_IR_VERSION
 
 
-def _targets() -> tuple[Any, Any]:
-    import jax._src.tpu_custom_call as tcc
-    import torch_xla.experimental.custom_kernel as ck
-
-    return ck, tcc
-
-
 def patched() -> dict[str, bool]:
     """Which of the two fixes are in force: ``{"platform": ..., "ir_version": ...}``."""
-    ck, tcc = _targets()
     return {"platform": ck.trace_pallas is _trace_pallas_for_tpu, "ir_version": tcc.get_ir_version is _ir_version}
 
 
@@ -108,9 +101,6 @@ def pallas_for_tpu_compile(active: bool = True, platform: bool = True, ir_versio
     if not active:
         yield
         return
-    import jax
-
-    ck, tcc = _targets()
     saved = ck.trace_pallas, tcc.get_ir_version
     changes_version = ir_version and tcc.get_ir_version is not _ir_version
     if changes_version:

@@ -32,7 +32,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from shardlab.levers import order as order_mod
 from shardlab.memory import ilp
+from shardlab.memory import update_schedule as us
 
 DEFAULT_MAX_OPS = 20
 DEFAULT_MIN_OPS = 8
@@ -210,9 +212,6 @@ def compare(step: Any, max_ops: int = DEFAULT_MAX_OPS, min_ops: int = DEFAULT_MI
     ``schedule``: "best" (the update-schedule ILP), "end" or "eager" for every unit. ``unsplit_limit_s=None``
     skips the unsplit integer program.
     """
-    from shardlab.levers import order as order_mod
-    from shardlab.memory import update_schedule as us
-
     if schedule not in ("best", "end", "eager"):
         raise ValueError(f"schedule={schedule!r} must be 'best', 'end' or 'eager'")
     g = step.graph

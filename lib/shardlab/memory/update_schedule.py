@@ -37,6 +37,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+
 from shardlab.levers import order as order_mod
 
 
@@ -151,9 +154,6 @@ def peak_of(step: Any, up: UpdatePlan, schedule: Mapping[str, str]) -> int:
 
 def best_schedule(step: Any, up: UpdatePlan | None = None, time_limit_s: float = 60.0) -> ScheduleResult:
     """The schedule of smallest peak for the base order (module note), from scipy ``milp``."""
-    import numpy as np
-    from scipy.optimize import Bounds, LinearConstraint, milp
-
     t0 = time.perf_counter()
     up = up or plan(step)
     g = step.graph

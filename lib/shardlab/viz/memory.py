@@ -8,6 +8,8 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from shardlab.levers import order as order_mod
+from shardlab.profile import tpu
 from shardlab.viz.common import PALETTE
 
 MIB = 2**20
@@ -22,8 +24,6 @@ def order_profiles_figure(graph: Any, orders: Mapping[str, Sequence[str]], phase
                           title: str = "Live temporaries while the step runs, one line per operator order"
                           ) -> go.Figure:
     """Bytes live during each operator (``levers.order.peak``) for every order; the program order's phases shaded."""
-    from shardlab.levers import order as order_mod
-
     fig = go.Figure()
     for i, (name, order) in enumerate(orders.items()):
         prof = order_mod.peak(graph, order)
@@ -91,8 +91,6 @@ def flash_figure(rows: Sequence[Any], title: str = "Attention core, forward + ba
 
 
 def _capacity(rows: Sequence[Any]) -> int | None:
-    from shardlab.profile import tpu
-
     try:
         return tpu.get_topology(rows[0].topology).hbm_bytes
     except ValueError:
