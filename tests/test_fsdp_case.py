@@ -198,3 +198,45 @@ def test_designs_frame_flat_columns() -> None:
     assert list(frame["flat unit, root (FSDP1)"]) == [1032, 0, 8256, 9288]
     assert list(frame["flat unit, not root (FSDP1)"]) == [1032, 1032, 8256, 10320]
     assert "skipped" not in frame
+
+
+@pytest.mark.xla
+@pytest.mark.parametrize("spec,nbytes", [
+    (("fsdp", None), 2 * 50 * 4),  # FSDP2's rule: ceil(10/8) = 2 rows x 50, f32 — the padded dim-0 shard
+    ((None, "fsdp"), 10 * 7 * 4),  # columns instead: ceil(50/8) = 7 columns x 10 rows
+    ((None, None), 0),  # replicated already: nothing to gather
+])
+def test_unshard_case_moves_the_annotated_shard(xla_world, spec, nbytes) -> None:  # type: ignore[no-untyped-def]
+    from shardlab.fsdp.case import UnshardCase
+
+    view = harness.hlo(UnshardCase(FsdpGspmdParams(), (10, 50), spec))
+    assert view.ran, view.skipped
+    assert view["unshard.all_gather.bytes"] + view["unshard.all_reduce.bytes"] == nbytes
+
+
+def test_unshard_case_rejects_a_bad_spec() -> None:
+    from shardlab.fsdp.case import UnshardCase
+
+    for spec in (("fsdp",), ("data", None), ("fsdp", "fsdp")):
+        with pytest.raises(ValueError, match="must name one entry per dim of the parameter"):
+            UnshardCase(FsdpGspmdParams(), (10, 50), spec)
+
+
+def test_code_exercises_grade_by_running() -> None:
+    """05 #7 (FSDP1's shard by hand, against PyTorch's FlatParamHandle) and 05b #6 (FSDP2's annotation): a right
+    answer passes, a plausible wrong one gets the hint."""
+    import torch
+
+    from shardlab.exercises import Exercises
+
+    def chunk_rule(flat, rank, world_size):  # type: ignore[no-untyped-def]
+        c = -(-flat.numel() // world_size)
+        shard = flat[rank * c:(rank + 1) * c]
+        return torch.cat([shard, flat.new_zeros(c - shard.numel())])
+
+    def even_split(flat, rank, world_size):  # type: ignore[no-untyped-def]  # tensor_split: 3, 3, 2, 2 — not FSDP1's
+        return torch.tensor_split(flat, world_size)[rank]
+
+    ex = Exercises("05_fsdp_flat_params")
+    assert ex.grade(7, chunk_rule) == "exercise 7: right"
+    assert ex.grade(7, even_split).startswith("exercise 7: not quite")

@@ -299,3 +299,15 @@ def test_bad_layers() -> None:
         M.BlockList([a, b], "loop")
     with pytest.raises(ValueError, match=r"w_down has shape \[2, 8, 8\]"):
         M.StackedBlocks(torch.zeros(2, 8, 16), torch.zeros(2, 8, 8))
+
+
+def test_shard_as_by_hand_exercise() -> None:
+    """06 #7: the reduce-scatter is graded right; an all-reduce + slice gets the same numbers through the 1-D
+    gradient and is graded wrong (the collectives differ); a wrong sum is wrong."""
+    from shardlab.exercises import Exercises
+
+    ex = Exercises("06_scan_shard_as")
+    assert ex.grade(7, lambda comm, x, dh: comm.reduce_scatter(x.T @ dh)) == "exercise 7: right"
+    assert ex.grade(7, lambda comm, x, dh: comm.all_reduce(x.T @ dh)[4 * comm.rank:4 * comm.rank + 4]) \
+        .startswith("exercise 7: not quite")
+    assert ex.grade(7, lambda comm, x, dh: comm.reduce_scatter(dh.T @ x).T) != "exercise 7: right"  # F split

@@ -95,9 +95,10 @@ if rows is not None:
 # its size grows with L, by a few instructions per layer instead of a whole block. Pre-stacked `scan` holds
 # weights as `[L, …]` parameters, so the program is the same for every L — only shapes change (checked).
 #
-# The seconds follow the loop's size: its compile time grows with L, pre-stacked scan's stays flat, and somewhere
-# between the sweep's points the loop overtakes it. `scan_layers` is the exception on this CPU: it compiled
-# *slower* than the loop in every run we made, although its program is smaller — the published TPU figures
+# The seconds follow the loop's size: its compile time grows with L, pre-stacked scan's barely moves, and
+# somewhere between the sweep's points the loop overtakes it. `scan_layers` is the exception on this CPU: it
+# compiled *slower* than the loop at every L in every run we made, although at large L its program is a fraction of
+# the loop's — the published TPU figures
 # ([PyTorch/XLA's scan guide](https://docs.pytorch.org/xla/release/r2.8/features/scan.html): a 50-layer decoder
 # on one TPU chip, 1 min 03 s with a Python loop, 19 s with `scan_layers`) are about XLA:TPU, and that ordering
 # does not transfer to XLA:CPU. What does transfer: the *graph sizes*, backend-independent up to the CPU outlining
@@ -287,41 +288,34 @@ S.story_frame(full, S.FULL_SIZE)
 Markdown(S.story_text(full, S.FULL_SIZE))
 
 # %% [markdown]
-# **The seed, reproduced.** Without `shard_as` the compiler refuses the step. Its two largest allocations are the
-# two stacked gradient buffers — the seed's `[126, 4K, 16K]` for q_proj and its transpose for o_proj, **1-D**:
-# all-reduced over fsdp, split only over tensor. Their labels (`broadcast(constant)`) say what they are: the
-# zero-initialised stacks the backward `While` writes each layer's gradient into; the two alone exceed the chip,
-# and the compiler stopped at the program (its message lists the arguments as "0B": not evaluated). With
-# `shard_as` the same step fits, and each layer's gradient leaves **2-D**, 1/64 of the layer per chip.
+# **The seed, reproduced.** Without `shard_as` the compiler refuses the step, and its two largest allocations are
+# the seed's buffers: the stacked gradients of q_proj and o_proj, **1-D** (all-reduced over fsdp, split only over
+# tensor), the zero-initialised stacks (`broadcast(constant)`) the backward `While` writes each layer's gradient
+# into (checked against the formula's `[126, 16384/tensor, 16384]`). With `shard_as` the step fits and each
+# layer's gradient leaves **2-D**. The contrasts explain it:
 #
-# **The contrasts explain it.**
+# * **held**: the same 1-D stacks leave the step as *outputs*. The compiler's capacity check counts arguments
+#   and temporaries, not outputs, so the compile succeeds — but the step could not run: a compile error turned
+#   into a program that fails later.
+# * **update** (held): `shard_as` off and on give the same program, the updated weights 2-D. The update is
+#   elementwise with the 2-D weight, so sharding propagation asks for the gradient sharded like the weight and
+#   carries that back into the backward loop.
+# * **in_graph_update**, the seed's real training step: both compile and leave 2-D, with no 1-D stack —
+#   propagation finds the weight's sharding here too — but not the same program: without `shard_as` it needs more
+#   temporaries.
+# * **seed_layout**: the seed's activation layout fails the same way, the 1-D stacks oriented on the activation's
+#   side (tensor kept on q's *input* dim), and fits with `shard_as`.
 #
-# * **Held stacking**: without `shard_as` the 1-D stacks leave the step as *outputs*, and the compile succeeds —
-#   the compiler's capacity check counts arguments and temporaries, not outputs — but the program needs more than
-#   the chip at its peak and could not run. The same 1-D stack, moved from a temporary to an output, turns a
-#   compile error into a program that fails later.
-# * **An update in the graph, held stacking**: `shard_as` off and on give the same program, and the updated
-#   weights leave 2-D. The update is elementwise with the 2-D weight, so sharding propagation asks for the
-#   gradient sharded like the weight and carries that back into the backward loop.
-# * **An update in the graph, in-graph stacking** — the seed's real training step: both compile, both leave the
-#   updated weights 2-D with no 1-D stack in the program — propagation finds the weight's sharding here too — but
-#   they are *not* the same program: without `shard_as` it needs more temporaries (the numbers above).
-# * **The seed's activation layout**: the same out-of-memory error, the 1-D stacks now oriented on the
-#   activation's side (tensor kept on q's *input* dim); with `shard_as` it fits, 2-D.
+# So on this compiler (libtpu 0.0.21), at this size and mesh (fsdp 16 × tensor 4, batch 16 × 1024, q and o, SGD):
+# `shard_as` decides whether the step compiles when it ends at the gradients (returned, or sliced back out per
+# layer as `scan_layers` does), with either activation layout; with the optimizer's update in the same graph the
+# step compiles and leaves 2-D either way, and with in-graph stacking `shard_as` still saves temporaries. Another
+# optimizer, mesh or model was not compiled here. The 1-D buffer is `[126, 16384/tensor, 16384]`: tensor = 8
+# would halve it (the table above, mesh (32, 8)).
 #
-# So on this compiler (libtpu 0.0.21), at this size and mesh (fsdp 16 × tensor 4, batch 16 × 1024, q and o only,
-# SGD), `shard_as` decides whether the step compiles when the step ends at the gradients — returned, or sliced back
-# out per layer as `scan_layers` does: then the 1-D stack is either a temporary that does not fit (in-graph, with
-# either activation layout: a compile error) or an output that does not fit (held: compiles, cannot run). With
-# the optimizer's update in the same graph the step compiles and leaves 2-D either way, and with in-graph stacking
-# `shard_as` still saves temporaries. Another optimizer, mesh or model was not compiled here. The formula's
-# dependence on the mesh holds at full size too: the 1-D buffer is `[126, 16384/tensor, 16384]`, so tensor = 8
-# halves it (the table above, mesh (32, 8)).
-#
-# The same compiles at this notebook's size (the parameters' mesh, L = `layers`, bf16) run in a few seconds:
-# nothing is near the capacity, but the shardings are the same — 1-D without `shard_as` and without an update,
-# 2-D otherwise (checked for every case), identical programs with held stacking and the update (checked); with
-# in-graph stacking and the update compare the temporaries column.
+# The same compiles at this notebook's size (its mesh, L = `layers`, bf16) take a few seconds: nothing is near the
+# capacity, but the shardings are the same (checked for every case), and held + update gives identical programs
+# (checked); for in-graph + update compare the temporaries column.
 
 # %%
 S.small_story(rec, p)  # a v6e slice of fsdp x tensor chips (a helper process if that is not this process's count)
