@@ -3,21 +3,25 @@
 Design note
 -----------
 scan over L layers keeps every per-layer weight (and its gradient) in one *stacked* array
-``W[L, d_in, d_out]``.  On a 2-D mesh (fsdp F, tensor T) the weight is sharded ``W[∅, I_F, J_T]`` (layer axis
-replicated, ``d_in`` over fsdp, ``d_out`` over tensor), so one device holds ``L·d_in·d_out / (F·T)`` elements.
+``W[L, d_in, d_out]``.  On a 2-D mesh (fsdp, tensor) — an axis's name also stands for its size — the weight is
+sharded ``W[∅, I_fsdp, J_tensor]`` (layer axis replicated), so one device holds ``L·d_in·d_out / (fsdp·tensor)``
+elements.
 
 The 405B OOM: the per-layer gradient ``dW_l[d_in, d_out]`` leaves the backward body all-reduced over fsdp but
-still sharded over tensor — the 1-D sharding ``dW[I, J_T]`` (XLA prints it ``devices=[1,T,F]
+still sharded over tensor — the 1-D sharding ``dW[I, J_tensor]`` (XLA prints it ``devices=[1,tensor,fsdp]
 last_tile_dim_replicate``).  Written into the stacked gradient it forces the whole ``[L, d_in, d_out]`` array
-to that sharding: ``L·d_in·d_out / T`` elements per device, F times the 2-D cost.  ``shard_as(w, dw)`` in
-``Scan.backward`` makes the gradient inherit the weight's 2-D sharding and removes the factor F.
+to that sharding: ``L·d_in·d_out / tensor`` elements per device, fsdp times the 2-D cost.  ``shard_as(w, dw)``
+in ``Scan.backward`` makes the gradient inherit the weight's 2-D sharding and removes the factor fsdp.
 
 Why the gradient is 1-D (the root cause): ``dW = xᵀ · dy`` contracts over the batch, and the batch is split over
-fsdp: ``xᵀ[H, B_fsdp] · dy[B_fsdp, F_tensor] = dW[H, F_tensor]{U_fsdp}`` — each device holds a partial sum, and the
-contracted mesh axis (fsdp) is gone from the result's tiling.  Nothing asks for it back, so the partitioner
-finishes with an **all-reduce over fsdp** (:func:`grad_reduction`); ``shard_as`` asks for ``dW[H_fsdp, F_tensor]``
-and gets a **reduce-scatter over fsdp** instead.  The backward ``While`` carries the stacked gradient as one
-loop-state array with one sharding, so the per-layer choice becomes the whole ``[L, H, F]`` buffer's.
+fsdp: ``xᵀ[h, b_fsdp] · dy[b_fsdp, F_tensor] = dW[h, F_tensor]{U_fsdp}`` (F: the MLP width) — each device holds a
+partial sum, and the contracted mesh axis (fsdp) is gone from the result's tiling.  Nothing asks for it back, so
+the partitioner finishes with an **all-reduce over fsdp** (:func:`grad_reduction`); ``shard_as`` asks for
+``dW[h_fsdp, F_tensor]`` and gets a **reduce-scatter over fsdp** instead.  The backward ``While`` carries the
+stacked gradient as one loop-state array with one sharding, so the per-layer choice becomes the whole ``[L, h, F]``
+buffer's. With the seed's activation layout (x[b_fsdp, s, h_tensor], torchprime's ``[fsdp, null, tensor]``) both
+result dims of ``xᵀ[h_tensor, b_fsdp] · dy[b_fsdp, F_tensor]`` ask for tensor: the 1-D gradient keeps it on one of
+them — the same bytes either way, the orientation the compiler's choice (not predicted here).
 
 The ``nn.Linear`` trap (:func:`flattened_rows`): ``F.linear`` on ``x[B_fsdp, S_tensor, H]`` reshapes to a 2-D
 ``[B·S, H]`` dot; the merged dim keeps both splits only when each device's (B, S) block is contiguous in B·S.
@@ -57,8 +61,8 @@ class StackedBytes(NamedTuple):
     d_out: int
     dtype: str
     total_bytes: int  # layers · d_in · d_out · itemsize (the whole logical array)
-    shards: int  # number of distinct pieces the array is cut into (F·T for 2-D, T for 1-D, 1 replicated)
-    replicas: int  # copies of each piece (1 for 2-D, F for 1-D, F·T replicated)
+    shards: int  # number of distinct pieces the array is cut into (fsdp·tensor for 2-D, tensor for 1-D, 1 replicated)
+    replicas: int  # copies of each piece (1 for 2-D, fsdp for 1-D, fsdp·tensor replicated)
     per_device_bytes: int  # total_bytes / shards (rounded up per dim, as XLA pads uneven tiles)
 
 
@@ -79,7 +83,8 @@ def stacked_bytes(
 ) -> StackedBytes:
     """Bytes per device of a stacked ``[layers, d_in, d_out]`` array on mesh (fsdp, tensor).
 
-    ``2d``: ``W[∅, I_F, J_T]``; ``1d``: ``W[∅, I, J_T]`` (all-reduced over fsdp, the pre-shard_as gradient);
+    ``2d``: ``W[∅, I_fsdp, J_tensor]``; ``1d``: ``W[∅, I, J_tensor]`` (all-reduced over fsdp, the pre-shard_as
+    gradient);
     ``replicated``: every device holds everything.  Uneven dims are padded per device, as XLA does.
 
     >>> stacked_bytes(8, 256, 1024, fsdp=2, tensor=4, sharding="2d").per_device_bytes  # 8·128·256·4
@@ -182,7 +187,7 @@ class GradReduction(NamedTuple):
 def grad_reduction(weight_shapes: list[tuple[int, int]], fsdp: int, tensor: int, shard_as: bool,
                    dtype: str = "float32") -> GradReduction:
     """What finishes ``dW = xᵀ·dy`` per layer: the batch (contracted) is split over fsdp, so each device holds a
-    partial sum of its ``[d_in, d_out/T]`` tile; off: all-reduce over fsdp, on: reduce-scatter over fsdp.
+    partial sum of its ``[d_in, d_out/tensor]`` tile; off: all-reduce over fsdp, on: reduce-scatter over fsdp.
 
     >>> r = grad_reduction([(128, 512), (512, 128)], fsdp=2, tensor=4, shard_as=False)
     >>> r.op, r.count, r.operand_elements, r.result_elements           # 2 · 128 · 512/4, nothing scattered
@@ -218,10 +223,11 @@ class FlattenedRows(NamedTuple):
 def flattened_rows(batch: int, seq: int, fsdp: int, tensor: int) -> FlattenedRows:
     """Rows each device multiplies when ``F.linear`` flattens ``x[B_fsdp, S_tensor, H]`` to a 2-D dot.
 
-    Device (i, j) holds batch rows ``[i·B/F, (i+1)·B/F)`` and sequence positions ``[j·S/T, (j+1)·S/T)``; in the
-    merged index ``b·S + s`` that block is contiguous only when it spans one batch row (B/F = 1) or all of S
-    (T = 1). Otherwise a tiling of B·S cannot describe it: the merged dim keeps the major (batch) split only,
-    the sequence split is undone (gathered), and each device multiplies T times the rows.
+    Device (i, j) holds batch rows ``[i·B/fsdp, (i+1)·B/fsdp)`` and sequence positions ``[j·S/tensor,
+    (j+1)·S/tensor)``; in the merged index ``b·S + s`` that block is contiguous only when it spans one batch row
+    (B/fsdp = 1) or all of S (tensor = 1). Otherwise a tiling of B·S cannot describe it: the merged dim keeps the
+    major (batch) split only, the sequence split is undone (gathered), and each device multiplies tensor times the
+    rows.
 
     >>> flattened_rows(8, 8, fsdp=2, tensor=4).rows_per_device  # 4 batch rows per device: only the batch split
     32
@@ -247,8 +253,8 @@ class SeedCase(NamedTuple):
     tensor: int
     dtype: str
     total_bytes: int  # the logical [L, h, h] array
-    one_d_shape: tuple[int, int, int]  # per chip, all-reduced over fsdp: [L, h/T, h]
-    two_d_shape: tuple[int, int, int]  # per chip, sharded like the weight: [L, h/T, h/F]
+    one_d_shape: tuple[int, int, int]  # per chip, all-reduced over fsdp: [L, h/tensor, h]
+    two_d_shape: tuple[int, int, int]  # per chip, sharded like the weight: [L, h/tensor, h/fsdp]
     one_d_per_chip_bytes: int
     two_d_per_chip_bytes: int
     hbm_usable_bytes: int  # what the XLA:TPU compiler lets one chip's program use (data/hardware)
@@ -282,7 +288,7 @@ def seed_case(fsdp: int = 64, tensor: int = 4, dtype: str = "bfloat16", topology
         raise ValueError(f"mesh fsdp={fsdp} × tensor={tensor} = {fsdp * tensor} does not tile the {chips} chips "
                          f"of {topology}")
     L, h = m.layers, m.hidden
-    # stacked_bytes(layers, d_in, d_out): "2d" = [L, d_in/F, d_out/T], "1d" = [L, d_in, d_out/T]
+    # stacked_bytes(layers, d_in, d_out): "2d" = [L, d_in/fsdp, d_out/tensor], "1d" = [L, d_in, d_out/tensor]
     one = stacked_bytes(L, h, h, fsdp, tensor, "1d", dtype)
     two = stacked_bytes(L, h, h, fsdp, tensor, "2d", dtype)
     rows = ceil_div(h, tensor)
