@@ -162,17 +162,16 @@ elif not p.gloo_world:
 # %% [markdown]
 # **Interpretation.** At a fixed total size the time grows with m: every call pays α again. The α–β model
 # $T = m\,\alpha + n\,e/\beta$ (e bytes per element; least squares over all points, relative residuals) separates
-# the per-call cost from
-# the per-byte cost; R² and the residual say how well two numbers describe this noisy, shared machine. On a TPU
-# the per-call cost is smaller (ICI, no kernel launches through a host), but it is never zero — which is why the
-# compiler bothers to combine.
+# the per-call cost from the per-byte cost; R² and the residual say how well two numbers describe this noisy,
+# shared machine. On a TPU the per-call cost is smaller (ICI, no kernel launches through a host), but it is never
+# zero — which is why the compiler bothers to combine.
 #
 # ### 1.3 · Hand-made buckets in the ledger
 # DDP's rule (torch 2.9, `Reducer::rebuild_buckets` after the first iteration): take the gradients in the order they
 # become ready (about reverse parameter order); close the open bucket once it holds at least its limit — and
 # all-reduce each bucket as one flat tensor. The first bucket has its own, small limit, `bucket_first_bytes` (1 MiB,
-# `dist._DEFAULT_FIRST_BUCKET_BYTES`: the first gradients are ready early, so their all-reduce can start early); every
-# later bucket closes at `bucket_bytes` (`bucket_cap_mb`, 25 MiB by default). DDP uses the small first limit only
+# `dist._DEFAULT_FIRST_BUCKET_BYTES`: the first gradients to become ready leave in a small bucket, so the first
+# all-reduce starts early); every later bucket closes at `bucket_bytes` (`bucket_cap_mb`, 25 MiB by default). DDP uses the small first limit only
 # when `bucket_cap_mb` is left at its default; passed explicitly, it is every bucket's limit — as in the curve below,
 # which varies it. The formula predicts the number of buckets; PyTorch's own assignment function
 # (`dist._compute_bucket_assignment_by_size`) checks the rule; the ledger — every rank's `bucketed_all_reduce` in a
@@ -301,14 +300,13 @@ if use_tpu:
 # matmul in their window, and the gradient reduce-scatters are decomposed into rings of asynchronous
 # collective-permutes interleaved with the gradient matmuls. The model then hides most of the communication; with
 # the scheduler off the all-gathers are synchronous, half of the permute windows are empty, and most of it is
-# exposed. The decomposition is XLA's *windowed einsum*: a `while` loop whose body multiplies one
-# chunk while the previous chunk's partial sums travel to the neighbour (the loop names say
-# `windowed_dot_general_body_rs`). Its body runs once per iteration, so the model prices it trip count × body —
-# and the priced FLOPs then equal the step's 2·(B/p)·h²·(3L−1) worked out by hand (checked above). The
-# compiler's own cost analysis counts a loop body once: it reports fewer FLOPs than the step performs. Overlap is
-# not free: buffers in flight raise the peak (printed above: at the defaults 81 MiB with the scheduler on against
-# 60 MiB off). With small sizes (try `overlap_hidden=512`)
-# there is little compute to hide behind and the two schedules come out close.
+# exposed. The decomposition is XLA's *windowed einsum*: a `while` loop whose body multiplies one chunk while the
+# previous chunk's partial sums travel to the neighbour (the loop names say `windowed_dot_general_body_rs`). Its
+# body runs once per iteration, so the model prices it trip count × body — and the priced FLOPs then equal the
+# step's 2·(B/p)·h²·(3L−1) worked out by hand (checked above). The compiler's own cost analysis counts a loop body
+# once: it reports fewer FLOPs than the step performs. Overlap is not free: buffers in flight raise the peak
+# (printed above: at the defaults 81 MiB with the scheduler on against 60 MiB off). With small sizes (try
+# `overlap_hidden=512`) there is little compute to hide behind and the two schedules come out close.
 #
 # ## 3 · Memory order
 # ### 3.1 · The toy: every order of four operators
