@@ -27,10 +27,13 @@ report: $(STAMP)
 baseline: $(STAMP)
 	$(PY) -m shardlab report --out $(OUT) --overwrite --jobs $(JOBS) --update-baseline
 
+# Two pytest workers (one per core), a test file never split across them (module fixtures run once).
+TEST_JOBS ?= 2
+
 test: $(STAMP)
 	$(PY) tools/build_notebooks.py --check
 	$(PY) -m ruff check lib tests tools notebooks/src
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile
 
 notebooks: $(STAMP)
 	$(PY) tools/build_notebooks.py
