@@ -417,7 +417,7 @@ class ScanParams(NotebookParams):
 
     NOTEBOOK: ClassVar[str] = "06_scan_shard_as"
 
-    layers_sweep: list = field(default_factory=lambda: [2, 16, 32])  # L values of the compile curves, each >= 2
+    layers_sweep: list = field(default_factory=lambda: [2, 8, 64])  # L values of the compile curves, each >= 2
     layers: int = 4  # L of the shard_as sections, the small seed story and the trace transfers (>= 2)
     hidden: int = 64  # h: W_up [h, F] is split h over fsdp
     ffn: int = 256  # F: split over tensor

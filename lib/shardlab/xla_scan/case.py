@@ -455,11 +455,13 @@ def shard_as_views(rec: Recorder, p: ScanParams, layout: str = "batch") -> tuple
     for tag in ("on", "off"):
         case = ScanCase(p, p.layers, shard_as=tag == "on", layout=layout)
         views[tag] = harness.views(case, ("formula", "hlo", "tpu"))
-        frames.append(harness.record(rec, f"{prefix}.{tag}", *views[tag], show=False))
-    for tag in ("on", "off"):
-        for v in views[tag]:
-            if not v.ran:
-                print(f"[{v.source}] {prefix}.{tag} skipped: {v.skipped}")
+        # the batch layout prints its notes and differences (record's default); the seed's, only the skips (its
+        # differences are the orientation notes layout_notes prints once each)
+        frames.append(harness.record(rec, f"{prefix}.{tag}", *views[tag], show=layout == "batch"))
+        if layout != "batch":
+            for v in views[tag]:
+                if not v.ran:
+                    print(f"[{v.source}] {prefix}.{tag} skipped: {v.skipped}")
     return views, pd.concat(frames, ignore_index=True)
 
 
