@@ -132,17 +132,6 @@ def _traces(sub: Any, x: str, group_cols: Sequence[str]) -> list[Any]:
     return traces
 
 
-def chart(frame: Any, x: str, name: str, title: str | None = None) -> Any:
-    """One measurement ``name`` vs parameter ``x``."""
-    sub = frame[(frame["name"] == name) & frame["value"].notna() & frame[x].notna()]
-    others = [c for c in frame.columns if c not in (*OTHER_COLS, x) and sub[c].nunique(dropna=True) > 1]
-    fig = go.Figure(_traces(sub, x, others))
-    unit = sub["unit"].iloc[0] if len(sub) else ""
-    fig.update_layout(title=title or f"{name} vs {x}", xaxis_title=x, yaxis_title=f"{name} ({unit})", height=420,
-                      margin=dict(l=10, r=10, t=50, b=10))
-    return fig
-
-
 def charts(frame: Any, x: str, names: Sequence[str] | None = None, title: str | None = None) -> list[Any]:
     """A figure of every numeric measurement vs ``x`` with a dropdown (one figure; [] if nothing to draw)."""
     if x not in frame.columns:
@@ -151,8 +140,6 @@ def charts(frame: Any, x: str, names: Sequence[str] | None = None, title: str | 
     names = list(dict.fromkeys(ok["name"])) if names is None else [n for n in names if n in set(ok["name"])]
     if not names:
         return []
-    if len(names) == 1:
-        return [chart(frame, x, names[0], title)]
     traces, owner = [], []
     for i, name in enumerate(names):
         sub = ok[ok["name"] == name]
@@ -171,7 +158,7 @@ def charts(frame: Any, x: str, names: Sequence[str] | None = None, title: str | 
                       yaxis_title=f"{names[0]} ({units[names[0]]})", height=480,
                       margin=dict(l=10, r=10, t=110, b=10), title_y=0.97,
                       updatemenus=[dict(buttons=buttons, direction="down", x=0, xanchor="left", y=1.02,
-                                        yanchor="bottom", showactive=True)])
+                                        yanchor="bottom", showactive=True)] if len(names) > 1 else [])
     return [fig]
 
 

@@ -1,12 +1,8 @@
 """The report's data types: what a run is asked to do, what each notebook gave, and the whole report.
 
-Design note
------------
-Everything else in ``shardlab.report`` imports these types *downward*: ``runner`` fills them, ``rundir``
-writes the manifest from them, ``html`` renders them.
-This module imports only the lower layers it names in its fields (``execute.Execution``,
-``baseline.Diff``), so the package has no import cycle. The exit codes live here once; the CLI
-(``shardlab/__main__.py``) and :attr:`Report.exit_status` both use them:
+Design note: ``runner`` fills these types, ``rundir`` writes the manifest from them, ``html`` renders them; this
+module imports only ``execute.Execution`` and ``baseline.Diff`` (no import cycle). The exit codes live here once
+(the CLI and :attr:`Report.exit_status` use them):
 
     EXIT_OK      0  every notebook passed, no structural regression
     EXIT_FAILED  1  a notebook failed (error, timeout, failed check, missing record) or a structural value

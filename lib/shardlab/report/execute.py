@@ -21,6 +21,7 @@ Kernel environment: ``TF_CPP_MIN_LOG_LEVEL=2`` (hides the GSPMD warning per comp
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -75,21 +76,13 @@ class Execution:
 
 def kill_tree(proc: subprocess.Popen[bytes]) -> None:
     """Terminate ``proc`` and all its descendants (TERM, a grace period, then KILL)."""
-    try:
+    with contextlib.suppress(psutil.NoSuchProcess):
         procs = [*psutil.Process(proc.pid).children(recursive=True), psutil.Process(proc.pid)]
-    except psutil.NoSuchProcess:
-        return
-    for p in procs:
-        try:
-            p.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=KILL_GRACE_S)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
+        for signal in ("terminate", "kill"):  # TERM, a grace period, then KILL what is left
+            for p in procs:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    getattr(p, signal)()
+            procs = psutil.wait_procs(procs, timeout=KILL_GRACE_S)[1]
     proc.wait()
 
 

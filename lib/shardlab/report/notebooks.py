@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 NOTEBOOK_RE = re.compile(r"^(\d\d[a-z]?)_[A-Za-z0-9_]+$")  # 05_..., 05b_...
 # Parameters every notebook must declare: the runner always passes them, from its own options. A `-p` for
 # one of them would be overwritten without a word, so it is refused, naming the option that sets it.
@@ -161,30 +163,20 @@ def check_runner_owned(params: Mapping[str, Any], command: str = "report") -> No
 
     >>> check_runner_owned({"num_devices": 0})  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    shardlab.report.notebooks.ReportInputError: -p num_devices 0: ... set by the runner from --num-devices ...
+    shardlab.report.notebooks.ReportInputError: -p num_devices 0: ... set by the report itself, from --num-devices ...
     """
     for name, value in params.items():
         option = RUNNER_OWNED.get(name)
-        if option is None:
-            continue
+        if option is None or (command == "sweep" and name in ("full_size", "generation")):
+            continue  # a sweep may sweep those like any parameter
         shown = " ".join(str(v) for v in value) if isinstance(value, list) and command == "sweep" else value
-        if name == "results_dir":
-            where = ("each point's records go to <--out>/points/<point>/records" if command == "sweep"
-                     else "the records go to <--out>/records")
-            raise ReportInputError(f"-p results_dir {shown}: results_dir is set by the {command} itself ({where}); "
-                                   "choose the directory with --out")
-        if name == "full_size" and command == "report":
-            raise ReportInputError(f"-p full_size {shown}: full_size is set by the report from --full-size (which "
-                                   "also selects the <profile>-full baselines and a longer timeout); use --full-size")
-        if name == "generation" and command == "report":
-            raise ReportInputError(f"-p generation {shown}: the report compiles every notebook's TPU view for one "
-                                   "generation and compares it with that generation's baseline; use --tpu-generation")
-        if name in ("full_size", "generation"):
-            continue  # a sweep may sweep them like any parameter
-        how = ("use --num-devices N [N ...] to run (or sweep) device counts" if command == "sweep"
-               else "use --num-devices N instead")
-        raise ReportInputError(f"-p {name} {shown}: {name} is set by the runner from {option} (the {command} "
-                               f"passes {option} to every notebook, replacing any -p value); {how}")
+        why = {"results_dir": f"the records go to <--out>/{'points/<point>/' if command == 'sweep' else ''}records",
+               "full_size": "it also selects the <profile>-full baselines and a longer timeout",
+               "generation": "every notebook's TPU view compiles for one generation, compared with its baseline"}
+        how = ("--num-devices N [N ...] runs (or sweeps) device counts" if command == "sweep" else f"use {option}")
+        raise ReportInputError(f"-p {name} {shown}: {name} is set by the {command} itself, from {option} "
+                               f"({why.get(name, f'it passes {option} to every notebook, replacing any -p value')}); "
+                               f"{how if name == 'num_devices' else 'use ' + option}")
 
 
 def parse_value(text: str) -> Any:
@@ -193,8 +185,6 @@ def parse_value(text: str) -> Any:
     >>> parse_value("4"), parse_value("0.5"), parse_value("bf16"), parse_value("[2, 4]")
     (4, 0.5, 'bf16', [2, 4])
     """
-    import yaml
-
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError:

@@ -49,12 +49,9 @@ def host_env(options: ReportOptions) -> dict[str, Any]:
     env: dict[str, Any] = {"profile": options.profile, "device": options.device, "num_devices": options.num_devices,
                            "python": sys.version.split()[0], "platform": platform.platform(),
                            "machine": platform.machine()}
-    for dist in ("torch", "torch_xla", "jax", "jaxlib", "torchax", "papermill", "plotly", "nbconvert"):
-        try:
-            env[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            env[dist] = "not installed"
-    return env
+    installed = {d.metadata["Name"].lower().replace("-", "_"): d.version for d in importlib.metadata.distributions()}
+    return env | {d: installed.get(d, "not installed") for d in ("torch", "torch_xla", "jax", "jaxlib", "torchax",
+                                                                 "libtpu", "transformers", "papermill", "plotly")}
 
 
 def write_manifest(out: Path, options: ReportOptions, started: float, results: list[NotebookResult] | None,

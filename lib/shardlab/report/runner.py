@@ -189,8 +189,7 @@ def apply_baseline(options: ReportOptions, results: list[NotebookResult], env: d
     timer rows, ``options.tpu_profile`` for the TPU compiler's rows — and return the first's path and state.
     Raises BaselineError for an unusable file."""
     states = {}
-    for tpu in (False, True):
-        profile = options.tpu_profile if tpu else options.profile
+    for tpu, profile in ((False, options.profile), (True, options.tpu_profile)):
         path = options.baseline_dir / f"{profile}.json"
         try:
             base = bl.load(path, profile)
@@ -201,39 +200,33 @@ def apply_baseline(options: ReportOptions, results: list[NotebookResult], env: d
             base = None
         timings = {r.stem: {} if tpu else r.runner_timings(options.profile) for r in results}
         records = {r.stem: _split(r.record, tpu) for r in results if r.record is not None}
-        for r in results:
-            if r.stem not in records:
-                continue
+        for r in (r for r in results if r.stem in records):
             entry = (base or {}).get("notebooks", {}).get(r.stem)
             diffs = bl.compare_notebook(r.stem, entry, records[r.stem], timings[r.stem])
             r.diffs = [*r.diffs, *diffs] if tpu else diffs
-            if not tpu:
-                r.param_changes = bl.param_changes(entry, r.record)
+            r.param_changes = r.param_changes if tpu else bl.param_changes(entry, r.record)
             r.compared = r.compared or entry is not None
             n = sum(d.regression for d in diffs)
             if entry is not None and n and r.status in ("passed", "regressed"):
                 r.status = "regressed"
                 r.reasons.append(f"{n} structural value(s) differ from the baseline {profile}")
+        good = [r for r in results if r.record is not None and r.status in ("passed", "regressed")]
         if not options.update_baseline:
             states[tpu] = (path, "compared" if base is not None else "none")
-            continue
-        good = [r for r in results if r.record is not None and r.status in ("passed", "regressed")]
-        if not tpu and len(good) < len(results):
-            notes.append("baseline not updated for failed notebook(s): "
-                         + ", ".join(r.stem for r in results if r not in good))
-        if tpu and not any(records[r.stem]["measurements"] for r in good):
+        elif tpu and not any(records[r.stem]["measurements"] for r in good):
             states[tpu] = (path, "none")  # no TPU view ran (a TPU host: the hlo column is the TPU there)
-            continue
-        bl.save(bl.baseline_from_records(profile, [records[r.stem] for r in good], env,
-                                         {r.stem: timings[r.stem] for r in good}, base), path)
-        states[tpu] = (path, "updated" if base is not None else "created")
-    if options.update_baseline:
-        for r in results:
-            if r.status == "regressed":
-                r.status = "passed"
-                r.reasons.append("baseline updated from this run")
-    tpu_path, tpu_state = states[True]
-    notes.append(f"TPU compiler baseline {tpu_path.name}: {tpu_state}")
+        else:
+            if not tpu and len(good) < len(results):
+                notes.append("baseline not updated for failed notebook(s): "
+                             + ", ".join(r.stem for r in results if r not in good))
+            bl.save(bl.baseline_from_records(profile, [records[r.stem] for r in good], env,
+                                             {r.stem: timings[r.stem] for r in good}, base), path)
+            states[tpu] = (path, "updated" if base is not None else "created")
+    for r in results if options.update_baseline else []:
+        if r.status == "regressed":
+            r.status = "passed"
+            r.reasons.append("baseline updated from this run")
+    notes.append(f"TPU compiler baseline {states[True][0].name}: {states[True][1]}")
     return states[False]
 
 

@@ -121,31 +121,27 @@ def validate(nb: NotebookInfo, axes: Mapping[str, Sequence[Any]], base: Mapping[
     for name, values in axes.items():
         if len(values) == 0:
             raise ReportInputError(f"-p {name} needs at least one value")
-    if not num_devices:
-        raise ReportInputError("--num-devices needs at least one value")
-    for n in num_devices:
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ReportInputError(f"--num-devices {n!r} must be an int >= 1")
-    if len(set(num_devices)) != len(num_devices):
-        raise ReportInputError(f"--num-devices {list(num_devices)} repeats a count")
+    bad = [n for n in num_devices if isinstance(n, bool) or not isinstance(n, int) or n < 1]
+    if bad:
+        raise ReportInputError(f"--num-devices {bad[0]!r} must be an int >= 1")
+    if not num_devices or len(set(num_devices)) != len(num_devices):
+        raise ReportInputError(f"--num-devices {list(num_devices)} needs one or more distinct counts")
 
 
 def claim_dir(out: Path, stem: str, force: bool) -> None:
-    """Make ``out`` this notebook's sweep directory (resuming is the normal case)."""
+    """Make ``out`` this notebook's sweep directory (resuming is the normal case); another notebook's sweep is
+    replaced only with ``force``, a directory that is not a sweep never."""
     marker = out / "sweep.json"
     if out.exists() and any(out.iterdir()):
-        if marker.exists():
-            owner = json.loads(marker.read_text()).get("notebook")
-            if owner == stem:
-                return
-            if not force:
-                raise ReportInputError(f"--out {out} holds a sweep of {owner}, not {stem}; pass --force to "
-                                       "replace it or choose another directory")
-        elif not force:
-            raise ReportInputError(f"--out {out} is not empty and is not a sweep directory; choose another "
-                                   "directory (or --force to replace it)")
-        elif not marker.exists():
-            raise ReportInputError(f"--out {out} is not a sweep directory: refusing to delete it even with --force")
+        owner = json.loads(marker.read_text()).get("notebook") if marker.exists() else None
+        if owner == stem:
+            return
+        if owner is None:
+            raise ReportInputError(f"--out {out} is not empty and is not a sweep directory: choose another directory "
+                                   "(it is not deleted, not even with --force)")
+        if not force:
+            raise ReportInputError(f"--out {out} holds a sweep of {owner}, not {stem}; pass --force to replace it "
+                                   "or choose another directory")
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     marker.write_text(json.dumps({"schema": SWEEP_SCHEMA, "notebook": stem}))
