@@ -79,6 +79,7 @@ def test_notebook_06_defaults(run_notebook: Callable[..., dict[str, Any]]) -> No
 
 
 @pytest.mark.slow
+@pytest.mark.full_size
 def test_notebook_06_full_size(run_notebook: Callable[..., dict[str, Any]]) -> None:
     """full_size=True: the nine 405B-size compiles run (up to 30 minutes on a 2-core host, hence slow). Oracle: bf16
     [126, 16384/4, 16384] = 15.75 GiB per 1-D stack, two of them over the 31.25 GiB a v6e program may use; 2-D
