@@ -7,7 +7,6 @@ answer keys in ``data/answers/`` are graded against these by the tests and the r
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +16,6 @@ import torch
 from shardlab.blocks import ring
 from shardlab.blocks.tiles import sharding_string
 from shardlab.comm import SimulatedWorld
-from shardlab.formulas import activations, hardware, memory
 from shardlab.formulas import blocks as fblocks
 from shardlab.formulas import fsdp as ffsdp
 from shardlab.formulas import scan as fscan
@@ -80,10 +78,6 @@ class Solution:
     #                                                          what is compared with `expected`
 
 
-def _llama_8b_selective_share(flash_attention: bool) -> float:
-    """Share of one Llama 3 8B layer's stored activations that selective recompute drops (s 8192, b 1, t 1)."""
-    t = activations.llama_activation_bytes_per_layer(8192, 1, 4096, 14336, 32, 8, flash_attention=flash_attention)
-    return t.attention_core / t.total
 def _two_phase_all_reduce(fn: Callable[..., Any]) -> list[Any]:
     """00 #6: run the learner's ``fn(comm, x)`` on 4 ranks of a SimulatedWorld (x: 12 values per rank):
     [every rank returned the sum, the collectives it issued, its wire bytes (counted along the ring schedule) ==
@@ -212,18 +206,6 @@ SOLUTIONS: dict[str, dict[int, Solution]] = {
         4: Solution(lambda: [True, ["all_reduce"], 6 * 8 * 4],
                     "y_i B_i is a full-size partial sum: add the ranks' partials with one collective, and add the "
                     "bias once, after that sum (not on every rank before it)", run=_row_parallel_forward),
-    },
-    "07_planner": {
-        1: Solution(lambda: math.ceil(16 * memory.param_count(80, 8192, 28672, 64, 8, 128256).total
-                                      / hardware.chip("v6e").hbm_usable_bytes),
-                    "16 bytes per parameter spread over n chips must fit the HBM the compiler lets one program use "
-                    "(31.25 GiB on v6e, not the published 32 GiB); count Llama 3 70B's parameters exactly (GQA, "
-                    "SwiGLU, untied embedding and LM head) and round up"),
-        2: Solution(lambda: memory.padded_vocab(128256, tp=4), "round 128256 up to a multiple of 128 × tensor"),
-        3: Solution(lambda: (_llama_8b_selective_share(True), _llama_8b_selective_share(False)),
-                    "selective recompute drops the attention core only: with flash attention that is a log-sum-exp "
-                    "per token and head, without it the s × s softmax of every head; divide by the layer's total",
-                    rel_tol=0.01),
     },
     "08_compiler_levers": {
         1: Solution(lambda: _saving_ms(50e-6, 10e9, 32, 1),
