@@ -16,7 +16,7 @@ def test_column_and_row_equal_dense(m: int, k: int, n: int, parts: int) -> None:
     dense = x @ w
     if parts <= n:
         col = blocks.column_parallel(x, w, parts)
-        assert len(col.pieces[0]) == parts and col.num_partials == parts
+        assert len(col.pieces[0]) == parts and len(col.partials[0]) == parts
         torch.testing.assert_close(col.result, dense)
         # concatenation: piece j is exactly dense's column block j
         torch.testing.assert_close(torch.cat(col.pieces[0], dim=1), dense)
@@ -32,7 +32,7 @@ def test_grid_equals_dense(grid: tuple[int, int], k_parts: int) -> None:
     x, w = torch.randn(7, 9, dtype=torch.float64), torch.randn(9, 5, dtype=torch.float64)
     g = blocks.grid_parallel(x, w, grid, k_parts)
     torch.testing.assert_close(g.result, x @ w)
-    assert g.num_partials == grid[0] * grid[1] * k_parts
+    assert sum(len(p) for row in g.partials for p in row) == grid[0] * grid[1] * k_parts
 
 
 def test_uneven_rule_is_array_split() -> None:

@@ -108,6 +108,6 @@ def test_ledger_wire_bytes_counts_the_schedule_not_the_entries() -> None:
     assert ring.ledger_wire_bytes(world.ledger, "all_reduce") == 60.0
     assert ring.ledger_wire_bytes(world.ledger, "all_gather") == 36.0
     assert ring.ledger_wire_bytes(world.ledger) == 96.0
-    world.run(lambda comm: comm.broadcast(torch.ones(2)))
+    world.run(lambda comm: comm.all_to_all(torch.ones(4)))
     with pytest.raises(ValueError, match="prices"):
         ring.ledger_wire_bytes(world.ledger)

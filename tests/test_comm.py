@@ -12,7 +12,6 @@ from shardlab.comm import (
     RankError,
     SimulatedWorld,
     current_phase,
-    launch,
     ring_wire_bytes,
 )
 
@@ -59,13 +58,6 @@ def test_reduce_scatter_gives_each_rank_its_chunk_of_the_sum(w: int) -> None:
     assert e.wire_bytes == pytest.approx((w - 1) / w * 2 * w * F32)
 
 
-def test_broadcast_from_src() -> None:
-    world = SimulatedWorld(3)
-    outs = world.run(lambda c: c.broadcast(torch.ones(4) * c.rank, src=2))
-    assert all(torch.equal(o, torch.full((4,), 2.0)) for o in outs)
-    assert world.ledger[0].src == 2 and world.ledger[0].payload_bytes == 4 * F32
-
-
 def test_inputs_are_not_modified_and_results_are_per_rank_copies() -> None:
     def fn(c):
         x = torch.ones(2) * c.rank
@@ -81,7 +73,7 @@ def test_inputs_are_not_modified_and_results_are_per_rank_copies() -> None:
 def test_world_size_one_bypasses_and_records_nothing() -> None:
     world = SimulatedWorld(1)
     x = torch.randn(3)
-    (res,) = world.run(lambda c: [c.all_reduce(x), c.all_gather(x), c.reduce_scatter(x), c.broadcast(x)])
+    (res,) = world.run(lambda c: [c.all_reduce(x), c.all_gather(x), c.reduce_scatter(x), c.all_to_all(x)])
     assert all(r is x for r in res)
     assert len(world.ledger) == 0
 
@@ -165,15 +157,15 @@ def test_bad_arguments_name_their_values() -> None:
             c.all_reduce(x, op="mean")
         elif which == "rs":
             c.reduce_scatter(x)
-        elif which == "src":
-            c.broadcast(x, src=5)
+        elif which == "dst":
+            c.send(x, dst=5)
         else:
             c.all_gather(x, dim=2)
 
     for which, msg in [
         ("op", "op='mean'"),
         ("rs", "size 3 along dim=0 is not divisible by world_size=2"),
-        ("src", "src=5"),
+        ("dst", "dst=5"),
         ("dim", "dim=2 is out of range"),
     ]:
         with pytest.raises(RankError, match=msg):
@@ -218,7 +210,6 @@ def _tour(comm, n: int):
         "max": comm.all_reduce(x, "max"),
         "gather": comm.all_gather(x[:n].reshape(1, n), dim=0),
         "scatter": comm.reduce_scatter(x),
-        "bcast": comm.broadcast(x, src=comm.world_size - 1),
         "grad": w.grad,
     }
 
@@ -228,14 +219,16 @@ def _tour(comm, n: int):
 def test_gloo_matches_simulated(w: int) -> None:
     sim = SimulatedWorld(w)
     expected = sim.run(_tour, 3)
-    got, ledger = launch(_tour, w, 3)
+    world = DistributedWorld(w)
+    got = world.run(_tour, 3)
+    ledger = world.ledger
     assert len(got) == w
     for r in range(w):
         for k in expected[r]:
             # exact for W=2 (a+b == b+a); gloo may sum 4 ranks in another order -> float64 rounding only
             torch.testing.assert_close(got[r][k], expected[r][k], rtol=1e-12, atol=0)
     assert ledger == sim.ledger
-    assert [e.phase for e in ledger] == ["backward"] + ["forward"] * 5
+    assert [e.phase for e in ledger] == ["backward"] + ["forward"] * 4
 
 
 def _fails_on_rank_one(comm):

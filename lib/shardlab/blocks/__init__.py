@@ -71,15 +71,9 @@ class BlockProduct:
     """Per-block pieces of a partitioned product and how they combine."""
 
     kind: str  # "column" | "row" | "grid"
-    x_blocks: list[list[torch.Tensor]]  # x_blocks[i][l]
-    w_blocks: list[list[torch.Tensor]]  # w_blocks[l][j]
     pieces: list[list[torch.Tensor]]  # pieces[i][j] = Σ_l x_il W_lj (grid) / single products
     partials: list[list[list[torch.Tensor]]]  # partials[i][j][l] = x_il @ W_lj, before summing
     result: torch.Tensor  # equals x @ W
-
-    @property
-    def num_partials(self) -> int:
-        return sum(len(p) for row in self.partials for p in row)
 
 
 def _check_2d(a: torch.Tensor, name: str) -> None:
@@ -109,7 +103,7 @@ def grid_parallel(x: torch.Tensor, w: torch.Tensor, grid: tuple[int, int], k_par
         kind = "column"
     elif p_r == 1 and p_c == 1:
         kind = "row"
-    return BlockProduct(kind, xb, wb, pieces, partials, result)
+    return BlockProduct(kind, pieces, partials, result)
 
 
 def column_parallel(x: torch.Tensor, w: torch.Tensor, parts: int) -> BlockProduct:

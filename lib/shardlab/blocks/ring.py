@@ -65,7 +65,6 @@ class RingTrace:
 
     op: str
     world_size: int
-    chunk_bytes: list[int]  # bytes of chunk c (uneven chunks differ by one element)
     sends: list[Send] = field(default_factory=list)
     # held[s][r][c]: the ranks whose data rank r's copy of chunk c contains after step s (s = 0: before);
     # an empty set means rank r holds nothing of chunk c.
@@ -146,15 +145,13 @@ def simulate(op: str, inputs: list[torch.Tensor]) -> RingTrace:
     if op == "all_gather":
         chunks: list[list[torch.Tensor | None]] = [[inputs[r].clone() if c == r else None for c in range(w)]
                                                   for r in range(w)]
-        sizes = [t.numel() for t in inputs]
     else:
         n = inputs[0].numel()
         if any(t.numel() != n for t in inputs):
             raise ValueError(f"{op}: every rank's tensor must have the same length, got {[t.numel() for t in inputs]}")
-        sizes = split_sizes(n, w, "the tensor's length")
-        chunks = [list(torch.split(t.clone(), sizes)) for t in inputs]
+        chunks = [list(torch.split(t.clone(), split_sizes(n, w, "the tensor's length"))) for t in inputs]
     held = [[frozenset({r}) if chunks[r][c] is not None else frozenset() for c in range(w)] for r in range(w)]
-    trace = RingTrace(op, w, [s * esize for s in sizes], held=[[list(row) for row in held]])
+    trace = RingTrace(op, w, held=[[list(row) for row in held]])
 
     def step(number: int, phase: str, chunk_of: list[int], add: bool) -> None:
         nonlocal held

@@ -13,7 +13,6 @@ Semantics (all collectives RETURN a new tensor; inputs are never modified):
     all_reduce(t, op)        -> elementwise sum / max over ranks, same shape as t
     all_gather(t, dim)       -> torch.cat([t_0, ..., t_{W-1}], dim); every rank must pass the same shape
     reduce_scatter(t, dim)   -> chunk `rank` (of W equal chunks along dim) of the sum over ranks
-    broadcast(t, src)        -> src's t on every rank (every rank passes a tensor of the same shape/dtype)
     all_to_all(t, dim)       -> cat over j of chunk `rank` of rank j's t (W equal chunks along dim): rank r's
                                 chunk j goes to rank j (dist.all_to_all_single's semantics, on any dim)
 
@@ -53,8 +52,6 @@ class Comm(Protocol):
 
     def reduce_scatter(self, t: torch.Tensor, dim: int = 0, *, tag: str = "") -> torch.Tensor: ...
 
-    def broadcast(self, t: torch.Tensor, src: int = 0, *, tag: str = "") -> torch.Tensor: ...
-
     def all_to_all(self, t: torch.Tensor, dim: int = 0, *, tag: str = "") -> torch.Tensor: ...
 
     def send(self, t: torch.Tensor, dst: int, *, tag: str = "") -> None: ...
@@ -92,59 +89,38 @@ class CommBase:
     def __repr__(self) -> str:
         return f"{type(self).__name__}(rank={self.rank}, world_size={self.world_size})"
 
-    # ---- public collectives -------------------------------------------------------------------------
+    # ---- public collectives: validate, bypass at world size 1, record the row, hand over to the transport ----
     def all_reduce(self, t: torch.Tensor, op: str = "sum", *, tag: str = "") -> torch.Tensor:
         if op not in REDUCE_OPS:
             raise ValueError(f"all_reduce: op={op!r} is not one of {REDUCE_OPS}")
-        if self.world_size == 1:
-            return t
-        x = self._prepare(t)
-        self._record("all_reduce", x, reduce_op=op, tag=tag)
-        return self._all_reduce_impl(x, op)
+        return self._collective("all_reduce", t, op, tag, reduce_op=op)
 
     def all_gather(self, t: torch.Tensor, dim: int = 0, *, tag: str = "") -> torch.Tensor:
         d = _normalise_dim(t, dim, "all_gather")
-        if self.world_size == 1:
-            return t
-        x = self._prepare(t)
-        self._record("all_gather", x, dim=d, tag=tag)
-        return self._all_gather_impl(x, d)
+        return self._collective("all_gather", t, d, tag, dim=d)
 
     def reduce_scatter(self, t: torch.Tensor, dim: int = 0, *, tag: str = "") -> torch.Tensor:
-        d = _normalise_dim(t, dim, "reduce_scatter")
-        if t.dim() == 0 or t.shape[d] % self.world_size:
-            size = t.shape[d] if t.dim() else "a 0-d tensor"
-            raise ValueError(
-                f"reduce_scatter: size {size} along dim={dim} is not divisible by "
-                f"world_size={self.world_size}"
-            )
-        if self.world_size == 1:
-            return t
-        x = self._prepare(t)
-        self._record("reduce_scatter", x, reduce_op="sum", dim=d, tag=tag)
-        return self._reduce_scatter_impl(x, d)
-
-    def broadcast(self, t: torch.Tensor, src: int = 0, *, tag: str = "") -> torch.Tensor:
-        if not 0 <= src < self.world_size:
-            raise ValueError(f"broadcast: src={src} is not in [0, world_size={self.world_size})")
-        if self.world_size == 1:
-            return t
-        x = self._prepare(t)
-        self._record("broadcast", x, src=src, tag=tag)
-        return self._broadcast_impl(x, src)
+        d = self._split_dim(t, dim, "reduce_scatter")
+        return self._collective("reduce_scatter", t, d, tag, reduce_op="sum", dim=d)
 
     def all_to_all(self, t: torch.Tensor, dim: int = 0, *, tag: str = "") -> torch.Tensor:
-        d = _normalise_dim(t, dim, "all_to_all")
+        d = self._split_dim(t, dim, "all_to_all")
+        return self._collective("all_to_all", t, d, tag, dim=d)
+
+    def _split_dim(self, t: torch.Tensor, dim: int, what: str) -> int:
+        """``dim`` normalised, after checking it splits into world_size equal chunks."""
+        d = _normalise_dim(t, dim, what)
         if t.dim() == 0 or t.shape[d] % self.world_size:
             size = t.shape[d] if t.dim() else "a 0-d tensor"
-            raise ValueError(
-                f"all_to_all: size {size} along dim={dim} is not divisible by world_size={self.world_size}"
-            )
+            raise ValueError(f"{what}: size {size} along dim={dim} is not divisible by world_size={self.world_size}")
+        return d
+
+    def _collective(self, op: str, t: torch.Tensor, arg: str | int, tag: str, **fields: Any) -> torch.Tensor:
         if self.world_size == 1:
             return t
         x = self._prepare(t)
-        self._record("all_to_all", x, dim=d, tag=tag)
-        return self._all_to_all_impl(x, d)
+        self._record(op, x, tag=tag, **fields)
+        return getattr(self, f"_{op}_impl")(x, arg)
 
     # ---- point-to-point -----------------------------------------------------------------------------
     def _check_peer(self, what: str, name: str, peer: int) -> None:
@@ -202,9 +178,6 @@ class CommBase:
     def _reduce_scatter_impl(self, x: torch.Tensor, dim: int) -> torch.Tensor:
         raise NotImplementedError
 
-    def _broadcast_impl(self, x: torch.Tensor, src: int) -> torch.Tensor:
-        raise NotImplementedError
-
     def _all_to_all_impl(self, x: torch.Tensor, dim: int) -> torch.Tensor:
         raise NotImplementedError
 
@@ -226,7 +199,7 @@ class WorldBase:
         self.ledgers: list[Ledger] = [Ledger() for _ in range(world_size)]
 
     @property
-    def ledger(self) -> Any:
+    def ledger(self) -> Ledger:
         """Rank 0's ledger of the most recent run (``run`` checks that every rank's collective rows are
         identical and that sends and recvs pair up: `ledger.ledger_problem`)."""
         return self.ledgers[0]

@@ -17,7 +17,7 @@ CPU and ~18 s on two busy cores), a forked one starts in milliseconds. The serve
 `fn` and `args` must be picklable: use module-level functions (e.g. `shardlab.tp.programs`), not lambdas or
 notebook-local defs.
 It returns per-rank results in rank order and exposes rank 0's ledger as `world.ledger` after checking every
-rank recorded the same ledger.  `launch(fn, W, *args)` is the one-call form returning (results, ledger).
+rank recorded the same ledger.
 
 Point-to-point: `send` is `dist.isend` (the work handle and the tensor are kept until the work completed; every
 pending send is waited for before the rank's `fn` result is shipped back, `wait_sends()`), `recv` is a blocking
@@ -61,7 +61,7 @@ def _context() -> Any:
 class TorchDistributedComm(CommBase):
     """Comm over the default (or a given) torch.distributed process group."""
 
-    def __init__(self, group: Any = None) -> None:
+    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialised: call init_process_group first")
         self.group = group
@@ -85,11 +85,6 @@ class TorchDistributedComm(CommBase):
         chunks = [c.contiguous() for c in x.chunk(self.world_size, dim=dim)]
         out = torch.empty_like(chunks[self.rank])
         dist.reduce_scatter(out, chunks, group=self.group)
-        return out
-
-    def _broadcast_impl(self, x: torch.Tensor, src: int) -> torch.Tensor:
-        out = x.clone()
-        dist.broadcast(out, src=self._global(src), group=self.group)
         return out
 
     def _all_to_all_impl(self, x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -207,9 +202,3 @@ class DistributedWorld(WorldBase):
         self._check_ledgers()
         return results
 
-
-def launch(fn: Callable[..., Any], world_size: int, *args: Any, **kwargs: Any) -> tuple[list[Any], Ledger]:
-    """Run fn(comm, *args, **kwargs) in `world_size` gloo processes -> (per-rank results, rank 0's ledger)."""
-    world = DistributedWorld(world_size)
-    results = world.run(fn, *args, **kwargs)
-    return results, world.ledger

@@ -3,29 +3,20 @@
 Design note
 -----------
 Every `Comm` keeps a `Ledger`.  A collective appends one `LedgerEntry` describing what *this* rank handed to
-the collective: the op, the group size, the dtype, the per-rank input shape, the payload bytes (the suite's
-one convention: all-reduce -> its input, all-gather -> its shard, reduce-scatter -> its full input,
-broadcast -> the tensor) and the wire bytes per rank of the ring model:
-
-    all_reduce      2 (W - 1) / W * payload
-    all_gather      (W - 1) * payload
-    reduce_scatter  (W - 1) / W * payload
-    broadcast       payload          (each non-source rank receives the tensor once; pipelined chain)
-    all_to_all      (W - 1) / W * payload   (payload = the full input; chunk `rank` stays home)
-    send            payload          (point-to-point: the tensor goes to one peer, `peer` = dst)
-    recv            0                (payload = the bytes received, `peer` = src; the sender's row counts the wire)
+the collective: the op, the group size, the dtype, the per-rank input shape, the payload bytes (all-reduce -> its
+input, all-gather -> its shard, reduce-scatter and all-to-all -> its full input; send -> the tensor, recv -> the
+bytes received, with `peer` the other rank) and the wire bytes per rank of the ring model
+(:mod:`shardlab.formulas.common`, which holds the one table; a recv's row carries 0, the sender's the wire).
 
 The phase ("forward" / "backward") is detected from the autograd engine: a collective issued while a backward
-pass is running (inside an `autograd.Function.backward`) is a backward collective.
+pass is running (inside an `autograd.Function.backward`) is a backward collective.  A pipeline stage sends its
+input gradient *after* `torch.autograd.backward` returned, where `current_phase()` would say "forward":
+`with phase_scope("backward"): comm.send(...)` labels it.
 
 Worlds (SimulatedWorld, DistributedWorld) expose rank 0's ledger as `world.ledger` and check every run with
-`check_ledgers`: the collective rows (everything but send / recv) must be identical on every rank (all ranks take
-part in every collective, so they must be; `seq` may differ once point-to-point rows sit between them), and the
-point-to-point rows must pair up: the k-th send i -> j is the k-th recv on j from i, with the same shape and dtype.
-
-The phase of a point-to-point row is usually set by hand: a pipeline stage runs its backward with
-`torch.autograd.backward` and sends the input gradient *after* the engine returned, so `current_phase()` would
-say "forward".  `with phase_scope("backward"): comm.send(...)` labels it.
+`ledger_problem`: the collective rows (everything but send / recv) must be identical on every rank (`seq` may
+differ once point-to-point rows sit between them), and the k-th send i -> j must be the k-th recv on j from i,
+with the same shape and dtype.
 
 Example::
 
@@ -40,11 +31,16 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 
 from shardlab.formulas.common import wire_bytes
 
+if TYPE_CHECKING:
+    import pandas as pd
+
+# broadcast: no Comm issues one; its rows are PyTorch's own, logged by fsdp.torch_ref
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 P2P_OPS = ("send", "recv")
 OPS = COLLECTIVE_OPS + P2P_OPS
@@ -100,7 +96,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 @dataclass(frozen=True)
 class LedgerEntry:
     seq: int  # 0-based position of the collective in this rank's program order
-    op: str  # all_reduce | all_gather | reduce_scatter | broadcast | all_to_all | send | recv
+    op: str  # all_reduce | all_gather | reduce_scatter | all_to_all | send | recv (| broadcast: PyTorch's own)
     group_size: int
     dtype: str  # "float32"
     shape: tuple[int, ...]  # per-rank INPUT shape (the tensor this rank hands to the collective)
@@ -109,7 +105,6 @@ class LedgerEntry:
     phase: str  # forward | backward
     reduce_op: str | None = None  # "sum" | "max" for all_reduce / reduce_scatter
     dim: int | None = None  # gather / scatter dim (normalised to be non-negative)
-    src: int | None = None  # broadcast source rank
     tag: str = ""  # free label set by the caller, e.g. "f", "g", "ce.max"
     peer: int | None = None  # send: the destination rank; recv: the source rank
 
@@ -153,13 +148,16 @@ class Ledger:
     def from_records(cls, records: list[dict]) -> Ledger:
         return cls([LedgerEntry(**{**r, "shape": tuple(r["shape"])}) for r in records])
 
-    def to_frame(self):  # -> pandas.DataFrame (pandas imported lazily)
+    # pandas is imported in the two methods below, not at the top: every gloo rank process imports this module,
+    # and pandas costs 0.65 s of import there (measured) for tables only a notebook asks for.
+    def to_frame(self) -> pd.DataFrame:
         import pandas as pd
 
         cols = list(LedgerEntry.__dataclass_fields__)
         return pd.DataFrame(self.to_records(), columns=cols)
 
-    def summary(self):  # -> pandas.DataFrame: op, phase, count, payload_bytes, wire_bytes
+    def summary(self) -> pd.DataFrame:
+        """op, phase, count, payload_bytes, wire_bytes."""
         import pandas as pd
 
         rows: dict[tuple[str, str], list] = {}

@@ -22,17 +22,12 @@ so only the two ranks synchronise, exactly as with real sends.
 If a rank raises, the barrier and the mailboxes are aborted so the other ranks stop waiting; `run` re-raises the
 first real error as `RankError` ("rank 2 failed: ...").  A rank stuck for `timeout_s` also aborts the run.
 
-Example::
+Example (a ring shift: every rank sends to the next and receives from the previous)::
 
-    world = SimulatedWorld(4)
-    world.run(lambda comm: comm.all_reduce(torch.ones(2) * comm.rank))   # 4 x tensor([6., 6.])
-    world.ledger.count("all_reduce")                                      # 1
-
-    # a ring shift: every rank sends to the next and receives from the previous
     def shift(comm):
         comm.send(torch.ones(2) * comm.rank, (comm.rank + 1) % comm.world_size)
         return comm.recv((2,), torch.float32, (comm.rank - 1) % comm.world_size)
-    world.run(shift)                                                      # rank r: tensor([r-1, r-1]) mod 4
+    SimulatedWorld(4).run(shift)                                          # rank r: tensor([r-1, r-1]) mod 4
 """
 
 from __future__ import annotations
@@ -83,13 +78,13 @@ class _Rendezvous:
     def __init__(self, world_size: int, timeout_s: float) -> None:
         self.world_size = world_size
         self.timeout_s = timeout_s
-        self.slots: list[tuple[str, Any, torch.Tensor] | None] = [None] * world_size
+        self.slots: list[tuple[str, str | int, torch.Tensor] | None] = [None] * world_size
         self.results: list[torch.Tensor | None] = [None] * world_size
         self.error: Exception | None = None
         self.count = 0
         self.barrier = threading.Barrier(world_size, action=self._combine, timeout=timeout_s)
 
-    def exchange(self, rank: int, op: str, arg: Any, x: torch.Tensor) -> torch.Tensor:
+    def exchange(self, rank: int, op: str, arg: str | int, x: torch.Tensor) -> torch.Tensor:
         self.slots[rank] = (op, arg, x)
         try:
             self.barrier.wait()
@@ -123,7 +118,7 @@ class _Rendezvous:
         self.slots = [None] * self.world_size
         self.count += 1
 
-    def _compute(self, op: str, arg: Any, xs: list[torch.Tensor]) -> list[torch.Tensor]:
+    def _compute(self, op: str, arg: str | int, xs: list[torch.Tensor]) -> list[torch.Tensor]:
         w = self.world_size
         with torch.no_grad():
             if op in ("all_reduce", "reduce_scatter"):
@@ -139,8 +134,6 @@ class _Rendezvous:
             if op == "all_gather":
                 full = torch.cat(xs, dim=arg)
                 return [full.clone() for _ in range(w)]
-            if op == "broadcast":
-                return [xs[arg].clone() for _ in range(w)]
             if op == "all_to_all":  # rank j gets chunk j of every rank's input, in rank order
                 chunks = [x.chunk(w, dim=arg) for x in xs]
                 return [torch.cat([chunks[i][j] for i in range(w)], dim=arg) for j in range(w)]
@@ -157,7 +150,7 @@ class SimulatedComm(CommBase):
         self._rv = rendezvous
         self._mail = mailboxes
 
-    def _exchange(self, op: str, arg: Any, x: torch.Tensor) -> torch.Tensor:
+    def _exchange(self, op: str, arg: str | int, x: torch.Tensor) -> torch.Tensor:
         assert self._rv is not None  # world size 1 never reaches a transport call
         return self._rv.exchange(self.rank, op, arg, x)
 
@@ -169,9 +162,6 @@ class SimulatedComm(CommBase):
 
     def _reduce_scatter_impl(self, x: torch.Tensor, dim: int) -> torch.Tensor:
         return self._exchange("reduce_scatter", dim, x)
-
-    def _broadcast_impl(self, x: torch.Tensor, src: int) -> torch.Tensor:
-        return self._exchange("broadcast", src, x)
 
     def _all_to_all_impl(self, x: torch.Tensor, dim: int) -> torch.Tensor:
         return self._exchange("all_to_all", dim, x)
