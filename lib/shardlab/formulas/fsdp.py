@@ -74,7 +74,6 @@ from shardlab.formulas.zero import padded_numel
 class FlatStepComm(NamedTuple):
     all_gather_count: int
     all_gather_payload_bytes: int  # per call, per rank: the shard
-    all_gather_result_bytes: int  # per call, per rank: the padded flat parameter
     reduce_scatter_count: int
     reduce_scatter_payload_bytes: int  # per call, per rank: the padded flat gradient
     reduce_scatter_result_bytes: int  # per call, per rank: the gradient shard
@@ -129,7 +128,7 @@ def flat_step_comm(flat_numel: int, world_size: int, elem_bytes: int = 4, *, roo
     c = p // world_size
     # one rank holds everything: nothing to communicate
     n_ag, n_rs = ((1 if root else 2), 1) if world_size > 1 else (0, 0)
-    return FlatStepComm(n_ag, c * elem_bytes, p * elem_bytes, n_rs, p * elem_bytes, c * elem_bytes)
+    return FlatStepComm(n_ag, c * elem_bytes, n_rs, p * elem_bytes, c * elem_bytes)
 
 
 class FlatRankMemory(NamedTuple):
@@ -142,10 +141,6 @@ class FlatRankMemory(NamedTuple):
     @property
     def persistent(self) -> int:
         return self.param_shard + self.grad_shard + self.optimizer
-
-    @property
-    def peak(self) -> int:
-        return self.persistent + self.unsharded_param + self.unsharded_grad
 
 
 OPTIMIZER_STATE_BYTES = {"sgd": 0, "adam": 8}
@@ -201,13 +196,12 @@ DEVICE_KINDS = ("cpu", "tpu")
 """Compilers the per-parameter formula predicts: XLA:CPU (torch_xla's own CPU program) and XLA:TPU (compile-only)."""
 MATMUL_PRECISIONS = ("default", "high", "highest")
 """torch_xla's mat-mul precision (``torch_xla.backends.set_mat_mul_precision``); "default" = one bf16 pass on TPU."""
-UNSHARD_FORMS = ("none", "all_gather", "all_reduce", "all_reduce_padded")
-"""How a parameter is replicated before use: nothing (N = 1), an all-gather of its padded shard, the partitioner's
-all-reduce of the full tensor (d <= N // 2), or XLA:TPU's all-reduce of the padded full vector."""
 
 
 def unshard_form(shape: tuple[int, ...], world_size: int, rule: str = "dim0", device_kind: str = "cpu") -> str:
-    """Which collective unshards a parameter of ``shape`` (see the module note).
+    """Which collective replicates a parameter of ``shape`` before use (see the module note): "none" (N = 1),
+    "all_gather" of its padded shard, "all_reduce" of the full tensor (d <= N // 2) or, on XLA:TPU,
+    "all_reduce_padded" of the padded full vector.
 
     >>> [unshard_form(s, 8, device_kind=k) for s in ((50, 30), (50,), (2, 9)) for k in ("cpu", "tpu")]
     ['all_gather', 'all_gather', 'all_gather', 'all_reduce_padded', 'all_reduce', 'all_reduce']
@@ -271,12 +265,6 @@ class StepBytes(NamedTuple):
     def total(self) -> int:
         return (self.all_gather_forward + self.all_gather_backward + self.reduce_scatter
                 + self.unshard_all_reduce_forward + self.unshard_all_reduce_backward)
-
-    @property
-    def unshard_bytes(self) -> int:
-        """Bytes of every unshard (all-gathers and the all-reduce form), forward + backward."""
-        return (self.all_gather_forward + self.all_gather_backward + self.unshard_all_reduce_forward
-                + self.unshard_all_reduce_backward)
 
 
 def _numel(shape: tuple[int, ...]) -> int:

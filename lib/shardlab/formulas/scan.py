@@ -38,9 +38,6 @@ from shardlab.formulas import hardware
 from shardlab.formulas.common import ceil_div, dtype_bytes
 from shardlab.presets import model_preset
 
-GIB = 1024**3
-MIB = 1024**2
-
 Sharding = Literal["1d", "2d", "replicated"]
 
 # The seed case (pytorch/xla issue #8883: Llama 3.1 405B on v6e-256 with FSDP + TP): the partitioned HLO showed a
@@ -61,9 +58,8 @@ class StackedBytes(NamedTuple):
     d_out: int
     dtype: str
     total_bytes: int  # layers · d_in · d_out · itemsize (the whole logical array)
-    shards: int  # number of distinct pieces the array is cut into (fsdp·tensor for 2-D, tensor for 1-D, 1 replicated)
-    replicas: int  # copies of each piece (1 for 2-D, fsdp for 1-D, fsdp·tensor replicated)
-    per_device_bytes: int  # total_bytes / shards (rounded up per dim, as XLA pads uneven tiles)
+    per_device_bytes: int  # the piece one device holds: fsdp·tensor pieces (2-D), tensor (1-D), 1 (replicated);
+    #                        each dim rounded up, as XLA pads uneven tiles
 
 
 def _check_positive(**values: int) -> None:
@@ -96,17 +92,14 @@ def stacked_bytes(
     item = dtype_bytes(dtype)
     total = layers * d_in * d_out * item
     if sharding == "2d":
-        shards, replicas = fsdp * tensor, 1
         local = layers * ceil_div(d_in, fsdp) * ceil_div(d_out, tensor) * item
     elif sharding == "1d":
-        shards, replicas = tensor, fsdp
         local = layers * d_in * ceil_div(d_out, tensor) * item
     elif sharding == "replicated":
-        shards, replicas = 1, fsdp * tensor
         local = total
     else:
         raise ValueError(f"sharding={sharding!r} must be one of '2d', '1d', 'replicated'")
-    return StackedBytes(layers, d_in, d_out, dtype, total, shards, replicas, local)
+    return StackedBytes(layers, d_in, d_out, dtype, total, local)
 
 
 class ShardAsSaving(NamedTuple):
@@ -259,7 +252,6 @@ class SeedCase(NamedTuple):
     two_d_per_chip_bytes: int
     hbm_usable_bytes: int  # what the XLA:TPU compiler lets one chip's program use (data/hardware)
     one_d_fraction_of_hbm: float  # one_d_per_chip_bytes / hbm_usable_bytes
-    two_d_fraction_of_hbm: float
 
     @property
     def one_d_fits(self) -> bool:
@@ -278,7 +270,7 @@ def seed_case(fsdp: int = 64, tensor: int = 4, dtype: str = "bfloat16", topology
     At the reported mesh (64, 4) the 1-D per-chip array is exactly the HLO's [126, 4K, 16K]:
 
     >>> c = seed_case(fsdp=64, tensor=4, dtype="bfloat16")
-    >>> c.one_d_shape, c.one_d_per_chip_bytes / GIB, c.two_d_shape, c.two_d_per_chip_bytes / MIB
+    >>> c.one_d_shape, c.one_d_per_chip_bytes / 2**30, c.two_d_shape, c.two_d_per_chip_bytes / 2**20
     ((126, 4096, 16384), 15.75, (126, 4096, 256), 252.0)
     """
     _check_positive(fsdp=fsdp, tensor=tensor)
@@ -297,7 +289,7 @@ def seed_case(fsdp: int = 64, tensor: int = 4, dtype: str = "bfloat16", topology
         model, topology, fsdp, tensor, dtype, one.total_bytes,
         (L, rows, h), (L, rows, ceil_div(h, fsdp)),
         one.per_device_bytes, two.per_device_bytes, hbm,
-        one.per_device_bytes / hbm, two.per_device_bytes / hbm,
+        one.per_device_bytes / hbm,
     )
 
 

@@ -164,18 +164,6 @@ def instruction_counts(moved: list[Moved]) -> dict[str, int]:
     return {k: len({(m.graph, m.instruction) for m in moved if m.kind == k}) for k in KINDS}
 
 
-def mlp_backward_needed(model: nn.Module) -> list[bool]:
-    """Which parameters backward reads for dX: weights of every Linear but the first (whose input is data)."""
-    out, first = [], True
-    for mod in model.modules():
-        if isinstance(mod, nn.Linear):
-            out.append(not first)
-            if mod.bias is not None:
-                out.append(False)
-            first = False
-    return out
-
-
 def _fsdp_spec(p: torch.Tensor) -> tuple[str | None, ...]:
     return ("fsdp",) + (None,) * (p.dim() - 1)
 
