@@ -29,13 +29,13 @@ def _one_thread():  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("causal", [False, True])
 def test_allgather_matches_dense_and_formula(cp: int, causal: bool) -> None:
     g = torch.Generator().manual_seed(cp)
-    q, go = (torch.randn(B, S, HQ, D, generator=g, dtype=torch.float64) for _ in range(2))
+    q, target = (torch.randn(B, S, HQ, D, generator=g, dtype=torch.float64) for _ in range(2))
     k, v = (torch.randn(B, S, HKV, D, generator=g, dtype=torch.float64) for _ in range(2))
     qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
     ref = dense_attention(qq, kk, vv, causal)
-    (ref * go).sum().backward()
+    (0.5 * (ref - target).pow(2).sum()).backward()  # the step's loss: ½‖out − target‖²
     world = SimulatedWorld(cp)
-    results = world.run(allgather_attention_step, q, k, v, go, causal)
+    results = world.run(allgather_attention_step, q, k, v, target, causal)
     for name, want in (("out", ref.detach()), ("grad_q", qq.grad), ("grad_k", kk.grad), ("grad_v", vv.grad)):
         got = unshard_sequence([r[name] for r in results], "contiguous")
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)

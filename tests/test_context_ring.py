@@ -32,10 +32,10 @@ def _data(hkv: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
     return q, k, v, torch.randn(B, S, HQ, D, generator=g, dtype=torch.float64)
 
 
-def _dense(q, k, v, go, causal):  # type: ignore[no-untyped-def]
+def _dense(q, k, v, target, causal):  # type: ignore[no-untyped-def]
     q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
     out = dense_attention(q, k, v, causal)
-    (out * go).sum().backward()
+    (0.5 * (out - target).pow(2).sum()).backward()  # the step's loss: ½‖out − target‖²
     return out.detach(), q.grad, k.grad, v.grad
 
 
@@ -48,10 +48,10 @@ def _check_parity(results, want, layout):  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
 def test_ring_matches_dense_and_formula(cp: int, causal: bool, layout: str) -> None:
-    q, k, v, go = _data(hkv=2)
+    q, k, v, target = _data(hkv=2)
     world = SimulatedWorld(cp)
-    results = world.run(ring_attention_step, q, k, v, go, causal=causal, layout=layout)
-    _check_parity(results, _dense(q, k, v, go, causal), layout)
+    results = world.run(ring_attention_step, q, k, v, target, causal=causal, layout=layout)
+    _check_parity(results, _dense(q, k, v, target, causal), layout)
     led = world.ledger
     for phase in ("forward", "backward"):
         want = fcp.ring_p2p(B, S, 2, D, cp, "float64", phase=phase)  # backward="ring": what this code does
@@ -70,9 +70,9 @@ def test_ring_matches_dense_and_formula(cp: int, causal: bool, layout: str) -> N
 
 def test_gqa_and_mha() -> None:
     for hkv in (1, 4):
-        q, k, v, go = _data(hkv=hkv, seed=hkv)
-        results = SimulatedWorld(4).run(ring_attention_step, q, k, v, go, causal=True, layout="zigzag")
-        _check_parity(results, _dense(q, k, v, go, True), "zigzag")
+        q, k, v, target = _data(hkv=hkv, seed=hkv)
+        results = SimulatedWorld(4).run(ring_attention_step, q, k, v, target, causal=True, layout="zigzag")
+        _check_parity(results, _dense(q, k, v, target, True), "zigzag")
 
 
 def test_forward_only_sends_nothing_backward() -> None:
@@ -99,10 +99,10 @@ def test_balance_rows() -> None:
 
 def test_gloo_matches_simulated() -> None:
     """The same per-rank code across 2 real processes (gloo): same results and the same ledger."""
-    q, k, v, go = _data(hkv=2)
+    q, k, v, target = _data(hkv=2)
     sim, dist = SimulatedWorld(2), DistributedWorld(2)
-    a = sim.run(ring_attention_step, q, k, v, go, causal=True, layout="zigzag")
-    b = dist.run(ring_attention_step, q, k, v, go, causal=True, layout="zigzag")
+    a = sim.run(ring_attention_step, q, k, v, target, causal=True, layout="zigzag")
+    b = dist.run(ring_attention_step, q, k, v, target, causal=True, layout="zigzag")
     for ra, rb in zip(a, b, strict=True):
         for name in ("out", "grad_q", "grad_k", "grad_v"):
             torch.testing.assert_close(ra[name], rb[name], rtol=0, atol=0)  # point-to-point: no reduction order
@@ -110,6 +110,6 @@ def test_gloo_matches_simulated() -> None:
 
 
 def test_errors() -> None:
-    q, k, v, go = _data(hkv=2)
+    q, k, v, target = _data(hkv=2)
     with pytest.raises(Exception, match="seq=32 is not divisible by the 6 chunks of the zigzag layout"):
-        SimulatedWorld(3).run(ring_attention_step, q, k, v, go, causal=True, layout="zigzag")
+        SimulatedWorld(3).run(ring_attention_step, q, k, v, target, causal=True, layout="zigzag")

@@ -33,12 +33,12 @@ def _setup(cf: float, seed: int = 0) -> tuple[MoE, torch.Tensor, torch.Tensor]:
                                                                                    dtype=torch.float64)
 
 
-def _dense(moe: MoE, x: torch.Tensor, go: torch.Tensor, groups: int,  # type: ignore[no-untyped-def]
+def _dense(moe: MoE, x: torch.Tensor, target: torch.Tensor, groups: int,  # type: ignore[no-untyped-def]
            dropless: bool = False):
     moe.zero_grad(set_to_none=True)
     xr = x.clone().requires_grad_()
     ref = moe_reference(xr, moe, groups, dropless)
-    (ref.out * go).sum().backward()
+    (0.5 * (ref.out - target).pow(2).sum()).backward()  # the step's loss: ½‖y − target‖²
     return ref, xr.grad
 
 
@@ -55,10 +55,10 @@ def _check(results, moe, ref, grad_x, ep):  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("ep", [1, 2, 4])
 @pytest.mark.parametrize("cf", [0.5, 1.25])
 def test_expert_parallel_matches_dense_and_formula(ep: int, cf: float) -> None:
-    moe, x, go = _setup(cf)
-    ref, grad_x = _dense(moe, x, go, groups=ep)
+    moe, x, target = _setup(cf)
+    ref, grad_x = _dense(moe, x, target, groups=ep)
     world = SimulatedWorld(ep)
-    results = world.run(moe_step, moe, x, go)
+    results = world.run(moe_step, moe, x, target)
     _check(results, moe, ref, grad_x, ep)
     led = world.ledger
     for backward in (False, True):
@@ -73,10 +73,10 @@ def test_expert_parallel_matches_dense_and_formula(ep: int, cf: float) -> None:
 
 
 def test_dropless_sizes_buffers_by_the_largest_load() -> None:
-    moe, x, go = _setup(1.0, seed=1)
-    ref, grad_x = _dense(moe, x, go, groups=4, dropless=True)
+    moe, x, target = _setup(1.0, seed=1)
+    ref, grad_x = _dense(moe, x, target, groups=4, dropless=True)
     world = SimulatedWorld(4)
-    results = world.run(moe_step, moe, x, go, dropless=True)
+    results = world.run(moe_step, moe, x, target, dropless=True)
     _check(results, moe, ref, grad_x, 4)
     biggest = max(max(rt.loads) for rt in ref.routings)
     assert {r["capacity"] for r in results} == {biggest} and all(r["dropped"] == 0 for r in results)
@@ -88,9 +88,9 @@ def test_dropless_sizes_buffers_by_the_largest_load() -> None:
 
 
 def test_gloo_matches_simulated() -> None:
-    moe, x, go = _setup(1.25, seed=2)
+    moe, x, target = _setup(1.25, seed=2)
     sim, dist = SimulatedWorld(2), DistributedWorld(2)
-    a, b = sim.run(moe_step, moe, x, go), dist.run(moe_step, moe, x, go)
+    a, b = sim.run(moe_step, moe, x, target), dist.run(moe_step, moe, x, target)
     for ra, rb in zip(a, b, strict=True):
         for name in ("out", "grad_x", "grad_router"):
             torch.testing.assert_close(ra[name], rb[name], rtol=0, atol=0)  # all-to-all moves, never adds
@@ -98,8 +98,8 @@ def test_gloo_matches_simulated() -> None:
 
 
 def test_errors() -> None:
-    moe, x, go = _setup(1.0)
+    moe, x, target = _setup(1.0)
     with pytest.raises(Exception, match="experts=8 is not divisible by ep=3"):
-        SimulatedWorld(3).run(moe_step, moe, x[:63], go[:63])
+        SimulatedWorld(3).run(moe_step, moe, x[:63], target[:63])
     with pytest.raises(Exception, match="tokens=63 is not divisible by ep=2"):
-        SimulatedWorld(2).run(moe_step, moe, x[:63], go[:63])
+        SimulatedWorld(2).run(moe_step, moe, x[:63], target[:63])

@@ -65,7 +65,9 @@ def test_notebook_11_defaults(run_notebook) -> None:  # type: ignore[no-untyped-
 @pytest.mark.notebook
 def test_notebook_11_four_devices_gloo(run_notebook) -> None:  # type: ignore[no-untyped-def]
     """ep = num_devices = 4 (mesh data 1 x expert 4), the per-rank code also in 4 gloo processes, and XLA:TPU once
-    more with its asynchronous all-to-all option."""
+    more with its asynchronous all-to-all option: it issues all-to-alls as start / done pairs, and XLA:TPU turns a
+    pair with nothing scheduled between start and done back into a plain all-to-all, so every asynchronous one
+    overlaps some work. (How many get work depends on the graph: here the dispatch gets none, measured.)"""
     params = dict(num_devices=4, ep=4, tokens=32, hidden=32, ffn=64, drop_factors=[1.0, 2.0], run_gloo=True,
                   async_flag=True)
     record = run_notebook("11_expert_parallel", **params)
@@ -77,7 +79,8 @@ def test_notebook_11_four_devices_gloo(run_notebook) -> None:  # type: ignore[no
         assert by[("ep.grad_sync.all_reduce.count", src)] == 1
     assert {"ep.gloo.same_ledger", "ep.gloo.bit_identical"} <= {c["name"] for c in record["checks"]}
     assert by[("ep.all_to_all.async", "tpu")] == 0  # XLA:TPU's default: synchronous
-    assert by[("ep.async_flag.all_to_all.async", "tpu")] == 4  # with xla_tpu_enable_async_all_to_all: every one
+    flagged = by[("ep.async_flag.all_to_all.async", "tpu")]  # with xla_tpu_enable_async_all_to_all
+    assert 0 < flagged <= 4 and by[("ep.async_flag.all_to_all.overlapped", "tpu")] == flagged
 
 
 @pytest.mark.notebook

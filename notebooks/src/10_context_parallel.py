@@ -91,21 +91,27 @@ memory
 # whole. `GatherKV` says how: a replicated copy of k and v (forward: **all-gather**), and in its backward the K/V
 # gradient pinned replicated, then sequence-sharded again (a **reduce-scatter**; without that pin the partitioner
 # moved the O(s²) score gradient instead — measured in `shardlab.context.gspmd`'s note). The per-rank program
-# (`shardlab.context.allgather`) does the same with `comm.all_gather` and its reduce-scatter backward.
+# (`shardlab.context.allgather`) does the same with `comm.all_gather` and its reduce-scatter backward. Every
+# forward + backward step of this notebook differentiates the loss ½‖out − target‖² (a fixed random target): its
+# output gradient out − target depends on the output, as in training, so no backward collective can run before the
+# forward's have delivered.
 
 # %%
-ag_views = harness.views(AllGatherCase(p, backward=True))  # forward + backward of (out * grad_out).sum()
+ag_views = harness.views(AllGatherCase(p, backward=True))  # forward + backward of ½‖out − target‖²
 harness.record(rec, "cp", *ag_views)
 
 # %% [markdown]
 # The all-gathers are the forward's (`cp.allgather.*`), the reduce-scatters the backward's.
 #
 # **What each compiler emitted, and why.** XLA:CPU: two all-gathers of one block (the payload the formula names),
-# and — having no reduce-scatter instruction — one all-reduce of each full gradient cut to this device's share by a
-# dynamic-slice (counted as the reduce-scatter it implements). XLA:TPU (lines above): the all-gathers move **bf16**
-# (the default matmul precision reads f32 operands as bf16, so the compiler converts before sending: half the bytes,
-# the same elements), and the two K/V gradient reductions are **combined** into one instruction carrying both. At
-# these sizes it is an all-reduce + dynamic-slice; at s = 1024 it was one reduce-scatter (`shardlab.context.gspmd`).
+# and one all-reduce of each full gradient cut to this device's share by a dynamic-slice, counted as the
+# reduce-scatter it implements: XLA:CPU's runtime has a reduce-scatter, but its pass pipeline never forms one from
+# all-reduce + dynamic-slice. XLA:TPU (lines above): the all-gathers move **bf16** (the default matmul precision
+# reads f32 operands as bf16, so the compiler converts before sending: half the bytes, the same elements), and the
+# two K/V gradient reductions are **combined** into one instruction carrying both — a combining of collectives that
+# are truly independent: dK and dV each wait for the output's gradient, neither for the other (measured the same
+# with a loss whose output gradient is a constant). At these sizes it is an all-reduce + dynamic-slice; at
+# s = 1024 it was one reduce-scatter (`shardlab.context.gspmd`).
 
 # %% [markdown]
 # ## 3 · Ring attention per rank
@@ -273,7 +279,8 @@ if p.ulysses:
 
 # %% [markdown]
 # XLA:CPU writes each all-to-all as one array per destination device (a tuple of cp equal chunks — one all-to-all,
-# not cp combined ones). XLA:TPU issues every one synchronously and none combined; half of them travel in bf16 —
+# not cp combined ones). XLA:TPU issues every one synchronously and none combined, in the step's order: q, k, v, the
+# output, then the output's gradient (it is computed from the output) and dq, dk, dv. Half of them travel in bf16 —
 # q, k, v and the output's gradient, each read next by a matmul at the default precision — and half in f32 (the
 # output, and dq, dk, dv on their way home; the line above the table lists them): its bytes differ, its elements
 # agree.

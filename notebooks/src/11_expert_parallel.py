@@ -72,7 +72,7 @@ from shardlab.views import View
 from shardlab.viz import expert as vexp
 
 torch.set_num_threads(1)  # tiny CPU matmuls: intra-op threads only spin against the ranks' threads
-step = MoECase(p)  # one MoE layer, forward + backward of (y * grad_out).sum()
+step = MoECase(p)  # one MoE layer, forward + backward of ½‖y − target‖²
 C = step.slots()
 print(f"ep = {p.ep}: mesh (data, expert) = ({step.data}, {p.ep}), {step.groups} routing groups of S = {p.tokens} "
       f"tokens; E = {p.experts} experts, {p.experts // p.ep} per device; k = {p.top_k}, cf = {p.capacity_factor} "
@@ -117,8 +117,9 @@ pd.Series(fv.values, name="formula", dtype=object)
 
 # %% [markdown]
 # ## 3 · The ledger: per-rank code with two all-to-alls
-# `moe_step(comm, moe, x, grad_out)` (`shardlab.expert.parallel`) is one rank's layer: its slice of the tokens, a
-# replica of the router, its E/ep experts. It routes with GShard's vectorised dispatch (a cumulative sum gives every
+# `moe_step(comm, moe, x, target)` (`shardlab.expert.parallel`) is one rank's layer: its slice of the tokens, a
+# replica of the router, its E/ep experts; its backward differentiates ½‖y − target‖² (every view's loss: the output
+# gradient y − target depends on the output, as in training). It routes with GShard's vectorised dispatch (a cumulative sum gives every
 # assignment its slot), packs the buffer with one einsum, and calls `all_to_all` — an autograd function whose
 # backward is the same all-to-all of the gradient (an all-to-all with equal chunks is its own transpose). One
 # `SimulatedWorld(ep)` per data group runs it; outputs and the input, router and expert gradients are compared with
@@ -214,12 +215,17 @@ for name, view in (("XLA:CPU", hv), ("XLA:TPU", tv)):
 
 # %% [markdown]
 # At the defaults (measured, v5e): four **synchronous** bf16 all-to-alls, **none combined** and none overlapped with
-# other work, while the three expert-weight gradient all-reduces over the data axis *are* combined into one tuple
-# all-reduce (the router's stays separate: it runs over another device group, all devices). XLA:CPU issues
-# everything synchronously and combines nothing (it writes each all-to-all as one array per destination — the
-# `shapes` column — which is still one all-to-all). XLA:TPU can issue its all-to-alls asynchronously: its debug
-# option `xla_tpu_enable_async_all_to_all`, off by default in this libtpu, turns each into a start / done pair with
-# other work scheduled in between (`async_flag=True` compiles it and counts that work).
+# other work — each waits for the one before it: the loss ½‖y − target‖² needs the combine's result before the
+# backward's first all-to-all can start — while the three expert-weight gradient all-reduces over the data axis
+# *are* combined into one tuple all-reduce (the router's stays separate: it runs over another device group, all
+# devices). That combining is real: the three gradients are independent of each other (measured the same with a
+# loss whose output gradient is a constant). XLA:CPU issues everything synchronously and combines nothing (it writes
+# each all-to-all as one array per destination — the `shapes` column — which is still one all-to-all). XLA:TPU can
+# issue its all-to-alls asynchronously: its debug option `xla_tpu_enable_async_all_to_all`, off by default in this
+# libtpu, turns each into a start / done pair with other work scheduled in between — where the scheduler finds
+# some: a pair with nothing between start and done becomes a plain all-to-all again (measured: at these defaults
+# all four overlap work; with 4 devices and S = h = 32 the dispatch finds none and stays synchronous).
+# `async_flag=True` compiles it and counts that work.
 
 # %%
 if p.async_flag and tv.ran:

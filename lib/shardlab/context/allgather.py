@@ -18,7 +18,7 @@ scores live on every rank at once. This code uses the contiguous layout: its cau
 
 Example (run by the tests and the notebook)::
 
-    results = SimulatedWorld(4).run(allgather_attention_step, q, k, v, grad_out, causal=True)
+    results = SimulatedWorld(4).run(allgather_attention_step, q, k, v, target, causal=True)
     results[r]["out"]      # rank r's output rows, == dense_attention(q, k, v, True)[:, r·s/cp:(r+1)·s/cp]
 """
 
@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from shardlab.context.attention import check_layout, check_qkv, shard_sequence
 from shardlab.tp.mappings import gather_from_sp_region
+from shardlab.tp.programs import loss
 
 
 def allgather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Any,
@@ -50,14 +51,15 @@ def allgather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm:
 
 
 def allgather_attention_step(comm: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                             grad_out: torch.Tensor | None = None, causal: bool = False) -> dict[str, Any]:
-    """One forward (+ backward of ``(out * grad_out).sum()``) on this rank. q, k, v, grad_out are the FULL
-    [b, s, heads, d] tensors; rank r takes positions [r·s/cp, (r+1)·s/cp). Returns its out and gradients."""
+                             target: torch.Tensor | None = None, causal: bool = False) -> dict[str, Any]:
+    """One forward (+ backward of ½‖out − target‖², ``tp.programs.loss``, summed over the ranks' rows) on this
+    rank. q, k, v, target are the FULL [b, s, heads, d] tensors; rank r takes positions [r·s/cp, (r+1)·s/cp).
+    Returns its out and gradients."""
     cp, r = comm.world_size, comm.rank
     check_layout("contiguous", q.shape[1], cp)
-    ql, kl, vl = (shard_sequence(t, "contiguous", r, cp).detach().clone().requires_grad_(grad_out is not None)
+    ql, kl, vl = (shard_sequence(t, "contiguous", r, cp).detach().clone().requires_grad_(target is not None)
                   for t in (q, k, v))
     out = allgather_attention(ql, kl, vl, comm, causal)
-    if grad_out is not None:
-        (out * shard_sequence(grad_out, "contiguous", r, cp)).sum().backward()
+    if target is not None:
+        loss(out, shard_sequence(target, "contiguous", r, cp)).backward()
     return {"out": out.detach(), "grad_q": ql.grad, "grad_k": kl.grad, "grad_v": vl.grad}

@@ -72,10 +72,10 @@ def explore(cp: int, seq: int, kv_heads: int, head_dim: int, layout: str, causal
     heads = 2 * kv_heads
     fcp.causal_work(seq, cp, layout, causal)  # the layout's divisibility rule, before any work
     g = torch.Generator().manual_seed(seed)
-    q, go = (torch.randn(batch, seq, heads, head_dim, generator=g) for _ in range(2))
+    q, target = (torch.randn(batch, seq, heads, head_dim, generator=g) for _ in range(2))
     k, v = (torch.randn(batch, seq, kv_heads, head_dim, generator=g) for _ in range(2))
     world = SimulatedWorld(cp)
-    results = world.run(ring_attention_step, q, k, v, go, causal=causal, layout=layout)
+    results = world.run(ring_attention_step, q, k, v, target, causal=causal, layout=layout)
     sends = world.ledger.select("send")
     work = [work_from_trace(r["trace"])["elements"] for r in results]
     return {"formula": fcp.ring_p2p(batch, seq, kv_heads, head_dim, cp, "float32", phase="step"),

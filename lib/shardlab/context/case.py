@@ -65,6 +65,7 @@ from shardlab.context.ulysses import ulysses_step
 from shardlab.formulas import context as fcp
 from shardlab.formulas.common import dtype_bytes
 from shardlab.profile.hlo import HloModule
+from shardlab.tp.programs import loss
 from shardlab.views import View, traffic
 
 DTYPE = "float32"  # the model's element type (notebook 10 is float32 throughout)
@@ -74,7 +75,8 @@ __all__ = ["AllGatherCase", "RingCase", "UlyssesCase", "gloo_run", "ulysses_para
 
 @dataclass(frozen=True)
 class CpCase(Case):
-    """One attention layer's forward (+ backward of ``(out * grad_out).sum()``) under context parallelism."""
+    """One attention layer's forward (+ backward of ½‖out − target‖², ``tp.programs.loss``: its output gradient
+    out − target depends on the forward's output, as in training) under context parallelism."""
 
     p: ContextParams
     backward: bool = False
@@ -99,11 +101,11 @@ class CpCase(Case):
         return p.batch * p.seq // p.cp * p.kv_heads * p.head_dim
 
     def inputs(self) -> dict[str, torch.Tensor]:
-        """q, grad_out [b, s, hq, d] and k, v [b, s, hkv, d], float32, seeded by ``p.seed``."""
+        """q, target [b, s, hq, d] and k, v [b, s, hkv, d], float32, seeded by ``p.seed``."""
         p = self.p
         g = torch.Generator().manual_seed(p.seed)
         qs, ks = (p.batch, p.seq, p.heads, p.head_dim), (p.batch, p.seq, p.kv_heads, p.head_dim)
-        return {n: torch.randn(shape, generator=g) for n, shape in (("q", qs), ("k", ks), ("v", ks), ("grad_out", qs))}
+        return {n: torch.randn(shape, generator=g) for n, shape in (("q", qs), ("k", ks), ("v", ks), ("target", qs))}
 
     def oracle(self) -> dict[str, torch.Tensor]:
         """PyTorch's scaled_dot_product_attention on the whole sequence: out and, with backward, dq, dk, dv."""
@@ -112,12 +114,12 @@ class CpCase(Case):
         out = dense_attention(q, k, v, self.p.causal)
         if not self.backward:
             return {"out": out.detach()}
-        (out * data["grad_out"]).sum().backward()
+        loss(out, data["target"]).backward()
         return {"out": out.detach(), "grad_q": q.grad, "grad_k": k.grad, "grad_v": v.grad}
 
     def _step_args(self) -> tuple[torch.Tensor, ...]:
         data = self.inputs()
-        return data["q"], data["k"], data["v"], data["grad_out"] if self.backward else None
+        return data["q"], data["k"], data["v"], data["target"] if self.backward else None
 
     def parity(self, source: str, got: Any, ref: dict[str, torch.Tensor]) -> Checks:
         """Per rank: each rank's rows, put back in sequence order (``layout``); compiled: the program's outputs."""
@@ -151,10 +153,11 @@ class CpCase(Case):
         x = mark(x.to(runtime.device()), mesh, spec)
         return x.detach().requires_grad_(True) if self.backward else x
 
-    def _finish(self, out: torch.Tensor, leaves: tuple[torch.Tensor, ...], grad_out: torch.Tensor) -> list[Any]:
+    def _finish(self, out: torch.Tensor, leaves: tuple[torch.Tensor, ...], target: torch.Tensor) -> list[Any]:
+        """[out] or, with backward, [out, the leaves' gradients] of ½‖out − target‖² (``target`` annotated as out)."""
         if not self.backward:
             return [out]
-        (out * grad_out).sum().backward()
+        loss(out, target).backward()
         return [out, *(t.grad for t in leaves)]
 
     def groups_checks(self, view: View, module: HloModule) -> View:
@@ -218,7 +221,7 @@ class AllGatherCase(CpCase):
             qpos = mark(pos.to(runtime.device()), mesh, (gspmd.AXIS,))  # this device's query positions
             kpos = mark(pos.to(runtime.device()), mesh, (None,))  # every key position
         out = mark(gspmd.allgather_attention(q, k, v, mesh, qpos, kpos, self.pin), mesh, SEQ)
-        return self._finish(out, (q, k, v), mark(data["grad_out"].to(runtime.device()), mesh, SEQ))
+        return self._finish(out, (q, k, v), mark(data["target"].to(runtime.device()), mesh, SEQ))
 
     def read(self, view: View, module: HloModule) -> View:
         view = self.renamed(view)
@@ -306,7 +309,7 @@ class RingCase(CpCase):
         else:
             out = gspmd.ring_attention_unrolled(q, kv, qpos, kposs)
         out = mark(out, mesh, ROWS)
-        return self._finish(out, (q, k, v), mark(stack_rows(data["grad_out"], self.layout, p.cp).to(dev), mesh, ROWS))
+        return self._finish(out, (q, k, v), mark(stack_rows(data["target"], self.layout, p.cp).to(dev), mesh, ROWS))
 
     def read(self, view: View, module: HloModule) -> View:
         t = permute_traffic(module)
@@ -409,15 +412,8 @@ class UlyssesCase(CpCase):
         data = self.inputs()
         q, k, v = (self._leaf(data[n], mesh, SEQ) for n in ("q", "k", "v"))
         out = mark(gspmd.ulysses_attention(q, k, v, mesh, self.p.causal), mesh, SEQ)
-        return self._finish(out, (q, k, v), mark(data["grad_out"].to(runtime.device()), mesh, SEQ))
+        return self._finish(out, (q, k, v), mark(data["target"].to(runtime.device()), mesh, SEQ))
 
     def read(self, view: View, module: HloModule) -> View:
-        a2a = [c for c in module.collectives if c.op == "all-to-all"]
-        if a2a and all(c.operands == c.group_size and len(set(c.operand_shapes)) == 1 for c in a2a):
-            # XLA:CPU writes an all-to-all as one array per destination (a tuple of cp equal chunks): ONE
-            # all-to-all, not cp combined ones
-            view.differs.pop(f"{self.phase}.all_to_all.count", None)
-            view.values.pop(f"{self.phase}.all_to_all.operands", None)
-            view.units.pop(f"{self.phase}.all_to_all.operands", None)
         view.notes.append(collectives_story(view.source, module))
         return self.groups_checks(view, module)

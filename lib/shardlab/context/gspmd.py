@@ -9,13 +9,15 @@ notebook's parameters and runs it through the harness):
 ``allgather`` — q, k, v [b, s, h, d] sharded on the sequence: ``(None, "context", None, None)``. Attention
 contracts every query with every key, so each device needs all of K and V: :class:`GatherKV` annotates a
 replicated copy of k and v (forward: **all-gather** of each shard) and, in its backward, pins the K/V gradient
-replicated before annotating it sequence-sharded again (**reduce-scatter**: all-reduce + dynamic-slice on
-XLA:CPU). Scores per device [b, hq, s/cp, s]. Measured (torch_xla 2.9, XLA:CPU, 8 devices, b 1, s 1024, hq 8,
-hkv 2, d 64, f32): with the pin 2 all-gathers (64 KiB each) and 2 reduce-scatters (512 KiB each), 1.2 MB of
-collective operands per device; without it (``pin=False``) the partitioner computes dk already
+replicated before annotating it sequence-sharded again (**reduce-scatter**; on XLA:CPU an all-reduce +
+dynamic-slice: its pass pipeline never forms a reduce-scatter from the pair, though its runtime has one). Scores
+per device [b, hq, s/cp, s]. Measured (torch_xla 2.9, XLA:CPU, 8 devices, b 1, s 1024, hq 8, hkv 2, d 64, f32,
+forward + backward of ½‖out − target‖²): with the pin 2 all-gathers (64 KiB each) and 2 reduce-scatters (512 KiB
+each), 1.2 MB of collective operands per device; without it (``pin=False``) the partitioner computes dk already
 sequence-sharded: it all-to-alls the [b, hkv, g, s/cp, s] score gradient to key-sharding (4 MiB, plus its
 causal mask), all-gathers q, and reduces dv before summing its g query heads (2 MiB all-reduce) — 7.3 MB, with
-the O(s²) score gradient on the wire where the reduce-scatter moves O(s·d).
+the O(s²) score gradient on the wire where the reduce-scatter moves O(s·d). XLA:TPU at that size: one
+reduce-scatter instruction carrying dk and dv (combined: the two are independent of each other).
 
 ``ring`` — Liu et al.'s ring as one SPMD program. q, k, v are stacked on a leading ``context`` axis
 ([cp, b, s/cp, h, d], row r = rank r's chunks, ``(context, None, ...)``), k and v concatenated into one
@@ -34,9 +36,10 @@ and one in the backward loop. The loop body cannot carry annotations (``scan`` t
 Integer carries are refused by ``scan`` (every carry gets ``requires_grad``): positions travel as float32.
 Memory: the backward keeps what autograd saved for every step (the visiting K/V blocks and the per-step
 intermediates); ``remat=True`` passes functorch's min-cut rematerialisation partition to ``scan``. Measured
-(s = 1024, hq 8, hkv 2, d 64, cp 8, XLA:TPU v5e:2x4 peak per chip): forward only 1.9 MB (all-gather CP 6.1 MB);
-forward + backward 23.1 MB, with ``remat`` 15.0 MB (all-gather CP 11.7 MB) — the per-rank ring's hand-written
-backward (``shardlab.context.ring``) keeps only q, k, v, out and the log-sum-exp instead.
+(s = 1024, hq 8, hkv 2, d 64, cp 8, XLA:TPU v5e:2x4 peak per chip, the step's loss ½‖out − target‖²): forward
+only 1.9 MB (all-gather CP 6.1 MB); forward + backward 23.1 MB, with ``remat`` 15.0 MB (all-gather CP 11.6 MB,
+the unrolled ring 11.1 MB) — the per-rank ring's hand-written backward (``shardlab.context.ring``) keeps only q,
+k, v, out and the log-sum-exp instead.
 
 ``ulysses`` — DeepSpeed-Ulysses (Jacobs et al. 2023): q, k, v re-annotated from sequence-sharded to head-sharded
 (``shardlab.expert.gspmd.Reshard``: one all-to-all each), attention per head group over the whole sequence, the

@@ -28,7 +28,7 @@ tags ``cp.k``, ``cp.v`` (forward and backward), ``cp.dk``, ``cp.dv`` (backward).
 
 Example (run by the tests and the notebook; q, k, v are the full [b, s, heads, d] tensors)::
 
-    results = SimulatedWorld(4).run(ring_attention_step, q, k, v, grad_out, causal=True, layout="zigzag")
+    results = SimulatedWorld(4).run(ring_attention_step, q, k, v, target, causal=True, layout="zigzag")
     results[r]["out"]      # rank r's output rows (its chunks), == dense_attention(...) sharded the same way
 """
 
@@ -50,6 +50,7 @@ from shardlab.context.attention import (
     shard_sequence,
     softmax_delta,
 )
+from shardlab.tp.programs import loss
 
 TAGS = ("cp.k", "cp.v", "cp.dk", "cp.dv")
 
@@ -165,18 +166,19 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Any,
 
 
 def ring_attention_step(comm: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                        grad_out: torch.Tensor | None = None, causal: bool = False,
+                        target: torch.Tensor | None = None, causal: bool = False,
                         layout: str = "contiguous") -> dict[str, Any]:
-    """One forward (+ backward of ``(out * grad_out).sum()``) on this rank. q, k, v, grad_out are the FULL
-    [b, s, heads, d] tensors; each rank takes its chunks (``layout``). Returns this rank's out and gradients
-    (in its local layout), its chunk ids, and the blocks it met (``trace``)."""
+    """One forward (+ backward of ½‖out − target‖², ``tp.programs.loss``, summed over the ranks' rows) on this
+    rank: autograd hands :class:`RingAttention`'s backward dO = out − target of this rank's rows. q, k, v, target
+    are the FULL [b, s, heads, d] tensors; each rank takes its chunks (``layout``). Returns this rank's out and
+    gradients (in its local layout), its chunk ids, and the blocks it met (``trace``)."""
     cp, r = comm.world_size, comm.rank
     check_layout(layout, q.shape[1], cp)
-    ql, kl, vl = (shard_sequence(t, layout, r, cp).detach().clone().requires_grad_(grad_out is not None)
+    ql, kl, vl = (shard_sequence(t, layout, r, cp).detach().clone().requires_grad_(target is not None)
                   for t in (q, k, v))
     trace: list[Block] = []
     out = ring_attention(ql, kl, vl, comm, causal, layout, trace)
-    if grad_out is not None:
-        (out * shard_sequence(grad_out, layout, r, cp)).sum().backward()
+    if target is not None:
+        loss(out, shard_sequence(target, layout, r, cp)).backward()
     return {"out": out.detach(), "grad_q": ql.grad, "grad_k": kl.grad, "grad_v": vl.grad,
             "chunks": chunk_ids(layout, r, cp), "trace": trace}

@@ -26,6 +26,7 @@ import torch
 
 from shardlab.context.attention import check_layout, check_qkv, dense_attention, shard_sequence
 from shardlab.expert.parallel import all_to_all
+from shardlab.tp.programs import loss
 
 
 def seq_to_heads(x: torch.Tensor, comm: Any, tag: str) -> torch.Tensor:
@@ -60,14 +61,15 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: A
 
 
 def ulysses_step(comm: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 grad_out: torch.Tensor | None = None, causal: bool = False) -> dict[str, Any]:
-    """One forward (+ backward of ``(out * grad_out).sum()``); q, k, v, grad_out are the FULL [b, s, heads, d];
-    rank r takes positions [r·s/cp, (r+1)·s/cp). Returns its out and gradients (its rows)."""
+                 target: torch.Tensor | None = None, causal: bool = False) -> dict[str, Any]:
+    """One forward (+ backward of ½‖out − target‖², ``tp.programs.loss``, summed over the ranks' rows); q, k, v,
+    target are the FULL [b, s, heads, d]; rank r takes positions [r·s/cp, (r+1)·s/cp). Returns its out and
+    gradients (its rows)."""
     cp, r = comm.world_size, comm.rank
     check_layout("contiguous", q.shape[1], cp)
-    ql, kl, vl = (shard_sequence(t, "contiguous", r, cp).detach().clone().requires_grad_(grad_out is not None)
+    ql, kl, vl = (shard_sequence(t, "contiguous", r, cp).detach().clone().requires_grad_(target is not None)
                   for t in (q, k, v))
     out = ulysses_attention(ql, kl, vl, comm, causal)
-    if grad_out is not None:
-        (out * shard_sequence(grad_out, "contiguous", r, cp)).sum().backward()
+    if target is not None:
+        loss(out, shard_sequence(target, "contiguous", r, cp)).backward()
     return {"out": out.detach(), "grad_q": ql.grad, "grad_k": kl.grad, "grad_v": vl.grad}

@@ -3,9 +3,10 @@
 Design
 ------
 :class:`MoECase` holds the notebook's :class:`~shardlab.expert.params.ExpertParams` ``p`` (which is the layer's
-configuration) and its variant: ``backward`` (forward + backward of ``(y * grad_out).sum()``, or forward alone) and
-``dropless`` (no capacity: the per-rank code pads every buffer to the largest load; ledger and formula only — a
-static XLA program cannot have a data-dependent buffer size). Every device and every rank routes its own group of
+configuration) and its variant: ``backward`` (forward + backward of ½‖y − target‖², ``tp.programs.loss``: the
+output gradient depends on y, as in training; or forward alone) and ``dropless`` (no capacity: the per-rank code
+pads every buffer to the largest load; ledger and formula only — a static XLA program cannot have a
+data-dependent buffer size). Every device and every rank routes its own group of
 S = ``p.tokens`` tokens; the compared configuration has ``data · ep`` groups, ``data`` = n / ep on this process's
 n devices when ep tiles them (the compiled mesh (data, expert)), else 1 (the TPU view then compiles an ep-chip
 slice in a helper process). Values, named ``<phase>.<...>`` (:func:`views` drops the phase of the step, so the
@@ -48,6 +49,7 @@ from shardlab.expert.parallel import moe_step
 from shardlab.expert.params import ExpertParams
 from shardlab.formulas import expert as fexp
 from shardlab.profile.hlo import HloModule
+from shardlab.tp.programs import loss
 from shardlab.views import View, collectives_view, traffic
 
 DTYPE = "float32"  # the layer's element type in every view (the router runs in float32 anyway)
@@ -89,9 +91,9 @@ class MoECase(Case):
         return self.data * self.p.ep
 
     def tensors(self) -> tuple[MoE, torch.Tensor, torch.Tensor | None]:
-        """The seeded layer, x and grad_out [groups · S, h] (grad_out None without backward)."""
-        x, grad_out = inputs(self.p, self.groups)
-        return layer(self.p), x, grad_out if self.backward else None
+        """The seeded layer, x and target [groups · S, h] (target None without backward)."""
+        x, target = inputs(self.p, self.groups)
+        return layer(self.p), x, target if self.backward else None
 
     def loads(self) -> list[list[int]]:
         """loads[g][e]: assignments of group g to expert e chosen by the router (kept or not)."""
@@ -129,20 +131,20 @@ class MoECase(Case):
     # ----------------------------------------------------------------------------------------------- ledger
     def program(self) -> list[tuple[Any, tuple[Any, ...]]]:
         """moe_step on ep ranks for each data group (its ep · S tokens)."""
-        moe, x, grad_out = self.tensors()
+        moe, x, target = self.tensors()
         rows = self.p.ep * self.p.tokens
-        return [(moe_step, (moe, x[d * rows:(d + 1) * rows], None if grad_out is None else
-                            grad_out[d * rows:(d + 1) * rows], self.dropless)) for d in range(self.data)]
+        return [(moe_step, (moe, x[d * rows:(d + 1) * rows], None if target is None else
+                            target[d * rows:(d + 1) * rows], self.dropless)) for d in range(self.data)]
 
     def oracle(self) -> dict[str, Any]:
         """The dense layer (loops over experts), one routing group per device / rank: output, gradients of the
         input, the router and the stacked experts, and the assignments dropped."""
-        moe, x, grad_out = self.tensors()
+        moe, x, target = self.tensors()
         x = x.clone().requires_grad_(self.backward)
         ref = moe_reference(x, moe, self.groups, self.dropless)
         out = {"out": ref.out.detach(), "dropped": sum(len(r.dropped) for r in ref.routings)}
         if self.backward:
-            (ref.out * grad_out).sum().backward()
+            loss(ref.out, target).backward()
             out |= {"grad_x": x.grad, "router": moe.router.grad, **{w: getattr(moe, w).grad for w in WEIGHTS}}
         return out
 
@@ -209,11 +211,6 @@ class MoECase(Case):
             view.values |= sync.values
             view.units |= sync.units
             view.differs |= sync.differs
-        count_name = f"{self.phase}.all_to_all.count"
-        if a2a["operands"] == a2a["count"] and count_name in view.differs:  # XLA:CPU's chunk form: not combined
-            view.differs.pop(count_name)
-            view.values.pop(f"{self.phase}.all_to_all.operands")
-            view.units.pop(f"{self.phase}.all_to_all.operands")
         bytes_name = f"{self.phase}.all_to_all.bytes"
         view.notes.append(f"{'XLA:TPU' if src == 'tpu' else 'XLA:CPU'}: {compiler_story(module)}")
         if src == "tpu":
@@ -234,10 +231,10 @@ def views(case: MoECase, sources: tuple[str, ...] = harness.SOURCES) -> list[Vie
 # ------------------------------------------------------------------------------------------------- reading
 def collective_frame(module: HloModule) -> pd.DataFrame:
     """Every collective of a compiled program: op, element type, form (sync, start / done ...), the logical
-    collectives it carries (> 1: combined; a chunk-form all-to-all is one), group size, the bytes one device hands
-    over and the operand shapes."""
+    collectives it carries (> 1: combined; XLA:CPU's tuple all-to-all, one chunk per destination, is one), group
+    size, the bytes one device hands over and the operand shapes."""
     return pd.DataFrame([{"op": c.op, "dtype": c.dtype, "form": c.form, "async": c.async_,
-                          "collectives": 1 if gspmd.chunk_form(c) else c.operands, "group": c.group_size,
+                          "collectives": c.operands, "group": c.group_size,
                           "operand_bytes": c.operand_bytes, "shapes": c.operand_shapes}
                          for c in module.collectives])
 

@@ -49,7 +49,8 @@ from shardlab import runtime
 from shardlab.dtypes import HLO_BYTES
 from shardlab.expert.moe import capacity, dispatch_tensors, inputs, layer, router_probs, top_k_gates
 from shardlab.expert.params import ExpertParams
-from shardlab.profile.hlo import Collective, HloModule
+from shardlab.profile.hlo import HloModule
+from shardlab.tp.programs import loss
 
 AXIS = "expert"
 DATA = "data"
@@ -125,40 +126,35 @@ def _device(t: torch.Tensor, mesh: Any, spec: tuple, grad: bool) -> torch.Tensor
 
 
 def step(p: ExpertParams, backward: bool = True) -> list[torch.Tensor]:
-    """The step on the current device world (one group per device), NOT synced:
-    ``[y, dx, dW_r, dW1, dW3, dW2]`` (``[y]`` without backward)."""
+    """The step on the current device world (one group per device), NOT synced: forward and backward of
+    ½‖y − target‖² (``tp.programs.loss``: the output gradient depends on y, so the backward's first all-to-all
+    waits for the forward's last), ``[y, dx, dW_r, dW1, dW3, dW2]`` (``[y]`` without backward)."""
     n = runtime.current().num_devices
     mesh = expert_mesh(p.ep)
     moe = layer(p)
-    x_cpu, grad_out = inputs(p, n)
+    x_cpu, target = inputs(p, n)
     x = _device(x_cpu, mesh, TOKENS, backward)
     specs = {"router": (None, None), "w1": (AXIS, None, None), "w3": (AXIS, None, None), "w2": (AXIS, None, None)}
     params = {name: _device(getattr(moe, name), mesh, specs[name], backward) for name in PARAMS}
     y = _mark(gshard_moe(x, params["router"], params["w1"], params["w3"], params["w2"], p, mesh), mesh, TOKENS)
     if not backward:
         return [y]
-    (y * _device(grad_out, mesh, TOKENS, False)).sum().backward()
+    loss(y, _device(target, mesh, TOKENS, False)).backward()
     return [y, x.grad, *(params[name].grad for name in PARAMS)]
 
 
 # ------------------------------------------------------------------------------------------ reading the programs
-def chunk_form(c: Collective) -> bool:
-    """An all-to-all written as one array per destination (XLA:CPU: a tuple of ``group size`` equal chunks, no
-    split dimension) — ONE all-to-all, not several combined."""
-    return c.op == "all-to-all" and c.operands == c.group_size > 1 and len(set(c.operand_shapes)) == 1
-
-
 def all_to_all_traffic(module: HloModule) -> dict[str, Any]:
     """The all-to-alls of a partitioned program: ``count``, per-device operand ``bytes`` and ``elements`` (XLA:TPU
     moves them in bf16 where XLA:CPU keeps f32: compare elements), ``group_sizes``, ``dtypes``, ``async`` (issued
     by a start and completed by a done), ``operands`` (logical all-to-alls carried: > count when the compiler
-    combined some; a chunk-form all-to-all counts once), ``forms``."""
+    combined some; XLA:CPU's tuple form, one chunk per destination, is one — ``shardlab.profile.hlo``), ``forms``."""
     a2a = [c for c in module.collectives if c.op == "all-to-all"]
     return {"count": len(a2a), "bytes": sum(c.operand_bytes for c in a2a),
             "elements": sum(c.operand_bytes // HLO_BYTES[c.dtype] for c in a2a),
             "group_sizes": sorted({c.group_size for c in a2a}), "dtypes": sorted({c.dtype for c in a2a}),
-            "async": sum(c.async_ for c in a2a), "operands": sum(1 if chunk_form(c) else c.operands for c in a2a),
-            "forms": sorted({("chunks" if chunk_form(c) else c.form) for c in a2a})}
+            "async": sum(c.async_ for c in a2a), "operands": sum(c.operands for c in a2a),
+            "forms": sorted({c.form for c in a2a})}
 
 
 def expert_weight_bytes(module: HloModule, p: ExpertParams) -> int:

@@ -27,7 +27,7 @@ Tags: ``ep.capacity`` (dropless only), ``ep.dispatch``, ``ep.combine``.
 
 Example (dense oracle with one routing group per rank; tests and notebook compare)::
 
-    results = SimulatedWorld(4).run(moe_step, moe, x, grad_out)      # moe: expert.moe.MoE, x: [T, h]
+    results = SimulatedWorld(4).run(moe_step, moe, x, target)      # moe: expert.moe.MoE, x: [T, h]
     torch.cat([r["out"] for r in results]) == moe_reference(x, moe, groups=4).out
 """
 
@@ -39,6 +39,7 @@ import torch
 
 from shardlab.expert.moe import MoE, capacity, dispatch_tensors, expert_ffn, router_probs, top_k_gates
 from shardlab.expert.params import ExpertParams
+from shardlab.tp.programs import loss
 
 
 class _AllToAll(torch.autograd.Function):
@@ -96,9 +97,10 @@ def expert_parallel_moe(x: torch.Tensor, router: torch.Tensor, w1: torch.Tensor,
     return y, {"capacity": c, "loads": d.loads[0].tolist(), "kept": kept, "dropped": s * p.top_k - kept}
 
 
-def moe_step(comm: Any, dense: MoE, x: torch.Tensor, grad_out: torch.Tensor | None = None,
+def moe_step(comm: Any, dense: MoE, x: torch.Tensor, target: torch.Tensor | None = None,
              dropless: bool = False) -> dict[str, Any]:
-    """One forward (+ backward of ``(y * grad_out).sum()``) on this rank. x, grad_out: the FULL [T, h]; rank r
+    """One forward (+ backward of ½‖y − target‖², ``tp.programs.loss``, summed over the ranks' rows) on this rank.
+    x, target: the FULL [T, h]; rank r
     takes rows r·T/ep … (r+1)·T/ep and experts ``expert_range``. Returns its output, input gradient, router
     gradient (its tokens' share), its experts' gradients, the bytes of its expert weights and the routing facts."""
     ep, r = comm.world_size, comm.rank
@@ -106,14 +108,14 @@ def moe_step(comm: Any, dense: MoE, x: torch.Tensor, grad_out: torch.Tensor | No
     if t % ep:
         raise ValueError(f"tokens={t} is not divisible by ep={ep} (one equal group per rank)")
     mine = expert_range(dense.p.experts, ep, r)
-    want_grad = grad_out is not None
+    want_grad = target is not None
     router = dense.router.detach().clone().requires_grad_(want_grad)
     w1, w3, w2 = (p.detach()[mine.start:mine.stop].clone().requires_grad_(want_grad)
                   for p in (dense.w1, dense.w3, dense.w2))
     xl = x.chunk(ep, dim=0)[r].detach().clone().requires_grad_(want_grad)  # [S, h]
     y, facts = expert_parallel_moe(xl, router, w1, w3, w2, comm, dense.p, dropless)
     if want_grad:
-        (y * grad_out.chunk(ep, dim=0)[r]).sum().backward()
+        loss(y, target.chunk(ep, dim=0)[r]).backward()
     return {"out": y.detach(), "grad_x": xl.grad, "grad_router": router.grad,
             "grads": {"w1": w1.grad, "w3": w3.grad, "w2": w2.grad}, "experts": list(mine),
             "expert_bytes": sum(w.numel() * w.element_size() for w in (w1, w3, w2)), **facts}
