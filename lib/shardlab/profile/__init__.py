@@ -8,10 +8,10 @@ from shardlab.profile.capture import Capture, HloNotCaptured, capture_hlo, read_
 from shardlab.profile.hlo import BufferAssignment, Collective, HloModule, WhileLoop, parse_hlo
 from shardlab.profile.metrics import MetricsDelta, metrics_delta
 from shardlab.profile.record import CheckFailed, Recorder, load_record
-from shardlab.profile.timer import Timing, time_it, xla_sync
+from shardlab.profile.timer import Timing, xla_sync
 
 __all__ = [
     "BufferAssignment", "Capture", "CheckFailed", "Collective", "HloModule", "HloNotCaptured", "MetricsDelta",
     "Recorder", "Timing", "WhileLoop", "capture_hlo", "load_record",
-    "metrics_delta", "parse_hlo", "read_dumps", "time_it", "xla_sync",
+    "metrics_delta", "parse_hlo", "read_dumps", "xla_sync",
 ]

@@ -65,7 +65,6 @@ from typing import Any
 from shardlab.profile.hlo_loops import trip_count as _loop_trip_count
 from shardlab.profile.hlo_text import (  # noqa: F401  (re-exported: the parser's public vocabulary)
     COMPUTATION_RE,
-    DTYPE_BYTES,
     Array,
     BufferAssignment,
     Instruction,
@@ -120,15 +119,6 @@ class Collective:
     @property
     def group_size(self) -> int:
         return len(self.replica_groups[0]) if self.replica_groups else 0
-
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "op": self.op, "name": self.name, "dtype": self.dtype, "shape": self.shape,
-            "operand_bytes": self.operand_bytes, "result_bytes": self.result_bytes,
-            "group_size": self.group_size, "groups": len(self.replica_groups), "in_while": self.in_while,
-            "feeds_dynamic_slice": self.feeds_dynamic_slice, "operands": self.operands, "async": self.async_,
-            "form": self.form, "decomposed_all_reduce": self.decomposed_all_reduce,
-        }
 
 
 @dataclass

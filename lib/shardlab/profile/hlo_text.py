@@ -20,8 +20,6 @@ import numpy as np
 
 from shardlab.dtypes import HLO_BYTES
 
-DTYPE_BYTES = HLO_BYTES  # bytes per HLO element type (one table: shardlab.dtypes)
-
 COMPUTATION_RE = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\((.*)\)\s*->\s*(.*?)\s*\{\s*$")
 INSTRUCTION_RE = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
 _ARRAY_RE = re.compile(r"([a-z][a-z0-9]*)\[([^\]]*)\]")
@@ -36,7 +34,7 @@ class Array:
 
     @property
     def nbytes(self) -> int:
-        return math.prod(self.dims) * DTYPE_BYTES.get(self.dtype, 0)
+        return math.prod(self.dims) * HLO_BYTES.get(self.dtype, 0)
 
     def __str__(self) -> str:
         return f"{self.dtype}[{','.join(map(str, self.dims))}]"
@@ -47,7 +45,7 @@ def parse_shape(text: str) -> list[Array]:
     text = re.sub(r"\{[^{}]*\}", "", text)  # layouts / tiling
     out = []
     for dtype, dims in _ARRAY_RE.findall(text):
-        if dtype not in DTYPE_BYTES:
+        if dtype not in HLO_BYTES:
             continue
         ds = tuple(int(d.replace("<=", "")) for d in dims.split(",") if d.strip())
         out.append(Array(dtype, ds))

@@ -2,7 +2,7 @@
 
 Design: ``torch_xla.debug.metrics`` keeps process-wide counters and metrics. :func:`metrics_delta` snapshots
 them before and after a block and exposes the differences. Naming trap (measured, torch_xla 2.9): ``OutboundData`` is
-host -> device bytes, ``InboundData`` is device -> host; we expose them as ``h2d_*`` / ``d2h_*``.
+host -> device bytes (``h2d_*`` here), ``InboundData`` device -> host.
 
 Example::
 
@@ -14,13 +14,12 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 NS = 1e-9
 
 
 def _snapshot() -> tuple[dict[str, int], dict[str, tuple[int, float]]]:
-    import torch_xla.debug.metrics as met
+    import torch_xla.debug.metrics as met  # here, not at the top: profile is imported before runtime.setup()
 
     counters = {n: int(met.counter_value(n) or 0) for n in met.counter_names()}
     metrics: dict[str, tuple[int, float]] = {}
@@ -38,9 +37,6 @@ class MetricsDelta:
     counters: dict[str, int] = field(default_factory=dict)
     metrics: dict[str, tuple[int, float]] = field(default_factory=dict)  # name -> (count, total)
 
-    def counter(self, name: str) -> int:
-        return self.counters.get(name, 0)
-
     def metric(self, name: str) -> tuple[int, float]:
         return self.metrics.get(name, (0, 0.0))
 
@@ -53,12 +49,7 @@ class MetricsDelta:
         return self.metric("CompileTime")[1] * NS
 
     @property
-    def execute_count(self) -> int:
-        # Under SPMD the PJRT client records ExecuteReplicatedTime; ExecuteTime stays 0.
-        return self.metric("ExecuteTime")[0] + self.metric("ExecuteReplicatedTime")[0]
-
-    @property
-    def execute_s(self) -> float:
+    def execute_s(self) -> float:  # under SPMD the PJRT client records ExecuteReplicatedTime; ExecuteTime stays 0
         return (self.metric("ExecuteTime")[1] + self.metric("ExecuteReplicatedTime")[1]) * NS
 
     @property
@@ -69,16 +60,6 @@ class MetricsDelta:
     def h2d_bytes(self) -> int:
         return int(self.metric("OutboundData")[1])
 
-    @property
-    def d2h_bytes(self) -> int:
-        return int(self.metric("InboundData")[1])
-
-    def summary(self) -> dict[str, Any]:
-        return {
-            "compile_count": self.compile_count, "compile_s": self.compile_s,
-            "execute_count": self.execute_count, "execute_s": self.execute_s,
-            "h2d_count": self.h2d_count, "h2d_bytes": self.h2d_bytes, "d2h_bytes": self.d2h_bytes,
-        }
 
 
 class metrics_delta:  # noqa: N801  (used as a context manager, reads like a function)

@@ -30,7 +30,13 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from shardlab.profile.timer import Timing
+from shardlab.runtime import World
+
+if TYPE_CHECKING:
+    from shardlab.params import NotebookParams
 
 SCHEMA = "shardlab.record/1"
 SOURCES = ("formula", "ledger", "hlo", "tpu", "metrics", "timer")
@@ -67,7 +73,7 @@ class Recorder:
     """Collects measurements and checks for one notebook run and writes them as a JSON record."""
 
     def __init__(self, notebook: str, params: dict[str, Any] | None = None,
-                 results_dir: str | os.PathLike[str] | None = None, world: Any = None) -> None:
+                 results_dir: str | os.PathLike[str] | None = None, world: World | None = None) -> None:
         self.notebook = notebook
         self.path = Path(results_dir) / f"{notebook}.json" if results_dir else None
         env: dict[str, Any] = {}
@@ -90,7 +96,7 @@ class Recorder:
         self._write()
 
     @classmethod
-    def for_params(cls, params: Any, world: Any = None) -> Recorder:
+    def for_params(cls, params: NotebookParams, world: World | None = None) -> Recorder:
         """The recorder of the notebook ``params`` belongs to (a :class:`shardlab.params.NotebookParams`):
         its name, its parameters as recorded, and its ``results_dir``."""
         return cls(params.NOTEBOOK, params=params.as_record(), results_dir=params.results_dir, world=world)
@@ -120,7 +126,7 @@ class Recorder:
         self._write()
         return value
 
-    def timing(self, name: str, timing: Any, source: str = "timer", unit: str = "s") -> float:
+    def timing(self, name: str, timing: Timing, source: str = "timer", unit: str = "s") -> float:
         """Record a :class:`~shardlab.profile.timer.Timing` (median with its spread)."""
         self.measure(name, timing.median_s, unit, source, kind="timing", spread=timing.spread())
         return timing.median_s

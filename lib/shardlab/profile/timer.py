@@ -6,16 +6,13 @@ taken between numbers measured in the same run.
 
 Example::
 
-    >>> t = time_it(lambda: sum(range(1000)), repeats=5)
-    >>> t.median_s > 0, len(t.samples)
-    (True, 5)
+    >>> print(Timing((0.003, 0.001, 0.002)))
+    2.00 ms (min 1.00, max 3.00, n=3)
 """
 
 from __future__ import annotations
 
 import statistics
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,31 +42,9 @@ class Timing:
                 f"n={len(self.samples)})")
 
 
-def time_it(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1,
-            sync: Callable[[Any], None] | None = None) -> Timing:
-    """Run ``fn`` ``warmup`` times untimed, then ``repeats`` times timed. ``sync(result)`` waits for async work
-    (for XLA: ``lambda r: xla_sync(r)``) inside the timed region."""
-    if repeats < 1:
-        raise ValueError(f"repeats={repeats} must be >= 1")
-    if warmup < 0:
-        raise ValueError(f"warmup={warmup} must be >= 0")
-    for _ in range(warmup):
-        r = fn()
-        if sync:
-            sync(r)
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        r = fn()
-        if sync:
-            sync(r)
-        samples.append(time.perf_counter() - t0)
-    return Timing(tuple(samples))
-
-
 def xla_sync(result: Any = None) -> None:
     """Cut the lazy graph, execute it and wait for the devices."""
-    import torch_xla
+    import torch_xla  # here, not at the top: profile is imported before runtime.setup()
     import torch_xla.core.xla_model as xm
 
     torch_xla.sync()

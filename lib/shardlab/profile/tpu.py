@@ -73,13 +73,16 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, NamedTuple
 
+import numpy as np
+
+from shardlab import runtime
 from shardlab.formulas import hardware
 from shardlab.profile.hlo import HloModule, parse_hlo
 from shardlab.profile.tpu_memory import OutOfMemory, TpuMemory, parse_oom
+from shardlab.profile.tpu_worker import worker_for
 from shardlab.stderr_filter import filtered_fd, filtered_stderr
 
 PINS = {"jax": "0.7.1", "jaxlib": "0.7.1", "libtpu": "0.0.21"}
-GiB = 1024**3
 # libtpu's complaints about the missing TPU (written to fd 2 at C level); harmless for compile-only use.
 _NOISE = re.compile(
     r"Failed to find host bounds|could not determine TPU (accelerator type|worker hostnames)|"
@@ -161,8 +164,6 @@ def view_topology(needed_chips: int, fits_here: bool, generation: str = "v5e") -
     ``needed_chips`` chips in a helper process. On a TPU host, a configuration that fits is skipped — its hlo
     column already is XLA:TPU's program. Without libtpu, or for a chip count no topology has, the view is skipped.
     """
-    from shardlab import runtime
-
     world = runtime.current()
     if importlib.util.find_spec("libtpu") is None:
         return None, NOT_INSTALLED
@@ -295,7 +296,7 @@ def donation(outputs: list[Any], donate: Mapping[int, Any]) -> dict[int, int]:
     parameter k of the lowered HLO is the k-th node); an input is found by its data handle. Errors name the output
     index and the rule: the input must be a parameter of this graph, donated once, with the output's shape and dtype.
     """
-    import torch_xla
+    import torch_xla  # in the functions, not at the top: profile is imported before runtime.setup()
 
     _, params = torch_xla._XLAC._get_tensors_xla_device_data_node(list(outputs))
     position = {h: k for k, h in enumerate(torch_xla._XLAC._get_tensors_handle(list(params)))}
@@ -383,8 +384,6 @@ def _compile_proto(proto: bytes, topo: Topology, disable_passes: tuple[str, ...]
                    debug_options: Mapping[str, Any], auto_spmd_mesh: tuple[int, ...] | None = None,
                    output_shardings: list[str] | None = None, aliases: Mapping[int, int] | None = None) -> Any:
     """Compile a pre-partitioning HLO proto for ``topo``; returns the compile-only executable."""
-    import numpy as np
-
     b = _backend()
     devices = _device_list(topo.name)
     computation = b.XlaComputation(proto)
@@ -459,8 +458,6 @@ def compile_tensors(outputs: list[Any], topology: str = DEFAULT_TOPOLOGY, *, dis
     ``xla_tpu_auto_spmd_remove_all_user_shardings`` it also ignores the graph's own annotations.
     """
     import torch_xla
-
-    from shardlab import runtime
 
     topo = get_topology(topology)
     world = runtime.current()
@@ -538,8 +535,6 @@ def compile_program(build: Callable[[Any], list[Any] | Step], cfg: Any, topology
     process with ``CPU_NUM_DEVICES=<chips>`` (one per chip count, reused), so a 1-device notebook can still show
     the tensor-parallel program of a 4-chip slice.
     """
-    from shardlab import runtime
-
     topo = get_topology(topology)
     opts: dict[str, Any] = {"disable_passes": tuple(disable_passes), "debug_options": dict(debug_options or {}),
                             "label": label, "auto_spmd_mesh": tuple(auto_spmd_mesh) if auto_spmd_mesh else None,
@@ -550,8 +545,6 @@ def compile_program(build: Callable[[Any], list[Any] | Step], cfg: Any, topology
         world = None
     if world is not None and world.num_devices == topo.chips:
         return compile_built(build(cfg), topology, **opts)
-    from shardlab.profile.tpu_worker import worker_for
-
     global CACHE_HITS
     result = worker_for(topo.chips).compile(build, cfg, topology, opts)
     CACHE_HITS += int(result.cached)  # served from the worker's cache
