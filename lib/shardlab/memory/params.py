@@ -58,7 +58,7 @@ class MemoryParams(NotebookParams):
     step_batch: int = 8  # sequences of the step
     max_ops: int = 20  # ROAM: a part longer than this is cut again where the fewest bytes are live
     min_ops: int = 8  # ROAM: ... but not shorter than this
-    unsplit_limit_s: float = 1.0  # time limit of the unsplit integer program (0 skips it)
+    unsplit_limit_s: float = 0.5  # time limit of the unsplit integer program (0 skips it)
     full_size: bool = False  # compile Llama 3 8B attention to 32k and a GPT-2 block live (~30 min); False: cached
 
     def checks(self) -> None:

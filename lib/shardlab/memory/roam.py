@@ -261,3 +261,13 @@ def compare(step: Any, max_ops: int = DEFAULT_MAX_OPS, min_ops: int = DEFAULT_MI
             raise AssertionError(f"{k}: the levers.order simulator disagrees with memory.ilp's")
     return RoamResult(g.name, len(g.ops), step.fx_nodes, peaks, orders, solve_s, sp, un, sched,
                       unsplit_limit_s or 0.0, notes)
+
+
+def quick(step: Any) -> dict[str, int]:
+    """The peaks a slider can afford (no integer program over operators): program order, greedy, every update eager,
+    every update at the end, the best update schedule (its integer program has one binary per update unit)."""
+    whole = ilp.problem_from_graph(step.graph)
+    sched = us.compare(step)
+    return {"nodes": len(step.graph.ops), "program": order_mod.peak(step.graph).peak,
+            "greedy": ilp.peak(whole, ilp.greedy(whole)), "eager": sched["eager"], "end": sched["end"],
+            "best": sched["best"]}

@@ -1,14 +1,20 @@
 """Figures of the memory levers (shardlab.memory): live memory over the step for each operator order, the
-update schedule's peaks, and the attention core's per-chip temporaries against the sequence length, flash vs plain."""
+update schedule's peaks, the attention core's per-chip temporaries against the sequence length, flash vs plain,
+ROAM's solve time against the graph's size; and the explorer of a step's orders (sliders)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
+import ipywidgets as widgets
+import pandas as pd
 import plotly.graph_objects as go
 
 from shardlab.levers import order as order_mod
+from shardlab.memory import graph, roam
+from shardlab.memory.params import MODELS, MemoryParams
 from shardlab.profile import tpu
 from shardlab.viz.common import PALETTE
 
@@ -108,3 +114,59 @@ def schedule_figure(result: Mapping[str, Any], title: str = "Adam updates: eager
                     marker_color=PALETTE[8])
     fig.update_layout(title=title, yaxis_title="MiB", barmode="group", height=340)
     return fig
+
+
+def solve_time_figure(rows: Sequence[Mapping[str, Any]], title: str = "Integer programs: seconds to solve against the "
+                      "graph's operators") -> go.Figure:
+    """Split (every part) and unsplit solve seconds per graph (``rows``: ``{graph, nodes, split s, unsplit s,
+    unsplit optimal}``); an unsplit run that hit its limit is an open marker; log-log."""
+    fig = go.Figure()
+    xs = [r["nodes"] for r in rows]
+    fig.add_scatter(x=xs, y=[r["split s"] for r in rows], mode="lines+markers", name="split (ROAM)",
+                    text=[r["graph"] for r in rows], line=dict(color=PALETTE[2]))
+    un = [r for r in rows if r.get("unsplit s")]
+    fig.add_scatter(x=[r["nodes"] for r in un], y=[r["unsplit s"] for r in un], mode="markers", name="unsplit",
+                    text=[r["graph"] for r in un], marker=dict(size=10, color=PALETTE[3], symbol=[
+                        "circle" if r.get("unsplit optimal") else "circle-open" for r in un]))
+    fig.update_layout(title=title, xaxis_title="operators", yaxis_title="seconds", xaxis_type="log", yaxis_type="log",
+                      height=360)
+    return fig
+
+
+def explorer(p: MemoryParams) -> tuple[widgets.VBox, Callable[..., dict[str, Any]]]:
+    """Sliders over the step's sizes (``p``'s other parameters kept): the DAG's peak by program order, greedy and the
+    update schedules (``memory.roam.quick``); a bad combination is reported in the status line. Returns
+    ``(ui, update)``; ``update(**sizes)`` is what a slider move runs."""
+    controls: dict[str, Any] = {
+        "model": widgets.Dropdown(value=p.model, options=list(MODELS), description="model"),
+        "layers": widgets.IntSlider(value=p.layers, min=1, max=4, description="layers"),
+        "hidden": widgets.IntSlider(value=p.hidden, min=8, max=256, step=8, description="hidden"),
+        "ffn": widgets.IntSlider(value=p.ffn, min=8, max=1024, step=8, description="ffn"),
+        "step_heads": widgets.IntSlider(value=p.step_heads, min=1, max=8, description="step_heads"),
+        "step_seq": widgets.IntSlider(value=p.step_seq, min=1, max=64, description="step_seq"),
+        "step_batch": widgets.IntSlider(value=p.step_batch, min=1, max=32, description="step_batch"),
+    }
+    status, table = widgets.HTML(), widgets.HTML()  # HTML, not figures in an Output widget (see viz.tp.explorer)
+
+    def update(**kw: Any) -> dict[str, Any]:
+        args = {name: kw.get(name, c.value) for name, c in controls.items()}
+        try:
+            q = replace(p, **args).validate()
+        except ValueError as e:  # a bad combination is shown, not raised
+            status.value = f"<b style='color:#c00'>{e}</b>"
+            table.value = ""
+            return {"ok": False, "error": str(e), **args}
+        res = roam.quick(graph.trace_step(q))
+        ok = res["best"] <= min(res["eager"], res["end"])
+        saved = 1 - res["best"] / res["program"] if res["program"] else 0.0
+        status.value = (f"{res['nodes']} operators; peak temporaries: program order {res['program']} B, greedy "
+                        f"{res['greedy']} B, best update schedule {res['best']} B ({100 * saved:.1f} % below program "
+                        f"order){'' if ok else ' — the best schedule is above a uniform one: MISMATCH'}")
+        table.value = pd.DataFrame([{k: res[k] for k in ("program", "greedy", "eager", "end", "best")}],
+                                   index=["peak bytes"]).to_html()
+        return {"ok": ok, **res, **args}
+
+    for c in controls.values():
+        c.observe(lambda _change: update(), names="value")
+    items = list(controls.values())
+    return widgets.VBox([widgets.HBox(items[:4]), widgets.HBox(items[4:]), status, table]), update
