@@ -119,7 +119,7 @@ def test_story_small_records_the_invariants(scale) -> None:  # type: ignore[no-u
     arguments + checked temporaries; with the update in the graph both programs are identical."""
     from shardlab.profile import Recorder
 
-    cfg = scale.small_case(replace(SMALL, layers=L))  # L = layers, bf16
+    cfg = scale.SeedCase(SMALL, layers=L)  # bf16, q and o: the small story's case
     assert (cfg.layers, cfg.dtype, cfg.weights) == (L, "bfloat16", ("q", "o"))
     res, why = scale.story(cfg)  # this process's 8 devices: a v6e:2x4 slice
     assert why == "" and {r.topology for r in res.values()} == {"v6e:2x4"}
@@ -136,7 +136,7 @@ def test_story_small_records_the_invariants(scale) -> None:  # type: ignore[no-u
     assert scale.grad_sharding(res["in_graph.off"], cfg) == {"q": "1-D", "o": "1-D"}
     assert scale.grad_sharding(res["in_graph.on"], cfg) == {"q": "2-D", "o": "2-D"}
     assert res["held.off"].grad_shapes == {"q": [f"bf16[{L},64,256]"], "o": [f"bf16[{L},256,64]"]}
-    assert scale.one_d_stacks(res["held.off"], cfg) and not scale.one_d_stacks(res["in_graph.on"], cfg)
+    assert scale.stacks(res["held.off"], cfg, "1-D") and not scale.stacks(res["in_graph.on"], cfg, "1-D")
     assert res["update.off"].peak_bytes == res["update.on"].peak_bytes
     # the seed's training step (in-graph stacking + update): updated weights 2-D [H/4, H/2] either way (any order)
     for flag in ("off", "on"):

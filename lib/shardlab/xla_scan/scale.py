@@ -38,21 +38,18 @@ scan writes it into takes that sharding: ``bf16[126, 4096, 16384]`` = 15.75 GiB 
 the 2-D weight, sharding propagation carries the weight's sharding back into the loop: with held stacking off = on;
 with in-graph stacking (the seed's real training step) both leave 2-D and fit, but off needs more temporaries.
 
-:class:`SeedCase` holds notebook 06's parameters (``ScanParams``: H, F, B, S, the mesh) and the variant; its
-``graph()`` is the step, compiled by the harness's TPU view. :func:`story` compiles the cases notebook 06 shows
-(:data:`CASES`: in-graph off / on, held off, held + update off / on, in-graph + update off / on, the seed's layout
-off / on); :func:`record_story` records them and checks the invariants that hold at any size; :func:`story_text`
-writes the notebook's paragraphs from the numbers. At full size (:data:`FULL_SIZE`, 64 chips: v6e:8x8) a compile
-takes 15 s to 10 minutes on a 2-core host depending on the case and the host's load, so the notebook reads them
-from ``data/scale/seed_405b.json`` (:func:`save_story` / :func:`load_story`, written by
-``tools/scale_full_size.py seed``) unless it runs with ``full_size=True``.
+:class:`SeedCase` holds notebook 06's parameters (``ScanParams``: h, F, b, s, the mesh) and the variant; the
+harness's TPU view compiles its ``graph()``. At full size (:data:`FULL_SIZE`, 64 chips: v6e:8x8) a compile takes
+15 s to 10 minutes on a 2-core host, depending on the case and the host's load, so notebook 06 reads the story's
+compiles (:data:`CASES`) from ``data/scale/seed_405b.json`` (written by ``tools/scale_full_size.py seed``) unless it
+runs with ``full_size=True``.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -64,10 +61,10 @@ from torch_xla.experimental.scan import scan
 from shardlab import harness, runtime
 from shardlab.formulas import scan as FS
 from shardlab.params import ScanParams
-from shardlab.profile.hlo_text import parse_shape
 from shardlab.profile.record import Recorder
 from shardlab.profile.tpu import TpuCompile
-from shardlab.result_files import load_results, save_results
+from shardlab.result_files import CompileResult, entry_layout, load_results, save_results
+from shardlab.views import View
 from shardlab.xla_scan.case import MeshCase
 from shardlab.xla_scan.patches import placeholder, shard_as_enabled
 from shardlab.xla_scan.sharding import ACT_LAYOUTS, check_layout
@@ -209,72 +206,11 @@ def _block(mesh: xs.Mesh, act: tuple[str | None, ...]
 
 
 @dataclass
-class SeedResult:
-    """One compile of the seed stack (per-chip numbers; bytes as the XLA:TPU compiler reports them)."""
+class SeedResult(CompileResult):
+    """One compile of the seed stack, and how its gradients leave the step."""
 
-    config: dict[str, Any]
-    topology: str
-    fits: bool  # the compiler's verdict (its HBM check counts arguments + temporaries, not outputs)
-    compile_s: float
-    argument_bytes: int | None = None  # None: out of memory before the compiler evaluated them
-    output_bytes: int | None = None
-    temp_bytes: int | None = None  # the HBM temporaries the capacity check counts (TpuMemory.checked_temp)
-    temp_size_bytes: int | None = None  # XLA's temp_size_in_bytes (more; not what the check counts)
-    peak_bytes: int | None = None  # arguments + outputs + temporaries, live at once
-    capacity_bytes: int | None = None
     grad_shapes: dict[str, list[str]] = field(default_factory=dict)  # weight -> per-chip output shapes
     stacked_shapes: dict[str, int] = field(default_factory=dict)  # per-chip "[L, ...]" arrays -> occurrences
-    message: str = ""  # the compiler's first line when it ran out of memory
-    largest: list[tuple[int, str, str]] = field(default_factory=list)  # (bytes, shape, XLA label)
-    used_bytes: int | None = None  # "Used ..." from the out-of-memory message (arguments + program)
-    program_bytes: int | None = None  # the program's HBM requirement, from the out-of-memory message
-    fragmentation_bytes: int | None = None  # of the program's temporaries, from the out-of-memory message
-    output_in_message: str = ""  # "Output size ...": what the compiler reports but does not count
-
-    @property
-    def per_chip_bytes(self) -> int | None:
-        """What the capacity check counted: arguments + temporaries when it fits, the message's "Used" when not
-        (the program alone when the arguments were not evaluated)."""
-        if self.fits:
-            return None if self.argument_bytes is None else self.argument_bytes + (self.temp_bytes or 0)
-        return self.used_bytes
-
-    @property
-    def live_bytes(self) -> int | None:
-        """Arguments + outputs + temporaries: what a chip must hold to run the step (outputs included)."""
-        if self.peak_bytes:
-            return self.peak_bytes
-        if self.argument_bytes is None:
-            return None
-        return self.argument_bytes + (self.output_bytes or 0) + (self.temp_bytes or 0)
-
-    @property
-    def runs(self) -> bool:
-        """Would the step run: the compile fits *and* the outputs fit beside arguments and temporaries."""
-        return bool(self.fits and self.capacity_bytes and self.live_bytes is not None
-                    and self.live_bytes <= self.capacity_bytes)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "per_chip_bytes": self.per_chip_bytes, "live_bytes": self.live_bytes,
-                "runs": self.runs}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> SeedResult:
-        """Inverse of :meth:`as_dict` (JSON turns tuples into lists)."""
-        names = {f for f in cls.__dataclass_fields__}
-        kw = {k: v for k, v in d.items() if k in names}
-        kw["largest"] = [tuple(x) for x in kw.get("largest", [])]
-        return cls(**kw)
-
-
-def _entry_outputs(hlo_text: str) -> list[str]:
-    """Per-chip result shapes of the TPU program's entry computation (from its layout header)."""
-    head = hlo_text.split("\n", 1)[0]
-    key = "entry_computation_layout={"
-    if key not in head:
-        return []
-    layout = head.split(key, 1)[1].split(", allow_spmd", 1)[0]
-    return [str(a) for a in parse_shape(layout.split(")->", 1)[1])]
 
 
 def stacked_shapes(text: str, layers: int) -> dict[str, int]:
@@ -316,27 +252,14 @@ def sharding_of(shape: str, case: SeedCase, weight: str = "q") -> str:
 
 def seed_result(case: SeedCase, c: TpuCompile) -> SeedResult:
     """One compile of ``case`` (the tpu view's detail) as the story's numbers."""
-    res = SeedResult(case.config, c.topology, c.fits, c.compile_s)
-    if c.fits and c.memory is not None and c.hlo_text is not None:
-        m = c.memory
-        res.capacity_bytes = m.capacity
-        res.argument_bytes, res.output_bytes, res.temp_bytes = m.argument, m.output, m.checked_temp
-        res.temp_size_bytes, res.peak_bytes = m.temp, m.peak
-        shapes = _entry_outputs(c.hlo_text)[1:]  # [0] is the loss
+    res = SeedResult.read(case.config, c)
+    if c.fits and c.hlo_text is not None:
+        shapes = [str(a) for a in entry_layout(c.hlo_text)[1][1:]]  # [0] is the loss
         per = len(shapes) // len(case.weights)
         res.grad_shapes = {w: sorted(set(shapes[i * per:(i + 1) * per])) for i, w in enumerate(case.weights)}
         res.stacked_shapes = stacked_shapes(c.hlo_text, case.layers)
     elif c.oom is not None:
-        o = c.oom
-        res.message = o.first_line
-        res.used_bytes, res.capacity_bytes, res.program_bytes = o.used, o.capacity, o.program
-        res.fragmentation_bytes = o.fragmentation
-        res.largest = [(b.size, b.shape, b.label) for b in o.buffers[:5]]
-        res.argument_bytes = o.arguments  # None: "arguments 0B" = not evaluated (the program alone was over)
-        res.output_bytes = o.outputs
-        res.stacked_shapes = stacked_shapes("\n".join(b.shape for b in o.buffers), case.layers)
-        res.output_in_message = next((ln.strip() for ln in o.message.splitlines()
-                                      if ln.strip().startswith("Output size")), "")
+        res.stacked_shapes = stacked_shapes("\n".join(b.shape for b in c.oom.buffers), case.layers)
     return res
 
 
@@ -374,12 +297,6 @@ def story(base: SeedCase = FULL_SIZE, generation: str = GENERATION, cases: tuple
                 return {}, view.skipped or ""
             out[f"{key}.{'on' if on else 'off'}"] = seed_result(case, view.detail)
     return out, ""
-
-
-def small_case(p: ScanParams) -> SeedCase:
-    """The seed's block (q and o, bf16) at the notebook's sizes, L = ``p.layers``: every case compiles in about a
-    second."""
-    return SeedCase(p, layers=p.layers)
 
 
 def full_story(rec: Recorder, p: ScanParams) -> dict[str, SeedResult]:
@@ -421,13 +338,13 @@ def _full_story(rec: Recorder, p: ScanParams) -> dict[str, SeedResult]:
 
 
 def small_story(rec: Recorder, p: ScanParams) -> pd.DataFrame | None:
-    """Every case of the story at the notebook's sizes (:func:`small_case`; a v6e slice of fsdp·tensor chips, in a
-    helper process if that is not this process's count), recorded as ``scale.small.*``; None when skipped."""
-    case = small_case(p)
+    """Every case of the story at the notebook's sizes (the seed's block, q and o in bf16, L = ``p.layers``: about
+    a second per compile) on a v6e slice of fsdp·tensor chips (in a helper process if that is not this process's
+    count), recorded as ``scale.small.*``; None when skipped."""
+    case = SeedCase(p, layers=p.layers)
     small, why = story(case)
     if why:
-        print(f"[tpu] skipped: {why}")
-        rec.skip("scale.small", "tpu", why)
+        harness.record(rec, "scale.small", View.skip("tpu", why))
         return None
     record_story(rec, "scale.small", small, case)
     return story_frame(small, case, unit="KiB")
@@ -449,28 +366,21 @@ def stacks(r: SeedResult, seed: SeedCase, kind: str) -> list[str]:
             and sh.count(",") == 2]
 
 
-def one_d_stacks(r: SeedResult, seed: SeedCase) -> list[str]:
-    """:func:`stacks` of kind "1-D": empty when every stacked weight-shaped array is 2-D."""
-    return stacks(r, seed, "1-D")
-
-
 def story_frame(results: dict[str, SeedResult], seed: SeedCase, unit: str = "GiB") -> pd.DataFrame:
     """One row per compile: verdicts, per-chip bytes (in ``unit``: GiB, MiB or KiB), how the gradients leave the
     step, the 1-D stacks in the program."""
     units = {"GiB": 2**30, "MiB": 2**20, "KiB": 2**10}
     if unit not in units:
         raise ValueError(f"unit={unit!r} must be one of {tuple(units)}")
-    gib = units[unit]
     rows = []
     for key, r in results.items():
         case, flag = key.rsplit(".", 1)
         stacking, update, layout, _ = CASES[case]
 
         def g(v: int | None) -> str:
-            return "–" if v is None else f"{v / gib:.2f}"
+            return "–" if v is None else f"{v / units[unit]:.2f}"
 
         b = unit
-
         rows.append({
             "case": case, "stacking": stacking, "update": {"none": "gradients out", "sgd": "W - lr·dW in the graph"}
             [update], "activations": ", ".join(str(a) for a in ACT_LAYOUTS[layout]["act_in"]),
@@ -481,7 +391,7 @@ def story_frame(results: dict[str, SeedResult], seed: SeedCase, unit: str = "GiB
             "gradient out, per chip": ", ".join(sorted({sh for shapes in r.grad_shapes.values() for sh in shapes}))
             or "–",
             "sharding": ", ".join(f"{w} {k}" for w, k in grad_sharding(r, seed).items()) or "–",
-            "1-D stacks in the program": ", ".join(one_d_stacks(r, seed)) or "none",
+            "1-D stacks in the program": ", ".join(stacks(r, seed, "1-D")) or "none",
             "2-D stacks in the program": ", ".join(stacks(r, seed, "2-D")) or "none",
             "compile s": round(r.compile_s, 1),
         })
@@ -508,7 +418,7 @@ def story_text(results: dict[str, SeedResult], seed: SeedCase) -> str:
         return ", ".join(f"`{sh}`" for sh in sorted({sh for v in r.grad_shapes.values() for sh in v}))
 
     def ones(r: SeedResult) -> str:
-        return ", ".join(f"`{sh}`" for sh in one_d_stacks(r, seed)) or "none"
+        return ", ".join(f"`{sh}`" for sh in stacks(r, seed, "1-D")) or "none"
 
     def oom(r: SeedResult) -> str:
         return f"*\"{r.message.split('. ', 1)[-1]}\"* The two largest allocations: {_buffers(r)}"
@@ -571,23 +481,19 @@ def record_story(rec: Recorder, prefix: str, results: dict[str, SeedResult], see
     2-D but not the same program at full size: their temporaries differ — recorded, not asserted equal.)"""
     for key, r in results.items():
         name = _name(prefix, key)
-        rec.measure(f"{name}.fits", int(r.fits), "1", "tpu")
+        r.record(rec, name)
         if r.fits:
             rec.measure(f"{name}.runs", int(r.runs), "1", "tpu")
-        if r.per_chip_bytes is not None:
-            rec.measure(f"{name}.per_chip.bytes", r.per_chip_bytes, "bytes", "tpu")
-        rec.measure(f"{name}.compile_s", r.compile_s, "s", "tpu", kind="timing")
     for key, r in results.items():
         case, flag = key.rsplit(".", 1)
-        kinds = set(grad_sharding(r, seed).values())
+        name, kinds, one_d = _name(prefix, key), set(grad_sharding(r, seed).values()), stacks(r, seed, "1-D")
         if CASES[case][1] == "none" and flag == "off":
-            ok = (kinds == {"1-D"} or not r.fits) and bool(one_d_stacks(r, seed))
-            rec.check(f"{_name(prefix, key)}: gradients leave 1-D, a 1-D stack is in the program", ok,
-                      f"{grad_sharding(r, seed)}; 1-D stacks {one_d_stacks(r, seed)}; {r.message}")
+            rec.check(f"{name}: gradients leave 1-D, a 1-D stack is in the program",
+                      (kinds == {"1-D"} or not r.fits) and bool(one_d),
+                      f"{grad_sharding(r, seed)}; 1-D stacks {one_d}; {r.message}")
         elif r.fits:
-            ok = kinds == {"2-D"} and not one_d_stacks(r, seed)
-            rec.check(f"{_name(prefix, key)}: gradients leave 2-D, no 1-D stack in the program", ok,
-                      f"{grad_sharding(r, seed)}; 1-D stacks {one_d_stacks(r, seed)}")
+            rec.check(f"{name}: gradients leave 2-D, no 1-D stack in the program", kinds == {"2-D"} and not one_d,
+                      f"{grad_sharding(r, seed)}; 1-D stacks {one_d}")
     off, on = results.get("update.off"), results.get("update.on")
     if off is not None and on is not None:
         same = (off.grad_shapes, off.argument_bytes, off.output_bytes, off.temp_bytes) == \
