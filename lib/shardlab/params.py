@@ -63,9 +63,17 @@ def boolean(name: str, value: Any) -> None:
 
 @dataclass(frozen=True)
 class NotebookParams:
-    """Fields every notebook declares; subclasses add their own and extend :meth:`checks`."""
+    """Fields every notebook declares; subclasses add their own and extend :meth:`checks`.
+
+    A size that sets a view's device count (ranks, blocks, degrees, a mesh) may exceed ``num_devices``: formula and
+    ledger need no devices, the harness skips the CPU compiler view with a note and compiles the TPU view for that
+    many chips in a helper process."""
 
     NOTEBOOK: ClassVar[str] = ""
+    # The one-field rules, each class listing its own fields (validate() applies those of every class in the MRO)
+    POSITIVE: ClassVar[tuple[str, ...]] = ()  # positive ints
+    FLAGS: ClassVar[tuple[str, ...]] = ()  # True or False
+    CHOICES: ClassVar[dict[str, tuple[Any, ...]]] = {}  # field -> the values it may take
 
     num_devices: int = 8  # virtual CPU devices (or TPU chips) of this kernel; needs a kernel restart to change
     results_dir: str | None = None  # where the JSON record goes (the report runner sets it)
@@ -89,11 +97,19 @@ class NotebookParams:
             raise ValueError(f"seed={self.seed!r} must be an int")
         if self.answers is not None and not isinstance(self.answers, dict):
             raise ValueError(f"answers={self.answers!r} must be None or a dict of exercise number to answer")
+        for klass in reversed(type(self).__mro__):
+            rules = vars(klass)
+            for name in rules.get("POSITIVE", ()):
+                positive_int(name, getattr(self, name))
+            for name in rules.get("FLAGS", ()):
+                boolean(name, getattr(self, name))
+            for name, allowed in rules.get("CHOICES", {}).items():
+                one_of(name, getattr(self, name), allowed)
         self.checks()
         return self
 
     def checks(self) -> None:
-        """Notebook-specific rules (subclasses)."""
+        """Notebook-specific rules beyond POSITIVE, FLAGS and CHOICES (subclasses)."""
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:
@@ -152,19 +168,16 @@ def field_comments(cls: type) -> dict[str, str]:
 # ------------------------------------------------------------------------------------------- 00 and 01
 @dataclass(frozen=True)
 class WelcomeParams(NotebookParams):
-    """Notebook 00. ``world_size`` ranks take part in every collective shown (formula, ledger, both compilers);
-    it may exceed ``num_devices``: the CPU compiler view is then skipped with a note, and the TPU compiler
-    compiles for a ``world_size``-chip topology in a helper process."""
+    """Notebook 00. ``world_size`` ranks take part in every collective shown (formula, ledger, both compilers)."""
 
     NOTEBOOK: ClassVar[str] = "00_welcome"
     WORLD_SIZES: ClassVar[tuple[int, ...]] = (2, 4, 8)
+    POSITIVE = ("n", "world_size")
 
     n: int = 1024  # elements of each rank's vector in the collectives
     world_size: int = 8  # ranks in the collectives (2, 4 or 8)
 
     def checks(self) -> None:
-        positive_int("n", self.n)
-        positive_int("world_size", self.world_size)
         if self.world_size not in self.WORLD_SIZES:
             raise ValueError(f"world_size={self.world_size} must be one of {self.WORLD_SIZES} (a collective needs "
                              "2 or more ranks, and the TPU compiler has a slice of that many chips)")
@@ -174,11 +187,11 @@ class WelcomeParams(NotebookParams):
 
 @dataclass(frozen=True)
 class BlocksParams(NotebookParams):
-    """Notebook 01. Every view splits the product over ``parts`` = p blocks, one per device; p may exceed
-    ``num_devices``: formula and ledger need no devices, the CPU compiler view is then skipped with a note, and
-    the TPU compiler compiles for a p-chip topology in a helper process."""
+    """Notebook 01. Every view splits the product over ``parts`` = p blocks, one per device."""
 
     NOTEBOOK: ClassVar[str] = "01_block_matrices"
+    POSITIVE = ("m", "k", "n", "parts")
+    CHOICES = {"dtype": DTYPES}
 
     m: int = 16  # x is m×k
     k: int = 64  # inner dimension
@@ -188,8 +201,6 @@ class BlocksParams(NotebookParams):
     matmul: tuple = (64, 128, 32)  # I, J, K of section 7's sharded matmuls A[I, J]·B[J, K] on the (X 2, Y 4) mesh
 
     def checks(self) -> None:
-        for name in ("m", "k", "n", "parts"):
-            positive_int(name, getattr(self, name))
         if not isinstance(self.matmul, list | tuple) or len(self.matmul) != 3:
             raise ValueError(f"matmul={self.matmul!r} must be three positive ints (I, J, K)")
         for name, v, d in zip("IJK", self.matmul, (8, 4, 4), strict=True):
@@ -197,7 +208,6 @@ class BlocksParams(NotebookParams):
             if v % d:
                 raise ValueError(f"matmul={tuple(self.matmul)}: {name}={v} is not divisible by {d} (on the (X 2, Y 4) "
                                  f"mesh {name} is split over {'X and Y' if name == 'I' else 'Y'})")
-        one_of("dtype", self.dtype, DTYPES)
         for name in ("k", "n"):
             if self.parts > getattr(self, name):
                 raise ValueError(f"parts={self.parts} is more than {name}={getattr(self, name)}: every block "
@@ -210,9 +220,10 @@ class BlocksParams(NotebookParams):
 # ------------------------------------------------------------------------------------------- tensor parallel
 @dataclass(frozen=True)
 class TensorParallelParams(NotebookParams):
-    """Shared by 02-04: a tensor-parallel degree and activation sizes. ``tp`` may exceed ``num_devices``:
-    formula and ledger run at ``tp`` anyway, the CPU compiler view is then skipped with a note, and the TPU
-    view compiles for a ``tp``-chip topology in a helper process."""
+    """Shared by 02-04: a tensor-parallel degree and activation sizes."""
+
+    POSITIVE = ("tp", "batch", "seq", "hidden")
+    CHOICES = {"dtype": DTYPES}
 
     tp: int = 4  # tensor-parallel degree: ranks in the ledger, size of the `tensor` mesh axis
     batch: int = 2
@@ -220,37 +231,29 @@ class TensorParallelParams(NotebookParams):
     hidden: int = 64
     dtype: str = "float32"  # "float32" or "bfloat16"
 
-    def checks(self) -> None:
-        for name in ("tp", "batch", "seq", "hidden"):
-            positive_int(name, getattr(self, name))
-        one_of("dtype", self.dtype, DTYPES)
-
 
 @dataclass(frozen=True)
 class MlpParams(TensorParallelParams):
     NOTEBOOK: ClassVar[str] = "02_megatron_mlp"
+    POSITIVE = ("ffn",)
+    FLAGS = ("run_gloo",)
 
     ffn: int = 256  # MLP inner size (4 * hidden in GPT)
     run_gloo: bool = True  # also run the per-rank code in tp real processes (torch.distributed, gloo)
 
     def checks(self) -> None:
-        super().checks()
-        positive_int("ffn", self.ffn)
         divisible("ffn", self.ffn, "tp", self.tp, "ParallelMLP splits the MLP's inner dimension")
-        boolean("run_gloo", self.run_gloo)
 
 
 @dataclass(frozen=True)
 class AttentionParams(TensorParallelParams):
     NOTEBOOK: ClassVar[str] = "03_megatron_attention"
+    POSITIVE = ("ffn", "heads")
 
     ffn: int = 256  # MLP inner size of the transformer-layer section (attention + MLP)
     heads: int = 4  # head dim hidden / heads = 16 differs from seq = 8, so the [s, s] score arrays are countable
 
     def checks(self) -> None:
-        super().checks()
-        positive_int("ffn", self.ffn)
-        positive_int("heads", self.heads)
         divisible("hidden", self.hidden, "heads", self.heads, "each head has hidden / heads dimensions")
         divisible("heads", self.heads, "tp", self.tp, "whole heads per rank")
         divisible("ffn", self.ffn, "tp", self.tp, "the layer's MLP is split like notebook 02's")
@@ -259,6 +262,7 @@ class AttentionParams(TensorParallelParams):
 @dataclass(frozen=True)
 class VocabParams(TensorParallelParams):
     NOTEBOOK: ClassVar[str] = "04_vocab_parallel_embedding_ce"
+    POSITIVE = ("vocab",)
 
     tp: int = 8
     batch: int = 1
@@ -267,8 +271,6 @@ class VocabParams(TensorParallelParams):
     memory_tokens: int = 0  # b·s of an extra compile-only TPU pair (gathered vs vocab-parallel loss); 0 skips it
 
     def checks(self) -> None:
-        super().checks()
-        positive_int("vocab", self.vocab)
         if isinstance(self.memory_tokens, bool) or not isinstance(self.memory_tokens, int) or self.memory_tokens < 0:
             raise ValueError(f"memory_tokens={self.memory_tokens!r} must be an int >= 0 (0 skips the TPU memory "
                              "comparison)")
@@ -299,6 +301,10 @@ class LeversParams(NotebookParams):
     """Notebook 08: combining, overlap, memory order, automatic strategy, fusion — each off vs on."""
 
     NOTEBOOK: ClassVar[str] = "08_compiler_levers"
+    POSITIVE = ("layers", "hidden", "batch", "gloo_repeats", "mlp_seq", "mlp_hidden", "mlp_ffn", "toy_rows",
+                "big_layers", "overlap_hidden", "overlap_batch", "update_hidden", "update_batch")
+    FLAGS = ("run_tpu", "auto_sharding")
+    CHOICES = {"generation": GENERATIONS, "optimizer": ("sgd", "adam"), "search": SEARCHES}
 
     generation: str = "v5e"  # TPU generation compiled for (compile-only): "v5e" or "v6e"
     run_tpu: bool = True  # False: formula, ledger, CPU compiler and timings only (no TPU compiles)
@@ -325,12 +331,6 @@ class LeversParams(NotebookParams):
     auto_sharding: bool = True  # also try XLA's auto-sharding (compile-only) on the Megatron MLP
 
     def checks(self) -> None:
-        one_of("generation", self.generation, GENERATIONS)
-        boolean("run_tpu", self.run_tpu)
-        boolean("auto_sharding", self.auto_sharding)
-        for name in ("layers", "hidden", "batch", "gloo_repeats", "mlp_seq", "mlp_hidden", "mlp_ffn", "toy_rows",
-                     "big_layers", "overlap_hidden", "overlap_batch", "update_hidden", "update_batch"):
-            positive_int(name, getattr(self, name))
         for name in ("bucket_bytes", "bucket_first_bytes"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -346,8 +346,6 @@ class LeversParams(NotebookParams):
         if self.gloo_world and (len(set(self.gloo_calls)) < 2 or len(set(self.gloo_numels)) < 2):
             raise ValueError(f"gloo_numels={self.gloo_numels} and gloo_calls={self.gloo_calls} need >= 2 distinct "
                              "values each: the α–β fit separates the per-call and the per-byte cost")
-        one_of("optimizer", self.optimizer, ("sgd", "adam"))
-        one_of("search", self.search, SEARCHES)
         n = self.num_devices or 1
         divisible("batch", self.batch, "num_devices", n, "the step shards the batch over every device")
         divisible("hidden", self.hidden, "num_devices", n, "FSDP shards each [hidden, hidden] weight's rows")
@@ -365,11 +363,13 @@ class PlannerParams(planner.PlanConfig, NotebookParams):
     The plan's fields — model, slice, degrees, recompute, batch and the planner's assumptions — are
     :class:`shardlab.planner.PlanConfig`'s, declared there once: ``planner.plan(p)`` plans these parameters. The plan
     is pure arithmetic, legal at any ``num_devices``. The validation runs at ``val_world`` ranks (the tensor degree
-    of the Megatron MLP and layer, the data degree of the data-parallel and FSDP steps): formula and ledger always,
-    the CPU compiler when ``val_world`` tiles ``num_devices``, the TPU compiler for a ``val_world``-chip slice (in a
-    helper process when this one has fewer devices)."""
+    of the Megatron MLP and layer, the data degree of the data-parallel and FSDP steps)."""
 
     NOTEBOOK: ClassVar[str] = "07_planner"
+    POSITIVE = ("data", "fsdp", "tensor", "global_batch", "seq", "val_world", "val_tokens", "val_hidden", "val_ffn",
+                "val_heads")
+    FLAGS = ("full_size",)
+    CHOICES = {"recompute": RECOMPUTE_POLICIES}
 
     val_world: int = 8  # ranks of the validation configurations
     val_tokens: int = 64  # tokens (b = 1, s = val_tokens) of the validation MLP / layer / steps
@@ -383,11 +383,6 @@ class PlannerParams(planner.PlanConfig, NotebookParams):
             raise ValueError(f"model={self.model!r} must be a preset name or a dict of sizes")
         if not isinstance(self.topology, str):
             raise ValueError(f"topology={self.topology!r} must be a slice name such as 'v6e-8'")
-        boolean("full_size", self.full_size)
-        for name in ("data", "fsdp", "tensor", "global_batch", "seq", "val_world", "val_tokens", "val_hidden",
-                     "val_ffn", "val_heads"):
-            positive_int(name, getattr(self, name))
-        one_of("recompute", self.recompute, RECOMPUTE_POLICIES)
         w = self.val_world
         divisible("val_ffn", self.val_ffn, "val_world", w, "the validation MLP splits its inner dimension")
         divisible("val_heads", self.val_heads, "val_world", w, "whole heads per rank in the validation layer")
@@ -411,11 +406,11 @@ def int_list(name: str, value: Any, least: int = 1, empty_ok: bool = False) -> N
 # ------------------------------------------------------------------------------------------------------ scan
 @dataclass(frozen=True)
 class ScanParams(NotebookParams):
-    """Notebook 06. The mesh (fsdp, tensor) may differ from ``num_devices``: the formulas and the TPU compiler
-    (a fsdp·tensor-chip slice, in a helper process when the counts differ) run at the mesh anyway; the CPU
-    sections need exactly fsdp·tensor devices in this process and are skipped with a note otherwise."""
+    """Notebook 06. The CPU sections need exactly fsdp·tensor devices (the mesh spans all of them)."""
 
     NOTEBOOK: ClassVar[str] = "06_scan_shard_as"
+    POSITIVE = ("hidden", "ffn", "batch", "seq", "mesh_fsdp", "mesh_tensor", "layers")
+    FLAGS = ("full_size",)
 
     layers_sweep: list = field(default_factory=lambda: [2, 8, 64])  # L values of the compile curves, each >= 2
     layers: int = 4  # L of the shard_as sections, the small seed story and the trace transfers (>= 2)
@@ -430,11 +425,7 @@ class ScanParams(NotebookParams):
     full_size: bool = False  # compile the 405B-size seed with XLA:TPU (minutes); False: show the cached compiles
 
     def checks(self) -> None:
-        boolean("full_size", self.full_size)
-        for name in ("hidden", "ffn", "batch", "seq", "mesh_fsdp", "mesh_tensor"):
-            positive_int(name, getattr(self, name))
         int_list("layers_sweep", self.layers_sweep, least=2)  # XLA removes a While that runs once
-        positive_int("layers", self.layers)
         if self.layers < 2:
             raise ValueError(f"layers={self.layers} must be >= 2 (XLA removes a While loop that runs once)")
         if self.mesh_fsdp == 1:
@@ -474,7 +465,9 @@ def layer_widths(name: str, value: Any) -> tuple[int, ...]:
 @dataclass(frozen=True)
 class FsdpParamsBase(NotebookParams):
     """Shared by 05 and 05b: an MLP Linear(d0, d1) -> tanh -> ... trained data-parallel on ``world_size`` FSDP
-    ranks. ``world_size`` may exceed ``num_devices``: the FlatParameter and the formulas need no devices."""
+    ranks."""
+
+    POSITIVE = ("world_size", "batch")
 
     world_size: int = 8  # FSDP ranks N (SimulatedWorld ranks; the GSPMD mesh's fsdp axis)
     layer_sizes: tuple[int, ...] = (30, 50, 10)  # MLP widths: Linear(30, 50) -> tanh -> Linear(50, 10)
@@ -485,23 +478,18 @@ class FsdpParamsBase(NotebookParams):
             object.__setattr__(self, "layer_sizes", tuple(self.layer_sizes))
 
     def checks(self) -> None:
-        positive_int("world_size", self.world_size)
         layer_widths("layer_sizes", self.layer_sizes)
-        positive_int("batch", self.batch)
         divisible("batch", self.batch, "world_size", self.world_size, "every rank trains on batch / world_size rows")
 
 
 @dataclass(frozen=True)
 class FsdpParams(FsdpParamsBase):
     NOTEBOOK: ClassVar[str] = "05_fsdp_flat_params"
+    POSITIVE = ("steps",)
+    FLAGS = ("align",)
 
     align: bool = False  # True: alignment padding like use_orig_params (16-byte parameter starts)
     steps: int = 3  # training steps for the parity check
-
-    def checks(self) -> None:
-        super().checks()
-        boolean("align", self.align)
-        positive_int("steps", self.steps)
 
 
 @dataclass(frozen=True)
@@ -522,7 +510,7 @@ class FsdpGspmdParams(FsdpParamsBase):
 
 # Modules that declare notebook parameter dataclasses (light: no torch_xla at import).
 PARAM_MODULES = ("shardlab.params", "shardlab.expert.params", "shardlab.pipeline.params", "shardlab.context.params",
-                 "shardlab.memory.params")
+                 "shardlab.memory.params", "shardlab.inspect.params")
 
 
 def notebook_params() -> dict[str, type[NotebookParams]]:
