@@ -14,6 +14,11 @@ GPT3 = dict(seq=2048, hidden=12288, heads=96)  # Korthikanti Table 3 / Brown et 
 MTNLG = dict(seq=2048, hidden=20480, heads=128)  # MT-NLG 530B
 
 
+def gpt_block(s, b, h, a, **kw):
+    """The paper's GPT block: ffn = 4h, GeLU, dropout, 16-bit, no GQA."""
+    return A.block_activation_bytes(s, b, h, 4 * h, a, **kw)
+
+
 def test_gpt3_attention_ratio_is_80():
     # paper, section 4.1: "for GPT-3 ... 5as/h = 80"
     assert A.attention_score_ratio(GPT3["heads"], GPT3["seq"], GPT3["hidden"]) == 80.0
@@ -33,31 +38,31 @@ def test_terms_add_up_to_paper_equations(t, b):
     eq1 = sbh * (34 + 5 * a * s / h)
     eq2 = sbh * (10 + 24 / t + 5 * a * s / (h * t))
     eq4 = sbh / t * (34 + 5 * a * s / h)
-    assert A.activation_bytes_per_layer(s, b, h, a).total == eq1
-    assert A.activation_bytes_per_layer(s, b, h, a, tp=t).total == pytest.approx(eq2, rel=1e-12)
-    assert A.activation_bytes_per_layer(s, b, h, a, tp=t, sequence_parallel=True).total == pytest.approx(
+    assert gpt_block(s, b, h, a).total == eq1
+    assert gpt_block(s, b, h, a, tp=t).total == pytest.approx(eq2, rel=1e-12)
+    assert gpt_block(s, b, h, a, tp=t, sequence_parallel=True).total == pytest.approx(
         eq4, rel=1e-12
     )
     # selective recompute with TP + SP: 34·sbh/t ; full recompute keeps 2·sbh (layer input)
-    sel = A.activation_bytes_per_layer(s, b, h, a, tp=t, sequence_parallel=True, recompute="selective")
+    sel = gpt_block(s, b, h, a, tp=t, sequence_parallel=True, recompute="selective")
     assert sel.total == pytest.approx(34 * sbh / t, rel=1e-12)
-    assert A.activation_bytes_per_layer(s, b, h, a, tp=t, recompute="full").total == 2 * sbh
+    assert gpt_block(s, b, h, a, tp=t, recompute="full").total == 2 * sbh
 
 
 def test_per_term_breakdown_without_parallelism():
     # section 4.1: attention 11sbh + 5as²b, MLP 19sbh, layer norms 4sbh
     s, b, h, a = 2048, 2, 12288, 96
-    terms = A.activation_bytes_per_layer(s, b, h, a)
+    terms = gpt_block(s, b, h, a)
     assert terms.attention == 11 * s * b * h + 5 * a * s * s * b
     assert terms.mlp == 19 * s * b * h
-    assert terms.layernorm == 4 * s * b * h
+    assert terms.norms == 4 * s * b * h
 
 
 def test_bad_input_names_values():
     with pytest.raises(ValueError, match="heads=96 is not divisible by tp=5"):
-        A.activation_bytes_per_layer(2048, 1, 12288, 96, tp=5)
+        gpt_block(2048, 1, 12288, 96, tp=5)
     with pytest.raises(ValueError, match="recompute='some'"):
-        A.activation_bytes_per_layer(2048, 1, 12288, 96, recompute="some")
+        gpt_block(2048, 1, 12288, 96, recompute="some")
 
 
 class _RMSNorm(torch.autograd.Function):

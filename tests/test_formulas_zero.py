@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from shardlab.formulas.fsdp import flat_rank_memory, flat_step_comm
-from shardlab.formulas.zero import padded_numel, padding_waste, padding_waste_fraction, zero_comm, zero_memory
+from shardlab.formulas.zero import padded_numel, padding_waste, zero_comm, zero_memory
 
 
 @pytest.mark.parametrize(("stage", "paper_gb"), [(0, 120.0), (1, 31.4), (2, 16.6), (3, 1.9)])
@@ -46,7 +46,6 @@ def test_padding_waste_matches_torch_chunk_and_pad() -> None:
             assert padding_waste(n, w) == total - n
             assert 0 <= padding_waste(n, w) < w
     assert padding_waste(10, 4) == 2 and padding_waste(6, 4) == 2
-    assert padding_waste_fraction(6, 4) == 2 / 8
 
 
 def test_flat_step_comm_is_zero3_three_psi() -> None:

@@ -11,13 +11,18 @@ through its ``itemsize`` / its ``str()``.
 
 Example::
 
-    >>> dtype_bytes("bf16"), dtype_bytes("float32"), hlo_name("bfloat16"), torch_name("f32")
+    >>> dtype_bytes("bf16"), dtype_bytes("float32"), hlo_name("bfloat16"), name("f32")
     (2, 4, 'bf16', 'float32')
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
+
+if TYPE_CHECKING:
+    import torch
+
+DTypeLike: TypeAlias = "str | torch.dtype"  # a torch dtype, a torch name, an alias or an HLO name
 
 HLO_BYTES: dict[str, int] = {
     "pred": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3": 1,
@@ -44,7 +49,7 @@ ALIASES: dict[str, str] = {
 _HLO_TO_TORCH = {h: t for t, h in TORCH_TO_HLO.items()}
 
 
-def name(dtype: Any) -> str:
+def name(dtype: DTypeLike) -> str:
     """The torch name of a dtype given as a torch dtype, a torch name, an alias or an HLO name.
 
     >>> name("bf16"), name("s32"), name("torch.float32")
@@ -58,7 +63,7 @@ def name(dtype: Any) -> str:
     return key
 
 
-def dtype_bytes(dtype: Any) -> int:
+def dtype_bytes(dtype: DTypeLike) -> int:
     """Bytes per element of a torch dtype, a torch name, an alias or an HLO name ('bf16' -> 2)."""
     if not isinstance(dtype, str):
         itemsize = getattr(dtype, "itemsize", None)
@@ -70,18 +75,11 @@ def dtype_bytes(dtype: Any) -> int:
     return HLO_BYTES[TORCH_TO_HLO[name(dtype)]]
 
 
-def hlo_name(dtype: Any) -> str:
+def hlo_name(dtype: DTypeLike) -> str:
     """The HLO element type XLA prints for a dtype: hlo_name('bfloat16') -> 'bf16'."""
     return TORCH_TO_HLO[name(dtype)]
 
 
-def torch_name(hlo: str) -> str:
-    """The torch name of an HLO element type: torch_name('f32') -> 'float32'."""
-    if hlo not in _HLO_TO_TORCH:
-        raise ValueError(f"HLO element type {hlo!r} has no torch name; known: {sorted(_HLO_TO_TORCH)}")
-    return _HLO_TO_TORCH[hlo]
-
-
-def is_16bit_float(dtype: Any) -> bool:
+def is_16bit_float(dtype: DTypeLike) -> bool:
     """True for bfloat16 / float16 in any spelling."""
     return name(dtype) in ("bfloat16", "float16")

@@ -11,7 +11,7 @@ Layout follows `nn.Linear`: weight is [out_features, in_features], y = x @ W^T +
 
     MLP(h, ffn)              y = gelu(x A) B            A: [h, ffn] (fc1), B: [ffn, h] (fc2)
     Attention(h, nh)         causal softmax(Q K^T / sqrt(hd)) V, then the output projection
-    Embedding(V, h)          nn.Embedding; `logits(x)` = x E^T (tied output layer)
+    nn.Embedding(V, h)       the embedding itself (its tied output layer: `tp.layers.VocabParallelEmbedding`)
     TransformerBlock(h, nh, ffn)   pre-LayerNorm: x + Attn(LN(x)), then + MLP(LN(.))
 """
 
@@ -75,13 +75,6 @@ class Attention(nn.Module):
         q, k, v = self.qkv_heads(x)  # each [b, nh, s, hd]
         ctx = causal_attention(q, k, v).transpose(1, 2).reshape(b, s, -1)  # [b, nh, s, hd] -> [b, s, h]
         return self.out(ctx)  # [b, s, h] @ [h, h] -> [b, s, h]
-
-
-class Embedding(nn.Embedding):
-    """nn.Embedding plus the tied output layer `logits(x) = x E^T`."""
-
-    def logits(self, x: torch.Tensor) -> torch.Tensor:
-        return x @ self.weight.t()  # [b, s, h] @ [h, V] -> [b, s, V]
 
 
 class TransformerBlock(nn.Module):

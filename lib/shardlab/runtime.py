@@ -39,8 +39,17 @@ import os
 import shutil
 import sys
 import tempfile
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+    from torch_xla.distributed.spmd import Mesh
+
+# torch and torch_xla are imported inside the functions below: torch_xla only after setup() has set the environment,
+# and torch not at import time because the report runner (which only reads `tpu_present`) stays torch-free.
 
 # Each CPU virtual device is a full PJRT client device (~100 MB RSS with small graphs); past this count the
 # 2-core reference machine spends minutes per compile. TPU counts are whatever the host has.
@@ -58,14 +67,6 @@ class World:
     spmd: bool
     dump_dir: str | None
     versions: dict[str, str] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @property
-    def profile(self) -> str:
-        """Baseline profile name, e.g. ``cpu-8``."""
-        return f"{self.kind}-{self.num_devices}"
 
 
 _WORLD: World | None = None
@@ -155,7 +156,7 @@ def setup(num_devices: int | None = 8, device: str | None = None, spmd: bool = T
         ).strip()
 
     import torch
-    import torch_xla  # noqa: F401  (env must be set first)
+    import torch_xla  # noqa: F401
     import torch_xla.runtime as xr
 
     # The suite's CPU tensors are tiny (oracles, per-rank ledger programs in threads): with torch's default of one
@@ -183,7 +184,7 @@ def _quiet_absl() -> None:
     """torch_xla's shard_as imports torchax -> flax -> orbax, whose absl logger warns "Tensorflow library not
     found" (GCS paths only; nothing here uses them) into every notebook that runs a scan backward."""
     try:
-        import absl.logging
+        import absl.logging  # optional: comes with jax
     except ImportError:
         return
     absl.logging.set_verbosity(absl.logging.ERROR)
@@ -196,7 +197,7 @@ def current() -> World:
     return _WORLD
 
 
-def device() -> Any:
+def device() -> torch.device:
     """The XLA device (under SPMD all virtual devices appear as one logical device)."""
     current()
     import torch_xla
@@ -235,10 +236,8 @@ def check_mesh_shape(shape: tuple[int, ...], axis_names: tuple[str, ...], num_de
         )
 
 
-def mesh(shape: int | tuple[int, ...], axis_names: str | tuple[str, ...]) -> Any:
+def mesh(shape: int | tuple[int, ...], axis_names: str | tuple[str, ...]) -> Mesh:
     """A named ``torch_xla.distributed.spmd.Mesh`` over all devices, e.g. ``mesh((2, 4), ("fsdp", "tensor"))``."""
-    import numpy as np
-
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     axis_names = (axis_names,) if isinstance(axis_names, str) else tuple(axis_names)
     world = current()

@@ -30,12 +30,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardlab.comm.ledger import OPS as LEDGER_OPS
-from shardlab.formulas.common import dtype_bytes
+from shardlab.dtypes import dtype_bytes, hlo_name
 
 # Collective names in the suite's vocabulary (ledger spelling) and their HLO spelling.
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute")
 HLO_OP = {op: op.replace("_", "-") for op in OPS}
-UNITS = {"count": "count", "bytes": "bytes", "elements": "elements", "operands": "operands"}
 
 
 @dataclass
@@ -144,9 +143,6 @@ def ledger_view(ledger: Any, phase: str, ops: Iterable[str] = ("all_reduce",), d
 
 
 # --------------------------------------------------------------------------------- compiler views from HLO
-HLO_DTYPE = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "float64": "f64"}
-
-
 def _elements(c: Any) -> int:
     """Elements one device hands to collective ``c`` (all operands of a tuple collective)."""
     return sum(math.prod(s) for s in c.operand_shapes)
@@ -186,7 +182,7 @@ def collectives_view(source: str, module: Any, phase: str, ops: Iterable[str], d
                 "pairs are counted as the reduce-scatter they implement" if source == "hlo" else
                 f"{phase}.{op}: the {source} compiler lowered this reduce-scatter as an all-reduce + dynamic-slice, "
                 "counted as the reduce-scatter it implements")
-        want = HLO_DTYPE.get(dtype, dtype)
+        want = hlo_name(dtype)
         moved = sorted({c.dtype for c in mine} - {want})
         if moved:
             view.differs[f"{phase}.{op}.bytes"] = (

@@ -58,7 +58,7 @@ from typing import NamedTuple
 from shardlab.formulas import expert as fexpert
 from shardlab.formulas.common import RECOMPUTE_POLICIES, check_recompute
 
-__all__ = ["ACT_BYTES", "MASK_BYTES", "RECOMPUTE_POLICIES", "ActivationTerms", "activation_bytes_per_layer",
+__all__ = ["ACT_BYTES", "MASK_BYTES", "RECOMPUTE_POLICIES", "ActivationTerms",
            "attention_backward_bytes", "attention_score_ratio", "block_activation_bytes",
            "llama_activation_bytes_per_layer", "mlp_activation_bytes", "moe_mlp_activation_bytes",
            "selective_recompute_saving"]
@@ -76,10 +76,6 @@ class ActivationTerms(NamedTuple):
     mlp: float  # MLP block
     norms: float  # the two norm inputs
     total: float  # attention + mlp + norms
-
-    @property
-    def layernorm(self) -> float:  # the paper's name for the norms term
-        return self.norms
 
 
 def attention_score_ratio(heads: int, seq: int, hidden: int) -> float:
@@ -236,22 +232,6 @@ def moe_mlp_activation_bytes(
     inner = (4 if gated_mlp else 2) * e * slots * ffn / tp
     return e * tokens * hidden / (tp if sequence_parallel else 1) + 4 * tokens * experts + 2 * e * slots * hidden \
         + inner
-
-
-def activation_bytes_per_layer(
-    seq: int,
-    batch: int,
-    hidden: int,
-    heads: int,
-    tp: int = 1,
-    sequence_parallel: bool = False,
-    recompute: str = "none",
-) -> ActivationTerms:
-    """The paper's GPT block (ffn = 4h, GeLU, dropout, 16-bit): eq. (1) / (2) / (4) split into terms.
-
-    Example: s=2048, b=1, h=12288, a=96, t=1 -> total = sbh·(34 + 80) = 2048·12288·114 = 2_868_903_936 B.
-    """
-    return block_activation_bytes(seq, batch, hidden, 4 * hidden, heads, heads, tp, sequence_parallel, recompute)
 
 
 def llama_activation_bytes_per_layer(

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from shardlab.dtypes import DTypeLike
 from shardlab.formulas.common import dtype_bytes, wire_bytes
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
@@ -45,7 +46,7 @@ def _positive(**kw: int) -> None:
             raise ValueError(f"{name}={v!r} must be a positive int")
 
 
-def row_split_all_reduce(m: int, n: int, parts: int, dtype: Any = "float32") -> dict[str, Any]:
+def row_split_all_reduce(m: int, n: int, parts: int, dtype: DTypeLike = "float32") -> dict[str, Any]:
     """One all-reduce over ``parts`` devices of the m×n partial sums: count, payload and ring wire bytes per device."""
     _positive(m=m, n=n, parts=parts)
     if parts == 1:
@@ -54,7 +55,7 @@ def row_split_all_reduce(m: int, n: int, parts: int, dtype: Any = "float32") -> 
     return {"count": 1, "bytes": payload, "wire_bytes": wire_bytes("all_reduce", payload, parts), "group_size": parts}
 
 
-def grid_all_reduce(m: int, n: int, grid: tuple[int, int], dtype: Any = "float32") -> dict[str, Any]:
+def grid_all_reduce(m: int, n: int, grid: tuple[int, int], dtype: DTypeLike = "float32") -> dict[str, Any]:
     """2-D grid (p_r, p_c): one all-reduce over p_c devices of a (m/p_r)×n partial; payload per device.
 
     >>> grid_all_reduce(16, 32, (2, 4))["bytes"], grid_all_reduce(16, 32, (2, 4))["group_size"]
@@ -70,7 +71,7 @@ def grid_all_reduce(m: int, n: int, grid: tuple[int, int], dtype: Any = "float32
     return {"count": 1, "bytes": payload, "wire_bytes": wire_bytes("all_reduce", payload, p_c), "group_size": p_c}
 
 
-def collective(op: str, numel: int, world_size: int, dtype: Any = "float32") -> dict[str, Any]:
+def collective(op: str, numel: int, world_size: int, dtype: DTypeLike = "float32") -> dict[str, Any]:
     """One ``op`` over ``world_size`` ranks where each rank hands in ``numel`` elements.
 
     ``numel`` is the payload in elements: the full tensor for all-reduce / reduce-scatter, the shard for
@@ -106,7 +107,7 @@ its two M's only.
 
 
 def sharded_matmul(case: str, i: int, j: int, k: int, mesh: tuple[int, int] = (2, 4),
-                   dtype: Any = "float32") -> dict[str, int]:
+                   dtype: DTypeLike = "float32") -> dict[str, int]:
     """What the algebra fixes for matmul ``case`` (:data:`MATMUL_CASES`) with A [i, j], B [j, k] (cases 5, 5b:
     B [j, i]) on a mesh (X, Y) = ``mesh``: ``C.elements`` (C's elements per device) and, per collective,
     ``<op>.count`` and — where the rule fixes them — ``<op>.elements`` / ``.bytes`` (payload per device) and

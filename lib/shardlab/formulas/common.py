@@ -29,9 +29,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any
-
-from shardlab.dtypes import dtype_bytes, is_16bit_float, name
+from shardlab.dtypes import DTypeLike, dtype_bytes, is_16bit_float, name
 
 __all__ = ["RECOMPUTE_POLICIES", "ceil_div", "check_recompute", "dtype_bytes", "reduction_dtype", "ring_steps",
            "ring_time_s", "wire_bytes"]
@@ -92,7 +90,7 @@ def ring_time_s(op: str, payload: float, world_size: int, alpha_s: float, beta_B
     return ring_steps(op, world_size) * alpha_s + wire_bytes(op, payload, world_size) / beta_Bps
 
 
-def reduction_dtype(dtype: Any, device_kind: str) -> str:
+def reduction_dtype(dtype: DTypeLike, device_kind: str) -> str:
     """Element type a reduction collective actually carries on ``device_kind``.
 
     XLA:CPU's pipeline computes bf16/f16 in f32: its float-normalisation pass upcasts a bf16 dot and the

@@ -6,8 +6,7 @@ This module *composes* the ZeRO algebra of `formulas.zero` and the flat-paramete
 `formulas.zero.padded_numel`; it adds what the planner needs on top:
 
 * `param_count` — exact parameter count of a decoder-only transformer (GQA, SwiGLU or GeLU MLP, norms),
-  split by where it lives (embedding, one layer, final norm, LM head). `gpt_param_count` is Narayanan et
-  al.'s closed form 12·L·h²·(1 + 13/(12h) + (V + s)/(12·L·h)) for the GPT block.
+  split by where it lives (embedding, one layer, final norm, LM head).
 * `padded_vocab` — Megatron-LM's `_vocab_size_with_padding`: pad V up to a multiple of
   make_vocab_size_divisible_by × tp, so every tensor-parallel rank gets an equal, aligned vocabulary slice
   (GPT-2's 50257 with 128 × 8 = 1024 -> 51200).
@@ -87,12 +86,6 @@ def param_count(
     head = 0 if tied_embeddings else vocab * hidden
     total = emb + layers * per_layer + hidden + head
     return ParamCounts(emb, per_layer, layers * per_layer, hidden, head, total, expert)
-
-
-def gpt_param_count(layers: int, hidden: int, vocab: int, seq: int) -> float:
-    """Narayanan et al. 2021: P = 12·L·h²·(1 + 13/(12h) + (V + s)/(12·L·h)) (GPT block, learned positions)."""
-    L, h, V, s = layers, hidden, vocab, seq
-    return 12.0 * L * h * h * (1 + 13 / (12 * h) + (V + s) / (12 * L * h))
 
 
 def padded_vocab(vocab: int, tp: int = 1, divisible_by: int = MEGATRON_VOCAB_DIVISIBLE_BY) -> int:

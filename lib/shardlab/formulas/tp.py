@@ -42,6 +42,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from shardlab.dtypes import DTypeLike
 from shardlab.formulas.common import ceil_div, dtype_bytes, wire_bytes
 
 
@@ -51,7 +52,7 @@ def _check(**sizes: int) -> None:
             raise ValueError(f"{name}={value!r} must be a positive int")
 
 
-def _all_reduce(count: int, elements: int, dtype: Any, tp: int) -> dict[str, int]:
+def _all_reduce(count: int, elements: int, dtype: DTypeLike, tp: int) -> dict[str, int]:
     if tp == 1:
         return {"count": 0, "bytes": 0}
     return {"count": count, "bytes": count * elements * dtype_bytes(dtype)}
@@ -62,7 +63,7 @@ def mlp_all_reduce(
     seq: int,
     hidden: int,
     tp: int,
-    dtype: Any = "float32",
+    dtype: DTypeLike = "float32",
     backward: bool = False,
     input_requires_grad: bool = True,
 ) -> dict[str, int]:
@@ -75,7 +76,7 @@ attention_all_reduce = mlp_all_reduce  # same pattern: one g after the output pr
 
 
 def transformer_layer_all_reduce(
-    batch: int, seq: int, hidden: int, tp: int, dtype: Any = "float32", backward: bool = True
+    batch: int, seq: int, hidden: int, tp: int, dtype: DTypeLike = "float32", backward: bool = True
 ) -> dict[str, int]:
     """Attention + MLP: 2 forward + 2 backward all-reduces of [b, s, h]: volume 4 b s h e per step."""
     _check(batch=batch, seq=seq, hidden=hidden, tp=tp)
@@ -83,7 +84,7 @@ def transformer_layer_all_reduce(
 
 
 def sequence_parallel(
-    batch: int, seq: int, hidden: int, tp: int, dtype: Any = "float32", sublayers: int = 1, backward: bool = True,
+    batch: int, seq: int, hidden: int, tp: int, dtype: DTypeLike = "float32", sublayers: int = 1, backward: bool = True,
     sp_params: int = 0,
 ) -> dict[str, float]:
     """Megatron sequence parallelism for `sublayers` f/g pairs (each a column- then row-parallel layer).
@@ -150,13 +151,13 @@ def sp_grad_elements(hidden: int, layers: int, norm: str = "layernorm", row_bias
     return layers * per_layer + (per_norm[norm] if final_norm else 0)
 
 
-def embedding_all_reduce(batch: int, seq: int, hidden: int, tp: int, dtype: Any = "float32") -> dict[str, int]:
+def embedding_all_reduce(batch: int, seq: int, hidden: int, tp: int, dtype: DTypeLike = "float32") -> dict[str, int]:
     """Vocab-parallel embedding forward: 1 all-reduce of [b, s, h] (each id's row lives on one rank)."""
     _check(batch=batch, seq=seq, hidden=hidden, tp=tp)
     return _all_reduce(1, batch * seq * hidden, dtype, tp)
 
 
-def output_layer_all_reduce(batch: int, seq: int, hidden: int, tp: int, dtype: Any = "float32",
+def output_layer_all_reduce(batch: int, seq: int, hidden: int, tp: int, dtype: DTypeLike = "float32",
                             backward: bool = True) -> dict[str, int]:
     """Vocab-parallel output layer logits_i = f(x) E_i^T: no forward collective; backward 1 all-reduce of the input
     gradient [b, s, h] (f's: each rank's dlogits_i E_i is a partial sum of dx)."""
@@ -173,7 +174,7 @@ def _ce_reductions(label_smoothing: float) -> int:
 
 
 def vocab_parallel_ce(
-    batch: int, seq: int, tp: int, dtype: Any = "float32", label_smoothing: float = 0.0
+    batch: int, seq: int, tp: int, dtype: DTypeLike = "float32", label_smoothing: float = 0.0
 ) -> dict[str, Any]:
     """All-reduces of [b, s]: max, target logit, sum exp (+ sum of logits if label_smoothing > 0).
 
@@ -193,7 +194,7 @@ def shard_width(vocab: int, tp: int) -> int:
     return ceil_div(vocab, tp)
 
 
-def gathered_logits(batch: int, seq: int, vocab: int, tp: int, dtype: Any = "float32") -> dict[str, Any]:
+def gathered_logits(batch: int, seq: int, vocab: int, tp: int, dtype: DTypeLike = "float32") -> dict[str, Any]:
     """1 all-gather of this rank's logits shard, padded to ceil(V/p).
 
     Terms: ``count``, ``bytes`` (payload: the shard b s ceil(V/p) e) and ``wire_bytes`` (ring: (p-1) shards).
@@ -240,7 +241,7 @@ def ce_wire_ratio(vocab: int, tp: int, label_smoothing: float = 0.0) -> float:
     return tp * shard_width(vocab, tp) / (2 * _ce_reductions(label_smoothing))
 
 
-def ce_logits_bytes(batch: int, seq: int, vocab: int, tp: int, dtype: Any = "float32") -> dict[str, int]:
+def ce_logits_bytes(batch: int, seq: int, vocab: int, tp: int, dtype: DTypeLike = "float32") -> dict[str, int]:
     """Per-device logits buffer: ``vocab_parallel`` keeps the shard [b, s, ceil(V/p)]; ``gathered`` builds the
     all-gather's result [b, s, p ceil(V/p)] (padded; ~ b s V), p times larger.
 

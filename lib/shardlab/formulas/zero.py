@@ -113,7 +113,3 @@ def padding_waste(numel: int, world_size: int) -> int:
     """
     return padded_numel(numel, world_size) - numel
 
-
-def padding_waste_fraction(numel: int, world_size: int) -> float:
-    """Fraction of the padded flat buffer that is padding."""
-    return padding_waste(numel, world_size) / padded_numel(numel, world_size)

@@ -29,6 +29,7 @@ Example::
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, ClassVar
@@ -40,11 +41,12 @@ from torch_xla.core.xla_builder import create_placeholder_tensor
 
 from shardlab import models, runtime
 from shardlab.blocks import ring
-from shardlab.case import Case, Checks
-from shardlab.comm import DistributedWorld
+from shardlab.case import Case, Checks, Program
+from shardlab.comm import DistributedWorld, Ledger
 from shardlab.formulas import tp as ftp
 from shardlab.formulas.common import dtype_bytes
 from shardlab.params import AttentionParams, MlpParams, VocabParams
+from shardlab.profile.hlo import Array, HloModule
 from shardlab.tp import gspmd
 from shardlab.tp.layers import vocab_range
 from shardlab.tp.programs import (
@@ -74,7 +76,7 @@ def _squeeze(dims: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(d for d in dims if d != 1)
 
 
-def written_arrays(module: Any) -> list[tuple[str, Any]]:
+def written_arrays(module: HloModule) -> list[tuple[str, Array]]:
     """(opcode, array) of every float array the scheduled entry computation writes (aliases, parameters and
     constants left out); a multi-output fusion contributes each of its arrays."""
     out = []
@@ -100,22 +102,27 @@ def dense_grads(dense: torch.nn.Module, x: torch.Tensor, target: torch.Tensor | 
 @dataclass(frozen=True)
 class TpCase(Case):
     """A forward (+ backward of ½‖out − target‖², ``programs.loss``) step of a dense module, Megatron-split over
-    tp ranks.
-    Subclasses name the module (:meth:`dense`), its per-rank step and its GSPMD annotation."""
+    tp ranks. A subclass names, as class attributes, the dense module and the parameters that size it, its
+    per-rank ``step``, its ``formulas.tp`` function and its GSPMD annotation (``tp.gspmd``)."""
 
     backward: bool = True
 
-    step: ClassVar[Any] = None  # the per-rank program: fn(comm, dense, x, target)
-    gathers: ClassVar[bool] = False  # True: the program legitimately all-gathers (the gathered CE)
+    dense_cls: ClassVar[Callable[..., torch.nn.Module]]  # the dense module: dense_cls(*(p.<size> for size in sizes))
+    sizes: ClassVar[tuple[str, ...]] = ()
+    step: ClassVar[Callable[..., dict[str, Any]]]  # the per-rank program: fn(comm, dense, x, target)
+    formula_fn: ClassVar[Callable[..., dict[str, int]]]  # fn(batch, seq, hidden, tp, dtype, backward=...)
+    shard_fn: ClassVar[Callable[[torch.nn.Module, xs.Mesh], torch.nn.Module]]  # annotates the dense module
+    gathers: ClassVar[bool] = False  # True: the program may all-gather (read() checks the group sizes only)
+    grads_text: ClassVar[str] = "rank i's parameter gradients == dense slices"
 
     @property
     def phase(self) -> str:
         return "fwd_bwd" if self.backward else "fwd"
 
     def dense(self) -> torch.nn.Module:
-        raise NotImplementedError
+        return self.dense_cls(*(getattr(self.p, n) for n in self.sizes))
 
-    def inputs(self) -> tuple[Any, torch.Tensor, torch.Tensor | None]:
+    def inputs(self) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor | None]:
         """The dense module (built under the seed) and x, target [b, s, h] in the dtype, the same for every view."""
         p, dt = self.p, getattr(torch, self.dtype)
         g = torch.Generator().manual_seed(p.seed)
@@ -126,11 +133,17 @@ class TpCase(Case):
         target = torch.randn(p.batch, p.seq, p.hidden, generator=g).to(dt) if self.backward else None
         return dense, x, target
 
-    def program(self) -> tuple[Any, tuple[Any, ...]]:
-        return type(self).step, self.inputs()
+    def program(self) -> Program:
+        return self.step, self.inputs()
 
     def oracle(self) -> dict[str, torch.Tensor]:
         return dense_grads(*self.inputs())
+
+    def formula(self) -> View:
+        p = self.p
+        f = self.formula_fn(p.batch, p.seq, p.hidden, p.tp, p.dtype, backward=self.backward)
+        return traffic(View("formula", detail=f), self.phase, {"all_reduce": f["count"]}, {"all_reduce": f["bytes"]},
+                       p.dtype)
 
     def want_grads(self, ref: dict[str, torch.Tensor], rank: int) -> dict[str, torch.Tensor]:
         """Rank ``rank``'s share of the dense gradients, named like its parallel module's parameters."""
@@ -157,10 +170,8 @@ class TpCase(Case):
                 self.grads_text)
         return checks
 
-    grads_text: ClassVar[str] = "rank i's parameter gradients == dense slices"
-
-    def shard(self, module: torch.nn.Module, mesh: Any) -> torch.nn.Module:
-        raise NotImplementedError
+    def shard(self, module: torch.nn.Module, mesh: xs.Mesh) -> torch.nn.Module:
+        return self.shard_fn(module, mesh)
 
     def graph(self) -> list[torch.Tensor]:
         """The GSPMD step on the current world, NOT synced: [out, (input grad, *parameter grads)]."""
@@ -169,7 +180,7 @@ class TpCase(Case):
         module = self.shard(dense.to(dev), gspmd.tensor_mesh(self.p.tp))  # created on CPU, moved, then annotated
         return gspmd.step(module, x.to(dev), target.to(dev) if target is not None else None)
 
-    def read(self, view: View, module: Any) -> View:
+    def read(self, view: View, module: HloModule) -> View:
         src = view.source
         view.checks[f"{src}.group_size"] = (all(c.group_size == self.p.tp for c in module.collectives),
                                             f"every collective runs within groups of tp={self.p.tp}")
@@ -177,6 +188,13 @@ class TpCase(Case):
             view.checks[f"{src}.no_all_gather"] = (not any(c.op == "all-gather" for c in module.collectives),
                                                    "nothing sharded is gathered")
         return view
+
+
+def _mlp_slices(ref: dict[str, torch.Tensor], prefix: str, rank: int, cols: int) -> dict[str, torch.Tensor]:
+    """Rank ``rank``'s share of a dense MLP's gradients: columns of A (fc1), rows of B (fc2), b2 whole (SP: summed)."""
+    c = slice(rank * cols, (rank + 1) * cols)
+    return {f"{prefix}fc1.weight": ref[f"{prefix}fc1.weight"][c], f"{prefix}fc1.bias": ref[f"{prefix}fc1.bias"][c],
+            f"{prefix}fc2.weight": ref[f"{prefix}fc2.weight"][:, c], f"{prefix}fc2.bias": ref[f"{prefix}fc2.bias"]}
 
 
 # ------------------------------------------------------------------------------------------------------ MLP
@@ -187,8 +205,10 @@ class MlpCase(TpCase):
     p: MlpParams | AttentionParams
     sequence_parallel: bool = False  # activations outside the MLP split along the sequence (Korthikanti et al.)
 
-    step: ClassVar[Any] = staticmethod(mlp_step)
-    grads_text: ClassVar[str] = "rank i's A_i, b1_i, B_i gradients == dense slices, b2's == dense"
+    dense_cls, sizes = models.MLP, ("hidden", "ffn")
+    step, formula_fn, shard_fn = staticmethod(mlp_step), staticmethod(ftp.mlp_all_reduce), staticmethod(gspmd.shard_mlp)
+    gathers = True  # group sizes only: the sequence-parallel program gathers
+    grads_text = "rank i's A_i, b1_i, B_i gradients == dense slices, b2's == dense"
 
     @property
     def ops(self) -> tuple[str, ...]:  # type: ignore[override]
@@ -196,10 +216,7 @@ class MlpCase(TpCase):
             return ("all_reduce",)
         return ("all_gather", "reduce_scatter") + (("all_reduce",) if self.backward else ())  # + b2's grad sum
 
-    def dense(self) -> models.MLP:
-        return models.MLP(self.p.hidden, self.p.ffn)
-
-    def program(self) -> tuple[Any, tuple[Any, ...]]:
+    def program(self) -> Program:
         return partial(mlp_step, sequence_parallel=self.sequence_parallel), self.inputs()
 
     def parity(self, source: str, got: Any, ref: dict[str, torch.Tensor]) -> Checks:
@@ -210,28 +227,16 @@ class MlpCase(TpCase):
         return super().parity(source, got, ref)
 
     def formula(self) -> View:
+        if not self.sequence_parallel:
+            return super().formula()
         p = self.p
-        if self.sequence_parallel:
-            f = ftp.sequence_parallel(p.batch, p.seq, p.hidden, p.tp, p.dtype, backward=self.backward,
-                                      sp_params=p.hidden)  # b2 [h] acts on each rank's s/p tokens
-            return traffic(View("formula", detail=f), self.phase, {op: f[f"{op}.count"] for op in self.ops},
-                           {op: f[f"{op}.bytes"] for op in self.ops}, p.dtype, self.ops)
-        f = ftp.mlp_all_reduce(p.batch, p.seq, p.hidden, p.tp, p.dtype, backward=self.backward)
-        return traffic(View("formula", detail=f), self.phase, {"all_reduce": f["count"]}, {"all_reduce": f["bytes"]},
-                       p.dtype)
+        f = ftp.sequence_parallel(p.batch, p.seq, p.hidden, p.tp, p.dtype, backward=self.backward,
+                                  sp_params=p.hidden)  # b2 [h] acts on each rank's s/p tokens
+        return traffic(View("formula", detail=f), self.phase, {op: f[f"{op}.count"] for op in self.ops},
+                       {op: f[f"{op}.bytes"] for op in self.ops}, p.dtype, self.ops)
 
     def want_grads(self, ref: dict[str, torch.Tensor], rank: int) -> dict[str, torch.Tensor]:
-        c = slice(rank * self.p.ffn // self.p.tp, (rank + 1) * self.p.ffn // self.p.tp)
-        return {"fc1.weight": ref["fc1.weight"][c], "fc1.bias": ref["fc1.bias"][c],
-                "fc2.weight": ref["fc2.weight"][:, c], "fc2.bias": ref["fc2.bias"]}  # b2 whole (SP: summed)
-
-    def shard(self, module: torch.nn.Module, mesh: Any) -> torch.nn.Module:
-        return gspmd.shard_mlp(module, mesh)
-
-    def read(self, view: View, module: Any) -> View:  # the MLP: group sizes only (the SP program gathers)
-        view.checks[f"{view.source}.group_size"] = (all(c.group_size == self.p.tp for c in module.collectives),
-                                                    f"every collective runs within groups of tp={self.p.tp}")
-        return view
+        return _mlp_slices(ref, "", rank, self.p.ffn // self.p.tp)
 
 
 def gloo_run(case: MlpCase) -> dict[str, Any]:
@@ -271,38 +276,34 @@ class AttentionCase(TpCase):
     separate_qkv: bool = False
     specs: dict[str, tuple] | None = None
 
-    step: ClassVar[Any] = staticmethod(attention_step)
-    grads_text: ClassVar[str] = "rank i's Q/K/V/O gradients == dense slices of its heads"
+    sizes = ("hidden", "heads")
+    step, formula_fn = staticmethod(attention_step), staticmethod(ftp.attention_all_reduce)
+    shard_fn = staticmethod(gspmd.shard_attention)
+    grads_text = "rank i's Q/K/V/O gradients == dense slices of its heads"
 
-    def dense(self) -> models.Attention:
-        cls = gspmd.SeparateQkvAttention if self.separate_qkv else models.Attention
-        return cls(self.p.hidden, self.p.heads)
-
-    def formula(self) -> View:
-        p = self.p
-        f = ftp.attention_all_reduce(p.batch, p.seq, p.hidden, p.tp, p.dtype, backward=self.backward)
-        return traffic(View("formula", detail=f), self.phase, {"all_reduce": f["count"]}, {"all_reduce": f["bytes"]},
-                       p.dtype)
+    @property
+    def dense_cls(self) -> type[models.Attention]:  # type: ignore[override]
+        return gspmd.SeparateQkvAttention if self.separate_qkv else models.Attention
 
     def want_grads(self, ref: dict[str, torch.Tensor], rank: int) -> dict[str, torch.Tensor]:
         return _attention_slices(ref, "", rank, self.p.hidden // self.p.tp)
 
-    def shard(self, module: torch.nn.Module, mesh: Any) -> torch.nn.Module:
+    def shard(self, module: torch.nn.Module, mesh: xs.Mesh) -> torch.nn.Module:
         if self.specs is not None:
             return gspmd.shard_params(module, mesh, self.specs)
-        return gspmd.shard_attention(module, mesh)
+        return super().shard(module, mesh)
 
-    def score_arrays(self, module: Any) -> list[tuple[str, Any]]:
+    def score_arrays(self, module: HloModule) -> list[tuple[str, Array]]:
         """Float arrays of the local scores' shape [b, nh/p, s, s] (size-1 dims ignored) the program writes."""
         p = self.p
         want = _squeeze((p.batch, p.heads // p.tp, p.seq, p.seq))
         return [(op, a) for op, a in written_arrays(module) if _squeeze(a.dims) == want]
 
-    def read(self, view: View, module: Any) -> View:
+    def read(self, view: View, module: HloModule) -> View:
         view = super().read(view, module)  # heads stay sharded: no q/k/v all-gather
-        p, src = self.p, view.source
-        f_count = ftp.attention_all_reduce(p.batch, p.seq, p.hidden, p.tp, p.dtype, backward=self.backward)["count"]
-        got = view.get(f"{self.phase}.all_reduce.operands", view.get(f"{self.phase}.all_reduce.count"))
+        p, src, count = self.p, view.source, f"{self.phase}.all_reduce.count"
+        f_count = self.formula()[count]
+        got = view.get(f"{self.phase}.all_reduce.operands", view.get(count))
         if self.separate_qkv and got is not None and got > f_count:
             for q in ("count", "bytes", "elements"):
                 view.differs[f"{self.phase}.all_reduce.{q}"] = (
@@ -332,33 +333,19 @@ class LayerCase(TpCase):
 
     p: AttentionParams
 
-    step: ClassVar[Any] = staticmethod(transformer_layer_step)
-    grads_text: ClassVar[str] = ("rank i's attention/MLP gradients == dense slices; LayerNorm gradients == dense on "
-                                 "every rank")
-
-    def dense(self) -> models.TransformerBlock:
-        return models.TransformerBlock(self.p.hidden, self.p.heads, self.p.ffn)
-
-    def formula(self) -> View:
-        p = self.p
-        f = ftp.transformer_layer_all_reduce(p.batch, p.seq, p.hidden, p.tp, p.dtype, backward=self.backward)
-        return traffic(View("formula", detail=f), self.phase, {"all_reduce": f["count"]}, {"all_reduce": f["bytes"]},
-                       p.dtype)
+    dense_cls, sizes = models.TransformerBlock, ("hidden", "heads", "ffn")
+    step, formula_fn = staticmethod(transformer_layer_step), staticmethod(ftp.transformer_layer_all_reduce)
+    shard_fn = staticmethod(gspmd.shard_transformer_block)
+    grads_text = "rank i's attention/MLP gradients == dense slices; LayerNorm gradients == dense on every rank"
 
     def want_grads(self, ref: dict[str, torch.Tensor], rank: int) -> dict[str, torch.Tensor]:
         p = self.p
-        f = slice(rank * p.ffn // p.tp, (rank + 1) * p.ffn // p.tp)
-        return (_attention_slices(ref, "attn.", rank, p.hidden // p.tp)
-                | {"mlp.fc1.weight": ref["mlp.fc1.weight"][f], "mlp.fc1.bias": ref["mlp.fc1.bias"][f],
-                   "mlp.fc2.weight": ref["mlp.fc2.weight"][:, f], "mlp.fc2.bias": ref["mlp.fc2.bias"]}
+        return (_attention_slices(ref, "attn.", rank, p.hidden // p.tp) | _mlp_slices(ref, "mlp.", rank, p.ffn // p.tp)
                 | {n: ref[n] for n in ref if n.startswith("ln")})  # replicated LayerNorms: the full gradient
-
-    def shard(self, module: torch.nn.Module, mesh: Any) -> torch.nn.Module:
-        return gspmd.shard_transformer_block(module, mesh)
 
 
 # ------------------------------------------------------------------------------------------------ embedding
-def token_ids(p: Any) -> torch.Tensor:
+def token_ids(p: VocabParams) -> torch.Tensor:
     """[b, s] token ids, seeded; the first and the last id are 0 and V - 1 (both ends of the table)."""
     g = torch.Generator().manual_seed(p.seed + 1)
     ids = torch.randint(0, p.vocab, (p.batch, p.seq), generator=g)
@@ -374,12 +361,10 @@ class EmbeddingCase(TpCase):
     p: VocabParams
     backward: bool = False  # + backward of ½‖out − target‖²: the weight gradient (no communication)
 
-    step: ClassVar[Any] = staticmethod(embedding_step)
+    dense_cls, sizes = torch.nn.Embedding, ("vocab", "hidden")
+    step, shard_fn = staticmethod(embedding_step), staticmethod(gspmd.shard_embedding)
 
-    def dense(self) -> models.Embedding:
-        return models.Embedding(self.p.vocab, self.p.hidden)
-
-    def inputs(self) -> tuple[Any, torch.Tensor, torch.Tensor | None]:
+    def inputs(self) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor | None]:
         dense, _, target = super().inputs()
         return dense, token_ids(self.p), target
 
@@ -401,14 +386,11 @@ class EmbeddingCase(TpCase):
                     for i, r in enumerate(got)), "rank i's rows of the gradient == dense rows")
         return checks
 
-    def ledger_extra(self, view: View, ledger: Any, results: list[Any]) -> View:
+    def ledger_extra(self, view: View, ledger: Ledger, results: list[Any]) -> View:
         if self.backward:
             view.checks["ledger.no_backward_collectives"] = (ledger.count(phase="backward") == 0,
                                                              "the weight gradient of a lookup is local")
         return view
-
-    def shard(self, module: torch.nn.Module, mesh: Any) -> torch.nn.Module:
-        return gspmd.shard_embedding(module, mesh)
 
 
 @dataclass(frozen=True)
@@ -422,25 +404,23 @@ class TiedOutputCase(TpCase):
     p: VocabParams
     smoothing: bool = False
 
-    step: ClassVar[Any] = staticmethod(tied_lm_step)
-
     @property
     def label_smoothing(self) -> float:
         return float(self.p.label_smoothing) if self.smoothing else 0.0
 
-    def inputs(self) -> tuple[Any, torch.Tensor, torch.Tensor]:  # type: ignore[override]
+    def inputs(self) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:  # type: ignore[override]
         """The dense embedding (seeded, in the dtype), ids [b, s] and target ids [b, s] (``IGNORE_INDEX`` at (0, 1)
         when s > 1)."""
         p = self.p
         with torch.random.fork_rng():
             torch.manual_seed(p.seed)
-            dense = models.Embedding(p.vocab, p.hidden).to(getattr(torch, self.dtype))
+            dense = torch.nn.Embedding(p.vocab, p.hidden).to(getattr(torch, self.dtype))
         target = token_ids(replace(p, seed=p.seed + 1))
         if p.seq > 1:
             target[0, 1] = IGNORE_INDEX
         return dense, token_ids(p), target
 
-    def program(self) -> tuple[Any, tuple[Any, ...]]:
+    def program(self) -> Program:
         return tied_lm_step, (*self.inputs(), self.label_smoothing, IGNORE_INDEX)
 
     def oracle(self) -> dict[str, torch.Tensor]:
@@ -483,7 +463,7 @@ class TiedOutputCase(TpCase):
                                               "rank i's rows of the tied gradient == dense rows (both contributions)"),
                 "dense.lookup_rows": (lookup_rows <= ids, "the lookup's contribution touches only the ids' rows")}
 
-    def ledger_extra(self, view: View, ledger: Any, results: list[Any]) -> View:
+    def ledger_extra(self, view: View, ledger: Ledger, results: list[Any]) -> View:
         bwd = ledger.select(phase="backward")
         view.add("bwd.all_reduce.count", bwd.count("all_reduce"), "count")
         view.add("bwd.all_reduce.bytes", bwd.payload_bytes("all_reduce"), "bytes")
@@ -556,7 +536,7 @@ class CrossEntropyCase(TpCase):
         loss.sum().backward()
         return {"loss": loss.detach(), "grad": z.grad}
 
-    def program(self) -> tuple[Any, tuple[Any, ...]] | None:  # type: ignore[override]
+    def program(self) -> Program | None:  # type: ignore[override]
         if self.placeholders:
             return None
         return ce_step, (*self.inputs(), self.method, self.label_smoothing, IGNORE_INDEX, self.backward)
@@ -606,7 +586,7 @@ class CrossEntropyCase(TpCase):
                 "logits gradient shard == dense gradient columns")
         return checks
 
-    def ledger_extra(self, view: View, ledger: Any, results: list[Any]) -> View:
+    def ledger_extra(self, view: View, ledger: Ledger, results: list[Any]) -> View:
         view = self.renamed(view, wire_counted(view, self.op))
         if self.backward:
             view.checks[f"ledger.{self.key}.no_backward_collectives"] = (ledger.count(phase="backward") == 0,
@@ -640,7 +620,7 @@ class CrossEntropyCase(TpCase):
         xs.mark_sharding(grad, mesh, (None, None, gspmd.AXIS))  # the gradient stays a vocab shard, like the logits
         return [loss, grad]
 
-    def read(self, view: View, module: Any) -> View:
+    def read(self, view: View, module: HloModule) -> View:
         view = super().read(self.renamed(view, wire_counted(view, self.op, module)), module)
         others = [c for c in module.collectives if c.op != self.op.replace("_", "-")]
         if others:
@@ -654,7 +634,7 @@ class CrossEntropyCase(TpCase):
         return view
 
 
-def wire_counted(view: View, op: str, module: Any = None, per_element: bool = False) -> float:
+def wire_counted(view: View, op: str, module: HloModule | None = None, per_element: bool = False) -> float:
     """Bytes (``per_element``: elements) one rank sends for the ``op`` collectives of a measured view — a
     ledger (its entries) or a compiled program (``module``, else the view's ``detail.module``) — counted chunk
     by chunk along the ring schedule (:func:`shardlab.blocks.ring.wire_bytes`), not by the formula's factor."""
@@ -703,7 +683,3 @@ def ce_table_views(vocab_parallel: list[View], gather: list[View], p: VocabParam
         out.append(view)
     return out
 
-
-def small(p: Any, **sizes: Any) -> Any:
-    """The parameters with some sizes replaced (unvalidated: the caller's case checks what it needs)."""
-    return replace(p, **sizes)

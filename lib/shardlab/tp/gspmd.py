@@ -37,10 +37,9 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
+import torch_xla.distributed.spmd as xs  # imported after runtime.setup() (by tp.case and the tests)
 
 from shardlab import models, runtime
 from shardlab.tp.programs import loss
@@ -48,7 +47,7 @@ from shardlab.tp.programs import loss
 AXIS = "tensor"
 
 
-def tensor_mesh(tp: int) -> Any:
+def tensor_mesh(tp: int) -> xs.Mesh:
     """Mesh (data = n / tp, tensor = tp) over all devices; errors name tp and the device count."""
     n = runtime.current().num_devices
     if not isinstance(tp, int) or tp < 1:
@@ -60,29 +59,23 @@ def tensor_mesh(tp: int) -> Any:
     return runtime.mesh((n // tp, tp), ("data", AXIS))
 
 
-def _mark(t: torch.Tensor, mesh: Any, spec: tuple) -> None:
-    import torch_xla.distributed.spmd as xs
-
-    xs.mark_sharding(t, mesh, spec)
-
-
-def shard_mlp(mlp: models.MLP, mesh: Any) -> models.MLP:
-    _mark(mlp.fc1.weight, mesh, (AXIS, None))  # A columns -> [ffn/tp, h] per device
+def shard_mlp(mlp: models.MLP, mesh: xs.Mesh) -> models.MLP:
+    xs.mark_sharding(mlp.fc1.weight, mesh, (AXIS, None))  # A columns -> [ffn/tp, h] per device
     if mlp.fc1.bias is not None:
-        _mark(mlp.fc1.bias, mesh, (AXIS,))
-    _mark(mlp.fc2.weight, mesh, (None, AXIS))  # B rows -> [h, ffn/tp] per device
+        xs.mark_sharding(mlp.fc1.bias, mesh, (AXIS,))
+    xs.mark_sharding(mlp.fc2.weight, mesh, (None, AXIS))  # B rows -> [h, ffn/tp] per device
     return mlp
 
 
-def shard_attention(attn: models.Attention, mesh: Any) -> models.Attention:
+def shard_attention(attn: models.Attention, mesh: xs.Mesh) -> models.Attention:
     tp = mesh.mesh_shape[mesh.get_axis_name_idx(AXIS)]
     if attn.heads % tp:
         raise ValueError(f"heads={attn.heads} is not divisible by tp={tp}")
     for lin in (attn.q, attn.k, attn.v):
-        _mark(lin.weight, mesh, (AXIS, None))  # whole heads per device: [h/tp, h]
+        xs.mark_sharding(lin.weight, mesh, (AXIS, None))  # whole heads per device: [h/tp, h]
         if lin.bias is not None:
-            _mark(lin.bias, mesh, (AXIS,))
-    _mark(attn.out.weight, mesh, (None, AXIS))
+            xs.mark_sharding(lin.bias, mesh, (AXIS,))
+    xs.mark_sharding(attn.out.weight, mesh, (None, AXIS))
     return attn
 
 
@@ -97,7 +90,7 @@ class SeparateQkvAttention(models.Attention):
         return q, k, v
 
 
-def shard_params(module: torch.nn.Module, mesh: Any, specs: dict[str, tuple]) -> torch.nn.Module:
+def shard_params(module: torch.nn.Module, mesh: xs.Mesh, specs: dict[str, tuple]) -> torch.nn.Module:
     """Annotate ``module``'s parameters by name (``{"q.weight": ("tensor", None), ...}``); errors name the
     parameter."""
     names = dict(module.named_parameters())
@@ -105,21 +98,21 @@ def shard_params(module: torch.nn.Module, mesh: Any, specs: dict[str, tuple]) ->
         if name not in names:
             raise ValueError(f"specs names {name!r}, which is not a parameter of {type(module).__name__} "
                              f"(its parameters: {sorted(names)})")
-        _mark(names[name], mesh, tuple(spec))
+        xs.mark_sharding(names[name], mesh, tuple(spec))
     return module
 
 
-def shard_embedding(emb: torch.nn.Embedding, mesh: Any) -> torch.nn.Embedding:
-    _mark(emb.weight, mesh, (AXIS, None))  # vocab rows
+def shard_embedding(emb: torch.nn.Embedding, mesh: xs.Mesh) -> torch.nn.Embedding:
+    xs.mark_sharding(emb.weight, mesh, (AXIS, None))  # vocab rows
     return emb
 
 
-def shard_logits(logits: torch.Tensor, mesh: Any) -> torch.Tensor:
-    _mark(logits, mesh, (None,) * (logits.dim() - 1) + (AXIS,))
+def shard_logits(logits: torch.Tensor, mesh: xs.Mesh) -> torch.Tensor:
+    xs.mark_sharding(logits, mesh, (None,) * (logits.dim() - 1) + (AXIS,))
     return logits
 
 
-def shard_transformer_block(block: models.TransformerBlock, mesh: Any) -> models.TransformerBlock:
+def shard_transformer_block(block: models.TransformerBlock, mesh: xs.Mesh) -> models.TransformerBlock:
     """Attention heads and the MLP's inner dimension over `tensor`; the LayerNorms stay replicated."""
     shard_attention(block.attn, mesh)
     shard_mlp(block.mlp, mesh)
@@ -141,11 +134,11 @@ def vocab_parallel_ce(logits: torch.Tensor, target: torch.Tensor, label_smoothin
     return loss.masked_fill(target == ignore_index, 0.0)
 
 
-def gathered_ce(logits: torch.Tensor, target: torch.Tensor, mesh: Any, label_smoothing: float = 0.0,
+def gathered_ce(logits: torch.Tensor, target: torch.Tensor, mesh: xs.Mesh, label_smoothing: float = 0.0,
                 ignore_index: int = -100) -> torch.Tensor:
     """Replicate the logits first (an all-gather of [b, s, V/tp] per device), then torch's cross-entropy."""
     full = logits * 1.0  # a new value to annotate
-    _mark(full, mesh, (None,) * full.dim())
+    xs.mark_sharding(full, mesh, (None,) * full.dim())
     return F.cross_entropy(full.flatten(0, 1), target.flatten(), reduction="none", label_smoothing=label_smoothing,
                            ignore_index=ignore_index).view_as(target)
 

@@ -139,5 +139,3 @@ def reduce_scatter_to_sp_region(x: torch.Tensor, comm: Comm, dim: int = 1) -> to
 
 f = copy_to_tp_region
 g = reduce_from_tp_region
-g_sp = gather_from_sp_region
-gbar_sp = reduce_scatter_to_sp_region
