@@ -2,20 +2,13 @@
 
 Design
 ------
-Each case holds notebook 06's parameters ``p`` (:class:`shardlab.params.ScanParams`: H, F, B, S and the mesh
-(fsdp, tensor)) and the variant it shows; :mod:`shardlab.harness` runs it through the views. There is no ledger:
-scan is a property of one compiled program, not of per-rank code::
+Each case holds notebook 06's parameters ``p`` (:class:`shardlab.params.ScanParams`) and the variant it shows, on
+the mesh (fsdp, tensor) = (``p.mesh_fsdp``, ``p.mesh_tensor``); :mod:`shardlab.harness` runs it through the views.
+There is no ledger: scan is a property of one compiled program, not of per-rank code::
 
-    ScanCase(p, layers, mode, shard_as,   L blocks, forward + backward: a Python loop (the graph holds L blocks),
-             layout)                      scan_layers, or scan over pre-stacked weights; shard_as on (torch_xla's
-                                          default) or off (the behaviour before the fix); activations x[B_fsdp, S, H]
-                                          (layout "batch") or, as the seed ran, x[B_fsdp, S, H_tensor] ("seed")
-    TrapCase(p, kind)                     x[B_fsdp, S_tensor, H] · W[F, H]ᵀ through F.linear or einsum
-    ShardAsCase(p, shard_as)              a[16_fsdp, 32_tensor] annotated, b = 2·ones not: how b comes out
-
-The mesh is exactly (fsdp, tensor) = (``p.mesh_fsdp``, ``p.mesh_tensor``) over all of this process's devices: the
-CPU compiler view needs fsdp·tensor devices and is skipped otherwise; the TPU view compiles for a fsdp·tensor-chip
-slice (in a helper process when the counts differ).
+    ScanCase(p, layers, mode, shard_as, layout)   L blocks, forward + backward (loop, scan_layers or scan)
+    TrapCase(p, kind)                             x[b_fsdp, s_tensor, h] · W[F, h]ᵀ through F.linear or einsum
+    ShardAsCase(p, shard_as)                      a[16_fsdp, 32_tensor] annotated, b = 2·ones not: how b comes out
 
 Values of a pre-stacked :class:`ScanCase` (the notebook puts them under a prefix such as ``shard_as.off``)::
 
@@ -26,7 +19,7 @@ Values of a pre-stacked :class:`ScanCase` (the notebook puts them under a prefix
     while_state.bytes               per-device bytes of the backward While's state      hlo, tpu (not compared)
     buffers.total.bytes             XLA:CPU buffer assignment total                     hlo
 
-With the seed's layout both result dims of ``dW_up = xᵀ[H_tensor, B_fsdp]·dh[B_fsdp, F_tensor]`` ask for tensor
+With the seed's layout both result dims of ``dW_up = xᵀ[h_tensor, b_fsdp]·dh[b_fsdp, F_tensor]`` ask for tensor
 (the conflicting-axis matmul), and which dim of a 1-D gradient keeps the tensor split is the compiler's choice:
 the views then add ``grad_sharding.<weight>`` ("1-D" / "2-D", compared) and record a 1-D gradient's shape without
 comparing it.
@@ -37,8 +30,8 @@ tiling); the backward While's loop state holds an array of exactly each stacked 
 one carried sharding *is* the stack's); every mode's result equals the CPU for-loop oracle. The loop and
 scan_layers cases add no values: the compile-time sweep reads their programs (:func:`record_sweep`).
 
-The module also holds what notebook 06 measures beyond one case's views, as small functions: the sweep's record,
-the OFF/ON contrast, the transposed mesh, per-layer gradient specs, trace transfers and the explorer's run.
+The functions after the cases are what notebook 06 measures beyond one case's views (the sweep, the OFF/ON
+contrast, the transposed mesh, per-layer gradient specs, trace transfers, the explorer's run).
 torch_xla is imported at the top: import this module after ``shardlab.runtime.setup()`` (the notebooks' order).
 
 Example::
@@ -79,7 +72,6 @@ from shardlab.xla_scan.patches import shard_as_enabled
 MODES = M.MODES
 GRAD_OPS = ("all_reduce", "reduce_scatter")
 PARITY_RTOL = 1e-5  # max |xla - cpu loop| / max |cpu loop|: XLA reorders float32 sums, a real bug is O(1)
-NS = 1e-9
 SOURCE_LABEL = {"formula": "formula", "hlo": "XLA:CPU", "tpu": "XLA:TPU"}
 
 
@@ -399,9 +391,7 @@ def record_sweep(rec: Recorder, sweep: list[tuple[ScanCase, View]]) -> pd.DataFr
     A DataFrame of the rows (None, and a skip recorded, when the mesh does not tile this process)."""
     ran = [(c, v) for c, v in sweep if v.ran]
     if not ran:
-        why = sweep[0][1].skipped if sweep else "no layers"
-        print(f"[hlo] skipped: {why}")
-        rec.skip("scan", "hlo", why or "")
+        harness.record(rec, "scan", sweep[0][1] if sweep else View.skip("hlo", "no layers"))
         return None
     rows = []
     for c, v in sorted(ran, key=lambda cv: (cv[0].layers, MODES.index(cv[0].mode))):
@@ -409,7 +399,7 @@ def record_sweep(rec: Recorder, sweep: list[tuple[ScanCase, View]]) -> pd.DataFr
         ok, detail = v.checks["parity.hlo"]
         rec.check(f"parity.{name}", ok, detail)
         compile_s = harness.record_compile_s(rec, f"scan.compile_s.{name}", v).get("metrics", 0.0)
-        execute_s = cap.metrics.metric("ExecuteReplicatedTime")[1] * NS or cap.metrics.execute_s
+        execute_s = cap.metrics.execute_s
         rec.measure(f"scan.trace_s.{name}", c.trace["s"], "s", "timer", kind="timing")
         rec.measure(f"scan.execute_s.{name}", execute_s, "s", "metrics", kind="timing")
         size = rec.measure(f"scan.hlo_instructions.{name}", X.graph_size(cap.module), "instructions", "hlo")
@@ -533,9 +523,11 @@ def layer_grad_specs(rec: Recorder, p: ScanParams, layers: int) -> pd.DataFrame 
             return None
         specs[tag] = grad_specs(view)["w_up"]
         want = tuple(size[a] if flag or a != "fsdp" else 1 for a in S.WEIGHT_SPECS["w_up"])
-        rec.check(f"shard_as.{tag}.layer_grad_tiles", all(S.parse_spec(sp, 2).tiles == want for sp in specs[tag]),
-                  f"{specs[tag]}: want tiles {want} for every layer")
-        rec.measure(f"shard_as.{tag}.layer_grad_spec", specs[tag][0], "spec", "hlo")
+        tiles = (all(S.parse_spec(sp, 2).tiles == want for sp in specs[tag]),
+                 f"{specs[tag]}: want tiles {want} for every layer")
+        view = View("hlo", {"layer_grad_spec": specs[tag][0]}, {"layer_grad_spec": "spec"},
+                    checks={"layer_grad_tiles": tiles})
+        harness.record(rec, f"shard_as.{tag}", view, show=False)
     return pd.DataFrame({"per-layer W_up gradient spec (scan_layers)": {k: v[0] for k, v in specs.items()},
                          "layers with this spec": {k: f"{v.count(v[0])} of {len(v)}" for k, v in specs.items()}})
 
@@ -605,11 +597,11 @@ def seed_table(rec: Recorder, meshes: tuple[tuple[int, int], ...] = ((256, 1), (
                      "1-D GiB/chip": c.one_d_per_chip_bytes / 2**30, "2-D shape/chip": c.two_d_shape,
                      "2-D MiB/chip": c.two_d_per_chip_bytes / 2**20,
                      "1-D share of usable HBM": f"{c.one_d_fraction_of_hbm:.1%}"})
-    case = FS.seed_case(64, 4)
-    rec.check("shard_as.seed.1d_shape_is_reported_hlo_shape", case.one_d_shape == (126, 4096, 16384), str(case))
-    rec.measure("shard_as.seed.total.bytes", case.total_bytes, "B", "formula")
-    rec.measure("shard_as.seed.mesh64x4.1d.bytes", case.one_d_per_chip_bytes, "B", "formula")
-    rec.measure("shard_as.seed.mesh64x4.2d.bytes", case.two_d_per_chip_bytes, "B", "formula")
+    c = FS.seed_case(64, 4)
+    values = {"total.bytes": c.total_bytes, "mesh64x4.1d.bytes": c.one_d_per_chip_bytes,
+              "mesh64x4.2d.bytes": c.two_d_per_chip_bytes}
+    harness.record(rec, "shard_as.seed", View("formula", values, dict.fromkeys(values, "B"), checks={
+        "1d_shape_is_reported_hlo_shape": (c.one_d_shape == (126, 4096, 16384), str(c))}), show=False)
     return pd.DataFrame(rows)
 
 
@@ -793,9 +785,8 @@ def record_trace(rec: Recorder, p: ScanParams) -> pd.DataFrame | None:
     does not tile this process."""
     tt = transfers(p, p.layers)
     if tt is None:
-        why = mesh_problem(p, runtime.current().num_devices) or ""
-        print(f"[metrics] skipped: {why}")
-        rec.skip("placeholder.trace", "metrics", why)
+        harness.record(rec, "placeholder.trace", View.skip("metrics", mesh_problem(p, runtime.current().num_devices)
+                                                           or ""))
         return None
     return record_transfers(rec, p, tt)
 
@@ -803,22 +794,24 @@ def record_trace(rec: Recorder, p: ScanParams) -> pd.DataFrame | None:
 def record_transfers(rec: Recorder, p: ScanParams, tt: Transfers) -> pd.DataFrame:
     """Record the trace transfers against the formula; a DataFrame of the growth with hidden."""
     devices = runtime.current().num_devices
+    metrics = View("metrics", checks={"zero": (tt.scan.h2d_bytes == 0 and tt.loop.h2d_bytes == 0,
+                                               f"scan {tt.scan.h2d_bytes} B, loop {tt.loop.h2d_bytes} B")})
+    formula = View("formula")
     for k in ("loop", "scan", "no_placeholder"):
-        t = getattr(tt, k)
-        rec.measure(f"placeholder.trace.h2d.bytes.{k}", t.h2d_bytes, "B", "metrics")
-        rec.measure(f"placeholder.trace.ir_to_data.count.{k}", t.ir_value_to_data, "tensors", "metrics")
-    rec.check("placeholder.trace.zero", tt.scan.h2d_bytes == 0 and tt.loop.h2d_bytes == 0,
-              f"scan {tt.scan.h2d_bytes} B, loop {tt.loop.h2d_bytes} B")
+        metrics.add(f"h2d.bytes.{k}", getattr(tt, k).h2d_bytes, "B")
+        metrics.add(f"ir_to_data.count.{k}", getattr(tt, k).ir_value_to_data, "tensors")
     want = FS.block_trace_transfer(p.batch, p.seq, p.hidden, p.ffn, devices=devices, placeholders=False)
-    harness.agree(rec, "placeholder.trace.h2d.bytes.no_placeholder.model", "B", formula=want.total_bytes,
-                  metrics=tt.no_placeholder.h2d_bytes)
-    harness.agree(rec, "placeholder.trace.h2d.count.no_placeholder", "transfers", formula=want.transfers,
-                  metrics=tt.no_placeholder.h2d_count)
+    for v, (nbytes, count) in ((formula, (want.total_bytes, want.transfers)),
+                               (metrics, (tt.no_placeholder.h2d_bytes, tt.no_placeholder.h2d_count))):
+        v.add("h2d.bytes.no_placeholder.model", nbytes, "B")
+        v.add("h2d.count.no_placeholder", count, "transfers")
     rows = []
     for h, t in tt.growth.items():
         f_off = FS.block_trace_transfer(p.batch, p.seq, h, 4 * h, devices=devices, placeholders=False).total_bytes
-        harness.agree(rec, f"placeholder.trace.h2d.bytes.no_placeholder.H{h}", "B", formula=f_off, metrics=t.h2d_bytes)
+        formula.add(f"h2d.bytes.no_placeholder.H{h}", f_off, "B")
+        metrics.add(f"h2d.bytes.no_placeholder.H{h}", t.h2d_bytes, "B")
         rows.append({"hidden": h, "ffn": 4 * h, "no placeholders h2d B (metrics)": t.h2d_bytes, "formula B": f_off})
+    harness.record(rec, "placeholder.trace", formula, metrics, show=False)
     return pd.DataFrame(rows)
 
 
