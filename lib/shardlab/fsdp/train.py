@@ -12,9 +12,6 @@ supplies two views to :mod:`shardlab.harness`::
     ledger    FlatUnit on every rank of a SimulatedWorld (no devices), `steps` steps: one step's collectives, the
               shard tensors each rank keeps, the collectives' order, parity with unsharded training
 
-Values are named ``flat.{numel,shard_numel,padded_numel}`` (the root unit), ``step.{all_gather,reduce_scatter}.
-{count,bytes}``, ``step.collective.bytes``, ``step.wire.bytes`` and ``memory.per_rank.bytes``.
-
 ``fsdp_rank_program(comm, case)`` is a module-level function so it pickles for ``DistributedWorld`` (gloo) as
 well as running in ``SimulatedWorld`` (this module imports no torch_xla: PyTorch's own FSDP runs the same case in
 gloo processes, ``shardlab.fsdp.torch_ref``). Every rank builds the same model from the seed, wraps it in one
@@ -49,8 +46,7 @@ from shardlab.fsdp.unit import FlatUnit, ShardAdam, ShardSGD, unflatten
 from shardlab.params import FsdpParams, FsdpParamsBase
 from shardlab.views import View
 
-OPTIMIZERS = ("sgd", "adam")
-OPTIMIZER_K = {"sgd": 0, "adam": 8}  # fp32 optimizer-state bytes per element (Adam: exp_avg + exp_avg_sq)
+OPTIMIZERS = tuple(ffsdp.OPTIMIZER_STATE_BYTES)  # sgd, adam
 ELEM_BYTES = 4  # the FSDP lessons train in float32
 LR = 0.05
 INNER = "0"  # with nested=True: the inner unit wraps submodule "0", the first Linear
@@ -200,7 +196,7 @@ class FlatCase(Case):
         view.add("step.reduce_scatter.bytes", sum(f.reduce_scatter_bytes for f in fs), "bytes")
         view.add("step.collective.bytes", view["step.all_gather.bytes"] + view["step.reduce_scatter.bytes"], "bytes")
         view.add("step.wire.bytes", sum(f.wire_bytes(w) for f in fs), "bytes")
-        k = OPTIMIZER_K[self.optimizer]
+        k = ffsdp.OPTIMIZER_STATE_BYTES[self.optimizer]
         state = sum(zero_memory(f.reduce_scatter_payload_bytes // ELEM_BYTES, w, 3, k=k, param_bytes=ELEM_BYTES,
                                 grad_bytes=ELEM_BYTES).total for f in fs)
         view.add("memory.per_rank.bytes", round(state), "bytes")
