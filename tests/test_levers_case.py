@@ -103,8 +103,8 @@ def test_compile_seconds_skip_cached_and_formula_views() -> None:
     a, b, c = _compile(1.5, False), _compile(2.0, True), _compile(0.25, False)
     tpu_two = View("tpu", detail=[a, b])  # a merged view: two programs
     skipped = View.skip("tpu", "no libtpu")
-    got = L.compile_seconds({"x": {"formula": View("formula", detail={"g": 1}), "tpu": tpu_two}},
-                            ("frame", [View("tpu", detail=c), skipped]), None, c)
+    got = harness.compile_seconds({"x": {"formula": View("formula", detail={"g": 1}), "tpu": tpu_two}},
+                                  ("frame", [View("tpu", detail=c), skipped]), None, c)
     assert got == (1.5 + 0.25 + 0.25, 4)  # b served from the cache adds 0 s; c counted each time it is passed
 
 

@@ -268,6 +268,24 @@ def agree(rec: Recorder, name: str, unit: str, **values: Any) -> dict[str, Any]:
     return values
 
 
+def _compiles(obj: Any) -> Iterable[TpuCompile]:
+    if isinstance(obj, TpuCompile):
+        yield obj
+    elif isinstance(obj, View):
+        if obj.source == "tpu" and obj.ran:
+            yield from _compiles(obj.detail)
+    elif isinstance(obj, dict | list | tuple):
+        for v in obj.values() if isinstance(obj, dict) else obj:
+            yield from _compiles(v)
+
+
+def compile_seconds(*results: Any) -> tuple[float, int]:
+    """XLA:TPU compile seconds behind ``results`` (tpu views, compiles, or dicts / lists of them) and the number
+    of compiles, with :func:`record_compile_s`'s rule: a compile served from a cache measured nothing, adds 0 s."""
+    comps = list(_compiles(results))
+    return sum(c.compile_s for c in comps if not c.cached), len(comps)
+
+
 def record_compile_s(rec: Recorder, name: str, *views: View) -> dict[str, float]:
     """Record the compile seconds behind compiler views as timings ``name``: an ``hlo`` view's XLA:CPU compile
     (source ``metrics``: torch_xla's CompileTime of the captured step) and a ``tpu`` view's XLA:TPU compile

@@ -491,7 +491,8 @@ pd.DataFrame(fus).fillna(0).astype(int)
 # ## Summary: the levers, off vs on
 
 # %%
-tpu_s, compiles = L.compile_seconds(combine, effects, overlap, toy_tpu, wu, auto, found.views if found else None)
+tpu_s, compiles = harness.compile_seconds(combine, effects, overlap, toy_tpu, wu, auto,
+                                          found.views if found else None)
 rec.measure("levers.tpu.compile_s", tpu_s, "s", "timer", kind="timing", spread={"n": compiles})
 print(f"TPU compile time of this run: {tpu_s:.1f} s over {compiles} compiles")
 VL.summary_table(rec.values, saving, ext_cpu.worst.peak / unit, None if ext_step is None else (ext_step, xla_step),

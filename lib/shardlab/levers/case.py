@@ -43,7 +43,6 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
@@ -54,7 +53,6 @@ from shardlab.case import Case
 from shardlab.levers import programs as P
 from shardlab.params import LeversParams, MlpParams
 from shardlab.profile.hlo import HloModule
-from shardlab.profile.tpu import TpuCompile
 from shardlab.tp.case import MlpCase
 from shardlab.views import View, merge
 
@@ -396,26 +394,3 @@ class LayoutCase(LeversCase):
     def graph(self) -> list[Any]:
         return P.mlp_layout(self.data, self.fsdp, self.tensor, self.layout, self.batch, self.p.mlp_seq // 8,
                             self.p.mlp_hidden, self.p.mlp_ffn, self.dtype, self.p.seed)
-
-
-# ------------------------------------------------------------------------------------------------ budget
-def _compiles(obj: Any) -> Iterable[TpuCompile]:
-    if isinstance(obj, TpuCompile):
-        yield obj
-    elif isinstance(obj, View):
-        if obj.source == "tpu" and obj.ran:
-            yield from _compiles(obj.detail)
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            yield from _compiles(v)
-    elif isinstance(obj, list | tuple):
-        for v in obj:
-            yield from _compiles(v)
-
-
-def compile_seconds(*results: Any) -> tuple[float, int]:
-    """XLA:TPU compile seconds behind ``results`` (tpu views, compiles, or dicts / lists of them) and the number
-    of compiles: a compile served from a cache measured nothing and adds 0 s."""
-    comps = list(_compiles(results))
-    return sum(c.compile_s for c in comps if not c.cached), len(comps)
-

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from shardlab.comm import DistributedWorld, SimulatedWorld
+from shardlab.comm import Comm, DistributedWorld, SimulatedWorld
 from shardlab.profile.timer import Timing
 
 ELEMENT_BYTES = 4  # the timings move float32
@@ -137,7 +137,7 @@ def bucket_count(num_grads: int, grad_bytes: int, bucket_bytes: int, first_bucke
     return 1 if num_grads <= first else 1 + math.ceil((num_grads - first) / per)
 
 
-def bucketed_all_reduce(comm: Any, grads: Sequence[torch.Tensor], bucket_bytes: int,
+def bucketed_all_reduce(comm: Comm, grads: Sequence[torch.Tensor], bucket_bytes: int,
                         first_bucket_bytes: int | None = None) -> list[torch.Tensor]:
     """Per-rank program: sum ``grads`` over ranks with one all-reduce per bucket (flatten, reduce, unflatten).
 
@@ -162,7 +162,7 @@ def rank_grads(rank: int, num_grads: int, numel: int) -> list[torch.Tensor]:
     return [torch.full((numel,), float((rank + 1) * (i + 1))) for i in range(num_grads)]
 
 
-def bucket_program(comm: Any, num_grads: int, numel: int, bucket_bytes: int,
+def bucket_program(comm: Comm, num_grads: int, numel: int, bucket_bytes: int,
                    first_bucket_bytes: int | None = None) -> list[torch.Tensor]:
     """``bucketed_all_reduce`` of :func:`rank_grads` (module level: picklable for real processes)."""
     return bucketed_all_reduce(comm, rank_grads(comm.rank, num_grads, numel), bucket_bytes, first_bucket_bytes)
@@ -179,7 +179,7 @@ class Point(NamedTuple):
         return self.numel * ELEMENT_BYTES
 
 
-def timing_program(comm: Any, numels: Sequence[int], ks: Sequence[int], repeats: int,
+def timing_program(comm: Comm, numels: Sequence[int], ks: Sequence[int], repeats: int,
                    warmup: int) -> dict[tuple[int, int], list[float]]:
     """Per-rank: seconds for k all-reduces of n/k float32 zeros, per (n, k), ``repeats`` samples each.
 

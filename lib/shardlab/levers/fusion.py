@@ -20,29 +20,28 @@ aggressively (and fuses collectives and matmuls into async collective fusions).
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
 
 from shardlab.levers.overlap import matmul_flops
-from shardlab.profile.hlo import COLLECTIVES
+from shardlab.profile.hlo import COLLECTIVES, HloModule
 
 NO_KERNEL = ("parameter", "constant", "tuple", "get-tuple-element", "bitcast", "after-all", "add-dependency",
              "opt-barrier", "optimization-barrier", "partition-id", "replica-id")
 BOOKKEEPING = ("copy-start", "copy-done", "slice-start", "slice-done", "async-done", "async-update")
 
 
-def _scheduled(module: Any) -> list[str]:
+def _scheduled(module: HloModule) -> list[str]:
     names = list(module.computations[module.entry])
     for loop in module.while_loops:
         names += module.computations.get(loop.body, [])
     return names
 
 
-def _collective_names(module: Any) -> set[str]:
+def _collective_names(module: HloModule) -> set[str]:
     """Names of collective instructions and of the instructions that issue them (a TPU async start)."""
     return {n for c in module.collectives for n in (c.name, getattr(c, "start", ""), getattr(c, "done", "")) if n}
 
 
-def kernel_kind(module: Any, name: str, collective_names: set[str] | None = None) -> str | None:
+def kernel_kind(module: HloModule, name: str, collective_names: set[str] | None = None) -> str | None:
     """``matmul`` | ``memory-bound`` | ``collective`` | None (no kernel / bookkeeping)."""
     ins = module.instructions[name]
     op = ins.opcode
@@ -57,7 +56,7 @@ def kernel_kind(module: Any, name: str, collective_names: set[str] | None = None
     return "matmul" if matmul_flops(module, name) else "memory-bound"
 
 
-def fusion_counts(module: Any) -> dict[str, int]:
+def fusion_counts(module: HloModule) -> dict[str, int]:
     """Kernels by kind, fusions by XLA fusion kind, and the instructions fused away."""
     kinds: Counter[str] = Counter()
     fusion_kinds: Counter[str] = Counter()

@@ -44,7 +44,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import pandas as pd
+from shardlab.profile.hlo import HloModule
 
 MAX_BRUTE_FORCE_OPS = 10  # 10! = 3.6 M orders for ten independent operators: the brute force's ceiling
 MAX_ORDERS = 200_000  # orders the brute force enumerates before giving up
@@ -59,10 +59,6 @@ class Op:
     name: str
     inputs: tuple[str, ...]
     outputs: tuple[tuple[str, int], ...]
-
-    @property
-    def out_bytes(self) -> int:
-        return sum(b for _, b in self.outputs)
 
 
 @dataclass
@@ -169,9 +165,6 @@ class Profile:
     @property
     def peak_op(self) -> str:
         return max(self.steps, key=lambda s: s.during).op
-
-    def frame(self) -> pd.DataFrame:
-        return pd.DataFrame([s.__dict__ for s in self.steps])
 
 
 def peak(graph: Graph, order: Sequence[str] | None = None) -> Profile:
@@ -325,7 +318,7 @@ def roam_toy() -> Graph:
 
 
 # ------------------------------------------------------------------------------------------- from XLA HLO
-def graph_from_hlo(module: Any, count_outputs: bool = False) -> Graph:
+def graph_from_hlo(module: HloModule, count_outputs: bool = False) -> Graph:
     """The entry computation of a parsed, scheduled HLO module as a Graph; ``order`` = XLA's schedule.
 
     Parameters and constants are external; renaming ops (``bitcast``, ``get-tuple-element``, ``tuple`` ...)

@@ -47,17 +47,18 @@ from typing import Any
 
 from shardlab.formulas import hardware
 from shardlab.formulas.common import wire_bytes
+from shardlab.profile.hlo import Collective, HloModule, Instruction
 
 MATMUL_OPCODES = ("dot", "convolution")
 
 
-def _matmul_instructions(module: Any, name: str) -> list[Any]:
+def _matmul_instructions(module: HloModule, name: str) -> list[Instruction]:
     """The dot / convolution instructions executed by instruction ``name`` (itself, or inside its fusions; a
     ``while`` is priced by :func:`matmul_flops` with its trip count)."""
     return [i for i in module.executed(name) if i.opcode in MATMUL_OPCODES]
 
 
-def _contracted(module: Any, ins: Any) -> int:
+def _contracted(module: HloModule, ins: Instruction) -> int:
     lhs = module.instructions.get(ins.operands[0]) if ins.operands else None
     if lhs is None or not lhs.shape:
         return 0
@@ -74,7 +75,7 @@ def _contracted(module: Any, ins: Any) -> int:
     return k * window // max(groups, 1)
 
 
-def matmul_flops(module: Any, name: str) -> int:
+def matmul_flops(module: HloModule, name: str) -> int:
     """FLOPs (multiply + add) of the matmul work of instruction ``name`` in a parsed HLO module (memoised on
     the module: a TPU program has hundreds of scheduled instructions, each priced several times)."""
     cache = module.__dict__.setdefault("_matmul_flops", {})
@@ -90,17 +91,17 @@ def matmul_flops(module: Any, name: str) -> int:
     return cache[name]
 
 
-def schedule_flops(module: Any) -> int:
+def schedule_flops(module: HloModule) -> int:
     """Matmul FLOPs of every instruction the entry computation schedules (compare the compiler's cost analysis)."""
     return sum(matmul_flops(module, n) for n in module.computations[module.entry])
 
 
-def _windows(module: Any) -> dict[str, list[str]]:
+def _windows(module: HloModule) -> dict[str, list[str]]:
     """``{collective name: instructions scheduled between its start and done}`` (async collectives only)."""
     return {w.collective.name: list(w.between) for w in module.async_windows()}
 
 
-def axes(collective: Any, slice_name: str) -> int:
+def axes(collective: Collective, slice_name: str) -> int:
     """Torus axes the collective's groups span on the slice ``slice_name`` (e.g. ``"v5e-8"``): the most any of its
     replica groups spans (a collective-permute: all its source and target devices; no groups: every chip); at
     least 1."""
@@ -112,7 +113,8 @@ def axes(collective: Any, slice_name: str) -> int:
     return max(1, *(hardware.group_axes(slice_name, g) for g in groups))
 
 
-def exposed(module: Any, chip: Any, slice_name: str | None = None) -> tuple[list[dict[str, Any]], dict[str, float]]:
+def exposed(module: HloModule, chip: hardware.ChipProfile, slice_name: str | None = None
+            ) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """Per-collective rows and totals of the exposed-communication model (see the module note); ``slice_name``
     (e.g. ``"v5e-8"``): each collective gets the egress of the torus axes it spans, else the all-axes egress."""
     wins = _windows(module)
@@ -144,7 +146,7 @@ def exposed(module: Any, chip: Any, slice_name: str | None = None) -> tuple[list
     return rows, total
 
 
-def schedule(module: Any) -> list[tuple[str, str]]:
+def schedule(module: HloModule) -> list[tuple[str, str]]:
     """The entry computation's schedule as (instruction, kind): kind ``matmul``, ``collective-start``,
     ``collective-done``, ``collective`` (synchronous), or ``other`` (bookkeeping left out)."""
     starts = {c.start: c for c in module.collectives if c.async_}

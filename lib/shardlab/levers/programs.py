@@ -43,7 +43,7 @@ LAYOUTS = ("megatron", "swapped")
 LR = 0.01
 
 
-def _mark(t: torch.Tensor, mesh: Any, spec: tuple) -> torch.Tensor:
+def _mark(t: torch.Tensor, mesh: xs.Mesh, spec: tuple) -> torch.Tensor:
     xs.mark_sharding(t, mesh, spec)
     return t
 
@@ -60,7 +60,7 @@ class _Unshard(torch.autograd.Function):
     backward: the gradient constrained back to the weight's dim-0 sharding (reduce-scatter)."""
 
     @staticmethod
-    def forward(ctx: Any, w: torch.Tensor, mesh: Any) -> torch.Tensor:
+    def forward(ctx: Any, w: torch.Tensor, mesh: xs.Mesh) -> torch.Tensor:
         ctx.mesh = mesh
         return _mark(w * 1.0, mesh, (None, None))  # [h, h] everywhere
 
