@@ -116,8 +116,10 @@ def planner_axes(cfg: InspectConfig) -> dict[str, str]:
             "tensor": cfg.tensor or ""}
 
 
-def collective_summary(rows: Sequence[Mapping[str, Any]], plan: Any, cfg: InspectConfig) -> list[dict[str, Any]]:
-    """Per (axes, op): the compiler's instructions, runs per step and bytes per step beside the planner's."""
+def collective_summary(rows: Sequence[Mapping[str, Any]], plan: Any, cfg: InspectConfig,
+                       program: bool = True) -> list[dict[str, Any]]:
+    """Per (axes, op): the compiler's instructions, runs per step and bytes per step beside the planner's
+    (``program=False``: out of memory, the compiler returned no program: no ratios)."""
     table: dict[tuple[str, str], dict[str, Any]] = {}
     for r in rows:
         runs = r["runs"] if r["runs"] is not None else 1
@@ -141,7 +143,7 @@ def collective_summary(rows: Sequence[Mapping[str, Any]], plan: Any, cfg: Inspec
     for t in table.values():
         t["dtypes"] = sorted(t["dtypes"])
         pb = t.get("planner_bytes")
-        t["ratio"] = t["bytes_per_step"] / pb if pb else None
+        t["ratio"] = t["bytes_per_step"] / pb if pb and program else None
         out.append(t)
     order = {"all-gather": 0, "reduce-scatter": 1, "all-reduce": 2, "all-to-all": 3, "collective-permute": 4}
     return sorted(out, key=lambda t: (t["axes"], order.get(t["op"], 9)))
@@ -191,7 +193,6 @@ def argument_kinds(compiled: Any, cfg: InspectConfig) -> dict[str, int]:
 def memory_rows(compiled: Any, cfg: InspectConfig, plan: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Rows ``{kind, compiler, source, planner, ratio}`` (per chip, bytes) and the compiler's totals."""
     lay_b = layout_bytes(cfg)
-    p = dict(plan.memory) if plan is not None else {}
     totals: dict[str, Any] = {"capacity": None}
     if compiled.fits and compiled.memory is not None:
         m = compiled.memory
@@ -212,28 +213,40 @@ def memory_rows(compiled: Any, cfg: InspectConfig, plan: Any) -> tuple[list[dict
         src = "layout"
     grads = lay_b["grads"]
     rest = None if temp is None else temp - grads
-
-    def row(kind: str, value: Any, source: str, planned: float | None) -> dict[str, Any]:
-        return {"kind": kind, "compiler": value, "source": source, "planner": planned,
-                "ratio": value / planned if value is not None and planned else None}
-
-    pl = (lambda *ks: sum(p[k] for k in ks)) if p else (lambda *ks: None)
-    rows = [row("parameters", args["params"], src, pl("params")),
-            row("optimizer state", args["optimizer"], src, pl("optimizer")),
-            row("inputs (tokens, labels, buffers)", args["inputs"], src, None),
-            row("gradients", grads, "layout (inside the temporaries)", pl("grads")),
-            row("activations + other temporaries", rest, "compiler - gradients" if rest is not None else "",
-                pl("activations", "logits", "fsdp_gathered_unit")),
-            row("temporaries (gradients + activations + ...)", temp,
-                "compiler" if compiled.fits else "compiler (message: program)", pl("grads", "activations", "logits",
-                                                                                  "fsdp_gathered_unit")),
-            row("arguments (parameters + optimizer + inputs)", totals.get("arguments"),
-                "compiler" if totals.get("arguments") is not None else "not evaluated",
-                pl("params", "optimizer", "padding")),
-            row("total (what the capacity check counts)", total,
-                "compiler" if compiled.fits else "compiler (message: used)" if not totals.get("lower_bound") else
-                ">= message's program + layout arguments", pl(*p) if p else None)]
+    if rest is not None and rest < 0:  # the compiler stopped before the gradients' temporaries were placed
+        rest = None
+    values = [(args["params"], src), (args["optimizer"], src), (args["inputs"], src),
+              (grads, "layout (inside the temporaries)"),
+              (rest, "compiler - gradients" if rest is not None else "not evaluated"),
+              (temp, "compiler" if compiled.fits else "compiler (message: program)"),
+              (totals.get("arguments"), "compiler" if totals.get("arguments") is not None else "not evaluated"),
+              (total, "compiler" if compiled.fits else "compiler (message: used)" if not totals.get("lower_bound")
+               else ">= message's program + layout arguments")]
+    rows = [{"kind": kind, "compiler": value, "source": source, **planner_cell(kind, value, plan)}
+            for (kind, _), (value, source) in zip(PLANNER_TERMS, values, strict=True)]
     return rows, totals
+
+
+# The memory rows (kinds, in order) and the planner's terms beside each (None: the planner has no such term; "*":
+# all of them). The planner counts no inputs; its "padding" is FSDP's flat-unit padding, part of the arguments.
+PLANNER_TERMS: tuple[tuple[str, tuple[str, ...] | None], ...] = (
+    ("parameters", ("params",)),
+    ("optimizer state", ("optimizer",)),
+    ("inputs (tokens, labels, buffers)", None),
+    ("gradients", ("grads",)),
+    ("activations + other temporaries", ("activations", "logits", "fsdp_gathered_unit")),
+    ("temporaries (gradients + activations + ...)", ("grads", "activations", "logits", "fsdp_gathered_unit")),
+    ("arguments (parameters + optimizer + inputs)", ("params", "optimizer", "padding")),
+    ("total (what the capacity check counts)", ("*",)),
+)
+
+
+def planner_cell(kind: str, value: Any, plan: Any) -> dict[str, Any]:
+    """``{planner, ratio}`` of one memory row: the planner's bytes for ``kind`` and compiler / planner."""
+    keys = dict(PLANNER_TERMS)[kind]
+    planned = None if plan is None or keys is None else \
+        sum(plan.memory.values()) if keys == ("*",) else sum(plan.memory[k] for k in keys)
+    return {"planner": planned, "ratio": value / planned if value is not None and planned else None}
 
 
 def largest(compiled: Any, n: int = 8) -> list[dict[str, Any]]:
@@ -262,7 +275,7 @@ def plan_config(cfg: InspectConfig, **changes: Any) -> Any:
     from shardlab.inspect.models import planner_model
 
     d, f, t = cfg.degrees
-    model, _ = planner_model(layout(cfg).hf_config, cfg.model_name)
+    model, _ = planner_model(cfg.hf_config(), cfg.model_name)
     kw = {"data": d, "fsdp": f, "tensor": t, "recompute": cfg.recompute, "global_batch": cfg.batch, "seq": cfg.seq,
           "flash_attention": False, "fit_margin": cfg.fit_margin, **changes}
     return P.PlanConfig(model, kw.pop("topology", cfg.topology), **kw)

@@ -78,19 +78,25 @@ class InspectResult:
         return InspectConfig(model_json=json.dumps(self.config["model_config"], sort_keys=True), **d)
 
     def reread(self) -> InspectResult:
-        """An out-of-memory result with its memory rows recomputed from the stored compiler message by today's
-        analysis and planner (a compile that fitted keeps its rows: its program is not stored)."""
+        """The result with the planner's side recomputed by today's planner (its columns, verdict and collective
+        terms; a cached compile keeps the compiler's numbers), and an out-of-memory result's memory rows recomputed
+        from the stored compiler message by today's analysis (a fitting program is not stored)."""
         from dataclasses import replace
 
         from shardlab.profile.tpu_memory import parse_oom
 
-        if self.fits or not self.oom_message:
-            return self
         cfg = self.config_object()
-        compiled = _Compiled(False, parse_oom(self.oom_message))
         plan, _ = A.planner_for(cfg)
-        rows, totals = A.memory_rows(compiled, cfg, plan)
-        return replace(self, memory=rows, totals=totals, largest=A.largest(compiled))
+        rows, totals, big = self.memory, self.totals, self.largest
+        if not self.fits and self.oom_message:
+            compiled = _Compiled(False, parse_oom(self.oom_message))
+            rows, totals = A.memory_rows(compiled, cfg, plan)
+            big = A.largest(compiled)
+        else:
+            rows = [{**r, **A.planner_cell(r["kind"], r["compiler"], plan)} for r in rows]
+        program = bool(self.collective_list) or self.fits
+        return replace(self, memory=rows, totals=totals, largest=big, planner=planner_summary(plan, self.fits, cfg),
+                       collectives=A.collective_summary(self.collective_list, plan, cfg, program))
 
 
 @dataclass
@@ -101,6 +107,15 @@ class _Compiled:
     oom: Any
     memory: Any = None
     module: Any = None
+
+
+def planner_summary(plan: Any, fits: bool, cfg: InspectConfig) -> dict[str, Any] | None:
+    """The planner's side of a result: verdict, per-term memory, total, and whether it agrees with ``fits``."""
+    if plan is None:
+        return None
+    return {"fits": plan.fits, "at_risk": plan.at_risk, "verdict": plan.verdict, "memory": dict(plan.memory),
+            "total": plan.memory_total, "hbm_bytes": plan.hbm_bytes, "num_params": plan.num_params,
+            "degrees": dict(zip(("data", "fsdp", "tensor"), cfg.degrees, strict=True)), "agrees": plan.fits == fits}
 
 
 def _config_dict(cfg: InspectConfig) -> dict[str, Any]:
@@ -156,16 +171,11 @@ def run(cfg: InspectConfig, progress: Progress | None = None, confirm: bool = Fa
     origins: dict[str, int] = {}
     for o in lay.origins.values():
         origins[o] = origins.get(o, 0) + 1
-    planner = None
-    if plan is not None:
-        planner = {"fits": plan.fits, "at_risk": plan.at_risk, "verdict": plan.verdict, "memory": dict(plan.memory),
-                   "total": plan.memory_total, "hbm_bytes": plan.hbm_bytes, "num_params": plan.num_params,
-                   "degrees": dict(zip(("data", "fsdp", "tensor"), cfg.degrees, strict=True)),
-                   "agrees": plan.fits == compiled.fits}
+    planner = planner_summary(plan, compiled.fits, cfg)
     result = InspectResult(
         _config_dict(cfg), cfg.label, topology, cfg.topology, compiled.fits,
         compiled.oom.first_line if compiled.oom else "", compiled.compile_s, trace_s, where, rows, totals,
-        A.largest(compiled), A.collective_summary(coll, plan, cfg), planner,
+        A.largest(compiled), A.collective_summary(coll, plan, cfg, compiled.module is not None), planner,
         {"model": real, "planner": plan.num_params if plan else None,
          "ratio": real / plan.num_params if plan else None}, origins, notes,
         compiled.oom.message if compiled.oom else "", coll)

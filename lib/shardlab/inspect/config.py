@@ -109,8 +109,9 @@ class InspectConfig:
         return f"{self.model_name or 'model'}{layers} on {self.topology} ({mesh}), batch {self.batch} x seq {self.seq}"
 
     # ------------------------------------------------------------------ validation
-    def validate(self) -> InspectConfig:
-        """Every rule, before any trace; returns self. Errors: :class:`InspectInputError` naming value and rule."""
+    def validate(self, model: bool = True) -> InspectConfig:
+        """Every rule, before any trace; returns self. Errors: :class:`InspectInputError` naming value and rule.
+        ``model=False``: only the rules that need no model build (slice, mesh, axes, batch; no torch import)."""
         compiler_topology(self.topology)  # known slice with a compile-only topology
         from shardlab.formulas import hardware
 
@@ -150,6 +151,8 @@ class InspectConfig:
             raise InspectInputError(f"num_layers={self.num_layers!r} must be None or an integer >= 1")
         if not 0 <= self.fit_margin < 1:
             raise InspectInputError(f"fit_margin={self.fit_margin!r} must be in [0, 1)")
+        if not model:
+            return self
         try:
             lay = layout(self)
         except (M.ModelInputError, S.PlanInputError) as exc:

@@ -94,6 +94,24 @@ def load_config(model: Any, overrides: dict[str, Any] | None = None) -> Any:
         raise ModelInputError(f"model_type={model_type!r}: transformers cannot make its config ({exc})") from None
 
 
+# A family at tiny widths (compiled in seconds): the same module code and parameter names, narrower. Each field is
+# set only where the config has it; the ones that count heads, experts or a window are capped, never raised.
+TINY_WIDTHS = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4, "head_dim": 32,
+               "vocab_size": 512, "n_embd": 128, "n_head": 4}
+TINY_CAPS = {"num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 32}
+
+
+def tiny_overrides(config: dict[str, Any]) -> dict[str, Any]:
+    """The config fields that shrink ``config`` (a config dict) to tiny widths (see :data:`TINY_WIDTHS`).
+
+    >>> tiny_overrides({"model_type": "mixtral", "hidden_size": 4096, "num_local_experts": 8, "sliding_window": None})
+    {'hidden_size': 128, 'num_local_experts': 4}
+    """
+    out = {k: v for k, v in TINY_WIDTHS.items() if config.get(k) is not None}
+    out |= {k: min(v, config[k]) for k, v in TINY_CAPS.items() if isinstance(config.get(k), int)}
+    return out
+
+
 def num_layers_key(config: Any) -> str:
     """The config field holding the decoder layer count (``num_hidden_layers``; GPT-2: ``n_layer``)."""
     return "n_layer" if config.model_type == "gpt2" else "num_hidden_layers"

@@ -9,13 +9,33 @@ memory table with ratios, the largest buffers, the collectives per mesh axis, th
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 GIB = 1024**3
 
 
+UNITS = (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024), ("B", 1))
+
+
 def gib(x: Any, digits: int = 2) -> str:
     return "–" if x is None else f"{x / GIB:.{digits}f}"
+
+
+def unit_for(*values: Any) -> tuple[str, int]:
+    """The largest unit in which the largest of ``values`` is at least 0.1 (tiny runs read in KiB, not 0.00 GiB)."""
+    top = max((abs(v) for v in values if v), default=0)
+    return next(((n, d) for n, d in UNITS if top >= d / 10), UNITS[-1])
+
+
+def size(x: Any, unit: tuple[str, int], digits: int = 2) -> str:
+    return "–" if x is None else f"{x / unit[1]:.{digits}f}"
+
+
+def human(x: Any) -> str:
+    """One number in its own unit: ``5.61 MiB``."""
+    u = unit_for(x)
+    return f"{size(x, u)} {u[0]}"
 
 
 def ratio(x: Any) -> str:
@@ -25,8 +45,8 @@ def ratio(x: Any) -> str:
 def verdict_line(r: Any) -> str:
     if r.fits:
         t = r.totals
-        return (f"FITS: {gib(t.get('checked'))} GiB of {gib(t.get('capacity'))} GiB per chip counted by the capacity "
-                f"check (peak with outputs {gib(t.get('peak'))} GiB)")
+        return (f"FITS: {human(t.get('checked'))} of {human(t.get('capacity'))} per chip counted by the capacity "
+                f"check (peak with outputs {human(t.get('peak'))})")
     return f"DOES NOT FIT: {r.message}"
 
 
@@ -36,8 +56,16 @@ def planner_line(r: Any) -> str:
         return "planner: no prediction (" + "; ".join(n for n in r.notes if n.startswith("planner:")) + ")"
     word = "fits" if p["fits"] else "at risk" if p["at_risk"] else "does not fit"
     agree = "agrees" if p["fits"] == r.fits else "DISAGREES"
-    return (f"planner (no flash attention, as traced): {word}, {gib(p['total'])} GiB per chip — {agree} with the "
+    return (f"planner (no flash attention, as traced): {word}, {human(p['total'])} per chip — {agree} with the "
             "compiler")
+
+
+def memory_unit(r: Any) -> tuple[str, int]:
+    return unit_for(*(m[k] for m in r.memory for k in ("compiler", "planner")))
+
+
+def collective_unit(r: Any) -> tuple[str, int]:
+    return unit_for(*(c.get(k) for c in r.collectives for k in ("bytes_per_step", "planner_bytes")))
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> str:
@@ -54,31 +82,36 @@ def text(r: Any) -> str:
     where = f"{r.where}; traced in {r.trace_s:.1f} s" if r.trace_s is not None else r.where
     parts = [f"inspect {r.label}", f"compiled for {r.topology} by XLA:TPU (compile-only) in {r.compile_s:.1f} s "
              f"({where})", verdict_line(r), planner_line(r), ""]
-    rows = [[m["kind"], gib(m["compiler"]), m["source"], gib(m["planner"]), ratio(m["ratio"])] for m in r.memory]
-    parts.append(_table(["per chip", "compiler GiB", "source", "planner GiB", "ratio"], rows))
+    u = memory_unit(r)
+    rows = [[m["kind"], size(m["compiler"], u), m["source"], size(m["planner"], u), ratio(m["ratio"])]
+            for m in r.memory]
+    parts.append(_table(["per chip", f"compiler {u[0]}", "source", f"planner {u[0]}", "ratio"], rows))
     p = r.params
     parts.append(f"parameters: {p['model']:,} in the model, {p['planner'] or 0:,} by the planner's sizes "
                  f"(ratio {ratio(p['ratio'])}); rules: " + ", ".join(f"{k} {v}" for k, v in sorted(r.rules.items())))
     parts += ["", "largest buffers" + (" (the compiler's list)" if not r.fits else
                                        " (largest values of the program; not all live at the peak)")]
-    parts += [f"  {gib(b['bytes']):>7} GiB  {b['shape'][:60]:60s}  {b['op'] or b['label'][:50]}" for b in r.largest]
+    parts += [f"  {human(b['bytes']):>10}  {b['shape'][:60]:60s}  {b['op'] or b['label'][:50]}" for b in r.largest]
     if r.collectives:
-        parts += ["", "collectives per step, per chip (runs: a collective in the scanned layer body runs L times)"]
-        rows = [[c["axes"], c["op"], str(c["instructions"]), str(c["per_step"]), gib(c["bytes_per_step"], 3),
-                 str(c.get("planner_count", "–")), gib(c.get("planner_bytes"), 3), ratio(c.get("ratio"))]
+        parts += ["", "collectives per step, per chip (runs: a collective in the scanned layer body runs L times)"
+                  if r.fits else "collectives: none to read (out of memory: the compiler returns no program); the "
+                  "planner's terms"]
+        u = collective_unit(r)
+        rows = [[c["axes"], c["op"], str(c["instructions"]), str(c["per_step"]), size(c["bytes_per_step"], u, 3),
+                 str(c.get("planner_count", "–")), size(c.get("planner_bytes"), u, 3), ratio(c.get("ratio"))]
                 for c in r.collectives]
-        parts.append(_table(["axes", "op", "instr", "per step", "GiB/step", "planner count", "planner GiB",
+        parts.append(_table(["axes", "op", "instr", "per step", f"{u[0]}/step", "planner count", f"planner {u[0]}",
                              "ratio"], rows))
     elif not r.fits:
         parts += ["", "collectives: none to read (out of memory: the compiler returns no program)"]
     if r.nearest:
         n = r.nearest
         parts += ["", f"nearest plan that fits (planner): {n['topology']} data={n['data']} fsdp={n['fsdp']} "
-                      f"tensor={n['tensor']} recompute={n['recompute']}: {gib(n['total'])} GiB per chip"]
+                      f"tensor={n['tensor']} recompute={n['recompute']}: {human(n['total'])} per chip"]
         if r.confirmed:
             c = r.confirmed
             parts.append(f"  confirmed by the compiler: {'fits' if c['fits'] else 'does NOT fit: ' + c['message']}"
-                         f" ({gib(c['totals'].get('checked'))} GiB, compiled in {c['compile_s']:.1f} s)")
+                         f" ({human(c['totals'].get('checked'))}, compiled in {c['compile_s']:.1f} s)")
     elif not r.fits:
         parts += ["", "nearest plan that fits: the planner finds none on this slice or a larger one of its generation"]
     if r.notes:
@@ -106,46 +139,49 @@ def memory_figure(r: Any) -> Any:
                                             sum(p.get(k, 0) for k in ("activations", "logits", "fsdp_gathered_unit"))
                                             if p else None),
     }
+    name_u, div = memory_unit(r)
     fig = go.Figure()
     for name, (c, pl) in segs.items():
-        fig.add_bar(name=name, x=["compiler", "planner"], y=[(c or 0) / GIB, (pl or 0) / GIB])
+        fig.add_bar(name=name, x=["compiler", "planner"], y=[max(c or 0, 0) / div, (pl or 0) / div])
     cap = r.totals.get("capacity")
-    if cap:
-        fig.add_hline(y=cap / GIB, line_dash="dash", annotation_text=f"capacity {cap / GIB:.2f} GiB")
-    fig.update_layout(barmode="stack", height=420, margin=dict(l=10, r=10, t=40, b=10), yaxis_title="GiB per chip",
-                      title=f"per-chip memory, {r.slice} ({r.topology})", legend=dict(orientation="h"))
+    title = f"per-chip memory, {r.slice} ({r.topology})"
+    if cap and name_u == "GiB":
+        fig.add_hline(y=cap / div, line_dash="dash", annotation_text=f"capacity {cap / GIB:.2f} GiB")
+    elif cap:
+        title += f"; the capacity, {cap / GIB:.2f} GiB, is off the scale"
+    fig.update_layout(barmode="stack", height=420, margin=dict(l=10, r=10, t=40, b=10),
+                      yaxis_title=f"{name_u} per chip", title=title, legend=dict(orientation="h"))
     return fig
 
 
-def html_page(r: Any) -> str:
-    """One self-contained HTML page (plotly.js inlined)."""
-    from plotly.offline import get_plotlyjs
-
-    from shardlab.report.html import CSS, esc, figure, table
+def _body(r: Any, chart: str) -> list[str]:
+    """The page's sections (``chart``: the memory figure's HTML, or "" to leave it out)."""
+    from shardlab.report.html import esc, table
 
     colour = "#1a7f37" if r.fits else "#cf222e"
+    mu, cu = memory_unit(r), collective_unit(r)
     body = [f"<h1>inspect: {esc(r.label)}</h1>",
             f"<p><span class='badge' style='background:{colour}'>{'fits' if r.fits else 'does not fit'}</span> "
             f"compiled for <b>{esc(r.topology)}</b> by XLA:TPU (compile-only) in {r.compile_s:.1f} s "
             f"({esc(r.where)})</p>",
-            f"<p>{esc(verdict_line(r))}</p><p>{esc(planner_line(r))}</p>", figure(memory_figure(r)),
+            f"<p>{esc(verdict_line(r))}</p><p>{esc(planner_line(r))}</p>", chart,
             "<h2>Memory per chip</h2>",
-            table(["kind", "compiler GiB", "source", "planner GiB", "ratio"],
-                  [[esc(m["kind"]), gib(m["compiler"]), esc(m["source"]), gib(m["planner"]), ratio(m["ratio"])]
-                   for m in r.memory]),
+            table(["kind", f"compiler {mu[0]}", "source", f"planner {mu[0]}", "ratio"],
+                  [[esc(m["kind"]), size(m["compiler"], mu), esc(m["source"]), size(m["planner"], mu),
+                    ratio(m["ratio"])] for m in r.memory]),
             f"<p class='muted'>parameters: {r.params['model']:,} in the model, {r.params['planner'] or 0:,} by the "
             f"planner's sizes; rules: {esc(', '.join(f'{k} {v}' for k, v in sorted(r.rules.items())))}</p>",
             "<h2>Largest buffers</h2>",
-            table(["GiB", "shape", "operation", "label", "allocation"],
-                  [[gib(b["bytes"], 3), esc(b["shape"]), esc(b["op"]), esc(b["label"][:120]), esc(b["allocation"])]
+            table(["size", "shape", "operation", "label", "allocation"],
+                  [[human(b["bytes"]), esc(b["shape"]), esc(b["op"]), esc(b["label"][:120]), esc(b["allocation"])]
                    for b in r.largest])]
     if r.collectives:
         body += ["<h2>Collectives per step, per chip</h2>",
-                 table(["axes", "op", "instructions", "per step", "GiB / step", "planner count", "planner GiB",
-                        "ratio", "planner terms"],
+                 table(["axes", "op", "instructions", "per step", f"{cu[0]} / step", "planner count",
+                        f"planner {cu[0]}", "ratio", "planner terms"],
                        [[esc(c["axes"]), esc(c["op"]), str(c["instructions"]), str(c["per_step"]),
-                         gib(c["bytes_per_step"], 3), str(c.get("planner_count", "–")),
-                         gib(c.get("planner_bytes"), 3), ratio(c.get("ratio")),
+                         size(c["bytes_per_step"], cu, 3), str(c.get("planner_count", "–")),
+                         size(c.get("planner_bytes"), cu, 3), ratio(c.get("ratio")),
                          esc("; ".join(c.get("planner_what", [])))] for c in r.collectives])]
     if r.nearest:
         n = r.nearest
@@ -160,6 +196,29 @@ def html_page(r: Any) -> str:
     cfg = {k: v for k, v in r.config.items() if k != "model_config"}
     body.append(f"<details><summary>configuration</summary><pre>{esc(json.dumps(cfg, indent=1, default=str))}"
                 f"</pre><pre>{esc(json.dumps(r.config['model_config'], indent=1))}</pre></details>")
+    return body
+
+
+def html_page(r: Any) -> str:
+    """One self-contained HTML page (plotly.js inlined)."""
+    from plotly.offline import get_plotlyjs
+
+    from shardlab.report.html import CSS, esc, figure
+
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>inspect {esc(r.label)}</title>"
             f"<style>{CSS}</style><script type='text/javascript'>{get_plotlyjs()}</script></head>"
-            f"<body>{''.join(body)}</body></html>")
+            f"<body>{''.join(_body(r, figure(memory_figure(r))))}</body></html>")
+
+
+FRAGMENT_CLASS = "shardlab-inspect"
+
+
+def html_fragment(r: Any) -> str:
+    """The page's sections without the chart, in a ``<div>`` with the report's CSS scoped to it — for a notebook
+    cell (``IPython.display.HTML``; draw ``memory_figure(r)`` beside it): no second copy of plotly.js."""
+    from shardlab.report.html import CSS
+
+    scoped = re.sub(r"([^{}]+)\{", lambda m: ",".join(
+        f".{FRAGMENT_CLASS}" if sel.strip() == "body" else f".{FRAGMENT_CLASS} {sel.strip()}"
+        for sel in m.group(1).split(",")) + "{", " ".join(CSS.split()))
+    return f"<div class='{FRAGMENT_CLASS}'><style>{scoped}</style>{''.join(_body(r, ''))}</div>"
