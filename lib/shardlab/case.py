@@ -20,11 +20,9 @@ graphs (FSDP's forward, then backward + update: only sharded parameters live bet
 ``programs`` and ``graph()`` *yields* each graph's outputs in turn — the harness executes each graph before it
 asks for the next, compiles every one, and hands ``read`` / ``parity`` ``{program: ...}`` dicts.
 
-Everything else — running the ledger and the parity check, skipping a view that needs more devices than this
-process has, the XLA:CPU capture, the TPU topology, compile and out-of-memory result, compile seconds, the
-four-way comparison and the record — is written once, in :mod:`shardlab.harness`. Adding a topic adds a case
-class and a notebook. Cases pickle (the TPU view may build the graph in a helper process with another
-device count), so a case holds plain values and its parameter object, never tensors.
+Everything else is written once, in :mod:`shardlab.harness`: adding a topic adds a case class and a notebook.
+Cases pickle (the TPU view may build the graph in a helper process with another device count), so a case holds
+plain values and its parameter object, never tensors.
 
 A minimal case, the one a newcomer copies (a Megatron row-parallel matmul, x[M, K_X] · W[K_X, N])::
 
@@ -47,15 +45,23 @@ A minimal case, the one a newcomer copies (a Megatron row-parallel matmul, x[M, 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
 from shardlab import runtime
+from shardlab.comm.ledger import Ledger
+from shardlab.profile.hlo import HloModule
 from shardlab.views import View
+
+if TYPE_CHECKING:
+    import torch
+
+    from shardlab.profile.tpu import Step
 
 Checks = dict[str, tuple[bool, str]]
 Program = tuple[Callable[..., Any], tuple[Any, ...]]  # (fn, args): fn(comm, *args) on every rank
+Built: TypeAlias = "list[torch.Tensor] | Step"  # what a graph builds: its outputs, or outputs + donations
 
 
 @dataclass(frozen=True)
@@ -121,21 +127,21 @@ class Case:
         ``programs``) — against ``ref = oracle()``: ``{name: (ok, what was compared)}``."""
         return {}
 
-    def ledger_extra(self, view: View, ledger: Any, results: list[Any]) -> View:
+    def ledger_extra(self, view: View, ledger: Ledger, results: list[Any]) -> View:
         """Values or checks the ledger view adds beyond the collectives' count, bytes and elements."""
         return view
 
-    def graph(self) -> Any:
+    def graph(self) -> Built | Iterator[Built]:
         """The sharded graph on the current world, NOT synced: a list of output tensors or a ``Step``. With
         ``programs``: a generator yielding each program's outputs in order (executed before the next is built)."""
         raise NotImplementedError(f"{type(self).__name__} has no XLA graph")
 
-    def read(self, view: View, module: Any) -> View:
+    def read(self, view: View, module: HloModule | dict[str, HloModule]) -> View:
         """Values and checks read from a compiled program (``view.source`` is ``hlo`` or ``tpu``); a case with
         ``programs`` gets ``{program: HloModule}``."""
         return view
 
 
-def build_graph(case: Case) -> Any:
+def build_graph(case: Case) -> Built:
     """``case.graph()`` — the module-level builder the TPU compile pickles into a helper process."""
     return case.graph()

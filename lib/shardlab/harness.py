@@ -37,12 +37,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from shardlab import runtime
-from shardlab.case import Case, build_graph
+from shardlab.case import Built, Case, build_graph
 from shardlab.comm import SimulatedWorld
 from shardlab.profile.capture import capture_hlo
 from shardlab.profile.hlo import HloModule
@@ -50,6 +50,9 @@ from shardlab.profile.record import Recorder, values_equal
 from shardlab.profile.timer import xla_sync
 from shardlab.profile.tpu import Step, TpuCompile, compile_program, default_generation, view_topology
 from shardlab.views import View, collectives_view, ledger_view, merge
+
+if TYPE_CHECKING:
+    import torch
 
 SOURCES = ("formula", "ledger", "hlo", "tpu")
 
@@ -79,15 +82,15 @@ def ledger(case: Case) -> View:
     return case.ledger_extra(view, led, results)
 
 
-def _outputs(built: Any) -> list[Any]:
+def _outputs(built: Built) -> list[torch.Tensor]:
     return list(built.outputs) if isinstance(built, Step) else list(built)
 
 
-def _graph_outputs(case: Case) -> list[Any]:
+def _graph_outputs(case: Case) -> list[torch.Tensor]:
     return _outputs(case.graph())
 
 
-def build_program(case_program: tuple[Case, int]) -> list[Any]:
+def build_program(case_program: tuple[Case, int]) -> list[torch.Tensor]:
     """Program ``i`` of a case with several, NOT synced (module-level: the TPU compile may pickle it into a helper
     process): the programs before it are built and executed first — they make the values it reads."""
     case, i = case_program
@@ -97,7 +100,7 @@ def build_program(case_program: tuple[Case, int]) -> list[Any]:
     return _outputs(next(steps))
 
 
-def run_program(outputs: list[Any]) -> None:
+def run_program(outputs: list[torch.Tensor]) -> None:
     """Execute a program on this process's devices: captured where this process dumps HLO (the parse is memoised by
     graph hash, so a later capture of the same program finds it), else synced."""
     if runtime.current().dump_dir:

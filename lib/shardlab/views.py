@@ -30,7 +30,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardlab.comm.ledger import OPS as LEDGER_OPS
+from shardlab.comm.ledger import Ledger
 from shardlab.dtypes import dtype_bytes, hlo_name
+from shardlab.profile.hlo import Collective, HloModule
 
 # Collective names in the suite's vocabulary (ledger spelling) and their HLO spelling.
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute")
@@ -129,7 +131,7 @@ def traffic(view: View, phase: str, counts: Mapping[str, int], byte_totals: Mapp
     return view
 
 
-def ledger_view(ledger: Any, phase: str, ops: Iterable[str] = ("all_reduce",), detail: Any = None) -> View:
+def ledger_view(ledger: Ledger, phase: str, ops: Iterable[str] = ("all_reduce",), detail: Any = None) -> View:
     """The ledger view of the collectives ``ops`` one rank issued (count, payload bytes, elements)."""
     view = View("ledger", detail=detail if detail is not None else ledger)
     for op in ops:
@@ -143,12 +145,12 @@ def ledger_view(ledger: Any, phase: str, ops: Iterable[str] = ("all_reduce",), d
 
 
 # --------------------------------------------------------------------------------- compiler views from HLO
-def _elements(c: Any) -> int:
+def _elements(c: Collective) -> int:
     """Elements one device hands to collective ``c`` (all operands of a tuple collective)."""
     return sum(math.prod(s) for s in c.operand_shapes)
 
 
-def collectives_view(source: str, module: Any, phase: str, ops: Iterable[str], dtype: str,
+def collectives_view(source: str, module: HloModule, phase: str, ops: Iterable[str], dtype: str,
                      cpu_reduce_scatter: bool = False, detail: Any = None) -> View:
     """A compiler view (``hlo`` or ``tpu``) of the collectives ``ops`` in one partitioned HLO module.
 
