@@ -10,17 +10,17 @@ lives here as pure functions returning named tuples, testable against PyTorch's 
 Layout of the unsharded flat parameter (``torch/distributed/fsdp/_flat_param.py``,
 ``_init_flat_param_and_metadata``)::
 
-    [p0][pad][p1][pad][p2] ... [pN-1][pad to a multiple of W]
+    [p0][pad][p1][pad][p2] ... [p_last][pad to a multiple of N]
          ^ alignment padding (only with align > 0, i.e. use_orig_params=True), filled with
            FLAT_PARAM_PADDING_VALUE; before a parameter when the running total is not a multiple of
            ``align`` (= 16 bytes / element size, an Inductor constraint); the final pad makes the total a
-           multiple of the world size W so the reduce-scatter needs no copy.
+           multiple of the world size N so the reduce-scatter needs no copy.
 
-Sharding (``_get_unpadded_shard``) uses ``torch.chunk`` on the flat numel N over W ranks::
+Sharding (``_get_unpadded_shard``) uses ``torch.chunk`` on the flat numel n over N ranks::
 
-    c = ceil(N / W)                     # chunk size = every rank's shard numel after padding
-    rank r holds [r*c, min((r+1)*c, N))  # empty when r*c >= N: chunk() may return fewer than W chunks
-    then each shard is zero-padded to c  # N=10, W=4 -> 3,3,3,1+2 pad;  N=6, W=4 -> 2,2,2,0+2 pad
+    c = ceil(n / N)                     # chunk size = every rank's shard numel after padding
+    rank r holds [r*c, min((r+1)*c, n))  # empty when r*c >= n: chunk() may return fewer than N chunks
+    then each shard is zero-padded to c  # n=10, N=4 -> 3,3,3,1+2 pad;  n=6, N=4 -> 2,2,2,0+2 pad
 
 Shard metadata (``_get_shard_metadata``): for each parameter overlapping rank r's index range
 [r*c, (r+1)*c - 1] (inclusive, padding included) one ``ShardParamInfo``
@@ -28,7 +28,7 @@ Shard metadata (``_get_shard_metadata``): for each parameter overlapping rank r'
 
 Example::
 
-    >>> plan = plan_flat_shards([6, 4], world_size=4)     # N = 6 + 4 = 10, c = ceil(10/4) = 3
+    >>> plan = plan_flat_shards([6, 4], world_size=4)     # n = 6 + 4 = 10, c = ceil(10/4) = 3
     >>> [r.numel_padded for r in plan.ranks]
     [0, 0, 0, 2]
     >>> plan.ranks[1].params    # rank 1 holds flat [3, 5]: p0[3..5]
@@ -84,9 +84,9 @@ class FlatShardPlan(NamedTuple):
     world_size: int
     align: int  # alignment in elements (0 = off)
     segments: tuple[Segment, ...]  # unsharded flat layout, padding included
-    flat_numel: int  # N: params + alignment padding (PyTorch's unpadded unsharded numel)
-    shard_numel: int  # c = ceil(N / W)
-    padded_numel: int  # c * W: what the all-gather produces
+    flat_numel: int  # n: params + alignment padding (PyTorch's unpadded unsharded numel)
+    shard_numel: int  # c = ceil(n / N)
+    padded_numel: int  # n_pad = N·c: what the all-gather produces
     ranks: tuple[RankShard, ...]
 
     @property

@@ -10,17 +10,12 @@ as its two programs; the harness executes the first before it builds the second)
 after forward": between the two graphs only the *sharded* parameters persist, so the backward graph must
 all-gather again whatever it needs.
 
-What the HLO shows (CPU, torch_xla 2.9.0)::
-
-    forward   unshard of every parameter: all-gather, operand = its padded shard ceil(d0/N)·rest·e — or, when
-              d0 <= N // 2, an all-reduce of the full d0·rest·e (XLA's partitioner, ``ReplicatePartial``: a
-              dynamic-update-slice into zeros, or for d0 = 1 a select of the owning device, then all-reduce)
-              all-reduce of the scalar loss (the batch mean)                 — not FSDP traffic
-    backward  unshard again of the weights the input-gradient needs: dX_l = dY_l · W_l for layers 2..L
-              (layer 1's input is data, biases are never needed) — FSDP1 re-gathers the WHOLE flat param
-              gradient "reduce-scatter" of every parameter: XLA:CPU emits all-reduce + dynamic-slice (its
-              pass pipeline never forms a reduce-scatter, though its runtime runs one when the HLO holds one);
-              we count each such all-reduce as one reduce-scatter, its operand = the full gradient numel·e
+The HLO shows (CPU, torch_xla 2.9.0) the per-parameter step of :mod:`shardlab.formulas.fsdp`'s module note: an
+unshard of every parameter in forward (all-gather of its padded shard, or ``ReplicatePartial``'s all-reduce when
+d0 <= N // 2), the all-reduce of the scalar loss (not FSDP traffic), an unshard again in backward of the weights
+dX_l = dY_l · W_l reads (layers 2..L; FSDP1 re-gathers the WHOLE flat param), and a "reduce-scatter" of every
+gradient, which XLA:CPU emits as all-reduce + dynamic-slice (its passes never form one, though its runtime runs one
+when the HLO holds one): each such all-reduce counts as one reduce-scatter of the full gradient numel·e.
 
 Every collective is classified operand by operand (:func:`moved_operands`; XLA:TPU packs several operands into
 one tuple collective): an all-gather operand is an unshard; an all-reduce operand whose value places this
@@ -63,6 +58,7 @@ from shardlab.formulas.fsdp import StepBytes
 from shardlab.fsdp.train import make_batch, make_model
 from shardlab.params import FsdpParamsBase
 from shardlab.profile.hlo import HloModule
+from shardlab.profile.hlo_text import Instruction
 
 # Ops a value passes through unchanged in content on its way to a collective (layout, type, tuple plumbing).
 _PLUMBING = ("bitcast", "copy", "convert", "get-tuple-element", "reshape", "copy-done")
@@ -73,7 +69,7 @@ a gradient reduction (CPU: all-reduce + dynamic-slice; TPU: a reduce-scatter fus
 else reduced (the scalar loss), or a collective outside the FSDP algorithm (collective-permute, all-to-all)."""
 
 
-def _producer(module: HloModule, name: str) -> Any:
+def _producer(module: HloModule, name: str) -> Instruction | None:
     ins = module.instructions.get(name)
     for _ in range(8):
         if ins is None or ins.opcode not in _PLUMBING or not ins.operands:
@@ -168,14 +164,14 @@ def _fsdp_spec(p: torch.Tensor) -> tuple[str | None, ...]:
     return ("fsdp",) + (None,) * (p.dim() - 1)
 
 
-def unshard(p: torch.Tensor, mesh: Any) -> torch.Tensor:
+def unshard(p: torch.Tensor, mesh: xs.Mesh) -> torch.Tensor:
     """FSDP's unshard as a sharding constraint: a replicated copy of the sharded parameter (-> one all-gather)."""
     full = p * 1.0  # an intermediate to constrain; the parameter itself stays sharded
     xs.mark_sharding(full, mesh, (None,) * p.dim())
     return full
 
 
-def _reduce_scatter(g: torch.Tensor, mesh: Any) -> torch.Tensor:
+def _reduce_scatter(g: torch.Tensor, mesh: xs.Mesh) -> torch.Tensor:
     """A reduce-scatter the way XLA:CPU lowers one: sum the full gradient (all-reduce), keep the dim-0 shard."""
     xs.mark_sharding(g, mesh, (None,) * g.dim())  # replicated -> all-reduce of the partial sums
     shard = g * 1.0
@@ -193,18 +189,18 @@ class _FsdpLinear(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, mesh: Any) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, mesh: xs.Mesh) -> torch.Tensor:
         ctx.save_for_backward(x, w)
         ctx.mesh = mesh
-        # x (B, d_in) · W_full^T (d_in, d_out) -> (B, d_out)
+        # x [b, d_in] · W_fullᵀ [d_in, d_out] -> [b, d_out]
         return x @ unshard(w, mesh).t() + unshard(b, mesh)
 
     @staticmethod
     def backward(ctx: Any, gy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x, w = ctx.saved_tensors
-        gx = gy @ unshard(w, ctx.mesh) if ctx.needs_input_grad[0] else None  # (B, d_out)·(d_out, d_in)
-        gw = gy.t() @ x  # (d_out, B)·(B, d_in) -> (d_out, d_in), partial sums over the batch shards
-        return gx, _reduce_scatter(gw, ctx.mesh), _reduce_scatter(gy.sum(0), ctx.mesh), None  # gb: (d_out,)
+        gx = gy @ unshard(w, ctx.mesh) if ctx.needs_input_grad[0] else None  # [b, d_out]·[d_out, d_in]
+        gw = gy.t() @ x  # [d_out, b]·[b, d_in] -> [d_out, d_in], partial sums over the batch shards
+        return gx, _reduce_scatter(gw, ctx.mesh), _reduce_scatter(gy.sum(0), ctx.mesh), None  # gb: [d_out]
 
 
 WRAPPERS = ("mark_sharding", "torch_xla_fsdpv2")
@@ -214,7 +210,7 @@ def build(p: FsdpParamsBase, wrapper: str = "mark_sharding"
           ) -> tuple[nn.Module, list[torch.Tensor], torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     """The sharded model and batch on the current world: (model, params, x, y, kept activations list).
 
-    The mesh is (fsdp, replica) = (N, n / N) over this process's n devices: parameters and batch sharded over
+    The mesh is (fsdp, replica) = (N, devices / N) over this process's devices: parameters and batch sharded over
     ``fsdp``, replicated over ``replica``. ``wrapper="mark_sharding"``: dim 0 of every parameter (FSDP2's rule),
     the unshards and reduce-scatters written out (:class:`_FsdpLinear`), Linear outputs kept batch-sharded.
     ``wrapper="torch_xla_fsdpv2"``: every Linear wrapped in torch_xla's ``SpmdFullyShardedDataParallel`` (shards
@@ -234,10 +230,10 @@ def build(p: FsdpParamsBase, wrapper: str = "mark_sharding"
     for q in params:
         if wrapper == "mark_sharding":
             xs.mark_sharding(q, mesh, _fsdp_spec(q))
-    # keep activations batch-sharded (FSDPv2's shard_output): otherwise, when B/W is small next to the widths,
+    # keep activations batch-sharded (FSDPv2's shard_output): otherwise, when b/N is small next to the widths,
     # the partitioner may move activations (all-to-all) instead of gathering weights — a different algorithm
-    def shard_output(_mod: nn.Module, _inp: Any, out: torch.Tensor) -> None:
-        xs.mark_sharding(out, mesh, ("fsdp", None))  # (B, d) sharded on B; constraint on an intermediate
+    def shard_output(_mod: nn.Module, _inp: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
+        xs.mark_sharding(out, mesh, ("fsdp", None))  # [b, d] sharded on b; constraint on an intermediate
 
     for mod in model.modules():
         if isinstance(mod, nn.Linear) and wrapper == "mark_sharding":
@@ -253,7 +249,7 @@ def build(p: FsdpParamsBase, wrapper: str = "mark_sharding"
     for mod in model.modules():
         if isinstance(mod, nn.Tanh):
             mod.register_forward_hook(lambda _m, _i, out: kept.append(out))
-    x, y = make_batch(p, 0)  # (B, d_in), (B, d_out)
+    x, y = make_batch(p, 0)  # [b, d_in], [b, d_out]
     x, y = x.to(dev), y.to(dev)
     xs.mark_sharding(x, mesh, ("fsdp", None))
     xs.mark_sharding(y, mesh, ("fsdp", None))

@@ -13,7 +13,7 @@ becomes its own (inner, non-root) unit and the root unit keeps the rest — ``FS
   directly comparable with ``FlatUnit``'s shard — and every collective it issued.
 * ``torch_fsdp2_program`` applies ``fully_shard``, returns per parameter the local (unpadded) and padded
   shard shapes — FSDP2 shards each parameter on dim 0 with ``torch.chunk`` semantics and pads dim 0 to
-  ceil(d0 / W), the same per-parameter rule as GSPMD's dim-0 sharding
+  ceil(d0 / N), the same per-parameter rule as GSPMD's dim-0 sharding
   (``shardlab.formulas.fsdp.per_param_shard``) — and the collectives of the same training run.
 
 Collectives are recorded by :func:`logged_collectives`, which wraps the ``torch.distributed`` functions FSDP
@@ -103,7 +103,7 @@ def torch_fsdp1_program(comm: Comm, case: FlatCase) -> dict[str, Any]:
     if case.nested:
         model[int(INNER)] = FSDP(model[int(INNER)], **kw)
     model = FSDP(model, **kw)
-    fp = model._handle.flat_param  # this rank's shard of the root's FlatParameter, (c,)
+    fp = model._handle.flat_param  # this rank's shard of the root's FlatParameter, [c]
     meta = {
         "shard_numel": fp.numel(),
         "numel_padded": fp._shard_numel_padded,

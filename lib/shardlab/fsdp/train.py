@@ -2,13 +2,13 @@
 
 Design note
 -----------
-:class:`FlatCase` holds the notebook's parameters ``p`` (:class:`shardlab.params.FsdpParams`: world_size W,
+:class:`FlatCase` holds the notebook's parameters ``p`` (:class:`shardlab.params.FsdpParams`: world_size N,
 layer_sizes, batch, steps, align) and the variant it shows — ``nested`` (the first Linear wrapped as an inner unit
 inside the root, as PyTorch's auto-wrap would), the optimizer, ``tied`` (a head sharing the first weight) — and
 supplies two views to :mod:`shardlab.harness`::
 
-    formula   flat numel N by hand, formulas.fsdp.flat_step_comm per unit (the root: one all-gather), ZeRO-3's
-              (4 + 4 + K)·P / W bytes of model state per rank (formulas.zero)
+    formula   flat numel n by hand, formulas.fsdp.flat_step_comm per unit (the root: one all-gather), ZeRO-3's
+              (4 + 4 + K)·n_pad / N bytes of model state per rank (formulas.zero)
     ledger    FlatUnit on every rank of a SimulatedWorld (no devices), `steps` steps: one step's collectives, the
               shard tensors each rank keeps, the collectives' order, parity with unsharded training
 
@@ -16,9 +16,9 @@ supplies two views to :mod:`shardlab.harness`::
 well as running in ``SimulatedWorld`` (this module imports no torch_xla: PyTorch's own FSDP runs the same case in
 gloo processes, ``shardlab.fsdp.torch_ref``). Every rank builds the same model from the seed, wraps it in one
 ``FlatUnit`` (the root unit; nested: the first Linear first, as an inner unit), takes its rows of the global batch
-(``batch / W`` each) and trains ``steps`` steps with a mean-squared-error loss. ``reference_train(case)`` trains the
+(``batch / N`` each) and trains ``steps`` steps with a mean-squared-error loss. ``reference_train(case)`` trains the
 same model unsharded on the full batch with ``torch.optim``. Why they agree: the mean loss over the global batch B
-is the average of the W per-rank means over B/W rows, so the reduce-scattered gradient divided by W equals the
+is the average of the N per-rank means over b/N rows, so the reduce-scattered gradient divided by N equals the
 full-batch gradient (exactly up to float summation order), and SGD/Adam are elementwise, so updating shards =
 updating the whole.
 
@@ -67,8 +67,8 @@ class _Tied(nn.Module):
         self.head.weight = body[0].weight  # shared: flattened once
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.body(x)  # (B, d_out) with d_out == d_in
-        return torch.tanh(self.head(y))  # (B, d_in) @ (d_in, d_1) -> (B, d_1)
+        y = self.body(x)  # [b, d_out] with d_out == d_in
+        return torch.tanh(self.head(y))  # [b, d_in] @ [d_in, d_1] -> [b, d_1]
 
 
 def make_model(p: FsdpParamsBase, tied: bool = False) -> nn.Module:
@@ -78,7 +78,7 @@ def make_model(p: FsdpParamsBase, tied: bool = False) -> nn.Module:
     layers: list[nn.Module] = []
     sizes = [int(d) for d in p.layer_sizes]
     for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
-        layers.append(nn.Linear(a, b))  # (B, a) @ (a, b) -> (B, b)
+        layers.append(nn.Linear(a, b))  # [batch, a] @ [a, b] -> [batch, b]
         if i < len(sizes) - 2:
             layers.append(nn.Tanh())
     body = nn.Sequential(*layers)
@@ -92,22 +92,22 @@ def make_model(p: FsdpParamsBase, tied: bool = False) -> nn.Module:
 
 
 def make_batch(p: FsdpParamsBase, step: int, tied: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Step ``step``'s global batch: x (B, d_in) and the regression target y (B, d_out), seeded."""
+    """Step ``step``'s global batch: x [b, d_in] and the regression target y [b, d_out], seeded."""
     g = torch.Generator().manual_seed(p.seed * 1000 + step + 1)
-    x = torch.randn(p.batch, p.layer_sizes[0], generator=g)  # (B, d_in)
+    x = torch.randn(p.batch, p.layer_sizes[0], generator=g)  # [b, d_in]
     model_out = p.layer_sizes[1] if tied else p.layer_sizes[-1]
-    y = torch.randn(p.batch, model_out, generator=g)  # (B, d_out)
+    y = torch.randn(p.batch, model_out, generator=g)  # [b, d_out]
     return x, y
 
 
 class RankResult(NamedTuple):
-    shard: torch.Tensor  # (c,) of the root unit after the last step
+    shard: torch.Tensor  # [c] of the root unit after the last step
     losses: list[float]  # this rank's local loss per step
     persistent_bytes: dict[str, int]  # summed over this rank's units
     peak_unsharded_bytes: int  # of the root unit
     shapes: list[tuple[int, ...]]  # the root unit's parameters
     names: list[str]
-    inner_shard: torch.Tensor | None = None  # (c_inner,) of the inner unit (nested=True)
+    inner_shard: torch.Tensor | None = None  # [c_inner] of the inner unit (nested=True)
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ class FlatCase(Case):
         return plans
 
     def units(self) -> dict[str, tuple[int, ffsdp.FlatStepComm]]:
-        """Per unit, by hand: (N, its collectives per step). The inner unit owns Linear 0 (its weight and bias); a
+        """Per unit, by hand: (n, its collectives per step). The inner unit owns Linear 0 (its weight and bias); a
         tied head shares the first weight, flattened once, so it adds nothing."""
         numels = [math.prod(s) for s in linear_shapes(self.p.layer_sizes)]
         w, align = self.p.world_size, aligned_numel(torch.float32) if self.p.align else 0
@@ -181,8 +181,8 @@ class FlatCase(Case):
         return rows + [("reduce_scatter", "backward", root.reduce_scatter_payload_bytes)]
 
     def formula(self) -> View:
-        """The flat units by hand: N, c = ceil(N / W), P = W·c of the root; per step, summed over units, the
-        collectives of ``flat_step_comm``; ZeRO-3's (4 + 4 + K)·P / W bytes of model state per rank."""
+        """The flat units by hand: n, c = ceil(n / N), n_pad = N·c of the root; per step, summed over units, the
+        collectives of ``flat_step_comm``; ZeRO-3's (4 + 4 + K)·n_pad / N bytes of model state per rank."""
         w, units = self.p.world_size, self.units()
         view = View("formula", detail={"units": units})
         n_root, f_root = units[""]
@@ -239,13 +239,13 @@ class FlatCase(Case):
         mem = ffsdp.flat_rank_memory(root.flat_numel, w, ELEM_BYTES, self.optimizer)
         peak = results[0].peak_unsharded_bytes
         view.checks["memory.peak_unsharded"] = (peak == mem.unsharded_param + mem.unsharded_grad,
-                                                f"measured {peak} B, formula 2·P·b = "
+                                                f"measured {peak} B, formula 2·n_pad·e = "
                                                 f"{2 * root.padded_numel * ELEM_BYTES} B")
         return view
 
 
 def check_world(comm: Comm, case: FlatCase) -> None:
-    """The rank program runs on exactly ``case.p.world_size`` ranks (the flat plan is cut for W)."""
+    """The rank program runs on exactly ``case.p.world_size`` ranks (the flat plan is cut for N)."""
     if comm.world_size != case.p.world_size:
         raise ValueError(f"world_size={case.p.world_size} but the program runs on {comm.world_size} ranks")
 
@@ -269,7 +269,7 @@ def fsdp_rank_program(comm: Comm, case: FlatCase) -> RankResult:
         xs, ys = x[comm.rank * rows : (comm.rank + 1) * rows], y[comm.rank * rows : (comm.rank + 1) * rows]
         for o in opts:
             o.zero_grad()
-        loss = nn.functional.mse_loss(unit(xs), ys)  # mean over this rank's B/W rows
+        loss = nn.functional.mse_loss(unit(xs), ys)  # mean over this rank's b/N rows
         loss.backward()
         for o in opts:
             o.step()

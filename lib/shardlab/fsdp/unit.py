@@ -5,10 +5,10 @@ Design note
 ``FlatUnit(module, comm)`` does what PyTorch FSDP1's ``FlatParamHandle`` + runtime hooks do, in ~200 lines:
 
 1. *Flatten + shard* (``__init__``): concatenate the parameters in ``flat_param.module_params`` order with
-   alignment padding (``plan_flat_shards_for``), zero-pad to P = W·c and keep only this rank's slice
-   ``self.shard`` (c,). The module's parameters are de-registered; from now on they are views.
-2. *Unshard before forward* (``forward``): ``all_gather(shard) -> (P,)`` into ``self._full`` (whose storage
-   is reallocated), ``flat = leaf(P,) requires_grad``; every parameter becomes a view
+   alignment padding (``plan_flat_shards_for``), zero-pad to n_pad = N·c and keep only this rank's slice
+   ``self.shard`` [c]. The module's parameters are de-registered; from now on they are views.
+2. *Unshard before forward* (``forward``): ``all_gather(shard) -> [n_pad]`` into ``self._full`` (whose storage
+   is reallocated), ``flat = leaf [n_pad] requires_grad``; every parameter becomes a view
    ``flat[start:start+numel].view(shape)`` (shared parameters: the same view at every registration).
 3. *Free after forward* (``reshard_after_forward``): ``_full``'s storage is resized to 0 — autograd's saved
    views now point at nothing. PyTorch's rule, which is the default here: every unit reshards after forward
@@ -20,14 +20,14 @@ Design note
    the module's own backward nodes run) reallocates the storage and all-gathers into it again — only if
    step 3 freed it.
 5. *Reduce-scatter after backward*: a post-accumulate-grad hook on ``flat`` reduce-scatters ``flat.grad``
-   (P,) -> (c,), divides by W (average over data-parallel ranks) and accumulates into ``shard.grad``; then
+   [n_pad] -> [c], divides by N (average over data-parallel ranks) and accumulates into ``shard.grad``; then
    the unsharded parameter and gradient are freed.
-6. *Optimizer on the shard*: ``ShardSGD`` / ``ShardAdam`` update the (c,) shard only. Padding stays inert:
+6. *Optimizer on the shard*: ``ShardSGD`` / ``ShardAdam`` update the [c] shard only. Padding stays inert:
    its gradient is always zero (never read by the module), so SGD and Adam leave it unchanged.
 
 Nesting, as with PyTorch's auto-wrap: wrap submodules first, then the whole model; the outer unit flattens
 only the parameters no inner unit owns. Per step the ledger shows exactly, per unit: forward all-gather
-(payload c·b), backward all-gather (c·b; non-root units only), backward reduce-scatter (P·b) —
+(payload c·e), backward all-gather (c·e; non-root units only), backward reduce-scatter (n_pad·e) —
 ``formulas.fsdp.flat_step_comm(..., root=...)`` — in the order PyTorch FSDP1 issues them on gloo (tested
 against its collectives).
 """
@@ -91,15 +91,15 @@ class FlatUnit(nn.Module):
         self.shapes = [tuple(p.shape) for _, p in params]
         regs = _registrations(module, inner)
         self._regs = [regs[id(p)] for _, p in params]
-        # 1. flatten (alignment padding = named fill value), zero-pad to P, keep this rank's slice
-        full = torch.zeros(mine.padded_numel, dtype=dtype)  # (P,)
+        # 1. flatten (alignment padding = named fill value), zero-pad to n_pad, keep this rank's slice
+        full = torch.zeros(mine.padded_numel, dtype=dtype)  # [n_pad]
         for seg in mine.segments:
             if seg.kind == "param":
                 full[seg.start : seg.start + seg.numel] = params[seg.param_index][1].detach().reshape(-1)
             else:
                 full[seg.start : seg.start + seg.numel] = FLAT_PARAM_PADDING_VALUE
         c, r = mine.shard_numel, comm.rank
-        self.shard = nn.Parameter(full[r * c : (r + 1) * c].clone())  # (c,)
+        self.shard = nn.Parameter(full[r * c : (r + 1) * c].clone())  # [c]
         for reg in self._regs:  # de-register: parameters become views into the unsharded flat parameter
             for mod, name in reg:
                 del mod._parameters[name]
@@ -118,7 +118,7 @@ class FlatUnit(nn.Module):
     def _unshard(self, tag: str) -> None:
         storage = self._full.untyped_storage()
         storage.resize_(self._full.numel() * self._full.element_size())
-        gathered = self.comm.all_gather(self.shard.detach(), 0, tag=tag)  # (c,) per rank -> (P,)
+        gathered = self.comm.all_gather(self.shard.detach(), 0, tag=tag)  # [c] per rank -> [n_pad]
         # write through .data: a fresh version counter, so autograd's saved views stay valid (as in FSDP)
         self._full.data.copy_(gathered)
 
@@ -145,7 +145,7 @@ class FlatUnit(nn.Module):
     def _forward(self, *args, **kwargs):
         if self._full.untyped_storage().nbytes() == 0:  # not kept from a previous forward
             self._unshard("fsdp.forward.unshard")  # 2. all-gather before forward
-        flat = self._full.data.requires_grad_(True)  # leaf (P,) sharing _full's storage
+        flat = self._full.data.requires_grad_(True)  # leaf [n_pad] sharing _full's storage
         self._flat = flat
         for seg in self.plan.segments:
             if seg.kind != "param":
@@ -174,7 +174,7 @@ class FlatUnit(nn.Module):
     def _post_backward(self, flat: torch.Tensor) -> None:
         self.peak_unsharded_bytes = max(self.peak_unsharded_bytes, self.unsharded_bytes())
         w = self.comm.world_size
-        grad = self.comm.reduce_scatter(flat.grad, 0, tag="fsdp.backward.reduce_grad")  # (P,) -> (c,) sum
+        grad = self.comm.reduce_scatter(flat.grad, 0, tag="fsdp.backward.reduce_grad")  # [n_pad] -> [c] sum
         grad = grad / w  # average over the data-parallel ranks: each rank's loss is a mean over its batch
         if self.shard.grad is None:
             self.shard.grad = grad.clone()
@@ -194,10 +194,10 @@ class FlatUnit(nn.Module):
 
 
 def unflatten(plan: FlatShardPlan, shards: list[torch.Tensor], shapes: list[tuple[int, ...]]) -> list[torch.Tensor]:
-    """Reassemble parameters from every rank's shard (rank order): cat -> (P,), slice each segment."""
+    """Reassemble parameters from every rank's shard (rank order): cat -> [n_pad], slice each segment."""
     if len(shards) != plan.world_size:
         raise ValueError(f"got {len(shards)} shards for world_size={plan.world_size}")
-    full = torch.cat([s.detach() for s in shards])  # W x (c,) -> (P,)
+    full = torch.cat([s.detach() for s in shards])  # N × [c] -> [n_pad]
     segs = [s for s in plan.segments if s.kind == "param"]
     return [full[s.start : s.start + s.numel].view(shapes[s.param_index]).clone() for s in segs]
 
@@ -225,8 +225,8 @@ class ShardAdam:
     def __init__(self, shard: torch.Tensor, lr: float, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8) -> None:
         self.shard, self.lr, self.betas, self.eps, self.t = shard, lr, betas, eps, 0
-        self.m = torch.zeros_like(shard, dtype=torch.float32)  # (c,)
-        self.v = torch.zeros_like(shard, dtype=torch.float32)  # (c,)
+        self.m = torch.zeros_like(shard, dtype=torch.float32)  # [c]
+        self.v = torch.zeros_like(shard, dtype=torch.float32)  # [c]
 
     @torch.no_grad()
     def step(self) -> None:
