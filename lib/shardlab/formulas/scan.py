@@ -23,8 +23,8 @@ buffer's. With the seed's activation layout (x[b_fsdp, s, h_tensor], torchprime'
 result dims of ``xᵀ[h_tensor, b_fsdp] · dy[b_fsdp, F_tensor]`` ask for tensor: the 1-D gradient keeps it on one of
 them — the same bytes either way, the orientation the compiler's choice (not predicted here).
 
-The ``nn.Linear`` trap (:func:`flattened_rows`): ``F.linear`` on ``x[B_fsdp, S_tensor, H]`` reshapes to a 2-D
-``[B·S, H]`` dot; the merged dim keeps both splits only when each device's (B, S) block is contiguous in B·S.
+The ``nn.Linear`` trap (:func:`flattened_rows`): ``F.linear`` on ``x[b_fsdp, s_tensor, h]`` reshapes to a 2-D
+``[b·s, h]`` dot; the merged dim keeps both splits only when each device's (b, s) block is contiguous in b·s.
 
 Everything here is plain arithmetic on ints: no torch, no XLA.  Functions return NamedTuples with named terms
 so a notebook can print each term next to its measured counterpart.
@@ -145,7 +145,7 @@ def per_device_shape(shape: tuple[int, ...], dim_axes: tuple[str | None, ...], f
     ``1d`` drops the fsdp split (the array all-reduced over fsdp), ``replicated`` drops both; uneven dims are
     padded (rounded up), as XLA does.
 
-    >>> per_device_shape((4, 128, 512), (None, "fsdp", "tensor"), fsdp=2, tensor=4)          # W_up[∅, H_f, F_t]
+    >>> per_device_shape((4, 128, 512), (None, "fsdp", "tensor"), fsdp=2, tensor=4)          # W_up[∅, h_f, F_t]
     (4, 64, 128)
     >>> per_device_shape((4, 128, 512), (None, "fsdp", "tensor"), fsdp=2, tensor=4, sharding="1d")
     (4, 128, 128)
@@ -201,24 +201,24 @@ def grad_reduction(weight_shapes: list[tuple[int, int]], fsdp: int, tensor: int,
 
 
 class FlattenedRows(NamedTuple):
-    """What ``F.linear``'s reshape ``[B, S, H] -> [B·S, H]`` leaves of ``x[B_fsdp, S_tensor, H]``'s two splits."""
+    """What ``F.linear``'s reshape ``[b, s, h] -> [b·s, h]`` leaves of ``x[b_fsdp, s_tensor, h]``'s two splits."""
 
     batch: int
     seq: int
     fsdp: int
     tensor: int
-    keeps_both: bool  # each device's (B, S) block is one contiguous run of B·S: batch / fsdp == 1 or tensor == 1
-    merged_tiles: int  # tiles the merged B·S dim carries: fsdp·tensor if keeps_both, else only the major dim's fsdp
-    rows_per_device: int  # rows of the 2-D dot on one device: B·S / merged_tiles
-    einsum_rows_per_device: int  # the 3-D dot (einsum) keeps both splits: B·S / (fsdp·tensor)
+    keeps_both: bool  # each device's (b, s) block is one contiguous run of b·s: batch / fsdp == 1 or tensor == 1
+    merged_tiles: int  # tiles the merged b·s dim carries: fsdp·tensor if keeps_both, else only the major dim's fsdp
+    rows_per_device: int  # rows of the 2-D dot on one device: b·s / merged_tiles
+    einsum_rows_per_device: int  # the 3-D dot (einsum) keeps both splits: b·s / (fsdp·tensor)
 
 
 def flattened_rows(batch: int, seq: int, fsdp: int, tensor: int) -> FlattenedRows:
-    """Rows each device multiplies when ``F.linear`` flattens ``x[B_fsdp, S_tensor, H]`` to a 2-D dot.
+    """Rows each device multiplies when ``F.linear`` flattens ``x[b_fsdp, s_tensor, h]`` to a 2-D dot.
 
-    Device (i, j) holds batch rows ``[i·B/fsdp, (i+1)·B/fsdp)`` and sequence positions ``[j·S/tensor,
-    (j+1)·S/tensor)``; in the merged index ``b·S + s`` that block is contiguous only when it spans one batch row
-    (B/fsdp = 1) or all of S (tensor = 1). Otherwise a tiling of B·S cannot describe it: the merged dim keeps the
+    Device (i, j) holds batch rows ``[i·b/fsdp, (i+1)·b/fsdp)`` and sequence positions ``[j·s/tensor,
+    (j+1)·s/tensor)``; in the merged index ``i_b·s + i_s`` that block is contiguous only when it spans one batch
+    row (b/fsdp = 1) or all of s (tensor = 1). Otherwise a tiling of b·s cannot describe it: the merged dim keeps the
     major (batch) split only, the sequence split is undone (gathered), and each device multiplies tensor times the
     rows.
 
@@ -310,9 +310,9 @@ def block_trace_transfer(batch: int, seq: int, hidden: int, ffn: int, devices: i
     With placeholders (torch_xla >= 2.6) nothing moves: every term is 0.  Before the fix, ``_scan_impl_flat``
     made each fake input with ``torch.empty(shape).to(device)``:
 
-    * forward scan: carry ``x [B,S,H]`` and one layer ``W_up [H,F]``, ``W_down [F,H]``
-    * backward scan: grad carry ``[B,S,H]`` and one slice of each activation AOTAutograd saves for the
-      backward: ``x [B,S,H]`` (for dW_up), ``u = x·W_up [B,S,F]`` (for gelu'), ``g = gelu(u) [B,S,F]``
+    * forward scan: carry ``x [b,s,h]`` and one layer ``W_up [h,F]``, ``W_down [F,h]``
+    * backward scan: grad carry ``[b,s,h]`` and one slice of each activation AOTAutograd saves for the
+      backward: ``x [b,s,h]`` (for dW_up), ``u = x·W_up [b,s,F]`` (for gelu'), ``g = gelu(u) [b,s,F]``
       (for dW_down), ``W_up``, ``W_down`` (for dx)
 
     i.e. ``3·BSH + 2·BSF + 4·HF`` elements, times ``devices`` because an unsharded ``.to(device)`` under SPMD

@@ -2,7 +2,7 @@
 
 Design note
 -----------
-``flat_buffer_figure(plan, names)`` draws the padded flat parameter [0, P) twice, as two stacked bars that
+``flat_buffer_figure(plan, names)`` draws the padded flat parameter [0, n_pad) twice, as two stacked bars that
 share the x axis (flat element index):
 
 * top, "parameters": one segment per parameter (a parameter palette distinct from device colours),
@@ -52,7 +52,7 @@ def pieces(plan: FlatShardPlan, names: list[str] | None = None) -> list[dict[str
     return runs
 
 
-def flat_buffer_figure(plan: FlatShardPlan, names: list[str] | None = None, title: str | None = None) -> Any:
+def flat_buffer_figure(plan: FlatShardPlan, names: list[str] | None = None, title: str | None = None) -> go.Figure:
     fig = go.Figure()
     shown: set[str] = set()
     for p in pieces(plan, names):
@@ -103,7 +103,7 @@ def parse_sizes(text: str) -> tuple[int, ...]:
 
 
 def explorer(layer_sizes: tuple[int, ...] = (16, 32, 8), world_size: int = 4, use_orig_params: bool = False
-             ) -> tuple[Any, Callable[..., dict[str, Any]]]:
+             ) -> tuple[widgets.VBox, Callable[..., dict[str, Any]]]:
     """Widgets for (layer sizes, world size, alignment); returns ``(ui, update)``."""
     w_sizes = widgets.Text(value=", ".join(map(str, layer_sizes)), description="widths")
     w_world = widgets.IntSlider(value=world_size, min=1, max=16, description="world size")

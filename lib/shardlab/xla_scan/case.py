@@ -129,7 +129,7 @@ class ScanCase(MeshCase):
     layers: int
     mode: str = "scan"  # "loop" | "scan_layers" | "scan" (pre-stacked weights)
     shard_as: bool = True  # torch_xla's shard_as in scan's backward (off: the behaviour before the fix)
-    layout: str = "batch"  # the activations (sharding.ACT_LAYOUTS): "batch" x[B_fsdp, S, H]; "seed" x[B_fsdp, S, H_t]
+    layout: str = "batch"  # the activations (sharding.ACT_LAYOUTS): "batch" x[b_fsdp, s, h]; "seed" x[b_fsdp, s, h_t]
     trace: dict[str, float] = field(default_factory=dict, init=False, compare=False, repr=False)  # graph() writes {"s"}
 
     def __post_init__(self) -> None:
@@ -200,13 +200,13 @@ class ScanCase(MeshCase):
         model, x = X.prepare(self.p, self.layers, self.mode, self.layout)
         t0 = time.perf_counter()
         with shard_as_enabled(self.shard_as):
-            out = model(x)  # [B, S, H]
+            out = model(x)  # [b, s, h]
             M.loss_fn(out).backward()
         self.trace["s"] = time.perf_counter() - t0  # Python wall time to build the lazy forward + backward graph
         return [out, x.grad, *[w.grad for ws in model.weights().values() for w in ws]]  # type: ignore[operator]
 
     def oracle(self) -> dict[str, torch.Tensor]:
-        """The CPU for-loop: output [B, S, H], stacked gradients [L, ...] and the input gradient."""
+        """The CPU for-loop: output [b, s, h], stacked gradients [L, ...] and the input gradient."""
         p = self.p
         out, grads = _reference(self.layers, p.hidden, p.ffn, p.batch, p.seq, p.seed)
         return {"out": out, **grads}
@@ -274,7 +274,7 @@ class ScanCase(MeshCase):
         for w, shape in shapes.items():
             view.add(f"grad_shape.{w}", _shape_str(shape), "shape")
         # Both compilers may finish a reduce-scatter as an all-reduce whose result a dynamic-slice cuts to the device's
-        # share (XLA:CPU always; XLA:TPU for some shapes, measured at H=32, F=64): count each as what it does.
+        # share (XLA:CPU always; XLA:TPU for some shapes, measured at h=32, F=64): count each as what it does.
         reductions = fsdp_reductions(module, self.p.mesh_fsdp, self.p.mesh_tensor)
         red = collectives_view(view.source, SimpleNamespace(collectives=reductions), "grad_fsdp", GRAD_OPS,
                                "float32", cpu_reduce_scatter=True)
@@ -619,7 +619,7 @@ def _dot_rows(module: HloModule, out: int) -> int:
 
 @dataclass(frozen=True)
 class TrapCase(MeshCase):
-    """``x[B_fsdp, S_tensor, H] · W[O, H]ᵀ`` (O = ``p.ffn``) through ``F.linear`` (a 2-D dot on [B·S, H]) or through
+    """``x[b_fsdp, s_tensor, h] · W[O, h]ᵀ`` (O = ``p.ffn``) through ``F.linear`` (a 2-D dot on [b·s, h]) or through
     einsum (torch_xla's ``XLAPatchedLinear``, a 3-D dot). Values ``<kind>.rows`` (rows one device multiplies),
     ``<kind>.out_tiles``, ``<kind>.collectives`` and, on XLA:CPU, ``<kind>.out_spec``."""
 
@@ -646,16 +646,16 @@ class TrapCase(MeshCase):
         return view
 
     def graph(self) -> list[torch.Tensor]:
-        """The one product on the current world, NOT synced: [y [B, S, O]]."""
+        """The one product on the current world, NOT synced: [y [b, s, O]]."""
         p = self.p
         mesh = S.make_mesh(p.mesh_fsdp, p.mesh_tensor)
         g = torch.Generator().manual_seed(0)
-        x = torch.randn(p.batch, p.seq, p.hidden, generator=g).to(runtime.device())  # [B, S, H]
+        x = torch.randn(p.batch, p.seq, p.hidden, generator=g).to(runtime.device())  # [b, s, h]
         xs.mark_sharding(x, mesh, ("fsdp", "tensor", None))
-        w = torch.randn(p.ffn, p.hidden, generator=g).to(runtime.device())  # [O, H], replicated
+        w = torch.randn(p.ffn, p.hidden, generator=g).to(runtime.device())  # [O, h], replicated
         if self.kind == "linear":
-            return [torch.nn.functional.linear(x, w)]  # reshape [B·S, H] · [H, O] -> [B, S, O]
-        return [XLAPatchedLinear.apply(x, w, None)]  # einsum [B,S,H] · [O,H] -> [B,S,O]
+            return [torch.nn.functional.linear(x, w)]  # reshape [b·s, h] · [h, O] -> [b, s, O]
+        return [XLAPatchedLinear.apply(x, w, None)]  # einsum [b,s,h] · [O,h] -> [b,s,O]
 
     def read(self, view: View, module: HloModule) -> View:
         k, p = self.kind, self.p
@@ -687,7 +687,7 @@ class TrapCase(MeshCase):
 
 
 def linear_trap(p: ScanParams) -> list[View]:
-    """``F.linear`` vs einsum on ``x[B_fsdp, S_tensor, H]``: the formula, CPU compiler and TPU compiler views,
+    """``F.linear`` vs einsum on ``x[b_fsdp, s_tensor, h]``: the formula, CPU compiler and TPU compiler views,
     each holding both kinds (``linear.rows``, ``einsum.rows``, ``*.out_tiles``, ``*.collectives``)."""
     cases = [TrapCase(p, kind=k) for k in TRAP_KINDS]
     return [merge(*(view(c) for c in cases)) for view in (harness.formula, harness.hlo, harness.tpu)]

@@ -67,7 +67,7 @@ def graph_size(module: HloModule) -> int:
 
 
 def prepare(p: ScanParams, layers: int, mode: str, layout: str = "batch") -> tuple[torch.nn.Module, torch.Tensor]:
-    """The ``mode`` model of L = ``layers`` blocks and its input x [B, S, H] on the device, 2-D sharded, the
+    """The ``mode`` model of L = ``layers`` blocks and its input x [b, s, h] on the device, 2-D sharded, the
     activations as ``layout`` says (:data:`shardlab.xla_scan.sharding.ACT_LAYOUTS`)."""
     S.check_sharding(p, layout)
     if mode != "loop":

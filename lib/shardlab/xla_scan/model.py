@@ -4,9 +4,9 @@ Design note
 -----------
 One block is the MLP half of a decoder layer with a residual::
 
-    y = x + gelu(x · W_up) · W_down        x: [B, S, H], W_up: [H, F], W_down: [F, H]
+    y = x + gelu(x · W_up) · W_down        x: [b, s, h], W_up: [h, F], W_down: [F, h]
 
-Matmuls are written as ``einsum`` so a [B, S, H] activation keeps its leading-dim sharding (``nn.Linear``
+Matmuls are written as ``einsum`` so a [b, s, h] activation keeps its leading-dim sharding (``nn.Linear``
 flattens to a 2-D dot; see ``views.linear_trap``).
 
 Three ways to run L of them (the *loop is the oracle*):
@@ -16,7 +16,7 @@ Three ways to run L of them (the *loop is the oracle*):
 ``scan_layers``  ``torch_xla.experimental.scan_layers(blocks, x)`` — one traced block inside an XLA While, but
                  the per-layer weights are ``torch.stack``-ed (and the gradients un-stacked) *inside the graph*
                  on every call: 2·L stack/slice ops per weight, so the graph still grows with L.
-``scan``         weights are *held* stacked (``W_up: [L, H, F]``) and ``scan`` slices layer i out with
+``scan``         weights are *held* stacked (``W_up: [L, h, F]``) and ``scan`` slices layer i out with
                  ``torch.func.functional_call`` on a template block: the graph is the same for every L.
 
 All weights come from one seeded CPU generator (``init_weights``), so the three modes hold identical numbers.
@@ -40,12 +40,12 @@ WEIGHT_NAMES = ("w_up", "w_down")
 WEIGHT_DIMS = {"w_up": ("h", "F"), "w_down": ("F", "h")}  # what each dim of a weight [d_in, d_out] is
 
 # annotate(tensor, role) -> tensor returns the activation with a sharding annotation (forward and gradient);
-# role is "act_in" ([B,S,H]) or "act_mid" ([B,S,F]). None = no annotation (CPU oracle, single device).
+# role is "act_in" ([b,s,h]) or "act_mid" ([b,s,F]). None = no annotation (CPU oracle, single device).
 Annotate = Callable[[torch.Tensor, str], torch.Tensor]
 
 
 def weight_shapes(hidden: int, ffn: int) -> dict[str, tuple[int, int]]:
-    """Per-layer weight shapes: ``w_up`` [H, F], ``w_down`` [F, H]."""
+    """Per-layer weight shapes: ``w_up`` [h, F], ``w_down`` [F, h]."""
     return {"w_up": (hidden, ffn), "w_down": (ffn, hidden)}
 
 
@@ -62,22 +62,22 @@ class Block(nn.Module):
     def __init__(self, hidden: int, ffn: int, dtype: torch.dtype = torch.float32, device: str | None = None,
                  annotate: Annotate | None = None) -> None:
         super().__init__()
-        self.w_up = nn.Parameter(torch.empty(hidden, ffn, dtype=dtype, device=device))  # [H, F]
-        self.w_down = nn.Parameter(torch.empty(ffn, hidden, dtype=dtype, device=device))  # [F, H]
+        self.w_up = nn.Parameter(torch.empty(hidden, ffn, dtype=dtype, device=device))  # [h, F]
+        self.w_down = nn.Parameter(torch.empty(ffn, hidden, dtype=dtype, device=device))  # [F, h]
         self.annotate = annotate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.annotate is not None:
             x = self.annotate(x, "act_in")
-        h = torch.einsum("bsh,hf->bsf", x, self.w_up)  # [B,S,H] · [H,F] -> [B,S,F]
+        h = torch.einsum("bsh,hf->bsf", x, self.w_up)  # [b,s,h] · [h,F] -> [b,s,F]
         h = torch.nn.functional.gelu(h)
         if self.annotate is not None:
             h = self.annotate(h, "act_mid")
-        return x + torch.einsum("bsf,fh->bsh", h, self.w_down)  # [B,S,F] · [F,H] -> [B,S,H]
+        return x + torch.einsum("bsf,fh->bsh", h, self.w_down)  # [b,s,F] · [F,h] -> [b,s,h]
 
 
 def init_weights(layers: int, hidden: int, ffn: int, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Stacked float32 CPU weights ``{"w_up": [L, H, F], "w_down": [L, F, H]}``.
+    """Stacked float32 CPU weights ``{"w_up": [L, h, F], "w_down": [L, F, h]}``.
 
     ``W_up ~ N(0, 1/H)``; ``W_down ~ N(0, 1/(F·2L))`` — GPT-2's residual scaling, so the residual stream
     stays O(1) at any depth and float32 comparisons with the oracle stay meaningful at L = 64.
@@ -90,7 +90,7 @@ def init_weights(layers: int, hidden: int, ffn: int, seed: int = 0) -> dict[str,
 
 
 def init_input(batch: int, seq: int, hidden: int, seed: int = 0) -> torch.Tensor:
-    """Float32 CPU input ``x: [B, S, H]`` from its own seeded generator."""
+    """Float32 CPU input ``x: [b, s, h]`` from its own seeded generator."""
     check_sizes(batch=batch, seq=seq, hidden=hidden)
     g = torch.Generator().manual_seed(seed + 1)
     return torch.randn(batch, seq, hidden, generator=g)
@@ -125,7 +125,7 @@ class BlockList(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.mode == "loop":
             for block in self.blocks:
-                x = block(x)  # [B,S,H] -> [B,S,H]
+                x = block(x)  # [b,s,h] -> [b,s,h]
             return x
         return scan_layers(self.blocks, x)
 
@@ -138,7 +138,7 @@ class BlockList(nn.Module):
 
 
 class StackedBlocks(nn.Module):
-    """Weights held stacked (``w_up: [L, H, F]``, ``w_down: [L, F, H]``); forward is one ``scan``."""
+    """Weights held stacked (``w_up: [L, h, F]``, ``w_down: [L, F, h]``); forward is one ``scan``."""
 
     def __init__(self, w_up: torch.Tensor, w_down: torch.Tensor, annotate: Annotate | None = None) -> None:
         super().__init__()
@@ -159,7 +159,7 @@ class StackedBlocks(nn.Module):
         template = self._template[0]
 
         def step(carry: torch.Tensor, layer: dict[str, torch.Tensor]) -> tuple[torch.Tensor, None]:
-            # layer["w_up"]: [H, F], layer["w_down"]: [F, H] — slice i of the stacked weights
+            # layer["w_up"]: [h, F], layer["w_down"]: [F, h] — slice i of the stacked weights
             return torch.func.functional_call(template, layer, (carry,), strict=True), None
 
         out, _ = scan(step, x, {"w_up": self.w_up, "w_down": self.w_down})
@@ -201,7 +201,7 @@ def loss_fn(out: torch.Tensor) -> torch.Tensor:
 
 
 def reference(weights: dict[str, torch.Tensor], x: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The oracle: CPU eager Python loop. Returns (output [B,S,H], stacked grads incl. ``x``)."""
+    """The oracle: CPU eager Python loop. Returns (output [b,s,h], stacked grads incl. ``x``)."""
     model = build("loop", {k: copy.deepcopy(v) for k, v in weights.items()})
     x = x.clone().requires_grad_(True)
     out = model(x)

@@ -7,13 +7,13 @@ on a mesh (fsdp, tensor) — notation ``A[I_X, J_Y]``: dim I split over mesh axi
 
     q, gate, up   [L, out, in] -> [∅, out_tensor, in_fsdp]      q: [126, 16384, 16384]
     o, down       [L, out, in] -> [∅, out_fsdp, in_tensor]      o: [126, 16384, 16384]
-    x             [B, S, H]    -> x[B_fsdp, S, H]               (the carry of the scan; layout "batch")
-                               -> x[B_fsdp, S, H_tensor]        (layout "seed": torchprime's [fsdp, null, tensor])
+    x             [b, s, h]    -> x[b_fsdp, s, h]               (the carry of the scan; layout "batch")
+                               -> x[b_fsdp, s, h_tensor]        (layout "seed": torchprime's [fsdp, null, tensor])
 
 One step is a forward + backward through ``torch_xla.experimental.scan`` of the block::
 
-    qo:   h = x + silu(x · qᵀ) · oᵀ                             x·qᵀ: [B, S, H] · [H, H] -> [B, S, H_tensor]
-    mlp:  h = h + (silu(h · gateᵀ) ⊙ (h · upᵀ)) · downᵀ          [B, S, H] -> [B, S, F_tensor] -> [B, S, H]
+    qo:   h = x + silu(x · qᵀ) · oᵀ                             x·qᵀ: [b, s, h] · [h, h] -> [b, s, h_tensor]
+    mlp:  h = h + (silu(h · gateᵀ) ⊙ (h · upᵀ)) · downᵀ          [b, s, h] -> [b, s, F_tensor] -> [b, s, h]
 
 Weights and input are placeholders (``placeholder * 1`` carries the sharding annotation; a placeholder itself
 cannot be annotated), so nothing is allocated: the graph is only lowered and handed to the TPU compiler.
@@ -26,7 +26,7 @@ Three switches decide whether ``shard_as`` matters (measured with libtpu 0.0.21,
 ``update``     ``"none"`` — the step returns the gradients (torch_xla keeps ``.grad`` live); ``"sgd"`` —
                ``W - lr·dW`` in the same graph.
 ``layout``     the activations' sharding (:data:`shardlab.xla_scan.sharding.ACT_LAYOUTS`): ``"batch"`` — the
-               residual stream x[B_fsdp, S, H]; ``"seed"`` — x[B_fsdp, S, H_tensor], as the seed ran, so the weight
+               residual stream x[b_fsdp, s, h]; ``"seed"`` — x[b_fsdp, s, h_tensor], as the seed ran, so the weight
                gradient ``dq = (dY)ᵀ · x`` has both result dims asking for tensor (the conflicting-axis matmul).
 
 Without ``shard_as`` the per-layer gradient ``dq = (dY)ᵀ · x`` contracts the fsdp-sharded batch, is
@@ -83,14 +83,14 @@ SGD_LR = 1e-3
 
 @dataclass(frozen=True)
 class SeedCase(MeshCase):
-    """One step of the seed's block stack on ``p``'s mesh (sizes H, F, B, S from ``p``), compile-only."""
+    """One step of the seed's block stack on ``p``'s mesh (sizes h, F, b, s from ``p``), compile-only."""
 
     layers: int = 126  # L (Llama 3.1 405B)
     weights: tuple[str, ...] = ("q", "o")  # which per-layer weights the block has (the seed: q_proj, o_proj)
     stacking: str = "in_graph"  # "in_graph" (scan_layers style) | "held" (pre-stacked [L, ...] parameters)
     update: str = "none"  # "none": the step returns the gradients | "sgd": W - lr·dW in the same graph
     shard_as: bool = True  # torch_xla's default; False = the monkeypatched pre-fix backward
-    layout: str = "batch"  # the activations: "batch" x[B_fsdp, S, H] | "seed" x[B_fsdp, S, H_tensor]
+    layout: str = "batch"  # the activations: "batch" x[b_fsdp, s, h] | "seed" x[b_fsdp, s, h_tensor]
     dtype: str = "bfloat16"  # type: ignore[assignment]  (a field here; Case reads it from p)
 
     SIZES: ClassVar[tuple[str, ...]] = ("hidden", "ffn", "batch", "seq", "mesh_fsdp", "mesh_tensor")
@@ -168,10 +168,10 @@ class SeedCase(MeshCase):
                     per_layer.append(w)
                 stacked[name] = torch.stack(per_layer)  # [L, out, in], inside the graph (as scan_layers does)
         act = ACT_LAYOUTS[self.layout]["act_in"]
-        x = placeholder((p.batch, p.seq, p.hidden), dt) * 1  # [B, S, H]
+        x = placeholder((p.batch, p.seq, p.hidden), dt) * 1  # [b, s, h]
         xs.mark_sharding(x, mesh, act)
         with shard_as_enabled(self.shard_as):
-            out, _ = scan(_block(mesh, act), x, stacked)  # [B, S, H]
+            out, _ = scan(_block(mesh, act), x, stacked)  # [b, s, h]
             loss = out.float().pow(2).mean()
             loss.backward()
         flat = [leaf for name in self.weights for leaf in leaves[name]]
@@ -182,24 +182,24 @@ class SeedCase(MeshCase):
 
 def _block(mesh: xs.Mesh, act: tuple[str | None, ...]
            ) -> Callable[[torch.Tensor, dict[str, torch.Tensor]], tuple[torch.Tensor, None]]:
-    """One layer; ``act`` is the residual stream's sharding (x[B_fsdp, S, H] or, the seed's, x[B_fsdp, S, H_tensor])."""
+    """One layer; ``act`` is the residual stream's sharding (x[b_fsdp, s, h] or, the seed's, x[b_fsdp, s, h_tensor])."""
     def ann(t: torch.Tensor, spec: tuple[str | None, ...]) -> torch.Tensor:
         return xs.mark_sharding_with_gradients(t, mesh, spec)
 
     def step(carry: torch.Tensor, layer: dict[str, torch.Tensor]) -> tuple[torch.Tensor, None]:
-        h = ann(carry, act)  # [B_fsdp, S, H] (or H_tensor)
+        h = ann(carry, act)  # [b_fsdp, s, h] (or h_tensor)
         if "q" in layer:
-            a = ann(torch.einsum("bsh,oh->bso", h, layer["q"]), ("fsdp", None, "tensor"))  # [B, S, H_tensor]
-            h = h + torch.einsum("bsi,oi->bso", torch.nn.functional.silu(a), layer["o"])  # [B, S, H] (+ all-reduce)
+            a = ann(torch.einsum("bsh,oh->bso", h, layer["q"]), ("fsdp", None, "tensor"))  # [b, s, h_tensor]
+            h = h + torch.einsum("bsi,oi->bso", torch.nn.functional.silu(a), layer["o"])  # [b, s, h] (+ all-reduce)
             h = ann(h, act)
         if "up" in layer:
-            u = ann(torch.einsum("bsh,fh->bsf", h, layer["up"]), ("fsdp", None, "tensor"))  # [B, S, F_tensor]
+            u = ann(torch.einsum("bsh,fh->bsf", h, layer["up"]), ("fsdp", None, "tensor"))  # [b, s, F_tensor]
             if "gate" in layer:
                 g = ann(torch.einsum("bsh,fh->bsf", h, layer["gate"]), ("fsdp", None, "tensor"))
                 u = torch.nn.functional.silu(g) * u
             else:
                 u = torch.nn.functional.gelu(u)
-            h = h + torch.einsum("bsf,hf->bsh", u, layer["down"])  # [B, S, F_tensor] · [H, F_tensor] -> [B, S, H]
+            h = h + torch.einsum("bsf,hf->bsh", u, layer["down"])  # [b, s, F_tensor] · [h, F_tensor] -> [b, s, h]
         return h, None
 
     return step

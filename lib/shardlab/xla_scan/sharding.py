@@ -4,20 +4,20 @@ Design note
 -----------
 Notation ``A[I_X, J_Y]``: dim I split over mesh axis X, dim J over Y; ``∅`` = not split.
 
-    W_up   [H, F]      -> W_up[H_fsdp, F_tensor]         stacked: [L, H, F] -> [∅, H_fsdp, F_tensor]
-    W_down [F, H]      -> W_down[F_tensor, H_fsdp]       stacked: [L, F, H] -> [∅, F_tensor, H_fsdp]
-    x      [B, S, H]   -> x[B_fsdp, S, H]                (act_in, batch over fsdp as in FSDP)
-    h      [B, S, F]   -> h[B_fsdp, S, F_tensor]         (act_mid, the up-projection output)
+    W_up   [h, F]      -> W_up[h_fsdp, F_tensor]         stacked: [L, h, F] -> [∅, h_fsdp, F_tensor]
+    W_down [F, h]      -> W_down[F_tensor, h_fsdp]       stacked: [L, F, h] -> [∅, F_tensor, h_fsdp]
+    x      [b, s, h]   -> x[b_fsdp, s, h]                (act_in, batch over fsdp as in FSDP)
+    h      [b, s, F]   -> h[b_fsdp, s, F_tensor]         (act_mid, the up-projection output)
 
-That is the ``"batch"`` activation layout (x's H whole). The ``"seed"`` layout is the one the seed ran
-(torchprime's ``llama-fsdp-tp.yaml``: every decoder activation ``[fsdp, null, tensor]``): x[B_fsdp, S, H_tensor].
-Then ``dW_up = xᵀ[H_tensor, B_fsdp] · dh[B_fsdp, F_tensor]`` has both result dims asking for tensor — the
+That is the ``"batch"`` activation layout (x's h whole). The ``"seed"`` layout is the one the seed ran
+(torchprime's ``llama-fsdp-tp.yaml``: every decoder activation ``[fsdp, null, tensor]``): x[b_fsdp, s, h_tensor].
+Then ``dW_up = xᵀ[h_tensor, b_fsdp] · dh[b_fsdp, F_tensor]`` has both result dims asking for tensor — the
 conflicting-axis matmul A[M_X, N_Y]·B[N_Y, M_X] of pytorch/xla#8883: the contraction leaves partial sums over
 fsdp, and the result can keep tensor on only one of its dims.
 
 XLA prints a sharding as ``{devices=[t0,t1,...]<device order>}`` with one tile count per tensor dim; a
 trailing extra count plus ``last_tile_dim_replicate`` means "each tile is replicated that many times".
-``W[H, F_tensor]`` on mesh (2, 4) is ``{devices=[1,4,2]... last_tile_dim_replicate}``: the 1-D gradient
+``W[h, F_tensor]`` on mesh (2, 4) is ``{devices=[1,4,2]... last_tile_dim_replicate}``: the 1-D gradient
 that an all-reduce over fsdp leaves behind. torch_xla is imported at the top: import this module after
 ``shardlab.runtime.setup()`` (the notebooks' order).
 """
@@ -40,7 +40,7 @@ from shardlab.xla_scan.model import Annotate
 AXES = ("fsdp", "tensor")
 WEIGHT_SPECS: dict[str, tuple[str | None, ...]] = {"w_up": ("fsdp", "tensor"), "w_down": ("tensor", "fsdp")}
 ACT_LAYOUTS: dict[str, dict[str, tuple[str | None, ...]]] = {
-    "batch": {"act_in": ("fsdp", None, None), "act_mid": ("fsdp", None, "tensor")},  # x's H whole
+    "batch": {"act_in": ("fsdp", None, None), "act_mid": ("fsdp", None, "tensor")},  # x's h whole
     "seed": {"act_in": ("fsdp", None, "tensor"), "act_mid": ("fsdp", None, "tensor")},  # torchprime: [fsdp, -, tensor]
 }
 
@@ -85,7 +85,7 @@ def annotator(mesh: xs.Mesh, layout: str = "batch") -> Annotate:
 
 
 def shard_model(model: torch.nn.Module, mesh: xs.Mesh) -> None:
-    """Mark every weight 2-D: per-layer ``[H_fsdp, F_tensor]``; stacked adds a replicated layer axis."""
+    """Mark every weight 2-D: per-layer ``[h_fsdp, F_tensor]``; stacked adds a replicated layer axis."""
     for name, p in model.named_parameters():
         leaf = name.rsplit(".", 1)[-1]
         spec = WEIGHT_SPECS[leaf]
