@@ -60,11 +60,10 @@ from shardlab.params import AttentionParams, FsdpParams, PlannerParams
 from shardlab.pipeline.case import ScheduleCase
 from shardlab.pipeline.params import PipelineParams
 from shardlab.planner import CommTerm, ModelConfig, PlanConfig, step_comm
-from shardlab.planner_verdict import entry_parameters
 from shardlab.profile.hlo import HloModule
 from shardlab.profile.record import Recorder
 from shardlab.profile.tpu import TpuCompile
-from shardlab.result_files import load_results
+from shardlab.result_files import entry_layout, load_results
 from shardlab.tp.case import LayerCase, wire_counted
 from shardlab.tp.programs import loss
 from shardlab.views import View, traffic
@@ -411,7 +410,7 @@ def pipeline_check(preset: dict[str, Any] | None = None) -> PipelineCheck:
             raise ValueError(f"the pipeline's TPU view is skipped: {view.skipped}")
         c: TpuCompile = view.detail
         h = q["hidden"]
-        w = [a for a in entry_parameters(c.hlo_text) if len(a.dims) == 4 and a.dims[-2:] == (h, h)]  # W [v, 1, h, h]
+        w = [a for a in entry_layout(c.hlo_text)[0] if len(a.dims) == 4 and a.dims[-2:] == (h, h)]  # W [v, 1, h, h]
         compiler[str(m)] = {"argument": c.memory.argument, "weights": sum(a.nbytes for a in w),
                             "checked_temp": c.memory.checked_temp, "output": c.memory.output}
         secs, topo = secs + c.compile_s, c.topology

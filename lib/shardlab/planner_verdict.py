@@ -24,12 +24,11 @@ Representation (stated once, every choice visible in the numbers):
     attention   plain causal softmax attention: the [b, a/t, s, s] scores exist in the program (no flash kernel).
     activations x [B_(data,fsdp), S, H] between layers, tensor-sharded inside the block (Megatron).
 
-Donation. torch_xla's optimizer step updates parameters and AdamW state in place: the new values are written
-into the old buffers. ``graph()`` returns a ``tpu.Step`` that donates every parameter and state placeholder to its
-update, so the compiled program aliases them (``donate=False`` in :class:`VerdictCase` compiles the same graph
-without: the updated state is then a second copy among the outputs, which the capacity check does not count, and
-the bf16 gradients sit in output buffers instead of temporaries — measured on Llama 3 70B, v6e:8x8: "fits"
-without donation, "Used 33.92G of 31.25G hbm" with it). The donated verdict is the realistic one.
+Donation. torch_xla's optimizer step updates parameters and AdamW state in place, so ``graph()`` returns a
+``tpu.Step`` that donates every parameter and state placeholder to its update (:func:`adamw_step`).
+``donate=False`` compiles the same graph without: the updated state is then a second copy among the outputs,
+which the capacity check does not count — the measured difference (Llama 3 70B fits without donation, not with
+it) is in :mod:`shardlab.profile.tpu`. The donated verdict is the realistic one.
 
 Per-chip comparison (:func:`check`, :meth:`PlannerCheck.rows`), compiler bytes from ``TpuMemory`` (the numbers
 the capacity check counts, not ``temp_size_in_bytes``) or from the out-of-memory message:
@@ -64,11 +63,10 @@ from torch_xla.experimental.scan import scan
 from shardlab import harness, runtime
 from shardlab.case import Case
 from shardlab.planner import ModelConfig, Plan, PlanConfig, model_from, plan
-from shardlab.profile.hlo_text import Array, parse_shape
 from shardlab.profile.record import Recorder
 from shardlab.profile.tpu import Step, TpuCompile, get_topology
 from shardlab.profile.tpu_worker import TpuWorkerError
-from shardlab.result_files import load_results, save_results
+from shardlab.result_files import entry_layout, load_results, save_results
 from shardlab.xla_scan.patches import placeholder
 
 LAYER_SPECS: dict[str, tuple[str, ...]] = {  # torch layout [out, in]; stacked with a leading unsplit L
@@ -225,20 +223,27 @@ class VerdictCase(Case):
         loss.backward()
         outs: list[torch.Tensor] = [loss]
         donate: dict[int, torch.Tensor] = {}  # output index -> the placeholder whose buffer it reuses
-        c = ADAMW
         for leaf, _, spec in params.values():
-            g = leaf.grad.float()
-            raw = [placeholder(tuple(leaf.shape), torch.float32) for _ in range(3)]  # fp32 master, exp_avg, exp_avg_sq
-            master, m1, m2 = (r * 1 for r in raw)
-            for t in (master, m1, m2):
-                xs.mark_sharding(t, mesh, spec)
-            m1 = c["b1"] * m1 + (1 - c["b1"]) * g
-            m2 = c["b2"] * m2 + (1 - c["b2"]) * g * g
-            master = master - c["lr"] * (m1 / (m2.sqrt() + c["eps"]) + c["wd"] * master)
-            for src, new in zip((leaf, *raw), (master.to(dt), master, m1, m2), strict=True):
-                donate[len(outs)] = src
-                outs.append(new)
+            adamw_step(outs, donate, leaf, leaf.grad, spec, mesh)
         return Step(outs, donate)
+
+
+def adamw_step(outs: list[torch.Tensor], donate: dict[int, torch.Tensor], param: torch.Tensor, grad: torch.Tensor,
+               spec: tuple[str | tuple[str, ...] | None, ...], mesh: xs.Mesh) -> None:
+    """AdamW's update of the placeholder ``param``, as torch_xla's optimizer step makes it: fp32 master, exp_avg and
+    exp_avg_sq placeholders sharded like the parameter, the elementwise update (:data:`ADAMW`), and the new
+    parameter (in its dtype), master, exp_avg, exp_avg_sq appended to ``outs``, each donated into its old buffer."""
+    c, g = ADAMW, grad.float()
+    raw = [placeholder(tuple(param.shape), torch.float32) for _ in range(3)]  # fp32 master, exp_avg, exp_avg_sq
+    master, m1, m2 = (r * 1 for r in raw)
+    for t in (master, m1, m2):
+        xs.mark_sharding(t, mesh, spec)
+    m1 = c["b1"] * m1 + (1 - c["b1"]) * g
+    m2 = c["b2"] * m2 + (1 - c["b2"]) * g * g
+    master = master - c["lr"] * (m1 / (m2.sqrt() + c["eps"]) + c["wd"] * master)
+    for src, new in zip((param, *raw), (master.to(param.dtype), master, m1, m2), strict=True):
+        donate[len(outs)] = src
+        outs.append(new)
 
 
 def case_of(config: dict[str, Any]) -> VerdictCase:
@@ -326,13 +331,6 @@ class PlannerCheck:
                        planner=dict(flash.memory), planner_no_flash=dict(no_flash.memory))
 
 
-def entry_parameters(hlo_text: str) -> list[Array]:
-    """The entry computation's parameters (per-chip arrays) as a compiled TPU program's layout header lists them."""
-    head = hlo_text.split("\n", 1)[0]
-    layout = head.split("entry_computation_layout={", 1)[1].split(", allow_spmd", 1)[0]
-    return parse_shape(layout.split(")->", 1)[0])
-
-
 def check(case: VerdictCase) -> PlannerCheck:
     """Compile ``case``'s training step for the planner's slice (the harness's TPU view) and compare with the
     planner's terms; ValueError with the reason when the view is skipped here (no libtpu, no such slice)."""
@@ -346,7 +344,7 @@ def check(case: VerdictCase) -> PlannerCheck:
                        dict(no_flash.memory), get_topology(c.topology).hbm_bytes or flash.hbm_bytes)
     if c.fits and c.memory is not None and c.hlo_text is not None:
         m = c.memory
-        args = [x for x in entry_parameters(c.hlo_text) if x.dims]  # scalars: torch_xla's lifted constants
+        args = [x for x in entry_layout(c.hlo_text)[0] if x.dims]  # scalars: torch_xla's lifted constants
         res.compiler = {"params": sum(x.nbytes for x in args if x.dtype == "bf16"),
                         "optimizer": sum(x.nbytes for x in args if x.dtype == "f32"),
                         "arguments": m.argument, "temp": m.checked_temp, "total": m.checked,
@@ -388,8 +386,6 @@ def matrix(cases: dict[str, VerdictCase] | None = None) -> dict[str, PlannerChec
 def verdict_frame(results: dict[str, PlannerCheck]) -> pd.DataFrame:
     """One row per preset x slice: the compiler's verdict and bytes next to the planner's (no flash: what was
     traced; flash: the planner's default), with ratios compiler / planner."""
-    gib = 2**30
-
     def verdict(fits: bool, at_risk: bool) -> str:
         return "fits" if fits else ("at risk" if at_risk else "no")
 
@@ -402,14 +398,14 @@ def verdict_frame(results: dict[str, PlannerCheck]) -> pd.DataFrame:
         rows.append({
             "preset · slice": key, "mesh (d, f, t)": (cfg["data"], cfg["fsdp"], cfg["tensor"]),
             "compiler": "fits" if r.compiler_fits else "out of memory",
-            "compiler GiB": ("" if r.arguments_evaluated else "≥ ") + (f"{r.total / gib:.2f}" if r.total else "–"),
-            "planner no flash GiB": round(total["planner_no_flash"] / gib, 2),
+            "compiler GiB": ("" if r.arguments_evaluated else "≥ ") + (f"{r.total / GIB:.2f}" if r.total else "–"),
+            "planner no flash GiB": round(total["planner_no_flash"] / GIB, 2),
             "compiler / planner": None if total["ratio_no_flash"] is None else round(total["ratio_no_flash"], 3),
             "planner no flash": verdict(r.planner_no_flash_fits, r.planner_at_risk["no_flash"]),
             "agree": r.agrees(),
             "temporaries compiler / planner": None if temp["ratio_no_flash"] is None
             else round(temp["ratio_no_flash"], 3),
-            "planner flash GiB": round(total["planner"] / gib, 2),
+            "planner flash GiB": round(total["planner"] / GIB, 2),
             "planner flash": verdict(r.planner_fits, r.planner_at_risk["flash"]),
             "compile s": round(r.compile_s, 1),
         })
@@ -419,14 +415,13 @@ def verdict_frame(results: dict[str, PlannerCheck]) -> pd.DataFrame:
 def terms_frame(r: PlannerCheck) -> pd.DataFrame:
     """The term-by-term comparison of one configuration (GiB; ratios compiler / planner). The planner's
     temporaries are listed one by one too ("· grads" ...): the compiler's program does not separate them."""
-    gib = 2**30
-    rows = [{"term": x["term"], "planner flash": round(x["planner"] / gib, 2),
-             "planner no flash": round(x["planner_no_flash"] / gib, 2),
-             "compiler": None if x["compiler"] is None else round(x["compiler"] / gib, 2),
+    rows = [{"term": x["term"], "planner flash": round(x["planner"] / GIB, 2),
+             "planner no flash": round(x["planner_no_flash"] / GIB, 2),
+             "compiler": None if x["compiler"] is None else round(x["compiler"] / GIB, 2),
              "ratio (no flash)": None if x["ratio_no_flash"] is None else round(x["ratio_no_flash"], 3)}
             for x in r.rows()]
-    parts = [{"term": f"· {k}", "planner flash": round(r.planner[k] / gib, 2),
-              "planner no flash": round(r.planner_no_flash[k] / gib, 2), "compiler": None, "ratio (no flash)": None}
+    parts = [{"term": f"· {k}", "planner flash": round(r.planner[k] / GIB, 2),
+              "planner no flash": round(r.planner_no_flash[k] / GIB, 2), "compiler": None, "ratio (no flash)": None}
              for k in ("grads", "activations", "logits", "fsdp_gathered_unit")]
     return pd.DataFrame(rows[:4] + parts + rows[4:]).set_index("term")
 
@@ -446,8 +441,8 @@ def record_matrix(rec: Recorder, results: dict[str, PlannerCheck], live: bool,
             rec.measure(f"{name}.compile_s", r.compile_s, "s", "tpu", kind="timing")
         rec.check(f"{name}: the planner's verdict (no flash, as traced) agrees with the compiler's", r.agrees(),
                   f"planner {'fits' if r.planner_no_flash_fits else 'no'} "
-                  f"({sum(r.planner_no_flash.values()) / 2**30:.2f} GiB), compiler "
-                  f"{'fits' if r.compiler_fits else r.message} ({(r.total or 0) / 2**30:.2f} GiB)")
+                  f"({sum(r.planner_no_flash.values()) / GIB:.2f} GiB), compiler "
+                  f"{'fits' if r.compiler_fits else r.message} ({(r.total or 0) / GIB:.2f} GiB)")
 
 
 def save_matrix(results: dict[str, PlannerCheck], path: Path = MATRIX_FILE, **source: Any) -> None:
