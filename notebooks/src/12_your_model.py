@@ -50,7 +50,7 @@ world
 # * when it does not fit, the planner's **nearest plan that fits**.
 #
 # Order: (1) one live run — your model's family at tiny widths, compiled now in seconds, every part of the
-# output; (2) Llama 3 8B on v5e-8, v6e-8 and v6e-64 and Mixtral 8x7B on v6e-64 at full size; (3) the
+# output but the out-of-memory ones; (2) Llama 3 8B on v5e-8, v6e-8 and v6e-64 and Mixtral 8x7B on v6e-64 at full size; (3) the
 # out-of-memory case; (4) notebook 07's verdicts reproduced through this path; (5) what compile time the three ways
 # to run the layers cost; (6) your model at full size; (7) bad inputs; (8) an explorer; (9) exercises.
 
@@ -124,8 +124,10 @@ for key, r in results.items():
 nb.summary_frame(results)
 
 # %% [markdown]
-# **Reading the table.** Parameters and AdamW state match the planner to the byte (ratio 1.000): ZeRO-3's 2 + 12
-# bytes per parameter over the FSDP degree — on 64 chips also split by Megatron's rules over `tensor`. The rest is
+# **Reading the table.** Parameters and AdamW state are ZeRO-3's 2 + 12 bytes per parameter over the FSDP degree —
+# on 64 chips also split by Megatron's rules over `tensor` — and match the planner to within 0.03 % (the planner pads
+# the vocabulary to a multiple of 128 × tensor, as Megatron does, and does not count Mixtral's router; inspect splits
+# the RMSNorm weights over fsdp only). The rest is
 # the program's temporaries, which the planner models term by term (a layer's backward with HF's eager attention,
 # whose [b, a, s, s] scores exist, the fp32 logits of the loss, one gathered layer) and the compiler does not break
 # down: the ratio of the totals is where the two accounts meet. Mixtral's experts are traced in their static form —
@@ -144,12 +146,18 @@ nb.summary_frame(results)
 # %%
 oom = next((r for r in results.values() if not r.fits), None)
 print(output.text(oom) if oom is not None else "every full-size run fits")
+if oom is not None and oom.largest:
+    scores = nb.scores_bytes(oom.config_object())  # [b, a, s, s] fp32 per chip
+    rec.check("inspect.oom: the largest allocation is one fp32 attention-scores array [b, a, s, s] per chip",
+              oom.largest[0]["bytes"] == scores, f"compiler {oom.largest[0]['shape']} {oom.largest[0]['bytes']} B, "
+              f"formula {scores} B")
 
 # %% [markdown]
-# The three 8 GiB arrays are `f32[32, 8192, 8192]`: the fp32 softmax of one sequence's 32 heads — HF's eager
-# attention keeps the s × s scores that a flash kernel would never write. With 14 GiB of model state per chip (2 +
-# 12 bytes per parameter over 8 chips) there is no room for them on a v5e; the compiler stopped counting at the
-# program alone ("arguments 0B"), so its total is a lower bound ("≥").
+# The largest allocations are `f32[32, 8192, 8192]`, 8 GiB each (checked above against b·a·s²·4 bytes): the fp32
+# softmax of the one sequence each chip holds, all 32 heads — HF's eager attention keeps the s × s scores that a
+# flash kernel would never write. With 14 GiB of model state per chip (2 + 12 bytes per parameter over 8 chips) there
+# is no room for them on a v5e; the compiler stopped counting at the program alone ("arguments 0B"), so its total is
+# a lower bound ("≥").
 
 # %% [markdown]
 # ## 4 · Notebook 07's verdicts, reproduced through this path
@@ -198,14 +206,17 @@ if p.compare_layers:  # the live run in the two other modes (seconds each)
             state = [x.row(k)["compiler"] for x in (tiny, tiny_modes[mode]) for k in ("parameters", "optimizer")]
             rec.check(f"inspect.tiny.{mode}: the same parameters and AdamW state per chip as scan", state[:2] == state[2:],
                       f"scan {state[:2]}, {mode} {state[2:]}")
-nb.layers_frame(layer_results, full.LAYERS, tiny_modes if p.compare_layers else None)
+modes = nb.layers_frame(layer_results, full.LAYERS, tiny_modes if p.compare_layers else None)
+display(modes)
+Markdown(nb.layers_text(modes))
 
 # %% [markdown]
-# The loop costs the most everywhere: 8 layers already took minutes longer than either scan, and 32 did not finish.
-# Between the two scans the order changes with size: at 8 layers scan_layers compiled faster, at 32 the stacked scan
-# did — its graph is one layer whatever L is, while scan_layers re-stacks L layers' weights (and un-stacks their
-# gradients) inside the step. The memory follows the same story: the loop holds more per chip (each layer's saved
-# input a separate buffer), the scans about the same.
+# Why: the loop's graph holds L copies of the layer, forward and backward, and the compiler works through every one
+# of them — its compile time grows with L, and 32 layers of Llama 3 8B did not finish. A scan's graph holds one layer
+# whatever L is; scan_layers still re-stacks the L layers' weights (and un-stacks their gradients) inside the step,
+# work that grows with L and size, while the stacked scan receives its weights stacked already. Which of the two scans
+# compiles faster is not settled by these few points; the loop's cost is. Memory per chip: the loop holds the most
+# (each layer's saved input a separate buffer), the two scans about the same.
 
 # %% [markdown]
 # ## 6 · Your model at full size

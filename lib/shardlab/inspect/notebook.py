@@ -24,6 +24,7 @@ explorer    :func:`explorer`: model, slice, mesh, batch, sequence -> inspect's v
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -34,7 +35,7 @@ from shardlab.formulas import hardware
 from shardlab.inspect import analysis as A
 from shardlab.inspect.api import InspectResult, run
 from shardlab.inspect.config import LAYER_MODES, InspectConfig, InspectInputError, layout, make_config
-from shardlab.inspect.models import config_dict, presets, tiny_overrides
+from shardlab.inspect.models import config_dict, num_layers_key, presets, tiny_overrides
 from shardlab.profile.record import Recorder
 from shardlab.profile.tpu import quiet_libtpu
 
@@ -74,7 +75,8 @@ def record_result(rec: Recorder, prefix: str, r: InspectResult, live: bool) -> N
         if m["ratio"] is not None:
             rec.measure(f"{prefix}.planner_ratio.{k}", float(m["ratio"]), "1", "tpu")
     for c in r.collectives:
-        name = f"{prefix}.collectives.{c['axes']}.{c['op']}"
+        axes = re.sub(r"[^A-Za-z0-9+_-]+", "_", c["axes"]).strip("_")  # "fsdp (groups of 2)" -> "fsdp_groups_of_2"
+        name = f"{prefix}.collectives.{axes}.{c['op']}"
         if c["instructions"]:
             rec.measure(f"{name}.per_step", int(c["per_step"]), "count", "tpu")
             rec.measure(f"{name}.bytes", int(c["bytes_per_step"]), "bytes", "tpu")
@@ -199,23 +201,57 @@ def _used(message: str) -> str:
     return message[i:message.find("hbm", i) + 3] if i >= 0 else message
 
 
+def _mode(key: str) -> tuple[str, str]:
+    """``(run, layer mode)`` of a key: ``"llama-3-8b.v6e-64.scan_layers"`` -> ``("llama-3-8b.v6e-64", "scan_layers")``;
+    a key without a mode suffix is the stacked scan."""
+    base, _, last = key.rpartition(".")
+    return (base, last) if last in LAYER_MODES else (key, "scan")
+
+
+def _size(r: InspectResult) -> str:
+    c = r.config
+    hf = r.config_object().hf_config()
+    layers = c["num_layers"] or getattr(hf, num_layers_key(hf))
+    return f"{layers} layers, seq {c['seq']}, {r.slice}"
+
+
 def layers_frame(results: Mapping[str, InspectResult], keys: tuple[str, ...],
                  tiny: Mapping[str, InspectResult] | None = None) -> pd.DataFrame:
     """Compile seconds and total GiB per chip of the layer modes: the given keys (a key missing from ``results``:
     not measured) and the live tiny runs."""
+    sizes = {_mode(k)[0]: _size(results[k]) for k in keys if k in results}
     rows = []
     for key in keys:
+        base, mode = _mode(key)
         r = results.get(key)
-        size = "8 layers, seq 2048, v6e-8" if ".L8." in key else "32 layers, seq 8192, v6e-64"
-        mode = key.rsplit(".", 1)[1] if key.rsplit(".", 1)[1] in LAYER_MODES else "scan"
-        rows.append({"size": size, "layers": mode, "compile s": None if r is None else round(r.compile_s),
+        rows.append({"size": sizes.get(base, base), "layers": mode,
+                     "compile s": None if r is None else round(r.compile_s),
                      "total GiB": None if r is None else _gib(r.row("total")["compiler"]),
-                     "note": "cached" if r is not None else "not measured (not finished after 30 min)"})
+                     "note": "cached" if r is not None else "not measured (not finished after 30 min here)"})
     for mode, r in (tiny or {}).items():
-        rows.append({"size": f"tiny, {r.config['num_layers']} layers, {r.slice}", "layers": mode,
-                     "compile s": round(r.compile_s, 2), "total GiB": _gib(r.row("total")["compiler"]),
-                     "note": "compiled now"})
+        rows.append({"size": f"tiny: {_size(r)}", "layers": mode, "compile s": round(r.compile_s, 2),
+                     "total GiB": _gib(r.row("total")["compiler"]), "note": "compiled now"})
     return pd.DataFrame(rows).set_index(["size", "layers"])
+
+
+def layers_text(frame: pd.DataFrame) -> str:
+    """Per size, the layer modes from the fastest compile to the slowest (generated from :func:`layers_frame`)."""
+    out = []
+    for size, part in frame.groupby(level=0, sort=False):
+        done = part["compile s"].dropna().sort_values()
+        order = ", then ".join(f"{mode} ({secs:g} s)" for (_, mode), secs in done.items())
+        missing = [mode for (_, mode), v in part["compile s"].items() if pd.isna(v)]
+        out.append(f"- {size}: {order}" + (f"; {', '.join(missing)} not measured" if missing else "") + ".")
+    return "\n".join(out)
+
+
+def scores_bytes(cfg: InspectConfig, itemsize: int = 4) -> int:
+    """One attention-scores array ``[b, a, s, s]`` per chip: the sequences of one chip (the batch over the batch
+    axes) x the heads it holds (over the tensor axis) x s² x ``itemsize`` (fp32: HF's eager softmax)."""
+    hf = cfg.hf_config()
+    heads = getattr(hf, "num_attention_heads", None) or hf.n_head
+    t = cfg.mesh_dict[cfg.tensor] if cfg.tensor else 1
+    return (cfg.batch // cfg.batch_degree) * (heads // t) * cfg.seq**2 * itemsize
 
 
 # ------------------------------------------------------------------------------------------------ your model
@@ -251,11 +287,13 @@ def matching(results: Mapping[str, InspectResult], cfg: InspectConfig) -> str | 
 
 def your_run(cfg: InspectConfig, results: Mapping[str, InspectResult], live: bool
              ) -> tuple[InspectResult | None, str, bool]:
-    """Your configuration: ``(result, where it comes from, compiled now)`` — a cached row, compiled now (``live``),
-    or no result (the planner's prediction and the layout's arithmetic stand in: :func:`plan_frame`)."""
+    """Your configuration: ``(result, where it comes from, compiled now)`` — a row of ``results`` (cached, or compiled
+    in this run when ``live``), compiled now (``live``), or no result (the planner's prediction and the layout's
+    arithmetic stand in: :func:`plan_frame`)."""
     key = matching(results, cfg)
-    if key is not None and not live:
-        return results[key], f"your configuration is the cached row {key!r}", False
+    if key is not None:
+        return results[key], f"your configuration is the row {key!r} above ({'compiled now' if live else 'cached'})", \
+            live
     if live:
         return run_live(cfg), "compiled now", True
     return None, ("your configuration is not among the cached runs: full_size=True compiles it (minutes); below, "
