@@ -74,6 +74,7 @@ class CompileResult:
     temp_bytes: int | None = None  # the HBM temporaries the capacity check counts (TpuMemory.checked_temp)
     temp_size_bytes: int | None = None  # XLA's temp_size_in_bytes (more; not what the check counts)
     peak_bytes: int | None = None  # arguments + outputs + temporaries, live at once
+    alias_bytes: int | None = None  # outputs written into donated argument buffers
     capacity_bytes: int | None = None
     message: str = ""  # the compiler's first line when it ran out of memory
     largest: list[tuple[int, str, str]] = field(default_factory=list)  # (bytes, shape, XLA label)
@@ -92,7 +93,7 @@ class CompileResult:
             m = c.memory
             res.capacity_bytes = m.capacity
             res.argument_bytes, res.output_bytes, res.temp_bytes = m.argument, m.output, m.checked_temp
-            res.temp_size_bytes, res.peak_bytes = m.temp, m.peak
+            res.temp_size_bytes, res.peak_bytes, res.alias_bytes = m.temp, m.peak, m.alias
         elif c.oom is not None:
             o = c.oom
             res.message = o.first_line
