@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from shardlab.tp import vocab_range
-from shardlab.tp.programs import formula_and_ledger
+from shardlab.tp.case import explore
 from shardlab.viz import tp as vtp
 
 
@@ -42,7 +42,7 @@ def test_explorer_headless_update_and_bad_input() -> None:
 
 
 def test_figures_build() -> None:
-    res = formula_and_ledger("embedding_ce", tp=4, batch=1, seq=4, hidden=8, heads=2, vocab=53)
+    res = explore("embedding_ce", tp=4, batch=1, seq=4, hidden=8, heads=2, vocab=53)
     assert [e.seq for e in res["ledger_obj"]] == list(range(4))  # embedding g + CE max/target/sumexp
     fig = vtp.ledger_timeline(res["ledger_obj"])
     assert sum(len(t.x) for t in fig.data) == 4

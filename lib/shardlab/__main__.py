@@ -24,13 +24,20 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from shardlab.hosted import badge_table
+from shardlab.inspect.cli import add_parser as add_inspect
+from shardlab.inspect.cli import main as inspect_main
+from shardlab.report.baseline import BaselineError
 from shardlab.report.datatypes import EXIT_FAILED, EXIT_OK, EXIT_RUNNER, ROOT
 from shardlab.report.execute import hide_slow_modules
+from shardlab.report.notebooks import ReportInputError, find_notebooks, parse_value, resolve_name
+from shardlab.runtime import tpu_present
+
+# report.runner / sweep / charts are imported in the commands that use them, after main() has called
+# hide_slow_modules(): the runner imports nbformat, 3.7 s slower before it (execute.py), and sweep imports pandas.
 
 
 def _params(pairs: list[list[str]] | None, single: bool) -> dict[str, Any]:
-    from shardlab.report.notebooks import ReportInputError, parse_value
-
     out: dict[str, Any] = {}
     for pair in pairs or []:
         name, values = pair[0], [parse_value(v) for v in pair[1:]]
@@ -95,9 +102,6 @@ def build_parser() -> argparse.ArgumentParser:
     bp = sub.add_parser("badges", help="print the README's Open-in-Colab / Open-in-Kaggle table")
     bp.add_argument("--repo", required=True, help="owner/name of the public GitHub repository")
     bp.add_argument("--branch", default="main")
-
-    from shardlab.inspect.cli import add_parser as add_inspect
-
     add_inspect(sub)
     return ap
 
@@ -107,8 +111,6 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     device = args.device
     if device == "auto":
-        from shardlab.runtime import tpu_present
-
         device = "tpu" if tpu_present() else "cpu"
     opts = ReportOptions(num_devices=args.num_devices, device=device, out=args.out, only=args.only,
                          params=_params(args.param, single=True),
@@ -133,7 +135,6 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from shardlab.report.charts import charts, write_charts
-    from shardlab.report.notebooks import find_notebooks, resolve_name
     from shardlab.report.sweep import match_names, run_sweep
 
     nb_dir = args.notebooks_dir or ROOT / "notebooks"
@@ -159,9 +160,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_badges(args: argparse.Namespace) -> int:
-    from shardlab.hosted import badge_table
-    from shardlab.report.notebooks import ReportInputError, find_notebooks
-
     try:
         print(badge_table(find_notebooks(ROOT / "notebooks"), args.repo, args.branch))
     except ValueError as exc:
@@ -173,12 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     hide_slow_modules()                             # 3.7 s of nbformat's import; see execute.py
     args = build_parser().parse_args(argv)
     if args.command == "inspect":  # its own exit status: 0 fits, 1 does not fit, 2 bad input
-        from shardlab.inspect.cli import main as inspect_main
-
         return inspect_main(args)
-    from shardlab.report.baseline import BaselineError
-    from shardlab.report.notebooks import ReportInputError
-
     try:
         commands = {"report": cmd_report, "sweep": cmd_sweep, "badges": cmd_badges}
         return commands[args.command](args)

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 import torch_xla.distributed.spmd as xs  # tp.case is imported after runtime.setup() (the notebooks' order)
 from torch_xla.core.xla_builder import create_placeholder_tensor
 
-from shardlab import models, runtime
+from shardlab import harness, models, runtime
 from shardlab.blocks import ring
 from shardlab.case import Case, Checks, Program
 from shardlab.comm import DistributedWorld, Ledger
@@ -683,3 +683,30 @@ def ce_table_views(vocab_parallel: list[View], gather: list[View], p: VocabParam
         out.append(view)
     return out
 
+
+def explore(kind: str, tp: int, batch: int, seq: int, hidden: int, heads: int, vocab: int) -> dict[str, Any]:
+    """Formula vs ledger of one small configuration (forward + backward; ffn = 4·hidden) for notebooks 02-04's
+    explorers: ``kind`` "mlp", "attention" or "embedding_ce" (the embedding, then the vocab-parallel loss) through
+    ``harness.ledger`` and ``harness.formula``, counts and payload bytes summed: ``{"formula", "ledger": {"count",
+    "bytes"}, "ledger_obj"}`` (+ ``"gathered_bytes"``, the gathered logits' payload, for embedding_ce)."""
+    sizes = dict(tp=tp, batch=batch, seq=seq, hidden=hidden)
+    if kind == "mlp":
+        cases: list[TpCase] = [MlpCase(MlpParams(**sizes, ffn=4 * hidden))]
+    elif kind == "attention":
+        cases = [AttentionCase(AttentionParams(**sizes, heads=heads, ffn=4 * hidden))]
+    elif kind == "embedding_ce":
+        cases = [EmbeddingCase(VocabParams(**sizes, vocab=vocab), backward=True),
+                 CrossEntropyCase(VocabParams(**sizes, vocab=vocab))]
+    else:
+        raise ValueError(f"kind={kind!r} is not one of 'mlp', 'attention', 'embedding_ce'")
+    ledgers = [harness.ledger(c) for c in cases]
+    led = Ledger([replace(e, seq=i) for i, e in enumerate(e for v in ledgers for e in v.detail["ledger"])])
+
+    def total(views: list[View]) -> dict[str, int]:
+        return {q: sum(x for v in views for n, x in v.values.items() if n.endswith(f".{q}"))
+                for q in ("count", "bytes")}
+
+    res = {"formula": total([harness.formula(c) for c in cases]), "ledger": total(ledgers), "ledger_obj": led}
+    if kind == "embedding_ce":
+        res["gathered_bytes"] = ftp.gathered_logits(batch, seq, vocab, tp)["bytes"]
+    return res

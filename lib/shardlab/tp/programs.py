@@ -14,21 +14,16 @@ counterpart of `formulas.activations`.
 
     results = SimulatedWorld(4).run(mlp_step, dense_mlp, x, target)
     results[r]["out"], results[r]["grad_x"], results[r]["grads"]["fc1.weight"]   # rank r's slice
-
-`formula_and_ledger(kind, ...)` runs one small configuration in a SimulatedWorld next to its formula (what the
-notebooks' explorers show).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import torch
 
 from shardlab import models
-from shardlab.comm import Comm, Ledger, SimulatedWorld
-from shardlab.formulas import tp as ftp
+from shardlab.comm import Comm
 from shardlab.tp.cross_entropy import gathered_cross_entropy, vocab_parallel_cross_entropy
 from shardlab.tp.layers import (
     ParallelAttention,
@@ -155,39 +150,3 @@ def ce_step(
         loss.sum().backward()
     return {"loss": loss.detach(), "grad_logits": local.grad, "range": (start, end)}
 
-
-def formula_and_ledger(
-    kind: str, tp: int, batch: int, seq: int, hidden: int, heads: int, vocab: int, seed: int = 0
-) -> dict[str, Any]:
-    """Formula vs ledger of one small config (forward + backward) for the explorers: `kind` is "mlp",
-    "attention" or "embedding_ce".  Returns {"formula", "ledger": {"count", "bytes"}, "ledger_obj"} (+
-    "gathered_bytes" for embedding_ce).  Raises ValueError on bad sizes."""
-    torch.manual_seed(seed)
-    x, target = torch.randn(batch, seq, hidden), torch.randn(batch, seq, hidden)
-    world = SimulatedWorld(tp)
-    if kind == "mlp":
-        world.run(mlp_step, models.MLP(hidden, 4 * hidden), x, target)
-        f = ftp.mlp_all_reduce(batch, seq, hidden, tp, backward=True)
-    elif kind == "attention":
-        world.run(attention_step, models.Attention(hidden, heads), x, target)
-        f = ftp.attention_all_reduce(batch, seq, hidden, tp, backward=True)
-    elif kind == "embedding_ce":
-        ids = torch.randint(0, vocab, (batch, seq))
-        world.run(embedding_step, torch.nn.Embedding(vocab, hidden), ids, target)
-        e = ftp.embedding_all_reduce(batch, seq, hidden, tp)
-        emb_ledger = world.ledger
-        world.run(ce_step, torch.randn(batch, seq, vocab), ids)
-        c = ftp.vocab_parallel_ce(batch, seq, tp)
-        f = {"count": e["count"] + c["count"], "bytes": e["bytes"] + c["bytes"]}
-        ledger = Ledger([replace(e, seq=i) for i, e in enumerate(emb_ledger.entries + world.ledger.entries)])
-        gathered = ftp.gathered_logits(batch, seq, vocab, tp)["bytes"]
-        return {
-            "formula": f,
-            "ledger": {"count": ledger.count(), "bytes": ledger.payload_bytes()},
-            "gathered_bytes": gathered,
-            "ledger_obj": ledger,
-        }
-    else:
-        raise ValueError(f"kind={kind!r} is not one of 'mlp', 'attention', 'embedding_ce'")
-    led = world.ledger
-    return {"formula": f, "ledger": {"count": led.count(), "bytes": led.payload_bytes()}, "ledger_obj": led}

@@ -9,8 +9,8 @@ Design note
   bars in program order (height = payload bytes, colour = forward / backward).
 - `saving_ratio_figure(vocabs, tps)`: gathered logits over vocab-parallel CE, wire and payload conventions.
 - `explorer(kind, ...)`: sliders (tp, batch, seq, hidden, heads, vocab); `update(**overrides)` asks
-  `shardlab.tp.programs.formula_and_ledger` for the formula and a SimulatedWorld ledger of the small config and
-  draws them (this package only draws).
+  `shardlab.tp.case.explore` for the formula and the ledger of the small config and draws them (this package only
+  draws).
   Bad combinations are shown as a message, not raised; `update` returns what it showed, so a headless run
   exercises the code path.
 """
@@ -20,12 +20,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import ipywidgets as widgets
 import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from shardlab.comm import Ledger
 from shardlab.formulas import tp as ftp
+from shardlab.tp.case import explore
 from shardlab.tp.layers import vocab_range
-from shardlab.tp.programs import formula_and_ledger
 from shardlab.viz.common import device_color, discrete_colorscale
 
 Panel = tuple[str, np.ndarray]  # (title, owner id per cell)
@@ -63,10 +67,7 @@ def embedding_panels(vocab: int, hidden: int, tp: int, tokens: int = 16, max_row
             (f"logits [b·s, V={vocab}]: columns", np.tile(rows, (tokens, 1)))]
 
 
-def ownership_figure(panels: list[Panel], tp: int, title: str = ""):
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
+def ownership_figure(panels: list[Panel], tp: int, title: str = "") -> go.Figure:
     fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[t for t, _ in panels])
     for i, (_, owner) in enumerate(panels, start=1):
         fig.add_trace(
@@ -87,14 +88,12 @@ def ownership_figure(panels: list[Panel], tp: int, title: str = ""):
     return fig
 
 
-def ledger_frame(ledger: Ledger):
+def ledger_frame(ledger: Ledger) -> pd.DataFrame:
     cols = ["seq", "phase", "op", "tag", "reduce_op", "group_size", "dtype", "shape", "payload_bytes", "wire_bytes"]
     return ledger.to_frame()[cols]
 
 
-def ledger_timeline(ledger: Ledger, title: str = "collectives in program order"):
-    import plotly.graph_objects as go
-
+def ledger_timeline(ledger: Ledger, title: str = "collectives in program order") -> go.Figure:
     colors = {"forward": device_color(0), "backward": device_color(1)}
     fig = go.Figure()
     for phase in ("forward", "backward"):
@@ -115,11 +114,9 @@ def ledger_timeline(ledger: Ledger, title: str = "collectives in program order")
     return fig
 
 
-def saving_ratio_figure(vocabs: list[int], tps: list[int], label_smoothing: float = 0.0):
+def saving_ratio_figure(vocabs: list[int], tps: list[int], label_smoothing: float = 0.0) -> go.Figure:
     """Gathered logits / vocab-parallel CE per tp, in both conventions: wire bytes per rank (solid, the saving:
     ~V/6 at every tp) and payload per rank (dashed: one shard over the [b, s] inputs, shrinking with tp)."""
-    import plotly.graph_objects as go
-
     fig = go.Figure()
     for tp in tps:
         for conv, fn, dash in (("wire", ftp.ce_wire_ratio, "solid"), ("payload", ftp.ce_payload_ratio, "dash")):
@@ -145,10 +142,8 @@ def saving_ratio_figure(vocabs: list[int], tps: list[int], label_smoothing: floa
 
 def explorer(
     kind: str, tp: int = 2, batch: int = 2, seq: int = 8, hidden: int = 16, heads: int = 4, vocab: int = 50
-) -> tuple[Any, Callable[..., dict[str, Any]]]:
+) -> tuple[widgets.VBox, Callable[..., dict[str, Any]]]:
     """Sliders for (tp, batch, seq, hidden, heads, vocab); returns (ui, update)."""
-    import ipywidgets as widgets
-
     sliders = {
         "tp": widgets.IntSlider(value=tp, min=1, max=8, description="tp"),
         "batch": widgets.IntSlider(value=batch, min=1, max=8, description="batch"),
@@ -164,7 +159,7 @@ def explorer(
     def update(**kw: Any) -> dict[str, Any]:
         args = {name: kw.get(name, s.value) for name, s in sliders.items()}
         try:
-            res = formula_and_ledger(kind, **args)
+            res = explore(kind, **args)
         except Exception as e:  # noqa: BLE001 — a bad combination is shown, not raised
             msg = str(e.__cause__ or e)
             status.value = f"<b style='color:#c00'>{msg}</b>"
