@@ -17,7 +17,7 @@ import torch
 from plotly.subplots import make_subplots
 
 from shardlab import blocks
-from shardlab.viz.common import REPLICATED, device_color
+from shardlab.viz.common import REPLICATED, device_color, finish_grid
 
 KINDS = ("column", "row", "grid")
 
@@ -45,7 +45,7 @@ def owners(m: int, k: int, n: int, parts: int, kind: str) -> dict[str, list[list
     return {"x": blocks.owner_map(m, k, pr, pc), "W": blocks.owner_map(k, n, pc, 1), "y": y}
 
 
-def split_figure(m: int, k: int, n: int, parts: int, kind: str) -> Any:
+def split_figure(m: int, k: int, n: int, parts: int, kind: str) -> go.Figure:
     """Three heatmaps: x (m×k), W (k×n), y (m×n), coloured by owning device."""
     own = owners(m, k, n, parts, kind)
     notes = {
@@ -65,12 +65,7 @@ def split_figure(m: int, k: int, n: int, parts: int, kind: str) -> Any:
         fig.add_trace(go.Heatmap(z=z, zmin=-1, zmax=n_dev - 1, colorscale=scale, showscale=False, text=text,
                                  hovertemplate=f"{name}[%{{y}}, %{{x}}]: %{{text}}<extra></extra>", xgap=1, ygap=1),
                       row=1, col=col)
-        fig.update_yaxes(autorange="reversed", showticklabels=False, row=1, col=col)
-        fig.update_xaxes(showticklabels=False, row=1, col=col)
-    fig.update_annotations(font_size=12)
-    fig.update_layout(height=340, margin={"l": 10, "r": 10, "t": 90, "b": 10},
-                      title=f"{kind} split over {parts} devices: x {m}×{k} @ W {k}×{n}")
-    return fig
+    return finish_grid(fig, f"{kind} split over {parts} devices: x {m}×{k} @ W {k}×{n}", 340, 12)
 
 
 def block_check(m: int, k: int, n: int, parts: int, kind: str, seed: int = 0) -> float:
@@ -88,7 +83,7 @@ def block_check(m: int, k: int, n: int, parts: int, kind: str, seed: int = 0) ->
 
 
 def explorer(m: int = 8, k: int = 16, n: int = 12, parts: int = 4, kind: str = "row"
-             ) -> tuple[Any, Callable[..., dict[str, Any]]]:
+             ) -> tuple[widgets.VBox, Callable[..., dict[str, Any]]]:
     """Sliders for (m, k, n, parts, kind); returns ``(ui, update)``; ``update`` returns what it showed."""
     sliders = {
         "m": widgets.IntSlider(value=m, min=1, max=32, description="m (rows of x)"),

@@ -21,7 +21,7 @@ from plotly.subplots import make_subplots
 from shardlab.blocks import rank_arithmetic, tiles
 from shardlab.blocks.ring import RingTrace
 from shardlab.formulas.common import ceil_div
-from shardlab.viz.common import REPLICATED, device_color
+from shardlab.viz.common import REPLICATED, device_color, finish_grid
 
 SUM = "#444444"  # a value summed over every rank
 EMPTY = "#FFFFFF"
@@ -42,7 +42,7 @@ def _cells(values: list[list[float | None]], colours: list[list[str]]) -> dict[s
                 xgap=2, ygap=2, hoverinfo="skip")
 
 
-def before_after(world_size: int = 4) -> Any:
+def before_after(world_size: int = 4) -> go.Figure:
     """Three rows (all-reduce, reduce-scatter, all-gather) × (before, after): a row per rank, a cell per element."""
     w = world_size
     ops = ("all_reduce", "reduce_scatter", "all_gather")
@@ -80,7 +80,7 @@ def before_after(world_size: int = 4) -> Any:
     return fig
 
 
-def ring_figure(trace: RingTrace) -> Any:
+def ring_figure(trace: RingTrace) -> go.Figure:
     """One panel per step of a ring collective: ranks × chunks, coloured by contributions held."""
     w, steps = trace.world_size, trace.steps
     cols = min(steps + 1, 4) if steps else 1
@@ -126,7 +126,7 @@ def _mix(k: int, w: int) -> str:
     return f"#{r:02X}{g:02X}{b:02X}"
 
 
-def tiles_figure(strings: Mapping[str, str], shape: tuple[int, int], num_devices: int) -> Any:
+def tiles_figure(strings: Mapping[str, str], shape: tuple[int, int], num_devices: int) -> go.Figure:
     """One panel per sharding string of a 2-D tensor of ``shape``: each element coloured by its first device,
     labelled with every device that holds it (grey when every device does)."""
     fig = make_subplots(rows=1, cols=len(strings), subplot_titles=[f"{k}<br>{v}" for k, v in strings.items()],
@@ -139,9 +139,4 @@ def tiles_figure(strings: Mapping[str, str], shape: tuple[int, int], num_devices
         args["text"] = [[",".join(map(str, d)) if len(d) < num_devices or num_devices == 1 else "all" for d in row]
                         for row in own]
         fig.add_trace(go.Heatmap(**args, textfont={"size": 9, "color": "white"}), row=1, col=col)
-        fig.update_yaxes(autorange="reversed", showticklabels=False, row=1, col=col)
-        fig.update_xaxes(showticklabels=False, row=1, col=col)
-    fig.update_annotations(font_size=10)
-    fig.update_layout(height=330, margin={"l": 10, "r": 10, "t": 90, "b": 10},
-                      title=f"a {shape[0]}×{shape[1]} tensor: which devices hold each element")
-    return fig
+    return finish_grid(fig, f"a {shape[0]}×{shape[1]} tensor: which devices hold each element", 330, 10)

@@ -6,6 +6,8 @@ drawn in the colour of the device that holds them with a dashed outline.
 
 from __future__ import annotations
 
+import plotly.graph_objects as go
+
 # Plotly's "Dark24"-like qualitative palette, first 16 entries fixed so device colours never change.
 PALETTE = (
     "#2E91E5", "#E15F99", "#1CA71C", "#FB0D0D", "#DA16FF", "#B68100", "#750D86", "#EB663B",
@@ -31,3 +33,11 @@ def discrete_colorscale(n: int) -> list[list[object]]:
         lo, hi = d / n, (d + 1) / n
         scale += [[lo, device_color(d)], [hi, device_color(d)]]
     return scale
+
+
+def finish_grid(fig: go.Figure, title: str, height: int, font_size: int) -> go.Figure:
+    """Heatmap panels drawn as grids: rows top-down, no tick labels, titles at ``font_size``, compact margins."""
+    fig.update_yaxes(autorange="reversed", showticklabels=False)
+    fig.update_xaxes(showticklabels=False)
+    fig.update_annotations(font_size=font_size)
+    return fig.update_layout(height=height, margin={"l": 10, "r": 10, "t": 90, "b": 10}, title=title)
