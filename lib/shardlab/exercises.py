@@ -44,6 +44,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from shardlab.answer_keys import load_key
+from shardlab.profile.record import Recorder
 from shardlab.solutions import SOLUTIONS, Solution
 
 __all__ = ["Exercises", "Solution", "load_key", "matches"]
@@ -66,7 +67,7 @@ def matches(answer: Any, expected: Any, rel_tol: float = 0.0) -> bool:
 class Exercises:
     """The grader of one notebook's exercises. ``answers``: the answer key a test or the report injected."""
 
-    def __init__(self, notebook: str, rec: Any = None, answers: Mapping[str, Any] | None = None,
+    def __init__(self, notebook: str, rec: Recorder | None = None, answers: Mapping[str, Any] | None = None,
                  solutions: Mapping[str, Mapping[int, Solution]] | None = None) -> None:
         solutions = SOLUTIONS if solutions is None else solutions
         if notebook not in solutions:

@@ -6,17 +6,10 @@ ledger, CPU compiler, TPU compiler); :mod:`shardlab.blocks.ring` runs the ring s
 step; :mod:`shardlab.blocks.tiles` predicts and reads XLA's sharding strings (which device holds which block).
 
 Notation (00_welcome): x is m×k, W is k×n, y = xW; ``A[I_X, J_Y]`` means A's rows split over mesh axis X
-and columns over Y; ``{U_X}`` marks a partial sum still to be reduced over X.
-
-- :func:`column_parallel` — ``W = [W_1 … W_p]`` (``W[K, N_X]``): ``y = [xW_1 … xW_p]``; pieces are
-  concatenated, nothing is summed.
-- :func:`row_parallel` — ``W = [W_1; …; W_p]`` (``W[K_X, N]``) with ``x = [x_1 … x_p]`` (``x[M, K_X]``):
-  ``y = Σ_i x_i W_i``; each piece is a full m×n partial sum ``y{U_X}``.
-- :func:`grid_parallel` — SUMMA-style 2-D grid: x in (p_r × q) blocks, W in (q × p_c) blocks,
-  ``Y_ij = Σ_l x_il W_lj``.
-- :func:`col_rank` / :func:`row_rank` — what rank r of p runs for the column / row split (``fn(comm, x, W)``,
-  the ledger's per-rank program); :func:`collective_rank` hands one rank's tensor to one collective, and
-  :func:`rank_arithmetic` shows what each collective returns on rank-arithmetic data (rank r holds r + 1).
+and columns over Y; ``{U_X}`` marks a partial sum still to be reduced over X. The column split is ``W[K, N_X]``
+(pieces concatenated, nothing summed), the row split ``x[M, K_X]`` · ``W[K_X, N]`` (each piece a full m×n
+partial sum ``y{U_X}``), the grid SUMMA-style (``Y_ij = Σ_l x_il W_lj``); ``col_rank`` / ``row_rank`` are what
+rank r runs for the first two (the ledger's per-rank programs).
 
 Uneven splits follow one rule everywhere (``numpy.array_split``): n rows into p parts gives the first
 ``n mod p`` parts one extra row, so sizes differ by at most one and are non-increasing; p > n is an error

@@ -2,15 +2,11 @@
 
 Design
 ------
-Each case holds its notebook's parameters ``p`` (:mod:`shardlab.params`: ``MlpParams`` for 02,
-``AttentionParams`` for 03, ``VocabParams`` for 04) and the variant it shows; :mod:`shardlab.harness` runs it
-through the four views::
-
-    MlpCase(p, backward, sequence_parallel)  Z = gelu(X A) B, A column-, B row-parallel (02; 03's layer MLP)
-    AttentionCase(p, backward)              heads split: fused QKV column-parallel, output row-parallel (03)
-    LayerCase(p, backward)                  pre-LayerNorm layer: attention + MLP, LayerNorms replicated (03)
-    EmbeddingCase(p, backward)              vocab rows split by `vocab_range` (uneven V allowed) (04)
-    CrossEntropyCase(p, method, ...)        vocab-sharded logits; "vocab_parallel" reductions or "gather" (04)
+Each case holds its notebook's parameters ``p`` (:mod:`shardlab.params`: ``MlpParams`` for 02 — ``MlpCase``,
+``AttentionParams`` for 03 — ``AttentionCase``, ``LayerCase``, ``VocabParams`` for 04 — ``EmbeddingCase``,
+``TiedOutputCase``, ``CrossEntropyCase``) and the variant it shows; :mod:`shardlab.harness` runs it through the
+four views. A :class:`TpCase` subclass mostly names things: its dense module, per-rank step, formula and GSPMD
+annotation, and which slice of the dense gradients each rank must hold.
 
 Values are named ``<phase>.<op>.{count,bytes,elements}`` (phase ``fwd`` / ``fwd_bwd``); the cross-entropy's
 ``<key>.{count,bytes,elements,wire_bytes,largest_array.elements}`` with key vocab_parallel / gather_logits
