@@ -48,7 +48,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from types import SimpleNamespace
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
 import pandas as pd
 import torch
@@ -740,28 +740,6 @@ def shard_as_demo(p: ScanParams) -> ShardAsDemo | None:
 
 
 # ------------------------------------------------------------------------------------------ trace transfers
-class Transfers(NamedTuple):
-    """Trace transfers (:class:`shardlab.xla_scan.measure.TraceTransfers`) of one step, each way."""
-
-    loop: X.TraceTransfers  # the Python loop, placeholders on
-    scan: X.TraceTransfers  # scan, placeholders on
-    no_placeholder: X.TraceTransfers  # scan without placeholders (the pre-fix trace)
-    growth: dict[int, X.TraceTransfers]  # hidden -> scan without placeholders at that width (F = 4·h)
-
-
-def transfers(p: ScanParams, layers: int) -> Transfers | None:
-    """Host→device traffic of tracing one step: loop and scan (placeholders), scan without placeholders at
-    ``p.hidden`` and at each of ``p.placeholder_hiddens`` (F = 4·h). None when the mesh does not tile here."""
-    if mesh_problem(p, runtime.current().num_devices):
-        return None
-    loop, scan = X.trace_transfers(p, layers, "loop", True), X.trace_transfers(p, layers, "scan", True)
-    off = X.trace_transfers(p, layers, "scan", False, warm=False)  # scan's graph again: constants cached already
-    growth = {h: (off if (h, 4 * h) == (p.hidden, p.ffn)
-                  else X.trace_transfers(replace(p, hidden=h, ffn=4 * h), layers, "scan", False))
-              for h in sorted(set(p.placeholder_hiddens))}
-    return Transfers(loop, scan, off, growth)
-
-
 def placeholder_demo(rec: Recorder) -> str:
     """A 64 GiB placeholder: made without memory, lowered to an HLO parameter (never executed: that would crash
     torch_xla 2.9), read with a clear error — each checked; returns what was seen."""
@@ -781,32 +759,33 @@ def placeholder_demo(rec: Recorder) -> str:
 
 
 def record_trace(rec: Recorder, p: ScanParams) -> pd.DataFrame | None:
-    """:func:`transfers` at L = ``p.layers`` recorded (:func:`record_transfers`), or a skip recorded when the mesh
+    """Host→device traffic of tracing one step at L = ``p.layers`` (``placeholder.trace.*``, source metrics): loop
+    and scan with placeholders, scan without them at ``p.hidden`` and at each of ``p.placeholder_hiddens``
+    (F = 4·h), against the formula; a DataFrame of the growth with hidden, or None (a skip recorded) when the mesh
     does not tile this process."""
-    tt = transfers(p, p.layers)
-    if tt is None:
-        harness.record(rec, "placeholder.trace", View.skip("metrics", mesh_problem(p, runtime.current().num_devices)
-                                                           or ""))
+    devices, L = runtime.current().num_devices, p.layers
+    why = mesh_problem(p, devices)
+    if why:
+        harness.record(rec, "placeholder.trace", View.skip("metrics", why))
         return None
-    return record_transfers(rec, p, tt)
-
-
-def record_transfers(rec: Recorder, p: ScanParams, tt: Transfers) -> pd.DataFrame:
-    """Record the trace transfers against the formula; a DataFrame of the growth with hidden."""
-    devices = runtime.current().num_devices
-    metrics = View("metrics", checks={"zero": (tt.scan.h2d_bytes == 0 and tt.loop.h2d_bytes == 0,
-                                               f"scan {tt.scan.h2d_bytes} B, loop {tt.loop.h2d_bytes} B")})
+    runs = {"loop": X.trace_transfers(p, L, "loop", True), "scan": X.trace_transfers(p, L, "scan", True),
+            "no_placeholder": X.trace_transfers(p, L, "scan", False, warm=False)}  # scan again: constants cached
+    metrics = View("metrics", checks={"zero": (runs["scan"].h2d_bytes == 0 and runs["loop"].h2d_bytes == 0,
+                                               f"scan {runs['scan'].h2d_bytes} B, loop {runs['loop'].h2d_bytes} B")})
     formula = View("formula")
-    for k in ("loop", "scan", "no_placeholder"):
-        metrics.add(f"h2d.bytes.{k}", getattr(tt, k).h2d_bytes, "B")
-        metrics.add(f"ir_to_data.count.{k}", getattr(tt, k).ir_value_to_data, "tensors")
+    for k, t in runs.items():
+        metrics.add(f"h2d.bytes.{k}", t.h2d_bytes, "B")
+        metrics.add(f"ir_to_data.count.{k}", t.ir_value_to_data, "tensors")
     want = FS.block_trace_transfer(p.batch, p.seq, p.hidden, p.ffn, devices=devices, placeholders=False)
+    off = runs["no_placeholder"]
     for v, (nbytes, count) in ((formula, (want.total_bytes, want.transfers)),
-                               (metrics, (tt.no_placeholder.h2d_bytes, tt.no_placeholder.h2d_count))):
+                               (metrics, (off.h2d_bytes, off.h2d_count))):
         v.add("h2d.bytes.no_placeholder.model", nbytes, "B")
         v.add("h2d.count.no_placeholder", count, "transfers")
     rows = []
-    for h, t in tt.growth.items():
+    for h in sorted(set(p.placeholder_hiddens)):
+        t = off if (h, 4 * h) == (p.hidden, p.ffn) else X.trace_transfers(replace(p, hidden=h, ffn=4 * h), L, "scan",
+                                                                           False)
         f_off = FS.block_trace_transfer(p.batch, p.seq, h, 4 * h, devices=devices, placeholders=False).total_bytes
         formula.add(f"h2d.bytes.no_placeholder.H{h}", f_off, "B")
         metrics.add(f"h2d.bytes.no_placeholder.H{h}", t.h2d_bytes, "B")

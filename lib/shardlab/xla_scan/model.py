@@ -7,7 +7,7 @@ One block is the MLP half of a decoder layer with a residual::
     y = x + gelu(x · W_up) · W_down        x: [b, s, h], W_up: [h, F], W_down: [F, h]
 
 Matmuls are written as ``einsum`` so a [b, s, h] activation keeps its leading-dim sharding (``nn.Linear``
-flattens to a 2-D dot; see ``views.linear_trap``).
+flattens to a 2-D dot; see ``case.linear_trap``).
 
 Three ways to run L of them (the *loop is the oracle*):
 
