@@ -13,9 +13,13 @@ full-size rows.
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
+
+MODELS = Path(__file__).resolve().parent.parent / "data" / "models"
 
 LLAMA_8B = 8_030_261_248  # parameters (hand count: 32 x 218,112,000 + 2 x 128256 x 4096 + 4096)
 
@@ -104,9 +108,11 @@ def test_notebook_12_defaults(run_notebook) -> None:  # type: ignore[no-untyped-
 
 @pytest.mark.notebook
 def test_notebook_12_four_devices_gpt2_with_a_rule(run_notebook) -> None:  # type: ignore[no-untyped-def]
-    """GPT-2 on four devices: the live run in this process (v5e-4, fsdp 2 x tensor 2), the learner's rule on the
-    position embedding compiled; the full-size model is not cached: planner and layout only."""
-    params = dict(num_devices=4, model="gpt2", tiny_topology="v5e-4", tiny_mesh="fsdp=2,tensor=2",
+    """GPT-2 given as a dict of its config.json fields, on four devices: the live run in this process (v5e-4, fsdp 2
+    x tensor 2), the learner's rule on the position embedding compiled; the full-size model is not cached: planner
+    and layout only."""
+    config = json.loads((MODELS / "gpt2.json").read_text())
+    params = dict(num_devices=4, model=config, tiny_topology="v5e-4", tiny_mesh="fsdp=2,tensor=2",
                   rules={r"wpe\.weight$": [None, "tensor"]}, topology="v6e-8", mesh="fsdp=4,tensor=2", seq=1024)
     record = run_notebook("12_your_model", **params)
     by = _by(record)

@@ -141,7 +141,9 @@ nb.summary_frame(results)
 # it into the result: the compiler's message, its list of the largest allocations with shapes and operators, the
 # memory rows from the message's figures — and the planner's nearest plan that fits (fewest changes to data / fsdp /
 # tensor / recompute on this slice, else the smallest larger slice of the same generation).
-# `python -m shardlab inspect ... --confirm` compiles that plan too.
+# `python -m shardlab inspect ... --confirm` compiles that plan too. Shown from the cache even at tiny widths: a step
+# that does not fit is not a quick compile — XLA:TPU runs its passes before it gives up (25 to 70 s here for a tiny
+# Llama with a 3-million-word vocabulary or 32768 tokens per sequence, against a few seconds for one that fits).
 
 # %%
 oom = next((r for r in results.values() if not r.fits), None)

@@ -78,9 +78,10 @@ class InspectResult:
         return InspectConfig(model_json=json.dumps(self.config["model_config"], sort_keys=True), **d)
 
     def reread(self) -> InspectResult:
-        """The result with the planner's side recomputed by today's planner (its columns, verdict and collective
-        terms; a cached compile keeps the compiler's numbers), and an out-of-memory result's memory rows recomputed
-        from the stored compiler message by today's analysis (a fitting program is not stored)."""
+        """The result with the planner's side recomputed by today's planner (its columns, verdict, collective terms
+        and nearest plan that fits; a cached compile keeps the compiler's numbers), and an out-of-memory result's
+        memory rows recomputed from the stored compiler message by today's analysis (a fitting program is not
+        stored)."""
         from dataclasses import replace
 
         from shardlab.profile.tpu_memory import parse_oom
@@ -96,7 +97,8 @@ class InspectResult:
             rows = [{**r, **A.planner_cell(r["kind"], r["compiler"], plan)} for r in rows]
         program = bool(self.collective_list) or self.fits
         return replace(self, memory=rows, totals=totals, largest=big, planner=planner_summary(plan, self.fits, cfg),
-                       collectives=A.collective_summary(self.collective_list, plan, cfg, program))
+                       collectives=A.collective_summary(self.collective_list, plan, cfg, program),
+                       nearest=self.nearest if self.fits else nearest_summary(A.nearest_fit(cfg)))
 
 
 @dataclass
@@ -116,6 +118,15 @@ def planner_summary(plan: Any, fits: bool, cfg: InspectConfig) -> dict[str, Any]
     return {"fits": plan.fits, "at_risk": plan.at_risk, "verdict": plan.verdict, "memory": dict(plan.memory),
             "total": plan.memory_total, "hbm_bytes": plan.hbm_bytes, "num_params": plan.num_params,
             "degrees": dict(zip(("data", "fsdp", "tensor"), cfg.degrees, strict=True)), "agrees": plan.fits == fits}
+
+
+def nearest_summary(near: Any) -> dict[str, Any] | None:
+    """The planner's nearest plan that fits (a ``Plan`` or None) as the result stores it."""
+    if near is None:
+        return None
+    c = near.config
+    return {"topology": c.topology, "data": c.data, "fsdp": c.fsdp, "tensor": c.tensor, "recompute": c.recompute,
+            "total": near.memory_total, "verdict": near.verdict}
 
 
 def _config_dict(cfg: InspectConfig) -> dict[str, Any]:
@@ -182,10 +193,9 @@ def run(cfg: InspectConfig, progress: Progress | None = None, confirm: bool = Fa
     if not compiled.fits:
         say("searching the planner for the nearest plan that fits")
         near = A.nearest_fit(cfg)
+        result.nearest = nearest_summary(near)
         if near is not None:
             c = near.config
-            result.nearest = {"topology": c.topology, "data": c.data, "fsdp": c.fsdp, "tensor": c.tensor,
-                              "recompute": c.recompute, "total": near.memory_total, "verdict": near.verdict}
             if confirm:
                 mesh = tuple((a, n) for a, n in (("data", c.data), ("fsdp", c.fsdp), ("tensor", c.tensor)) if n > 1)
                 other = with_mesh(cfg, mesh or (("fsdp", 1),), topology=c.topology, recompute=c.recompute)

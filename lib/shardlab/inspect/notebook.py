@@ -10,14 +10,17 @@ records     :func:`record_result`: ``<prefix>.fits`` and ``<prefix>.per_chip.byt
             (source ``formula``) always and from the compiler (``tpu``) when the result was compiled in this run,
             with ``<prefix>.planner_ratio.<kind>`` (compiler / planner), the collectives per mesh axis and the
             compile seconds (a timing). A cached compile is not recorded as a measurement (the notebook notes where
-            it comes from), as notebooks 06 and 07 do. :func:`check_live`: what must hold for every compiled step
+            it comes from), as notebooks 06 and 07 do. :func:`record_plan`: a configuration not compiled (the
+            plan's exact bytes, the planner's terms). :func:`check_live`: what must hold for every compiled step
             (the compiler kept the plan's bytes; AdamW's state is 6x the bf16 weights; the total is arguments +
             temporaries; FSDP gathers on its axis, Megatron all-reduces on its axis).
 tables      :func:`summary_frame` (per family and slice: fits, GiB by kind, the planner's ratio, compile
             seconds), :func:`compare_frame` / :func:`compare_text` (notebook 07's verdicts beside inspect's, the
-            disagreement said with its numbers), :func:`layers_frame` (compile seconds of scan, scan_layers, loop).
+            disagreement said with its numbers), :func:`layers_frame` / :func:`layers_text` (compile seconds of
+            scan, scan_layers, loop), :func:`plan_frame` (no compile: layout and planner), :func:`scores_bytes`.
 inputs      :func:`bad_inputs` (each bad input and what inspect answers, before any trace), :func:`your_run`
-            (your configuration: a cached row, compiled now, or the planner and the layout's arithmetic).
+            (your configuration: a row already there, compiled now, or none), :func:`call_text` (the same run from
+            a script and from the command line).
 explorer    :func:`explorer`: model, slice, mesh, batch, sequence -> inspect's validation and the planner's
             verdict (no compile); a bad combination is shown in the status line, not raised.
 """
@@ -36,6 +39,7 @@ from shardlab.inspect import analysis as A
 from shardlab.inspect.api import InspectResult, run
 from shardlab.inspect.config import LAYER_MODES, InspectConfig, InspectInputError, layout, make_config
 from shardlab.inspect.models import config_dict, num_layers_key, presets, tiny_overrides
+from shardlab.inspect.output import unit_for
 from shardlab.profile.record import Recorder
 from shardlab.profile.tpu import quiet_libtpu
 
@@ -137,14 +141,6 @@ def summary_frame(results: Mapping[str, InspectResult]) -> pd.DataFrame:
             "ratio": None if m["total"]["ratio"] is None else round(m["total"]["ratio"], 3),
             "compile s": round(r.compile_s, 1)})
     return pd.DataFrame(rows).set_index("run")
-
-
-def memory_frame(r: InspectResult) -> pd.DataFrame:
-    """One result's memory rows in GiB: compiler, where the number comes from, planner, ratio."""
-    return pd.DataFrame([{"kind": m["kind"], "compiler GiB": _gib(m["compiler"]), "source": m["source"],
-                          "planner GiB": _gib(m["planner"]),
-                          "ratio": None if m["ratio"] is None else round(m["ratio"], 3)} for m in r.memory]
-                        ).set_index("kind")
 
 
 def compare_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
@@ -317,17 +313,17 @@ def record_plan(rec: Recorder, prefix: str, cfg: InspectConfig) -> None:
 
 def plan_frame(cfg: InspectConfig) -> pd.DataFrame:
     """Per chip without a compile: the layout's arithmetic (parameters, AdamW state, gradients: exact, from the
-    sharded shapes) and the planner's terms, in GiB."""
+    sharded shapes) and the planner's terms, in one unit (GiB, or MiB / KiB for small models)."""
     lay = A.layout_bytes(cfg)
     plan, why = A.planner_for(cfg)
-    rows = [{"term": k, "layout GiB": _gib(lay[k]), "planner GiB": _gib(plan.memory[k]) if plan else None}
-            for k in ("params", "optimizer", "grads")]
-    rows += [{"term": k, "layout GiB": None, "planner GiB": _gib(v)} for k, v in (plan.memory.items() if plan else [])
-             if k not in ("params", "optimizer", "grads")]
-    rows.append({"term": "total", "layout GiB": None, "planner GiB": _gib(plan.memory_total) if plan else None})
-    frame = pd.DataFrame(rows).set_index("term")
+    terms = dict(plan.memory) if plan else {}
+    name, div = unit_for(*lay.values(), *terms.values())
+    rows = [{"term": k, f"layout {name}": lay.get(k), f"planner {name}": terms.get(k)}
+            for k in ("params", "optimizer", "grads", *(t for t in terms if t not in ("params", "optimizer", "grads")))]
+    rows.append({"term": "total", f"layout {name}": None, f"planner {name}": plan.memory_total if plan else None})
+    frame = pd.DataFrame(rows).set_index("term").astype(float) / div
     frame.attrs["verdict"] = plan.verdict if plan else why
-    return frame
+    return frame.round(3)
 
 
 # ------------------------------------------------------------------------------------------------ bad inputs
@@ -376,7 +372,8 @@ def bad_inputs() -> pd.DataFrame:
 
 
 # -------------------------------------------------------------------------------------------------- explorer
-SLICES = ("v5e-8", "v5e-16", "v5e-64", "v6e-8", "v6e-16", "v6e-64", "v6e-256")
+SLICES = ("v5e-8", "v5e-16", "v5e-64", "v6e-8", "v6e-16", "v6e-64", "v6e-256")  # the explorer's choices
+FSDP, TENSOR, SEQS = (1, 2, 4, 8, 16, 32, 64, 128, 256), (1, 2, 3, 4, 8), (1024, 2048, 4096, 8192, 16384, 32768)
 
 
 def explore(model: str, topology: str, fsdp: int, tensor: int, batch: int, seq: int, recompute: str
@@ -407,14 +404,12 @@ def explorer_from(cfg: InspectConfig) -> tuple[Any, Callable[..., dict[str, Any]
     return explorer(**kw)
 
 
-FSDP, TENSOR, SEQS = (1, 2, 4, 8, 16, 32, 64, 128, 256), (1, 2, 3, 4, 8), (1024, 2048, 4096, 8192, 16384, 32768)
-
 
 def explorer(model: str = "llama-3-8b", topology: str = "v6e-8", fsdp: int = 8, tensor: int = 1, batch: int = 8,
              seq: int = 8192, recompute: str = "full") -> tuple[Any, Callable[..., dict[str, Any]]]:
     """Widgets for (model, slice, fsdp, tensor, batch, seq, recompute); returns ``(ui, update)``: ``update(**kw)``
     re-validates and re-plans (what a widget change does) and returns what the status line shows."""
-    import ipywidgets as widgets
+    import ipywidgets as widgets  # only the explorer needs it (scripts and tests import this module without)
 
     w = {"model": widgets.Dropdown(options=list(presets()), value=model, description="model"),
          "topology": widgets.Dropdown(options=SLICES, value=topology, description="slice"),
