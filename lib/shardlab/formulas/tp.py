@@ -6,16 +6,11 @@ V vocab, p = tp, e bytes per element.  At p = 1 nothing is communicated (count 0
     MLP, attention      forward: 1 all-reduce (g) of [b, s, h]; backward: 1 all-reduce (f) of the input
                         gradient [b, s, h] — only when the input needs a gradient
     transformer layer   2 forward + 2 backward: volume 4 b s h e
-    sequence parallel   (Megatron's) per f/g pair: forward all-gather of x [b, s/p, h] + reduce-scatter of
-                        [b, s, h]; backward all-gather of the output gradient, reduce-scatter of the input
-                        gradient, and one more all-gather: the column layer kept only its s/p input shard and
-                        gathers it again for the weight gradient.  Each all-reduce's wire 2 (p-1)/p b s h e is
-                        matched by one all-gather + one reduce-scatter; the re-gather adds (p-1)/p b s h e per
-                        pair and step.  In return the stored layer inputs are divided by p
-                        (`formulas.activations`).  Backward, one more all-reduce: the parameters that act on
-                        each rank's s/p tokens (LayerNorm weight and bias, a row-parallel bias) have partial
-                        gradients, summed over the group in one coalesced all-reduce of their n elements
-                        (Megatron's `_allreduce_layernorm_grads`): payload n e
+    sequence parallel   (Megatron's; per f/g pair the collectives of `tp.layers`' table) each all-reduce's wire
+                        2 (p-1)/p b s h e becomes one all-gather + one reduce-scatter, and the re-gather of x
+                        for the weight gradient adds (p-1)/p b s h e per pair and step; the stored layer inputs
+                        are divided by p (`formulas.activations`).  Backward, one coalesced all-reduce of the n
+                        elements of the parameters that act on each rank's s/p tokens: payload n e
     embedding           forward: 1 all-reduce of [b, s, h]
     output layer        (vocab-parallel, tied or not) logits_i = f(x) E_i^T: forward nothing; backward f's
                         all-reduce of the input gradient dx = sum_i dlogits_i E_i, [b, s, h]

@@ -34,9 +34,8 @@ structured :class:`OutOfMemory` when the compiler runs out of HBM (out of memory
 
 Measured with this compiler (libtpu 0.0.21): the HBM capacity check counts arguments + HBM temporaries, **not
 outputs** (``v5e:1x1``: 1 GiB of arguments and 16 GiB of outputs compiled; 16 GiB of arguments did not: "Used
-16.00G of 15.75G hbm"), and not the ~258 MiB it lists as reserved (on ``v6e:1x1`` arguments + temporaries compile
-up to 31.25 GiB less a few MiB of program constants). Capacities as the compiler states them: v5e 15.75 GiB, v6e
-31.25 GiB.
+16.00G of 15.75G hbm"), nor the ~258 MiB it lists as reserved (:mod:`shardlab.profile.tpu_memory`). Capacities as
+the compiler states them: v5e 15.75 GiB, v6e 31.25 GiB.
 
 Every use of JAX's private API (``jax._src``) and of libtpu lives in this module (:func:`check_backend` pins the
 versions and tests the names). libtpu writes warnings about the missing TPU straight to file descriptor 2;
