@@ -385,6 +385,8 @@ best = analysis.schedule
 rec.check("levers.update_schedule: the best schedule is at most every-eager and every-end (simulator)",
           best["best"] <= min(best["eager"], best["end"]), f"{best['best']} <= {best['eager']}, {best['end']}")
 print("eager in the best schedule:", ", ".join(best["eager_params"]) or "none")
+V.schedule_figure({**{c: best[c] for c in C.CHOICES}, "tpu": {c: sched_views[c][1].get(f"peak_bytes.{c}")
+                                                              for c in C.CHOICES}}).show()
 cached = pd.DataFrame({f"{s.graph} (simulator)": s.schedule for s in (gpt, gpt2)} |
                       {f"{s.graph} (XLA:TPU)": s.schedule_tpu for s in (gpt, gpt2)}).T / MIB
 display(cached.round(2))

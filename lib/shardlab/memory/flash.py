@@ -44,7 +44,6 @@ Example (the planner's terms for Llama 3 8B's attention at s = 8192, one chip)::
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -287,10 +286,3 @@ def table(rows: Sequence[AttentionMemory]) -> list[dict[str, Any]]:
                     "largest s×s GiB": round(r.square_bytes / gib, 3),
                     "largest array": r.largest[0].shape if r.largest else "", "custom calls": r.custom_calls})
     return out
-
-
-def seq_grid(lo: int = 1024, hi: int = 32768) -> list[int]:
-    """Powers of two from ``lo`` to ``hi``: 1k, 2k, ... 32k."""
-    if lo < 1 or hi < lo:
-        raise ValueError(f"lo={lo}, hi={hi}: need 1 <= lo <= hi")
-    return [lo << i for i in range(int(math.log2(hi // lo)) + 1)]

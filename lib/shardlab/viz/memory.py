@@ -55,18 +55,6 @@ def _phase(p: str) -> str:
     return p.split(":", 1)[0]
 
 
-def peaks_figure(peaks: Mapping[str, float], xla: Mapping[str, float] | None = None,
-                 title: str = "Peak temporaries of one step") -> go.Figure:
-    """One bar per order (and per compiler, when given)."""
-    names = list(peaks) + list(xla or {})
-    vals = [peaks[k] / MIB for k in peaks] + [v / MIB for v in (xla or {}).values()]
-    colors = [ORDER_COLORS.get(k, PALETTE[4]) for k in peaks] + [PALETTE[8]] * len(xla or {})
-    fig = go.Figure(go.Bar(x=names, y=vals, marker_color=colors, text=[f"{v:.2f}" for v in vals],
-                           textposition="outside"))
-    fig.update_layout(title=title, yaxis_title="MiB", height=360)
-    return fig
-
-
 def flash_figure(rows: Sequence[Any], title: str = "Attention core, forward + backward: per-chip temporaries "
                  "(XLA:TPU) and the planner's terms") -> go.Figure:
     """Temporaries against the sequence length: compiler (solid; open markers where it did not fit: the size the
