@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from shardlab.planner import PlanConfig
+from shardlab.result_files import save_results
 
 pytestmark = pytest.mark.xla
 
@@ -90,7 +91,7 @@ def test_matrix_helpers_record_and_cache(pc, tmp_path) -> None:  # type: ignore[
     frame = pc.verdict_frame(results)
     assert frame.loc["tiny.v5e-8", "agree"] and frame.loc["tiny.v5e-8", "compiler"] == "fits"
     assert list(pc.terms_frame(r).index)[-1] == "total (what the capacity check counts)"
-    pc.save_matrix(results, tmp_path / "m.json", command="test")
+    save_results(results, tmp_path / "m.json", command="test")
     back, source = pc.load_matrix(tmp_path / "m.json")
     assert back["tiny.v5e-8"].compiler == r.compiler and source == {"command": "test"}
     assert back["tiny.v5e-8"].planner_no_flash == r.planner_no_flash

@@ -66,7 +66,7 @@ from shardlab.planner import ModelConfig, Plan, PlanConfig, model_from, plan
 from shardlab.profile.record import Recorder
 from shardlab.profile.tpu import Step, TpuCompile, get_topology
 from shardlab.profile.tpu_worker import TpuWorkerError
-from shardlab.result_files import entry_layout, load_results, save_results
+from shardlab.result_files import entry_layout, load_results
 from shardlab.xla_scan.patches import placeholder
 
 LAYER_SPECS: dict[str, tuple[str, ...]] = {  # torch layout [out, in]; stacked with a leading unsplit L
@@ -443,10 +443,6 @@ def record_matrix(rec: Recorder, results: dict[str, PlannerCheck], live: bool,
                   f"planner {'fits' if r.planner_no_flash_fits else 'no'} "
                   f"({sum(r.planner_no_flash.values()) / GIB:.2f} GiB), compiler "
                   f"{'fits' if r.compiler_fits else r.message} ({(r.total or 0) / GIB:.2f} GiB)")
-
-
-def save_matrix(results: dict[str, PlannerCheck], path: Path = MATRIX_FILE, **source: Any) -> None:
-    save_results(results, path, **source)
 
 
 def load_matrix(path: Path = MATRIX_FILE) -> tuple[dict[str, PlannerCheck], dict[str, Any]]:
