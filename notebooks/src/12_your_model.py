@@ -63,8 +63,6 @@ from shardlab.inspect import full, output
 from shardlab.inspect import notebook as nb
 from shardlab.inspect.config import InspectInputError
 
-GiB = 2**30
-
 # %% [markdown]
 # ## 1 · Live: your model's family at tiny widths
 #
@@ -88,8 +86,8 @@ print(output.text(tiny))
 # %% [markdown]
 # **Reading it.** *Parameters* and *optimizer state* are read exactly from the compiled program: every updated
 # weight and AdamW tensor is donated into its input, so the compiler's input/output aliases name the kind of each
-# entry argument, and its per-chip shape is in the program's header — the checks above compare them with the plan's
-# arithmetic. The compiler reports its temporaries as **one number**; the *gradients* are the plan's bf16 share of it
+# entry argument, and its per-chip shape is in the program's header — the notebook's checks compare them with the
+# plan's arithmetic. The compiler reports its temporaries as **one number**; the *gradients* are the plan's bf16 share of it
 # (donation turns them into temporaries) and the rest is *activations + other temporaries*. The total is what the
 # capacity check counts: arguments + temporaries (outputs alias the arguments). At tiny widths the compiler's fixed
 # costs dominate, so the ratios to the planner are far from 1 — the full-size runs below are the ones to read.
@@ -127,10 +125,9 @@ nb.summary_frame(results)
 # **Reading the table.** Parameters and AdamW state are ZeRO-3's 2 + 12 bytes per parameter over the FSDP degree —
 # on 64 chips also split by Megatron's rules over `tensor` — and match the planner to within 0.03 % (the planner pads
 # the vocabulary to a multiple of 128 × tensor, as Megatron does, and does not count Mixtral's router; inspect splits
-# the RMSNorm weights over fsdp only). The rest is
-# the program's temporaries, which the planner models term by term (a layer's backward with HF's eager attention,
-# whose [b, a, s, s] scores exist, the fp32 logits of the loss, one gathered layer) and the compiler does not break
-# down: the ratio of the totals is where the two accounts meet. Mixtral's experts are traced in their static form —
+# the RMSNorm weights over fsdp only). The rest is the program's temporaries, which the planner models term by term
+# (a layer's backward with HF's eager attention, whose [b, a, s, s] scores exist, the fp32 logits of the loss, one
+# gathered layer) and the compiler does not break down: the ratio of the totals is where the two accounts meet. Mixtral's experts are traced in their static form —
 # every expert on every token, weighted by the router (HF's expert loop has data-dependent shapes a placeholder trace
 # cannot follow) — which the planner sees as one dense MLP eight experts wide.
 
@@ -181,8 +178,8 @@ for r in rows:
 Markdown(nb.compare_text(rows))
 
 # %% [markdown]
-# So the agreement is real where there is room (v6e-64) and where there is none (v5e-8); on v6e-8 the step sits
-# within 1 % of the capacity, the planner's "at risk" band, and two programs of the same model — HF's modules and
+# So the agreement is real where there is room (v6e-64) and where there is none (v5e-8); on v6e-8 the planner puts
+# the step within 1 % of the capacity, its "at risk" band, and two programs of the same model — HF's modules and
 # 07's hand-written layer — land on opposite sides of the line. Where the difference in temporaries comes from is
 # not established: it needs the two programs side by side, buffer by buffer. A plan this close to the capacity
 # deserves the margin the planner keeps (or a compile of the exact program you will run).
