@@ -51,7 +51,10 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_array
 
+from shardlab.stderr_filter import filtered_fd
+
 DEFAULT_TIME_LIMIT_S = 60.0
+HIGHS_DEBUG = "HighsMipSolverData::"  # a debug line HiGHS (scipy 1.17.1) prints to stdout from C++ on some solves
 
 
 @dataclass(frozen=True)
@@ -494,8 +497,9 @@ def _solve(problem: Problem, time_limit_s: float, mip_rel_gap: float) -> Solutio
     ub = np.ones(nvar)
     fallback = greedy(problem)
     ub[pvar] = peak(problem, fallback) / unit  # only orders at least as good as greedy's
-    res = milp(c, constraints=LinearConstraint(A, lo, hi), integrality=integrality, bounds=Bounds(lb, ub),
-               options={"time_limit": float(time_limit_s), "mip_rel_gap": mip_rel_gap, "presolve": True})
+    with filtered_fd(1, lambda line: line.startswith(HIGHS_DEBUG)):
+        res = milp(c, constraints=LinearConstraint(A, lo, hi), integrality=integrality, bounds=Bounds(lb, ub),
+                   options={"time_limit": float(time_limit_s), "mip_rel_gap": mip_rel_gap, "presolve": True})
     seconds = time.perf_counter() - t0
     bound = float(getattr(res, "mip_dual_bound", np.nan) or 0.0) * unit
     if res.x is None:

@@ -185,26 +185,6 @@ class RoamResult:
 PAPER_SAVING = {"PyTorch": 0.357, "heuristic": 0.133, "MODeL (ILP)": 0.272}  # ROAM's abstract, arXiv 2310.19295v1
 
 
-def table_row(r: RoamResult, xla: Any | None = None) -> dict[str, Any]:
-    """One row of the ROAM table: nodes, parts, peak by each order (MiB), % saved vs program / greedy / XLA."""
-    mib = 2**20
-    row: dict[str, Any] = {"graph": r.graph, "nodes": r.nodes, "parts": r.split.parts,
-                           "forced cuts": r.split.forced_cuts, "live-set cuts": r.split.live_set_cuts}
-    for k in ("program", "base", "greedy", "ilp", "ilp_unsplit"):
-        if k in r.peaks:
-            row[f"{k} MiB"] = round(r.peaks[k] / mib, 3)
-    row["saved vs program %"] = round(100 * r.saved("ilp", "program"), 1)
-    row["saved vs greedy %"] = round(100 * r.saved("ilp", "greedy"), 1)
-    for name, v in (("XLA:CPU", getattr(xla, "cpu_temp", None)), ("XLA:TPU", getattr(xla, "tpu_temp", None))):
-        if v:
-            row[f"{name} MiB"] = round(v / mib, 3)
-            row[f"saved vs {name} %"] = round(100 * (1 - r.peaks["ilp"] / v), 1)
-    row["split s"] = round(r.solve_s["split"], 2)
-    row["unsplit s"] = round(r.solve_s["unsplit"], 2) if "unsplit" in r.solve_s else None
-    row["unsplit optimal"] = r.unsplit.optimal if r.unsplit is not None else None
-    return row
-
-
 def compare(step: Any, max_ops: int = DEFAULT_MAX_OPS, min_ops: int = DEFAULT_MIN_OPS, part_limit_s: float = 30.0,
             unsplit_limit_s: float | None = 60.0, schedule: str = "best") -> RoamResult:
     """Program order, greedy, ROAM (schedule + split ILP) and the unsplit ILP for one traced step.
