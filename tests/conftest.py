@@ -63,7 +63,8 @@ def run_notebook(tmp_path: Path) -> Callable[..., dict[str, Any]]:
         out = tmp_path / f"{name}.executed.ipynb"
         pm.execute_notebook(
             str(NOTEBOOKS / f"{name}.ipynb"), str(out), parameters=params, kernel_name="python3",
-            cwd=str(NOTEBOOKS), progress_bar=False, execution_timeout=3600 if params.get("full_size") else 600, start_timeout=300,
+            cwd=str(NOTEBOOKS), progress_bar=False, start_timeout=300,
+            execution_timeout=3600 if params.get("full_size") else 600,
         )
         record = load_record(Path(params["results_dir"]) / f"{name}.json")
         failed = [c for c in record["checks"] if not c["ok"]]
