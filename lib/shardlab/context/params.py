@@ -12,7 +12,7 @@ Example::
 
     >>> ContextParams(seq=100).validate()  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    ValueError: seq=100 is not divisible by 2·cp = 16 (the zig-zag layout cuts the sequence into 2·cp chunks ...
+    ValueError: seq=100 is not divisible by 2·cp = 16 (the zig-zag layout cuts the sequence into 2·cp chunks...
 """
 
 from __future__ import annotations
