@@ -4,7 +4,7 @@ Oracles: the block algebra done by hand in the comments (the row rule adds full 
 per device, over p devices; the grid adds (m/2)·n·e within groups of p/2; the column rule adds nothing), the
 dense product in float64 for the values, and the element size each compiler reduces in (XLA:CPU promotes bf16
 to f32, XLA:TPU keeps bf16: measured facts, stated where they are used). The 8-device world of the test
-session hosts the CPU compiler (mesh (8 / p, p)) and the in-process TPU compiles (v5e:2x4).
+session hosts the CPU compiler (mesh (8 / p, p)) and the in-process TPU compiles (v5e-8).
 """
 
 from __future__ import annotations

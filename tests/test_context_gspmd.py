@@ -113,7 +113,7 @@ def test_mesh_rule_and_ulysses_rule(C) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_tpu_compiler(C) -> None:  # type: ignore[no-untyped-def]
-    """XLA:TPU (v5e:2x4, compile-only): the scan ring keeps one asynchronous permute per loop, forward in bf16
+    """XLA:TPU (v5e-8, compile-only): the scan ring keeps one asynchronous permute per loop, forward in bf16
     (default matmul precision) — the same elements as the formula; the unrolled ring's later shifts are each split
     into a shift without the wrap-around pair and a one-pair permute; all-gather CP keeps 2 all-gathers and reduces
     dk and dv in one combined instruction."""

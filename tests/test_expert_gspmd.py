@@ -95,7 +95,7 @@ def test_mesh_errors(G) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_tpu_compiler(G) -> None:  # type: ignore[no-untyped-def]
-    """XLA:TPU (v5e:2x4): the same 4 all-to-alls and elements (it moves them in bf16), none asynchronous, and
+    """XLA:TPU (v5e-8): the same 4 all-to-alls and elements (it moves them in bf16), none asynchronous, and
     nothing else but the router gradient's all-reduce (the gates are read without top-k's scatter)."""
     pytest.importorskip("libtpu")
     from dataclasses import replace
@@ -103,7 +103,7 @@ def test_tpu_compiler(G) -> None:  # type: ignore[no-untyped-def]
     from shardlab.profile import tpu
 
     p = replace(P, ep=8)
-    c = tpu.compile_program(G.step, p, "v5e:2x4")
+    c = tpu.compile_program(G.step, p, "v5e-8")
     t = G.all_to_all_traffic(c.module)
     assert (t["count"], t["elements"], t["dtypes"], t["async"], t["operands"]) == (4, 4 * ELEMS, ["bf16"], 0, 4)
     assert [(x.op, x.operand_bytes) for x in c.module.collectives if x.op != "all-to-all"] == [

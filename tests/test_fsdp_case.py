@@ -158,15 +158,15 @@ def test_tpu_compile_keeps_annotated_parameter_and_output_shardings(xla_world) -
     _, free_params, _ = T.pin_shardings(torch_xla._XLAC._get_xla_tensors_hlo_proto(fwd),
                                         [torch_xla._XLAC._get_xla_sharding_spec(t) for t in fwd])
     assert not any(free_params)  # x, y and every parameter carry their annotation
-    assert T.compile_tensors(fwd, "v5e:2x4").count("all-gather") >= 1
+    assert T.compile_tensors(fwd, "v5e-8").count("all-gather") >= 1
     del fwd  # pending, never-synced tensors: the next graph's forward sync would compile them too
-    bwd = T.compile_tensors(harness.build_program((case, 1)), "v5e:2x4")
+    bwd = T.compile_tensors(harness.build_program((case, 1)), "v5e-8")
     result = next(line for line in bwd.hlo_text.splitlines() if line.startswith("ENTRY")).split("->")[1]
     # per chip: W1 [50, 30] -> [7, 30], b1 -> [7], W2 [10, 50] -> [2, 50], b2 -> [2]; params and grads
     assert result.count("[7,30]") == 2 and result.count("[2,50]") == 2 and "[50,30]" not in result
 
 
-# Inside tpu_rules_apply's domain (every dim > 1, weight shards of >= 2 rows), measured on v5e:2x4 with the
+# Inside tpu_rules_apply's domain (every dim > 1, weight shards of >= 2 rows), measured on v5e-8 with the
 # mesh (W, 8 / W): the TPU formula must equal the compiler. (30, 50, 10) at W = 2 is left out: there XLA:TPU
 # reshards one gradient with a collective-permute (another algorithm; the view then says so).
 TPU_GRID = [((30, 50, 10), 4), ((5, 3, 11, 4), 2), ((19, 7, 17), 2), ((19, 7, 17), 4), ((256, 512, 128), 2),

@@ -203,7 +203,7 @@ ENTRY %e (g: f32[8]) -> f32[2] {
 
 
 # ------------------------------------------------------------------------------------------- XLA:TPU programs
-# Real per-chip programs from XLA:TPU (v5e:2x4, 8 chips); graphs and sizes in tests/data/tpu_hlo/README.md.
+# Real per-chip programs from XLA:TPU (v5e-8, 8 chips); graphs and sizes in tests/data/tpu_hlo/README.md.
 # Expected values follow from the graph's shapes (arithmetic in the comments), not from the parser.
 
 
@@ -214,7 +214,7 @@ def _tpu(name: str):  # type: ignore[no-untyped-def]
 
 def test_tpu_tiled_layouts_and_tuple_all_reduce() -> None:
     """Megatron MLP bf16, tp 8: forward y and backward dx all-reduces combined into one tuple all-reduce."""
-    text, m = _tpu("mlp_bf16_v5e_2x4.txt")
+    text, m = _tpu("mlp_bf16_v5e_8.txt")
     assert "{1,0:T(8,128)(2,1)}" in text and m.num_partitions == 8 and m.entry.startswith("main")
     (ar,) = m.collectives
     assert (ar.op, ar.operands, ar.dtype, ar.group_size, ar.async_) == ("all-reduce", 2, "bf16", 8, False)
@@ -225,8 +225,8 @@ def test_tpu_tiled_layouts_and_tuple_all_reduce() -> None:
 
 def test_tpu_all_reduce_combiner_snippets() -> None:
     """4 weight gradients [256, 256] f32: one all-reduce with 4 operands; without the combiner, 4 all-reduces."""
-    _, combined = _tpu("dp4_f32_v5e_2x4.txt")
-    _, split = _tpu("dp4_f32_no_combiner_v5e_2x4.txt")
+    _, combined = _tpu("dp4_f32_v5e_8.txt")
+    _, split = _tpu("dp4_f32_no_combiner_v5e_8.txt")
     (ar,) = combined.collectives
     assert ar.operands == 4 and ar.operand_bytes == 4 * 256 * 256 * 4 and combined.count("all-reduce") == 1
     assert split.count("all-reduce") == 4 and [c.operands for c in split.collectives] == [1, 1, 1, 1]
@@ -236,7 +236,7 @@ def test_tpu_all_reduce_combiner_snippets() -> None:
 
 def test_tpu_async_collective_fusion_counted_once() -> None:
     """ZeRO-3 step: the async all-gather is printed 3 times (start / continuation / done fusions, one channel)."""
-    text, m = _tpu("zero3_f32_v5e_2x4.txt")
+    text, m = _tpu("zero3_f32_v5e_8.txt")
     assert len(re.findall(r"= \S+ all-gather\(", text)) == 4  # 3 clones of channel 3 + one sync all-gather
     assert m.count("all-gather") == 2
     fused = next(c for c in m.collectives if c.form == "async-collective-fusion")
@@ -255,7 +255,7 @@ def test_tpu_async_collective_fusion_counted_once() -> None:
 
 def test_tpu_all_reduce_scatter_fusion_is_a_reduce_scatter() -> None:
     """ZeRO-3 gradients: 2 x [256, 256] f32 reduced and scattered to 2 x [32, 256] by one kCustom fusion."""
-    _, m = _tpu("zero3_f32_v5e_2x4.txt")
+    _, m = _tpu("zero3_f32_v5e_8.txt")
     (rs,) = (c for c in m.collectives if c.op == "reduce-scatter")
     assert m.count("all-reduce") == 0 and rs.form == "all-reduce-scatter-fusion" and rs.operands == 2
     assert rs.operand_bytes == 2 * 256 * 256 * 4 and rs.result_bytes == 2 * 32 * 256 * 4 and rs.group_size == 8
@@ -264,7 +264,7 @@ def test_tpu_all_reduce_scatter_fusion_is_a_reduce_scatter() -> None:
 
 def test_tpu_native_reduce_scatter() -> None:
     """JAX psum_scatter of f32[256, 256] over 8 chips: the reduce-scatter instruction itself."""
-    _, m = _tpu("jax_reduce_scatter_f32_v5e_2x4.txt")
+    _, m = _tpu("jax_reduce_scatter_f32_v5e_8.txt")
     (rs,) = m.collectives
     assert (rs.op, rs.form, rs.group_size) == ("reduce-scatter", "sync", 8)
     assert rs.operand_bytes == 256 * 256 * 4 and rs.result_bytes == 32 * 256 * 4
@@ -273,7 +273,7 @@ def test_tpu_native_reduce_scatter() -> None:
 def test_tpu_collective_permute_start_done() -> None:
     """roll of sharded rows: 3 collective-permute-start/done pairs; the start tuple's u32 context scalars are
     not payload (result bytes = operand bytes)."""
-    _, m = _tpu("roll_f32_v5e_2x4.txt")
+    _, m = _tpu("roll_f32_v5e_8.txt")
     cps = [c for c in m.collectives if c.op == "collective-permute"]
     assert len(cps) == 3 and all(c.form == "start-done" and c.async_ for c in cps)
     assert all(c.operand_bytes == c.result_bytes and c.done.startswith("collective-permute-done") for c in cps)
@@ -285,7 +285,7 @@ def test_tpu_collective_permute_start_done() -> None:
 def test_tpu_all_gather_plus_reduce_over_size_one_dim_is_not_an_all_reduce() -> None:
     """Without output propagation: `all-gather` [1,1,256] -> [4,1,256] (dim 0), then reduce over dim 1 (size 1):
     a plain all-gather, so it is not flagged as a decomposed all-reduce."""
-    text, m = _tpu("mlp_bf16_no_output_propagation_v5e_2x4.txt")
+    text, m = _tpu("mlp_bf16_no_output_propagation_v5e_8.txt")
     assert "to_apply=%all-gather.3.reduce_sub_computation" in text
     ag3 = next(c for c in m.collectives if c.name == "all-gather.3")
     assert ag3.shape == [(4, 1, 256)] and ag3.group_size == 4 and not ag3.decomposed_all_reduce
@@ -295,7 +295,7 @@ def test_tpu_all_gather_plus_reduce_over_size_one_dim_is_not_an_all_reduce() -> 
 def test_tpu_scan_collectives_in_while_bodies() -> None:
     """2 scanned blocks, mesh (fsdp 2, tensor 4), W_up [H_fsdp, F_tensor], W_down [F_tensor, H_fsdp] with H 256,
     F 1024, x [B 4 over fsdp, S 16, H]: every collective sits in the forward or backward while body."""
-    _, m = _tpu("scan_fsdp2_tp4_f32_v5e_2x4.txt")
+    _, m = _tpu("scan_fsdp2_tp4_f32_v5e_8.txt")
     fwd, bwd = (w.body for w in m.while_loops)
     assert all(c.in_while for c in m.collectives) and m.count("any", in_while=False) == 0
     by_body = {b: sorted((c.op, c.form) for c in m.collectives if c.computation == b) for b in (fwd, bwd)}
@@ -452,7 +452,7 @@ def test_trip_count_from_backend_config_wins() -> None:
 
 def test_tpu_scan_loops_run_once_per_layer() -> None:
     """torch_xla's scan over 2 layers: the forward and the backward while loop each run 2 times."""
-    _, m = _tpu("scan_fsdp2_tp4_f32_v5e_2x4.txt")
+    _, m = _tpu("scan_fsdp2_tp4_f32_v5e_8.txt")
     assert [m.trip_count(w.name) for w in m.while_loops] == [2, 2]
     assert {m.runs(c.computation) for c in m.collectives} == {2}
 
@@ -461,7 +461,7 @@ def test_tpu_windowed_einsum_loops() -> None:
     """Notebook 08's FSDP step (4 layers of [2048, 2048] bf16, batch 8192 over 8 chips): each weight gradient's
     matmul and reduce-scatter become a loop of collective-permutes; every loop covers the 8 row chunks of the
     gradient, 2 matmul fusions of 2 chunks each per iteration -> 2 iterations."""
-    _, m = _tpu("fsdp4_windowed_bf16_v5e_2x4.txt")
+    _, m = _tpu("fsdp4_windowed_bf16_v5e_8.txt")
     loops = m.while_loops
     assert len(loops) == 4 and all("windowed_dot_general" in w.body for w in loops)
     assert [m.trip_count(w.name) for w in loops] == [2, 2, 2, 2]

@@ -1,5 +1,5 @@
 """``inspect`` end to end at tiny sizes: the five HF families traced with placeholders and compiled by XLA:TPU
-(compile-only, v5e:2x4) on this process's 8 CPU devices.
+(compile-only, v5e-8) on this process's 8 CPU devices.
 
 Oracles: the per-chip argument bytes the compiler's partitioned program declares (``entry_computation_layout``)
 against the plan's own arithmetic (sharded shapes, uneven dims padded) — equal only if the compiler kept every
@@ -83,7 +83,7 @@ def test_out_of_memory_is_the_compilers_verdict(xla_world) -> None:  # type: ign
     assert r.largest and all(c["instructions"] == 0 for c in r.collectives)  # no program: the planner's rows only
     assert r.planner is not None and not r.planner["fits"]
     assert r.nearest is not None and r.nearest["total"] <= 0.9 * 15.75 * 2**30  # the planner's fit limit
-    assert r.confirmed is not None and r.confirmed["slice"] == r.nearest["topology"]
+    assert r.confirmed is not None and r.confirmed["topology"] == r.nearest["topology"]
     assert r.confirmed["fits"]  # the compiler agrees with the planner's nearest plan
     text = output.text(r)
     assert "DOES NOT FIT" in text and "nearest plan that fits" in text and "confirmed by the compiler" in text
@@ -111,7 +111,7 @@ def test_layer_modes_hold_the_same_state(layers: str, xla_world) -> None:  # typ
             "params" if kind == "parameters" else "optimizer"]
 
 
-# The first lines and two largest allocations of XLA:TPU's message for Llama 3 8B on v5e:2x4 (fsdp 8, batch 8,
+# The first lines and two largest allocations of XLA:TPU's message for Llama 3 8B on v5e-8 (fsdp 8, batch 8,
 # seq 8192; data/models/inspect_full.json): the program alone was over, so the arguments were not evaluated.
 OOM = """RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space hbm. Used 32.34G of 15.75G hbm. Exceeded hbm capacity by 16.59G.
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from shardlab.inspect.config import InspectInputError, compiler_topology, make_config, planner_topology
+from shardlab.inspect.config import InspectConfig, InspectInputError, make_config
 
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
         "vocab_size": 256}
@@ -23,14 +23,19 @@ def cfg(model: str = "llama-3-8b", **kw):  # type: ignore[no-untyped-def]
     return make_config(model, **kw)
 
 
-def test_slice_names_convert_one_way() -> None:
-    assert compiler_topology("v6e-8") == "v6e:2x4" and compiler_topology("v5e-8") == "v5e:2x4"
-    assert compiler_topology("v6e-64") == "v6e:8x8"
-    assert planner_topology("v6e:8x8") == "v6e-64" and compiler_topology("v6e:8x8") == "v6e:8x8"
+def test_slice_names_one_form() -> None:
+    """make_config (the public entry) accepts libtpu's v6e:8x8 and stores the one form, v6e-64; the config itself
+    takes only that form."""
+    assert cfg(topology="v6e:8x8", mesh="fsdp=64").topology == cfg(topology="v6e-64", mesh="fsdp=64").topology == \
+        "v6e-64"
+    assert cfg(topology="v5e:2x4").validate(model=False).topology == "v5e-8"
+    raw = InspectConfig(cfg().model_json, topology="v5e:2x4")
+    with pytest.raises(InspectInputError, match=r"topology='v5e:2x4': unknown topology .*generation:shape form"):
+        raw.validate(model=False)
 
 
 BAD = [  # (what, config keywords, message pattern)
-    ("unknown slice", dict(topology="v7x-8"), r"topology='v7x-8': unknown topology"),
+    ("unknown slice", dict(topology="v7x-8"), r"topology='v7x-8' is not a known TPU slice; known slices: v5e-1"),
     ("a slice with no compile-only topology", dict(topology="v5p-8", mesh="fsdp=4"),
      r"topology='v5p-8' has no compile-only topology"),
     ("a mesh that does not tile the slice", dict(mesh="fsdp=4"),
@@ -68,7 +73,7 @@ def test_bad_models_are_named() -> None:
 def test_cli_exits_2_naming_the_rule(tmp_path, capfd) -> None:  # type: ignore[no-untyped-def]
     p = subprocess.run([sys.executable, "-m", "shardlab", "inspect", "llama-3-8b", "--topology", "v7x-8", "--quiet"],
                        capture_output=True, text=True, timeout=120)
-    assert p.returncode == 2 and "unknown topology 'v7x-8'" in p.stderr and p.stdout == ""
+    assert p.returncode == 2 and "topology='v7x-8' is not a known TPU slice" in p.stderr and p.stdout == ""
     from shardlab.__main__ import main  # in this process: the model build needs transformers, already imported
 
     bad = tmp_path / "bad.json"

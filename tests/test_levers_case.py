@@ -96,7 +96,7 @@ def test_pass_names_verified_by_effect(xla_world) -> None:  # type: ignore[no-un
 
 
 def _compile(seconds: float, cached: bool, memory: TpuMemory | None = None) -> TpuCompile:
-    return TpuCompile("v5e:2x4", 8, True, seconds, None, None, memory, None, cached=cached)
+    return TpuCompile("v5e-8", 8, True, seconds, None, None, memory, None, cached=cached)
 
 
 def test_compile_seconds_skip_cached_and_formula_views() -> None:

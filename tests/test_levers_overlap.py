@@ -108,7 +108,7 @@ def test_windowed_einsum_flops_equal_the_step_by_hand() -> None:
 
     from shardlab.formulas.flops import linear_stack_step_flops
 
-    m = parse_hlo((Path(__file__).parent / "data" / "tpu_hlo" / "fsdp4_windowed_bf16_v5e_2x4.txt").read_text())
+    m = parse_hlo((Path(__file__).parent / "data" / "tpu_hlo" / "fsdp4_windowed_bf16_v5e_8.txt").read_text())
     hand = 2 * (8192 // 8) * 2048 * 2048 * (3 * 4 - 1)
     assert OV.schedule_flops(m) == hand == linear_stack_step_flops(8192, 2048, 4, 8)
     body_once = sum(OV.matmul_flops(m, n) for w in m.while_loops for n in m.computations[w.body])

@@ -19,7 +19,7 @@ from shardlab.planner_verdict import PlannerCheck
 from shardlab.profile.tpu import TpuCompile
 from shardlab.profile.tpu_memory import parse_oom
 
-# 16 heads over 8 chips: 2 per chip (GQA 2:1); one compile each, in this process's 8-device world (v5e:2x4)
+# 16 heads over 8 chips: 2 per chip (GQA 2:1); one compile each, in this process's 8-device world (v5e-8)
 SMALL = MemoryParams(seq=2048, heads=16, kv_heads=8, tensor=8)
 
 
@@ -72,7 +72,7 @@ def test_flash_vs_plain_on_the_tpu_compiler(xla_world) -> None:  # type: ignore[
         assert all(ok for ok, _ in tpu.checks.values()), tpu.checks
         assert f"temp_bytes.{k}" in tpu.differs  # recorded beside the formula, not compared
     flash, plain = (C.attention_row(SMALL, k, views[k][1]) for k in F.KERNELS)
-    assert flash.fits and plain.fits and flash.topology == "v5e:2x4"
+    assert flash.fits and plain.fits and flash.topology == "v5e-8"
     assert flash.custom_calls == 3  # forward, dq, dk/dv
     assert flash.square_bytes == 0 and not any(b.square for b in flash.largest)
     heads, s = 16 // 8, 2048
@@ -87,7 +87,7 @@ def test_out_of_memory_is_a_row() -> None:
            "'bf16[32,32768,32768]{1,2,0:T(8,128)(2,1)}', space=hbm, size = 0x1, tag = 'output of fusion.7'] :: x")
     oom = parse_oom(msg)
     p = MemoryParams(seq=32768, **LLAMA3_8B_ATTENTION)
-    row = F.memory_row(p, "plain", TpuCompile("v5e:1x1", 1, False, 0.5, None, None, None, oom))
+    row = F.memory_row(p, "plain", TpuCompile("v5e-1", 1, False, 0.5, None, None, None, oom))
     assert not row.fits and row.temp == 2 * 32 * 32768**2  # the one array: bf16 [32, s, s]
     assert row.square_bytes == row.temp and row.largest[0].shape == "bf16[32,32768,32768]"
     assert F.table([row])[0]["fits"] == "no: one array exceeds HBM"

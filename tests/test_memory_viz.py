@@ -21,7 +21,7 @@ def test_order_profiles_figure() -> None:
 
 
 def test_flash_figure_and_bars() -> None:
-    rows = [F.AttentionMemory({"kernel": k, "seq": s, "tensor": 1}, "v5e:1x1", fits, temp, 0, 0, 0, 1.0,
+    rows = [F.AttentionMemory({"kernel": k, "seq": s, "tensor": 1}, "v5e-1", fits, temp, 0, 0, 0, 1.0,
                               [F.Buffer(temp, "bf16[2,2]", "x", k == "plain")])
             for k, s, fits, temp in (("plain", 1024, True, 2**30), ("plain", 2048, False, 2**33),
                                      ("flash", 1024, True, 2**20), ("flash", 2048, True, 2**21))]

@@ -60,7 +60,7 @@ def test_tpu_step_donates_the_state(xla_world) -> None:  # type: ignore[no-untyp
     h, f = P.hidden, P.ffn
     state = 3 * 4 * P.layers * (h * f + f + f * h + h)  # p, m, v of fc1 (W, b) and fc2 (W, b), fp32
     assert mem.alias == state == 3 * sum(step.param_bytes.values())
-    assert view.detail.topology == "v5e:2x4" and view["peak_bytes.xla"] == mem.checked_temp
+    assert view.detail.topology == "v5e-8" and view["peak_bytes.xla"] == mem.checked_temp
 
 
 def test_case_views_hold_the_simulators_peaks(xla_world) -> None:  # type: ignore[no-untyped-def]

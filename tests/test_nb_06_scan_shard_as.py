@@ -66,7 +66,7 @@ def test_notebook_06_defaults(run_notebook: Callable[..., dict[str, Any]]) -> No
     assert v[("placeholder.trace.h2d.bytes.no_placeholder", "metrics")] == h2d_no_placeholder(B, S, H, F, 8)
     assert v[("placeholder.trace.h2d.bytes.no_placeholder.H256", "metrics")] == h2d_no_placeholder(B, S, 256, 1024, 8)
     assert {c["name"] for c in record["checks"]} >= {f"exercise.{n}.answer_key" for n in range(1, 8)}
-    # the seed story at the notebook's size (v6e:2x4, bf16, q and o [H, H]): every case compiles; the full size is
+    # the seed story at the notebook's size (v6e-8, bf16, q and o [H, H]): every case compiles; the full size is
     # cached (a note, no scale.405b measurement)
     for case in ("shard_as_off", "shard_as_on", "held.shard_as_off", "update.shard_as_off", "update.shard_as_on",
                  "in_graph_update.shard_as_off", "in_graph_update.shard_as_on", "seed_layout.shard_as_off",

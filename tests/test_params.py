@@ -78,7 +78,8 @@ def test_from_namespace_reads_every_field_and_rejects_a_missing_one():
     (PlannerParams, {"model": "llama-9b"}, "unknown model preset 'llama-9b'"),
     (PlannerParams, {"model": 7}, "model=7 must be a preset name or a dict"),
     (PlannerParams, {"model": {"layers": 2}}, "missing keys ['hidden', 'ffn', 'heads', 'kv_heads', 'vocab']"),
-    (PlannerParams, {"topology": "v9-8"}, "unknown topology 'v9-8'"),
+    (PlannerParams, {"topology": "v9-8"}, "topology='v9-8' is not a known TPU slice; known slices: v5e-1"),
+    (PlannerParams, {"topology": 8}, "topology=8 is not a known TPU slice"),
     (PlannerParams, {"recompute": "half"}, "recompute='half' must be one of"),
     (PlannerParams, {"global_batch": 4}, "global_batch=4 is not divisible by data × fsdp = 8"),
     (PlannerParams, {"val_world": 0}, "val_world=0 must be a positive int"),
@@ -117,6 +118,18 @@ def test_from_namespace_reads_every_field_and_rejects_a_missing_one():
 def test_rules_name_the_parameter(cls, change, words):
     with pytest.raises(ValueError, match=words.replace("[", r"\[").replace("(", r"\(")):
         dataclasses.replace(cls(), **change).validate()
+
+
+def test_slice_parameters_take_either_form_and_keep_one():
+    """The notebook parameter is the boundary: libtpu's "v6e:8x8" is accepted and stored as "v6e-64"."""
+    from shardlab.inspect.params import YourModelParams
+
+    p = PlannerParams(topology="v6e:8x8", fsdp=64, global_batch=64).validate()
+    assert p.topology == "v6e-64" and planner.plan(p).chips == 64
+    y = YourModelParams(topology="v5e:2x4", tiny_topology="v5e:2x4").validate()
+    assert (y.topology, y.tiny_topology, y.inspect_config().topology) == ("v5e-8", "v5e-8", "v5e-8")
+    with pytest.raises(ValueError, match=r"tiny_topology='v5e:3x3' is not a known TPU slice"):
+        YourModelParams(tiny_topology="v5e:3x3").validate()
 
 
 def test_blocks_and_world_may_exceed_the_device_count():

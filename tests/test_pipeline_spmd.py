@@ -146,7 +146,7 @@ def test_python_loop_unrolls_the_same_permutes(xla_world) -> None:
 def test_xla_tpu_issues_the_permutes_asynchronously(xla_world) -> None:
     from shardlab.profile import tpu
 
-    res = tpu.compile_program(_build_from, {"p": 8, "m": 8, "how": "pad"}, "v5e:2x4")
+    res = tpu.compile_program(_build_from, {"p": 8, "m": 8, "how": "pad"}, "v5e-8")
     assert res.fits
     got = read_program(res.module)
     T = 8 + 8 - 1

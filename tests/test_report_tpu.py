@@ -86,3 +86,12 @@ def test_full_size_switch_sets_the_parameter_and_its_own_profiles(run: dict[str,
     assert "fake.full.per_chip.bytes [tpu]" not in default["structural"]  # the default profile is untouched
     assert report(run["nbs"], run["root"] / "p", run["base"], "-p", "full_size", "true") == 2
     assert "use --full-size" in capsys.readouterr().err
+
+
+def test_tpu_profile_is_named_by_the_slice() -> None:
+    """The TPU baseline profile carries the slice in the suite's one form (generation-chips)."""
+    from shardlab.profile.tpu import topology_for
+    from shardlab.report.datatypes import ReportOptions
+
+    for gen, n in (("v5e", 8), ("v6e", 4)):
+        assert ReportOptions(num_devices=n, tpu_generation=gen).tpu_profile == f"tpu-{topology_for(n, gen)}-aot"

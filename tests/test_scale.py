@@ -98,7 +98,7 @@ def test_update_in_the_graph_pins_the_gradient(scale) -> None:  # type: ignore[n
 
 
 def test_outputs_are_not_in_the_compilers_check(scale) -> None:  # type: ignore[no-untyped-def]
-    r = scale.SeedResult({}, "v6e:8x8", True, 1.0, argument_bytes=2, output_bytes=10, temp_bytes=3,
+    r = scale.SeedResult({}, "v6e-64", True, 1.0, argument_bytes=2, output_bytes=10, temp_bytes=3,
                          capacity_bytes=12)
     assert r.live_bytes == 15 and not r.runs  # compiled, but 2 + 10 + 3 > 12: the outputs do not fit
     assert replace(r, output_bytes=1).runs
@@ -121,8 +121,8 @@ def test_story_small_records_the_invariants(scale) -> None:  # type: ignore[no-u
 
     cfg = scale.SeedCase(SMALL, layers=L)  # bf16, q and o: the small story's case
     assert (cfg.layers, cfg.dtype, cfg.weights) == (L, "bfloat16", ("q", "o"))
-    res, why = scale.story(cfg)  # this process's 8 devices: a v6e:2x4 slice
-    assert why == "" and {r.topology for r in res.values()} == {"v6e:2x4"}
+    res, why = scale.story(cfg)  # this process's 8 devices: a v6e-8 slice
+    assert why == "" and {r.topology for r in res.values()} == {"v6e-8"}
     assert list(res) == ["in_graph.off", "in_graph.on", "held.off", "update.off", "update.on", "in_graph_update.off",
                          "in_graph_update.on", "seed_layout.off", "seed_layout.on"]
     rec = Recorder("t")
@@ -168,7 +168,7 @@ def test_story_text_from_the_cached_compiles(scale) -> None:  # type: ignore[no-
 
 
 def test_story_cache_round_trips(scale, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    r = scale.SeedResult({"layers": 2}, "v6e:8x8", False, 3.0, used_bytes=7, largest=[(5, "bf16[2,4]", "x")],
+    r = scale.SeedResult({"layers": 2}, "v6e-64", False, 3.0, used_bytes=7, largest=[(5, "bf16[2,4]", "x")],
                          message="RESOURCE_EXHAUSTED: ...")
     scale.save_story({"in_graph.off": r}, tmp_path / "s.json", command="test")
     back, source = scale.load_story(tmp_path / "s.json")

@@ -42,8 +42,8 @@ def test_topologies(tpu) -> None:  # type: ignore[no-untyped-def]
     for gen in ("v5e", "v6e"):
         for chips in (1, 2, 4, 8, 64):
             assert tpu.TOPOLOGIES[tpu.topology_for(chips, gen)].chips == chips
-    assert tpu.topology_for(8) == tpu.DEFAULT_TOPOLOGY == "v5e:2x4"
-    assert tpu.topology_for(256, "v6e") == "v6e:16x16"
+    assert tpu.topology_for(8) == tpu.DEFAULT_TOPOLOGY == "v5e-8"
+    assert tpu.topology_for(256, "v6e") == "v6e-256"
     with pytest.raises(ValueError, match=r"num_chips=3.*\[1, 2, 4, 8, 16, 32, 64\]"):
         tpu.topology_for(3)
     for name, topo in tpu.TOPOLOGIES.items():  # libtpu agrees with our chip counts (1- and 2-chip need bounds)
@@ -51,14 +51,28 @@ def test_topologies(tpu) -> None:  # type: ignore[no-untyped-def]
         devices = tpu.topology_devices(name)
         assert len(devices) == topo.chips, name
         print(f"{name}: {len(devices)} chips described in {time.perf_counter() - t0:.3f} s")
-    assert tpu.TOPOLOGIES["v5e:2x4"].hbm_bytes == int(15.75 * GiB)
-    assert tpu.TOPOLOGIES["v6e:2x4"].hbm_bytes == int(31.25 * GiB)
+    assert tpu.TOPOLOGIES["v5e-8"].hbm_bytes == int(15.75 * GiB)
+    assert tpu.TOPOLOGIES["v6e-8"].hbm_bytes == int(31.25 * GiB)
+
+
+def test_slice_names_one_form(tpu) -> None:  # type: ignore[no-untyped-def]
+    """One name per slice (generation-chips); libtpu's generation:shape is accepted only by the boundary parser."""
+    assert [(t.name, t.shape, t.libtpu_name) for t in (tpu.TOPOLOGIES["v5e-8"], tpu.TOPOLOGIES["v6e-256"])] == \
+        [("v5e-8", "2x4", "v5e:2x4"), ("v6e-256", "16x16", "v6e:16x16")]
+    assert all(name == f"{t.generation}-{t.chips}" for name, t in tpu.TOPOLOGIES.items())
+    assert tpu.parse_slice("v5e:2x4") == tpu.parse_slice("v5e-8") == "v5e-8"
+    assert tpu.parse_slice("v6e:8x8") == "v6e-64" and tpu.parse_slice("v5e:1x2") == "v5e-2"
+    assert tpu.parse_slice("v5p-8") == "v5p-8"  # a planner slice with no compile-only topology
+    for bad in ("v5e:3x3", "v7x-8", "v5e", 8):
+        with pytest.raises(ValueError, match=r"tiny_topology=.* is not a known TPU slice; known slices: v5e-1, "
+                                             r"v5e-2, v5e-4, v5e-8, .*v5p-8, .*v6e-256"):
+            tpu.parse_slice(bad, "tiny_topology")
 
 
 def test_view_topology_rule(tpu, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """The rule every notebook's tpu view follows (8-device CPU world here)."""
-    assert tpu.view_topology(8, True) == ("v5e:2x4", "this process's devices")
-    assert tpu.view_topology(4, False, "v6e") == ("v6e:2x2", "a helper process with 4 devices")
+    assert tpu.view_topology(8, True) == ("v5e-8", "this process's devices")
+    assert tpu.view_topology(4, False, "v6e") == ("v6e-4", "a helper process with 4 devices")
     topology, why = tpu.view_topology(3, False)
     assert topology is None and "num_chips=3" in why
     monkeypatch.setattr(tpu.importlib.util, "find_spec", lambda name: None)
@@ -67,10 +81,13 @@ def test_view_topology_rule(tpu, monkeypatch) -> None:  # type: ignore[no-untype
 
 def test_unknown_topology_and_wrong_world(tpu) -> None:  # type: ignore[no-untyped-def]
     outs = tp.megatron_mlp(tp.MlpCfg())
-    with pytest.raises(ValueError, match=r"topology='v5e:3x3' is not known; known topologies: v5e:1x1, .*v5e:2x4"):
-        tpu.compile_tensors(outs, "v5e:3x3")
+    with pytest.raises(ValueError, match=r"topology='v5e-3' has no compile-only topology; known: v5e-1, .*v5e-8"):
+        tpu.compile_tensors(outs, "v5e-3")
+    with pytest.raises(ValueError, match=r"topology='v5e:2x4' is libtpu's generation:shape form; .*'v5e-8'.*"
+                                         r"parse_slice"):
+        tpu.compile_tensors(outs, "v5e:2x4")  # inside the suite: the generation-chips name only
     with pytest.raises(ValueError, match=r"4 chips but this process's world has num_devices=8.*compile_program"):
-        tpu.compile_tensors(outs, "v5e:2x2")
+        tpu.compile_tensors(outs, "v5e-4")
 
 
 def _jax_megatron_mlp(tpu, cfg: tp.MlpCfg, topology: str):  # type: ignore[no-untyped-def]
@@ -107,10 +124,10 @@ def _jax_megatron_mlp(tpu, cfg: tp.MlpCfg, topology: str):  # type: ignore[no-un
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_megatron_mlp_matches_jax_oracle(tpu, dtype: str) -> None:  # type: ignore[no-untyped-def]
-    cfg = tp.MlpCfg(dtype=dtype)  # tokens 64, h 256, ffn 1024, tp 8 on v5e:2x4
-    out = tpu.compile_tensors(tp.megatron_mlp(cfg), "v5e:2x4", label="mlp")
+    cfg = tp.MlpCfg(dtype=dtype)  # tokens 64, h 256, ffn 1024, tp 8 on v5e-8
+    out = tpu.compile_tensors(tp.megatron_mlp(cfg), "v5e-8", label="mlp")
     assert out.fits and out.num_chips == 8 and out.module is not None and out.memory is not None
-    oracle = _jax_megatron_mlp(tpu, cfg, "v5e:2x4")
+    oracle = _jax_megatron_mlp(tpu, cfg, "v5e-8")
     assert out.module.summary() == oracle.summary()
     assert sorted((c.op, c.dtype, c.operands, c.group_size) for c in out.module.collectives) == \
         sorted((c.op, c.dtype, c.operands, c.group_size) for c in oracle.collectives)
@@ -127,21 +144,21 @@ def test_megatron_mlp_matches_jax_oracle(tpu, dtype: str) -> None:  # type: igno
 
 def test_all_reduce_combiner(tpu) -> None:  # type: ignore[no-untyped-def]
     outs = tp.data_parallel_step(tp.MlpCfg())  # 4 weight gradients of [256, 256] f32
-    combined = tpu.compile_tensors(outs, "v5e:2x4")
-    split = tpu.compile_tensors(outs, "v5e:2x4", disable_passes=("all-reduce-combiner",))
+    combined = tpu.compile_tensors(outs, "v5e-8")
+    split = tpu.compile_tensors(outs, "v5e-8", disable_passes=("all-reduce-combiner",))
     assert combined.count("all-reduce") == 1 and combined.module.collectives[0].operands == 4
     assert split.count("all-reduce") == 4 and {c.operands for c in split.module.collectives} == {1}
     assert combined.bytes("all-reduce") == split.bytes("all-reduce") == 4 * 256 * 256 * 4
     assert split.options == {"disable_passes": ["all-reduce-combiner"], "debug_options": {}}
     hits = tpu.CACHE_HITS
-    again = tpu.compile_tensors(tp.data_parallel_step(tp.MlpCfg()), "v5e:2x4")
+    again = tpu.compile_tensors(tp.data_parallel_step(tp.MlpCfg()), "v5e-8")
     assert again.cached and not combined.cached and again.hlo_text == combined.hlo_text
     assert tpu.CACHE_HITS == hits + 1  # the report's shared kernels read this counter
 
 
 def test_reduce_scatter_and_compiler_flags(tpu) -> None:  # type: ignore[no-untyped-def]
     outs = tp.zero3_step(tp.MlpCfg())  # 2 weights [256, 256] f32, sharded by rows over 8 chips
-    out = tpu.compile_tensors(outs, "v5e:2x4")
+    out = tpu.compile_tensors(outs, "v5e-8")
     # gradients: one combined reduce-scatter of 2 x [256, 256] f32 -> 2 x [32, 256]
     assert out.count("reduce-scatter") == 1 and out.count("all-reduce") == 0
     assert out.bytes("reduce-scatter") == 2 * 256 * 256 * 4
@@ -149,21 +166,21 @@ def test_reduce_scatter_and_compiler_flags(tpu) -> None:  # type: ignore[no-unty
     # weights: two all-gathers of [32, 256] shards, moved in bf16 (default mat-mul precision feeds the MXU bf16)
     assert out.count("all-gather") == 2 and out.bytes("all-gather") == 2 * 32 * 256 * 2
     # a TPU flag: without the all-reduce-scatter fusion the TPU keeps all-reduce (+ dynamic-slice), like CPU
-    flag = tpu.compile_tensors(outs, "v5e:2x4", debug_options={"xla_tpu_enable_all_reduce_scatter_fusion": False})
+    flag = tpu.compile_tensors(outs, "v5e-8", debug_options={"xla_tpu_enable_all_reduce_scatter_fusion": False})
     assert flag.count("reduce-scatter") == 0 and flag.count("all-reduce") == 1
     with pytest.raises(Exception, match="No such compile option"):
-        tpu.compile_tensors(outs, "v5e:2x4", debug_options={"xla_no_such_flag": True})
+        tpu.compile_tensors(outs, "v5e-8", debug_options={"xla_no_such_flag": True})
 
 
 def test_out_of_memory_is_data(tpu) -> None:  # type: ignore[no-untyped-def]
-    out = tpu.compile_tensors(tp.big_temporary(), "v5e:2x4", label="big")
+    out = tpu.compile_tensors(tp.big_temporary(), "v5e-8", label="big")
     assert not out.fits and out.hlo_text is None and out.module is None and out.memory is None
     oom = out.oom
     assert oom.capacity == int(15.75 * GiB) and oom.used > oom.capacity and oom.exceeded > 0
     top = oom.buffers[0]  # the 16 GiB hidden activation [2^17, 32768] f32
     assert top.size == 16 * GiB and top.shape.startswith("f32[131072,32768]") and "fusion" in top.label
     assert "Ran out of memory in memory space hbm" in oom.message
-    with pytest.raises(ValueError, match="did not fit on v5e:2x4"):
+    with pytest.raises(ValueError, match="did not fit on v5e-8"):
         out.count("all-reduce")
 
 
@@ -172,10 +189,10 @@ def test_capacity_counts_arguments_not_outputs(tpu) -> None:  # type: ignore[no-
     fit v6e (31.25 GiB); 1 GiB of arguments + 16 GiB of outputs compiles on v5e although the outputs exceed
     the chip: the compile-time check counts arguments + temporaries + reserved, not outputs."""
     args16 = tp.big_argument(16)
-    v5e, v6e = tpu.compile_tensors(args16, "v5e:2x4"), tpu.compile_tensors(args16, "v6e:2x4")
+    v5e, v6e = tpu.compile_tensors(args16, "v5e-8"), tpu.compile_tensors(args16, "v6e-8")
     assert not v5e.fits and v5e.oom.breakdown["arguments"] == 16 * GiB
     assert v6e.fits and v6e.memory.argument >= 16 * GiB and v6e.memory.capacity == int(31.25 * GiB)
-    outs = tpu.compile_tensors(tp.many_outputs(16), "v5e:2x4")
+    outs = tpu.compile_tensors(tp.many_outputs(16), "v5e-8")
     assert outs.fits and outs.memory.output >= 16 * GiB > outs.memory.capacity
 
 
@@ -184,7 +201,7 @@ def test_worker_path(tpu) -> None:  # type: ignore[no-untyped-def]
     from shardlab.profile import tpu_worker
 
     t0 = time.perf_counter()
-    out = tpu.compile_program(tp.megatron_mlp, tp.MlpCfg(), "v5e:2x2", label="mlp tp4")
+    out = tpu.compile_program(tp.megatron_mlp, tp.MlpCfg(), "v5e-4", label="mlp tp4")
     first = time.perf_counter() - t0
     assert out.fits and out.num_chips == 4 and out.label == "mlp tp4"
     (ar,) = out.module.collectives
@@ -192,24 +209,24 @@ def test_worker_path(tpu) -> None:  # type: ignore[no-untyped-def]
     assert out.bytes("all-reduce") == 2 * 64 * 256 * 4  # y and dx, [64, 256] f32
     t0 = time.perf_counter()
     hits = tpu.CACHE_HITS
-    again = tpu.compile_program(tp.megatron_mlp, tp.MlpCfg(), "v5e:2x2")
+    again = tpu.compile_program(tp.megatron_mlp, tp.MlpCfg(), "v5e-4")
     assert again.cached and again.hlo_text == out.hlo_text and tpu.CACHE_HITS == hits + 1  # the worker's cache
     print(f"worker start {tpu_worker.worker_for(4).start_s:.1f} s, first request {first:.1f} s, "
           f"cached request {time.perf_counter() - t0:.2f} s")
-    here = tpu.compile_program(tp.megatron_mlp, tp.MlpCfg(), "v5e:2x4")  # 8 chips: in this process
+    here = tpu.compile_program(tp.megatron_mlp, tp.MlpCfg(), "v5e-8")  # 8 chips: in this process
     assert here.num_chips == 8 and here.module.collectives[0].group_size == 8
 
     def local(cfg):  # type: ignore[no-untyped-def]
         return tp.megatron_mlp(cfg)
 
     with pytest.raises(ValueError, match="module-level function"):
-        tpu.compile_program(local, tp.MlpCfg(), "v5e:2x2")
+        tpu.compile_program(local, tp.MlpCfg(), "v5e-4")
 
 
 def test_libtpu_noise_is_filtered(tpu, capfd) -> None:  # type: ignore[no-untyped-def]
     # In a fresh process libtpu's first use prints its no-TPU warnings to fd 2; through this module it is quiet.
     code = ("import sys; from shardlab.profile import tpu; "
-            "tpu.topology_devices('v5e:1x1') if sys.argv[1] == 'quiet' else "
+            "tpu.topology_devices('v5e-1') if sys.argv[1] == 'quiet' else "
             "__import__('jax.experimental.topologies').experimental.topologies.get_topology_desc('v5e:2x2', 'tpu')")
     env = dict(os.environ, JAX_PLATFORMS="cpu", ALLOW_MULTIPLE_LIBTPU_LOAD="1")
     raw, quiet = (subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True, env=env,
@@ -218,7 +235,7 @@ def test_libtpu_noise_is_filtered(tpu, capfd) -> None:  # type: ignore[no-untype
     assert "TPU_WORKER_HOSTNAMES" in raw.stderr  # the oracle: the noise is real without the filter
     assert "TPU" not in quiet.stderr + quiet.stdout and "InitGoogle" not in quiet.stderr
     capfd.readouterr()
-    out = tpu.compile_tensors(tp.megatron_mlp(tp.MlpCfg(tokens=32)), "v5e:2x4")  # a fresh compile
+    out = tpu.compile_tensors(tp.megatron_mlp(tp.MlpCfg(tokens=32)), "v5e-8")  # a fresh compile
     assert out.fits and not out.cached
     captured = capfd.readouterr()
     assert captured.out == "" and captured.err == ""
@@ -242,7 +259,7 @@ def test_annotated_parameters_keep_their_sharding(tpu) -> None:  # type: ignore[
     xs.mark_sharding(x, mesh, (None, "model"))
     full = x * 1.0
     xs.mark_sharding(full, mesh, (None, None))  # replicate: an all-gather of the column shards
-    out = tpu.compile_tensors([full.exp().sum(dim=-1)], "v5e:2x4")
+    out = tpu.compile_tensors([full.exp().sum(dim=-1)], "v5e-8")
     assert out.count("all-gather") == 1 and out.bytes("all-gather") == 8 * 126 * 4
     assert out.memory.argument < 8 * 1003 * 4  # the argument is the shard (tile-padded), not the whole x
     assert tpu.parameter_propagation("ENTRY %e {\n %p = f32[2]{0} parameter(0)\n}", 1) == [True]  # placeholder
@@ -254,8 +271,8 @@ def test_donation_aliases_updates_into_their_inputs(tpu) -> None:  # type: ignor
     2 · 262144 B; without donation nothing is aliased and the updated state is a second copy in the outputs."""
     shard = 1024 // 8 * 512 * 4
     step = tp.momentum_update(tp.UpdateCfg())
-    plain = tpu.compile_tensors(step.outputs, "v5e:2x4")
-    donated = tpu.compile_tensors(step.outputs, "v5e:2x4", donate=step.donate)
+    plain = tpu.compile_tensors(step.outputs, "v5e-8")
+    donated = tpu.compile_tensors(step.outputs, "v5e-8", donate=step.donate)
     assert plain.memory.alias == 0 and "donated" not in plain.options
     assert donated.memory.alias == 2 * shard and [o for o, _ in donated.options["donated"]] == [1, 2]
     assert plain.memory.output == donated.memory.output >= 2 * shard  # listed either way; aliased when donated
@@ -263,10 +280,10 @@ def test_donation_aliases_updates_into_their_inputs(tpu) -> None:  # type: ignor
     for m in (plain.memory, donated.memory):
         assert m.peak == m.argument + m.output - m.alias + m.checked_temp and m.fits and m.runs
     # the same through compile_program: a builder returning a Step, in this process (8 chips) and in a 4-chip worker
-    again = tpu.compile_program(tp.momentum_update, tp.UpdateCfg(), "v5e:2x4")
+    again = tpu.compile_program(tp.momentum_update, tp.UpdateCfg(), "v5e-8")
     assert again.cached and again.memory.alias == 2 * shard
-    assert tpu.compile_program(tp.momentum_update, tp.UpdateCfg(), "v5e:2x4", donate=False).memory.alias == 0
-    four = tpu.compile_program(tp.momentum_update, tp.UpdateCfg(), "v5e:2x2")
+    assert tpu.compile_program(tp.momentum_update, tp.UpdateCfg(), "v5e-8", donate=False).memory.alias == 0
+    four = tpu.compile_program(tp.momentum_update, tp.UpdateCfg(), "v5e-4")
     assert four.memory.alias == 2 * (1024 // 4 * 512 * 4)
 
 
@@ -275,14 +292,14 @@ def test_donation_errors_name_the_rule(tpu) -> None:  # type: ignore[no-untyped-
     w, m = step.donate[1], step.donate[2]
     product = w * 1
     with pytest.raises(ValueError, match=r"donate=\{1: \.\.\.\}: the input is not a parameter of the graph"):
-        tpu.compile_tensors(step.outputs, "v5e:2x4", donate={1: product})
+        tpu.compile_tensors(step.outputs, "v5e-8", donate={1: product})
     with pytest.raises(ValueError, match=r"output 0 is torch.float32\[\] but the donated input is "
                                          r"torch.float32\[256, 128\]"):
-        tpu.compile_tensors(step.outputs, "v5e:2x4", donate={0: w})
+        tpu.compile_tensors(step.outputs, "v5e-8", donate={0: w})
     with pytest.raises(ValueError, match=r"output index 3 is out of range \(there are 3 outputs\)"):
-        tpu.compile_tensors(step.outputs, "v5e:2x4", donate={3: w})
+        tpu.compile_tensors(step.outputs, "v5e-8", donate={3: w})
     with pytest.raises(ValueError, match=r"already donated to output 1"):
-        tpu.compile_tensors(step.outputs, "v5e:2x4", donate={1: m, 2: m})
+        tpu.compile_tensors(step.outputs, "v5e-8", donate={1: m, 2: m})
 
 
 def test_checked_memory_is_what_the_capacity_check_counts(tpu) -> None:  # type: ignore[no-untyped-def]
@@ -291,12 +308,12 @@ def test_checked_memory_is_what_the_capacity_check_counts(tpu) -> None:  # type:
     checked bytes are arguments + the 512 MiB temporary; 32 MiB more fails although the arguments alone
     (31504 MiB) are under the capacity — the temporary is counted, the reserved 258 MiB is not (it would not fit)."""
     MiB = 2**20
-    ok = tpu.compile_program(tp.sort_temporary, 32000 - 1024 - 16, "v6e:1x1")
+    ok = tpu.compile_program(tp.sort_temporary, 32000 - 1024 - 16, "v6e-1")
     m = ok.memory
     assert ok.fits and m.argument >= (32000 - 512 - 16) * MiB
     assert 512 * MiB <= m.checked_temp < 513 * MiB and m.temp == 512 * MiB  # temp_size agrees here (small program)
     assert 0 < m.capacity - m.checked < 17 * MiB and m.fits and m.runs
-    over = tpu.compile_program(tp.sort_temporary, 32000 - 1024 + 16, "v6e:1x1")
+    over = tpu.compile_program(tp.sort_temporary, 32000 - 1024 + 16, "v6e-1")
     oom = over.oom
     assert not over.fits and oom.capacity == 32000 * MiB
     assert oom.arguments == pytest.approx((32000 - 512 + 16) * MiB, abs=0.006 * GiB)  # printed as "30.77G"
@@ -305,10 +322,10 @@ def test_checked_memory_is_what_the_capacity_check_counts(tpu) -> None:  # type:
 
 def test_oom_arguments_not_evaluated(tpu) -> None:  # type: ignore[no-untyped-def]
     """When the program alone exceeds the HBM the compiler lists "arguments 0B": not evaluated, so None."""
-    big = tpu.compile_tensors(tp.big_temporary(), "v5e:2x4")  # a 16 GiB temporary > 15.75 GiB
+    big = tpu.compile_tensors(tp.big_temporary(), "v5e-8")  # a 16 GiB temporary > 15.75 GiB
     assert big.oom.breakdown["arguments"] == 0 and big.oom.arguments is None and big.oom.outputs is None
     assert big.oom.program > big.oom.capacity and "Ran out of memory" in big.oom.first_line
-    args16 = tpu.compile_tensors(tp.big_argument(16), "v5e:2x4")  # the arguments alone are over: evaluated
+    args16 = tpu.compile_tensors(tp.big_argument(16), "v5e-8")  # the arguments alone are over: evaluated
     assert args16.oom.arguments == 16 * GiB
 
 

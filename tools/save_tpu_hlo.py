@@ -1,7 +1,7 @@
 """Regenerate the real XLA:TPU programs in ``tests/data/tpu_hlo/`` (unit-test inputs for the HLO parser).
 
 Design: each file is the per-chip program ``shardlab.profile.tpu`` returns for one small graph from
-``tests/tpu_programs.py`` on ``v5e:2x4`` (8 chips; this process holds an 8-device CPU world), plus one program
+``tests/tpu_programs.py`` on ``v5e-8`` (8 chips; this process holds an 8-device CPU world), plus one program
 written directly in JAX (an explicit ``psum_scatter``: the native ``reduce-scatter`` instruction). The README
 there says what each file contains. Compile-only; takes ~10 s.
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "data" / "tpu_hlo"
-TOPOLOGY = "v5e:2x4"
+TOPOLOGY = "v5e-8"
 
 
 def jax_reduce_scatter() -> str:
@@ -55,17 +55,17 @@ def main() -> None:
 
     OUT.mkdir(parents=True, exist_ok=True)
     cfg = tp.MlpCfg()  # tokens 64, hidden 256, ffn 1024, f32
-    save("mlp_bf16_v5e_2x4.txt", tp.megatron_mlp(tp.MlpCfg(dtype="bfloat16")))
-    save("dp4_f32_v5e_2x4.txt", tp.data_parallel_step(cfg))
-    save("dp4_f32_no_combiner_v5e_2x4.txt", tp.data_parallel_step(cfg), disable_passes=("all-reduce-combiner",))
-    save("zero3_f32_v5e_2x4.txt", tp.zero3_step(cfg))
-    save("roll_f32_v5e_2x4.txt", tp.roll_rows(cfg))
-    save("scan_fsdp2_tp4_f32_v5e_2x4.txt", tp.scan_stack(cfg))
+    save("mlp_bf16_v5e_8.txt", tp.megatron_mlp(tp.MlpCfg(dtype="bfloat16")))
+    save("dp4_f32_v5e_8.txt", tp.data_parallel_step(cfg))
+    save("dp4_f32_no_combiner_v5e_8.txt", tp.data_parallel_step(cfg), disable_passes=("all-reduce-combiner",))
+    save("zero3_f32_v5e_8.txt", tp.zero3_step(cfg))
+    save("roll_f32_v5e_8.txt", tp.roll_rows(cfg))
+    save("scan_fsdp2_tp4_f32_v5e_8.txt", tp.scan_stack(cfg))
     from shardlab.levers import programs as P
 
-    save("fsdp4_windowed_bf16_v5e_2x4.txt",  # notebook 08's overlap step
+    save("fsdp4_windowed_bf16_v5e_8.txt",  # notebook 08's overlap step
          P.train_step("fsdp", layers=4, batch=8192, hidden=2048, dtype="bfloat16", placeholders=True))
-    (OUT / "jax_reduce_scatter_f32_v5e_2x4.txt").write_text(jax_reduce_scatter())
+    (OUT / "jax_reduce_scatter_f32_v5e_8.txt").write_text(jax_reduce_scatter())
 
 
 if __name__ == "__main__":

@@ -74,6 +74,8 @@ class NotebookParams:
     POSITIVE: ClassVar[tuple[str, ...]] = ()  # positive ints
     FLAGS: ClassVar[tuple[str, ...]] = ()  # True or False
     CHOICES: ClassVar[dict[str, tuple[Any, ...]]] = {}  # field -> the values it may take
+    # TPU slice names: a user may write "v6e-8" or libtpu's "v6e:2x4"; validate() stores the one form ("v6e-8")
+    SLICES: ClassVar[tuple[str, ...]] = ()
 
     num_devices: int = 8  # virtual CPU devices (or TPU chips) of this kernel; needs a kernel restart to change
     results_dir: str | None = None  # where the JSON record goes (the report runner sets it)
@@ -105,6 +107,11 @@ class NotebookParams:
                 boolean(name, getattr(self, name))
             for name, allowed in rules.get("CHOICES", {}).items():
                 one_of(name, getattr(self, name), allowed)
+            for name in rules.get("SLICES", ()):
+                from shardlab.profile.tpu import parse_slice
+
+                # the boundary: the notebook's own code and the library see the generation-chips name only
+                object.__setattr__(self, name, parse_slice(getattr(self, name), name))
         self.checks()
         return self
 
@@ -370,6 +377,7 @@ class PlannerParams(planner.PlanConfig, NotebookParams):
                 "val_heads")
     FLAGS = ("full_size",)
     CHOICES = {"recompute": RECOMPUTE_POLICIES}
+    SLICES = ("topology",)
 
     val_world: int = 8  # ranks of the validation configurations
     val_tokens: int = 64  # tokens (b = 1, s = val_tokens) of the validation MLP / layer / steps
@@ -381,8 +389,6 @@ class PlannerParams(planner.PlanConfig, NotebookParams):
     def checks(self) -> None:
         if not isinstance(self.model, str | dict):
             raise ValueError(f"model={self.model!r} must be a preset name or a dict of sizes")
-        if not isinstance(self.topology, str):
-            raise ValueError(f"topology={self.topology!r} must be a slice name such as 'v6e-8'")
         w = self.val_world
         divisible("val_ffn", self.val_ffn, "val_world", w, "the validation MLP splits its inner dimension")
         divisible("val_heads", self.val_heads, "val_world", w, "whole heads per rank in the validation layer")

@@ -62,6 +62,7 @@ from torch_xla.experimental.scan import scan
 
 from shardlab import harness, runtime
 from shardlab.case import Case
+from shardlab.formulas import hardware
 from shardlab.planner import ModelConfig, Plan, PlanConfig, model_from, plan
 from shardlab.profile.record import Recorder
 from shardlab.profile.tpu import Step, TpuCompile, get_topology
@@ -131,8 +132,8 @@ class VerdictCase(Case):
 
     @property
     def generation(self) -> str:
-        """The planner's slice name's generation: ``v6e-8`` -> ``v6e``."""
-        return self.p.topology.split("-", 1)[0]
+        """The chip generation of the plan's slice (``v6e-8``: ``v6e``), as ``data/hardware`` resolves it."""
+        return hardware.topology(self.p.topology)[0].name
 
     @property
     def model(self) -> ModelConfig:
@@ -270,7 +271,7 @@ class PlannerCheck:
     """Planner terms next to the compiler's per-chip bytes for one configuration (bytes; ratio = compiler/planner)."""
 
     config: dict[str, Any]
-    topology: str  # the compiler's name
+    topology: str  # the slice compiled for (v6e-8)
     compile_s: float
     donated: bool
     compiler_fits: bool

@@ -13,7 +13,7 @@ Example::
 
     >>> import tempfile, pathlib
     >>> p = pathlib.Path(tempfile.mkdtemp()) / "r.json"
-    >>> save_results({"a": CompileResult({"n": 1}, "v6e:2x4", False, 2.0, used_bytes=9)}, p, command="doctest")
+    >>> save_results({"a": CompileResult({"n": 1}, "v6e-8", False, 2.0, used_bytes=9)}, p, command="doctest")
     >>> r, source = load_results(p, CompileResult.from_dict, "run the doctest")
     >>> r["a"].per_chip_bytes, r["a"].runs, source
     (9, False, {'command': 'doctest'})

@@ -262,7 +262,7 @@ C.seed_table(rec)
 # placeholder — nothing is allocated, so a 405B-size step is only lowered and compiled. The block is
 # $x + \mathrm{silu}(x W_q^\top) W_o^\top$ with $W_q[16384_{tensor}, 16384_{fsdp}]$,
 # $W_o[16384_{fsdp}, 16384_{tensor}]$, $x[16_{fsdp}, 1024, 16384]$ (batch 16 × sequence 1024), on a mesh
-# **fsdp 16 × tensor 4 of a v6e:8x8 slice** (64 chips). The seed's per-chip buffer `[126, 4K, 16K]` is set by the
+# **fsdp 16 × tensor 4 of a v6e-64 slice** (64 chips). The seed's per-chip buffer `[126, 4K, 16K]` is set by the
 # tensor split alone (16384 / 4 = 4K); the fsdp size only sets how much smaller the 2-D version is, so 64 chips
 # show what 256 did (and 256 CPU devices, the graph's own world, are too many for this host). The 126 per-layer
 # weights are stacked **inside the step**, as `scan_layers` does and the seed did, and the 126 per-layer

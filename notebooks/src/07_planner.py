@@ -122,7 +122,7 @@ planner_figures.published(rec)  # every figure above: the paper's number, the fo
 # %%
 from shardlab.xla_scan import scale
 
-story, _ = scale.load_story()  # notebook 06's cached full-size compiles (mesh fsdp 16 × tensor 4 on v6e:8x8)
+story, _ = scale.load_story()  # notebook 06's cached full-size compiles (mesh fsdp 16 × tensor 4 on v6e-64)
 seed_bf16, seed_frame = planner_figures.stacked_grad(rec, story)
 display(seed_frame)
 hbm = hardware.chip("v6e").hbm_usable_bytes  # what the XLA:TPU compiler lets one chip's program use

@@ -485,7 +485,7 @@ ex.show(5, answer_5)
 # causal), forward and backward, traced with placeholders on this CPU-only machine and compiled compile-only by
 # XLA:TPU (libtpu 0.0.21) — with two scoped fixes while tracing (lower for the "tpu" platform; Mosaic IR version 7)
 # and JAX's lowering cache cleared around them: three `tpu_custom_call`s (forward, dq, dk/dv), on one v5e chip, on a
-# v5e:2x4 slice with the heads split over 8 chips, and inside notebook 07's Llama 3 8B training step (four: the
+# v5e-8 slice with the heads split over 8 chips, and inside notebook 07's Llama 3 8B training step (four: the
 # backward recomputes the forward). Flash lengths are multiples of 1024 (the kernel's dq block). No fallback was
 # needed.
 #

@@ -4,7 +4,7 @@ results_dir = None  # where the JSON record goes (the report runner sets it)
 seed = 0  # seed of every random tensor
 model = "llama-3-8b"  # a preset of data/models, a config.json path, or a dict of config fields
 overrides = {}  # config fields to change, e.g. {"num_hidden_layers": 16}
-topology = "v6e-8"  # the slice your model is inspected on (planner names: v5e-8, v6e-8, v6e-64 ...)
+topology = "v6e-8"  # the slice your model is inspected on: v5e-8, v6e-8, v6e-64 ...
 mesh = "fsdp=8"  # mesh axes NAME=SIZE in device order (fsdp: FSDP, tensor: Megatron, others: data)
 batch = 8  # global batch: sequences per step, split over every axis but tensor
 seq = 8192  # tokens per sequence

@@ -36,7 +36,7 @@ and one in the backward loop. The loop body cannot carry annotations (``scan`` t
 Integer carries are refused by ``scan`` (every carry gets ``requires_grad``): positions travel as float32.
 Memory: the backward keeps what autograd saved for every step (the visiting K/V blocks and the per-step
 intermediates); ``remat=True`` passes functorch's min-cut rematerialisation partition to ``scan``. Measured
-(s = 1024, hq 8, hkv 2, d 64, cp 8, XLA:TPU v5e:2x4 peak per chip, the step's loss ½‖out − target‖²): forward
+(s = 1024, hq 8, hkv 2, d 64, cp 8, XLA:TPU v5e-8 peak per chip, the step's loss ½‖out − target‖²): forward
 only 1.9 MB (all-gather CP 6.1 MB); forward + backward 23.1 MB, with ``remat`` 15.0 MB (all-gather CP 11.6 MB,
 the unrolled ring 11.1 MB) — the per-rank ring's hand-written backward (``shardlab.context.ring``) keeps only q,
 k, v, out and the log-sum-exp instead.

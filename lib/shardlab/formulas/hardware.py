@@ -144,10 +144,16 @@ def topologies() -> dict[str, tuple[str, int]]:
 
 
 def topology(name: str) -> tuple[ChipProfile, int]:
-    """Resolve "v6e-256" -> (v6e profile, 256 chips); v5p names count TensorCores (v5p-8 = 4 chips)."""
+    """Resolve "v6e-256" -> (v6e profile, 256 chips); v5p names count TensorCores (v5p-8 = 4 chips).
+
+    Takes the suite's slice names only (generation-chips); a user's libtpu-style "v6e:2x4" is converted once at the
+    boundary (``shardlab.profile.tpu.parse_slice``)."""
     known = topologies()
     if name not in known:
-        raise ValueError(f"unknown topology {name!r}; known: {sorted(known)}")
+        form = (" (that is libtpu's generation:shape form; the suite's slice names are generation-chips, e.g. "
+                "'v6e-8': convert a user's value with shardlab.profile.tpu.parse_slice)"
+                if isinstance(name, str) and ":" in name else "")
+        raise ValueError(f"unknown topology {name!r}{form}; known: {sorted(known)}")
     c, n = known[name]
     return chip(c), n
 
@@ -192,12 +198,7 @@ HOST_TILE = {2: (2, 2), 3: (2, 2, 1)}  # chips per host along each torus axis (l
 def slice_shape(topology_name: str) -> tuple[int, ...]:
     """The torus extents of a slice: ``"v6e-8"`` -> (2, 4), ``"v6e-256"`` -> (16, 16) — powers of two as even as
     possible, ascending (Google's v5e / v6e slice shapes 1x1, 1x2, 2x2, 2x4 ... 16x16; v5p 2x2x1, 2x2x2, 2x4x4,
-    4x4x4, 4x4x8 ...). A compile-only topology name says its shape: ``"v5e:2x4"`` -> (2, 4)."""
-    if ":" in topology_name:
-        dims = topology_name.split(":", 1)[1].split("x")
-        if not all(d.isdigit() and int(d) > 0 for d in dims):
-            raise ValueError(f"topology={topology_name!r}: expected '<chip>:<n>x<m>[x<k>]'")
-        return tuple(int(d) for d in dims)
+    4x4x4, 4x4x8 ...; libtpu names the 8-chip v5e slice by this shape, "v5e:2x4")."""
     profile, n = topology(topology_name)
     if n & (n - 1):
         raise ValueError(f"{topology_name}: {n} chips is not a power of two (no slice shape known)")
@@ -209,10 +210,10 @@ def slice_shape(topology_name: str) -> tuple[int, ...]:
 
 
 def device_coords(topology_name: str) -> list[tuple[int, ...]]:
-    """Torus coordinates of device 0, 1, ... of a slice (a planner slice "v6e-8" or a compile-only topology
-    "v6e:2x4"), in the order XLA:TPU's compile-only topologies list them (the device assignment the suite's TPU
-    compiles use): hosts of 2 x 2 chips, the chips of a host x-first, the hosts x-first (v6e:2x4: (0,0) (1,0)
-    (0,1) (1,1) (0,2) (1,2) (0,3) (1,3)). A 1 x 2 slice is one host."""
+    """Torus coordinates of device 0, 1, ... of a slice (e.g. "v6e-8"), in the order XLA:TPU's compile-only
+    topologies list them (the device assignment the suite's TPU compiles use): hosts of 2 x 2 chips, the chips of
+    a host x-first, the hosts x-first (v6e-8: (0,0) (1,0) (0,1) (1,1) (0,2) (1,2) (0,3) (1,3)). A 1 x 2 slice is
+    one host."""
     shape = slice_shape(topology_name)
     tile = tuple(min(t, e) for t, e in zip(HOST_TILE[len(shape)], shape, strict=True))
     hosts = tuple(e // t for e, t in zip(shape, tile, strict=True))

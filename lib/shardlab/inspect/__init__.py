@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 _API = {"InspectResult": "api", "inspect": "api", "run": "api", "InspectConfig": "config",
-        "InspectInputError": "config", "compiler_topology": "config", "make_config": "config"}
+        "InspectInputError": "config", "make_config": "config"}
 
 
 def __getattr__(name: str) -> Any:
@@ -36,4 +36,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'shardlab.inspect' has no attribute {name!r}")
 
 
-__all__ = ["InspectConfig", "InspectInputError", "InspectResult", "compiler_topology", "inspect", "make_config", "run"]
+__all__ = ["InspectConfig", "InspectInputError", "InspectResult", "inspect", "make_config", "run"]

@@ -296,15 +296,13 @@ def nearest_fit(cfg: InspectConfig, max_tensor: int = 8) -> Any:
     recompute, then least memory), else the smallest larger slice of the same generation; None if none fits."""
     from shardlab import planner as P
     from shardlab.formulas import hardware
-    from shardlab.inspect.config import compiler_topology
+    from shardlab.profile import tpu
 
     chip, chips = hardware.topology(cfg.topology)
     d0, f0, t0 = cfg.degrees
     slices = sorted((n, s) for s, n in chip.slices.items() if n >= chips)
     for n, name in slices:
-        try:
-            compiler_topology(name)
-        except ValueError:
+        if name not in tpu.TOPOLOGIES:  # no compile-only topology to confirm it on
             continue
         best = None
         for t in (x for x in range(1, min(n, max_tensor) + 1) if n % x == 0):

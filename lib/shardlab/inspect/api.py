@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from shardlab.inspect import analysis as A
-from shardlab.inspect.config import InspectConfig, InspectInputError, compiler_topology, layout, make_config, with_mesh
+from shardlab.inspect.config import InspectConfig, InspectInputError, layout, make_config, with_mesh
 
 Progress = Callable[[str], None]
 
@@ -30,8 +30,7 @@ class InspectResult:
 
     config: dict[str, Any]  # the InspectConfig's fields (model_json as the config dict: "model_config")
     label: str
-    topology: str  # the compiler's slice name (v6e:2x4)
-    slice: str  # the planner's (v6e-8)
+    topology: str  # the slice compiled for (v6e-8)
     fits: bool
     message: str  # the compiler's one-line verdict when out of memory ("RESOURCE_EXHAUSTED: ...")
     compile_s: float
@@ -146,7 +145,7 @@ def run(cfg: InspectConfig, progress: Progress | None = None, confirm: bool = Fa
     say = progress or (lambda _s: None)
     say("validating (model on the meta device, sharding rules)")
     cfg.validate()
-    topology = compiler_topology(cfg.topology)
+    topology = cfg.topology
     try:
         world = runtime.current()
     except RuntimeError:
@@ -184,7 +183,7 @@ def run(cfg: InspectConfig, progress: Progress | None = None, confirm: bool = Fa
         origins[o] = origins.get(o, 0) + 1
     planner = planner_summary(plan, compiled.fits, cfg)
     result = InspectResult(
-        _config_dict(cfg), cfg.label, topology, cfg.topology, compiled.fits,
+        _config_dict(cfg), cfg.label, topology, compiled.fits,
         compiled.oom.first_line if compiled.oom else "", compiled.compile_s, trace_s, where, rows, totals,
         A.largest(compiled), A.collective_summary(coll, plan, cfg, compiled.module is not None), planner,
         {"model": real, "planner": plan.num_params if plan else None,

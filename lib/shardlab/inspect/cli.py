@@ -37,7 +37,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                                     "it communicate? Weights and inputs are placeholders: nothing is allocated.")
     ip.add_argument("model", help="a preset in data/models (llama-3-8b, mistral-7b, mixtral-8x7b, gpt2, gemma-2b) "
                     "or a config.json path")
-    ip.add_argument("--topology", default="v6e-8", help="TPU slice, planner names: v5e-8, v6e-8, v6e-64 ...")
+    ip.add_argument("--topology", default="v6e-8",
+                    help="TPU slice: v5e-8, v6e-8, v6e-64 ... (libtpu's form, e.g. v6e:2x4, is accepted too)")
     ip.add_argument("--mesh", default="fsdp=8", help="mesh axes NAME=SIZE in device order (default fsdp=8)")
     ip.add_argument("--fsdp", default="auto", help="axes FSDP splits parameters over, '+'-joined; 'none'; "
                     "default: the fsdp axis if present")
@@ -118,7 +119,7 @@ def _value(text: str) -> Any:
 
 def main(args: argparse.Namespace) -> int:
     """Run ``python -m shardlab inspect`` (see the module note for the exit status)."""
-    from shardlab.inspect.config import InspectInputError, compiler_topology, make_config
+    from shardlab.inspect.config import InspectInputError, make_config
     from shardlab.report.datatypes import EXIT_RUNNER
 
     err = os.fdopen(os.dup(2), "w", buffering=1)
@@ -143,7 +144,6 @@ def main(args: argparse.Namespace) -> int:
                           layers=args.layers, strict=args.strict, num_layers=args.num_layers, overrides=overrides,
                           donate=args.donate)
         progress("checking the slice, mesh, batch, model and rules")
-        compiler_topology(cfg.topology)
         cfg.validate()
         from shardlab import runtime
 

@@ -14,15 +14,16 @@ lacks, a batch the batch axes cannot divide, heads the tensor axis cannot divide
 position embeddings, a config that cannot be built, a rule that matches nothing (``sharding``). All of it is
 cheap: the model is built on the meta device.
 
-Slice names: the CLI and this config take the planner's names (``v6e-8``: generation and chip count, the names of
-``data/hardware``); :func:`compiler_topology` is the one conversion to the compiler's (``v6e:2x4``), via
-``shardlab.profile.tpu.topology_for``. A compiler name given directly is accepted and converted back.
+Slice names: one form, generation-chips (``v6e-8``: the names of ``data/hardware`` and of the compile-only
+topologies of ``shardlab.profile.tpu``). :func:`make_config` — the public entry the CLI, notebook 12 and
+``inspect()`` go through — also accepts libtpu's generation:shape form (``v6e:2x4``) and converts it once
+(``shardlab.profile.tpu.parse_slice``); :class:`InspectConfig` holds the generation-chips name.
 
 Example::
 
-    >>> cfg = make_config("gpt2", mesh="fsdp=8", topology="v5e-8", batch=8, seq=128, num_layers=2)
-    >>> cfg.validate().mesh_dict, compiler_topology(cfg.topology)
-    ({'fsdp': 8}, 'v5e:2x4')
+    >>> cfg = make_config("gpt2", mesh="fsdp=8", topology="v5e:2x4", batch=8, seq=128, num_layers=2)
+    >>> cfg.validate().mesh_dict, cfg.topology
+    ({'fsdp': 8}, 'v5e-8')
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class InspectInputError(ValueError):
 class InspectConfig:
     model_json: str  # the model's config.json fields (model_type included), JSON text with sorted keys
     model_name: str = ""  # the preset name or file stem, for tables
-    topology: str = "v6e-8"  # the planner's slice name: v5e-8, v6e-8, v6e-64, ... (data/hardware)
+    topology: str = "v6e-8"  # the slice: v5e-8, v6e-8, v6e-64, ... (generation-chips; make_config converts)
     mesh: tuple[tuple[str, int], ...] = (("fsdp", 8),)  # mesh axes in device order: (name, size)
     fsdp: tuple[str, ...] = ("fsdp",)  # axes FSDP splits every parameter over; () = no FSDP
     tensor: str | None = None  # axis of the Megatron tensor-parallel rules; None = none
@@ -112,10 +113,7 @@ class InspectConfig:
     def validate(self, model: bool = True) -> InspectConfig:
         """Every rule, before any trace; returns self. Errors: :class:`InspectInputError` naming value and rule.
         ``model=False``: only the rules that need no model build (slice, mesh, axes, batch; no torch import)."""
-        compiler_topology(self.topology)  # known slice with a compile-only topology
-        from shardlab.formulas import hardware
-
-        _, chips = hardware.topology(planner_topology(self.topology))
+        chips = check_slice(self.topology)
         for name, value, allowed in (("optimizer", self.optimizer, OPTIMIZERS), ("recompute", self.recompute,
                                      RECOMPUTE), ("layers", self.layers, LAYER_MODES)):
             if value not in allowed:
@@ -199,7 +197,7 @@ def make_config(model: Any, *, mesh: Any = "fsdp=8", topology: str = "v6e-8", fs
         norm_rules = S.normalize_rules(rules)
     except S.PlanInputError as exc:
         raise InspectInputError(str(exc)) from None
-    return InspectConfig(json.dumps(d, sort_keys=True), name, planner_topology(topology), pairs, f, t, norm_rules,
+    return InspectConfig(json.dumps(d, sort_keys=True), name, slice_name(topology), pairs, f, t, norm_rules,
                          **kw)
 
 
@@ -218,30 +216,30 @@ def parse_mesh(mesh: Any) -> tuple[tuple[str, int], ...]:
     return tuple((str(a), n) for a, n in mesh)
 
 
-def planner_topology(name: str) -> str:
-    """The planner's slice name for a planner (``v6e-8``) or compiler (``v6e:2x4``) name."""
+def slice_name(topology: Any) -> str:
+    """A user's slice name (``v6e-8``, or libtpu's ``v6e:2x4``) as the suite's ``v6e-8``; unknown: InspectInputError."""
     from shardlab.profile import tpu
 
-    if ":" in name and name in tpu.TOPOLOGIES:
-        t = tpu.TOPOLOGIES[name]
-        return f"{t.generation}-{t.chips}"
-    return name
+    try:
+        return tpu.parse_slice(topology)
+    except ValueError as exc:
+        raise InspectInputError(str(exc)) from None
 
 
-def compiler_topology(name: str) -> str:
-    """The one conversion from the planner's slice name to the compiler's: ``v6e-8`` -> ``v6e:2x4``."""
+def check_slice(name: str) -> int:
+    """The chip count of the slice ``name`` (generation-chips), which the planner and the compiler must both know."""
     from shardlab.formulas import hardware
     from shardlab.profile import tpu
 
-    name = planner_topology(name)
     try:
-        chip, chips = hardware.topology(name)
+        _, chips = hardware.topology(name)
     except ValueError as exc:
         raise InspectInputError(f"topology={name!r}: {exc}") from None
     try:
-        return tpu.topology_for(chips, chip.name)
+        tpu.get_topology(name)
     except ValueError as exc:
-        raise InspectInputError(f"topology={name!r} has no compile-only topology: {exc}") from None
+        raise InspectInputError(str(exc)) from None
+    return chips
 
 
 @dataclass

@@ -208,7 +208,7 @@ def _size(r: InspectResult) -> str:
     c = r.config
     hf = r.config_object().hf_config()
     layers = c["num_layers"] or getattr(hf, num_layers_key(hf))
-    return f"{layers} layers, seq {c['seq']}, {r.slice}"
+    return f"{layers} layers, seq {c['seq']}, {r.topology}"
 
 
 def layers_frame(results: Mapping[str, InspectResult], keys: tuple[str, ...],

@@ -144,7 +144,7 @@ def memory_figure(r: Any) -> Any:
     for name, (c, pl) in segs.items():
         fig.add_bar(name=name, x=["compiler", "planner"], y=[max(c or 0, 0) / div, (pl or 0) / div])
     cap = r.totals.get("capacity")
-    title = f"per-chip memory, {r.slice} ({r.topology})"
+    title = f"per-chip memory, {r.topology}"
     if cap and name_u == "GiB":
         fig.add_hline(y=cap / div, line_dash="dash", annotation_text=f"capacity {cap / GIB:.2f} GiB")
     elif cap:

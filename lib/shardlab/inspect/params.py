@@ -35,10 +35,11 @@ class YourModelParams(NotebookParams):
     POSITIVE: ClassVar[tuple[str, ...]] = ("batch", "seq", "tiny_layers", "tiny_seq")
     FLAGS: ClassVar[tuple[str, ...]] = ("strict", "compare_layers", "full_size")
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"recompute": C.RECOMPUTE, "layers": C.LAYER_MODES}
+    SLICES: ClassVar[tuple[str, ...]] = ("topology", "tiny_topology")
 
     model: str | dict = "llama-3-8b"  # a preset of data/models, a config.json path, or a dict of config fields
     overrides: dict = field(default_factory=dict)  # config fields to change, e.g. {"num_hidden_layers": 16}
-    topology: str = "v6e-8"  # the slice your model is inspected on (planner names: v5e-8, v6e-8, v6e-64 ...)
+    topology: str = "v6e-8"  # the slice your model is inspected on: v5e-8, v6e-8, v6e-64 ...
     mesh: str = "fsdp=8"  # mesh axes NAME=SIZE in device order (fsdp: FSDP, tensor: Megatron, others: data)
     batch: int = 8  # global batch: sequences per step, split over every axis but tensor
     seq: int = 8192  # tokens per sequence
@@ -59,7 +60,7 @@ class YourModelParams(NotebookParams):
         for name in ("overrides", "rules"):
             if not isinstance(getattr(self, name), dict):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be a dict")
-        for name in ("topology", "mesh", "tiny_topology", "tiny_mesh"):
+        for name in ("mesh", "tiny_mesh"):
             if not isinstance(getattr(self, name), str):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be a string")
         if self.tiny_layers < 2:

@@ -41,7 +41,7 @@ def price(order: Sequence[str]) -> int:
     return order_mod.peak(update_toy(), tuple(order)).peak
 
 
-def plain_fit(heads: int = 32, arrays: int = 3, elem: int = 4, topology: str = "v5e:1x1", step: int = 1024) -> int:
+def plain_fit(heads: int = 32, arrays: int = 3, elem: int = 4, topology: str = "v5e-1", step: int = 1024) -> int:
     """The longest multiple of ``step`` whose ``arrays`` fp32 [heads, s, s] arrays fit one chip's HBM."""
     cap = get_topology(topology).hbm_bytes
     s = step

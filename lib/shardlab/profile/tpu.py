@@ -23,7 +23,7 @@ compiled here has no in-place tensors, so the caller says which output reuses wh
 ``(outputs, donate)``. The input must be a parameter of the graph (device data or a placeholder, not a product
 such as ``placeholder * 1``) with the output's shape and dtype; it becomes ``tf.aliasing_output`` on the entry
 argument, which XLA turns into the program's input/output alias (``TpuMemory.alias`` = the donated bytes).
-Measured on Llama 3 70B (v6e:8x8, AdamW state as placeholders): not donated, the step compiles ("fits") with
+Measured on Llama 3 70B (v6e-64, AdamW state as placeholders): not donated, the step compiles ("fits") with
 14.38 GiB of updated state as a second copy in the outputs; donated, the bf16 gradients become temporaries and
 the same step fails ("Used 33.92G of 31.25G hbm") — the donated verdict is the realistic one.
 
@@ -33,7 +33,7 @@ the temporaries and the total the capacity check counts), XLA's cost analysis, a
 structured :class:`OutOfMemory` when the compiler runs out of HBM (out of memory is a compile error on TPU).
 
 Measured with this compiler (libtpu 0.0.21): the HBM capacity check counts arguments + HBM temporaries, **not
-outputs** (``v5e:1x1``: 1 GiB of arguments and 16 GiB of outputs compiled; 16 GiB of arguments did not: "Used
+outputs** (``v5e-1``: 1 GiB of arguments and 16 GiB of outputs compiled; 16 GiB of arguments did not: "Used
 16.00G of 15.75G hbm"), nor the ~258 MiB it lists as reserved (:mod:`shardlab.profile.tpu_memory`). Capacities as
 the compiler states them: v5e 15.75 GiB, v6e 31.25 GiB.
 
@@ -51,7 +51,7 @@ Example::
     >>> mesh = runtime.mesh((2, 4), ("data", "tensor"))             # this process: 8 CPU devices
     >>> x = torch.randn(16, 64).to(runtime.device()); _ = xs.mark_sharding(x, mesh, (None, "tensor"))
     >>> w = torch.randn(64, 32).to(runtime.device()); _ = xs.mark_sharding(w, mesh, ("tensor", None))
-    >>> out = compile_tensors([x @ w], "v5e:2x4")                     # not executed: compiled for 8 v5e chips
+    >>> out = compile_tensors([x @ w], "v5e-8")                       # not executed: compiled for 8 v5e chips
     >>> out.fits, out.count("all-reduce"), out.module.collectives[0].group_size
     (True, 1, 4)
 """
@@ -92,24 +92,35 @@ _NOISE = re.compile(
 
 @dataclass(frozen=True)
 class Topology:
-    """A TPU slice the compiler can target. ``host_bounds`` are the chips per host (libtpu's default 2x2x1
-    rejects 1- and 2-chip slices); ``hbm_bytes`` is the per-chip capacity the compiler checks against."""
+    """A TPU slice the compiler can target. ``name`` is the suite's one slice name (Cloud TPU's accelerator type,
+    generation-chips: ``"v5e-8"``); ``shape`` is the chip grid libtpu itself names the slice by (``"2x4"``), read
+    only where the topology is handed to libtpu (:func:`_device_list`). ``host_bounds`` are the chips per host
+    (libtpu's default 2x2x1 rejects 1- and 2-chip slices); ``hbm_bytes`` is the per-chip capacity the compiler
+    checks against."""
 
-    name: str  # e.g. "v5e:2x4"
+    name: str  # e.g. "v5e-8"
     generation: str  # "v5e" | "v6e"
     chips: int
+    shape: str  # e.g. "2x4": libtpu's name for the slice is f"{generation}:{shape}"
     host_bounds: tuple[int, int, int] | None  # None: libtpu's default
     hbm_bytes: int | None
+
+    @property
+    def libtpu_name(self) -> str:
+        """The name libtpu's ``get_topology_desc`` takes: ``"v5e:2x4"``."""
+        return f"{self.generation}:{self.shape}"
 
 
 def _topology(generation: str, shape: str, host_bounds: tuple[int, int, int] | None = None) -> Topology:
     x, y = (int(v) for v in shape.split("x"))
     # Usable HBM per chip as the compiler reports it ("Used X of 15.75G hbm"): one fact, in data/hardware.
     chip = hardware.chips().get(generation)
-    return Topology(f"{generation}:{shape}", generation, x * y, host_bounds, chip.hbm_usable_bytes if chip else None)
+    return Topology(f"{generation}-{x * y}", generation, x * y, shape, host_bounds,
+                    chip.hbm_usable_bytes if chip else None)
 
 
-# 1- and 2-chip slices need explicit host bounds; the larger ones are the names libtpu's default bounds accept.
+# Compile-only slices by libtpu's shape (the grid of chips). 1- and 2-chip slices need explicit host bounds; the
+# larger ones are the shapes libtpu's default bounds accept.
 _SHAPES = {
     "v5e": ("1x1", "1x2", "2x2", "2x4", "4x4", "4x8", "8x8"),
     "v6e": ("1x1", "1x2", "2x2", "2x4", "4x4", "8x8", "16x16"),
@@ -118,17 +129,51 @@ _SMALL_BOUNDS = {"1x1": (1, 1, 1), "1x2": (1, 2, 1)}
 TOPOLOGIES: dict[str, Topology] = {
     t.name: t for g, shapes in _SHAPES.items() for t in (_topology(g, s, _SMALL_BOUNDS.get(s)) for s in shapes)
 }
-DEFAULT_TOPOLOGY = "v5e:2x4"
+DEFAULT_TOPOLOGY = "v5e-8"
+
+
+def _slice_order(name: str) -> tuple[str, int]:
+    gen, _, n = name.partition("-")
+    return gen, int(n) if n.isdigit() else 0
+
+
+def known_slices() -> list[str]:
+    """Every slice name the suite knows: the planner's (``data/hardware``) and the compile-only topologies."""
+    return sorted(set(hardware.topologies()) | set(TOPOLOGIES), key=_slice_order)
+
+
+def parse_slice(text: Any, name: str = "topology") -> str:
+    """A user's slice name in the suite's one form: ``"v6e-8"`` stays, libtpu's ``"v6e:2x4"`` becomes ``"v6e-8"``.
+
+    The one boundary parser (CLI, notebook parameters, ``inspect()`` / ``make_config``); everything inside the
+    suite takes the generation-chips name only. ``name`` is the parameter the value came from, for the error.
+
+    >>> parse_slice("v5e:2x4"), parse_slice("v6e-64")
+    ('v5e-8', 'v6e-64')
+    """
+    if isinstance(text, str):
+        if text in TOPOLOGIES or text in hardware.topologies():
+            return text
+        by_shape = {t.libtpu_name: t.name for t in TOPOLOGIES.values()}
+        if text in by_shape:
+            return by_shape[text]
+    raise ValueError(f"{name}={text!r} is not a known TPU slice; known slices: {', '.join(known_slices())} "
+                     f"(libtpu's generation:shape form is accepted too, e.g. 'v5e:2x4' = 'v5e-8')")
 
 
 def get_topology(name: str) -> Topology:
+    """The compile-only topology of the slice ``name`` (generation-chips, e.g. ``"v5e-8"``)."""
     if name not in TOPOLOGIES:
-        raise ValueError(f"topology={name!r} is not known; known topologies: {', '.join(TOPOLOGIES)}")
+        if isinstance(name, str) and ":" in name:
+            raise ValueError(f"topology={name!r} is libtpu's generation:shape form; the suite's functions take the "
+                             f"generation-chips name (e.g. 'v5e-8'): convert a user's value once with "
+                             f"shardlab.profile.tpu.parse_slice")
+        raise ValueError(f"topology={name!r} has no compile-only topology; known: {', '.join(TOPOLOGIES)}")
     return TOPOLOGIES[name]
 
 
 def topology_for(num_chips: int, generation: str = "v5e") -> str:
-    """The topology name with ``num_chips`` chips of ``generation``: ``topology_for(8) == "v5e:2x4"``."""
+    """The compile-only slice with ``num_chips`` chips of ``generation``: ``topology_for(8) == "v5e-8"``."""
     found = [t.name for t in TOPOLOGIES.values() if t.generation == generation and t.chips == num_chips]
     if not found:
         have = sorted({t.chips for t in TOPOLOGIES.values() if t.generation == generation})
@@ -270,11 +315,12 @@ def _device_list(name: str) -> tuple[Any, ...]:
     topo = get_topology(name)
     b = _backend()
     kw = {"chips_per_host_bounds": topo.host_bounds} if topo.host_bounds else {}
-    with quiet_libtpu():
-        desc = b.get_topology_desc(platform="tpu", topology_name=name, **kw)
+    with quiet_libtpu():  # libtpu names the slice by its shape: "v5e:2x4" is the 8-chip v5e-8
+        desc = b.get_topology_desc(platform="tpu", topology_name=topo.libtpu_name, **kw)
     devices = tuple(desc.devices)
     if len(devices) != topo.chips:
-        raise RuntimeError(f"libtpu describes {name} with {len(devices)} chips, expected {topo.chips}")
+        raise RuntimeError(f"libtpu describes {topo.libtpu_name} ({name}) with {len(devices)} chips, expected "
+                           f"{topo.chips}")
     return devices
 
 

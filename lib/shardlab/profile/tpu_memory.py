@@ -3,10 +3,10 @@
 What the capacity check counts (measured with libtpu 0.0.21, compile-only): **arguments + the program's HBM
 temporaries <= the usable capacity** ("Used X of 31.25G hbm"). Outputs are not counted (unless aliased to an
 argument, then they are the argument), and the ~258 MiB the compiler lists as "reserved" lies outside the usable
-figure: on ``v6e:1x1`` arguments of 31483 MiB plus a 512 MiB sort temporary compiled, one more MiB did not
+figure: on ``v6e-1`` arguments of 31483 MiB plus a 512 MiB sort temporary compiled, one more MiB did not
 ("Used 31.25G of 31.25G hbm. Exceeded hbm capacity by 512B."; the "Total hbm usage >=" line adds the reserved
 260 MiB on top). :class:`TpuMemory` names the numbers accordingly: ``temp`` is XLA's ``temp_size_in_bytes``, which
-overstates the checked temporaries (Llama 3 70B on v6e:8x8: 22.33 vs 16.16 GiB); ``checked_temp`` is the HBM
+overstates the checked temporaries (Llama 3 70B on v6e-64: 22.33 vs 16.16 GiB); ``checked_temp`` is the HBM
 temporaries the check counts, ``peak - arguments - outputs + aliased``; ``checked`` is what the check compares with
 the capacity, and ``peak`` is what a chip must hold to run the step (outputs included).
 
@@ -25,7 +25,7 @@ followed by a usage breakdown and, for real programs, the largest allocations::
 message. Pure text functions; no JAX import.
 
 When the program alone already exceeds the capacity, the breakdown lists "arguments 0B" and "Output size 0B":
-the compiler did not evaluate them (a Llama 3 8B step on v5e:2x4 with 13.09 GiB of arguments reports 0B). Then
+the compiler did not evaluate them (a Llama 3 8B step on v5e-8 with 13.09 GiB of arguments reports 0B). Then
 :attr:`OutOfMemory.arguments` and :attr:`OutOfMemory.outputs` are None, not 0.
 
 Example::

@@ -20,7 +20,7 @@ Example::
     >>> from shardlab.tp.case import MlpCase
     >>> w = worker_for(4)                      # ~5 s the first time (torch_xla import + 4-device world)
     >>> cfg = MlpCase(MlpParams(tp=4))         # a Megatron MLP step, tp = 4
-    >>> w.compile(build_graph, cfg, "v5e:2x2", {}).count("all-reduce")   # fwd + bwd (the loss depends on out)
+    >>> w.compile(build_graph, cfg, "v5e-4", {}).count("all-reduce")   # fwd + bwd (the loss depends on out)
     2
 """
 

@@ -48,9 +48,9 @@ class ReportOptions:
 
     @property
     def tpu_profile(self) -> str:
-        """Baseline profile of the compile-only TPU view (source ``tpu``): ``tpu-v5e-8-aot`` for 8 devices of the
-        generation compiled for. Its structural values are deterministic (compile-only, libtpu pinned) and compared
-        exactly, like cpu-8's."""
+        """Baseline profile of the compile-only TPU view (source ``tpu``): ``tpu-<slice>-aot``, the slice named as
+        everywhere in the suite (generation-chips): ``tpu-v5e-8-aot`` for 8 devices of the generation compiled for.
+        Its structural values are deterministic (compile-only, libtpu pinned) and compared exactly, like cpu-8's."""
         return f"tpu-{self.tpu_generation}-{self.num_devices}-aot" + ("-full" if self.full_size else "")
 
 

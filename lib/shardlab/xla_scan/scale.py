@@ -18,7 +18,7 @@ One step is a forward + backward through ``torch_xla.experimental.scan`` of the 
 Weights and input are placeholders (``placeholder * 1`` carries the sharding annotation; a placeholder itself
 cannot be annotated), so nothing is allocated: the graph is only lowered and handed to the TPU compiler.
 
-Three switches decide whether ``shard_as`` matters (measured with libtpu 0.0.21, v6e:8x8, mesh 16 × 4):
+Three switches decide whether ``shard_as`` matters (measured with libtpu 0.0.21, v6e-64, mesh 16 × 4):
 
 ``stacking``   ``"in_graph"`` — 126 per-layer weights are ``torch.stack``-ed inside the step (what
                ``scan_layers`` does) and the per-layer gradients are sliced back out; ``"held"`` — the
@@ -39,7 +39,7 @@ the 2-D weight, sharding propagation carries the weight's sharding back into the
 with in-graph stacking (the seed's real training step) both leave 2-D and fit, but off needs more temporaries.
 
 :class:`SeedCase` holds notebook 06's parameters (``ScanParams``: h, F, b, s, the mesh) and the variant; the
-harness's TPU view compiles its ``graph()``. At full size (:data:`FULL_SIZE`, 64 chips: v6e:8x8) a compile takes
+harness's TPU view compiles its ``graph()``. At full size (:data:`FULL_SIZE`, 64 chips: v6e-64) a compile takes
 15 s to 10 minutes on a 2-core host, depending on the case and the host's load, so notebook 06 reads the story's
 compiles (:data:`CASES`) from ``data/scale/seed_405b.json`` (written by ``tools/scale_full_size.py seed``) unless it
 runs with ``full_size=True``.
@@ -264,7 +264,7 @@ def seed_result(case: SeedCase, c: TpuCompile) -> SeedResult:
 
 
 # The seed's sizes: 405B's q_proj and o_proj, 126 layers, b 16 x s 1024, mesh fsdp 16 x tensor 4, bf16. 64 chips
-# (v6e:8x8): the [126, 4K, 16K] buffer depends on tensor = 4, not on the fsdp size.
+# (v6e-64): the [126, 4K, 16K] buffer depends on tensor = 4, not on the fsdp size.
 FULL_SIZE = SeedCase(ScanParams(hidden=16384, ffn=53248, batch=16, seq=1024, mesh_fsdp=16, mesh_tensor=4), layers=126)
 GENERATION = "v6e"
 # The story, case -> (stacking, update, layout, shard_as values): the seed, the contrasts that explain it, the
