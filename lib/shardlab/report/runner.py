@@ -126,13 +126,8 @@ def longest_first(options: ReportOptions, chosen: list[NotebookInfo]) -> list[No
         base = bl.load(options.baseline_dir / f"{options.profile}.json", options.profile) or {}
     except bl.BaselineError:
         base = {}
-    key = f"{RUNNER_WALL} [timer]"
-
-    def expected(nb: NotebookInfo) -> float:
-        row = base.get("notebooks", {}).get(nb.stem, {}).get("timing", {}).get(key)
-        return float(row["median"]) if row else float("inf")
-
-    return sorted(chosen, key=expected, reverse=True)
+    timing = {nb: row.get("timing", {}).get(f"{RUNNER_WALL} [timer]") for nb, row in base.get("notebooks", {}).items()}
+    return sorted(chosen, key=lambda nb: float((timing.get(nb.stem) or {"median": "inf"})["median"]), reverse=True)
 
 
 def execute_all(options: ReportOptions, chosen: list[NotebookInfo], out: Path) -> list[NotebookResult]:

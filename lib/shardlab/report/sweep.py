@@ -9,16 +9,12 @@ A sweep directory belongs to one notebook::
     DIR/table.csv                   long table: one row per (point, measurement row of its record)
     DIR/charts.html                 plotly: any measurement vs any swept parameter (dropdown), offline
 
-A point is *complete* when its ``point.json`` says ``passed`` and its fingerprint still matches: SHA-256
-of the notebook file, the full parameter dict, the torch / torch_xla versions and the shardlab sources
-(excluding ``report/``). Complete points are never re-run; failed, interrupted or stale points are. Every
-point runs like a report notebook (:func:`shardlab.report.execute.run`: papermill in a process and kernel of
-its own), ``jobs`` at a time (each 8-device CPU kernel needs ~1 GB). The runner owns ``num_devices`` and
-``results_dir``: ``--num-devices`` (one count, or several to sweep it) and ``--out`` set them, never ``-p``.
-
-Measurement names that encode a parameter (``scan.compile_s.loop.L8``) can be split with ``name_params``
-(``{"L": r"\\.L(\\d+)$"}``): the row gets an ``L`` column and the name loses the suffix, so "compile time vs
-L" is a chart like any other.
+A point is *complete* when its ``point.json`` says ``passed`` and its fingerprint (SHA-256 of the notebook,
+the parameters, the torch / torch_xla versions and shardlab's sources outside ``report/``) still matches; only
+incomplete points run, like report notebooks (:func:`shardlab.report.execute.run`), ``jobs`` at a time. The
+runner owns ``num_devices`` (``--num-devices``, one count or several) and ``results_dir`` (``--out``).
+``name_params`` splits a parameter out of measurement names (``{"L": r"\\.L(\\d+)$"}``: ``scan.compile_s.loop.L8``
+gets an ``L`` column and loses the suffix), so "compile time vs L" is a chart like any other.
 """
 
 from __future__ import annotations
