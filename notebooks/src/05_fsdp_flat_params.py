@@ -129,6 +129,9 @@ waste_plain = [plan_flat_shards(list(plan.numels), w).padding_numel for w in ws]
 waste_align = [plan_flat_shards(list(plan.numels), w, align=4).padding_numel for w in ws]
 rec.check("fsdp.padding.formula_matches_plan", waste_plain == [padding_waste(sum(plan.numels), w) for w in ws],
           "N·ceil(n/N) - n equals the plan's padding for N = 1..16")
+for w, plain, aligned in zip(ws, waste_plain, waste_align, strict=True):  # the report's padding-vs-N chart
+    rec.measure(f"fsdp.padding.W{w}.chunk", plain, "elements", "ledger")
+    rec.measure(f"fsdp.padding.W{w}.aligned", aligned, "elements", "ledger")
 fig = go.Figure([go.Bar(x=ws, y=waste_plain, name="chunk padding only"),
                  go.Bar(x=ws, y=waste_align, name="with use_orig_params alignment")])
 fig.update_layout(barmode="group", height=300, xaxis_title="ranks N (world_size)", yaxis_title="padding elements",
