@@ -21,6 +21,7 @@ Example::
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 _API = {"InspectResult": "api", "inspect": "api", "run": "api", "InspectConfig": "config",
@@ -30,8 +31,6 @@ _API = {"InspectResult": "api", "inspect": "api", "run": "api", "InspectConfig":
 def __getattr__(name: str) -> Any:
     """Lazy: ``python -m shardlab`` builds its parser from ``inspect.cli`` without importing torch."""
     if name in _API:
-        import importlib
-
         return getattr(importlib.import_module(f"shardlab.inspect.{_API[name]}"), name)
     raise AttributeError(f"module 'shardlab.inspect' has no attribute {name!r}")
 

@@ -33,9 +33,16 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
+from shardlab import planner as P
+from shardlab.formulas import hardware
 from shardlab.inspect import sharding as S
 from shardlab.inspect.config import InspectConfig, layout
+from shardlab.inspect.models import planner_model
 from shardlab.inspect.step import output_kinds
+from shardlab.profile import tpu
+from shardlab.profile.hlo_text import parse_shape
 
 GIB = 1024**3
 PARAM_BYTES, STATE_BYTES = 2, 4  # bf16 weights (and gradients), fp32 AdamW state
@@ -49,8 +56,6 @@ def group_axes(groups: Sequence[Sequence[int]], mesh: Sequence[tuple[str, int]])
     >>> group_axes([[0, 2], [1, 3]], (("data", 2), ("tensor", 2)))      # ids np.arange(4).reshape(2, 2)
     ('data',)
     """
-    import numpy as np
-
     names = [a for a, _ in mesh]
     ids = np.arange(math.prod(n for _, n in mesh)).reshape([n for _, n in mesh])
     want = {frozenset(g) for g in groups}
@@ -71,8 +76,6 @@ def sub_axes(groups: Sequence[Sequence[int]], mesh: Sequence[tuple[str, int]]) -
     >>> sub_axes([[0, 2], [1, 3], [4, 6], [5, 7]], (("fsdp", 4), ("tensor", 2)))
     'fsdp (groups of 2)'
     """
-    import numpy as np
-
     shape = [n for _, n in mesh]
     moved: set[int] = set()
     for g in groups:
@@ -85,8 +88,6 @@ def sub_axes(groups: Sequence[Sequence[int]], mesh: Sequence[tuple[str, int]]) -
 
 def pair_axes(pairs: Sequence[Sequence[int]], mesh: Sequence[tuple[str, int]]) -> tuple[str, ...] | None:
     """The mesh axes along which a collective-permute's (source, target) pairs move data."""
-    import numpy as np
-
     shape = [n for _, n in mesh]
     moved: set[int] = set()
     for s, t in pairs:
@@ -153,8 +154,6 @@ def collective_summary(rows: Sequence[Mapping[str, Any]], plan: Any, cfg: Inspec
 
 def entry_parameters(hlo_text: str) -> list[Any]:
     """Per-chip shapes of the entry parameters, from the compiled program's ``entry_computation_layout``."""
-    from shardlab.profile.hlo_text import parse_shape
-
     head = hlo_text.split("\n", 1)[0]
     m = re.search(r"entry_computation_layout=\{\((.*?)\)->", head)
     if not m:
@@ -271,9 +270,6 @@ def largest(compiled: Any, n: int = 8) -> list[dict[str, Any]]:
 
 def plan_config(cfg: InspectConfig, **changes: Any) -> Any:
     """The planner's configuration of this run (the traced attention has no flash kernel)."""
-    from shardlab import planner as P
-    from shardlab.inspect.models import planner_model
-
     d, f, t = cfg.degrees
     model, _ = planner_model(cfg.hf_config(), cfg.model_name)
     kw = {"data": d, "fsdp": f, "tensor": t, "recompute": cfg.recompute, "global_batch": cfg.batch, "seq": cfg.seq,
@@ -283,8 +279,6 @@ def plan_config(cfg: InspectConfig, **changes: Any) -> Any:
 
 def planner_for(cfg: InspectConfig) -> tuple[Any, str]:
     """``(plan, "")`` or ``(None, why the planner cannot model this run)``."""
-    from shardlab import planner as P
-
     try:
         return P.plan(plan_config(cfg)), ""
     except ValueError as exc:
@@ -294,10 +288,6 @@ def planner_for(cfg: InspectConfig) -> tuple[Any, str]:
 def nearest_fit(cfg: InspectConfig, max_tensor: int = 8) -> Any:
     """The planner's closest plan that fits: on this slice first (fewest changes among data / fsdp / tensor /
     recompute, then least memory), else the smallest larger slice of the same generation; None if none fits."""
-    from shardlab import planner as P
-    from shardlab.formulas import hardware
-    from shardlab.profile import tpu
-
     chip, chips = hardware.topology(cfg.topology)
     d0, f0, t0 = cfg.degrees
     slices = sorted((n, s) for s, n in chip.slices.items() if n >= chips)

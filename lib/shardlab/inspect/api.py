@@ -13,13 +13,20 @@ round trip) so a notebook can show cached full-size runs without recompiling.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from shardlab import runtime
 from shardlab.inspect import analysis as A
+from shardlab.inspect import step
 from shardlab.inspect.config import InspectConfig, InspectInputError, layout, make_config, with_mesh
+from shardlab.inspect.models import planner_model
+from shardlab.profile import tpu
+from shardlab.profile.tpu_memory import parse_oom
+from shardlab.report.datatypes import EXIT_FAILED, EXIT_OK
 
 Progress = Callable[[str], None]
 
@@ -51,8 +58,6 @@ class InspectResult:
 
     @property
     def exit_status(self) -> int:
-        from shardlab.report.datatypes import EXIT_FAILED, EXIT_OK
-
         return EXIT_OK if self.fits else EXIT_FAILED
 
     def row(self, kind: str) -> dict[str, Any]:
@@ -67,8 +72,6 @@ class InspectResult:
 
     def config_object(self) -> InspectConfig:
         """The :class:`InspectConfig` this result was made from."""
-        import json
-
         d = {k: v for k, v in self.config.items() if k != "model_config"}
         d["mesh"] = tuple((a, n) for a, n in d["mesh"])
         d["fsdp"] = tuple(d["fsdp"])
@@ -81,10 +84,6 @@ class InspectResult:
         and nearest plan that fits; a cached compile keeps the compiler's numbers), and an out-of-memory result's
         memory rows recomputed from the stored compiler message by today's analysis (a fitting program is not
         stored)."""
-        from dataclasses import replace
-
-        from shardlab.profile.tpu_memory import parse_oom
-
         cfg = self.config_object()
         plan, _ = A.planner_for(cfg)
         rows, totals, big = self.memory, self.totals, self.largest
@@ -137,11 +136,6 @@ def _config_dict(cfg: InspectConfig) -> dict[str, Any]:
 
 def run(cfg: InspectConfig, progress: Progress | None = None, confirm: bool = False) -> InspectResult:
     """Validate, trace, compile and analyse one configuration (see the module note)."""
-    from shardlab import runtime
-    from shardlab.inspect import step
-    from shardlab.inspect.models import planner_model
-    from shardlab.profile import tpu
-
     say = progress or (lambda _s: None)
     say("validating (model on the meta device, sharding rules)")
     cfg.validate()

@@ -19,6 +19,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import threading
@@ -27,11 +28,15 @@ import traceback
 from pathlib import Path
 from typing import IO, Any
 
+from shardlab import runtime
+from shardlab.inspect import output
+from shardlab.inspect.config import LAYER_MODES, RECOMPUTE, InspectInputError, make_config
+from shardlab.profile.tpu import quiet_libtpu
+from shardlab.report.datatypes import EXIT_RUNNER
+
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     """The ``inspect`` subcommand's arguments (on ``python -m shardlab``'s subparsers)."""
-    from shardlab.inspect.config import LAYER_MODES, RECOMPUTE
-
     ip = sub.add_parser("inspect", help="compile an HF model's training step for a TPU slice (compile-only)",
                         description="Will this Hugging Face model's training step fit on a TPU slice, and what does "
                                     "it communicate? Weights and inputs are placeholders: nothing is allocated.")
@@ -109,8 +114,6 @@ class Progress:
 
 
 def _value(text: str) -> Any:
-    import json
-
     try:
         return json.loads(text)
     except json.JSONDecodeError:
@@ -119,9 +122,6 @@ def _value(text: str) -> Any:
 
 def main(args: argparse.Namespace) -> int:
     """Run ``python -m shardlab inspect`` (see the module note for the exit status)."""
-    from shardlab.inspect.config import InspectInputError, make_config
-    from shardlab.report.datatypes import EXIT_RUNNER
-
     err = os.fdopen(os.dup(2), "w", buffering=1)
     progress = Progress(None if args.quiet else err)
     try:
@@ -145,7 +145,6 @@ def main(args: argparse.Namespace) -> int:
                           donate=args.donate)
         progress("checking the slice, mesh, batch, model and rules")
         cfg.validate()
-        from shardlab import runtime
 
         if cfg.chips > runtime.MAX_CPU_DEVICES:
             raise InspectInputError(f"{cfg.topology} has {cfg.chips} chips: tracing its step needs that many CPU "
@@ -153,8 +152,8 @@ def main(args: argparse.Namespace) -> int:
                                     "(runtime.MAX_CPU_DEVICES)")
         progress(f"starting a {cfg.chips}-device CPU world (torch_xla)")
         runtime.setup(num_devices=cfg.chips)
+        # api imports torch_xla, which must follow runtime.setup() (and costs 5.4 s, bad input exits without it)
         from shardlab.inspect.api import run
-        from shardlab.profile.tpu import quiet_libtpu
 
         with quiet_libtpu():  # libtpu's missing-TPU warnings (fd 2); other lines are re-emitted afterwards
             result = run(cfg, progress, confirm=args.confirm)
@@ -172,8 +171,6 @@ def main(args: argparse.Namespace) -> int:
         print("error: inspect itself failed (see the traceback above)", file=err)
         return EXIT_RUNNER
     progress.close()
-    from shardlab.inspect import output
-
     if args.html:
         args.html.parent.mkdir(parents=True, exist_ok=True)
         args.html.write_text(output.html_page(result))

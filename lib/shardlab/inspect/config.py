@@ -35,8 +35,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from shardlab.formulas import hardware
 from shardlab.inspect import models as M
 from shardlab.inspect import sharding as S
+from shardlab.profile import tpu
 
 OPTIMIZERS = ("adamw",)
 RECOMPUTE = ("full", "none")
@@ -218,8 +220,6 @@ def parse_mesh(mesh: Any) -> tuple[tuple[str, int], ...]:
 
 def slice_name(topology: Any) -> str:
     """A user's slice name (``v6e-8``, or libtpu's ``v6e:2x4``) as the suite's ``v6e-8``; unknown: InspectInputError."""
-    from shardlab.profile import tpu
-
     try:
         return tpu.parse_slice(topology)
     except ValueError as exc:
@@ -228,9 +228,6 @@ def slice_name(topology: Any) -> str:
 
 def check_slice(name: str) -> int:
     """The chip count of the slice ``name`` (generation-chips), which the planner and the compiler must both know."""
-    from shardlab.formulas import hardware
-    from shardlab.profile import tpu
-
     try:
         _, chips = hardware.topology(name)
     except ValueError as exc:

@@ -22,6 +22,7 @@ from typing import Any
 
 from shardlab.inspect.config import LAYER_MODES
 from shardlab.inspect.models import MODELS_DIR
+from shardlab.result_files import load_results, save_results
 
 FULL_FILE = MODELS_DIR / "inspect_full.json"
 SEQ = 8192
@@ -65,8 +66,8 @@ def run_one(key: str) -> dict[str, Any]:
 
 def load_full(path: Path = FULL_FILE) -> tuple[dict[str, Any], dict[str, Any]]:
     """``({key: InspectResult}, source)`` from the cache."""
+    # torch_xla (5.4 s) would set PJRT_DEVICE/XLA_FLAGS that the driver's child runs inherit
     from shardlab.inspect.api import InspectResult
-    from shardlab.result_files import load_results
 
     return load_results(path, lambda d: InspectResult.from_dict(d).reread(),
                         "run `python -m shardlab.inspect.full` (minutes per compile)")
@@ -80,6 +81,7 @@ def _cached() -> tuple[dict[str, Any], dict[str, Any]]:
 def matrix(keys: tuple[str, ...], live: bool) -> tuple[dict[str, Any], str]:
     """``({key: InspectResult}, where they come from)``: compiled now, one fresh process per key (``live``: minutes
     each), or read from the cache (keys it lacks are left out)."""
+    # torch_xla (5.4 s) would set PJRT_DEVICE/XLA_FLAGS that the driver's child runs inherit
     from shardlab.inspect.api import InspectResult
 
     if live:
@@ -92,6 +94,7 @@ def matrix(keys: tuple[str, ...], live: bool) -> tuple[dict[str, Any], str]:
 
 def compare_with_07(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Llama 3 8B through inspect beside notebook 07's compiler verdicts (``data/scale/planner_verdict.json``)."""
+    # torch_xla (5.4 s) would set PJRT_DEVICE/XLA_FLAGS that the driver's child runs inherit
     from shardlab.planner_verdict import load_matrix
 
     ref, _ = load_matrix()
@@ -125,8 +128,6 @@ class _Stored(dict):
 
 def add(results: dict[str, dict[str, Any]], path: Path = FULL_FILE) -> None:
     """Store ``{key: result dict}`` in the cache: the file's first source is kept, these keys listed as added."""
-    from shardlab.result_files import save_results
-
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     data = json.loads(path.read_text()) if path.exists() else {"results": {}, "_source": {}}
     source = data["_source"] or {"command": "python -m shardlab.inspect.full", "machine": platform.node(),

@@ -41,6 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shardlab.presets import ModelConfig
+
 MODELS_DIR = Path(__file__).resolve().parents[3] / "data" / "models"
 # Where the decoder layers live (an nn.ModuleList of identical layers) per model_type; others are searched.
 LAYER_PATHS = {"gpt2": "transformer.h"}
@@ -79,7 +81,7 @@ def config_dict(model: Any) -> dict[str, Any]:
 
 def load_config(model: Any, overrides: dict[str, Any] | None = None) -> Any:
     """The ``transformers`` config object of ``model`` with ``overrides`` applied (e.g. ``num_hidden_layers``)."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # 2.4 s; params/CLI import models
 
     d = {**config_dict(model), **(overrides or {})}
     model_type = d.pop("model_type", None)
@@ -120,7 +122,7 @@ def num_layers_key(config: Any) -> str:
 @contextlib.contextmanager
 def _parameters_on_meta() -> Iterator[None]:
     """Within the block every ``nn.Parameter`` registered is moved to the meta device (buffers stay real)."""
-    import torch
+    import torch  # 2.1 s; inspect.params and the CLI's checks import models
     from torch import nn
 
     original = nn.Module.register_parameter
@@ -140,7 +142,7 @@ def _parameters_on_meta() -> Iterator[None]:
 def build_meta(config: Any) -> Any:
     """``AutoModelForCausalLM`` of ``config`` with parameters on the meta device, eager attention, eval mode."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # 2.4 s; params/CLI import models
 
     try:
         with _parameters_on_meta(), torch.device("cpu"):
@@ -153,7 +155,7 @@ def build_meta(config: Any) -> Any:
 
 def layer_path(model: Any) -> str:
     """Dotted path of the decoder layers' ``nn.ModuleList`` (``model.layers``, GPT-2 ``transformer.h``)."""
-    from torch import nn
+    from torch import nn  # 2.1 s; inspect.params and the CLI's checks import models
 
     path = LAYER_PATHS.get(model.config.model_type, DEFAULT_LAYER_PATH)
     try:
@@ -215,7 +217,7 @@ def static_moe_forward(self: Any, hidden_states: Any) -> tuple[Any, Any]:
 
     y = sum_e expert_e(x) * w_e,  w_e = the renormalised top-k routing weight of expert e (0 if not in the top k)
     """
-    import torch
+    import torch  # 2.1 s; inspect.params and the CLI's checks import models
     import torch.nn.functional as F
 
     b, s, h = hidden_states.shape
@@ -237,7 +239,7 @@ def static_moe(model_type: str) -> Iterator[None]:
     if model_type != "mixtral":
         yield
         return
-    from transformers.models.mixtral import modeling_mixtral as mm
+    from transformers.models.mixtral import modeling_mixtral as mm  # 2.4 s; params/CLI import models
 
     original = mm.MixtralSparseMoeBlock.forward
     mm.MixtralSparseMoeBlock.forward = static_moe_forward  # type: ignore[method-assign]
@@ -257,8 +259,6 @@ def _get(config: Any, *names: str, default: Any = None) -> Any:
 
 def planner_model(config: Any, name: str = "") -> tuple[Any, list[str]]:
     """The planner's ``ModelConfig`` for an HF config, and what the planner's sizes leave out (notes)."""
-    from shardlab.presets import ModelConfig
-
     h = _get(config, "hidden_size", "n_embd")
     heads = _get(config, "num_attention_heads", "n_head")
     kv = _get(config, "num_key_value_heads", default=heads)

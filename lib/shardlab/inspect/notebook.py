@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
+import ipywidgets as widgets
 import pandas as pd
 
 from shardlab.formulas import hardware
@@ -409,8 +410,6 @@ def explorer(model: str = "llama-3-8b", topology: str = "v6e-8", fsdp: int = 8, 
              seq: int = 8192, recompute: str = "full") -> tuple[Any, Callable[..., dict[str, Any]]]:
     """Widgets for (model, slice, fsdp, tensor, batch, seq, recompute); returns ``(ui, update)``: ``update(**kw)``
     re-validates and re-plans (what a widget change does) and returns what the status line shows."""
-    import ipywidgets as widgets  # only the explorer needs it (scripts and tests import this module without)
-
     w = {"model": widgets.Dropdown(options=list(presets()), value=model, description="model"),
          "topology": widgets.Dropdown(options=SLICES, value=topology, description="slice"),
          "fsdp": widgets.Dropdown(options=FSDP, value=fsdp, description="fsdp"),

@@ -12,6 +12,11 @@ import json
 import re
 from typing import Any
 
+import plotly.graph_objects as go
+from plotly.offline import get_plotlyjs
+
+from shardlab.report.html import CSS, esc, figure, table
+
 GIB = 1024**3
 
 
@@ -125,8 +130,6 @@ def as_json(r: Any) -> str:
 
 def memory_figure(r: Any) -> Any:
     """Stacked per-chip memory: compiler and planner, one segment per kind, the capacity as a line."""
-    import plotly.graph_objects as go
-
     rows = {m["kind"].split(" (")[0]: m for m in r.memory}
     p = (r.planner or {}).get("memory", {})
     segs = {
@@ -156,8 +159,6 @@ def memory_figure(r: Any) -> Any:
 
 def _body(r: Any, chart: str) -> list[str]:
     """The page's sections (``chart``: the memory figure's HTML, or "" to leave it out)."""
-    from shardlab.report.html import esc, table
-
     colour = "#1a7f37" if r.fits else "#cf222e"
     mu, cu = memory_unit(r), collective_unit(r)
     body = [f"<h1>inspect: {esc(r.label)}</h1>",
@@ -201,10 +202,6 @@ def _body(r: Any, chart: str) -> list[str]:
 
 def html_page(r: Any) -> str:
     """One self-contained HTML page (plotly.js inlined)."""
-    from plotly.offline import get_plotlyjs
-
-    from shardlab.report.html import CSS, esc, figure
-
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>inspect {esc(r.label)}</title>"
             f"<style>{CSS}</style><script type='text/javascript'>{get_plotlyjs()}</script></head>"
             f"<body>{''.join(_body(r, figure(memory_figure(r))))}</body></html>")
@@ -216,8 +213,6 @@ FRAGMENT_CLASS = "shardlab-inspect"
 def html_fragment(r: Any) -> str:
     """The page's sections without the chart, in a ``<div>`` with the report's CSS scoped to it — for a notebook
     cell (``IPython.display.HTML``; draw ``memory_figure(r)`` beside it): no second copy of plotly.js."""
-    from shardlab.report.html import CSS
-
     scoped = re.sub(r"([^{}]+)\{", lambda m: ",".join(
         f".{FRAGMENT_CLASS}" if sel.strip() == "body" else f".{FRAGMENT_CLASS} {sel.strip()}"
         for sel in m.group(1).split(",")) + "{", " ".join(CSS.split()))

@@ -40,9 +40,21 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+import torch_xla.distributed.spmd as xs  # imported after runtime.setup() (the CLI and notebook 12 import step after it)
 from torch import nn
+from torch._functorch.partitioners import default_partition
+from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch_xla.experimental.scan import scan
+from torch_xla.experimental.scan_layers import scan_layers
+from torch_xla.utils.checkpoint import checkpoint
 
+from shardlab import runtime
+from shardlab.inspect import models as M
+from shardlab.inspect import sharding as S
 from shardlab.inspect.config import InspectConfig, layout
+from shardlab.planner_verdict import ADAMW, full_recompute_partition
+from shardlab.profile import tpu as T
+from shardlab.xla_scan.patches import placeholder
 
 KINDS = ("param", "master", "exp_avg", "exp_avg_sq")  # per trained tensor, in output order after the loss
 
@@ -78,8 +90,6 @@ class _Call:
 
     def __init__(self, args: tuple[Any, ...], kwargs: dict[str, Any], seq: int, window: int | None,
                  device: Any) -> None:
-        from torch.utils._pytree import tree_flatten
-
         leaves, self.spec = tree_flatten((args, kwargs))
         self.kind: list[str] = []
         for x in leaves:
@@ -96,8 +106,6 @@ class _Call:
         self.seq, self.window, self.device = seq, window, device
 
     def join(self, carried: tuple[Any, ...], stacked: list[Any]) -> tuple[Any, dict[str, Any]]:
-        from torch.utils._pytree import tree_unflatten
-
         c, s = iter(carried), iter(stacked)
         mask = causal_mask(self.seq, self.mask_dtype, self.window, self.device) if self.mask_dtype else None
         leaves = [next(c) if k == "carry" else next(s) if k == "stack" else mask if k == "mask" else x
@@ -142,8 +150,6 @@ class _Carried(nn.Module):
 def _scan_runner(template: nn.Module, stacked: dict[str, torch.Tensor], partition: Any, seq: int,
                  window: int | None, num_layers: int) -> Callable[..., Any]:
     """Runner for ``layers='scan'``: ``scan`` over the stacked weights, one ``functional_call`` of the template."""
-    from torch_xla.experimental.scan import scan
-
     def run(hidden: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         call = _Call(args, kwargs, seq, window, hidden.device)
         xs = dict(stacked)
@@ -169,8 +175,6 @@ def _scan_runner(template: nn.Module, stacked: dict[str, torch.Tensor], partitio
 def _scan_layers_runner(layers: list[nn.Module], partition: Any, tuple_out: bool, seq: int,
                         window: int | None) -> Callable[..., Any]:
     """Runner for ``layers='scan_layers'``: torch_xla's ``scan_layers`` over the HF layers (carry-wrapped)."""
-    from torch_xla.experimental.scan_layers import scan_layers
-
     wrapped = [_Carried(layer) for layer in layers]
 
     def run(hidden: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
@@ -185,8 +189,6 @@ def _scan_layers_runner(layers: list[nn.Module], partition: Any, tuple_out: bool
 
 def _loop_runner(layers: list[nn.Module], recompute: bool) -> Callable[..., Any]:
     """Runner for ``layers='loop'``: HF's loop, each layer under ``torch_xla.utils.checkpoint`` when recomputing."""
-    from torch_xla.utils.checkpoint import checkpoint
-
     def run(hidden: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         out: Any = hidden
         for layer in layers:
@@ -216,15 +218,6 @@ def _hooks(handles: list[Any]) -> Iterator[None]:
 
 def build(cfg: InspectConfig) -> Any:
     """Trace ``cfg``'s training step on this process's world; returns ``tpu.Step(outputs, donate)``."""
-    import torch_xla.distributed.spmd as xs
-
-    from shardlab import runtime
-    from shardlab.inspect import models as M
-    from shardlab.inspect import sharding as S
-    from shardlab.planner_verdict import ADAMW, full_recompute_partition
-    from shardlab.profile import tpu as T
-    from shardlab.xla_scan.patches import placeholder
-
     lay = layout(cfg)
     stacked_mode = cfg.layers == "scan"
     model = M.build_meta(lay.hf_config)
@@ -282,8 +275,6 @@ def build(cfg: InspectConfig) -> Any:
 
     partition = None
     if cfg.layers != "loop":
-        from torch._functorch.partitioners import default_partition
-
         partition = full_recompute_partition if cfg.recompute == "full" else default_partition
     tuple_out = lay.hf_config.model_type == "gpt2"
     window = getattr(lay.hf_config, "sliding_window", None)

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
+import torch_xla.distributed.spmd as xs  # imported after runtime.setup() (the notebooks' order)
 
 from shardlab import harness, runtime
 from shardlab.case import Case, Checks
@@ -405,8 +406,6 @@ class ShiftCase(Case):
         return torch.randn(self.p.stages, self.p.rows, self.p.hidden, generator=g)  # [p, rows, h]
 
     def graph(self) -> list[torch.Tensor]:
-        import torch_xla.distributed.spmd as xs  # imported here: after runtime.setup(), like the harness's graphs
-
         n = runtime.current().num_devices
         mesh = runtime.mesh((self.p.stages, n // self.p.stages), ("stage", "data"))
         state = self.state().to(runtime.device())

@@ -57,6 +57,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+import torch_xla.distributed.spmd as xs  # imported after runtime.setup() (the notebooks' order)
+from torch_xla.experimental.scan import scan
 
 SHIFTS = ("cat", "pad", "roll", "cat_zeros")
 LOOPS = ("scan", "python")
@@ -137,9 +139,6 @@ def circular_pipeline(x: torch.Tensor, w: torch.Tensor, mesh: Any = None, *, how
     are annotated: "stage" splits the stages; `data_axis` (a second mesh axis) splits every microbatch's rows —
     data parallelism, one pipeline per data shard — and, with `fsdp`, W's input dim as well (ZeRO-3 / FSDP:
     each stage gathers its layer's shards when it runs it).  Without `mesh` the same math runs unannotated."""
-    import torch_xla.distributed.spmd as xs  # imported here: this module is imported before runtime.setup()
-    from torch_xla.experimental.scan import scan
-
     m, v, p = x.shape[0], w.shape[0], w.shape[1]
     check_spmd(p, m, v, how, loop)
     T, depth = iterations(p, m, v), max(m - p, 0)  # FIFO slots between the last stage and stage 0

@@ -45,6 +45,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining.schedules import get_schedule_class
+from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from shardlab.comm import Comm, Ledger, LedgerEntry, current_phase, ring_wire_bytes
 from shardlab.comm.ledger import dtype_name
@@ -69,8 +72,6 @@ __all__ = [
 @contextmanager
 def fake_world(world_size: int) -> Iterator[None]:
     """The default process group as rank 0 of `world_size` on PyTorch's fake backend (no communication)."""
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
     if dist.is_initialized():
         raise RuntimeError("a default process group already exists in this process; the fake world needs its own")
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
@@ -117,8 +118,6 @@ class _RecordingStage:
 
 
 def _single_stage_class(name: str) -> Any:
-    from torch.distributed.pipelining.schedules import get_schedule_class
-
     return get_schedule_class(TORCH_SCHEDULES[name])
 
 
@@ -145,9 +144,6 @@ def torch_orders(name: str, p: int, m: int, v: int = 1) -> list[list[Action]]:
 def torch_schedule(name: str, p: int, m: int, v: int = 1) -> Any:
     """PyTorch's multi-stage schedule object (pipeline_order computed), built on a fake process group of p
     ranks with rank 0's `PipelineStage`s (a Linear each; nothing runs).  ZBV has exactly 2 stages per rank."""
-    from torch.distributed.pipelining import PipelineStage
-    from torch.distributed.pipelining.schedules import get_schedule_class
-
     if name == "zbv" and v != 2:
         raise ValueError(f"v={v}: ZBVZeroBubble has exactly 2 stages per rank")
     cls = get_schedule_class(TORCH_SCHEDULES[name])
@@ -214,9 +210,6 @@ def torch_pipeline_program(
     {unsplit name: gradient} (PyTorch divides by m: `scale_grads`), "p2p": ledger records of its sends /
     recvs}.
     """
-    from torch.distributed.pipelining import PipelineStage
-    from torch.distributed.pipelining.schedules import get_schedule_class
-
     if name not in ("gpipe", "1f1b", "interleaved"):
         raise ValueError(f"name={name!r} is not one of ('gpipe', '1f1b', 'interleaved')")
     p, n, rank = comm.world_size, len(stages), comm.rank

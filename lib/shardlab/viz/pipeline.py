@@ -21,6 +21,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import ipywidgets as widgets
+import plotly.graph_objects as go
+
 from shardlab.pipeline.schedules import Action
 from shardlab.pipeline.timeline import Timeline, compare
 from shardlab.viz.common import PADDING, device_color
@@ -51,8 +54,6 @@ def _label(a: Action, p: int, v: int) -> str:
 
 def timeline_figure(timeline: Timeline, title: str | None = None, formula: float | None = None) -> Any:
     """The timeline as a plotly figure (see the module note); `formula` (bubble ratio) goes in the title."""
-    import plotly.graph_objects as go
-
     sched = timeline.schedule
     rows = [f"device {r}" for r in range(sched.p)]
     fig = go.Figure()
@@ -85,8 +86,6 @@ def timeline_figure(timeline: Timeline, title: str | None = None, formula: float
 def split_figure(costs: Mapping[str, Sequence[float]], layers: Mapping[str, Sequence[str]], unit: str = "GFLOP",
                  scale: float = 1e9) -> Any:
     """Grouped bars: each split's per-stage cost (``costs[rule]``), hover naming the layers a stage holds."""
-    import plotly.graph_objects as go
-
     fig = go.Figure()
     for i, (rule, values) in enumerate(costs.items()):
         fig.add_bar(name=rule, x=[f"stage {j}" for j in range(len(values))], y=[c / scale for c in values],
@@ -105,8 +104,6 @@ def explorer(p: int = 4, m: int = 8, v: int = 2, message_bytes: int = 0) -> tupl
     ``update(**kw)`` recomputes (formula and the order timed) and returns ``{"ok", "rows", "errors", p, m, v}``:
     ok when every schedule that can run at (p, m, v) measures its formula; a schedule that cannot run is
     listed in ``errors`` and shown in the status line, never raised."""
-    import ipywidgets as widgets
-
     sliders = {"p": widgets.IntSlider(value=p, min=1, max=16, description="p (stages)"),
                "m": widgets.IntSlider(value=m, min=1, max=64, description="m (micro)"),
                "v": widgets.IntSlider(value=v, min=1, max=8, description="v (chunks)")}
