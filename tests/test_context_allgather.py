@@ -16,15 +16,6 @@ from shardlab.formulas import context as fcp
 B, S, HQ, HKV, D = 2, 32, 4, 2, 8
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():  # type: ignore[no-untyped-def]
-    """Tiny tensors: intra-op threads only contend on a shared 2-core machine (measured 100x slower under load)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.mark.parametrize("cp", [1, 2, 4])
 @pytest.mark.parametrize("causal", [False, True])
 def test_allgather_matches_dense_and_formula(cp: int, causal: bool) -> None:

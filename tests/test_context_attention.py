@@ -23,15 +23,6 @@ from shardlab.context.attention import (
 TOL = {"rtol": 1e-10, "atol": 1e-10}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():  # type: ignore[no-untyped-def]
-    """Tiny tensors: intra-op threads only contend on a shared 2-core machine (measured 100x slower under load)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _qkv(b: int = 2, s: int = 16, hq: int = 4, hkv: int = 2, d: int = 8, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     return (torch.randn(b, s, hq, d, generator=g, dtype=torch.float64),

@@ -14,14 +14,6 @@ from shardlab.context.solutions import SOLUTIONS
 from shardlab.exercises import Exercises
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():  # type: ignore[no-untyped-def]
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.mark.parametrize(("bad", "message"), [
     (dict(cp=1), "cp=1 splits nothing"),
     (dict(seq=100), "seq=100 is not divisible by 2·cp = 16"),

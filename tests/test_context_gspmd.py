@@ -6,7 +6,6 @@ counts), and the outputs and gradients vs PyTorch's dense attention on the CPU (
 from __future__ import annotations
 
 import pytest
-import torch
 
 from shardlab import runtime
 from shardlab.context.params import ContextParams
@@ -17,15 +16,6 @@ runtime.setup(num_devices=8)  # before any CPU backward in this process (see tes
 
 SIZES = dict(batch=1, seq=64, heads=4, kv_heads=2, head_dim=16)
 KV = dict(batch=1, seq=64, kv_heads=2, head_dim=16)  # what the K/V traffic depends on
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():  # type: ignore[no-untyped-def]
-    """Tiny tensors: intra-op threads only contend on a shared 2-core machine (measured 100x slower under load)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

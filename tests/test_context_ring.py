@@ -16,15 +16,6 @@ B, S, HQ, D = 2, 32, 4, 8
 TOL = {"rtol": 1e-10, "atol": 1e-10}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():  # type: ignore[no-untyped-def]
-    """Tiny tensors: intra-op threads only contend on a shared 2-core machine (measured 100x slower under load)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _data(hkv: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(B, S, HQ, D, generator=g, dtype=torch.float64)

@@ -14,15 +14,6 @@ from shardlab.formulas import context as fcp
 from shardlab.viz.context import causal_figure, causal_owner, ring_figure, ring_schedule, work_figure
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():  # type: ignore[no-untyped-def]
-    """Tiny tensors: intra-op threads only contend on a shared 2-core machine (measured 100x slower under load)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def test_schedule_is_the_rings() -> None:
     cp = 4
     x = torch.randn(1, 8, 1, 2)

@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-import torch
 
 from shardlab import harness, runtime
 from shardlab.expert.drops import route_groups
@@ -22,15 +21,6 @@ C = 5  # ceil(1.25 * 2 * 16 / 8)
 ELEMS = 8 * C * 32  # one all-to-all carries the whole [E, C, h] buffer: 1280 elements
 A2A = ELEMS * 4  # float32 bytes
 EXPERT = 32 * 64 * 4  # one expert's W1 (or W3, W2) in float32
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():  # type: ignore[no-untyped-def]
-    """Tiny tensors: intra-op threads only contend on a shared 2-core machine (measured 100x slower under load)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

@@ -22,15 +22,6 @@ A2A = ELEMS * 4  # float32: 5120 bytes
 EXPERT_BYTES = P.hidden * P.ffn * 4  # one expert's W1 (or W3, or W2) in float32
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():  # type: ignore[no-untyped-def]
-    """Tiny tensors: intra-op threads only contend on a shared 2-core machine (measured 100x slower under load)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def G(xla_world):  # type: ignore[no-untyped-def]
     from shardlab.expert import gspmd

@@ -22,15 +22,6 @@ from shardlab.expert.params import ExpertParams
 from shardlab.formulas import expert as fexp
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():  # type: ignore[no-untyped-def]
-    """Tiny tensors: intra-op threads only contend on a shared 2-core machine (measured 100x slower under load)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _layer(cf: float = 1.0, k: int = 2, e: int = 4, seed: int = 0) -> MoE:
     return MoE(ExpertParams(hidden=8, ffn=12, experts=e, top_k=k, capacity_factor=cf),
                torch.Generator().manual_seed(seed)).double()

@@ -17,15 +17,6 @@ T, H, F, E, K = 64, 16, 24, 8, 2
 TOL = {"rtol": 1e-10, "atol": 1e-10}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():  # type: ignore[no-untyped-def]
-    """Tiny tensors: intra-op threads only contend on a shared 2-core machine (measured 100x slower under load)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _setup(cf: float, seed: int = 0) -> tuple[MoE, torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     moe = MoE(ExpertParams(hidden=H, ffn=F, experts=E, top_k=K, capacity_factor=cf), g).double()

@@ -4,7 +4,6 @@ carried (non-empty slots counted from the buffers), the load bars split kept / d
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 
 from shardlab.comm import SimulatedWorld
@@ -13,15 +12,6 @@ from shardlab.expert.moe import MoE, moe_reference
 from shardlab.expert.parallel import moe_step
 from shardlab.expert.params import ExpertParams
 from shardlab.viz.expert import dispatch_figure, dispatch_matrix, drop_figure, load_figure
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():  # type: ignore[no-untyped-def]
-    """Tiny tensors: intra-op threads only contend on a shared 2-core machine (measured 100x slower under load)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def _case():  # type: ignore[no-untyped-def]

@@ -6,7 +6,6 @@ data-parallel gradient sum); the shift written four ways; and the parameter rule
 from __future__ import annotations
 
 import pytest
-import torch
 
 from shardlab import harness
 from shardlab.pipeline.params import PipelineParams
@@ -14,14 +13,6 @@ from shardlab.pipeline.params import PipelineParams
 SMALL = PipelineParams(stages=2, microbatches=4, virtual=2, batch=4, seq=8, hidden=32, heads=2, ffn=64, layers=4,
                        vocab=256)
 MESSAGE = 4 // 4 * 8 * 32 * 4  # one float32 [b/m, s, h] activation
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("schedule,v", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2)])

@@ -30,17 +30,8 @@ CFG = SimpleNamespace(vocab=256, hidden=32, heads=2, ffn=64, layers=4, seq=8)
 B = 8  # batch
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matmuls: intra-op threads only spin against each other on the shared 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
-def setup(one_thread):
+def setup():
     model = TinyLM(CFG.vocab, CFG.hidden, CFG.heads, CFG.ffn, CFG.layers)
     tokens, targets = batch(CFG.vocab, CFG.seq, B)
     traced = trace(model, tokens)

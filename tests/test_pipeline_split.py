@@ -19,17 +19,8 @@ HEAVY = SimpleNamespace(vocab=4096, hidden=64, heads=4, ffn=256, layers=8, seq=1
 SMALL = SimpleNamespace(vocab=256, hidden=32, heads=2, ffn=64, layers=4, seq=8)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Small matmuls: intra-op threads only spin against each other on the shared 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
-def heavy(one_thread):
+def heavy():
     model = TinyLM(HEAVY.vocab, HEAVY.hidden, HEAVY.heads, HEAVY.ffn, HEAVY.layers)
     tokens, _ = batch(HEAVY.vocab, HEAVY.seq, 4)
     return model, tokens, trace(model, tokens)
