@@ -29,12 +29,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from shardlab.comm import Comm
 from shardlab.context.attention import check_layout, check_qkv, shard_sequence
 from shardlab.tp.mappings import gather_from_sp_region
 from shardlab.tp.programs import loss
 
 
-def allgather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Any,
+def allgather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm,
                         causal: bool = False) -> torch.Tensor:
     """This rank's output [b, s/cp, hq, d] for its local q [b, s/cp, hq, d] against the gathered k, v
     ([b, s/cp, hkv, d] shards of a contiguous split). Differentiable: the backward reduce-scatters dk, dv."""
@@ -50,7 +51,7 @@ def allgather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm:
     return out.transpose(1, 2)
 
 
-def allgather_attention_step(comm: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def allgather_attention_step(comm: Comm, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                              target: torch.Tensor | None = None, causal: bool = False) -> dict[str, Any]:
     """One forward (+ backward of ½‖out − target‖², ``tp.programs.loss``, summed over the ranks' rows) on this
     rank. q, k, v, target are the FULL [b, s, heads, d] tensors; rank r takes positions [r·s/cp, (r+1)·s/cp).

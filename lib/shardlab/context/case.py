@@ -48,13 +48,13 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from shardlab import runtime
 from shardlab.case import Case, Checks
-from shardlab.comm import DistributedWorld
+from shardlab.comm import DistributedWorld, Ledger
 from shardlab.context import gspmd
 from shardlab.context.allgather import allgather_attention_step
 from shardlab.context.attention import dense_attention, unshard_sequence
@@ -67,6 +67,9 @@ from shardlab.formulas.common import dtype_bytes
 from shardlab.profile.hlo import HloModule
 from shardlab.tp.programs import loss
 from shardlab.views import View, traffic
+
+if TYPE_CHECKING:
+    from torch_xla.distributed.spmd import Mesh
 
 DTYPE = "float32"  # the model's element type (notebook 10 is float32 throughout)
 TOL = dict(rtol=2e-5, atol=2e-5)  # float32 summed in another order (blocks, devices): measured <= 4e-6
@@ -148,7 +151,7 @@ class CpCase(Case):
     def ledger_key(self) -> str:
         return self.key
 
-    def _leaf(self, x: torch.Tensor, mesh: Any, spec: tuple) -> torch.Tensor:
+    def _leaf(self, x: torch.Tensor, mesh: Mesh, spec: tuple) -> torch.Tensor:
         """A graph input on the devices, annotated ``spec`` (a leaf that needs a gradient when ``backward``)."""
         x = mark(x.to(runtime.device()), mesh, spec)
         return x.detach().requires_grad_(True) if self.backward else x
@@ -207,7 +210,7 @@ class AllGatherCase(CpCase):
     def program(self) -> tuple[Any, tuple[Any, ...]]:
         return allgather_attention_step, (*self._step_args(), self.p.causal)
 
-    def ledger_extra(self, view: View, ledger: Any, results: list[Any]) -> View:
+    def ledger_extra(self, view: View, ledger: Ledger, results: list[Any]) -> View:
         return self.renamed(view)
 
     def graph(self) -> list[Any]:
@@ -273,7 +276,7 @@ class RingCase(CpCase):
     def program(self) -> tuple[Any, tuple[Any, ...]]:
         return ring_attention_step, (*self._step_args(), self.p.causal, self.layout)
 
-    def ledger_extra(self, view: View, ledger: Any, results: list[Any]) -> View:
+    def ledger_extra(self, view: View, ledger: Ledger, results: list[Any]) -> View:
         sends = ledger.select("send")
         elements = sum(e.payload_bytes // dtype_bytes(e.dtype) for e in sends)
         view.add(f"{self.ledger_key}.p2p.count", len(sends), "count")

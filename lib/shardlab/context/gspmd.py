@@ -70,6 +70,7 @@ from typing import Any
 import torch
 import torch_xla.distributed.spmd as xs  # context.gspmd is imported after runtime.setup() (the notebooks' order)
 from functorch.compile import default_partition, min_cut_rematerialization_partition
+from torch.autograd.function import FunctionCtx
 from torch_xla.experimental.scan import scan
 
 from shardlab import runtime
@@ -95,7 +96,7 @@ def context_mesh(cp: int) -> Any:
     return runtime.mesh((n // cp, cp), ("data", AXIS))
 
 
-def mark(t: torch.Tensor, mesh: Any, spec: tuple) -> torch.Tensor:
+def mark(t: torch.Tensor, mesh: xs.Mesh, spec: tuple) -> torch.Tensor:
     """``t`` annotated with ``spec`` on ``mesh`` (returned for chaining)."""
     xs.mark_sharding(t, mesh, spec)
     return t
@@ -108,12 +109,12 @@ class GatherKV(torch.autograd.Function):
     (the dynamic-slice that makes it a reduce-scatter); ``pin=False`` leaves that choice to the partitioner."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, mesh: Any, pin: bool) -> torch.Tensor:
+    def forward(ctx: FunctionCtx, x: torch.Tensor, mesh: xs.Mesh, pin: bool) -> torch.Tensor:
         ctx.mesh, ctx.pin = mesh, pin
         return mark(x * 1.0, mesh, (None,) * x.dim())  # [b, s, hkv, d] on every device
 
     @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+    def backward(ctx: FunctionCtx, g: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         if ctx.pin:
             g = mark(g * 1.0, ctx.mesh, (None,) * g.dim())
         return mark(g * 1.0, ctx.mesh, SEQ), None, None  # [b, s/cp, hkv, d]
@@ -129,16 +130,16 @@ class Shift(torch.autograd.Function):
     sharded). Backward: the opposite shift of the gradient (one collective-permute)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: FunctionCtx, x: torch.Tensor) -> torch.Tensor:
         return _shift(x, 1)
 
     @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+    def backward(ctx: FunctionCtx, g: torch.Tensor) -> torch.Tensor:
         return _shift(g, -1)
 
 
 # ------------------------------------------------------------------------------------------ attention graphs
-def allgather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mesh: Any, qpos: torch.Tensor | None,
+def allgather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mesh: xs.Mesh, qpos: torch.Tensor | None,
                         kpos: torch.Tensor | None, pin_grad: bool = True) -> torch.Tensor:
     """q [b, s, hq, d], k, v [b, s, hkv, d] sequence-sharded; positions [s] (q's sharded, k's replicated) or None
     (no mask). Returns out [b, s, hq, d]."""
@@ -153,7 +154,7 @@ def allgather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mesh:
     return out.reshape(b, s, hq, d)
 
 
-def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mesh: Any,
+def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mesh: xs.Mesh,
                       causal: bool) -> torch.Tensor:
     """q [b, s, hq, d], k, v [b, s, hkv, d] sequence-sharded: each re-annotated head-sharded (one all-to-all
     each), attention over the whole sequence per head group, the output re-annotated sequence-sharded."""

@@ -38,7 +38,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.autograd.function import FunctionCtx
 
+from shardlab.comm import Comm
 from shardlab.context.attention import (
     SoftmaxState,
     block_backward,
@@ -74,13 +76,13 @@ def _blocks(rank: int, step: int, cp: int, layout: str, causal: bool, chunk: int
             for kind in (block_kind(qc, kc, causal),)]
 
 
-def _send_next(comm: Any, tensors: list[torch.Tensor], tags: list[str]) -> None:
+def _send_next(comm: Comm, tensors: list[torch.Tensor], tags: list[str]) -> None:
     """Hand every tensor to rank+1 (buffered: returns at once)."""
     for t, tag in zip(tensors, tags, strict=True):
         comm.send(t, (comm.rank + 1) % comm.world_size, tag=tag)
 
 
-def _recv_prev(comm: Any, like: list[torch.Tensor], tags: list[str]) -> list[torch.Tensor]:
+def _recv_prev(comm: Comm, like: list[torch.Tensor], tags: list[str]) -> list[torch.Tensor]:
     """Receive tensors shaped like ``like`` from rank−1 (blocks until they arrive)."""
     src = (comm.rank - 1) % comm.world_size
     return [comm.recv(t.shape, t.dtype, src, tag=tag) for t, tag in zip(like, tags, strict=True)]
@@ -90,7 +92,7 @@ class RingAttention(torch.autograd.Function):
     """out = attention(q, K, V) for this rank's queries; forward and backward both ring (see the module note)."""
 
     @staticmethod
-    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Any, causal: bool,
+    def forward(ctx: FunctionCtx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm, causal: bool,
                 layout: str, trace: list[Block]) -> torch.Tensor:
         cp, r = comm.world_size, comm.rank
         n = len(chunk_ids(layout, r, cp))  # chunks per rank: 1 (contiguous) or 2 (zigzag)
@@ -118,7 +120,7 @@ class RingAttention(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx: Any, dout: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    def backward(ctx: FunctionCtx, dout: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         q, k, v, out, lse = ctx.saved_tensors
         comm, causal, layout = ctx.comm, ctx.causal, ctx.layout
         cp, r = comm.world_size, comm.rank
@@ -154,7 +156,7 @@ class RingAttention(torch.autograd.Function):
         return torch.cat(dq, dim=1), dkv[0], dkv[1], None, None, None, None
 
 
-def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Any, causal: bool = False,
+def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm, causal: bool = False,
                    layout: str = "contiguous", trace: list[Block] | None = None) -> torch.Tensor:
     """This rank's attention output for its local q [b, s_loc, hq, d] against every rank's k, v [b, s_loc, hkv, d]
     (local shards laid out by ``layout``). Differentiable in q, k, v; appends the blocks met to ``trace``."""
@@ -165,7 +167,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Any,
     return RingAttention.apply(q, k, v, comm, causal, layout, [] if trace is None else trace)
 
 
-def ring_attention_step(comm: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def ring_attention_step(comm: Comm, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                         target: torch.Tensor | None = None, causal: bool = False,
                         layout: str = "contiguous") -> dict[str, Any]:
     """One forward (+ backward of ½‖out − target‖², ``tp.programs.loss``, summed over the ranks' rows) on this

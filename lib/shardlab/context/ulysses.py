@@ -24,12 +24,13 @@ from typing import Any
 
 import torch
 
+from shardlab.comm import Comm
 from shardlab.context.attention import check_layout, check_qkv, dense_attention, shard_sequence
 from shardlab.expert.parallel import all_to_all
 from shardlab.tp.programs import loss
 
 
-def seq_to_heads(x: torch.Tensor, comm: Any, tag: str) -> torch.Tensor:
+def seq_to_heads(x: torch.Tensor, comm: Comm, tag: str) -> torch.Tensor:
     """[b, s/cp, h, d] (this rank's positions, all heads) -> [b, s, h/cp, d] (all positions, its heads)."""
     cp = comm.world_size
     b, c, h, d = x.shape
@@ -38,7 +39,7 @@ def seq_to_heads(x: torch.Tensor, comm: Any, tag: str) -> torch.Tensor:
     return got.permute(1, 0, 2, 3, 4).reshape(b, cp * c, h // cp, d)
 
 
-def heads_to_seq(x: torch.Tensor, comm: Any, tag: str) -> torch.Tensor:
+def heads_to_seq(x: torch.Tensor, comm: Comm, tag: str) -> torch.Tensor:
     """[b, s, h/cp, d] -> [b, s/cp, h, d]: the inverse of :func:`seq_to_heads`."""
     cp = comm.world_size
     b, s, hl, d = x.shape
@@ -47,7 +48,7 @@ def heads_to_seq(x: torch.Tensor, comm: Any, tag: str) -> torch.Tensor:
     return got.permute(1, 2, 0, 3, 4).reshape(b, s // cp, cp * hl, d)
 
 
-def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Any, causal: bool = False
+def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm, causal: bool = False
                       ) -> torch.Tensor:
     """This rank's output rows [b, s/cp, hq, d] for its local q [b, s/cp, hq, d], k, v [b, s/cp, hkv, d]."""
     check_qkv(q, k, v)
@@ -60,7 +61,7 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: A
     return heads_to_seq(out, comm, "cp.ulysses.out")
 
 
-def ulysses_step(comm: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def ulysses_step(comm: Comm, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  target: torch.Tensor | None = None, causal: bool = False) -> dict[str, Any]:
     """One forward (+ backward of ½‖out − target‖², ``tp.programs.loss``, summed over the ranks' rows); q, k, v,
     target are the FULL [b, s, heads, d]; rank r takes positions [r·s/cp, (r+1)·s/cp). Returns its out and

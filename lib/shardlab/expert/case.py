@@ -41,7 +41,7 @@ import torch
 
 from shardlab import harness, runtime
 from shardlab.case import Case, Checks
-from shardlab.comm import DistributedWorld
+from shardlab.comm import DistributedWorld, Ledger
 from shardlab.expert import gspmd  # imports torch_xla: expert.case is imported after runtime.setup()
 from shardlab.expert.drops import drop_table, route_groups
 from shardlab.expert.moe import MoE, capacity, inputs, layer, moe_reference
@@ -174,7 +174,7 @@ class MoECase(Case):
                 f"expert e's gradients on rank e // (E/ep), summed over the {self.data} data group(s) == dense")
         return checks
 
-    def ledger_extra(self, view: View, ledger: Any, results: list[Any]) -> View:
+    def ledger_extra(self, view: View, ledger: Ledger, results: list[Any]) -> View:
         p = self.p
         ranks = [r for group in results for r in group]
         if self.backward:
@@ -276,7 +276,7 @@ def gloo_run(case: MoECase) -> dict[str, Any]:
 
 def identical(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
     """Outputs and gradients equal bit for bit rank by rank (an all-to-all moves values, it never adds them)."""
-    def same(x: Any, y: Any) -> bool:
+    def same(x: torch.Tensor | None, y: torch.Tensor | None) -> bool:
         return (x is None and y is None) or (x is not None and y is not None and torch.equal(x, y))
 
     return all(same(x[n], y[n]) for x, y in zip(a, b, strict=True) for n in ("out", "grad_x", "grad_router"))

@@ -44,6 +44,7 @@ from typing import Any
 
 import torch
 import torch_xla.distributed.spmd as xs  # expert.gspmd is imported after runtime.setup() (the notebooks' order)
+from torch.autograd.function import FunctionCtx
 
 from shardlab import runtime
 from shardlab.dtypes import HLO_BYTES
@@ -67,7 +68,7 @@ def expert_mesh(ep: int) -> Any:
     return runtime.mesh((n // ep, ep), (DATA, AXIS))
 
 
-def _mark(t: torch.Tensor, mesh: Any, spec: tuple) -> torch.Tensor:
+def _mark(t: torch.Tensor, mesh: xs.Mesh, spec: tuple) -> torch.Tensor:
     xs.mark_sharding(t, mesh, spec)
     return t
 
@@ -78,12 +79,12 @@ class Reshard(torch.autograd.Function):
     (the reverse all-to-all). Pinning both sides keeps the partitioner from moving something else instead."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, mesh: Any, src: tuple, dst: tuple) -> torch.Tensor:
+    def forward(ctx: FunctionCtx, x: torch.Tensor, mesh: xs.Mesh, src: tuple, dst: tuple) -> torch.Tensor:
         ctx.mesh, ctx.src, ctx.dst = mesh, src, dst
         return _mark(_mark(x * 1.0, mesh, src) * 1.0, mesh, dst)
 
     @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+    def backward(ctx: FunctionCtx, g: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
         return _mark(_mark(g * 1.0, ctx.mesh, ctx.dst) * 1.0, ctx.mesh, ctx.src), None, None, None
 
 
@@ -92,7 +93,7 @@ BY_EXPERT = (AXIS, DATA, None, None)  # [E, G, C, h] with the experts' shards
 
 
 def gshard_moe(x: torch.Tensor, router: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor,
-               p: ExpertParams, mesh: Any) -> torch.Tensor:
+               p: ExpertParams, mesh: xs.Mesh) -> torch.Tensor:
     """GShard's MoE layer: x [G·S, h] -> y [G·S, h]. Annotations as in the module note; routing by ``p`` (top_k,
     capacity_factor, normalize)."""
     s = p.tokens
@@ -120,7 +121,7 @@ def gshard_moe(x: torch.Tensor, router: torch.Tensor, w1: torch.Tensor, w3: torc
     return y.reshape(g * s, -1)
 
 
-def _device(t: torch.Tensor, mesh: Any, spec: tuple, grad: bool) -> torch.Tensor:
+def _device(t: torch.Tensor, mesh: xs.Mesh, spec: tuple, grad: bool) -> torch.Tensor:
     x = _mark(t.detach().to(runtime.device()), mesh, spec)  # created on the CPU, moved, then annotated
     return x.detach().requires_grad_(grad) if grad else x
 

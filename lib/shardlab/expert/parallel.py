@@ -36,7 +36,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.autograd.function import FunctionCtx
 
+from shardlab.comm import Comm
 from shardlab.expert.moe import MoE, capacity, dispatch_tensors, expert_ffn, router_probs, top_k_gates
 from shardlab.expert.params import ExpertParams
 from shardlab.tp.programs import loss
@@ -46,16 +48,16 @@ class _AllToAll(torch.autograd.Function):
     """Forward: all-to-all along ``dim``. Backward: the same all-to-all of the gradient."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, comm: Any, dim: int, tag: str) -> torch.Tensor:
+    def forward(ctx: FunctionCtx, x: torch.Tensor, comm: Comm, dim: int, tag: str) -> torch.Tensor:
         ctx.comm, ctx.dim, ctx.tag = comm, dim, tag
         return comm.all_to_all(x, dim, tag=tag)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+    def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
         return ctx.comm.all_to_all(grad.contiguous(), ctx.dim, tag=ctx.tag), None, None, None
 
 
-def all_to_all(x: torch.Tensor, comm: Any, dim: int = 0, tag: str = "") -> torch.Tensor:
+def all_to_all(x: torch.Tensor, comm: Comm, dim: int = 0, tag: str = "") -> torch.Tensor:
     """Differentiable ``comm.all_to_all``: chunk j of x along ``dim`` goes to rank j (ep = 1: x itself)."""
     return x if comm.world_size == 1 else _AllToAll.apply(x, comm, dim, tag)
 
@@ -69,7 +71,7 @@ def expert_range(experts: int, ep: int, rank: int) -> range:
 
 
 def expert_parallel_moe(x: torch.Tensor, router: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor,
-                        w2: torch.Tensor, comm: Any, p: ExpertParams,
+                        w2: torch.Tensor, comm: Comm, p: ExpertParams,
                         dropless: bool = False) -> tuple[torch.Tensor, dict[str, Any]]:
     """This rank's MoE output for its tokens x [S, h]; w1/w3 [E/ep, h, f], w2 [E/ep, f, h] are its experts;
     the routing rule is ``p``'s (top_k, capacity_factor, normalize; ``dropless``: no capacity).
@@ -97,7 +99,7 @@ def expert_parallel_moe(x: torch.Tensor, router: torch.Tensor, w1: torch.Tensor,
     return y, {"capacity": c, "loads": d.loads[0].tolist(), "kept": kept, "dropped": s * p.top_k - kept}
 
 
-def moe_step(comm: Any, dense: MoE, x: torch.Tensor, target: torch.Tensor | None = None,
+def moe_step(comm: Comm, dense: MoE, x: torch.Tensor, target: torch.Tensor | None = None,
              dropless: bool = False) -> dict[str, Any]:
     """One forward (+ backward of ½‖y − target‖², ``tp.programs.loss``, summed over the ranks' rows) on this rank.
     x, target: the FULL [T, h]; rank r

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardlab.formulas.common import dtype_bytes, wire_bytes
+from shardlab.formulas.common import DTypeLike, dtype_bytes, wire_bytes
 
 LAYOUTS = ("contiguous", "zigzag")
 BACKWARD = ("ring", "saved")
@@ -62,7 +62,7 @@ def _chunks(seq: int, cp: int, layout: str) -> int:
     return seq // n
 
 
-def kv_block_bytes(batch: int, seq: int, kv_heads: int, head_dim: int, cp: int, dtype: Any = "float32") -> int:
+def kv_block_bytes(batch: int, seq: int, kv_heads: int, head_dim: int, cp: int, dtype: DTypeLike = "float32") -> int:
     """One rank's K (or V) shard: b·(s/cp)·hkv·d·e."""
     _check(batch=batch, seq=seq, kv_heads=kv_heads, head_dim=head_dim, cp=cp)
     if seq % cp:
@@ -70,7 +70,7 @@ def kv_block_bytes(batch: int, seq: int, kv_heads: int, head_dim: int, cp: int, 
     return batch * (seq // cp) * kv_heads * head_dim * dtype_bytes(dtype)
 
 
-def ring_p2p(batch: int, seq: int, kv_heads: int, head_dim: int, cp: int, dtype: Any = "float32",
+def ring_p2p(batch: int, seq: int, kv_heads: int, head_dim: int, cp: int, dtype: DTypeLike = "float32",
              phase: str = "forward", backward: str = "ring") -> dict[str, int]:
     """Sends one rank makes for one attention layer's ``phase`` ("forward", "backward" or "step" = both):
     ``{"count", "bytes"}`` (a send's payload is its wire bytes)."""
@@ -87,7 +87,7 @@ def ring_p2p(batch: int, seq: int, kv_heads: int, head_dim: int, cp: int, dtype:
     return {"count": count, "bytes": count * block}
 
 
-def allgather_kv(batch: int, seq: int, kv_heads: int, head_dim: int, cp: int, dtype: Any = "float32",
+def allgather_kv(batch: int, seq: int, kv_heads: int, head_dim: int, cp: int, dtype: DTypeLike = "float32",
                  backward: bool = False) -> dict[str, Any]:
     """All-gather CP of one layer: forward all-gathers of k and v (payload = the shard), backward
     reduce-scatters of dk and dv (payload = the full gradient). Per rank."""
@@ -105,7 +105,7 @@ def allgather_kv(batch: int, seq: int, kv_heads: int, head_dim: int, cp: int, dt
 
 
 def ulysses_all_to_all(batch: int, seq: int, heads: int, kv_heads: int, head_dim: int, cp: int,
-                       dtype: Any = "float32", backward: bool = False) -> dict[str, Any]:
+                       dtype: DTypeLike = "float32", backward: bool = False) -> dict[str, Any]:
     """DeepSpeed-Ulysses: q, k, v from sequence shards to head shards, the output back (4 all-to-alls), and as
     many again backward. Per rank: payload = each all-to-all's full local input."""
     _check(batch=batch, seq=seq, heads=heads, kv_heads=kv_heads, head_dim=head_dim, cp=cp)
@@ -121,7 +121,7 @@ def ulysses_all_to_all(batch: int, seq: int, heads: int, kv_heads: int, head_dim
     return {"count": 4 * n, "bytes": n * per_layer, "wire_bytes": n * wire_bytes("all_to_all", per_layer, cp)}
 
 
-def memory(batch: int, seq: int, heads: int, kv_heads: int, head_dim: int, cp: int, dtype: Any = "float32",
+def memory(batch: int, seq: int, heads: int, kv_heads: int, head_dim: int, cp: int, dtype: DTypeLike = "float32",
            method: str = "ring", block: int | None = None) -> dict[str, int]:
     """Per-rank bytes of one attention layer's working set: ``kv`` (keys and values held) and ``scores`` (one
     block of scores: s/cp queries x ``block`` keys; default: the ring's s/cp, the all-gather's s)."""

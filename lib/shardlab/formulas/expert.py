@@ -44,7 +44,7 @@ import math
 from fractions import Fraction
 from typing import Any
 
-from shardlab.formulas.common import dtype_bytes, wire_bytes
+from shardlab.formulas.common import DTypeLike, dtype_bytes, wire_bytes
 
 
 def _check(**sizes: int) -> None:
@@ -72,7 +72,7 @@ def _check_ep(experts: int, ep: int) -> None:
 
 
 def all_to_all(tokens_per_rank: int, hidden: int, experts: int, top_k: int, capacity_factor: float, ep: int,
-               dtype: Any = "float32", backward: bool = False, slots: int | None = None) -> dict[str, Any]:
+               dtype: DTypeLike = "float32", backward: bool = False, slots: int | None = None) -> dict[str, Any]:
     """The dispatch + combine all-to-alls of one MoE layer, per rank: ``{"count", "bytes", "wire_bytes"}``.
     ``slots`` overrides C (the dropless variant sizes the buffer to the largest load)."""
     _check(hidden=hidden)
@@ -86,13 +86,13 @@ def all_to_all(tokens_per_rank: int, hidden: int, experts: int, top_k: int, capa
 
 
 def statement_bytes(tokens: int, hidden: int, top_k: int, capacity_factor: float, ep: int,
-                    dtype: Any = "float32") -> float:
+                    dtype: DTypeLike = "float32") -> float:
     """One all-to-all's payload per rank as usually stated: tokens · k · cf · h · e / ranks (no ceiling)."""
     _check(tokens=tokens, hidden=hidden, top_k=top_k, ep=ep)
     return float(tokens * top_k * _factor(capacity_factor) * hidden * dtype_bytes(dtype) / ep)
 
 
-def expert_params_per_chip(experts: int, ep: int, hidden: int, ffn: int, dtype: Any = "float32") -> int:
+def expert_params_per_chip(experts: int, ep: int, hidden: int, ffn: int, dtype: DTypeLike = "float32") -> int:
     """(E/ep) · 3·h·f · e bytes of expert weights on each chip."""
     _check_ep(experts, ep)
     _check(hidden=hidden, ffn=ffn)

@@ -42,6 +42,7 @@ from shardlab.inspect.config import InspectConfig, layout
 from shardlab.inspect.models import planner_model
 from shardlab.inspect.step import output_kinds
 from shardlab.profile import tpu
+from shardlab.profile.hlo import HloModule
 from shardlab.profile.hlo_text import parse_shape
 
 GIB = 1024**3
@@ -96,7 +97,7 @@ def pair_axes(pairs: Sequence[Sequence[int]], mesh: Sequence[tuple[str, int]]) -
     return tuple(mesh[i][0] for i in sorted(moved)) or None
 
 
-def collective_rows(module: Any, cfg: InspectConfig) -> list[dict[str, Any]]:
+def collective_rows(module: HloModule, cfg: InspectConfig) -> list[dict[str, Any]]:
     """One row per logical collective: op, dtype, mesh axes, per-chip operand bytes, runs per step."""
     rows = []
     for c in module.collectives:
@@ -117,7 +118,7 @@ def planner_axes(cfg: InspectConfig) -> dict[str, str]:
             "tensor": cfg.tensor or ""}
 
 
-def collective_summary(rows: Sequence[Mapping[str, Any]], plan: Any, cfg: InspectConfig,
+def collective_summary(rows: Sequence[Mapping[str, Any]], plan: P.Plan | None, cfg: InspectConfig,
                        program: bool = True) -> list[dict[str, Any]]:
     """Per (axes, op): the compiler's instructions, runs per step and bytes per step beside the planner's
     (``program=False``: out of memory, the compiler returned no program: no ratios)."""
@@ -174,7 +175,7 @@ def layout_bytes(cfg: InspectConfig) -> dict[str, int]:
     return out
 
 
-def argument_kinds(compiled: Any, cfg: InspectConfig) -> dict[str, int]:
+def argument_kinds(compiled: tpu.TpuCompile, cfg: InspectConfig) -> dict[str, int]:
     """Per-chip argument bytes by kind, read from the compiled program (donation names each parameter)."""
     params = entry_parameters(compiled.hlo_text)
     kinds = output_kinds(cfg)
@@ -189,7 +190,8 @@ def argument_kinds(compiled: Any, cfg: InspectConfig) -> dict[str, int]:
     return out
 
 
-def memory_rows(compiled: Any, cfg: InspectConfig, plan: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def memory_rows(compiled: tpu.TpuCompile, cfg: InspectConfig,
+                plan: P.Plan | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Rows ``{kind, compiler, source, planner, ratio}`` (per chip, bytes) and the compiler's totals."""
     lay_b = layout_bytes(cfg)
     totals: dict[str, Any] = {"capacity": None}
@@ -240,7 +242,7 @@ PLANNER_TERMS: tuple[tuple[str, tuple[str, ...] | None], ...] = (
 )
 
 
-def planner_cell(kind: str, value: Any, plan: Any) -> dict[str, Any]:
+def planner_cell(kind: str, value: int | None, plan: P.Plan | None) -> dict[str, Any]:
     """``{planner, ratio}`` of one memory row: the planner's bytes for ``kind`` and compiler / planner."""
     keys = dict(PLANNER_TERMS)[kind]
     planned = None if plan is None or keys is None else \
@@ -248,7 +250,7 @@ def planner_cell(kind: str, value: Any, plan: Any) -> dict[str, Any]:
     return {"planner": planned, "ratio": value / planned if value is not None and planned else None}
 
 
-def largest(compiled: Any, n: int = 8) -> list[dict[str, Any]]:
+def largest(compiled: tpu.TpuCompile, n: int = 8) -> list[dict[str, Any]]:
     """The largest buffers: the compiler's own list when out of memory, else the largest scheduled values."""
     if not compiled.fits and compiled.oom is not None:
         return [{"bytes": b.size, "shape": b.shape, "op": b.operator, "label": b.label,

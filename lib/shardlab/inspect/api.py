@@ -15,15 +15,24 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from shardlab import runtime
 from shardlab.inspect import analysis as A
 from shardlab.inspect import step
-from shardlab.inspect.config import InspectConfig, InspectInputError, layout, make_config, with_mesh
-from shardlab.inspect.models import planner_model
+from shardlab.inspect.config import (
+    InspectConfig,
+    InspectInputError,
+    MeshSpec,
+    RulesSpec,
+    layout,
+    make_config,
+    with_mesh,
+)
+from shardlab.inspect.models import ModelSpec, planner_model
+from shardlab.planner import Plan
 from shardlab.profile import tpu
 from shardlab.profile.tpu_memory import parse_oom
 from shardlab.report.datatypes import EXIT_FAILED, EXIT_OK
@@ -109,7 +118,7 @@ class _Compiled:
     module: Any = None
 
 
-def planner_summary(plan: Any, fits: bool, cfg: InspectConfig) -> dict[str, Any] | None:
+def planner_summary(plan: Plan | None, fits: bool, cfg: InspectConfig) -> dict[str, Any] | None:
     """The planner's side of a result: verdict, per-term memory, total, and whether it agrees with ``fits``."""
     if plan is None:
         return None
@@ -118,7 +127,7 @@ def planner_summary(plan: Any, fits: bool, cfg: InspectConfig) -> dict[str, Any]
             "degrees": dict(zip(("data", "fsdp", "tensor"), cfg.degrees, strict=True)), "agrees": plan.fits == fits}
 
 
-def nearest_summary(near: Any) -> dict[str, Any] | None:
+def nearest_summary(near: Plan | None) -> dict[str, Any] | None:
     """The planner's nearest plan that fits (a ``Plan`` or None) as the result stores it."""
     if near is None:
         return None
@@ -197,9 +206,10 @@ def run(cfg: InspectConfig, progress: Progress | None = None, confirm: bool = Fa
     return result
 
 
-def inspect(model_or_config: Any, *, mesh: Any = "fsdp=8", topology: str = "v6e-8", batch: int = 8,
-            seq: int = 2048, optimizer: str = "adamw", recompute: str = "full", rules: Any = None,
-            layers: str = "scan", fsdp: Any = "auto", tensor: Any = "auto", strict: bool = False,
+def inspect(model_or_config: ModelSpec, *, mesh: MeshSpec = "fsdp=8", topology: str = "v6e-8", batch: int = 8,
+            seq: int = 2048, optimizer: str = "adamw", recompute: str = "full", rules: RulesSpec = None,
+            layers: str = "scan", fsdp: str | Sequence[str] | None = "auto", tensor: str | None = "auto",
+            strict: bool = False,
             num_layers: int | None = None, overrides: dict[str, Any] | None = None, confirm: bool = False,
             progress: Progress | None = None, **kw: Any) -> InspectResult:
     """Will this HF model's training step fit on ``topology``, and what does it send? (see the package note)"""

@@ -35,7 +35,7 @@ from shardlab.profile.tpu import quiet_libtpu
 from shardlab.report.datatypes import EXIT_RUNNER
 
 
-def add_parser(sub: Any) -> argparse.ArgumentParser:
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """The ``inspect`` subcommand's arguments (on ``python -m shardlab``'s subparsers)."""
     ip = sub.add_parser("inspect", help="compile an HF model's training step for a TPU slice (compile-only)",
                         description="Will this Hugging Face model's training step fit on a TPU slice, and what does "

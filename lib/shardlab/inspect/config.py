@@ -30,10 +30,11 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from shardlab.formulas import hardware
 from shardlab.inspect import models as M
@@ -44,6 +45,9 @@ OPTIMIZERS = ("adamw",)
 RECOMPUTE = ("full", "none")
 LAYER_MODES = ("scan", "scan_layers", "loop")
 AUTO = "auto"
+# a mesh as a user writes it: "data=2,fsdp=4", {"data": 2, "fsdp": 4} or pairs
+MeshSpec: TypeAlias = "str | Mapping[str, int] | Sequence[tuple[str, int]]"
+RulesSpec: TypeAlias = "Mapping[str, Any] | Sequence[tuple[str, Any]] | None"  # sharding.normalize_rules
 
 
 class InspectInputError(ValueError):
@@ -174,8 +178,9 @@ class InspectConfig:
         return self
 
 
-def make_config(model: Any, *, mesh: Any = "fsdp=8", topology: str = "v6e-8", fsdp: Any = AUTO,
-                tensor: Any = AUTO, rules: Any = None, **kw: Any) -> InspectConfig:
+def make_config(model: M.ModelSpec, *, mesh: MeshSpec = "fsdp=8", topology: str = "v6e-8",
+                fsdp: str | Sequence[str] | None = AUTO, tensor: str | None = AUTO, rules: RulesSpec = None,
+                **kw: Any) -> InspectConfig:
     """An :class:`InspectConfig` from friendly forms; nothing is validated here (call ``validate``).
 
     ``mesh``: ``{"fsdp": 8}``, ``"data=2,fsdp=4"`` or pairs; ``fsdp``: axis name(s), ``"auto"`` (the ``fsdp`` axis if
@@ -203,7 +208,7 @@ def make_config(model: Any, *, mesh: Any = "fsdp=8", topology: str = "v6e-8", fs
                          **kw)
 
 
-def parse_mesh(mesh: Any) -> tuple[tuple[str, int], ...]:
+def parse_mesh(mesh: MeshSpec) -> tuple[tuple[str, int], ...]:
     """``"data=2,fsdp=4"`` / ``{"data": 2, "fsdp": 4}`` / pairs -> ``(("data", 2), ("fsdp", 4))``."""
     if isinstance(mesh, str):
         pairs = []
@@ -218,7 +223,7 @@ def parse_mesh(mesh: Any) -> tuple[tuple[str, int], ...]:
     return tuple((str(a), n) for a, n in mesh)
 
 
-def slice_name(topology: Any) -> str:
+def slice_name(topology: str) -> str:
     """A user's slice name (``v6e-8``, or libtpu's ``v6e:2x4``) as the suite's ``v6e-8``; unknown: InspectInputError."""
     try:
         return tpu.parse_slice(topology)

@@ -39,9 +39,17 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from shardlab.presets import ModelConfig
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+    from transformers import PretrainedConfig, PreTrainedModel
+
+# what a user may name a model by (see config_dict)
+ModelSpec: TypeAlias = "str | Path | dict[str, Any] | PretrainedConfig | PreTrainedModel"
 
 MODELS_DIR = Path(__file__).resolve().parents[3] / "data" / "models"
 # Where the decoder layers live (an nn.ModuleList of identical layers) per model_type; others are searched.
@@ -59,7 +67,7 @@ def presets() -> dict[str, Path]:
     return {p.stem: p for p in sorted(MODELS_DIR.glob("*.json")) if not p.stem.startswith("inspect")}
 
 
-def config_dict(model: Any) -> dict[str, Any]:
+def config_dict(model: ModelSpec) -> dict[str, Any]:
     """The config fields of a preset name, a path to a ``config.json``, a dict, a ``PretrainedConfig`` or a model."""
     if hasattr(model, "config") and hasattr(model.config, "to_dict"):  # a PreTrainedModel: its config only
         model = model.config
@@ -79,7 +87,7 @@ def config_dict(model: Any) -> dict[str, Any]:
     raise ModelInputError(f"model={model!r} must be a preset name, a config.json path, a dict or a PretrainedConfig")
 
 
-def load_config(model: Any, overrides: dict[str, Any] | None = None) -> Any:
+def load_config(model: ModelSpec, overrides: dict[str, Any] | None = None) -> Any:
     """The ``transformers`` config object of ``model`` with ``overrides`` applied (e.g. ``num_hidden_layers``)."""
     from transformers import AutoConfig  # 2.4 s; params/CLI import models
 
@@ -114,7 +122,7 @@ def tiny_overrides(config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def num_layers_key(config: Any) -> str:
+def num_layers_key(config: PretrainedConfig) -> str:
     """The config field holding the decoder layer count (``num_hidden_layers``; GPT-2: ``n_layer``)."""
     return "n_layer" if config.model_type == "gpt2" else "num_hidden_layers"
 
@@ -127,7 +135,7 @@ def _parameters_on_meta() -> Iterator[None]:
 
     original = nn.Module.register_parameter
 
-    def register(module: nn.Module, name: str, param: Any) -> None:
+    def register(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
         original(module, name, param)
         if param is not None and param.device.type != "meta":
             module._parameters[name] = nn.Parameter(param.to(torch.device("meta")), param.requires_grad)
@@ -139,7 +147,7 @@ def _parameters_on_meta() -> Iterator[None]:
         nn.Module.register_parameter = original  # type: ignore[method-assign]
 
 
-def build_meta(config: Any) -> Any:
+def build_meta(config: PretrainedConfig) -> Any:
     """``AutoModelForCausalLM`` of ``config`` with parameters on the meta device, eager attention, eval mode."""
     import torch
     from transformers import AutoModelForCausalLM  # 2.4 s; params/CLI import models
@@ -153,7 +161,7 @@ def build_meta(config: Any) -> Any:
     return model.eval()
 
 
-def layer_path(model: Any) -> str:
+def layer_path(model: nn.Module) -> str:
     """Dotted path of the decoder layers' ``nn.ModuleList`` (``model.layers``, GPT-2 ``transformer.h``)."""
     from torch import nn  # 2.1 s; inspect.params and the CLI's checks import models
 
@@ -189,7 +197,7 @@ class Param:
         return n
 
 
-def parameters(model: Any, layers_at: str) -> list[Param]:
+def parameters(model: nn.Module, layers_at: str) -> list[Param]:
     """The model's parameters, tied ones once (with every holder), in ``named_parameters`` order."""
     holders: dict[int, list[tuple[str, str]]] = {}
     first: dict[int, tuple[str, Any]] = {}
@@ -212,7 +220,7 @@ def parameters(model: Any, layers_at: str) -> list[Param]:
     return out
 
 
-def static_moe_forward(self: Any, hidden_states: Any) -> tuple[Any, Any]:
+def static_moe_forward(self: nn.Module, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``MixtralSparseMoeBlock.forward`` with static shapes: every expert on every token, weighted by the router.
 
     y = sum_e expert_e(x) * w_e,  w_e = the renormalised top-k routing weight of expert e (0 if not in the top k)
@@ -249,7 +257,7 @@ def static_moe(model_type: str) -> Iterator[None]:
         mm.MixtralSparseMoeBlock.forward = original  # type: ignore[method-assign]
 
 
-def _get(config: Any, *names: str, default: Any = None) -> Any:
+def _get(config: PretrainedConfig, *names: str, default: Any = None) -> Any:
     for n in names:
         v = getattr(config, n, None)
         if v is not None:
@@ -257,7 +265,7 @@ def _get(config: Any, *names: str, default: Any = None) -> Any:
     return default
 
 
-def planner_model(config: Any, name: str = "") -> tuple[Any, list[str]]:
+def planner_model(config: PretrainedConfig, name: str = "") -> tuple[Any, list[str]]:
     """The planner's ``ModelConfig`` for an HF config, and what the planner's sizes leave out (notes)."""
     h = _get(config, "hidden_size", "n_embd")
     heads = _get(config, "num_attention_heads", "n_head")

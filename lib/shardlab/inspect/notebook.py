@@ -39,7 +39,7 @@ from shardlab.formulas import hardware
 from shardlab.inspect import analysis as A
 from shardlab.inspect.api import InspectResult, run
 from shardlab.inspect.config import LAYER_MODES, InspectConfig, InspectInputError, layout, make_config
-from shardlab.inspect.models import config_dict, num_layers_key, presets, tiny_overrides
+from shardlab.inspect.models import ModelSpec, config_dict, num_layers_key, presets, tiny_overrides
 from shardlab.inspect.output import unit_for
 from shardlab.profile.record import Recorder
 from shardlab.profile.tpu import quiet_libtpu
@@ -119,7 +119,7 @@ def check_live(rec: Recorder, prefix: str, r: InspectResult, cfg: InspectConfig)
 
 
 # ----------------------------------------------------------------------------------------------------- tables
-def _gib(x: Any) -> float | None:
+def _gib(x: float | None) -> float | None:
     return None if x is None else round(x / GIB, 2)
 
 
@@ -349,7 +349,7 @@ BAD = (  # (what, model, make_config keywords): each must be refused before any 
 )
 
 
-def refused(model: Any, **kw: Any) -> str | None:
+def refused(model: ModelSpec, **kw: Any) -> str | None:
     """inspect's answer to a configuration before any trace: the error's message, or None when it is accepted."""
     try:
         make_config(model, **kw).validate()

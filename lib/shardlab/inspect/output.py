@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
 from shardlab.report.html import CSS, esc, figure, table
+
+if TYPE_CHECKING:
+    from shardlab.inspect.api import InspectResult
 
 GIB = 1024**3
 
@@ -23,31 +26,31 @@ GIB = 1024**3
 UNITS = (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024), ("B", 1))
 
 
-def gib(x: Any, digits: int = 2) -> str:
+def gib(x: float | None, digits: int = 2) -> str:
     return "–" if x is None else f"{x / GIB:.{digits}f}"
 
 
-def unit_for(*values: Any) -> tuple[str, int]:
+def unit_for(*values: float | None) -> tuple[str, int]:
     """The largest unit in which the largest of ``values`` is at least 0.1 (tiny runs read in KiB, not 0.00 GiB)."""
     top = max((abs(v) for v in values if v), default=0)
     return next(((n, d) for n, d in UNITS if top >= d / 10), UNITS[-1])
 
 
-def size(x: Any, unit: tuple[str, int], digits: int = 2) -> str:
+def size(x: float | None, unit: tuple[str, int], digits: int = 2) -> str:
     return "–" if x is None else f"{x / unit[1]:.{digits}f}"
 
 
-def human(x: Any) -> str:
+def human(x: float | None) -> str:
     """One number in its own unit: ``5.61 MiB``."""
     u = unit_for(x)
     return f"{size(x, u)} {u[0]}"
 
 
-def ratio(x: Any) -> str:
+def ratio(x: float | None) -> str:
     return "–" if x is None else f"{x:.3f}"
 
 
-def verdict_line(r: Any) -> str:
+def verdict_line(r: InspectResult) -> str:
     if r.fits:
         t = r.totals
         return (f"FITS: {human(t.get('checked'))} of {human(t.get('capacity'))} per chip counted by the capacity "
@@ -55,7 +58,7 @@ def verdict_line(r: Any) -> str:
     return f"DOES NOT FIT: {r.message}"
 
 
-def planner_line(r: Any) -> str:
+def planner_line(r: InspectResult) -> str:
     p = r.planner
     if p is None:
         return "planner: no prediction (" + "; ".join(n for n in r.notes if n.startswith("planner:")) + ")"
@@ -65,11 +68,11 @@ def planner_line(r: Any) -> str:
             "compiler")
 
 
-def memory_unit(r: Any) -> tuple[str, int]:
+def memory_unit(r: InspectResult) -> tuple[str, int]:
     return unit_for(*(m[k] for m in r.memory for k in ("compiler", "planner")))
 
 
-def collective_unit(r: Any) -> tuple[str, int]:
+def collective_unit(r: InspectResult) -> tuple[str, int]:
     return unit_for(*(c.get(k) for c in r.collectives for k in ("bytes_per_step", "planner_bytes")))
 
 
@@ -82,7 +85,7 @@ def _table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(out)
 
 
-def text(r: Any) -> str:
+def text(r: InspectResult) -> str:
     """The terminal table."""
     where = f"{r.where}; traced in {r.trace_s:.1f} s" if r.trace_s is not None else r.where
     parts = [f"inspect {r.label}", f"compiled for {r.topology} by XLA:TPU (compile-only) in {r.compile_s:.1f} s "
@@ -124,11 +127,11 @@ def text(r: Any) -> str:
     return "\n".join(parts)
 
 
-def as_json(r: Any) -> str:
+def as_json(r: InspectResult) -> str:
     return json.dumps(r.as_dict(), indent=1, default=str)
 
 
-def memory_figure(r: Any) -> Any:
+def memory_figure(r: InspectResult) -> Any:
     """Stacked per-chip memory: compiler and planner, one segment per kind, the capacity as a line."""
     rows = {m["kind"].split(" (")[0]: m for m in r.memory}
     p = (r.planner or {}).get("memory", {})
@@ -157,7 +160,7 @@ def memory_figure(r: Any) -> Any:
     return fig
 
 
-def _body(r: Any, chart: str) -> list[str]:
+def _body(r: InspectResult, chart: str) -> list[str]:
     """The page's sections (``chart``: the memory figure's HTML, or "" to leave it out)."""
     colour = "#1a7f37" if r.fits else "#cf222e"
     mu, cu = memory_unit(r), collective_unit(r)
@@ -200,7 +203,7 @@ def _body(r: Any, chart: str) -> list[str]:
     return body
 
 
-def html_page(r: Any) -> str:
+def html_page(r: InspectResult) -> str:
     """One self-contained HTML page (plotly.js inlined)."""
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>inspect {esc(r.label)}</title>"
             f"<style>{CSS}</style><script type='text/javascript'>{get_plotlyjs()}</script></head>"
@@ -210,7 +213,7 @@ def html_page(r: Any) -> str:
 FRAGMENT_CLASS = "shardlab-inspect"
 
 
-def html_fragment(r: Any) -> str:
+def html_fragment(r: InspectResult) -> str:
     """The page's sections without the chart, in a ``<div>`` with the report's CSS scoped to it — for a notebook
     cell (``IPython.display.HTML``; draw ``memory_figure(r)`` beside it): no second copy of plotly.js."""
     scoped = re.sub(r"([^{}]+)\{", lambda m: ",".join(

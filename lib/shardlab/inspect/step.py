@@ -73,7 +73,7 @@ class LayerStack(nn.ModuleList):
         super().__init__(list(layers))
         object.__setattr__(self, "_runner", runner)
 
-    def __getitem__(self, idx: Any) -> Any:
+    def __getitem__(self, idx: int | slice) -> Any:
         if isinstance(idx, slice):
             return [self._runner]
         return super().__getitem__(idx)
@@ -89,7 +89,7 @@ class _Call:
     and everything else is a constant."""
 
     def __init__(self, args: tuple[Any, ...], kwargs: dict[str, Any], seq: int, window: int | None,
-                 device: Any) -> None:
+                 device: torch.device) -> None:
         leaves, self.spec = tree_flatten((args, kwargs))
         self.kind: list[str] = []
         for x in leaves:
@@ -113,7 +113,7 @@ class _Call:
         return tree_unflatten(leaves, self.spec)
 
 
-def causal_mask(seq: int, dtype: torch.dtype, window: int | None, device: Any) -> torch.Tensor:
+def causal_mask(seq: int, dtype: torch.dtype, window: int | None, device: torch.device) -> torch.Tensor:
     """HF's additive causal mask ``[1, 1, s, s]``: 0 where query q may see key k (k <= q, and k > q - window with a
     sliding window), the dtype's minimum elsewhere (``masking_utils``: ``causal_mask_function``,
     ``sliding_window_overlay``, ``torch.where(mask, 0, min)``)."""
@@ -147,7 +147,7 @@ class _Carried(nn.Module):
         return (out[0] if isinstance(out, tuple) else out, *carried)
 
 
-def _scan_runner(template: nn.Module, stacked: dict[str, torch.Tensor], partition: Any, seq: int,
+def _scan_runner(template: nn.Module, stacked: dict[str, torch.Tensor], partition: Callable[..., Any] | None, seq: int,
                  window: int | None, num_layers: int) -> Callable[..., Any]:
     """Runner for ``layers='scan'``: ``scan`` over the stacked weights, one ``functional_call`` of the template."""
     def run(hidden: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
@@ -172,7 +172,7 @@ def _scan_runner(template: nn.Module, stacked: dict[str, torch.Tensor], partitio
     return run
 
 
-def _scan_layers_runner(layers: list[nn.Module], partition: Any, tuple_out: bool, seq: int,
+def _scan_layers_runner(layers: list[nn.Module], partition: Callable[..., Any] | None, tuple_out: bool, seq: int,
                         window: int | None) -> Callable[..., Any]:
     """Runner for ``layers='scan_layers'``: torch_xla's ``scan_layers`` over the HF layers (carry-wrapped)."""
     wrapped = [_Carried(layer) for layer in layers]
@@ -246,7 +246,7 @@ def build(cfg: InspectConfig) -> Any:
             model.get_submodule(mod_name)._parameters[attr] = leaves[p.name]
 
     def ann(spec: tuple[Any, ...]) -> Callable[..., Any]:
-        def hook(_mod: nn.Module, _inp: Any, out: Any) -> Any:
+        def hook(_mod: nn.Module, _inp: tuple[Any, ...], out: Any) -> Any:
             t = out[0] if isinstance(out, tuple) else out
             if not isinstance(t, torch.Tensor) or t.dim() < 2:
                 return out

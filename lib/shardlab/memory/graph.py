@@ -204,14 +204,14 @@ def _tensors(val: Any) -> list[torch.Tensor]:
     return []
 
 
-def _writes(node: Any) -> bool:
+def _writes(node: torch.fx.Node) -> bool:
     """Does the operator's schema declare a written argument (an in-place or out= operator)?"""
     schema = getattr(node.target, "_schema", None)
     return bool(schema and any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments))
 
 
-def dag_from_fx(gm: Any, marks: Sequence[tuple[str, int]] = (), name: str = "step") -> tuple[Graph, dict[str, str],
-                                                                                                int]:
+def dag_from_fx(gm: torch.fx.GraphModule, marks: Sequence[tuple[str, int]] = (),
+                name: str = "step") -> tuple[Graph, dict[str, str], int]:
     """The Graph of an FX graph traced in fake mode (module note): ``(graph, phase per op, folded nodes)``.
 
     ``marks`` are ``(tag, number of FX nodes when the tag was set)``: nodes before the first mark get its tag, and

@@ -45,13 +45,16 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import reduce
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_array
 
 from shardlab.stderr_filter import filtered_fd
+
+if TYPE_CHECKING:
+    from shardlab.levers.order import Graph
 
 DEFAULT_TIME_LIMIT_S = 60.0
 HIGHS_DEBUG = "HighsMipSolverData::"  # a debug line HiGHS (scipy 1.17.1) prints to stdout from C++ on some solves
@@ -96,7 +99,7 @@ class Problem:
         return out
 
 
-def problem_from_graph(graph: Any, ops: Sequence[str] | None = None, name: str | None = None,
+def problem_from_graph(graph: Graph, ops: Sequence[str] | None = None, name: str | None = None,
                        context: Sequence[str] | None = None) -> Problem:
     """A Problem for ``ops`` (default: every operator, in the graph's program order) of a ``levers.order.Graph``.
 

@@ -30,11 +30,14 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from shardlab.levers import order as order_mod
 from shardlab.memory import ilp
 from shardlab.memory import update_schedule as us
+
+if TYPE_CHECKING:
+    from shardlab.memory.graph import StepGraph
 
 DEFAULT_MAX_OPS = 20
 DEFAULT_MIN_OPS = 8
@@ -51,7 +54,7 @@ def _bits(mask: int) -> list[int]:
     return [i for i in range(mask.bit_length()) if mask >> i & 1]
 
 
-def split(graph: Any, base: Sequence[str], max_ops: int = DEFAULT_MAX_OPS,
+def split(graph: order_mod.Graph, base: Sequence[str], max_ops: int = DEFAULT_MAX_OPS,
           min_ops: int = DEFAULT_MIN_OPS) -> list[Part]:
     """Parts of ``base`` (a topological order of ``graph``) at forced and small-live-set cuts (module note)."""
     if isinstance(max_ops, bool) or not isinstance(max_ops, int) or max_ops < 1:
@@ -137,8 +140,8 @@ class SplitSolution:
     part_seconds: list[float] = field(default_factory=list)
 
 
-def solve_split(graph: Any, base: Sequence[str], max_ops: int = DEFAULT_MAX_OPS, min_ops: int = DEFAULT_MIN_OPS,
-                time_limit_s: float = 30.0) -> SplitSolution:
+def solve_split(graph: order_mod.Graph, base: Sequence[str], max_ops: int = DEFAULT_MAX_OPS,
+                min_ops: int = DEFAULT_MIN_OPS, time_limit_s: float = 30.0) -> SplitSolution:
     """Split ``base`` and solve every part with ``ilp.solve`` (each within ``time_limit_s``)."""
     t0 = time.perf_counter()
     parts = split(graph, base, max_ops, min_ops)
@@ -185,7 +188,7 @@ class RoamResult:
 PAPER_SAVING = {"PyTorch": 0.357, "heuristic": 0.133, "MODeL (ILP)": 0.272}  # ROAM's abstract, arXiv 2310.19295v1
 
 
-def compare(step: Any, max_ops: int = DEFAULT_MAX_OPS, min_ops: int = DEFAULT_MIN_OPS, part_limit_s: float = 30.0,
+def compare(step: StepGraph, max_ops: int = DEFAULT_MAX_OPS, min_ops: int = DEFAULT_MIN_OPS, part_limit_s: float = 30.0,
             unsplit_limit_s: float | None = 60.0, schedule: str = "best") -> RoamResult:
     """Program order, greedy, ROAM (schedule + split ILP) and the unsplit ILP for one traced step.
 
@@ -243,7 +246,7 @@ def compare(step: Any, max_ops: int = DEFAULT_MAX_OPS, min_ops: int = DEFAULT_MI
                       unsplit_limit_s or 0.0, notes)
 
 
-def quick(step: Any) -> dict[str, int]:
+def quick(step: StepGraph) -> dict[str, int]:
     """The peaks a slider can afford (no integer program over operators): program order, greedy, every update eager,
     every update at the end, the best update schedule (its integer program has one binary per update unit)."""
     whole = ilp.problem_from_graph(step.graph)

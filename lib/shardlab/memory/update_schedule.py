@@ -35,12 +35,15 @@ import itertools
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from shardlab.levers import order as order_mod
+
+if TYPE_CHECKING:
+    from shardlab.memory.graph import StepGraph
 
 
 @dataclass
@@ -54,7 +57,7 @@ class UpdatePlan:
     params: tuple[str, ...]  # the units, in the end order
 
 
-def plan(step: Any) -> UpdatePlan:
+def plan(step: StepGraph) -> UpdatePlan:
     """Split a :class:`shardlab.memory.graph.StepGraph` into base and updates; find q_p and f_p.
 
     Parameters whose updates read one gradient buffer (GPT-2's fused Q/K/V weight: three views of one stacked
@@ -148,11 +151,11 @@ class ScheduleResult:
     order: tuple[str, ...]
 
 
-def peak_of(step: Any, up: UpdatePlan, schedule: Mapping[str, str]) -> int:
+def peak_of(step: StepGraph, up: UpdatePlan, schedule: Mapping[str, str]) -> int:
     return order_mod.peak(step.graph, order_for(up, schedule)).peak
 
 
-def best_schedule(step: Any, up: UpdatePlan | None = None, time_limit_s: float = 60.0) -> ScheduleResult:
+def best_schedule(step: StepGraph, up: UpdatePlan | None = None, time_limit_s: float = 60.0) -> ScheduleResult:
     """The schedule of smallest peak for the base order (module note), from scipy ``milp``."""
     t0 = time.perf_counter()
     up = up or plan(step)
@@ -215,7 +218,7 @@ def best_schedule(step: Any, up: UpdatePlan | None = None, time_limit_s: float =
     return ScheduleResult(sched, pk, float(res.fun), time.perf_counter() - t0, order)
 
 
-def brute_force(step: Any, up: UpdatePlan | None = None, max_params: int = 12) -> ScheduleResult:
+def brute_force(step: StepGraph, up: UpdatePlan | None = None, max_params: int = 12) -> ScheduleResult:
     """Every one of the 2^P schedules simulated (the oracle for small steps)."""
     t0 = time.perf_counter()
     up = up or plan(step)
@@ -231,7 +234,7 @@ def brute_force(step: Any, up: UpdatePlan | None = None, max_params: int = 12) -
     return ScheduleResult(best[1], best[0], float(best[0]), time.perf_counter() - t0, order_for(up, best[1]))
 
 
-def compare(step: Any, time_limit_s: float = 60.0) -> dict[str, Any]:
+def compare(step: StepGraph, time_limit_s: float = 60.0) -> dict[str, Any]:
     """Peaks of all-eager, all-end and the best per-parameter schedule (bytes), and the best schedule."""
     up = plan(step)
     best = best_schedule(step, up, time_limit_s)

@@ -49,7 +49,7 @@ import torch_xla.distributed.spmd as xs  # imported after runtime.setup() (the n
 
 from shardlab import harness, runtime
 from shardlab.case import Case, Checks
-from shardlab.comm import Comm, DistributedWorld, SimulatedWorld
+from shardlab.comm import Comm, DistributedWorld, Ledger, SimulatedWorld
 from shardlab.formulas import pipeline as fpp
 from shardlab.pipeline import spmd
 from shardlab.pipeline.model import TinyLM, batch
@@ -226,7 +226,7 @@ class ScheduleCase(Case):
                 "loss, input and weight gradients == the dense layers'")
         return checks
 
-    def ledger_extra(self, view: View, ledger: Any, results: list[Any]) -> View:
+    def ledger_extra(self, view: View, ledger: Ledger, results: list[Any]) -> View:
         s, sched = self.schedule, self.sched()
         sends = [b for r in results for b in r["sends"]]
         view.add(f"{s}.p2p.count", len(sends), "count")
@@ -395,7 +395,7 @@ class ShiftCase(Case):
     def oracle(self) -> torch.Tensor:
         return torch.roll(self.state(), 1, 0)
 
-    def parity(self, source: str, got: Any, ref: torch.Tensor) -> Checks:
+    def parity(self, source: str, got: list[torch.Tensor], ref: torch.Tensor) -> Checks:
         out = got[0]  # slots 1..p-1 equal the circular shift; slot 0 is the last slot (cat, roll) or zeros
         ok = torch.equal(out[1:], ref[1:]) and torch.equal(out[0], ref[0] if self.how in ("cat", "roll")
                                                            else torch.zeros_like(ref[0]))
@@ -482,7 +482,7 @@ class FsdpCase(Case):
         x, w = spmd.init(self.p.stages, self.p.microbatches, 1, self.p.rows, self.p.hidden, seed=self.p.seed)
         return spmd.dense_forward(x, w)
 
-    def parity(self, source: str, got: Any, ref: torch.Tensor) -> Checks:
+    def parity(self, source: str, got: list[torch.Tensor], ref: torch.Tensor) -> Checks:
         return {"spmd.fsdp.parity.hlo": (torch.allclose(got[0], ref, rtol=1e-5, atol=1e-5), "output == dense layers")}
 
     def graph(self) -> list[torch.Tensor]:

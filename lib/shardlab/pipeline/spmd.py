@@ -60,6 +60,8 @@ import torch.nn.functional as F
 import torch_xla.distributed.spmd as xs  # imported after runtime.setup() (the notebooks' order)
 from torch_xla.experimental.scan import scan
 
+from shardlab.profile.hlo import HloModule
+
 SHIFTS = ("cat", "pad", "roll", "cat_zeros")
 LOOPS = ("scan", "python")
 
@@ -133,7 +135,7 @@ def shift(state: torch.Tensor, how: str) -> torch.Tensor:
     raise ValueError(f"shift={how!r} is not one of {SHIFTS}")
 
 
-def circular_pipeline(x: torch.Tensor, w: torch.Tensor, mesh: Any = None, *, how: str = "cat",
+def circular_pipeline(x: torch.Tensor, w: torch.Tensor, mesh: xs.Mesh | None = None, *, how: str = "cat",
                       loop: str = "scan", data_axis: str | None = None, fsdp: bool = False) -> torch.Tensor:
     """The pipeline's outputs [m, rows, h] (differentiable in x and w).  With `mesh` the state and the weights
     are annotated: "stage" splits the stages; `data_axis` (a second mesh axis) splits every microbatch's rows —
@@ -198,8 +200,9 @@ def microbatch_loss(y: torch.Tensor, _unused: torch.Tensor) -> torch.Tensor:
     return pipeline_loss(y)
 
 
-def pipeline_step(x: torch.Tensor, w: torch.Tensor, mesh: Any = None, *, how: str = "cat", loop: str = "scan",
-                  data_axis: str | None = None, fsdp: bool = False, backward: bool = True) -> list[torch.Tensor]:
+def pipeline_step(x: torch.Tensor, w: torch.Tensor, mesh: xs.Mesh | None = None, *, how: str = "cat",
+                  loop: str = "scan", data_axis: str | None = None, fsdp: bool = False,
+                  backward: bool = True) -> list[torch.Tensor]:
     """One step on device tensors x [m, rows, h], W [v, p, h, h]: [outputs] or, with `backward`, [outputs, loss,
     grad x, grad W].  Not synced (for `shardlab.harness` to capture or compile)."""
     if not backward:
@@ -234,7 +237,7 @@ def stage_modules(w: torch.Tensor, rows: int) -> tuple[list[TanhLayer], list[dic
     return layers, names, boundary
 
 
-def read_program(module: Any) -> dict[str, Any]:
+def read_program(module: HloModule) -> dict[str, Any]:
     """What a compiled pipeline program does per step, from its HLO (XLA:CPU or XLA:TPU, `profile.hlo`):
 
     ``trip_counts`` (every While loop, sorted), and per collective op: ``<op>.count`` (instructions),

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from shardlab.expert.params import ExpertParams
 from shardlab.viz.common import PADDING, device_color
 
 
@@ -86,7 +87,8 @@ def drop_figure(rows: list[dict[str, Any]]) -> Any:
     return fig
 
 
-def explorer(p: Any, evaluate: Callable[[Any], dict[str, Any]]) -> tuple[Any, Callable[..., dict[str, Any]]]:
+def explorer(p: ExpertParams, evaluate: Callable[[ExpertParams], dict[str, Any]]
+             ) -> tuple[Any, Callable[..., dict[str, Any]]]:
     """Sliders for ``p``'s ep, tokens, experts, top_k and capacity_factor; ``update(**kw)`` re-evaluates
     ``evaluate(replace(p, **sliders))`` and shows it. Returns (ui, update)."""
     sliders = {

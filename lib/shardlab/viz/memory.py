@@ -26,7 +26,8 @@ PHASE_COLORS = {"forward": "rgba(46,145,229,0.08)", "backward": "rgba(225,95,153
                 "update": "rgba(28,167,28,0.10)"}
 
 
-def order_profiles_figure(graph: Any, orders: Mapping[str, Sequence[str]], phase: Mapping[str, str] | None = None,
+def order_profiles_figure(graph: order_mod.Graph, orders: Mapping[str, Sequence[str]],
+                          phase: Mapping[str, str] | None = None,
                           title: str = "Live temporaries while the step runs, one line per operator order"
                           ) -> go.Figure:
     """Bytes live during each operator (``levers.order.peak``) for every order; the program order's phases shaded."""
