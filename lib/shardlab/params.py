@@ -37,6 +37,7 @@ from typing import Any, ClassVar, Self
 
 from shardlab import planner
 from shardlab.formulas.common import RECOMPUTE_POLICIES
+from shardlab.profile.tpu import parse_slice
 
 DTYPES = ("float32", "bfloat16")
 
@@ -108,8 +109,6 @@ class NotebookParams:
             for name, allowed in rules.get("CHOICES", {}).items():
                 one_of(name, getattr(self, name), allowed)
             for name in rules.get("SLICES", ()):
-                from shardlab.profile.tpu import parse_slice
-
                 # the boundary: the notebook's own code and the library see the generation-chips name only
                 object.__setattr__(self, name, parse_slice(getattr(self, name), name))
         self.checks()

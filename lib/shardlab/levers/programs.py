@@ -27,11 +27,10 @@ every tensor the step produces — *not* synced. The cases of :mod:`shardlab.lev
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch_xla.core.xla_model as xm  # levers modules are imported after runtime.setup() (the notebooks' order)
 import torch_xla.distributed.spmd as xs
+from torch.autograd.function import FunctionCtx
 from torch_xla.core.xla_builder import create_placeholder_tensor
 
 from shardlab import models, runtime
@@ -60,12 +59,12 @@ class _Unshard(torch.autograd.Function):
     backward: the gradient constrained back to the weight's dim-0 sharding (reduce-scatter)."""
 
     @staticmethod
-    def forward(ctx: Any, w: torch.Tensor, mesh: xs.Mesh) -> torch.Tensor:
+    def forward(ctx: FunctionCtx, w: torch.Tensor, mesh: xs.Mesh) -> torch.Tensor:
         ctx.mesh = mesh
         return _mark(w * 1.0, mesh, (None, None))  # [h, h] everywhere
 
     @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+    def backward(ctx: FunctionCtx, g: torch.Tensor) -> tuple[torch.Tensor, None]:
         return _mark(g * 1.0, ctx.mesh, ("fsdp", None)), None  # [h / n, h] per device
 
 

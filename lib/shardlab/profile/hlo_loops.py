@@ -44,7 +44,10 @@ Example (a loop ``for i in range(1, 7, 2)``)::
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from shardlab.profile.hlo import HloModule  # hlo imports this module
 
 MAX_TRIPS = 100_000  # brute force stops here: None (a loop that long is not something we price)
 _BITS = {"pred": 1, "s8": 8, "u8": 8, "s16": 16, "u16": 16, "s32": 32, "u32": 32, "s64": 64, "u64": 64}
@@ -72,7 +75,7 @@ _COMPARE = {"EQ": lambda a, b: a == b, "NE": lambda a, b: a != b, "LT": lambda a
             "LE": lambda a, b: a <= b, "GT": lambda a, b: a > b, "GE": lambda a, b: a >= b}
 
 
-def _evaluate(module: Any, name: str, state: Any, memo: dict[str, Any]) -> Any:
+def _evaluate(module: HloModule, name: str, state: Any, memo: dict[str, Any]) -> Any:
     """Value of instruction ``name``: an int for a scalar, a list of lazily computed values for a tuple (the
     parameter's is ``state``, a function index -> int)."""
     if name in memo:
@@ -125,7 +128,7 @@ def _evaluate(module: Any, name: str, state: Any, memo: dict[str, Any]) -> Any:
     return value
 
 
-def _root(module: Any, computation: str) -> str:
+def _root(module: HloModule, computation: str) -> str:
     names = module.computations.get(computation, [])
     roots = [n for n in names if module.instructions[n].is_root]
     if not roots:
@@ -151,7 +154,7 @@ def _memoised(elements: list[Any]) -> Any:
     return get
 
 
-def trip_count(module: Any, name: str) -> int | None:
+def trip_count(module: HloModule, name: str) -> int | None:
     """Iterations of ``while`` instruction ``name`` (see the module note), None when they cannot be read."""
     w = module.instructions[name]
     if w.opcode != "while":

@@ -502,7 +502,7 @@ def compile_tensors(outputs: list[Any], topology: str = DEFAULT_TOPOLOGY, *, dis
     (the build option ``use_auto_spmd_partitioning``); with the XLA:TPU flag
     ``xla_tpu_auto_spmd_remove_all_user_shardings`` it also ignores the graph's own annotations.
     """
-    import torch_xla
+    import torch_xla  # in the functions, not at the top: profile is imported before runtime.setup()
 
     topo = get_topology(topology)
     world = runtime.current()

@@ -20,6 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import plotly.graph_objects as go
+from plotly.offline import get_plotlyjs
+
 from shardlab.profile.record import SOURCES, values_equal
 from shardlab.report.baseline import key_rows
 from shardlab.report.datatypes import NotebookResult, Report
@@ -102,8 +105,6 @@ def summary(report: Report) -> str:
 
 
 def wall_chart(report: Report) -> str:
-    import plotly.graph_objects as go
-
     rs = [r for r in report.results if r.execution]
     if not rs:
         return ""
@@ -119,7 +120,7 @@ def wall_chart(report: Report) -> str:
     return figure(fig)
 
 
-def figure(fig: Any) -> str:
+def figure(fig: go.Figure) -> str:
     return str(fig.to_html(full_html=False, include_plotlyjs=False, config={"responsive": True}))
 
 
@@ -260,8 +261,6 @@ def env_section(report: Report) -> str:
 
 
 def write_report(report: Report, dest: Path) -> Path:
-    from plotly.offline import get_plotlyjs
-
     counts = {s: sum(r.status == s for r in report.results) for s in STATUS_COLOURS}
     headline = " ".join(f"{badge(s)} {n}" for s, n in counts.items() if n)
     when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(report.started))
