@@ -44,10 +44,17 @@ Example (a loop ``for i in range(1, 7, 2)``)::
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from shardlab.profile.hlo import HloModule  # hlo imports this module
+
+class Module(Protocol):
+    """What this module reads of a :class:`shardlab.profile.hlo.HloModule` (hlo imports this module, so it is
+    described here rather than imported back)."""
+
+    instructions: Mapping[str, Any]
+    computations: Mapping[str, list[str]]
+
 
 MAX_TRIPS = 100_000  # brute force stops here: None (a loop that long is not something we price)
 _BITS = {"pred": 1, "s8": 8, "u8": 8, "s16": 16, "u16": 16, "s32": 32, "u32": 32, "s64": 64, "u64": 64}
@@ -75,7 +82,7 @@ _COMPARE = {"EQ": lambda a, b: a == b, "NE": lambda a, b: a != b, "LT": lambda a
             "LE": lambda a, b: a <= b, "GT": lambda a, b: a > b, "GE": lambda a, b: a >= b}
 
 
-def _evaluate(module: HloModule, name: str, state: Any, memo: dict[str, Any]) -> Any:
+def _evaluate(module: Module, name: str, state: Any, memo: dict[str, Any]) -> Any:
     """Value of instruction ``name``: an int for a scalar, a list of lazily computed values for a tuple (the
     parameter's is ``state``, a function index -> int)."""
     if name in memo:
@@ -128,7 +135,7 @@ def _evaluate(module: HloModule, name: str, state: Any, memo: dict[str, Any]) ->
     return value
 
 
-def _root(module: HloModule, computation: str) -> str:
+def _root(module: Module, computation: str) -> str:
     names = module.computations.get(computation, [])
     roots = [n for n in names if module.instructions[n].is_root]
     if not roots:
@@ -154,7 +161,7 @@ def _memoised(elements: list[Any]) -> Any:
     return get
 
 
-def trip_count(module: HloModule, name: str) -> int | None:
+def trip_count(module: Module, name: str) -> int | None:
     """Iterations of ``while`` instruction ``name`` (see the module note), None when they cannot be read."""
     w = module.instructions[name]
     if w.opcode != "while":
