@@ -77,3 +77,14 @@ def test_notebook_08_bad_parameter(run_notebook) -> None:  # type: ignore[no-unt
 
     with pytest.raises(pm.PapermillExecutionError, match="gloo_world=1 must be 0"):
         run_notebook("08_compiler_levers", gloo_world=1)
+
+
+@needs_tpu
+@pytest.mark.notebook
+def test_notebook_08_small_one_device(run_notebook) -> None:  # type: ignore[no-untyped-def]
+    record = run_notebook("08_compiler_levers", **dict(SMALL, num_devices=1))
+    by = _by(record)
+    assert record["env"]["device_count"] == 1
+    # one device: data parallelism has no gradient to sum, FSDP nothing to gather
+    assert by[("levers.combine.all_reduce.count", "formula")]["value"] == 0
+    assert by[("levers.combine.all_reduce.count", "hlo")]["value"] == 0
