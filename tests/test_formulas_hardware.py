@@ -143,7 +143,7 @@ def test_slice_shapes_and_groups():
     assert H.group_axes("v6e-8", [0]) == 0
 
 
-@pytest.mark.parametrize("slice_name", ["v5e-8", "v6e-16", "v6e-64", "v6e-256"])
+@pytest.mark.parametrize("slice_name", ["v5e-2", "v5e-8", "v5e-32", "v6e-2", "v6e-16", "v6e-64", "v6e-256"])
 def test_device_coords_are_libtpus(slice_name):
     """Oracle: libtpu's own TpuDevice.coords of the compile-only topology the suite compiles for (its device
     assignment is the devices in this order)."""
@@ -154,3 +154,13 @@ def test_device_coords_are_libtpus(slice_name):
     got = [tuple(d.coords)[:2] for d in tpu.topology_devices(slice_name)]
     assert got == H.device_coords(slice_name)
     assert H.slice_shape(slice_name) == tuple(int(d) for d in tpu.get_topology(slice_name).shape.split("x"))
+
+
+def test_slice_chips_takes_compile_only_slices():
+    """Generations named by chip count take any count (the compile-only v5e-2 has no rentable slice); v5p names
+    count TensorCores, so only its published slices resolve."""
+    assert H.slice_chips("v5e-2")[1] == 2 and H.slice_chips("v6e-8") == H.topology("v6e-8")
+    assert H.slice_chips("v5p-8")[1] == 4
+    for bad in ("v5p-2", "v7x-8", "v5e-x"):
+        with pytest.raises(ValueError, match="unknown topology"):
+            H.slice_chips(bad)

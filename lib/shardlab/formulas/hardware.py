@@ -195,11 +195,25 @@ def roofline(flops_per_chip: float, wire_bytes_per_chip: float, profile: ChipPro
 HOST_TILE = {2: (2, 2), 3: (2, 2, 1)}  # chips per host along each torus axis (libtpu's default host bounds)
 
 
+def slice_chips(name: str) -> tuple[ChipProfile, int]:
+    """(profile, chips) of a slice: a published slice of data/hardware, or any chip count of a generation whose
+    slice names count chips — the compile-only slices too (v5e-2, v6e-2: no rentable slice has 2 chips)."""
+    try:
+        return topology(name)
+    except ValueError:
+        gen, _, count = name.rpartition("-") if isinstance(name, str) else ("", "", "")
+        profile = chips().get(gen)
+        if profile is None or not count.isdigit() or int(count) < 1 \
+                or any(s != f"{gen}-{n}" for s, n in profile.slices.items()):  # v5p's names count TensorCores
+            raise
+        return profile, int(count)
+
+
 def slice_shape(topology_name: str) -> tuple[int, ...]:
     """The torus extents of a slice: ``"v6e-8"`` -> (2, 4), ``"v6e-256"`` -> (16, 16) — powers of two as even as
     possible, ascending (Google's v5e / v6e slice shapes 1x1, 1x2, 2x2, 2x4 ... 16x16; v5p 2x2x1, 2x2x2, 2x4x4,
     4x4x4, 4x4x8 ...; libtpu names the 8-chip v5e slice by this shape, "v5e:2x4")."""
-    profile, n = topology(topology_name)
+    profile, n = slice_chips(topology_name)
     if n & (n - 1):
         raise ValueError(f"{topology_name}: {n} chips is not a power of two (no slice shape known)")
     k, d = n.bit_length() - 1, profile.torus_dims

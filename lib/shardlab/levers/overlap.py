@@ -105,7 +105,7 @@ def axes(collective: Collective, slice_name: str) -> int:
     """Torus axes the collective's groups span on the slice ``slice_name`` (e.g. ``"v5e-8"``): the most any of its
     replica groups spans (a collective-permute: all its source and target devices; no groups: every chip); at
     least 1."""
-    chips = hardware.topology(slice_name)[1]
+    chips = hardware.slice_chips(slice_name)[1]
     if collective.op == "collective-permute":
         groups = [sorted({d for pair in collective.source_target_pairs for d in pair})]
     else:
