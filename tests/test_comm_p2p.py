@@ -1,6 +1,7 @@
 """shardlab.comm point-to-point (send / recv) and all_to_all: values from rank arithmetic, an all-to-all checked
-against the chunk transpose written out element by element, ledger rows against the byte rules of design.md, the
-pairing check, errors, and SimulatedWorld vs real gloo processes (identical ledgers and results)."""
+against the chunk transpose written out element by element, ledger rows against the byte rules (a send's wire
+bytes = its payload, a recv's 0, an all-to-all's (W − 1)/W of its input), the pairing check, errors, and
+SimulatedWorld vs real gloo processes (identical ledgers and results)."""
 
 from __future__ import annotations
 

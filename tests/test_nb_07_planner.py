@@ -43,7 +43,8 @@ def test_notebook_07_defaults(run_notebook) -> None:  # type: ignore[no-untyped-
         assert by[(v + "tp_layer.fwd_bwd.all_reduce.bytes", src)] == 4 * 64 * 128 * 4
         assert by[(v + "dp.fwd_bwd.all_reduce.bytes", src)] == 2 * 128 * 512 * 4
     assert by[(v + "dp.fwd_bwd.all_reduce.count", "tpu")] == 1  # the two gradients combined into one tuple
-    # the loss depends on the output: g and f are not merged (issue 22, item 12), the TPU issues them one by one
+    # the loss ½‖out − target‖² depends on the output, so the backward's f waits for the forward's g: nothing for
+    # XLA:TPU's all-reduce combiner to merge, the TPU issues them one by one
     assert by[(v + "tp_mlp.fwd_bwd.all_reduce.count", "tpu")] == 2
     assert by[(v + "tp_layer.fwd_bwd.all_reduce.count", "tpu")] == 4
     assert by[(v + "fsdp.param.bytes", "hlo")] == 2 * 64 // 8 * 128 * 4 + 2 * 128 * 512 * 4 // 8  # x, target

@@ -264,7 +264,8 @@ def test_gspmd_rule_by_hand():
 
 def test_sequence_parallel_adds_the_norm_gradient_all_reduce():
     # Llama 3 8B, tensor 8 with SP: the 2 RMSNorm weights of 32 layers + the final norm act on s/t tokens, their
-    # gradients (bf16) summed once per step over tensor: (32·2·4096 + 4096)·2 = 532,480 B (issue 22, item 10)
+    # gradients (bf16) summed once per step over tensor: (32·2·4096 + 4096)·2 = 532,480 B (Korthikanti et al.'s
+    # sequence parallelism: the norms' weight gradients are partial sums over the tensor group)
     sp = P.plan(P.PlanConfig("llama-3-8b", "v6e-8", fsdp=1, tensor=8, global_batch=1, sequence_parallel=True))
     norm = [t for t in sp.comm if "norm-weight" in t.what]
     assert [(t.op, t.count, t.payload_bytes) for t in norm] == [("all-reduce", 1, 532480)]

@@ -134,11 +134,11 @@ def test_refuses_what_the_trace_does_not_do(pc) -> None:  # type: ignore[no-unty
 
 @pytest.mark.slow
 def test_gspmd_rule_is_the_compilers_fsdp_bytes(pc) -> None:  # type: ignore[no-untyped-def]
-    """Issue 22 item 4. Oracle: XLA:TPU compiling 07's own verdict step (4-layer Llama, h 1024, ffn 2048, V 4096,
-    fsdp 8 on v5e-8, recompute none; ~35 s): its all-gather and reduce-scatter bytes per chip and step (each
-    collective x its loop's trip count) are the planner's "gspmd" rule's exactly; the FSDP1 flat-unit rule is off
-    (it gathers the embedding and reduce-scatters its gradient, which the compiled step never does); the cache
-    holds the same compile."""
+    """TPU plans priced per parameter, as GSPMD shards them. Oracle: XLA:TPU compiling 07's own verdict step
+    (4-layer Llama, h 1024, ffn 2048, V 4096, fsdp 8 on v5e-8, recompute none; ~35 s): its all-gather and
+    reduce-scatter bytes per chip and step (each collective x its loop's trip count) are the planner's "gspmd"
+    rule's exactly; the FSDP1 flat-unit rule is off (it gathers the embedding and reduce-scatters its gradient,
+    which the compiled step never does); the cache holds the same compile."""
     r = pc.rule_check(pc.rule_case("none"))
     for op in ("all-gather", "reduce-scatter"):
         assert r.gspmd[op] == r.compiler[op], op

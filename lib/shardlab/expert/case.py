@@ -10,7 +10,7 @@ data-dependent buffer size). Every device and every rank routes its own group of
 S = ``p.tokens`` tokens; the compared configuration has ``data · ep`` groups, ``data`` = n / ep on this process's
 n devices when ep tiles them (the compiled mesh (data, expert)), else 1 (the TPU view then compiles an ep-chip
 slice in a helper process). Values, named ``<phase>.<...>`` (:func:`views` drops the phase of the step, so the
-record prefix ``ep`` gives the names of issue 20)::
+record prefix ``ep`` gives names such as ``ep.all_to_all.bytes``)::
 
     formula   <phase>.all_to_all.{count,bytes,elements}  2 forward + 2 backward, E·C·h·e each (formulas.expert)
               fwd.all_to_all.*                           the forward's two (with backward)
