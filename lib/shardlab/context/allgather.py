@@ -30,9 +30,8 @@ import torch
 import torch.nn.functional as F
 
 from shardlab.comm import Comm
-from shardlab.context.attention import check_layout, check_qkv, shard_sequence
+from shardlab.context.attention import check_qkv, contiguous_step
 from shardlab.tp.mappings import gather_from_sp_region
-from shardlab.tp.programs import loss
 
 
 def allgather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm,
@@ -53,14 +52,5 @@ def allgather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm:
 
 def allgather_attention_step(comm: Comm, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                              target: torch.Tensor | None = None, causal: bool = False) -> dict[str, Any]:
-    """One forward (+ backward of ½‖out − target‖², ``tp.programs.loss``, summed over the ranks' rows) on this
-    rank. q, k, v, target are the FULL [b, s, heads, d] tensors; rank r takes positions [r·s/cp, (r+1)·s/cp).
-    Returns its out and gradients."""
-    cp, r = comm.world_size, comm.rank
-    check_layout("contiguous", q.shape[1], cp)
-    ql, kl, vl = (shard_sequence(t, "contiguous", r, cp).detach().clone().requires_grad_(target is not None)
-                  for t in (q, k, v))
-    out = allgather_attention(ql, kl, vl, comm, causal)
-    if target is not None:
-        loss(out, shard_sequence(target, "contiguous", r, cp)).backward()
-    return {"out": out.detach(), "grad_q": ql.grad, "grad_k": kl.grad, "grad_v": vl.grad}
+    """:func:`shardlab.context.attention.contiguous_step` of this module's attention."""
+    return contiguous_step(allgather_attention, comm, q, k, v, target, causal)

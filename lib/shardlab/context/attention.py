@@ -42,10 +42,15 @@ Example (chunks of a zig-zag split over 4 ranks: 8 chunks)::
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from shardlab.comm import Comm
+from shardlab.tp.programs import loss
 
 LAYOUTS = ("contiguous", "zigzag")
 KINDS = ("full", "diagonal", "masked")
@@ -116,6 +121,21 @@ def shard_sequence(x: torch.Tensor, layout: str, rank: int, cp: int, dim: int = 
     """Rank ``rank``'s part of ``x`` along ``dim``: its chunks, concatenated in order."""
     c = check_layout(layout, x.shape[dim], cp)
     return torch.cat([x.narrow(dim, i * c, c) for i in chunk_ids(layout, rank, cp)], dim=dim)
+
+
+def contiguous_step(attention: Callable[..., torch.Tensor], comm: Comm, q: torch.Tensor, k: torch.Tensor,
+                    v: torch.Tensor, target: torch.Tensor | None = None, causal: bool = False) -> dict[str, Any]:
+    """One rank's forward (+ backward of ½‖out − target‖², ``tp.programs.loss``, summed over the ranks' rows) of
+    ``attention(q, k, v, comm, causal)`` on a contiguous split: q, k, v, target are the FULL [b, s, heads, d];
+    rank r takes positions [r·s/cp, (r+1)·s/cp). Returns its out and gradients (its rows)."""
+    cp, r = comm.world_size, comm.rank
+    check_layout("contiguous", q.shape[1], cp)
+    ql, kl, vl = (shard_sequence(t, "contiguous", r, cp).detach().clone().requires_grad_(target is not None)
+                  for t in (q, k, v))
+    out = attention(ql, kl, vl, comm, causal)
+    if target is not None:
+        loss(out, shard_sequence(target, "contiguous", r, cp)).backward()
+    return {"out": out.detach(), "grad_q": ql.grad, "grad_k": kl.grad, "grad_v": vl.grad}
 
 
 def unshard_sequence(parts: list[torch.Tensor], layout: str, dim: int = 1) -> torch.Tensor:

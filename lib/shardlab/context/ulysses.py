@@ -25,9 +25,8 @@ from typing import Any
 import torch
 
 from shardlab.comm import Comm
-from shardlab.context.attention import check_layout, check_qkv, dense_attention, shard_sequence
+from shardlab.context.attention import check_qkv, contiguous_step, dense_attention
 from shardlab.expert.parallel import all_to_all
-from shardlab.tp.programs import loss
 
 
 def seq_to_heads(x: torch.Tensor, comm: Comm, tag: str) -> torch.Tensor:
@@ -63,14 +62,5 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: C
 
 def ulysses_step(comm: Comm, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  target: torch.Tensor | None = None, causal: bool = False) -> dict[str, Any]:
-    """One forward (+ backward of ½‖out − target‖², ``tp.programs.loss``, summed over the ranks' rows); q, k, v,
-    target are the FULL [b, s, heads, d]; rank r takes positions [r·s/cp, (r+1)·s/cp). Returns its out and
-    gradients (its rows)."""
-    cp, r = comm.world_size, comm.rank
-    check_layout("contiguous", q.shape[1], cp)
-    ql, kl, vl = (shard_sequence(t, "contiguous", r, cp).detach().clone().requires_grad_(target is not None)
-                  for t in (q, k, v))
-    out = ulysses_attention(ql, kl, vl, comm, causal)
-    if target is not None:
-        loss(out, shard_sequence(target, "contiguous", r, cp)).backward()
-    return {"out": out.detach(), "grad_q": ql.grad, "grad_k": kl.grad, "grad_v": vl.grad}
+    """:func:`shardlab.context.attention.contiguous_step` of this module's attention."""
+    return contiguous_step(ulysses_attention, comm, q, k, v, target, causal)

@@ -52,7 +52,7 @@ from shardlab import runtime
 from shardlab.inspect import models as M
 from shardlab.inspect import sharding as S
 from shardlab.inspect.config import InspectConfig, layout
-from shardlab.planner_verdict import ADAMW, full_recompute_partition
+from shardlab.planner_verdict import adamw_step, full_recompute_partition
 from shardlab.profile import tpu as T
 from shardlab.xla_scan.patches import placeholder
 
@@ -301,18 +301,6 @@ def build(cfg: InspectConfig) -> Any:
 
     outs: list[torch.Tensor] = [loss]
     donate: dict[int, torch.Tensor] = {}
-    c = ADAMW
-    for name, shape, spec in lay.trained(stacked_mode):
-        leaf = leaves[name]
-        g = leaf.grad.float()
-        state = [placeholder(shape, torch.float32) for _ in range(3)]  # fp32 master, exp_avg, exp_avg_sq
-        master, m1, m2 = (r * 1 for r in state)
-        for t in (master, m1, m2):
-            xs.mark_sharding(t, mesh, spec)
-        m1 = c["b1"] * m1 + (1 - c["b1"]) * g
-        m2 = c["b2"] * m2 + (1 - c["b2"]) * g * g
-        master = master - c["lr"] * (m1 / (m2.sqrt() + c["eps"]) + c["wd"] * master)
-        for src, new in zip((raws[name], *state), (master.to(dt), master, m1, m2), strict=True):
-            donate[len(outs)] = src
-            outs.append(new)
+    for name, _shape, spec in lay.trained(stacked_mode):  # 07's AdamW step, the same ops and donations
+        adamw_step(outs, donate, raws[name], leaves[name].grad, spec, mesh)
     return T.Step(outs, donate)
