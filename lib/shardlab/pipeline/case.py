@@ -19,13 +19,15 @@ A :class:`ScheduleCase`'s views (values under ``<schedule>.``; a record prefix `
   its sends, the bubble of the order it executed (timed by :func:`~shardlab.pipeline.timeline.simulate`, stages
   of equal cost, backward = 2 forward), the activations it really held; loss and every gradient against the
   unsplit model.
-- **hlo / tpu** — the same pipeline as ONE SPMD program (:mod:`shardlab.pipeline.spmd`) on a mesh
-  (stage, data) = (p, n / p): GPipe with the "pad" shift, interleaved as the circular pipeline (v repeats, "cat"
-  shift). Its stages are one tanh layer each (stacked stages must be identical), but the tensor a stage hands
-  over is the language model's cut, [batch / m · seq, h]. Read from the program: the loops' trip count, the
-  bubble it implies ((T - v m) / T), and the collective-permutes — under ``spmd.`` (GPipe) and
-  ``spmd.circular.`` (interleaved, forward only), where the formula predicts the loop's shifts: T per direction,
-  bubble iterations included. 1F1B has no SPMD form (see spmd.py): its compiler views are skipped with the reason.
+- **hlo / tpu** — the same pipeline as ONE SPMD program on a mesh (stage, data) = (p, n / p): GPipe with the
+  "pad" shift and autograd's reversed loop (:mod:`shardlab.pipeline.spmd`), interleaved as the circular pipeline
+  (v repeats, "cat" shift, forward only), 1F1B as one loop with the backward written into its body
+  (:mod:`shardlab.pipeline.spmd_1f1b`: m + 2 (p - 1) ticks, a forward and a backward shift per tick, 2 p - 1
+  stash slots per stage). Its stages are one tanh layer each (stacked stages must be identical), but the tensor a
+  stage hands over is the language model's cut, [batch / m · seq, h]. Read from the program: the loops' trip
+  count, the idle share it implies, and the collective-permutes — under ``spmd.`` (GPipe), ``spmd.circular.``
+  (interleaved) and ``spmd.1f1b.``, where the formula (:func:`shardlab.formulas.pipeline.spmd_loop`, written
+  apart from the code that builds the loops) predicts the loop's shifts, bubble iterations included.
 
 The compiled programs' parity is checked against their own dense layers (``spmd.dense_forward``), and the
 notebook runs the per-stage GPipe program on those very layers too (:func:`spmd_ledger`).
@@ -51,7 +53,7 @@ from shardlab import harness, runtime
 from shardlab.case import Case, Checks
 from shardlab.comm import Comm, DistributedWorld, Ledger, SimulatedWorld
 from shardlab.formulas import pipeline as fpp
-from shardlab.pipeline import spmd
+from shardlab.pipeline import spmd, spmd_1f1b
 from shardlab.pipeline.model import TinyLM, batch
 from shardlab.pipeline.params import PipelineParams
 from shardlab.pipeline.programs import dense_step, merge_results, pipeline_program
@@ -64,10 +66,7 @@ from shardlab.views import View
 
 F32 = 4
 COMPILER = {"hlo": "XLA:CPU", "tpu": "XLA:TPU"}
-ONE_F_ONE_B = ("1F1B has no SPMD form: one forward scan followed by autograd's reversed scan runs every forward "
-               "before any backward (GPipe's order); 1F1B starts microbatch 0's backward while later forwards "
-               "still run")
-__all__ = ["ONE_F_ONE_B", "FsdpCase", "ScheduleCase", "ShiftCase", "compiled", "gloo_runs", "model_and_batch",
+__all__ = ["FsdpCase", "ScheduleCase", "ShiftCase", "compiled", "gloo_runs", "model_and_batch",
            "schedule_views", "spmd_ledger", "traced_model"]
 
 
@@ -142,14 +141,14 @@ class ScheduleCase(Case):
 
     @property
     def spmd_key(self) -> str:
-        """Where the SPMD program's values go: ``spmd`` (GPipe) or ``spmd.circular`` (interleaved)."""
-        return "spmd" if self.schedule == "gpipe" else "spmd.circular"
+        """Where the SPMD program's values go: ``spmd`` (GPipe), ``spmd.circular`` (interleaved), ``spmd.1f1b``."""
+        return {"gpipe": "spmd", "1f1b": "spmd.1f1b"}.get(self.schedule, "spmd.circular")
 
     @property
     def backward(self) -> bool:
-        """The compiled program: GPipe forward + backward; the circular pipeline forward only (its backward mirrors
-        it; one program of each is enough for the notebook's time budget)."""
-        return self.schedule == "gpipe"
+        """The compiled program: GPipe and 1F1B forward + backward; the circular pipeline forward only (its backward
+        mirrors it; one program of each is enough for the notebook's time budget)."""
+        return self.schedule != "interleaved"
 
     def replicas(self, num_devices: int | None = None) -> int:
         """Pipelines side by side on the `data` axis where the compiled program runs: n / p on this process's n
@@ -178,21 +177,23 @@ class ScheduleCase(Case):
         view.add(f"{s}.bubble_fraction", fpp.idle_fraction(P, m, v), "fraction")
         view.add(f"{s}.bubble_ratio", fpp.bubble_ratio(P, m, v), "ratio")
         view.add(f"{s}.peak_inflight_microbatches", fpp.peak_inflight(s, P, m, v, device=0), "microbatches")
-        if s == "1f1b":
-            return view
-        k, T = self.spmd_key, spmd.iterations(P, m, v)
-        per_iteration = P - 1 if s == "gpipe" else P  # pad moves p - 1 slots, the circular cat p
-        directions = 2 if self.backward else 1
+        loop = fpp.spmd_loop(s, P, m, v)
+        k, T = self.spmd_key, loop["trip_count"]
+        transfers = loop["shifts"] * loop["loops"] * loop["pairs"] * T  # per step, bubble iterations included
         view.add(f"{k}.trip_count", T, "iterations")
-        view.add(f"{k}.p2p.count", directions * per_iteration * T, "count")
-        view.add(f"{k}.p2p.bytes", directions * per_iteration * T * p.rows * p.hidden * F32, "bytes")
-        if s == "gpipe":  # one collective-permute per iteration each way, of one [rows / r, h] shard per device
+        view.add(f"{k}.p2p.count", transfers, "count")
+        view.add(f"{k}.p2p.bytes", transfers * p.rows * p.hidden * F32, "bytes")
+        if s == "1f1b":  # the loop's own idle share: 2 (p - 1) of its m + 2 (p - 1) ticks run no microbatch
+            view.add(f"{k}.bubble_fraction", (T - m) / T, "fraction")
+            view.add(f"{k}.stash_slots", loop["held"], "slots")
+        if s != "interleaved":  # one collective-permute per shift, of one [rows / r, h] shard per device
             shard = p.rows // self.replicas() * p.hidden * F32
-            view.add("spmd.all_reduce.in_loop.step_count", 0, "count")  # the data-parallel gradient sum: after it
-            view.add("spmd.collective_permute.count", 2, "count")
-            view.add("spmd.collective_permute.bytes", 2 * shard, "bytes")
-            view.add("spmd.collective_permute.step_count", 2 * T, "count")
-            view.add("spmd.collective_permute.step_bytes", 2 * T * shard, "bytes")
+            permutes = loop["shifts"] * loop["loops"]
+            view.add(f"{k}.all_reduce.in_loop.step_count", 0, "count")  # the data-parallel gradient sum: after it
+            view.add(f"{k}.collective_permute.count", permutes, "count")
+            view.add(f"{k}.collective_permute.bytes", permutes * shard, "bytes")
+            view.add(f"{k}.collective_permute.step_count", permutes * T, "count")
+            view.add(f"{k}.collective_permute.step_bytes", permutes * T * shard, "bytes")
         return view
 
     # --------------------------------------------------------------------------------------------- ledger
@@ -249,11 +250,11 @@ class ScheduleCase(Case):
         return spmd.init(p.stages, p.microbatches, self.v, p.rows, p.hidden, seed=p.seed)
 
     def graph(self) -> list[torch.Tensor]:
-        if self.schedule == "1f1b":
-            raise ValueError(ONE_F_ONE_B)
         x, w = self.spmd_inputs()
         dev, n = runtime.device(), runtime.current().num_devices
         mesh = runtime.mesh((self.p.stages, n // self.p.stages), ("stage", "data"))
+        if self.schedule == "1f1b":
+            return spmd_1f1b.one_f_one_b_step(x.to(dev), w.to(dev), mesh, data_axis="data")
         return spmd.pipeline_step(x.to(dev), w.to(dev), mesh, how="pad" if self.v == 1 else "cat",
                                   data_axis="data", backward=self.backward)
 
@@ -262,33 +263,41 @@ class ScheduleCase(Case):
         got = spmd.read_program(module)
         trips = got["trip_counts"]
         T = trips[0] if trips else 0
-        view.checks[f"{s}.{src}.loops"] = (len(set(trips)) == 1 and len(trips) == (2 if self.backward else 1),
-                                           f"{'forward and backward loops' if self.backward else 'one loop'}, trip "
+        loops = 2 if s == "gpipe" else 1
+        view.checks[f"{s}.{src}.loops"] = (len(set(trips)) == 1 and len(trips) == loops,
+                                           f"{'forward and backward loops' if loops == 2 else 'one loop'}, trip "
                                            f"counts {trips}")
         r = self.replicas(module.num_partitions)
         useful = self.v * p.microbatches
-        view.add(f"{s}.bubble_fraction", (T - useful) / T, "fraction")
-        view.add(f"{s}.bubble_ratio", (T - useful) / useful, "ratio")
+        if s == "1f1b":  # not the 1F1B timeline's bubble: every tick costs F + B, 2 (p - 1) of them idle
+            view.add(f"{k}.bubble_fraction", (T - useful) / T, "fraction")
+            held = {a.dims[1] for lp in module.while_loops for a in lp.state
+                    if len(a.dims) == 4 and a.dims[0] == 1 and a.dims[2:] == (p.rows // r, p.hidden)}
+            view.add(f"{k}.stash_slots", max(held) if held else 0, "slots")
+        else:
+            view.add(f"{s}.bubble_fraction", (T - useful) / T, "fraction")
+            view.add(f"{s}.bubble_ratio", (T - useful) / useful, "ratio")
         view.add(f"{k}.trip_count", T, "iterations")
         loop = [c for c in module.collectives if c.op == "collective-permute" and c.in_while]
         transfers = sum(len(c.source_target_pairs) * (module.runs(c.computation) or 0) for c in loop)
         view.add(f"{k}.p2p.count", transfers // r, "count")
         view.add(f"{k}.p2p.bytes", sum(len(c.source_target_pairs) * (module.runs(c.computation) or 0) * c.operand_bytes
                                        for c in loop), "bytes")
-        if s == "gpipe":
-            view.add("spmd.collective_permute.count", len(loop), "count")
-            view.add("spmd.collective_permute.bytes", sum(c.operand_bytes for c in loop), "bytes")
-            view.add("spmd.collective_permute.step_count", sum(module.runs(c.computation) or 0 for c in loop), "count")
-            view.add("spmd.collective_permute.step_bytes",
+        if s != "interleaved":
+            view.add(f"{k}.collective_permute.count", len(loop), "count")
+            view.add(f"{k}.collective_permute.bytes", sum(c.operand_bytes for c in loop), "bytes")
+            view.add(f"{k}.collective_permute.step_count", sum(module.runs(c.computation) or 0 for c in loop), "count")
+            view.add(f"{k}.collective_permute.step_bytes",
                      sum((module.runs(c.computation) or 0) * c.operand_bytes for c in loop), "bytes")
         if self.backward:  # data parallelism across the pipelines: W's gradient summed over `data`, once per step
             reduce = [c for c in module.collectives if c.op == "all-reduce" and c.in_while]
             runs = sum(module.runs(c.computation) or 0 for c in reduce)
-            view.add("spmd.all_reduce.in_loop.step_count", runs, "count")
-            if runs and src == "hlo":
-                view.differs["spmd.all_reduce.in_loop.step_count"] = (
-                    f"XLA:CPU sums the data-parallel weight gradient inside the backward loop: {runs} all-reduce(s) "
-                    f"of {reduce[0].operand_bytes} bytes per step, where one after the loop would do")
+            view.add(f"{k}.all_reduce.in_loop.step_count", runs, "count")
+            if runs:
+                view.differs[f"{k}.all_reduce.in_loop.step_count"] = (
+                    f"{COMPILER[src]} sums the data-parallel weight gradient inside the "
+                    f"{'loop' if s == '1f1b' else 'backward loop'}: {runs} all-reduce(s) of "
+                    f"{reduce[0].operand_bytes} bytes per step, where one after the loop would do")
         others = {op: n for op in ("all-gather", "all-to-all", "reduce-scatter")
                   if (n := module.count(op, in_while=True))}
         view.checks[f"{s}.{src}.no_gathers_in_loop"] = (not others,
@@ -305,9 +314,7 @@ class ScheduleCase(Case):
 
 
 def compiled(case: ScheduleCase, source: str) -> View:
-    """``harness.hlo`` / ``harness.tpu`` of the case; for 1F1B a skipped view with the reason (no SPMD form)."""
-    if case.schedule == "1f1b":
-        return View.skip(source, ONE_F_ONE_B)
+    """``harness.hlo`` / ``harness.tpu`` of the case."""
     return harness.hlo(case) if source == "hlo" else harness.tpu(case)
 
 
@@ -468,7 +475,7 @@ class FsdpCase(Case):
 
     def formula(self) -> View:
         p, d = self.p, self.data
-        T = spmd.iterations(p.stages, p.microbatches)
+        T = fpp.spmd_loop("gpipe", p.stages, p.microbatches)["trip_count"]
         view = View("formula")
         view.add(f"{self.phase}.trip_count", T, "iterations")
         view.add(f"{self.phase}.collective_permute.count", 1, "count")  # per iteration, in the loop
