@@ -10,7 +10,9 @@ Each device runs its action list in order; an action starts as soon as its devic
 
     I(s, i)   like B (a zero-bubble schedule's input gradient); W(s, i) needs I(s, i)
 
-plus `p2p` time units when the dependency sits on another device.  A split backward costs `weight_share` of
+plus `p2p` time units when the dependency sits on another device.  `replay` times what devices *did* instead:
+their executed action lists, each action waiting for the actions whose messages it received (read from the
+ledger), so the ledger's bubble is measured without this dependency rule.  A split backward costs `weight_share` of
 the backward in W and the rest in I.  Starting times follow from the order alone
 (an as-soon-as-possible list schedule), so the simulator never reorders; if no device can start its next action
 the order deadlocks and `simulate` raises, naming the blocked actions.
@@ -40,7 +42,7 @@ from fractions import Fraction
 from shardlab.formulas import pipeline as fpp
 from shardlab.pipeline.schedules import Action, Schedule, build, peak_inflight
 
-__all__ = ["Event", "Timeline", "compare", "simulate"]
+__all__ = ["Event", "Timeline", "compare", "replay", "simulate"]
 
 
 @dataclass(frozen=True)
@@ -149,6 +151,65 @@ def simulate(
             blocked = [str(acts[nxt[r]]) for r, acts in enumerate(schedule.devices) if nxt[r] < len(acts)]
             raise ValueError(f"{schedule.name}: the order deadlocks; every device waits (next: {blocked})")
     return Timeline(schedule, tuple(events))
+
+
+def replay(schedule: Schedule, orders: Sequence[Sequence[Action]],
+           messages: Sequence[Sequence[Sequence[tuple[str, int]]]], forward: float = 1,
+           backward: float = 2) -> Timeline:
+    """Time what the devices *did*, from their messages instead of the schedule's dependency rule: device r ran
+    ``orders[r]`` in order, and action j issued ``messages[r][j]`` = [(op, peer), ...] ("send" / "recv" rows of
+    its ledger).  The k-th receive on device d from device r takes the k-th send from r to d (FIFO per pair, as
+    the simulated world and gloo deliver them); an action starts when its device is free and the actions whose
+    sends it receives have finished.  Costs as in `simulate` (equal stages, a chunk 1/v).  Raises ValueError when
+    a receive has no matching send or every device waits."""
+    p, v = schedule.p, schedule.v
+    f, b = _per_chunk(forward, v), _per_chunk(backward, v)
+    sent: dict[tuple[int, int], list[tuple[int, int]]] = {}  # (src, dst) -> [(src, action index) per send]
+    for r, acts in enumerate(messages):
+        for j, rows in enumerate(acts):
+            for op, peer in rows:
+                if op == "send":
+                    sent.setdefault((r, peer), []).append((r, j))
+    needs: list[list[list[tuple[int, int]]]] = []  # per device, per action: the sending actions it waits for
+    for r, acts in enumerate(messages):
+        taken: dict[int, int] = {}
+        mine = []
+        for rows in acts:
+            deps = []
+            for op, peer in rows:
+                if op == "recv":
+                    k = taken.get(peer, 0)
+                    taken[peer] = k + 1
+                    queue = sent.get((peer, r), [])
+                    if k >= len(queue):
+                        raise ValueError(f"device {r} received message {k} from device {peer}, which sent "
+                                         f"{len(queue)}")
+                    deps.append(queue[k])
+            mine.append(deps)
+        needs.append(mine)
+    end: dict[tuple[int, int], float] = {}
+    free: list[float] = [0] * p
+    nxt = [0] * p
+    events: list[Event] = []
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        progressed = False
+        for r, acts in enumerate(orders):
+            while nxt[r] < len(acts):
+                j = nxt[r]
+                if any(d not in end for d in needs[r][j]):
+                    break
+                start = max([free[r], *(end[d] for d in needs[r][j])])
+                a = acts[j]
+                end[(r, j)] = free[r] = start + (f if a.kind == "F" else b)
+                events.append(Event(r, a, start, end[(r, j)]))
+                nxt[r] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            raise ValueError(f"{schedule.name}: the recorded messages deadlock: every device waits")
+    ran = Schedule(schedule.name, p, schedule.m, v, tuple(tuple(o) for o in orders), schedule.placement)
+    return Timeline(ran, tuple(events))
 
 
 def compare(p: int, m: int, v: int, message_bytes: int = 0) -> list[dict[str, object]]:
