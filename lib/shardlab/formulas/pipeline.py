@@ -51,7 +51,9 @@ def check_pipeline(p: int, m: int, v: int = 1, schedule: str | None = None) -> N
     """Raise ValueError naming the parameter and the rule when (p, m, v) is not a pipeline `schedule` can run.
 
     Rules: p, m, v >= 1; v > 1 only for "interleaved"; interleaved needs m % p == 0 (microbatches go round the
-    devices in groups of p, Narayanan et al. section 2.2.2).
+    devices in groups of p, Narayanan et al. section 2.2.2 — Megatron-LM's rule, which our interleaved order
+    follows; PyTorch 2.9's ScheduleInterleaved1F1B runs m % max(1, m // p) == 0, e.g. p = 4, m = 6, and its order
+    then still measures (p - 1)/(v m + p - 1) while m >= p; below m = p its bubble is larger).
     """
     for name, value in (("p", p), ("m", m), ("v", v)):
         if not isinstance(value, int) or value < 1:
@@ -63,7 +65,8 @@ def check_pipeline(p: int, m: int, v: int = 1, schedule: str | None = None) -> N
     if schedule != "interleaved" and v != 1:
         raise ValueError(f"v={v}: only the interleaved schedule has virtual stages (v must be 1 for {schedule})")
     if schedule == "interleaved" and m % p:
-        raise ValueError(f"m={m} must be a multiple of p={p} for the interleaved schedule")
+        raise ValueError(f"m={m} must be a multiple of p={p} for the interleaved schedule (Megatron-LM's rule; "
+                         "PyTorch 2.9's ScheduleInterleaved1F1B needs only m % max(1, m // p) == 0)")
 
 
 def bubble_ratio(p: int, m: int, v: int = 1) -> float:

@@ -215,8 +215,12 @@ def replay(schedule: Schedule, orders: Sequence[Sequence[Action]],
 def compare(p: int, m: int, v: int, message_bytes: int = 0) -> list[dict[str, object]]:
     """Per schedule (gpipe, 1f1b, interleaved at v): the bubble by formula and measured from the order (both
     conventions), the activations device 0 holds at most (formula and counted; in stage-microbatches: one chunk
-    is 1/v of a stage), point-to-point messages and bytes per step (`message_bytes` each).  A schedule that
-    cannot run at (p, m, v) gets ``{"schedule", "error"}`` instead — the explorer reports it, nothing raises.
+    is 1/v of a stage), point-to-point messages and bytes per step (`message_bytes` each), and ``order``: whose
+    order was timed ("ours", written from the papers' rules, or "PyTorch").  Our interleaved order follows
+    Megatron-LM's rule m % p == 0; where only that rule fails, PyTorch 2.9's ScheduleInterleaved1F1B may still run
+    (it needs m % max(1, m // p) == 0): its own order is timed instead, with no formula for its memory.  A
+    schedule that neither can run at (p, m, v) gets ``{"schedule", "error"}`` — the explorer reports it, nothing
+    raises.
 
     >>> [(r["schedule"], r["bubble_fraction"]) for r in compare(4, 8, 2)][:2]
     [('gpipe', Fraction(3, 11)), ('1f1b', Fraction(3, 11))]
@@ -224,19 +228,28 @@ def compare(p: int, m: int, v: int, message_bytes: int = 0) -> list[dict[str, ob
     rows: list[dict[str, object]] = []
     for name in fpp.SCHEDULES:
         vv = v if name == "interleaved" else 1
+        order, formula_inflight = "ours", None
         try:
             sched = build(name, p, m, vv)
+            formula_inflight = Fraction(fpp.peak_inflight(name, p, m, vv, device=0), vv)
         except ValueError as exc:
-            rows.append({"schedule": name, "error": str(exc)})
-            continue
+            if name != "interleaved" or p < 1 or m < 1 or v < 2 or m % p == 0:
+                rows.append({"schedule": name, "error": str(exc)})
+                continue
+            from shardlab.pipeline.torch_ref import as_schedule  # torch.distributed.pipelining: imported on demand
+
+            try:
+                sched, order = as_schedule(name, p, m, vv), "PyTorch"
+            except ValueError as torch_exc:
+                rows.append({"schedule": name, "error": f"{exc}; PyTorch: {torch_exc}"})
+                continue
         t = simulate(sched, forward=1, backward=2)
         traffic = fpp.p2p_traffic(p, m, 1, 1, 1, v=vv)
         rows.append({
-            "schedule": name, "v": vv,
+            "schedule": name, "v": vv, "order": order,
             "bubble_fraction": t.idle_fraction, "formula_fraction": Fraction(p - 1, vv * m + p - 1),
             "bubble_ratio": t.bubble_ratio, "formula_ratio": Fraction(p - 1, vv * m),
-            "inflight": Fraction(peak_inflight(sched)[0], vv),
-            "formula_inflight": Fraction(fpp.peak_inflight(name, p, m, vv, device=0), vv),
+            "inflight": Fraction(peak_inflight(sched)[0], vv), "formula_inflight": formula_inflight,
             "messages": int(traffic["count"]), "bytes": int(traffic["count"]) * message_bytes,
         })
     return rows
