@@ -268,3 +268,26 @@ def test_1f1b_loop_memory_grows_slower_with_m_than_gpipe(xla_world) -> None:
             peak[name, m] = res.memory.peak
     assert peak["1f1b", 32] - peak["1f1b", 8] < peak["gpipe", 32] - peak["gpipe", 8]
     assert peak["1f1b", 32] < peak["gpipe", 32]
+
+
+@pytest.mark.xla
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax not installed")
+def test_roll_is_lowered_by_torch_xla_not_by_the_partitioner(xla_world) -> None:
+    """torch_xla's HLO for torch.roll, before partitioning: concatenate(x, x) + dynamic-slice at a constant offset.
+    JAX's static jnp.roll (run in a child process: one PJRT client per process) lowers to slice + concatenate —
+    the `cat` shift, which the partitioner turns into one collective-permute."""
+    import os
+    import subprocess
+    import sys
+
+    import torch_xla
+
+    from shardlab import runtime
+
+    lowered = torch_xla._XLAC._get_xla_tensors_hlo([torch.roll(torch.zeros(8, 4, 16, device=runtime.device()), 1, 0)])
+    assert "concatenate(" in lowered and "dynamic-slice(" in lowered and " slice(" not in lowered
+    code = ("import jax, jax.numpy as jnp; "
+            "print(jax.jit(lambda x: jnp.roll(x, 1, 0)).lower(jnp.zeros((8, 4, 16))).as_text())")
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    text = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
+    assert "stablehlo.slice" in text and "stablehlo.concatenate" in text and "dynamic_slice" not in text

@@ -387,9 +387,9 @@ from shardlab.pipeline.spmd_1f1b import tick_schedule
 ticks = tick_schedule(P, M)  # the 1F1B loop's order, read from its masks, as action lists
 ticks.validate()
 tick_held = peak_inflight(ticks)
-rec.check("pp.spmd.1f1b.order_holds_2p_minus_1", tick_held == [min(2 * (P - 1 - s) + 1, M) for s in range(P)],
-          f"the loop's order holds {tick_held} microbatches per stage (PyTorch's 1F1B: "
-          f"{peak_inflight(build('1f1b', P, M))}); the stash has 2p - 1 = {2 * P - 1} slots")
+_ = rec.check("pp.spmd.1f1b.order_holds_2p_minus_1", tick_held == [min(2 * (P - 1 - s) + 1, M) for s in range(P)],
+              f"the loop's order holds {tick_held} microbatches per stage (PyTorch's 1F1B: "
+              f"{peak_inflight(build('1f1b', P, M))}); the stash has 2p - 1 = {2 * P - 1} slots")
 
 # %% [markdown]
 # ### The ledger on the compiled program's own layers
@@ -530,7 +530,7 @@ pd.DataFrame(shift_rows).T
 # %%
 import torch_xla
 
-rolled = torch.roll(torch.zeros(P, 4, 8, device=runtime.device()), 1, 0)
+rolled = torch.roll(torch.randn(P, 4, 8).to(runtime.device()), 1, 0)
 lowered = torch_xla._XLAC._get_xla_tensors_hlo([rolled])  # the graph torch_xla hands to XLA, unpartitioned
 roll_ops = [op for op in ("concatenate", "dynamic-slice", " slice(") if op in lowered]
 rec.check("pp.shift.roll.torch_xla_lowering", roll_ops == ["concatenate", "dynamic-slice"],
