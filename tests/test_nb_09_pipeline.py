@@ -67,6 +67,16 @@ def test_notebook_09_defaults(run_notebook) -> None:  # type: ignore[no-untyped-
     assert by[("pp.shift.roll.all_to_all.count", "hlo")] >= 1  # XLA:CPU reshards a roll with all-to-alls
     assert by[("pp.split.max_stage_cost.auto", "formula")] < by[("pp.split.max_stage_cost.even", "formula")]
     assert by[("pp.gpipe.tpu.collective_permute.async", "tpu")] >= 2
+    # the 1F1B loop's peak grows more slowly with m than GPipe's autograd loop (XLA:TPU, measured at m and 2m)
+    slope = {k: by[(f"pp.spmd.{k}.tpu.peak_bytes_per_microbatch", "tpu")] for k in ("gpipe", "1f1b")}
+    assert slope["1f1b"] < slope["gpipe"]
+    # Llama 3 8B at pp 4, seq 8192: the last stage (8 blocks + the LM head) over a quarter of the model, by hand
+    h, kv, ffn, vocab, s = 4096, 1024, 14336, 128256, 8192
+    block = 6 * s * (2 * h * h + 2 * h * kv + 3 * h * ffn) + 3 * 4 * s * s * h  # weights + attention, training
+    head = 6 * s * h * vocab
+    ratio = (8 * block + head) / ((32 * block + head) / 4)
+    assert by[("pp.split.llama3_8b_pp4.last_stage_over_mean", "formula")] == pytest.approx(ratio, rel=1e-12)
+    assert 1.15 < ratio < 1.17  # the "~16 % more"
 
 
 @pytest.mark.notebook
