@@ -8,9 +8,9 @@ the router removes noise. Real hidden states share a mean direction, and a route
 "rich-get-richer" collapses onto the experts it already likes (Shazeer et al. 2017; Switch §2.2). This module
 shows both effects on notebook 11's layer:
 
-    tokens      x + μ                     x [G, S, h] the notebook's tokens; μ [h] one shared offset (``offset``·N(0, 1))
+    tokens      x + μ                     x [G, S, h] the notebook's tokens; μ [h] a shared offset, offset·N(0, 1)
     forward     GShard's einsums          mask, combine [G, S, E, C] (``moe.dispatch_tensors``), SwiGLU experts
-    loss        ½‖y − target‖² / (G·S)  + α · aux  (+ β · z)       aux: ``moe.load_balancing_loss``, z: ``router_z_loss``
+    loss        ½‖y − target‖² / (G·S) + α·aux (+ β·z)   aux: ``moe.load_balancing_loss``, z: ``router_z_loss``
     optimizer   Adam on W_r only (the experts frozen: the router is what balancing acts on)
 
 :func:`train_router` returns the dropped fraction (from the dispatch), the aux loss and the z-loss at every step.
