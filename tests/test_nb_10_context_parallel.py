@@ -1,8 +1,8 @@
 """Notebook 10 through papermill: every in-notebook check must pass (the graded answer key included) at the
-defaults and at two other legal parameter sets (4 devices; 1 device with gloo), and the recorded traffic equals the
-byte counts worked out here by hand. One block = one rank's K (or V) shard, b·(s/cp)·hkv·d float32 values; the ring
-forward sends 2(cp − 1) blocks, the per-rank ring backward 2(cp − 1) + 2cp, autograd's backward of the SPMD ring
-2(cp − 1); all-gather CP gathers 2 shards and reduce-scatters 2 full gradients."""
+defaults and at three other legal parameter sets (4 devices twice; 1 device with gloo), and the recorded traffic
+equals the byte counts worked out here by hand. One block = one rank's K (or V) shard, b·(s/cp)·hkv·d float32
+values; the ring forward sends 2(cp − 1) blocks, the per-rank ring backward 2(cp − 1) + 2cp, autograd's backward
+of the SPMD ring 2(cp − 1); all-gather CP gathers 2 shards and reduce-scatters 2 full gradients."""
 
 from __future__ import annotations
 
@@ -107,6 +107,25 @@ def test_notebook_10_one_device_gloo(run_notebook) -> None:  # type: ignore[no-u
     checks = {c["name"] for c in record["checks"]}
     assert {"cp.ring.gloo.same_ledger", "cp.ring.gloo.same_results"} <= checks
     assert not any(name.startswith("cp.ulysses") for name, _ in by)
+
+
+@pytest.mark.notebook
+def test_notebook_10_odd_heads_replicated_ulysses(run_notebook) -> None:  # type: ignore[no-untyped-def]
+    """A set the checks were not written around: cp = 2 on 4 devices (mesh data 2 × context 2), s = 96 in 4 zig-zag
+    chunks of 24, GQA with 6 query heads over 3 K/V heads — Ulysses cannot split 3 K/V heads over 2 ranks, so it
+    runs with the K/V heads replicated to 6 (cp divides the query heads)."""
+    record = run_notebook("10_context_parallel", num_devices=4, cp=2, seq=96, heads=6, kv_heads=3, head_dim=8,
+                          ulysses=True)
+    by = _by(record)
+    block = 1 * 48 * 3 * 8
+    _ring_and_allgather(by, 2, block, ("formula", "hlo", "tpu"))
+    for src in ("formula", "ledger", "hlo"):  # replicated: hkv = hq = 6
+        assert by[("cp.ulysses.fwd_bwd.all_to_all.bytes", src)] == 2 * 1 * 48 * (12 + 12) * 8 * F32
+    # the causal balance, counted here pair by pair from the zig-zag positions: rank 0 holds chunks 0 and 3
+    pairs = [sum(i + 1 for c in (r, 3 - r) for i in range(24 * c, 24 * c + 24)) for r in range(2)]
+    assert by[("cp.causal.work.zigzag", "ledger")] == pairs == by[("cp.causal.work.zigzag", "formula")]
+    assert {"cp.causal.work.zigzag.brute_force", "cp.causal.work.contiguous.brute_force"} <= {
+        c["name"] for c in record["checks"]}
 
 
 @pytest.mark.notebook
