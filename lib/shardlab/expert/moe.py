@@ -14,8 +14,9 @@ counted per group: each expert takes at most C = ceil(capacity_factor · k · S 
 Assignments claim slots in priority order — every token's first choice (in token order), then every token's
 second choice, … (GShard's top-2 order); an assignment that finds its expert full is **dropped** (it contributes
 nothing; the residual connection outside the layer carries the token). ``dropless=True`` is the dropless variant:
-every assignment is kept, and the expert-parallel code pads every expert's buffer to the largest load (MegaBlocks,
-Gale et al. 2023, avoids that padding with block-sparse kernels).
+every assignment is kept, and the expert-parallel code pads every expert's buffer to the largest load (its
+all-to-all has equal chunks; MegaBlocks, Gale et al. 2023, avoids padding in the expert compute with block-sparse
+kernels, Megatron-Core's dispatcher avoids it on the wire with variable all-to-all splits).
 
 Router losses (the remedy for an unbalanced router, added to the training loss; both act on the router alone):
 
