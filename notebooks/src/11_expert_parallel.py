@@ -407,16 +407,28 @@ gates0, experts0 = top_k_gates(logits0[:p.tokens].softmax(-1), p.top_k, p.normal
 d_here = dispatch_tensors(gates0[None], experts0[None], p.experts, C)
 rec.check("ep.dispatch.tensor_entries", d_here.mask[0].numel() == cost_here["entries"],
           f"the first group's dispatch mask holds {d_here.mask[0].numel()} entries = S·E·C = {cost_here['entries']}")
+from shardlab import planner as P
+
+mix = P.plan(P.PlanConfig("mixtral-8x7b", "v6e-64", fsdp=8, expert=8, global_batch=64))
+s_mix = mix.micro_batch * mix.config.seq // mix.config.context  # the tokens one chip routes: one group
+slots_mix = fexp.capacity(s_mix, 8, 2, mix.model.capacity_factor) * 8 / (2 * s_mix)
+print(f"einsums / experts: {cost_here['einsum_over_experts']:.3f} here, {cost_mixtral['einsum_over_experts']:.3f} "
+      f"Mixtral-sized; the two [S, E, C] tensors: {cost_here['tensor_bytes']:,} B here vs the group's tokens "
+      f"{p.tokens * p.hidden * 4:,} B, {cost_mixtral['tensor_bytes'] / 2**20:.0f} MiB Mixtral-sized")
+print(f"planner, Mixtral 8x7B on v6e-64 (fsdp 8 × expert 8, S = {s_mix} tokens per chip): the experts run "
+      f"E·C = {slots_mix:g} × k·S slots; hardware FLOPs {mix.flops.hardware:.4g} (model {mix.flops.model:.4g}, "
+      f"recompute {mix.flops.recompute:.4g}, empty slots {mix.flops.hardware - mix.flops.model - mix.flops.recompute:.4g})")
 pd.DataFrame({"this notebook's layer (f32)": cost_here, "Mixtral-sized, S = 4096 (bf16)": cost_mixtral}).T
 
 # %% [markdown]
-# At this notebook's sizes the two einsums cost a third of the experts' own FLOPs (2S/(3f) with S = 128, f = 256) and
-# the two [S, E, C] tensors outweigh the tokens they route; Mixtral-sized (S = 4096 tokens per device, f = 14336) the
-# einsums add 19 % to the expert FLOPs and the two tensors are 160 MiB per group and layer in bf16 — growing as S²,
-# which is why large-S training dispatches by permutation. The planner (notebook 07) counts neither the einsums nor
-# the tensors (it assumes a permute + grouped GEMM), but its hardware FLOPs now include the capacity's empty slots:
-# the experts run E·C = ceil(cf·k·S/E)·E slots per group, filled or not (cf = 1.25: 25 % more expert FLOPs than the
-# model FLOPs count).
+# At the defaults (printed above) the two einsums cost a third of the experts' own FLOPs (2S/(3f) with S = 128,
+# f = 256) and the two [S, E, C] tensors weigh ten times the tokens they route; Mixtral-sized (S = 4096 tokens per
+# device, f = 14336) the einsums add 19 % to the expert FLOPs and the two tensors are 160 MiB per group and layer in
+# bf16 — growing as S², which is why large-S training dispatches by permutation. The planner (notebook 07) counts
+# neither the einsums nor the tensors (it assumes a permute + grouped GEMM), but its hardware FLOPs include the
+# capacity's empty slots: the experts run E·C = ceil(cf·k·S/E)·E slots per group, filled or not — at cf 1.25, a
+# quarter more expert FLOPs than the model FLOPs count (Mixtral on v6e-64: 1.18e16 FLOPs per step, the last figure
+# printed above; the model-FLOP MFU bound falls from 0.75 to 0.63).
 
 # %% [markdown]
 # ## Explore
