@@ -19,14 +19,16 @@ def _differs(record):  # type: ignore[no-untyped-def]
     return {(m["name"], m["source"]): m["differs"] for m in record["measurements"] if "differs" in m}
 
 
-def _ring_and_allgather(by, cp: int, block: int, sources) -> None:  # type: ignore[no-untyped-def]
-    """block: elements of one K shard."""
+def _ring_and_allgather(by, cp: int, block: int, sources, loops=None) -> None:  # type: ignore[no-untyped-def]
+    """block: elements of one K shard; ``loops``: the sources whose program keeps scan's while loops (default:
+    all of ``sources``)."""
     fwd, ring_bwd, saved_bwd = 2 * (cp - 1), 2 * (cp - 1) + 2 * cp, 2 * (cp - 1)
     for src in sources:
         assert by[("cp.ring.p2p.count", src)] == fwd
         assert by[("cp.ring.p2p.elements", src)] == fwd * block
         assert by[("cp.ring.scan.fwd_bwd.p2p.count", src)] == fwd + saved_bwd
-        assert by[("cp.ring.scan.fwd_bwd.while.trip_count", src)] == [cp - 1, cp - 1]  # forward loop, backward loop
+        if loops is None or src in loops:  # forward loop, backward loop
+            assert by[("cp.ring.scan.fwd_bwd.while.trip_count", src)] == [cp - 1, cp - 1]
         assert by[("cp.allgather.elements", src)] == 2 * block  # two shards gathered
         assert by[("cp.allgather.reduce_scatter.elements", src)] == 2 * cp * block  # two full gradients
     for src in [s for s in sources if s != "tpu"] + ["ledger"]:
@@ -118,7 +120,10 @@ def test_notebook_10_odd_heads_replicated_ulysses(run_notebook) -> None:  # type
                           ulysses=True)
     by = _by(record)
     block = 1 * 48 * 3 * 8
-    _ring_and_allgather(by, 2, block, ("formula", "hlo", "tpu"))
+    _ring_and_allgather(by, 2, block, ("formula", "hlo", "tpu"), loops=("formula", "tpu"))
+    # XLA:CPU replaces scan's one-trip loops (cp − 1 = 1) by their bodies: recorded with the reason, not compared
+    assert by[("cp.ring.scan.fwd_bwd.while.trip_count", "hlo")] == []
+    assert "one-trip loop" in _differs(record)[("cp.ring.scan.fwd_bwd.while.trip_count", "hlo")]
     for src in ("formula", "ledger", "hlo"):  # replicated: hkv = hq = 6
         assert by[("cp.ulysses.fwd_bwd.all_to_all.bytes", src)] == 2 * 1 * 48 * (12 + 12) * 8 * F32
     # the causal balance, counted here pair by pair from the zig-zag positions: rank 0 holds chunks 0 and 3
