@@ -258,7 +258,7 @@ pd.DataFrame([{"layout": r["layout"], "work per rank (counted)": r["elements"], 
 # ### The same layer at every cp
 # Formula and per-rank ring (forward, in a `SimulatedWorld`) for each cp that splits the sequence: the bytes one
 # device sends, (cp − 1)/cp · 2·b·s·hkv·d·e, are linear in s and nearly flat in cp — they *grow* towards the whole
-# K and V as cp grows (cp = 2 sends half of it, cp = 8 seven eighths): context parallelism divides memory and
+# K and V as cp grows ((cp − 1)/cp of it: the table's second column) — context parallelism divides memory and
 # compute by cp, not the traffic per device — and the contiguous split's imbalance grows towards 2 while zig-zag
 # stays at 1.
 
@@ -279,7 +279,9 @@ fig = go.Figure([go.Scatter(x=list(by_cp), y=[by_cp[c][lay]["max_over_mean"] for
 fig.update_layout(height=300, xaxis_title="cp", yaxis_title="max / mean work per rank", xaxis_type="log",
                   title=f"causal attention, s = {p.seq}: the busiest rank over the average (counted)")
 fig.show()
+whole_kv = 2 * p.batch * p.seq * p.kv_heads * p.head_dim * 4  # all of K and V, float32
 pd.DataFrame({c: {"ring forward bytes / device (ledger)": rows[p.layout]["send_bytes"],
+                  "of the whole K and V": round(rows[p.layout]["send_bytes"] / whole_kv, 4),
                   "contiguous max / mean": round(rows["contiguous"]["max_over_mean"], 4)}
               for c, rows in by_cp.items()}).T
 
