@@ -39,8 +39,10 @@ def test_ulysses_and_memory() -> None:
         fcp.ulysses_all_to_all(1, 64, 8, 2, 8, 4)
     ring = fcp.memory(1, 64, 8, 2, 16, 4, method="ring")
     full = fcp.memory(1, 64, 8, 2, 16, 4, method="allgather")
-    assert ring == {"kv": 4 * 16 * 2 * 16 * 4, "scores": 8 * 16 * 16 * 4}  # own + in-flight k and v; [hq, s/cp, s/cp]
-    assert full == {"kv": 2 * 64 * 2 * 16 * 4, "scores": 8 * 16 * 64 * 4}
+    block = 16 * 2 * 16 * 4  # b·(s/cp)·hkv·d·e
+    # forward: own + in-flight k and v; backward: saved k, v + visiting k, v, dk, dv + the next four in flight
+    assert ring == {"kv": 4 * block, "kv_backward": (2 + 4 + 4) * block, "scores": 8 * 16 * 16 * 4}  # [hq, s/cp, s/cp]
+    assert full == {"kv": 2 * 64 * 2 * 16 * 4, "kv_backward": 4 * 64 * 2 * 16 * 4, "scores": 8 * 16 * 64 * 4}
     assert fcp.memory(1, 64, 8, 2, 16, 4, block=4)["scores"] == 8 * 16 * 4 * 4
 
 

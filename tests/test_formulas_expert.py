@@ -53,3 +53,24 @@ def test_uniform_expectation_equals_enumeration(s: int, e: int, k: int, c: int) 
         total += Fraction(fexp.dropped_from_loads([loads], c), s * k)
     exact = total / len(choices) ** s
     assert fexp.expected_dropped_fraction(s, e, k, c) == pytest.approx(float(exact), rel=1e-12)
+
+
+@pytest.mark.parametrize(("s", "e", "k", "cf", "h", "f"), [(16, 4, 2, 1.25, 8, 12), (12, 6, 1, 1.1, 4, 6)])
+def test_dispatch_cost_against_pytorchs_flop_counter(s: int, e: int, k: int, cf: float, h: int, f: int) -> None:
+    """Build the [S, E, C] tensors and run the einsums and the experts; PyTorch's FlopCounterMode counts them."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    cost = fexp.dispatch_cost(s, e, k, cf, h, f)
+    c = fexp.capacity(s, e, k, cf)
+    mask, combine, x = torch.zeros(s, e, c), torch.rand(s, e, c), torch.randn(s, h)
+    w1, w3, w2 = torch.randn(e, h, f), torch.randn(e, h, f), torch.randn(e, f, h)
+    with FlopCounterMode(display=False) as einsums:
+        buf = torch.einsum("sec,sh->ech", mask, x)  # [E, C, h]
+        torch.einsum("sec,ech->sh", combine, buf)
+    with FlopCounterMode(display=False) as experts:
+        torch.bmm(torch.nn.functional.silu(torch.bmm(buf, w1)) * torch.bmm(buf, w3), w2)
+    assert mask.numel() == cost["entries"] and 2 * mask.numel() * 4 == cost["tensor_bytes"]
+    assert einsums.get_total_flops() == cost["einsum_flops"]
+    assert experts.get_total_flops() == cost["expert_flops"]
+    assert cost["einsum_over_experts"] == pytest.approx(2 * s / (3 * f))  # independent of E, k, cf

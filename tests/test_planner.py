@@ -6,6 +6,8 @@ in the backward of every layer; Narayanan et al. — 72·B·L·s·h²(1 + s/(6h)
 the per-device stacked gradient [126, 4K, 16K] of Llama 3.1 405B on v6e-256.
 """
 
+from dataclasses import replace
+
 import pytest
 
 from shardlab import planner as P
@@ -346,3 +348,17 @@ def test_expert_all_to_alls_and_expert_memory():
     assert p.memory["params"] == pytest.approx((46_702_792_704 - experts + experts / 8) / 8 * 2)
     with pytest.raises(ValueError, match=r"expert=8 needs a mixture-of-experts model"):
         P.plan(P.PlanConfig("llama-3-8b", "v6e-64", fsdp=8, expert=8, global_batch=64))
+
+
+def test_moe_hardware_flops_count_the_capacity_slots():
+    """Mixtral at S = b·s = 8192 tokens per chip: C = ceil(1.25·2·8192/8) = 2560 slots per expert, E·C = 1.25·k·S
+    expert rows run per group; the hardware count adds the empty quarter of the experts' matmuls (fwd + bwd +
+    full recompute's forward again: 4 passes), the model count does not. A dense twin (E = 0) gives the rest."""
+    cfg = P.PlanConfig("mixtral-8x7b", "v6e-64", fsdp=64, global_batch=64, recompute="full")
+    moe = P.plan(cfg)
+    m = moe.model
+    experts_fwd = 2 * 64 * 8192 * m.layers * 2 * 3 * 4096 * 14336  # tokens · layers · k · SwiGLU 3·h·f, 2 per MAC
+    assert moe.flops.hardware - (moe.flops.model + moe.flops.recompute) == pytest.approx(0.25 * experts_fwd * 4,
+                                                                                         rel=1e-12)
+    none = P.plan(replace(cfg, recompute="none"))
+    assert none.flops.hardware - none.flops.model == pytest.approx(0.25 * experts_fwd * 3, rel=1e-12)

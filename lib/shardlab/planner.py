@@ -27,7 +27,9 @@ the experts over expert:
                       or all-gathers of K/V over `context` (`formulas.context`); dispatch / combine all-to-alls
                       over `expert` (`formulas.expert`); payload and ring-wire bytes per chip
     FLOPs             `formulas.flops.transformer_flops` (model and hardware FLOPs incl. recompute; an MoE token
-                      through its top-k experts)
+                      through its top-k experts; the hardware count adds the capacity's empty slots — the experts
+                      run E·C = ceil(cf·k·S/E)·E slots per group of S tokens, filled or not — but not the
+                      [S, E, C] dispatch / combine einsums: a sort-based permute + grouped GEMM needs none)
     time              `formulas.hardware.roofline`: each collective's wire bytes over the ICI links its group
                       uses (`formulas.hardware.group_axes`: the torus axes the group spans on the slice; a send
                       one link one way), max(compute + pipeline bubble, comm); MFU (`formulas.flops.mfu`) = model
@@ -529,6 +531,11 @@ def plan(cfg: PlanConfig) -> Plan:
     ffn = m.top_k * m.ffn if m.moe else m.ffn  # an MoE token goes through its top-k experts
     fl = transformer_flops(cfg.global_batch, cfg.seq, m.layers, m.hidden, ffn, m.heads, m.kv_heads,
                            mem.padded_vocab(m.vocab, cfg.tensor), m.gated_mlp, cfg.recompute)
+    if m.moe:  # hardware: the experts run all E·C slots of a group (S = this chip's b·s tokens), filled or not
+        per_token = fep.capacity(z.b * z.s, m.experts, m.top_k, m.capacity_factor) * m.experts / (z.b * z.s)
+        fwd_experts = 2.0 * cfg.global_batch * cfg.seq * m.layers * ffn * (3 if m.gated_mlp else 2) * m.hidden
+        fl = fl._replace(hardware=fl.hardware + (per_token / m.top_k - 1) * fwd_experts
+                         * (4 if cfg.recompute == "full" else 3))
     bubble = fpp.bubble_ratio(cfg.pipeline, cfg.microbatches, cfg.virtual) if cfg.pipeline > 1 else 0.0
     wire = sum(c.wire_bytes for c in comm)
     rl = hw.roofline(fl.hardware / chips, wire, profile, comm_s=comm_seconds(comm, axes, profile),

@@ -65,9 +65,15 @@ print(f"one K (or V) block: b·(s/cp)·hkv·d·e = {fcp.kv_block_bytes(*kv)} byt
 # through an SPMD ring keeps every visiting block (cp times the K/V memory) and sends only dK, dV back —
 # $2(\mathrm{cp}-1)$ blocks. **All-gather CP** moves the same forward wire bytes (each device receives the cp − 1
 # blocks it lacks, of K and of V), as two all-gathers whose payload is one block each; its backward is two
-# reduce-scatters of the full dK, dV. What differs is **memory**: the ring holds two blocks of K and V (its own and
-# the one in flight) and scores for s/cp queries × s/cp keys at a time; all-gather CP holds all of K and V and
-# s/cp × s scores.
+# reduce-scatters of the full dK, dV. What differs is **memory**, and the scores are not it: with a flash kernel
+# (online softmax over key tiles — which the planner requires for cp > 1) neither variant materialises scores, each
+# holds one tile at a time; only a dense kernel would hold s/cp × s/cp scores per visiting block (ring) or s/cp × s
+# (all-gather) — the `scores` column below, per head, without flash. The difference is the **K/V held at once**.
+# Forward, the ring holds its own K and V block and the one in flight (4 blocks); all-gather CP the whole K and V
+# (2cp blocks). Backward, the hand-written ring (section 3) holds its saved K and V, the visiting K and V with their
+# dK, dV accumulators, and the next of each in flight (10 blocks); all-gather CP the gathered K, V and the full
+# dK, dV partial sums before the reduce-scatter (4cp blocks); autograd through an SPMD ring (section 4) saves every
+# visiting block — cp blocks of K and of V, as much as all-gather CP. The `kv_backward` column counts those.
 
 # %%
 fwd_ring = fcp.ring_p2p(*kv)
@@ -79,7 +85,9 @@ formulas = pd.DataFrame({
     "all-gather backward": fcp.allgather_kv(*kv, backward=True)["reduce_scatter"],
 }).T
 memory = pd.DataFrame({m: fcp.memory(p.batch, p.seq, p.heads, p.kv_heads, p.head_dim, p.cp, method=m)
-                       for m in ("ring", "allgather")}).T.rename(columns={"kv": "K/V held (B)", "scores": "scores (B)"})
+                       for m in ("ring", "allgather")}).T.rename(columns={
+    "kv": "K/V held, forward (B)", "kv_backward": "K/V and dK/dV held, backward (B)",
+    "scores": "scores of one block without flash (B)"})
 display(formulas)
 memory
 
@@ -210,17 +218,25 @@ harness.memory_frame({"all-gather (cpu)": ag_views[2], "scan ring (cpu)": step_v
 # ## 5 · Causal balance: contiguous vs zig-zag
 # Under a causal mask query i sees keys 0 … i. With the contiguous split, device r computes r full blocks and its
 # diagonal block; the last device does about 2cp − 1 times the first one's work, and every ring step waits for
-# the busiest. The zig-zag split (Brandon et al. 2023; Llama 3) pairs an early chunk with a late one: every device
-# computes the same number of unmasked scores. Below: the formula (`formulas.context.causal_work`) against the
-# blocks each rank of the per-rank ring actually computed (read from its trace), for both layouts.
+# the busiest. The zig-zag split (2·cp chunks, device r holding chunks r and 2cp − 1 − r: ring-flash-attention's
+# layout, Megatron-LM's context parallelism and Llama 3's) pairs an early chunk with a late one: every device
+# computes the same number of unmasked scores. (Brandon et al. 2023's *striped* attention is the other remedy:
+# round-robin tokens, device r holding positions r, r + cp, r + 2cp, …) Below: the formula
+# (`formulas.context.causal_work`) and the blocks each rank of the per-rank ring actually computed (read from its
+# trace) — both use the block rule (c² per full block, c(c + 1)/2 per diagonal one), so each is checked against a
+# brute-force count instead: the (query, key) pairs the causal mask allows over the positions each rank holds,
+# counted one by one.
 
 # %%
 from shardlab.context.balance import measure
 
 balance = measure(p.seq, p.cp, batch=p.batch, heads=p.heads, kv_heads=p.kv_heads, head_dim=p.head_dim, seed=p.seed)
 for row in balance:
-    harness.agree(rec, f"cp.causal.work.{row['layout']}", "elements", formula=row["formula_elements"],
-                  ledger=row["elements"])
+    rec.measure(f"cp.causal.work.{row['layout']}", row["formula_elements"], "elements", "formula")
+    rec.measure(f"cp.causal.work.{row['layout']}", row["elements"], "elements", "ledger")
+    rec.check(f"cp.causal.work.{row['layout']}.brute_force", row["formula_elements"] == row["brute_force"]
+              and row["elements"] == row["brute_force"],
+              f"formula {row['formula_elements']}, ring trace {row['elements']}, pairs counted {row['brute_force']}")
     harness.agree(rec, f"cp.causal.max_over_mean_work.{row['layout']}", "ratio",
                   formula=fcp.max_over_mean(row["formula_elements"]), ledger=row["max_over_mean"])
 vcp.causal_figure(p.cp).show()
@@ -232,14 +248,19 @@ pd.DataFrame([{"layout": r["layout"], "work per rank (counted)": r["elements"], 
 # last rank's cp − 1 full blocks and its diagonal over the average: a step as slow as if almost twice the work were
 # spread evenly); zig-zag: exactly 1. The SPMD program of section 4 has no such
 # imbalance — and no such saving: every device runs the same program, computes every block and masks it, so the
-# zig-zag layout there only changes which positions a device holds.
+# zig-zag layout there only changes which positions a device holds. The same holds for all-gather CP with a
+# **dense masked** kernel (this notebook's `shardlab.context.allgather`: the whole [s/cp, s] block, masked), and
+# only for it: a causal flash kernel skips the key tiles above the diagonal, so a device holding the last contiguous
+# chunk does about 2cp − 1 times the work of the first, which is why Llama 3 splits the sequence into 2·cp chunks for its
+# all-gather CP as well.
 
 # %% [markdown]
 # ### The same layer at every cp
 # Formula and per-rank ring (forward, in a `SimulatedWorld`) for each cp that splits the sequence: the bytes one
-# device sends, (cp − 1)/cp · 2·b·s·hkv·d·e, *grow* towards the whole K and V as cp grows — context parallelism
-# divides memory and compute by cp, not the traffic per device — and the contiguous split's imbalance grows towards
-# 2 while zig-zag stays at 1.
+# device sends, (cp − 1)/cp · 2·b·s·hkv·d·e, are linear in s and nearly flat in cp — they *grow* towards the whole
+# K and V as cp grows ((cp − 1)/cp of it: the table's second column) — context parallelism divides memory and
+# compute by cp, not the traffic per device — and the contiguous split's imbalance grows towards 2 while zig-zag
+# stays at 1.
 
 # %%
 import plotly.graph_objects as go
@@ -258,7 +279,9 @@ fig = go.Figure([go.Scatter(x=list(by_cp), y=[by_cp[c][lay]["max_over_mean"] for
 fig.update_layout(height=300, xaxis_title="cp", yaxis_title="max / mean work per rank", xaxis_type="log",
                   title=f"causal attention, s = {p.seq}: the busiest rank over the average (counted)")
 fig.show()
+whole_kv = 2 * p.batch * p.seq * p.kv_heads * p.head_dim * 4  # all of K and V, float32
 pd.DataFrame({c: {"ring forward bytes / device (ledger)": rows[p.layout]["send_bytes"],
+                  "of the whole K and V": round(rows[p.layout]["send_bytes"] / whole_kv, 4),
                   "contiguous max / mean": round(rows["contiguous"]["max_over_mean"], 4)}
               for c, rows in by_cp.items()}).T
 
@@ -267,8 +290,10 @@ pd.DataFrame({c: {"ring forward bytes / device (ledger)": rows[p.layout]["send_b
 # Each device trades its s/cp positions of all heads for all s positions of hq/cp query heads and hkv/cp key/value
 # heads: one all-to-all each for q, k, v, dense attention per head group, one all-to-all back for the output —
 # 4 forward, 4 backward, payload b·(s/cp)·(2hq + 2hkv)·d·e per direction. Unlike the ring its traffic falls as
-# 1/cp, but cp cannot exceed the key/value heads. (Run with `ulysses=True`: forward and backward through the four
-# views.)
+# 1/cp. The hard rule is that cp divides the **query** heads: when it does not divide the key/value heads, K and V
+# are replicated first (each K/V head copied to the query heads that read it — here all the way to multi-head
+# attention, hkv = hq, as `ulysses_params` does), which costs K/V traffic and memory but runs. (Run with
+# `ulysses=True`: forward and backward through the four views.)
 
 # %%
 if p.ulysses:
@@ -308,7 +333,8 @@ ui
 #    ring attention over cp = 16 devices: how many bytes does each device send in one layer's **forward**?
 # 2. Causal attention, contiguous split, s = 16 over cp = 4: how many unmasked score elements (per batch row and
 #    head) does each rank compute? A list of 4 ints.
-# 3. With hq = 32 query heads and hkv = 8 key/value heads, what is the largest cp DeepSpeed-Ulysses can use?
+# 3. With hq = 32 query heads and hkv = 8 key/value heads, what is the largest cp DeepSpeed-Ulysses can use
+#    without replicating any key/value head?
 # 4. Predict it, then check the program: how many collective-permute instructions does the `scan` ring's forward +
 #    backward program contain?
 # 5. Code: the ring's merge step. Two key blocks gave partial attention results `o1, o2` [b, h, c, d] with their
@@ -335,12 +361,14 @@ ex.show(5, answer_5)
 # %% [markdown]
 # <details><summary>Why (open after trying)</summary>
 #
-# 1. (cp − 1) steps × 2 blocks (K and V) × b·(s/cp)·hkv·d·e: the bytes grow with s/cp, not with s — adding devices
-#    shrinks each block as fast as it adds steps.
+# 1. (cp − 1) steps × 2 blocks (K and V) × b·(s/cp)·hkv·d·e = (cp − 1)/cp · 2·b·s·hkv·d·e: linear in s and
+#    nearly flat in cp — 15/16 of the whole K and V (536,870,912 bytes) at cp = 16, half of it at cp = 2. Adding
+#    devices shrinks each block as fast as it adds steps, so the traffic per device does not fall with cp.
 # 2. Rank r holds queries [4r, 4r + 4): r full 4 × 4 blocks of earlier keys plus its own diagonal block (4·5/2):
 #    16r + 10.
 # 3. Each device gets hq/cp query heads and hkv/cp key/value heads after the all-to-all; whole GQA groups need cp to
-#    divide hkv.
+#    divide hkv: 8. Replicating K/V heads first lifts that to the hard rule, cp | hq: up to 32, at the price of
+#    moving and holding the copies.
 # 4. `scan` traces the loop body once: one shift of the stacked K/V per body, one loop forward, and autograd's
 #    backward of the scan is one more loop with the opposite shift — however many trips they run.
 # 5. With lᵢ = exp(lseᵢ) the two blocks' softmax denominators, out = (l₁·o₁ + l₂·o₂)/(l₁ + l₂); dividing by

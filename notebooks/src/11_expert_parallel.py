@@ -67,6 +67,7 @@ from shardlab.expert.case import (
     identical,
     views,
 )
+from shardlab.expert.moe import moe_reference
 from shardlab.formulas import expert as fexp
 from shardlab.views import View
 from shardlab.viz import expert as vexp
@@ -106,13 +107,16 @@ vexp.load_figure(loads, C, p.ep).show()
 # replicated router's over all devices and, with a data axis, each expert's over it.
 
 # %%
+from fractions import Fraction
+
 fv, lv = views(step, ("formula", "ledger"))
-one = fexp.all_to_all(p.tokens, p.hidden, p.experts, p.top_k, p.capacity_factor, p.ep)["bytes"] // 2 if p.ep > 1 else 0
 stated = fexp.statement_bytes(step.groups * p.tokens, p.hidden, p.top_k, p.capacity_factor, step.groups)
-rec.check("ep.formula.payload_is_the_buffer", p.ep == 1 or one == p.experts * C * p.hidden * 4,
-          f"one all-to-all = E·C·h·e = {p.experts}·{C}·{p.hidden}·4 = {one} B")
-rec.check("ep.formula.statement_rounds_up", p.ep == 1 or one >= stated,
-          f"E·C·h·e = {one} B >= tokens·k·cf·h·e / ranks = {stated:g} B (equal when E divides cf·k·S)")
+if p.ep > 1:  # the ledger's payload is the size of the tensor the per-rank code handed over, not a formula
+    handed = lv["fwd.all_to_all.bytes"] // 2 if "fwd.all_to_all.bytes" in lv.values else lv["all_to_all.bytes"] // 2
+    whole = Fraction(str(p.capacity_factor)) * p.top_k * p.tokens % p.experts == 0
+    rec.check("ep.ledger.payload_vs_statement", handed >= stated and (handed == stated) == whole,
+              f"one all-to-all handed {handed} B; tokens·k·cf·h·e / ranks = {stated:g} B; equal exactly when E "
+              f"divides cf·k·S (here {'it does' if whole else 'it does not: C rounds up'})")
 pd.Series(fv.values, name="formula", dtype=object)
 
 # %% [markdown]
@@ -151,16 +155,30 @@ else:
 
 # %% [markdown]
 # ## 4 · The dropless variant
-# Drop nothing: size every expert's buffer to the largest load of any expert in any group. The ranks must hand the
-# all-to-all equal buffers, so they first agree on C with one all-reduce (max) of a scalar; then every slot row is
-# paid for at the worst expert's load. (MegaBlocks, Gale et al. 2023, avoids that padding with block-sparse
-# kernels; a static XLA program cannot size a buffer by data at all, so this variant has no compiled view.)
+# Drop nothing: size every expert's buffer to the largest load of any expert in any group. This per-rank code uses
+# a **fixed-size** all-to-all (`all_to_all` with equal chunks, like the compiled programs): with equal chunks every
+# rank must hand the same buffer, so the ranks first agree on C with one all-reduce (max) of a scalar, and every slot
+# row is paid for at the worst expert's load. That padding belongs to the equal-chunk collective, not to dropless
+# routing: Megatron-Core's token dispatcher first all-to-alls the per-expert counts and then moves exactly the kept
+# rows with variable splits (`all_to_all_single` with input / output split sizes), so the wire carries no empty
+# slots; MegaBlocks (Gale et al. 2023) removes the padding from the expert *compute* (block-sparse matmuls over the
+# tokens an expert really got), not from the collective. A static XLA program cannot size a buffer by data at all,
+# so this variant has no compiled view. The dropless C is the largest load, which exceeds the capacity C exactly when
+# the capacity layer drops something (at a large capacity factor it is the smaller of the two).
 
 # %%
 dropless = MoECase(p, dropless=True)
 dl_views = views(dropless, ("formula", "ledger"))
-rec.check("ep.dropless.pays_the_worst_load", dropless.slots() >= C or p.ep == 1,
-          f"dropless C = {dropless.slots()} (largest load) vs capacity C = {C}")
+ref_dl = dropless.oracle()  # the dense layer's loops, no capacity
+worst = max(max(r["loads"]) for group in dl_views[1].detail["ranks"] for r in group)  # what the ranks counted
+rec.check("ep.dropless.slots_are_the_worst_load", dropless.slots() == worst and ref_dl["dropped"] == 0,
+          f"dropless C = {dropless.slots()} = the largest load the ranks counted ({worst}); the loops drop "
+          f"{ref_dl['dropped']}")
+moe_dl, x_dl, _ = dropless.tensors()  # the same groups, routed by the dense layer's loops WITH the capacity
+cap_dropped = sum(len(r.dropped) for r in moe_reference(x_dl, moe_dl, dropless.groups).routings)
+rec.check("ep.dropless.larger_exactly_when_capacity_drops", (worst > C) == (cap_dropped > 0),
+          f"largest load {worst} vs capacity C = {C}; with the capacity the loops drop {cap_dropped} assignments "
+          "of these groups")
 harness.record(rec, "ep.dropless", *dl_views)
 
 # %% [markdown]
@@ -263,33 +281,156 @@ frame
 # %% [markdown]
 # ## 8 · Tokens dropped vs capacity factor
 # For this routing (the groups above), at every capacity factor of `drop_factors`: **measured** — the assignments
-# the vectorised dispatch left without a slot; **formula** — $\sum_{g,e}\max(0, L_{g,e} - C)$ over the loads the
-# router chose (exact for the routing at hand: the priority order decides *which* assignments drop, not how many);
-# **uniform** — what a router spreading tokens uniformly at random would drop on average (each expert's load in a
-# group ~ Binomial(S, k/E)). Fractions are of all assignments.
+# the vectorised dispatch (cumulative sums, the code every view runs) left without a slot; **loops** — the dense
+# oracle's routing, Python loops walking the assignments in priority order (an independent implementation: the
+# check is that the two agree); **formula** — $\sum_{g,e}\max(0, L_{g,e} - C)$ over the loads the router chose
+# (shown, not a check: any fill-until-full rule drops exactly that many — the priority order decides *which*
+# assignments drop, not how many); **lower bound** — $\max(0,\ 1 - E\cdot C/(k\cdot S))$: a group's E·C slots hold
+# at most E·C of its k·S assignments; **uniform** — what a router spreading tokens uniformly at random would drop on
+# average (each expert's load in a group ~ Binomial(S, k/E)). Fractions are of all assignments.
 
 # %%
 rows = drops(step)
 for r in rows:
     cf = f"{r['capacity_factor']:g}"
-    harness.record(rec, f"ep.drops.cf{cf}", View("formula", {"dropped.fraction": r["formula"], "capacity": r["capacity"]},
-                                                {"dropped.fraction": "fraction", "capacity": "count"}),
-                   View("ledger", {"dropped.fraction": r["measured"]}, {"dropped.fraction": "fraction"}), show=False)
+    rec.measure(f"ep.drops.cf{cf}.capacity", r["capacity"], "count", "formula")
+    rec.measure(f"ep.drops.cf{cf}.dropped.fraction", r["formula"], "fraction", "formula")
+    rec.measure(f"ep.drops.cf{cf}.dropped.fraction", r["measured"], "fraction", "ledger")
     rec.measure(f"ep.drops.cf{cf}.uniform.fraction", r["uniform"], "fraction", "formula")
-here = [r for r in rows if r["capacity_factor"] == p.capacity_factor]
-if here:
-    rec.check("ep.drops.same_as_the_layer", here[0]["measured"] == lv["dropped.fraction"],
-              f"cf {p.capacity_factor}: table {here[0]['measured']} = the layer's ledger {lv['dropped.fraction']}")
+    rec.check(f"ep.drops.cf{cf}.dispatch_equals_loops", r["measured"] == r["loops"],
+              f"vectorised dispatch {r['measured']:.6f} = priority-order loops {r['loops']:.6f}")
+    rec.check(f"ep.drops.cf{cf}.at_least_the_slot_bound", r["measured"] >= r["lower_bound"],
+              f"dropped {r['measured']:.6f} >= 1 − E·C/(k·S) = {r['lower_bound']:.6f}")
+by_cf = sorted(rows, key=lambda r: r["capacity_factor"])
+rec.check("ep.drops.never_more_with_more_capacity",
+          all(a["measured"] >= b["measured"] for a, b in zip(by_cf, by_cf[1:], strict=False)),
+          "dropped fraction non-increasing in cf: " + ", ".join(f"{r['capacity_factor']:g}: {r['measured']:.4f}"
+                                                                for r in by_cf))
 vexp.drop_figure(rows).show()
-pd.DataFrame([{k: r[k] for k in ("capacity_factor", "capacity", "dropped", "measured", "formula", "uniform")}
-              for r in rows])
+drop_frame = pd.DataFrame([{k: r[k] for k in ("capacity_factor", "capacity", "dropped", "measured", "loops", "formula",
+                                              "lower_bound", "uniform")} for r in rows])
+drop_frame
 
 # %% [markdown]
-# Below cf = 1 the slots cannot hold every assignment even when the router is perfectly even: at cf = 0.5 exactly
-# half is dropped, whatever the router does. Above it, what drops is the router's imbalance — more than the uniform
-# expectation, because a random router prefers some experts. That is why Switch and GShard add a load-balancing loss,
-# and why training runs at cf 1.25–2 or dropless.
+# Below cf = 1 the slots cannot hold every assignment even when the router is perfectly even: the lower bound
+# $1 - E\cdot C/(k\cdot S)$ is positive, and it is only a bound — it is reached when every expert of every group is at
+# least full; an expert the router leaves short of C wastes slots and the others drop more (the table's rows below
+# cf 1, measured against their bound, printed next). Above cf = 1 what drops is the router's imbalance. That is why
+# Switch and GShard add a load-balancing loss (section 9), and why training runs at cf 1.25–2 or dropless.
+
+# %%
+for r in by_cf:
+    if r["lower_bound"] > 0:
+        print(f"cf {r['capacity_factor']:g}: C = {r['capacity']}, bound {r['lower_bound']:.4f}, measured "
+              f"{r['measured']:.4f} (+{r['measured'] - r['lower_bound']:.4f}: slots left empty by a light expert)")
+
+# %% [markdown]
+# ## 9 · The remedy: the load-balancing loss and the router z-loss
+# Switch Transformer (Fedus et al. 2021, eq. 4–6) adds to the training loss
 #
+# $$\mathcal{L}_{aux} = \alpha\cdot E\cdot\sum_{i=1}^{E} f_i\,P_i,\qquad f_i = \tfrac{1}{S}\#\{t:\ i\in
+# \mathrm{top}_k(t)\},\quad P_i = \tfrac{1}{S}\sum_t p_{t,i}$$
+#
+# per routing group: $f_i$ (the fraction of tokens routed to expert i, $\sum_i f_i = k$) carries no gradient, $P_i$
+# does, so the gradient lowers the probability of the experts that already get many tokens; a uniform router scores
+# $\alpha k$. ST-MoE (Zoph et al. 2022, eq. 5) adds the **router z-loss** $\tfrac{1}{S}\sum_t(\log\sum_e
+# e^{z_{t,e}})^2$ over the router logits z: it keeps the logits small, so the float32 softmax stays accurate (it
+# balances nothing). `shardlab.expert.moe.load_balancing_loss` and `router_z_loss` compute them in the layer
+# (`moe_reference` returns both); the checks compare them with Mixtral's `load_balancing_loss_func` from
+# transformers (group by group, α = 1: the same sum) and with a Python loop over tokens.
+
+# %%
+import math
+
+from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+
+from shardlab.expert.balance import train_router
+from shardlab.expert.moe import dispatch_tensors, router_logits, top_k_gates
+
+moe0, x0, _ = step.tensors()
+ref0 = moe_reference(x0, moe0, step.groups)
+with torch.no_grad():
+    logits0 = router_logits(x0, moe0.router).double()  # [G·S, E]
+    hf = sum(float(load_balancing_loss_func((lg,), p.experts, p.top_k)) for lg in logits0.chunk(step.groups)) / step.groups
+z_loop = sum(math.log(sum(math.exp(v) for v in row)) ** 2 for row in logits0.tolist()) / len(logits0)
+rec.check("ep.router.aux_equals_transformers", math.isclose(float(ref0.aux), hf, rel_tol=1e-5),
+          f"layer {float(ref0.aux):.6f} vs transformers' Mixtral load_balancing_loss_func {hf:.6f} (mean of groups)")
+rec.check("ep.router.z_loss_equals_a_loop", math.isclose(float(ref0.z), z_loop, rel_tol=1e-5),
+          f"layer {float(ref0.z):.6f} vs a Python loop over tokens {z_loop:.6f}")
+print(f"this router: aux (α = 1) = {float(ref0.aux):.4f} (uniform: k = {p.top_k}), z-loss = {float(ref0.z):.4f}")
+
+# %% [markdown]
+# **Does it reduce the drops?** A few optimizer steps say. `train_router` shifts the tokens by one shared offset
+# (real hidden states share a mean direction; the notebook's zero-mean tokens do not, so its random router is
+# already balanced in expectation and its drops are binomial noise, which no loss removes), freezes the experts and
+# runs 30 Adam steps (lr 0.01) on the router only, minimising the task loss ½‖y − target‖² per token plus
+# α·aux (plus 0.01·z in the last row), through GShard's einsum layer at this notebook's capacity factor.
+
+# %%
+runs = {"task only (α = 0)": train_router(p, step.groups, 0.0), "α = 0.1": train_router(p, step.groups, 0.1),
+        "α = 1": train_router(p, step.groups, 1.0), "α = 1, z-loss 0.01": train_router(p, step.groups, 1.0, z_coef=0.01)}
+balance_frame = pd.DataFrame({name: {"dropped at step 0": h[0]["dropped"], "dropped after 30": h[-1]["dropped"],
+                                     "aux at step 0": h[0]["aux"], "aux after 30": h[-1]["aux"],
+                                     "z-loss after 30": h[-1]["z"], "task loss after 30": h[-1]["task"]}
+                              for name, h in runs.items()}).T
+fig = go.Figure([go.Scatter(y=[r["dropped"] for r in h], mode="lines", name=name) for name, h in runs.items()])
+fig.update_layout(height=300, xaxis_title="Adam step (router only)", yaxis_title="dropped fraction",
+                  title=f"router training at cf {p.capacity_factor:g}: the task alone collapses, the aux loss holds")
+fig.show()
+balance_frame.round(4)
+
+# %%
+task_only, balanced = runs["task only (α = 0)"][-1], runs["α = 1"][-1]
+print(f"after 30 steps: task only drops {task_only['dropped']:.4f} (aux {task_only['aux']:.3f}), with α = 1 "
+      f"{balanced['dropped']:.4f} (aux {balanced['aux']:.3f}); start {runs['α = 1'][0]['dropped']:.4f}")
+
+# %% [markdown]
+# Read the table: trained on the task alone, the router collapses — the experts it favours get more tokens, their
+# gradients favour them more — and the drops grow step by step; the aux loss pulls $P_i$ down where $f_i$ is high
+# and holds the drops (measured at the defaults: 0.675 of the assignments dropped after 30 task-only steps, 0.298
+# with α = 1, from 0.029; at cf 2.0: 0.409 vs 0). Switch's α = 0.01 is small against *its* cross-entropy loss; what
+# counts is α against the task loss's gradient, here ½‖y − target‖² per token. The z-loss changes little here:
+# it shrinks the logits (the z column), not the imbalance.
+#
+# ## 10 · What the [S, E, C] dispatch tensors cost, beside permute + grouped GEMM
+# GShard's einsum form (sections 3 and 5) builds per group a dispatch mask and combine weights [S, E, C] —
+# S·E·C ≈ cf·k·S² entries each, **quadratic** in the tokens a device routes — and multiplies by them: the dispatch
+# einsum("sec,sh->ech") and the combine einsum("sec,ech->sh") cost 2·S·E·C·h FLOPs each, against the experts'
+# 2·E·C·3hf, a ratio 2S/(3f) whatever E, k and cf. A sort-based dispatch (MegaBlocks; Megatron's token dispatcher;
+# MaxText's sparse-matmul path) instead permutes the k·S token-expert rows into expert order (a gather, no FLOPs),
+# runs one grouped GEMM over them and scatter-adds the results (2·k·S·h FLOPs). `formulas.expert.dispatch_cost`:
+
+# %%
+cost_here = fexp.dispatch_cost(p.tokens, p.experts, p.top_k, p.capacity_factor, p.hidden, p.ffn)
+cost_mixtral = fexp.dispatch_cost(4096, 8, 2, 1.25, 4096, 14336, "bfloat16")  # S = 4096 tokens per device
+gates0, experts0 = top_k_gates(logits0[:p.tokens].softmax(-1), p.top_k, p.normalize)  # the first group [S, k]
+d_here = dispatch_tensors(gates0[None], experts0[None], p.experts, C)
+rec.check("ep.dispatch.tensor_entries", d_here.mask[0].numel() == cost_here["entries"],
+          f"the first group's dispatch mask holds {d_here.mask[0].numel()} entries = S·E·C = {cost_here['entries']}")
+from shardlab import planner as P
+
+mix = P.plan(P.PlanConfig("mixtral-8x7b", "v6e-64", fsdp=8, expert=8, global_batch=64))
+s_mix = mix.micro_batch * mix.config.seq // mix.config.context  # the tokens one chip routes: one group
+slots_mix = fexp.capacity(s_mix, 8, 2, mix.model.capacity_factor) * 8 / (2 * s_mix)
+print(f"einsums / experts: {cost_here['einsum_over_experts']:.3f} here, {cost_mixtral['einsum_over_experts']:.3f} "
+      f"Mixtral-sized; the two [S, E, C] tensors: {cost_here['tensor_bytes']:,} B here vs the group's tokens "
+      f"{p.tokens * p.hidden * 4:,} B, {cost_mixtral['tensor_bytes'] / 2**20:.0f} MiB Mixtral-sized")
+print(f"planner, Mixtral 8x7B on v6e-64 (fsdp 8 × expert 8, S = {s_mix} tokens per chip): the experts run "
+      f"E·C = {slots_mix:g} × k·S slots; hardware FLOPs {mix.flops.hardware:.4g} (model {mix.flops.model:.4g}, "
+      f"recompute {mix.flops.recompute:.4g}, empty slots {mix.flops.hardware - mix.flops.model - mix.flops.recompute:.4g})")
+pd.DataFrame({"this notebook's layer (f32)": cost_here, "Mixtral-sized, S = 4096 (bf16)": cost_mixtral}).T
+
+# %% [markdown]
+# At the defaults (printed above) the two einsums cost a third of the experts' own FLOPs (2S/(3f) with S = 128,
+# f = 256) and the two [S, E, C] tensors weigh ten times the tokens they route; Mixtral-sized (S = 4096 tokens per
+# device, f = 14336) the einsums add 19 % to the expert FLOPs and the two tensors are 160 MiB per group and layer in
+# bf16 — growing as S², which is why large-S training dispatches by permutation. The planner (notebook 07) counts
+# neither the einsums nor the tensors (it assumes a permute + grouped GEMM), but its hardware FLOPs include the
+# capacity's empty slots: the experts run E·C = ceil(cf·k·S/E)·E slots per group, filled or not — at cf 1.25, a
+# quarter more expert FLOPs than the model FLOPs count (Mixtral on v6e-64: 1.18e16 FLOPs per step, the last figure
+# printed above; the model-FLOP MFU bound falls from 0.75 to 0.63).
+
+# %% [markdown]
 # ## Explore
 # Move the sliders: formula and per-rank code re-run (forward only) for that layer; the status line compares them,
 # the table is the first group's dispatch all-to-all. A combination that cannot be split (E not divisible by ep,
@@ -299,7 +440,9 @@ pd.DataFrame([{k: r[k] for k in ("capacity_factor", "capacity", "dropped", "meas
 ui, update = vexp.explorer(replace(p, hidden=min(p.hidden, 32), ffn=min(p.ffn, 64)), explore)
 shown = update()  # what a slider move does; run here so a headless run exercises it too
 rec.check("ep.explorer.update", shown["ok"], f"formula {shown.get('formula')} B vs ledger {shown.get('ledger')} B")
-rec.check("ep.explorer.rejects_bad_split", not update(ep=3)["ok"], "experts=8 over ep=3 is reported")
+bad_ep = next(e for e in range(2, p.experts + 2) if p.experts % e)  # the smallest ep that does not divide E
+rec.check("ep.explorer.rejects_bad_split", not update(ep=bad_ep)["ok"],
+          f"experts={p.experts} over ep={bad_ep} is reported")
 update(ep=p.ep)
 ui
 

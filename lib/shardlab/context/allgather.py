@@ -14,7 +14,9 @@ queries, summed over the ranks, and each rank keeps its own shard (payload = the
 
 Same wire bytes as the ring's forward ((cp − 1) blocks of k and of v per rank), but the whole K/V and s/cp × s
 scores live on every rank at once. This code uses the contiguous layout: its causal mask is applied to the whole
-[s/cp, s] block (nothing skipped), so the layout would not change its work.
+[s/cp, s] block (nothing skipped), so the layout would not change its work — true of this dense masked kernel
+only: a causal flash kernel skips the tiles above the diagonal, and then the contiguous layout leaves the last
+rank about 2cp − 1 times the first rank's work (Llama 3 uses 2·cp chunks for its all-gather CP for that reason).
 
 Example (run by the tests and the notebook)::
 

@@ -5,14 +5,19 @@ Design note
 Under a causal mask, query i attends to keys 0 … i only. With the contiguous split rank r holds queries
 [r·s/cp, (r+1)·s/cp) and computes r + 1 of the cp key blocks that visit it (r full blocks and its own, diagonal
 one): the last rank does about 2cp − 1 times the first rank's work, and every ring step waits for the busiest
-rank. The zig-zag split (2·cp chunks, rank r takes chunks r and 2cp − 1 − r; Brandon et al. 2023, Llama 3)
-pairs an early chunk with a late one, and every rank does the same work.
+rank. The zig-zag split (2·cp chunks, rank r takes chunks r and 2cp − 1 − r: ring-flash-attention's and
+Megatron-LM's context parallelism, Llama 3) pairs an early chunk with a late one, and every rank does the same work.
+(Brandon et al. 2023's *striped* attention balances differently: round-robin tokens, rank r holds positions
+r, r + cp, r + 2cp, …)
 
 :func:`work_from_trace` reads one rank's ``trace`` (``shardlab.context.ring.Block``: the blocks the ring met and
 their kinds; masked blocks are skipped and cost nothing); :func:`measure` runs the per-rank ring in a
 ``SimulatedWorld`` for both layouts and puts the counts beside the formula (``formulas.context.causal_work``,
 ``causal_blocks``). Work is in unmasked score elements per (batch row, head) — a full block of c queries x c keys
-is c², a diagonal one c(c + 1)/2 — and in blocks computed (a diagonal block counts as one).
+is c², a diagonal one c(c + 1)/2 — and in blocks computed (a diagonal block counts as one). The trace and the
+formula share that block rule; :func:`pairs_by_brute_force` does not: it takes the positions each rank holds from
+the per-rank code's own sharding (``attention.shard_sequence``) and counts the (query, key) pairs the mask allows,
+one by one — the independent count both are checked against.
 
 Example::
 
@@ -28,7 +33,7 @@ from typing import Any
 import torch
 
 from shardlab.comm import SimulatedWorld
-from shardlab.context.attention import LAYOUTS
+from shardlab.context.attention import LAYOUTS, shard_sequence
 from shardlab.context.ring import Block, ring_attention_step
 from shardlab.formulas import context as fcp
 
@@ -38,6 +43,18 @@ def work_from_trace(trace: Iterable[Block], phase: str = "forward") -> dict[str,
     blocks = [b for b in trace if b.phase == phase]
     out = {k: sum(1 for b in blocks if b.kind == k) for k in ("full", "diagonal", "masked")}
     return {"elements": sum(b.elements for b in blocks), "blocks": out["full"] + out["diagonal"], **out}
+
+
+def pairs_by_brute_force(seq: int, cp: int, layout: str, causal: bool = True) -> list[int]:
+    """Per rank: the (query i, key j) pairs with j <= i (every pair without ``causal``) over the query positions
+    the rank holds, counted one by one."""
+    fcp.causal_work(seq, cp, layout, causal)  # the layout's divisibility rule
+    positions = torch.arange(seq).reshape(1, seq)
+    out = []
+    for r in range(cp):
+        mine = shard_sequence(positions, layout, r, cp, dim=1)[0].tolist()
+        out.append(sum(1 for i in mine for j in range(seq) if j <= i or not causal))
+    return out
 
 
 def measure(seq: int, cp: int, layouts: Iterable[str] = LAYOUTS, causal: bool = True, batch: int = 1,
@@ -57,6 +74,7 @@ def measure(seq: int, cp: int, layouts: Iterable[str] = LAYOUTS, causal: bool = 
         rows.append({
             "layout": layout, "cp": cp, "seq": seq, "elements": elements, "blocks": [w["blocks"] for w in work],
             "formula_elements": fcp.causal_work(seq, cp, layout, causal),
+            "brute_force": pairs_by_brute_force(seq, cp, layout, causal),
             "formula_blocks": [b["full"] + b["diagonal"] for b in fcp.causal_blocks(cp, layout, causal)],
             "max_over_mean": fcp.max_over_mean(elements), "sends": len(sends), "send_bytes": sends.payload_bytes(),
         })

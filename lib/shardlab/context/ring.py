@@ -2,8 +2,9 @@
 
 Design note
 -----------
-Liu, Zaharia & Abbeel 2023 ("Ring Attention with Blockwise Transformers"); Brandon et al. 2023 (striped /
-zig-zag load balance). cp ranks stand in a ring; rank r sends to r+1 and receives from r−1 (mod cp). Rank r
+Liu, Zaharia & Abbeel 2023 ("Ring Attention with Blockwise Transformers"); the zig-zag load balance of
+ring-flash-attention / Megatron-LM / Llama 3 (Brandon et al. 2023's striped attention is the round-robin one).
+cp ranks stand in a ring; rank r sends to r+1 and receives from r−1 (mod cp). Rank r
 holds its query chunks and, at step t = 0 … cp−1, the key/value blocks that started on rank (r − t) mod cp::
 
     step t:  send (k, v) to r+1 (buffered, returns at once)  -> fold the held block into the online softmax

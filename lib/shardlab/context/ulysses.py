@@ -14,7 +14,8 @@ no ring, any kernel; one more all-to-all returns the output to sequence shards::
 Four all-to-alls forward (q, k, v, out), four backward (their gradients, ``shardlab.expert.parallel.all_to_all``:
 "forward: all-to-all, backward: all-to-all"), each of the rank's whole local tensor:
 payload b·(s/cp)·(2hq + 2hkv)·d·e per direction (``formulas.context.ulysses_all_to_all``). Unlike the ring,
-the traffic per rank falls as 1/cp, but cp cannot exceed the number of kv heads. Contiguous layout only: the
+the traffic per rank falls as 1/cp; cp must divide hq, and hkv unless the K/V heads are replicated first
+(``context.case.ulysses_params`` goes to hkv = hq). Contiguous layout only: the
 head-sharded attention sees the whole sequence, so a causal mask costs every rank the same.
 """
 

@@ -12,6 +12,11 @@ For one routing (a router's top-k choices for G groups of S tokens) and a capaci
 - **uniform** — what a router that spreads tokens uniformly at random would drop on average
   (``formulas.expert.expected_dropped_fraction``). A learned (or random-weight) router is not uniform: it drops
   more.
+- **loops** — the count of ``moe.route_loop`` (the dense oracle's routing: Python loops over the assignments in
+  priority order), an implementation independent of the cumulative-sum dispatch the measured column uses;
+- **lower bound** — max(0, 1 − E·C/(k·S)): the E·C slots of a group hold at most E·C of its k·S assignments,
+  whatever the router does; equal only when every expert of every group is at least full (at cf 0.5 and
+  C = k·S/(2E) exactly, *at least* half drops: a router that leaves one slot empty drops more).
 
 Fractions are of all G·S·k assignments.
 
@@ -32,7 +37,7 @@ from typing import Any
 
 import torch
 
-from shardlab.expert.moe import MoE, dispatch_tensors, router_probs, top_k_gates
+from shardlab.expert.moe import MoE, dispatch_tensors, route_loop, router_probs, top_k_gates
 from shardlab.formulas import expert as fexp
 
 
@@ -59,8 +64,10 @@ def drop_table(x: torch.Tensor, moe: MoE, groups: int, factors: Iterable[float])
         c = fexp.capacity(s, p.experts, p.top_k, cf)
         kept = int(dispatch_tensors(gates, experts, p.experts, c).kept.sum())
         total = x.shape[0] * p.top_k
+        loops = sum(len(route_loop(experts[g], p.experts, c).dropped) for g in range(groups))
         rows.append({"capacity_factor": cf, "capacity": c, "assignments": total, "dropped": total - kept,
-                     "measured": (total - kept) / total,
+                     "measured": (total - kept) / total, "loops": loops / total,
+                     "lower_bound": max(0.0, 1 - p.experts * c / (s * p.top_k)),
                      "formula": fexp.dropped_from_loads(loads, c) / total,
                      "uniform": fexp.expected_dropped_fraction(s, p.experts, p.top_k, c), "loads": loads})
     return rows

@@ -14,8 +14,18 @@ counted per group: each expert takes at most C = ceil(capacity_factor · k · S 
 Assignments claim slots in priority order — every token's first choice (in token order), then every token's
 second choice, … (GShard's top-2 order); an assignment that finds its expert full is **dropped** (it contributes
 nothing; the residual connection outside the layer carries the token). ``dropless=True`` is the dropless variant:
-every assignment is kept, and the expert-parallel code pads every expert's buffer to the largest load (MegaBlocks,
-Gale et al. 2023, avoids that padding with block-sparse kernels).
+every assignment is kept, and the expert-parallel code pads every expert's buffer to the largest load (its
+all-to-all has equal chunks; MegaBlocks, Gale et al. 2023, avoids padding in the expert compute with block-sparse
+kernels, Megatron-Core's dispatcher avoids it on the wire with variable all-to-all splits).
+
+Router losses (the remedy for an unbalanced router, added to the training loss; both act on the router alone):
+
+- :func:`load_balancing_loss` — Switch Transformer's auxiliary loss (Fedus et al. 2021, eq. 4–6)
+  α·E·Σ_i f_i·P_i, f_i the fraction of tokens whose top-k picked expert i (Σ_i f_i = k; not differentiable),
+  P_i the mean router probability of expert i (differentiable). Uniform routing gives α·k, its minimum over f
+  at fixed P = 1/E; Mixtral's ``load_balancing_loss_func`` in transformers computes the same sum (α = 1).
+- :func:`router_z_loss` — ST-MoE's router z-loss (Zoph et al. 2022, eq. 5) (1/T)·Σ_t (log Σ_e exp z_{t,e})²
+  over the router logits z: it keeps the logits small, so the float32 softmax stays accurate.
 
 Two independent implementations of the routing:
 
@@ -91,10 +101,15 @@ def expert_ffn(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Te
     return (F.silu(x @ w1) * (x @ w3)) @ w2
 
 
+def router_logits(x: torch.Tensor, router: torch.Tensor) -> torch.Tensor:
+    """x W_r in at least float32: [..., h] x [h, E] -> [..., E]."""
+    logits = x @ router
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+
 def router_probs(x: torch.Tensor, router: torch.Tensor) -> torch.Tensor:
     """softmax(x W_r), in at least float32 (Switch keeps the router in float32): [..., h] x [h, E] -> [..., E]."""
-    logits = x @ router
-    return torch.softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+    return torch.softmax(router_logits(x, router), dim=-1)
 
 
 def top_k_gates(probs: torch.Tensor, k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -103,6 +118,21 @@ def top_k_gates(probs: torch.Tensor, k: int, normalize: bool) -> tuple[torch.Ten
     if normalize:
         gates = gates / gates.sum(dim=-1, keepdim=True)
     return gates, experts
+
+
+def load_balancing_loss(probs: torch.Tensor, experts: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+    """Switch's auxiliary loss α·E·Σ_i f_i·P_i for probs [..., T, E] and top-k experts [..., T, k], computed per
+    routing group (the leading dims) and averaged over the groups; a scalar."""
+    e = probs.shape[-1]
+    counts = F.one_hot(experts, e).to(probs.dtype).sum(dim=-2)  # [..., T, E]: 1 where the token picked expert e
+    f = counts.mean(dim=-2)  # [..., E] fraction of tokens routed to each expert (Σ f = k)
+    big_p = probs.mean(dim=-2)  # [..., E] mean router probability
+    return alpha * e * (f * big_p).sum(dim=-1).mean()
+
+
+def router_z_loss(logits: torch.Tensor) -> torch.Tensor:
+    """ST-MoE's z-loss: the mean over tokens of (logsumexp of the token's router logits)². logits [..., E]."""
+    return torch.logsumexp(logits, dim=-1).pow(2).mean()
 
 
 # ------------------------------------------------------------------------------------------ oracle
@@ -136,19 +166,26 @@ def route_loop(experts: torch.Tensor, num_experts: int, capacity: int | None) ->
 class Reference:
     out: torch.Tensor  # [T, h]
     routings: list[Routing]  # one per group
+    aux: torch.Tensor  # Switch's load-balancing loss (α = 1), per group, averaged over the groups (a scalar)
+    z: torch.Tensor  # ST-MoE's router z-loss over all tokens (a scalar)
 
 
 def moe_reference(x: torch.Tensor, moe: MoE, groups: int = 1, dropless: bool = False) -> Reference:
     """The dense oracle: route each of ``groups`` equal token groups with :func:`route_loop` (``dropless``: no
     capacity, every assignment kept), then loop over the experts, each applied to the tokens it kept, weighted by
-    their gates. x [T, h] -> [T, h]."""
+    their gates. x [T, h] -> [T, h]; also the router's two losses (equal groups: their mean is the mean over all
+    tokens for the z-loss)."""
     p = moe.p
     t_all = x.shape[0]
     if t_all % groups:
         raise ValueError(f"tokens={t_all} is not divisible by groups={groups}")
-    outs, routings = [], []
+    outs, routings, aux, z = [], [], [], []
     for xg in x.chunk(groups, dim=0):  # [S, h]
-        gates, experts = top_k_gates(router_probs(xg, moe.router), p.top_k, p.normalize)  # [S, k]
+        logits = router_logits(xg, moe.router)  # [S, E]
+        probs = torch.softmax(logits, dim=-1)
+        gates, experts = top_k_gates(probs, p.top_k, p.normalize)  # [S, k]
+        aux.append(load_balancing_loss(probs, experts))
+        z.append(router_z_loss(logits))
         routing = route_loop(experts, p.experts, None if dropless else capacity(p, xg.shape[0]))
         y = torch.zeros_like(xg)
         for e in range(p.experts):
@@ -160,7 +197,7 @@ def moe_reference(x: torch.Tensor, moe: MoE, groups: int = 1, dropless: bool = F
             y = y.index_add(0, tok, gate[:, None] * expert_ffn(xg[tok], moe.w1[e], moe.w3[e], moe.w2[e]))
         outs.append(y)
         routings.append(routing)
-    return Reference(torch.cat(outs, dim=0), routings)
+    return Reference(torch.cat(outs, dim=0), routings, torch.stack(aux).mean(), torch.stack(z).mean())
 
 
 # ------------------------------------------------------------------------------------------ GShard tensors

@@ -19,9 +19,12 @@ router's gradient flows through the combine weights (the gates); top-k itself ha
 router gradient covers its own tokens only: in training they are summed over the ranks (the data-parallel
 all-reduce of replicated weights, not counted here); the expert gradients are complete where they live.
 
-Capacity: C = ceil(cf · k · S / E) per rank (``moe.capacity``). Dropless (``dropless=True``):
-every rank must send buffers of the same C, so C = the largest load of any expert on any rank, agreed with one
-all-reduce (max) of a scalar before the dispatch — the buffers grow with the worst imbalance.
+Capacity: C = ceil(cf · k · S / E) per rank (``moe.capacity``). Dropless (``dropless=True``): this code's
+all-to-all has equal chunks, so every rank must send buffers of the same C: C = the largest load of any expert on
+any rank, agreed with one all-reduce (max) of a scalar before the dispatch — the buffers grow with the worst
+imbalance. That padding is the equal-chunk collective's, not dropless routing's: an all-to-all with variable splits
+(Megatron-Core's token dispatcher: exchange the counts first, then ``all_to_all_single`` with split sizes) moves
+only the kept rows; MegaBlocks removes the padding from the expert compute (block-sparse matmuls).
 
 Tags: ``ep.capacity`` (dropless only), ``ep.dispatch``, ``ep.combine``.
 

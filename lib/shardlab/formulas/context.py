@@ -1,6 +1,7 @@
 """Context parallelism: what attention over a sequence split across cp ranks sends and holds, per rank per layer.
 
-Liu et al. 2023 (ring attention), Brandon et al. 2023 (striped / zig-zag balance), Jacobs et al. 2023
+Liu et al. 2023 (ring attention), the zig-zag balance of ring-flash-attention / Megatron-LM / Llama 3 (2·cp
+chunks; Brandon et al. 2023's striped attention is the round-robin alternative), Jacobs et al. 2023
 (DeepSpeed-Ulysses), Llama 3 (all-gather CP). b batch, s sequence, hq query heads, hkv key/value heads, d head
 dim, e bytes per element, cp ranks; one K (or V) block = b·(s/cp)·hkv·d·e bytes. At cp = 1 nothing moves.
 
@@ -17,11 +18,17 @@ dim, e bytes per element, cp ranks; one K (or V) block = b·(s/cp)·hkv·d·e by
     all-gather, backward  2 reduce-scatters (dk, dv) of the full b·s·hkv·d·e; wire (cp − 1)/cp·payload
     Ulysses (a2a)         sequence shards -> head shards for q, k, v, and back for the output (4 all-to-alls
                           forward, 4 backward); payload b·(s/cp)·(2hq + 2hkv)·d·e, wire (cp − 1)/cp·payload;
-                          needs hkv (and hq) divisible by cp
+                          needs hq divisible by cp, and hkv too unless K/V heads are replicated first
 
-Memory per rank: K/V held — ring 2 blocks of k and v (its own, and the one in flight): 4·b·(s/cp)·hkv·d·e;
-all-gather the whole 2·b·s·hkv·d·e. Scores of one block b·hq·(s/cp)·block·e with ``block`` keys at a time: the
-ring's block is s/cp (or a flash kernel's tile), the all-gather's s.
+Memory per rank (:func:`memory`), in K/V blocks of b·(s/cp)·hkv·d·e:
+
+    kv            forward: ring 4 (its own k and v, and the pair in flight); all-gather 2cp (the whole K and V)
+    kv_backward   ring 10 (``shardlab.context.ring``'s backward: its saved k, v; the visiting k, v and their dk, dv
+                  accumulators; the next of each in flight); all-gather 4cp (gathered K, V and the full dK, dV
+                  partial sums before the reduce-scatter). Autograd through an SPMD ring saves every visiting
+                  block instead: 2cp, like all-gather.
+    scores        one block b·hq·(s/cp)·block·e with ``block`` keys, for a DENSE kernel (ring: s/cp, all-gather:
+                  s); a flash kernel holds one tile instead, whichever variant
 
 Causal balance (unmasked score elements per rank; chunk c):
 
@@ -123,15 +130,17 @@ def ulysses_all_to_all(batch: int, seq: int, heads: int, kv_heads: int, head_dim
 
 def memory(batch: int, seq: int, heads: int, kv_heads: int, head_dim: int, cp: int, dtype: DTypeLike = "float32",
            method: str = "ring", block: int | None = None) -> dict[str, int]:
-    """Per-rank bytes of one attention layer's working set: ``kv`` (keys and values held) and ``scores`` (one
-    block of scores: s/cp queries x ``block`` keys; default: the ring's s/cp, the all-gather's s)."""
+    """Per-rank bytes of one attention layer's working set: ``kv`` (keys and values held in the forward),
+    ``kv_backward`` (keys, values and their gradients held in the backward) and ``scores`` (one block of scores of
+    a dense kernel: s/cp queries x ``block`` keys; default: the ring's s/cp, the all-gather's s)."""
     if method not in ("ring", "allgather"):
         raise ValueError(f"method={method!r} is not one of ('ring', 'allgather')")
     kv = kv_block_bytes(batch, seq, kv_heads, head_dim, cp, dtype)
     keys = block if block is not None else (seq // cp if method == "ring" else seq)
     _check(block=keys)
     held = 4 * kv if (method == "ring" and cp > 1) else 2 * kv * (cp if method == "allgather" else 1)
-    return {"kv": held, "scores": batch * heads * (seq // cp) * keys * dtype_bytes(dtype)}
+    held_bwd = 10 * kv if (method == "ring" and cp > 1) else 4 * kv * (cp if method == "allgather" else 1)
+    return {"kv": held, "kv_backward": held_bwd, "scores": batch * heads * (seq // cp) * keys * dtype_bytes(dtype)}
 
 
 def causal_blocks(cp: int, layout: str, causal: bool = True) -> list[dict[str, int]]:

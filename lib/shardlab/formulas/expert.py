@@ -30,6 +30,14 @@ Under *uniform* random routing each expert's load in a group is Binomial(S, k/E)
 fraction is E[max(0, X − C)] / (S·k/E) (:func:`expected_dropped_fraction`) — a learned router is not uniform;
 the notebook shows both.
 
+**Dispatch as dense tensors vs permute.** GShard's einsum form builds a dispatch mask and combine weights
+[S, E, C] per group — S·E·C ≈ cf·k·S² entries each, quadratic in the tokens a device routes — and multiplies by
+them: dispatch einsum("sec,sh->ech") and combine einsum("sec,ech->sh") cost 2·S·E·C·h FLOPs each, against the
+experts' 2·E·C·(3hf) (SwiGLU): a ratio 2S/(3f) that does not depend on E, k or cf (:func:`dispatch_cost`). A
+sort-based dispatch (MegaBlocks, Megatron's token dispatcher, MaxText's sparse matmul) permutes the k·S
+token-expert rows into expert order (a gather of k·S·h elements, no FLOPs) and runs a grouped GEMM over them;
+the combine is a weighted scatter-add of 2·k·S·h FLOPs.
+
 Example::
 
     >>> capacity(tokens_per_group=64, experts=8, top_k=2, capacity_factor=1.25)
@@ -116,3 +124,20 @@ def expected_dropped_fraction(tokens_per_group: int, experts: int, top_k: int, c
     excess = sum(math.comb(s, x) * p**x * (1 - p) ** (s - x) * (x - capacity_per_group)
                  for x in range(capacity_per_group + 1, s + 1))
     return float(excess / (s * p))
+
+
+def dispatch_cost(tokens_per_group: int, experts: int, top_k: int, capacity_factor: float, hidden: int,
+                  ffn: int, dtype: DTypeLike = "float32") -> dict[str, float]:
+    """One group's forward dispatch + combine, two ways, beside the experts' own FLOPs (SwiGLU):
+    ``{"entries", "tensor_bytes", "einsum_flops", "expert_flops", "einsum_over_experts", "permute_elements",
+    "permute_flops"}`` — entries of ONE [S, E, C] tensor (the mask and the combine weights are two), the bytes of
+    both, the FLOPs of the dispatch and combine einsums together, the experts' FLOPs on all E·C slots, their
+    ratio, the elements a sort-based permute gathers (k·S rows of h) and the FLOPs of its weighted combine."""
+    _check(hidden=hidden, ffn=ffn)
+    s, c = tokens_per_group, capacity(tokens_per_group, experts, top_k, capacity_factor)
+    entries = s * experts * c  # [S, E, C]
+    einsum = 2 * (2 * entries * hidden)  # dispatch "sec,sh->ech" + combine "sec,ech->sh"
+    expert = 2 * experts * c * 3 * hidden * ffn  # W1, W3 [h, f], W2 [f, h] on every slot
+    return {"entries": entries, "tensor_bytes": 2 * entries * dtype_bytes(dtype), "einsum_flops": einsum,
+            "expert_flops": expert, "einsum_over_experts": einsum / expert,
+            "permute_elements": top_k * s * hidden, "permute_flops": 2 * top_k * s * hidden}
