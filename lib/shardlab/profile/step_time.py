@@ -160,11 +160,15 @@ def _dot_flops(ins: Any, module: HloModule) -> int:
         dims = [int(d) for d in ins.attrs.get("lhs_contracting_dims", "{}").strip("{}").split(",") if d.strip()]
         k = math.prod(lhs.shape[0].dims[d] for d in dims) if lhs is not None and lhs.shape else 1
         return 2 * out * k
-    rhs = module.instructions.get(ins.operands[1]) if len(ins.operands) > 1 else None  # convolution: kernel size
-    if rhs is None or not rhs.shape:
-        return 2 * out
+    # convolution (XLA:TPU writes matmuls as convolutions): each output element contracts the kernel's input
+    # features x window, i.e. the kernel's elements over its output features ('o' in dim_labels "bf_io->bf")
+    rhs = module.instructions.get(ins.operands[1]) if len(ins.operands) > 1 else None
+    labels = ins.attrs.get("dim_labels", "")
+    if rhs is None or not rhs.shape or "_" not in labels:
+        raise ValueError(f"convolution {ins.name}: cannot read its kernel shape or dim_labels={labels!r}")
+    kernel_labels = labels.split("->")[0].split("_")[1]
     kernel = rhs.shape[0].dims
-    return 2 * out * (math.prod(kernel) // max(kernel[-1], 1))
+    return 2 * out * math.prod(kernel) // kernel[kernel_labels.index("o")]  # grouped: the kernel's i is already i/g
 
 
 def kernel_estimates(module: HloModule) -> tuple[list[Kernel], list[str]]:
