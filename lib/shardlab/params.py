@@ -515,7 +515,7 @@ class FsdpGspmdParams(FsdpParamsBase):
 
 # Modules that declare notebook parameter dataclasses (light: no torch_xla at import).
 PARAM_MODULES = ("shardlab.params", "shardlab.expert.params", "shardlab.pipeline.params", "shardlab.context.params",
-                 "shardlab.memory.params", "shardlab.inspect.params")
+                 "shardlab.memory.params", "shardlab.inspect.params", "shardlab.timing.params")
 
 
 def notebook_params() -> dict[str, type[NotebookParams]]:

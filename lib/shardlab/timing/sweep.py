@@ -1,0 +1,115 @@
+"""When an axis turns communication-bound: the MLP step compiled for a slice at a range of sizes, priced from the
+program, beside the JAX scaling book's critical intensity.
+
+Design
+------
+The scaling book's lesson ("How to parallelize a transformer for training"): a sharded step is compute-bound while
+the FLOPs per byte sent exceed the chip's FLOP/s over its ICI bandwidth, C / W. Written for notebook 13's MLP block
+(:mod:`shardlab.timing.programs`, P = 2·d·f parameters, bf16, one mesh axis of n chips, W = the ICI egress of the
+torus axes that axis spans):
+
+- fsdp: one all-gather of each weight, one reduce-scatter of each gradient (a single graph keeps the gathered
+  weights for the backward): wire 2·(n−1)/n·2P bytes against 6·T·P / C seconds of FLOPs →
+  ``T* = (2/3)·(n−1)/n · C/W`` tokens per chip;
+- tensor: an all-reduce of [T, d] forward and one backward: wire 2·2(n−1)/n·2·T·d against 6·T·P/n →
+  ``f* = (2/3)·(n−1) · C/W`` (independent of T);
+- data: one all-reduce of each gradient: wire 2(n−1)/n·2P against 6·T·P →  ``T* = (2/3)·(n−1)/n · C/W``.
+
+The compiler's side (:func:`price`): each point compiled for the slice and priced by
+:func:`shardlab.profile.step_time.step_time` — compute from the kernels' estimates, wire time from the program's
+own collectives, exposed communication as the schedule overlaps it. The measured crossover is the first swept size
+from which on the program's wire time is at most its compute time (the book's definition: past it, perfect overlap
+could hide every byte); the exposed communication the schedule leaves is shown beside it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from shardlab.formulas import hardware
+from shardlab.profile import step_time as st
+from shardlab.profile import tpu
+from shardlab.timing.programs import MlpStep, mlp_step
+
+EXPOSED_SHARE = 0.10  # "communication hidden": exposed comm at most this share of the step
+
+
+@dataclass(frozen=True)
+class Point:
+    """One swept configuration, priced."""
+
+    cfg: MlpStep
+    topology: str
+    compute_s: float
+    comm_s: float  # wire time of the program's collectives
+    exposed_s: float
+    step_s: float
+    formula_compute_s: float  # 6·T·P/chips / C
+    formula_comm_s: float  # the collectives the formula assumes, at the same egress
+    collectives: dict[str, int]  # op -> executions per step in the program
+    flops: int  # matmul FLOPs per chip read from the program (dots x loop trips)
+
+    @property
+    def ratio(self) -> float:  # comm / compute, compiler
+        return self.comm_s / self.compute_s
+
+    @property
+    def hidden(self) -> bool:
+        return self.exposed_s <= EXPOSED_SHARE * self.step_s
+
+
+def egress(topology: str) -> float:
+    """ICI egress of one chip for a collective over every chip of the slice (the axes its torus spans)."""
+    chip, n = hardware.slice_chips(topology)
+    axes = hardware.group_axes(topology, list(range(n)))
+    return chip.ici_egress_for(axes) if axes else float("inf")
+
+
+def formula_comm_bytes(cfg: MlpStep) -> float:
+    """Wire bytes per chip of the collectives the formula assumes (module note)."""
+    n, p = cfg.devices, cfg.params
+    if cfg.axis == "fsdp":
+        return 2 * (n - 1) / n * 2 * p
+    if cfg.axis == "tensor":
+        return 2 * 2 * (n - 1) / n * 2 * cfg.tokens * cfg.hidden
+    return 2 * (n - 1) / n * 2 * p
+
+
+def critical(cfg: MlpStep, topology: str) -> float:
+    """The scaling book's crossover for ``cfg.axis``: tokens per chip (fsdp, data) or ffn (tensor)."""
+    chip, _ = hardware.slice_chips(topology)
+    c_over_w = chip.bf16_peak_flops_per_s / egress(topology)
+    n = cfg.devices
+    return 2 / 3 * (n - 1) * c_over_w if cfg.axis == "tensor" else 2 / 3 * (n - 1) / n * c_over_w
+
+
+def price(cfg: MlpStep, topology: str) -> Point:
+    """Compile ``cfg``'s step for ``topology`` (compile-only) and price it."""
+    chip, n = hardware.slice_chips(topology)
+    if n != cfg.devices:
+        raise ValueError(f"topology={topology!r} has {n} chips but the step's axis has devices={cfg.devices}")
+    compiled = tpu.compile_program(mlp_step, cfg, topology, label=f"timing {cfg.axis} T{cfg.tokens} f{cfg.ffn}")
+    if compiled.module is None:
+        raise ValueError(f"{cfg} does not fit {topology}: {compiled.oom.first_line if compiled.oom else ''}")
+    t = st.step_time(compiled.module, topology, {cfg.axis: cfg.devices})
+    counts: dict[str, int] = {}
+    for c in compiled.module.collectives:
+        counts[c.op] = counts.get(c.op, 0) + (compiled.module.runs(c.computation) or 1)
+    return Point(cfg, topology, t.compute_s, t.comm_s, t.exposed_comm_s, t.step_s,
+                 cfg.flops_per_chip / chip.bf16_peak_flops_per_s, formula_comm_bytes(cfg) / egress(topology), counts,
+                 sum(k.flops * k.runs for k in t.kernels))
+
+
+def sweep(base: MlpStep, topology: str, values: tuple[int, ...], field: str = "tokens") -> list[Point]:
+    """``base`` with ``field`` set to each of ``values``, priced."""
+    return [price(replace(base, **{field: v}), topology) for v in values]
+
+
+def measured_crossover(points: list[Point], field: str = "tokens", source: str = "tpu") -> int | None:
+    """The first swept value from which on every point's wire time is at most its compute time (``source``
+    ``"tpu"``: the compiled program's; ``"formula"``: the formula's); None if no such value was swept."""
+    for i, pt in enumerate(points):
+        if all((q.comm_s <= q.compute_s) if source == "tpu" else (q.formula_comm_s <= q.formula_compute_s)
+               for q in points[i:]):
+            return getattr(pt.cfg, field)
+    return None

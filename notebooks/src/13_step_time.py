@@ -1,0 +1,253 @@
+# %% tags=["parameters"]
+num_devices = 8  # virtual CPU devices (or TPU chips) of this kernel; needs a kernel restart to change
+results_dir = None  # where the JSON record goes (the report runner sets it)
+seed = 0  # seed of every random tensor
+generation = "v5e"  # TPU generation the programs are compiled for: "v5e" or "v6e"
+chips = 8  # chips of the slice (one mesh axis over all of them)
+hidden = 2048  # d: the MLP block's model width
+ffn = 8192  # f: its inner width (fsdp / data sweeps)
+tokens = [256, 1024, 4096]  # tokens per chip swept for the fsdp axis (ascending)
+ffns = [2048, 8192, 32768]  # inner widths swept for the tensor axis (ascending)
+answers = None  # exercise answer key (the tests and the report inject it); leave None
+
+# %%
+from shardlab import runtime
+from shardlab.profile import Recorder
+from shardlab.timing.params import TimingParams
+
+p = TimingParams.from_namespace(globals())  # every parameter checked here, before any XLA work
+world = runtime.setup(num_devices=p.num_devices)
+rec = Recorder.for_params(p, world)
+world
+
+# %% [markdown]
+# # 13 · Step time: what the TPU compiler says a step costs, and when an axis turns communication-bound
+#
+# Every earlier notebook counted bytes and FLOPs exactly. Time is harder: nobody here owns a TPU. But the XLA:TPU
+# compiler prices its own program while it builds it, and that price can be read compile-only
+# (`shardlab.profile.step_time`):
+#
+# - **compute**: every kernel of the per-chip program carries the compiler's `estimated_cycles`; a kernel inside a
+#   `while` loop (a `scan` over layers) runs once per trip, so the estimate is multiplied by the loop's trip count,
+#   read by running the loop's own integer control. Cycles become seconds at the chip's clock — the
+#   `cycles_per_microsecond` the compiler's latency-hiding scheduler prints (1500 on v5e, 1750 on v6e; checked by
+#   the tests against the scheduler's own dump);
+# - **communication**: each collective of the program, priced with the ring model (the wire bytes of the suite's
+#   design contract) over the ICI links of the torus axes its group spans — β only: no per-hop latency, so a lower
+#   bound of the wire time;
+# - **overlap, as the schedule laid it out**: XLA:TPU starts most collectives asynchronously; a collective's
+#   *exposed* time is what the kernels scheduled between its start and its done do not cover.
+#   Step time = compute + exposed communication.
+#
+# Beside each term sits a roofline worked out from the model (the **formula** column): FLOPs over the chip's bf16
+# peak, bytes over its HBM bandwidth, wire bytes over its ICI egress.
+
+# %%
+import pandas as pd
+import plotly.graph_objects as go
+
+from shardlab.formulas import hardware
+from shardlab.profile import step_time as st
+from shardlab.profile import tpu
+from shardlab.timing import sweep as S
+from shardlab.timing.programs import Matmul, MlpStep, matmul
+
+chip, n = hardware.slice_chips(p.topology)
+print(f"{p.topology}: {n} chips, bf16 peak {chip.bf16_peak_flops_per_s / 1e12:.0f} TFLOP/s, HBM "
+      f"{chip.hbm_bandwidth_bytes_per_s / 1e9:.0f} GB/s, clock {st.clock_hz(p.topology) / 1e6:.0f} MHz, ICI egress "
+      f"over the whole slice {S.egress(p.topology) / 1e9:.0f} GB/s")
+
+# %% [markdown]
+# ## 1 · One kernel: the compiler's estimate beside the roofline
+# A bf16 matmul [m, k] @ [k, k] with its rows split over the slice (no collective): per chip 2·(m/n)·k·k FLOPs, and
+# at least (m/n)·k + k·k + (m/n)·k elements to move through HBM. A small matmul is bound by HBM, a large one by the
+# MXUs; the compiler's estimate should never beat the larger of the two.
+
+# %%
+rows = []
+for k in (1024, 4096, 8192):
+    mm = Matmul(m=k, k=k, n=k, devices=n)
+    compiled = tpu.compile_program(matmul, mm, p.topology, label=f"timing matmul {k}")
+    t = st.step_time(compiled.module, p.topology)
+    flops_s, hbm_s = mm.flops_per_chip / chip.bf16_peak_flops_per_s, mm.bytes_per_chip / chip.hbm_bandwidth_bytes_per_s
+    rows.append({"k": k, "kernels": len(t.kernels), "estimate (µs)": t.compute_s * 1e6,
+                 "FLOPs / peak (µs)": flops_s * 1e6, "bytes / HBM (µs)": hbm_s * 1e6,
+                 "bound": "compute" if flops_s >= hbm_s else "hbm",
+                 "estimate / roofline": t.compute_s / max(flops_s, hbm_s),
+                 "program FLOPs": sum(kk.flops * kk.runs for kk in t.kernels), "formula FLOPs": mm.flops_per_chip})
+    rec.measure(f"time.matmul.k{k}.compute_s", t.compute_s, "s", "tpu")
+    rec.measure(f"time.matmul.k{k}.compute_s", max(flops_s, hbm_s), "s", "formula")
+kernels = pd.DataFrame(rows).set_index("k")
+rec.check("time.matmul.flops_read_from_the_program", (kernels["program FLOPs"] == kernels["formula FLOPs"]).all(),
+          "the dots' FLOPs (2 · result elements · contracted size, read from the compiled program) equal 2·(m/n)·k·k")
+rec.check("time.matmul.estimate_not_below_roofline", (kernels["estimate / roofline"] >= 0.99).all(),
+          f"estimate / roofline: {kernels['estimate / roofline'].round(3).tolist()}")
+kernels.round(2)
+
+# %% [markdown]
+# The large matmul runs within about 5 % (v5e) to 20 % (v6e) of the MXU peak; the small one is HBM-bound and its
+# estimate sits further above the bandwidth roofline (the operands stream through VMEM in tiles, and the first tile
+# is not overlapped). The compiler knows its chip: the same program costs about 4.5x fewer cycles on v6e, whose
+# peak is 4.7x v5e's.
+#
+# ## 2 · FSDP: the step turns compute-bound above a per-chip batch
+# One MLP block (d, f; P = 2·d·f parameters, bf16) trained one step with every weight split over the `fsdp` axis
+# (`shardlab.timing.programs`). Per chip it computes 6·T·P FLOPs for T tokens, and it moves every weight twice —
+# one all-gather before the forward, one reduce-scatter of the gradient after the backward: 2·(n − 1)/n · 2P bytes,
+# *whatever T is*. So the ratio of communication to compute falls as 1/T, and the step is compute-bound once
+#
+# $$T > T^* = \frac{2}{3}\cdot\frac{n-1}{n}\cdot\frac{C}{W_{ici}},$$
+#
+# C the chip's bf16 FLOP/s and W the ICI egress of the axis — the JAX scaling book's critical batch per chip. The
+# compiler's column reads the same from the compiled program: compute from its kernels, wire time from the
+# collectives it actually emitted, exposed time from its schedule.
+
+# %%
+def table(points: list[S.Point], field: str) -> pd.DataFrame:
+    return pd.DataFrame([{
+        field: getattr(q.cfg, field), "compute (µs)": q.compute_s * 1e6, "formula compute (µs)":
+        q.formula_compute_s * 1e6, "wire (µs)": q.comm_s * 1e6, "formula wire (µs)": q.formula_comm_s * 1e6,
+        "exposed (µs)": q.exposed_s * 1e6, "step (µs)": q.step_s * 1e6, "wire / compute": q.ratio,
+        "collectives": ", ".join(f"{c} {op}" for op, c in sorted(q.collectives.items())),
+    } for q in points]).set_index(field)
+
+
+def record(points: list[S.Point], field: str, axis: str) -> None:
+    for q in points:
+        tag = f"time.{axis}.{field[0].upper()}{getattr(q.cfg, field)}"
+        rec.measure(f"{tag}.compute_s", q.compute_s, "s", "tpu")
+        rec.measure(f"{tag}.compute_s", q.formula_compute_s, "s", "formula")
+        rec.measure(f"{tag}.comm_s.{axis}", q.comm_s, "s", "tpu")
+        rec.measure(f"{tag}.comm_s.{axis}", q.formula_comm_s, "s", "formula")
+        rec.measure(f"{tag}.exposed_comm_s", q.exposed_s, "s", "tpu")
+        rec.measure(f"{tag}.step_s", q.step_s, "s", "tpu")
+
+
+def chart(points: list[S.Point], field: str, title: str) -> go.Figure:
+    x = [getattr(q.cfg, field) for q in points]
+    fig = go.Figure([go.Scatter(x=x, y=[getattr(q, a) * 1e6 for q in points], mode="lines+markers", name=name)
+                     for a, name in (("compute_s", "compute (compiler)"), ("comm_s", "wire (program's collectives)"),
+                                     ("exposed_s", "exposed (schedule)"), ("formula_compute_s", "compute (formula)"),
+                                     ("formula_comm_s", "wire (formula)"))])
+    fig.update_layout(title=title, height=340, xaxis_type="log", yaxis_type="log", xaxis_title=field,
+                      yaxis_title="µs per step")
+    return fig
+
+
+fsdp = S.sweep(MlpStep(axis="fsdp", devices=n, hidden=p.hidden, ffn=p.ffn), p.topology, tuple(p.tokens), "tokens")
+record(fsdp, "tokens", "fsdp")
+chart(fsdp, "tokens", f"FSDP over {n} chips of {p.topology}").show()
+table(fsdp, "tokens").round(1)
+
+# %%
+t_star = S.critical(fsdp[0].cfg, p.topology)
+crossing = {src: S.measured_crossover(fsdp, "tokens", src) for src in ("formula", "tpu")}
+rec.measure("time.fsdp.critical.tokens", round(t_star), "tokens", "formula")
+exact_fsdp = [q for q in fsdp if q.collectives == {"all-gather": 2, "reduce-scatter": 2}]
+rec.check("time.fsdp.flops_read_from_the_program", all(q.flops == q.cfg.flops_per_chip for q in fsdp),
+          "the program's matmul FLOPs per chip (dots x loop trips) equal 6·T·P: forward 2, backward 4")
+rec.check("time.fsdp.formula_wire_where_formula_collectives",
+          all(abs(q.comm_s - q.formula_comm_s) <= 1e-9 * q.formula_comm_s for q in exact_fsdp),
+          f"{len(exact_fsdp)} of {len(fsdp)} swept programs hold exactly one all-gather per weight and one "
+          "reduce-scatter per gradient; there the ring time of the program's collectives (bytes and groups read from "
+          "the HLO) equals the formula's")
+print(f"T* = {t_star:.0f} tokens per chip (formula); swept crossing: formula {crossing['formula']}, "
+      f"compiler {crossing['tpu']}")
+
+# %% [markdown]
+# **What the compiler did.** Where the program holds exactly the formula's collectives — an all-gather per weight,
+# a reduce-scatter per gradient — the compiler's wire time is the formula's (checked above). At other sizes XLA:TPU
+# chose otherwise (the collectives column): at small T it may reshard the gradient of x through all-to-alls. The
+# compute column is higher than 6·T·P / C: besides the matmuls the step runs the GeLU, the loss and the layout copies, kernels the
+# FLOP count ignores, and at small T they are not small. At larger T XLA:TPU may replace an all-gather + matmul by a
+# **windowed einsum** (collective matmul): a loop of collective-permutes, each shipping one shard to the ring
+# neighbour while the matmul works on the previous one. It sends over one link at a time (more wire time than the
+# all-gather's two rings) but hides it behind the matmul pieces: the exposed column, not the wire column, is what
+# the step pays. Where the two crossings differ, the compiler's includes the non-matmul kernels and its own
+# choice of collectives — the formula's T* is the lesson, the compiler's number is what this program costs.
+#
+# ## 3 · Tensor parallelism: the ratio does not depend on the batch
+# Megatron's MLP over the `tensor` axis: W1 split by columns, W2 by rows, x replicated. The forward ends in an
+# all-reduce of the [T, d] output (g) and the backward in one of x's gradient (f): 2 · 2(n − 1)/n · 2·T·d bytes
+# against 6·T·P/n FLOPs. T cancels: the step is compute-bound when the per-chip slice of the inner width is large,
+#
+# $$f > f^* = \frac{2}{3}\cdot(n-1)\cdot\frac{C}{W_{ici}}.$$
+
+# %%
+tensor = S.sweep(MlpStep(axis="tensor", devices=n, hidden=p.hidden, tokens=1024), p.topology, tuple(p.ffns), "ffn")
+record(tensor, "ffn", "tensor")
+f_star = S.critical(tensor[0].cfg, p.topology)
+rec.measure("time.tensor.critical.ffn", round(f_star), "ffn", "formula")
+rec.check("time.tensor.flops_read_from_the_program", all(q.flops == q.cfg.flops_per_chip for q in tensor),
+          "matmul FLOPs per chip read from the program equal 6·T·P/n")
+rec.check("time.tensor.wire_constant_in_ffn", all(q.comm_s == tensor[0].comm_s for q in tensor),
+          "the program's all-reduces carry [T, d] activations: f does not change them")
+exact_tp = [q for q in tensor if q.collectives == {"all-reduce": 2}]
+rec.check("time.tensor.formula_wire_where_formula_collectives",
+          all(abs(q.comm_s - q.formula_comm_s) <= 1e-9 * q.formula_comm_s for q in exact_tp),
+          f"{len(exact_tp)} of {len(tensor)} swept programs hold exactly the two all-reduces; there the ring time of "
+          "the program's collectives equals the formula's")
+print(f"f* = {f_star:.0f} (formula); swept crossing: formula {S.measured_crossover(tensor, 'ffn', 'formula')}, "
+      f"compiler {S.measured_crossover(tensor, 'ffn', 'tpu')}")
+chart(tensor, "ffn", f"Tensor parallelism over {n} chips of {p.topology}, T = 1024").show()
+table(tensor, "ffn").round(2)
+
+# %% [markdown]
+# Tensor parallelism's all-reduces sit on the critical path: the next matmul needs the reduced activations, so the
+# schedule has nothing to put in their window and the whole wire time is exposed. That is why Megatron keeps the
+# tensor axis inside the fastest links (NVLink, or one ICI ring) and why the scaling book's f* is large: on v5e-8
+# it is about 4,600 (575 columns of W1 per chip), on v6e-8, whose FLOPs grew faster than its links, about 10,700.
+#
+# ## 4 · The crossings side by side
+
+# %%
+summary = pd.DataFrame([
+    {"axis": "fsdp", "swept": "tokens per chip", "formula critical": round(t_star),
+     "formula crossing (swept)": S.measured_crossover(fsdp, "tokens", "formula"),
+     "compiler crossing (swept)": S.measured_crossover(fsdp, "tokens", "tpu")},
+    {"axis": "tensor", "swept": "ffn", "formula critical": round(f_star),
+     "formula crossing (swept)": S.measured_crossover(tensor, "ffn", "formula"),
+     "compiler crossing (swept)": S.measured_crossover(tensor, "ffn", "tpu")},
+]).set_index("axis")
+for axis, row in summary.iterrows():
+    for col, src in (("formula crossing (swept)", "formula"), ("compiler crossing (swept)", "tpu")):
+        if not pd.isna(row[col]):
+            rec.measure(f"time.{axis}.crossover", int(row[col]), "size", src)
+summary
+
+# %% [markdown]
+# ## Exercises
+# Write your answer into the variable and run the cell: the grader says right or gives a hint.
+#
+# 1. A v6e-8 slice (2 × 4 torus, one FSDP axis over all 8 chips): the ICI egress of one chip over both torus axes
+#    is 2 × 200 GB/s and its bf16 peak 918 TFLOP/s. Using §2's formula, above how many tokens per chip (a number,
+#    within 1 %) does this notebook's FSDP MLP step become compute-bound?
+# 2. §2's FSDP step with d = 2048, f = 8192 and T = 1024 tokens per chip: predict its matmul FLOPs per chip (an
+#    int). At the notebook's defaults the grader also checks your number against the compiled program's.
+# 3. A v5e bf16 matmul per chip [1024, 8192] @ [8192, 8192] at the 197 TFLOP/s peak: how many microseconds does
+#    the FLOP roofline give (within 1 %)?
+
+# %%
+from shardlab.exercises import Exercises
+from shardlab.timing.solutions import SOLUTIONS
+
+ex = Exercises(p.NOTEBOOK, rec, p.answers, solutions=SOLUTIONS)
+at_1024 = next((q for q in fsdp if q.cfg.tokens == 1024 and (q.cfg.hidden, q.cfg.ffn) == (2048, 8192)), None)
+answer_1 = None  # tokens per chip (a number)
+answer_2 = None  # FLOPs per chip (an int)
+answer_3 = None  # microseconds (a number)
+ex.show(1, answer_1)
+ex.show(2, answer_2, measured=at_1024.flops if at_1024 else None)
+ex.show(3, answer_3)
+
+# %% [markdown]
+# <details><summary>Why (open after trying)</summary>
+#
+# 1. T* = (2/3)·(n − 1)/n·C/W = (2/3)·(7/8)·918e12 / 400e9 ≈ 1,339 tokens per chip.
+# 2. 6·T·P with P = 2·d·f: forward x·W1 and h·W2 (2·T·P), backward the gradients of x and of each weight (4·T·P);
+#    per chip 6·1024·2·2048·8192 = 206,158,430,208 — the program's dots add up to exactly that.
+# 3. 2·1024·8192·8192 / 197e12 s ≈ 697.7 µs; the compiler's own estimate is about 4 % above it.
+# </details>
+
+# %%
+rec.close()["status"]
