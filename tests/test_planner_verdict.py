@@ -189,8 +189,8 @@ def test_holdout_text_renders_a_row_without_compiler_numbers(pc) -> None:  # typ
 
 def test_cached_holdout_rows_are_what_the_code_makes_of_their_messages(pc) -> None:  # type: ignore[no-untyped-def]
     """Every cached out-of-memory row (held out and matrix): re-parsing the full message the cache keeps the first
-    line of gives the same compiler numbers — the rows were not edited by hand. Fails on the row as it was cached
-    before (temporaries recorded, parsed as None)."""
+    line of gives the same compiler numbers — the rows were not edited by hand. Failed on the recompute-none row as
+    it was first cached (recorded by hand from the message: no ``fragmentation`` key, another label)."""
     from shardlab.profile.tpu import TpuCompile
     from shardlab.profile.tpu_memory import parse_oom
 
