@@ -78,6 +78,17 @@ def test_flash_vs_plain_on_the_tpu_compiler(xla_world) -> None:  # type: ignore[
     heads, s = 16 // 8, 2048
     squares = {b.shape for b in plain.largest if b.square}
     assert f"f32[{heads},{s},{s}]" in squares  # the fp32 softmax of the 2 heads on one chip
+    # the outputs O, dQ [1, 2, s, 128] and dK, dV [1, 1, s, 128] bf16 per chip, by hand: not donated, so the
+    # peak the chip must hold is arguments + these + temporaries, and a few MiB are far below a v5e chip
+    for row in (flash, plain):
+        assert 0 <= row.outputs - 2 * (2 * heads + 2 * 1) * s * 128 <= 512  # + the output tuple's table
+        assert row.peak >= row.arguments + row.outputs + row.temp and row.holds
+    # every s x s array plain attention writes is [k, s, s] of its dtype; among them the lowering's three f32
+    # [heads, s, s] broadcasts (a scalar and two softmax row vectors, as an independent reading of the HLO found)
+    one = {"f32": 4, "bf16": 2, "pred": 1}
+    assert plain.squares and all(b % (one[k.split()[0]] * s * s) == 0 for k, b in plain.squares.items())
+    assert plain.squares["f32 broadcast"] == 3 * 4 * heads * s * s
+    assert sum(plain.squares.values()) >= plain.square_bytes and flash.squares == {}
     assert plain.square_bytes >= heads * s * s * 4
     assert flash.temp < plain.temp
 
@@ -111,6 +122,38 @@ def test_seq_max_fit_search() -> None:
     assert F.seq_max_fit(lambda s: False).seq == 0
     with pytest.raises(ValueError, match="step=1000 must be a multiple of 1024"):
         F.seq_max_fit(fits, "flash", step=1000)
+
+
+def test_holds_means_the_peak_fits() -> None:
+    """The compiler's check (arguments + temporaries) can pass while the peak (outputs too) is over the chip."""
+    gib = 2**30
+    row = F.AttentionMemory({"kernel": "flash", "seq": 1024}, "v5e-1", True, 14 * gib, gib, 2 * gib, 17 * gib, 1.0,
+                            capacity=16 * gib)
+    assert row.fits and not row.holds and F.table([row])[0]["fits"].startswith("no: peak 17.00 GiB")
+    assert replace(row, peak=16 * gib).holds and not replace(row, fits=False, peak=gib).holds
+    assert not replace(row, capacity=0, peak=gib).holds  # an old cached row without the capacity: not claimed
+
+
+def test_seq_max_fit_by_criterion(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Two searches over the same rows: the peak criterion lands where peak(s) = 3 MiB per token first exceeds the
+    capacity, the check criterion where the checked bytes (2 MiB per token) do; the peaks of every probe kept."""
+    mib = 2**20
+    cap = 100_000 * mib
+
+    def row(p, kernel):  # type: ignore[no-untyped-def]
+        s = p.seq
+        return F.AttentionMemory({"kernel": kernel, "seq": s}, "v5e-1", 2 * mib * s <= cap, 2 * mib * s, 0, mib * s,
+                                 3 * mib * s, 1.0, capacity=cap)
+
+    monkeypatch.setattr(C, "attention_row", row)
+    peak = C.seq_max_fit(SMALL, "flash", start=8192)
+    check = C.seq_max_fit(SMALL, "flash", start=8192, criterion="check")
+    assert peak.seq == (cap // (3 * mib)) // 1024 * 1024 and check.seq == (cap // (2 * mib)) // 1024 * 1024
+    assert peak.criterion == "peak" and check.criterion == "check"
+    assert peak.peaks == {s: 3 * mib * s for s, _ in peak.probes}
+    assert F.SeqFit.from_dict(peak.as_dict()) == peak  # the cache round trip (JSON keys are strings)
+    with pytest.raises(ValueError, match="criterion='args' must be one of"):
+        C.seq_max_fit(SMALL, "flash", criterion="args")
 
 
 def _check(topology: str, fits: bool, total: float, planner_fits: bool, state: float, cap: float) -> PlannerCheck:
