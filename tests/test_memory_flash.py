@@ -5,6 +5,7 @@ against a known threshold; notebook 07's flash verdicts classified by the stated
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import pytest
@@ -18,6 +19,7 @@ from shardlab.memory.params import LLAMA3_8B_ATTENTION, MemoryParams
 from shardlab.planner_verdict import PlannerCheck
 from shardlab.profile.tpu import TpuCompile
 from shardlab.profile.tpu_memory import parse_oom
+from shardlab.result_files import entry_layout
 
 # 16 heads over 8 chips: 2 per chip (GQA 2:1); one compile each, in this process's 8-device world (v5e-8)
 SMALL = MemoryParams(seq=2048, heads=16, kv_heads=8, tensor=8)
@@ -178,3 +180,26 @@ def test_flash_verdict_rules() -> None:
     assert [by[k]["status"] for k in by] == ["checked", "inferred", "inferred", "inferred", "unchecked"]
     assert [by[k]["agrees"] for k in by] == [True, True, True, True, None]
     assert by["other chip"]["why"].startswith("the same per-chip step compiled with flash for v6e-8")
+
+
+@pytest.mark.xla
+@pytest.mark.slow
+def test_flash_verdict_case_swaps_only_the_kernel(xla_world) -> None:  # type: ignore[no-untyped-def]
+    """Notebook 07's step with the flash kernel (what ``python -m shardlab.memory verdict`` compiles at Llama 3 8B):
+    on a 2-layer Llama (hd 128, 1024 tokens) it compiles with four custom calls — the forward kernel, its recompute
+    in the backward (full recompute), dq, dk/dv — and holds no [a, s, s] array, where the same plan without flash
+    does; the parameters and optimizer state (the arguments) are the same bytes."""
+    from shardlab.planner import PlanConfig
+    from shardlab.planner_verdict import VerdictCase
+
+    model = {"layers": 2, "hidden": 1024, "ffn": 2048, "heads": 8, "kv_heads": 8, "vocab": 1024, "name": "tiny-hd128"}
+    plan = PlanConfig(model, "v5e-8", fsdp=8, global_batch=8, seq=1024)
+    flash = FS.flash_verdict(plan)
+    plain = harness.tpu(VerdictCase(plan), "v5e").detail
+    assert flash.fits and flash.custom_calls == 4
+    shapes = lambda text: set(re.findall(r"\[(?:\d+,)*1024,1024\]", text))  # noqa: E731 - [.., s, s] arrays
+    compiled = harness.tpu(FS.FlashVerdictCase(plan), "v5e").detail  # the same compile (cached in-process)
+    assert shapes(plain.hlo_text) and not shapes(compiled.hlo_text)
+    # the same parameters and optimizer state (array arguments; the scalars torch_xla lifts differ by kernel)
+    state = lambda text: sorted((a.dtype, a.dims) for a in entry_layout(text)[0] if a.dims)  # noqa: E731
+    assert state(compiled.hlo_text) == state(plain.hlo_text)

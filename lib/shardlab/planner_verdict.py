@@ -48,6 +48,7 @@ the attention traced here has no flash kernel, so the no-flash column is the one
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from dataclasses import asdict, dataclass, field, replace
@@ -152,9 +153,28 @@ class VerdictCase(Case):
     def compile_options(self) -> dict[str, Any]:
         return {"donate": self.donate}
 
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mesh: xs.Mesh,
+                  spec: tuple[Any, ...]) -> torch.Tensor:
+        """The attention core of one layer: q, k, v [B, a, S, hd] (K/V already expanded to a heads, sharded
+        ``spec``) -> [B, a, S, hd]. Plain causal softmax attention, the softmax in fp32: the [B, a, S, S] scores
+        exist in the program. A subclass may swap the kernel (``memory.full_size.FlashVerdictCase``)."""
+        b, a, s, hd = q.shape
+        scores = torch.einsum("bash,bath->bast", q, k) / math.sqrt(hd)  # [B, a, S, S]
+        causal = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
+        pr = torch.softmax(scores.masked_fill(~causal, float("-inf")).float(), dim=-1).to(q.dtype)
+        return torch.einsum("bast,bath->bash", pr, v)  # [B, a, S, hd]
+
+    def tracing(self) -> contextlib.AbstractContextManager[Any]:
+        """A context the whole step is traced in (none here; a kernel that needs one says so)."""
+        return contextlib.nullcontext()
+
     def graph(self) -> Step:
         """One training step on this process's world: ``[loss, *new state]``, each parameter and AdamW state
         placeholder donated to its update."""
+        with self.tracing():
+            return self._step()
+
+    def _step(self) -> Step:
         p, m = self.p, self.model
         L, H, F, a, kvh, V = m.layers, m.hidden, m.ffn, m.heads, m.kv_heads, self.plan().padded_vocab
         hd = H // a
@@ -203,10 +223,8 @@ class VerdictCase(Case):
             rep = a // kvh  # GQA: each K/V head serves `rep` query heads
             k = k.transpose(1, 2)[:, :, None].expand(b, kvh, rep, s, hd).reshape(b, a, s, hd)
             v = v.transpose(1, 2)[:, :, None].expand(b, kvh, rep, s, hd).reshape(b, a, s, hd)
-            scores = torch.einsum("bash,bath->bast", q, k) / math.sqrt(hd)  # [B, a, S, S]
-            causal = torch.ones(s, s, dtype=torch.bool, device=x.device).tril()
-            pr = torch.softmax(scores.masked_fill(~causal, float("-inf")).float(), dim=-1).to(dt)
-            ctx = torch.einsum("bast,bath->bash", pr, v).transpose(1, 2).reshape(b, s, H)  # [B, S, H_tensor]
+            ctx = self.attention(q, k, v, mesh, (ba, "tensor", None, None))  # [B, a, S, hd]
+            ctx = ctx.transpose(1, 2).reshape(b, s, H)  # [B, S, H_tensor]
             x = x + torch.einsum("bsi,oi->bso", ann(ctx, (ba, None, "tensor")), w["o"])  # [B, S, H]
             h = _rmsnorm(x, w["ln2"])
             u = ann(torch.einsum("bsh,fh->bsf", h, w["up"]), (ba, None, "tensor"))  # [B, S, F_tensor]
