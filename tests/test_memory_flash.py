@@ -203,3 +203,29 @@ def test_flash_verdict_case_swaps_only_the_kernel(xla_world) -> None:  # type: i
     # the same parameters and optimizer state (array arguments; the scalars torch_xla lifts differ by kernel)
     state = lambda text: sorted((a.dtype, a.dims) for a in entry_layout(text)[0] if a.dims)  # noqa: E731
     assert state(compiled.hlo_text) == state(plain.hlo_text)
+
+
+def test_cached_full_size_results_obey_the_notebooks_rules() -> None:
+    """Notebook 08b checks these only when it measures them (full_size=True); here the committed cache
+    (``python -m shardlab.memory flash``) is held to the same rules, each against an independent prediction:
+    flash's longest sequence is the sweep's linear peak (16k and 32k compiles) extrapolated to the capacity; plain's
+    lies between the sweep's longest held length and shortest not held; the peak criterion is at most the compiler's
+    check (the peak adds the outputs); and a row "holds" only with its peak within the capacity it records."""
+    big, _ = FS.load_flash()
+    flash = {r.config["seq"]: r for k, r in big.items() if k.startswith("flash.")}
+    plain = {r.config["seq"]: r for k, r in big.items() if k.startswith("plain.")}
+    s1, s2 = FS.SEQS[-2], FS.SEQS[-1]
+    cap = flash[s2].capacity
+    assert cap == int(15.75 * 2**30)  # v5e, as the compiler states it
+    slope = (flash[s2].peak - flash[s1].peak) / (s2 - s1)
+    predicted = int((cap - (flash[s2].peak - slope * s2)) // slope) // 1024 * 1024
+    assert abs(big["fit.flash"].seq - predicted) <= 1024
+    held = [s for s, r in plain.items() if r.holds]
+    assert max(held) <= big["fit.plain"].seq < min(s for s in plain if s not in held)
+    for k in F.KERNELS:
+        assert big[f"fit.{k}"].criterion == "peak" and big[f"fit_check.{k}"].criterion == "check"
+        assert big[f"fit.{k}"].seq <= big[f"fit_check.{k}"].seq
+    # the compiler's check passes at its longest flash sequence while the peak there is over the chip
+    check = big["fit_check.flash"]
+    assert check.peaks[check.seq] > cap > big["fit.flash"].peaks[big["fit.flash"].seq]
+    assert all(r.holds == (r.fits and r.peak <= cap) for r in (*flash.values(), *plain.values()))
