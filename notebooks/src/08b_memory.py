@@ -190,7 +190,8 @@ for s_, r in sorted(plain_rows.items()):
                   "(compiler − f32 broadcasts) / planner in fp32": (r.temp - f32_bcast) / (2 * r.formula)})
 under = pd.DataFrame(under).set_index("seq")
 full_check("levers.flash.undercount: the programs the chip holds (2k, 4k) write f32 s x s broadcasts",
-           all(plain_rows[s_].squares.get("f32 broadcast", 0) >= 4 * 32 * s_ * s_ for s_ in under.index),
+           all(plain_rows[s_].squares.get("f32 broadcast", 0) >= 4 * plain_rows[s_].config["heads"] * s_ * s_
+               for s_ in under.index),
            str({s_: plain_rows[s_].squares for s_ in under.index}))
 display(under.round(3))
 remat, noremat = plain_rows[FS.REMAT_SEQ], big_flash[f"plain_noremat.{FS.REMAT_SEQ}"]
@@ -258,7 +259,7 @@ pd.DataFrame({f"{f.kernel} ({f.criterion})": {"longest sequence": f.seq, "probes
     for f in (*fits.values(), *checked.values())}).T
 
 # %%
-a_, e_ = 32, 2  # Llama 3 8B's query heads; the planner's bytes per element
+a_, e_ = flash_rows[s2].config["heads"], 2  # Llama 3 8B's query heads (one chip); the planner's bytes per element
 planner_s = int((cap / (3 * e_ * a_)) ** 0.5) // 1024 * 1024  # 6·a·s² <= capacity
 fp32_s = int((cap / (3 * 4 * a_)) ** 0.5) // 1024 * 1024  # three fp32 [a, s, s] arrays (exercise 4)
 fits_check_peak = checked["flash"].peaks.get(checked["flash"].seq)
@@ -268,7 +269,7 @@ print(f"One v5e chip ({cap / GIB:.2f} GiB) holds {fits['flash'].seq:,} tokens of
 print(f"The compiler's capacity check alone accepts {checked['flash'].seq:,} tokens with flash: its peak there is "
       f"{fits_check_peak / GIB:.2f} GiB, the outputs O, dQ, dK, dV not counted by the check; "
       f"ratio {checked['flash'].seq / checked['plain'].seq:.1f} by the check.")
-print(f"Without flash: the planner's term (6·a·s² bytes) gives {planner_s:,}; three fp32 [32, s, s] arrays "
+print(f"Without flash: the planner's term (6·a·s² bytes) gives {planner_s:,}; three fp32 [{a_}, s, s] arrays "
       f"(exercise 4) {fp32_s:,}; the compiler {fits['plain'].seq:,}.")
 
 # %% [markdown]
