@@ -5,6 +5,7 @@ against a known threshold; notebook 07's flash verdicts classified by the stated
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import pytest
@@ -18,6 +19,7 @@ from shardlab.memory.params import LLAMA3_8B_ATTENTION, MemoryParams
 from shardlab.planner_verdict import PlannerCheck
 from shardlab.profile.tpu import TpuCompile
 from shardlab.profile.tpu_memory import parse_oom
+from shardlab.result_files import entry_layout
 
 # 16 heads over 8 chips: 2 per chip (GQA 2:1); one compile each, in this process's 8-device world (v5e-8)
 SMALL = MemoryParams(seq=2048, heads=16, kv_heads=8, tensor=8)
@@ -78,6 +80,17 @@ def test_flash_vs_plain_on_the_tpu_compiler(xla_world) -> None:  # type: ignore[
     heads, s = 16 // 8, 2048
     squares = {b.shape for b in plain.largest if b.square}
     assert f"f32[{heads},{s},{s}]" in squares  # the fp32 softmax of the 2 heads on one chip
+    # the outputs O, dQ [1, 2, s, 128] and dK, dV [1, 1, s, 128] bf16 per chip, by hand: not donated, so the
+    # peak the chip must hold is arguments + these + temporaries, and a few MiB are far below a v5e chip
+    for row in (flash, plain):
+        assert 0 <= row.outputs - 2 * (2 * heads + 2 * 1) * s * 128 <= 512  # + the output tuple's table
+        assert row.peak >= row.arguments + row.outputs + row.temp and row.holds
+    # every s x s array plain attention writes is [k, s, s] of its dtype; among them the lowering's three f32
+    # [heads, s, s] broadcasts (a scalar and two softmax row vectors, as an independent reading of the HLO found)
+    one = {"f32": 4, "bf16": 2, "pred": 1}
+    assert plain.squares and all(b % (one[k.split()[0]] * s * s) == 0 for k, b in plain.squares.items())
+    assert plain.squares["f32 broadcast"] == 3 * 4 * heads * s * s
+    assert sum(plain.squares.values()) >= plain.square_bytes and flash.squares == {}
     assert plain.square_bytes >= heads * s * s * 4
     assert flash.temp < plain.temp
 
@@ -113,6 +126,38 @@ def test_seq_max_fit_search() -> None:
         F.seq_max_fit(fits, "flash", step=1000)
 
 
+def test_holds_means_the_peak_fits() -> None:
+    """The compiler's check (arguments + temporaries) can pass while the peak (outputs too) is over the chip."""
+    gib = 2**30
+    row = F.AttentionMemory({"kernel": "flash", "seq": 1024}, "v5e-1", True, 14 * gib, gib, 2 * gib, 17 * gib, 1.0,
+                            capacity=16 * gib)
+    assert row.fits and not row.holds and F.table([row])[0]["fits"].startswith("no: peak 17.00 GiB")
+    assert replace(row, peak=16 * gib).holds and not replace(row, fits=False, peak=gib).holds
+    assert not replace(row, capacity=0, peak=gib).holds  # an old cached row without the capacity: not claimed
+
+
+def test_seq_max_fit_by_criterion(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Two searches over the same rows: the peak criterion lands where peak(s) = 3 MiB per token first exceeds the
+    capacity, the check criterion where the checked bytes (2 MiB per token) do; the peaks of every probe kept."""
+    mib = 2**20
+    cap = 100_000 * mib
+
+    def row(p, kernel):  # type: ignore[no-untyped-def]
+        s = p.seq
+        return F.AttentionMemory({"kernel": kernel, "seq": s}, "v5e-1", 2 * mib * s <= cap, 2 * mib * s, 0, mib * s,
+                                 3 * mib * s, 1.0, capacity=cap)
+
+    monkeypatch.setattr(C, "attention_row", row)
+    peak = C.seq_max_fit(SMALL, "flash", start=8192)
+    check = C.seq_max_fit(SMALL, "flash", start=8192, criterion="check")
+    assert peak.seq == (cap // (3 * mib)) // 1024 * 1024 and check.seq == (cap // (2 * mib)) // 1024 * 1024
+    assert peak.criterion == "peak" and check.criterion == "check"
+    assert peak.peaks == {s: 3 * mib * s for s, _ in peak.probes}
+    assert F.SeqFit.from_dict(peak.as_dict()) == peak  # the cache round trip (JSON keys are strings)
+    with pytest.raises(ValueError, match="criterion='args' must be one of"):
+        C.seq_max_fit(SMALL, "flash", criterion="args")
+
+
 def _check(topology: str, fits: bool, total: float, planner_fits: bool, state: float, cap: float) -> PlannerCheck:
     cfg = dict(model="llama-3-8b", topology=topology, data=1, fsdp=8, tensor=1, global_batch=8, seq=8192,
                recompute="full")
@@ -135,3 +180,52 @@ def test_flash_verdict_rules() -> None:
     assert [by[k]["status"] for k in by] == ["checked", "inferred", "inferred", "inferred", "unchecked"]
     assert [by[k]["agrees"] for k in by] == [True, True, True, True, None]
     assert by["other chip"]["why"].startswith("the same per-chip step compiled with flash for v6e-8")
+
+
+@pytest.mark.xla
+@pytest.mark.slow
+def test_flash_verdict_case_swaps_only_the_kernel(xla_world) -> None:  # type: ignore[no-untyped-def]
+    """Notebook 07's step with the flash kernel (what ``python -m shardlab.memory verdict`` compiles at Llama 3 8B):
+    on a 2-layer Llama (hd 128, 1024 tokens) it compiles with four custom calls — the forward kernel, its recompute
+    in the backward (full recompute), dq, dk/dv — and holds no [a, s, s] array, where the same plan without flash
+    does; the parameters and optimizer state (the arguments) are the same bytes."""
+    from shardlab.planner import PlanConfig
+    from shardlab.planner_verdict import VerdictCase
+
+    model = {"layers": 2, "hidden": 1024, "ffn": 2048, "heads": 8, "kv_heads": 8, "vocab": 1024, "name": "tiny-hd128"}
+    plan = PlanConfig(model, "v5e-8", fsdp=8, global_batch=8, seq=1024)
+    flash = FS.flash_verdict(plan)
+    plain = harness.tpu(VerdictCase(plan), "v5e").detail
+    assert flash.fits and flash.custom_calls == 4
+    shapes = lambda text: set(re.findall(r"\[(?:\d+,)*1024,1024\]", text))  # noqa: E731 - [.., s, s] arrays
+    compiled = harness.tpu(FS.FlashVerdictCase(plan), "v5e").detail  # the same compile (cached in-process)
+    assert shapes(plain.hlo_text) and not shapes(compiled.hlo_text)
+    # the same parameters and optimizer state (array arguments; the scalars torch_xla lifts differ by kernel)
+    state = lambda text: sorted((a.dtype, a.dims) for a in entry_layout(text)[0] if a.dims)  # noqa: E731
+    assert state(compiled.hlo_text) == state(plain.hlo_text)
+
+
+def test_cached_full_size_results_obey_the_notebooks_rules() -> None:
+    """Notebook 08b checks these only when it measures them (full_size=True); here the committed cache
+    (``python -m shardlab.memory flash``) is held to the same rules, each against an independent prediction:
+    flash's longest sequence is the sweep's linear peak (16k and 32k compiles) extrapolated to the capacity; plain's
+    lies between the sweep's longest held length and shortest not held; the peak criterion is at most the compiler's
+    check (the peak adds the outputs); and a row "holds" only with its peak within the capacity it records."""
+    big, _ = FS.load_flash()
+    flash = {r.config["seq"]: r for k, r in big.items() if k.startswith("flash.")}
+    plain = {r.config["seq"]: r for k, r in big.items() if k.startswith("plain.")}
+    s1, s2 = FS.SEQS[-2], FS.SEQS[-1]
+    cap = flash[s2].capacity
+    assert cap == int(15.75 * 2**30)  # v5e, as the compiler states it
+    slope = (flash[s2].peak - flash[s1].peak) / (s2 - s1)
+    predicted = int((cap - (flash[s2].peak - slope * s2)) // slope) // 1024 * 1024
+    assert abs(big["fit.flash"].seq - predicted) <= 1024
+    held = [s for s, r in plain.items() if r.holds]
+    assert max(held) <= big["fit.plain"].seq < min(s for s in plain if s not in held)
+    for k in F.KERNELS:
+        assert big[f"fit.{k}"].criterion == "peak" and big[f"fit_check.{k}"].criterion == "check"
+        assert big[f"fit.{k}"].seq <= big[f"fit_check.{k}"].seq
+    # the compiler's check passes at its longest flash sequence while the peak there is over the chip
+    check = big["fit_check.flash"]
+    assert check.peaks[check.seq] > cap > big["fit.flash"].peaks[big["fit.flash"].seq]
+    assert all(r.holds == (r.fits and r.peak <= cap) for r in (*flash.values(), *plain.values()))

@@ -2,10 +2,12 @@
 defaults and at two other legal parameter sets (4 devices with the heads split over 4 chips and a GPT-2 step; 1 device
 with one MLP layer and no unsplit integer program), and the recorded values equal oracles worked out here: the
 planner's attention terms by hand (6·a·s²/t and 4·a·s/t bytes), the flash program's three custom calls, the step's
-DAG re-traced and priced by ``levers.order``'s simulator, the best update schedule by brute force over every
-schedule (up to 8 update units)."""
+DAG re-traced and priced by a live-bytes walk written here (not ``levers.order``'s simulator, which the code uses),
+the best update schedule by brute force over every schedule (up to 8 update units)."""
 
 from __future__ import annotations
+
+import itertools
 
 import pytest
 
@@ -31,20 +33,41 @@ def _check_attention(by, heads: int, seq: int, tensor: int) -> None:  # type: ig
     assert by[("levers.flash.temp_bytes.flash", "tpu")] > by[("levers.flash.temp_bytes.flash", "formula")]
 
 
+def live_peak(g: O.Graph, order: list[str] | tuple[str, ...]) -> int:
+    """The memory model of ``levers.order`` (its module note) walked here independently: an operator's counted outputs
+    are allocated when it runs (the peak is taken then), and a counted tensor that is not a graph output is freed
+    once the operator that reads or writes it last in ``order`` has run."""
+    pos = {n: i for i, n in enumerate(order)}
+    size = {t: b for op in g.ops for t, b in op.outputs}
+    counted = {t for t in size if g.count_outputs or t not in g.outputs}
+    last: dict[str, int] = {}
+    for op in g.ops:
+        for t in (*op.inputs, *(t for t, _ in op.outputs)):
+            if t in counted and t not in g.outputs:
+                last[t] = max(last.get(t, -1), pos[op.name])
+    ops = {op.name: op for op in g.ops}
+    live = peak = 0
+    for i, name in enumerate(order):
+        live += sum(b for t, b in ops[name].outputs if t in counted)
+        peak = max(peak, live)
+        live -= sum(size[t] for t, at in last.items() if at == i)
+    return peak
+
+
 def _check_step(by, p: MemoryParams, tpu: bool = True) -> None:  # type: ignore[no-untyped-def]
-    step = G.trace_step(p)  # the oracle: the same step traced here, priced by levers.order's simulator
-    assert by[("levers.roam.nodes", "formula")] == len(step.graph.ops)
-    assert by[("levers.roam.peak_bytes.program", "formula")] == O.peak(step.graph).peak
+    step = G.trace_step(p)  # the same step traced here, priced by the walk above
+    program = [op.name for op in step.graph.ops]
+    assert by[("levers.roam.peak_bytes.program", "formula")] == live_peak(step.graph, program)
     ilp = by[("levers.roam.peak_bytes.ilp", "formula")]
-    assert ilp <= by[("levers.roam.peak_bytes.greedy", "formula")] and ilp <= O.peak(step.graph).peak
+    assert ilp <= live_peak(step.graph, program)
     up = U.plan(step)
     for choice in ("eager", "end"):
         assert by[(f"levers.update_schedule.peak_bytes.{choice}", "formula")] == \
-            U.peak_of(step, up, U.uniform(up, choice))
+            live_peak(step.graph, U.order_for(up, U.uniform(up, choice)))
     best = by[("levers.update_schedule.peak_bytes.best", "formula")]
-    if len(up.params) <= 8:  # every one of the 2^P schedules simulated (4096 for a GPT-2 block: seconds)
-        assert best == U.brute_force(step, up).peak
-    assert best <= min(U.peak_of(step, up, U.uniform(up, c)) for c in ("eager", "end"))
+    if len(up.params) <= 8:  # every one of the 2^P schedules, each priced by the walk above
+        assert best == min(live_peak(step.graph, U.order_for(up, dict(zip(up.params, c, strict=True))))
+                           for c in itertools.product(("eager", "end"), repeat=len(up.params)))
     assert by[("levers.roam.peak_bytes.xla", "hlo")] > 0
     assert ("levers.roam.solve_s.split", "timer") in by
     if tpu:
@@ -62,8 +85,11 @@ def test_notebook_08b_defaults(run_notebook) -> None:  # type: ignore[no-untyped
     assert not record["skipped"]
     assert not any(name.startswith("levers.flash.seq_max_fit") for name, _ in by)  # full size only
     checks = {c["name"] for c in record["checks"]}
-    assert {"levers.roam.ilp_equals_brute_force", "levers.flash.verdicts07: every checked or inferred flash verdict "
-            "of the planner agrees", "exercise.5.answer_key"} <= checks
+    assert {"levers.roam.ilp_equals_brute_force", "exercise.5.answer_key"} <= checks
+    # the checks on the full-size results are made only when they are measured (full_size=True): on the cache they
+    # could not fail (tests/test_memory_flash.py checks the cache against the same rules)
+    assert not any(c.startswith(("levers.flash.sweep", "levers.flash.seq_max_fit", "levers.flash.undercount",
+                                 "levers.roam.gpt2")) for c in checks)
 
 
 @pytest.mark.notebook

@@ -88,10 +88,13 @@ def main() -> None:
             results[k] = r = pv.check(case)
             print(f"{k:24s} compiler fits={r.compiler_fits} planner(no flash) fits={r.planner_no_flash_fits} "
                   f"{r.compile_s:6.1f} s {r.message}", flush=True)
-        if a.only and path.exists():  # merge into the existing cache
-            cached, _ = pv.load_holdout() if holdout else pv.load_matrix()
+        source = _source(f"python tools/scale_full_size.py {a.what}" + (f" --only {' '.join(a.only)}" if a.only
+                                                                         else ""), started)
+        if a.only and path.exists():  # merge into the cache, keeping how the other rows were measured
+            cached, old = pv.load_holdout() if holdout else pv.load_matrix()
+            source = {**old, "added": [*old.get("added", []), {"rows": sorted(results), **source}]}
             results = {**cached, **results}
-        save_results(results, path, **_source(f"python tools/scale_full_size.py {a.what}", started))
+        save_results(results, path, **source)
         print("wrote", path)
 
 

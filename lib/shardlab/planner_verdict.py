@@ -48,6 +48,8 @@ the attention traced here has no flash kernel, so the no-flash column is the one
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -151,9 +153,28 @@ class VerdictCase(Case):
     def compile_options(self) -> dict[str, Any]:
         return {"donate": self.donate}
 
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mesh: xs.Mesh,
+                  spec: tuple[Any, ...]) -> torch.Tensor:
+        """The attention core of one layer: q, k, v [B, a, S, hd] (K/V already expanded to a heads, sharded
+        ``spec``) -> [B, a, S, hd]. Plain causal softmax attention, the softmax in fp32: the [B, a, S, S] scores
+        exist in the program. A subclass may swap the kernel (``memory.full_size.FlashVerdictCase``)."""
+        b, a, s, hd = q.shape
+        scores = torch.einsum("bash,bath->bast", q, k) / math.sqrt(hd)  # [B, a, S, S]
+        causal = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
+        pr = torch.softmax(scores.masked_fill(~causal, float("-inf")).float(), dim=-1).to(q.dtype)
+        return torch.einsum("bast,bath->bash", pr, v)  # [B, a, S, hd]
+
+    def tracing(self) -> contextlib.AbstractContextManager[Any]:
+        """A context the whole step is traced in (none here; a kernel that needs one says so)."""
+        return contextlib.nullcontext()
+
     def graph(self) -> Step:
         """One training step on this process's world: ``[loss, *new state]``, each parameter and AdamW state
         placeholder donated to its update."""
+        with self.tracing():
+            return self._step()
+
+    def _step(self) -> Step:
         p, m = self.p, self.model
         L, H, F, a, kvh, V = m.layers, m.hidden, m.ffn, m.heads, m.kv_heads, self.plan().padded_vocab
         hd = H // a
@@ -202,10 +223,8 @@ class VerdictCase(Case):
             rep = a // kvh  # GQA: each K/V head serves `rep` query heads
             k = k.transpose(1, 2)[:, :, None].expand(b, kvh, rep, s, hd).reshape(b, a, s, hd)
             v = v.transpose(1, 2)[:, :, None].expand(b, kvh, rep, s, hd).reshape(b, a, s, hd)
-            scores = torch.einsum("bash,bath->bast", q, k) / math.sqrt(hd)  # [B, a, S, S]
-            causal = torch.ones(s, s, dtype=torch.bool, device=x.device).tril()
-            pr = torch.softmax(scores.masked_fill(~causal, float("-inf")).float(), dim=-1).to(dt)
-            ctx = torch.einsum("bast,bath->bash", pr, v).transpose(1, 2).reshape(b, s, H)  # [B, S, H_tensor]
+            ctx = self.attention(q, k, v, mesh, (ba, "tensor", None, None))  # [B, a, S, hd]
+            ctx = ctx.transpose(1, 2).reshape(b, s, H)  # [B, S, H_tensor]
             x = x + torch.einsum("bsi,oi->bso", ann(ctx, (ba, None, "tensor")), w["o"])  # [B, S, H]
             h = _rmsnorm(x, w["ln2"])
             u = ann(torch.einsum("bsh,fh->bsf", h, w["up"]), (ba, None, "tensor"))  # [B, S, F_tensor]
@@ -343,20 +362,39 @@ def check(case: VerdictCase) -> PlannerCheck:
     res = PlannerCheck(case.config, c.topology, c.compile_s, case.donate, c.fits, flash.fits, no_flash.fits,
                        {"flash": flash.at_risk, "no_flash": no_flash.at_risk}, dict(flash.memory),
                        dict(no_flash.memory), get_topology(c.topology).hbm_bytes or flash.hbm_bytes)
+    return replace(res, **compiler_side(c))
+
+
+def compiler_side(c: TpuCompile) -> dict[str, Any]:
+    """The :class:`PlannerCheck` fields a compile gives (``compiler``, and for out of memory ``message``,
+    ``largest``, ``arguments_evaluated``): from the compiled program's memory, or from the out-of-memory message —
+    both forms (the capacity check's breakdown; one array larger than the chip: arguments not evaluated, the array
+    a lower bound of the program)."""
     if c.fits and c.memory is not None and c.hlo_text is not None:
         m = c.memory
         args = [x for x in entry_layout(c.hlo_text)[0] if x.dims]  # scalars: torch_xla's lifted constants
-        res.compiler = {"params": sum(x.nbytes for x in args if x.dtype == "bf16"),
-                        "optimizer": sum(x.nbytes for x in args if x.dtype == "f32"),
-                        "arguments": m.argument, "temp": m.checked_temp, "total": m.checked,
-                        "outputs": m.output, "alias": m.alias, "peak": m.peak, "temp_size": m.temp}
-    elif c.oom is not None:
+        return {"compiler": {"params": sum(x.nbytes for x in args if x.dtype == "bf16"),
+                             "optimizer": sum(x.nbytes for x in args if x.dtype == "f32"),
+                             "arguments": m.argument, "temp": m.checked_temp, "total": m.checked,
+                             "outputs": m.output, "alias": m.alias, "peak": m.peak, "temp_size": m.temp}}
+    if c.oom is not None:
         o = c.oom
-        res.message, res.arguments_evaluated = o.first_line, o.arguments_evaluated
-        res.compiler = {"arguments": o.arguments, "temp": o.program, "total": o.used,
-                        "fragmentation": o.fragmentation}
-        res.largest = [(b.size, b.shape, b.label) for b in o.buffers[:5]]
-    return res
+        return {"message": o.first_line, "arguments_evaluated": o.arguments_evaluated,
+                "compiler": {"arguments": o.arguments, "temp": o.program, "total": o.used,
+                             "fragmentation": o.fragmentation},
+                "largest": [(b.size, b.shape, b.label) for b in o.buffers[:5]]}
+    return {}
+
+
+COMPILE_FIELDS = ("config", "topology", "donated", "compiler_fits", "compiler", "message", "largest",
+                  "arguments_evaluated")  # what a compile decides (compile_s and the planner's side excluded)
+
+
+def compile_differences(live: PlannerCheck, cached: PlannerCheck) -> dict[str, tuple[Any, Any]]:
+    """``{field: (live, cached)}`` for every field a compile decides that differs (empty: the cache is what the
+    code produces). JSON round trip first, so tuples and lists compare equal."""
+    a, b = PlannerCheck.from_dict(json.loads(json.dumps(live.as_dict()))), cached
+    return {k: (getattr(a, k), getattr(b, k)) for k in COMPILE_FIELDS if getattr(a, k) != getattr(b, k)}
 
 
 # ------------------------------------------------------------------------------------------ notebook helpers
@@ -480,6 +518,11 @@ def _gib(x: float | None) -> str:
     return "–" if x is None else f"{x / GIB:.2f}"
 
 
+def _ratio(x: float | None, digits: int = 3) -> str:
+    """A ratio for the generated text; "–" where the compiler gave no number."""
+    return "–" if x is None else f"{x:.{digits}f}"
+
+
 def verdict_text(results: dict[str, PlannerCheck], holdout: dict[str, PlannerCheck] | None = None) -> str:
     """The numbers of notebook 07's "Reading the verdicts", generated from the compiles (Markdown)."""
     agree = sum(r.agrees() for r in results.values())
@@ -488,7 +531,8 @@ def verdict_text(results: dict[str, PlannerCheck], holdout: dict[str, PlannerChe
                        f"({r.total / sum(r.planner_no_flash.values()):.3f})" for k, r in near.items())
     state = [x["ratio"] for r in results.values() for x in r.rows()[:2] if x["ratio"] is not None]
     lower = {k: r for k, r in results.items() if not r.arguments_evaluated}
-    temp = [x["ratio_no_flash"] for r in lower.values() for x in r.rows() if x["term"].startswith("grads +")]
+    temp = [x["ratio_no_flash"] for r in lower.values() for x in r.rows()
+            if x["term"].startswith("grads +") and x["ratio_no_flash"] is not None]
     frag = "; ".join(f"{k}: {_gib(r.compiler.get('fragmentation'))} of its {_gib(r.compiler.get('temp'))} GiB "
                      "program" for k, r in near.items() if r.compiler.get("fragmentation"))
     over = "; ".join(f"{k} by {(r.total - r.capacity_bytes) / 2**20:.0f} MiB" for k, r in near.items()
@@ -510,14 +554,16 @@ def verdict_text(results: dict[str, PlannerCheck], holdout: dict[str, PlannerChe
 
 
 def holdout_text(holdout: dict[str, PlannerCheck]) -> str:
-    """One line per held-out compile: verdicts and the total, compiler / planner (no flash)."""
+    """One line per held-out compile: verdicts and the total, compiler / planner (no flash); "–" where the
+    compiler gave no number."""
     rows = []
     for k, r in holdout.items():
-        temp = next(x for x in r.rows() if x["term"].startswith("grads +"))
+        by_term = {x["term"].split(" ", 1)[0]: x for x in r.rows()}
+        total, temp = by_term["total"], by_term["grads"]
         at_least = "" if r.arguments_evaluated else "≥ "  # the program alone: a lower bound
         rows.append(f"{k}: verdicts {'agree' if r.agrees() else 'DISAGREE'}, total {at_least}{_gib(r.total)} vs "
-                    f"{_gib(sum(r.planner_no_flash.values()))} GiB (compiler / planner {at_least}"
-                    f"{r.total / sum(r.planner_no_flash.values()):.3f}; temporaries {temp['ratio_no_flash']:.2f})")
+                    f"{_gib(total['planner_no_flash'])} GiB (compiler / planner {at_least}"
+                    f"{_ratio(total['ratio_no_flash'])}; temporaries {_ratio(temp['ratio_no_flash'], 2)})")
     return "- Held out from the fit: " + "; ".join(rows) + "."
 
 

@@ -1,5 +1,6 @@
-"""``python -m shardlab.memory flash|roam``: measure notebook 08b's full-size results and write their cache
-(``shardlab.memory.full_size``), in a one-device world: every full-size program compiles in this process."""
+"""``python -m shardlab.memory flash|roam|verdict``: measure notebook 08b's full-size results and write their cache
+(``shardlab.memory.full_size``), in a world of the devices each needs (flash, roam: one; verdict: notebook 07's
+8-chip step) so that every full-size program compiles in this process."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from shardlab import runtime
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("what", choices=("flash", "roam"))
+    ap.add_argument("what", choices=("flash", "roam", "verdict"))
     what = ap.parse_args().what
-    runtime.setup(num_devices=1)
+    runtime.setup(num_devices=8 if what == "verdict" else 1)  # = full_size.WHAT (not imported before setup)
     # after setup: full_size imports torch_xla, which must see the device count first (the ordering rule)
     from shardlab.memory import full_size
 

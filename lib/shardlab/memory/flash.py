@@ -31,8 +31,15 @@ What is compared (per chip, bytes):
 - ``largest`` — the largest arrays of the compiled program (entry computation and loop bodies; from the
   out-of-memory message when it does not fit), with the s × s ones marked.
 
-:func:`seq_max_fit` finds the longest sequence (a multiple of ``step``) for which ``fits(s)`` holds — one compile
-per probe — by doubling then bisection.
+**Fits** means the chip holds the program's peak: arguments + outputs that are not donated + temporaries
+(``TpuMemory.peak``) within the capacity the compiler states (:attr:`AttentionMemory.holds`). XLA:TPU's own capacity
+check counts arguments + temporaries, not outputs (``AttentionMemory.fits``): here nothing is donated, so O, dQ,
+dK, dV come on top of what it checked. :func:`seq_max_fit` finds the longest sequence (a multiple of ``step``) for
+which ``fits(s)`` holds — one compile per probe — by doubling then bisection.
+
+:func:`square_arrays` sorts the s × s arrays the program writes by dtype and by whether a ``broadcast`` wrote them
+(XLA:TPU's lowering of plain attention materialises f32 [a, s, s] broadcasts of a scalar and of the softmax's row
+vectors — arrays the planner's terms have no reason to count).
 
 Example (the planner's terms for Llama 3 8B's attention at s = 8192, one chip)::
 
@@ -154,6 +161,14 @@ class AttentionMemory:
     compile_s: float = 0.0
     custom_calls: int = 0  # tpu_custom_call instructions in the program (3 with flash: fwd, dq, dk/dv)
     message: str = ""  # the compiler's first line when it ran out of memory
+    capacity: int = 0  # the HBM bytes the compiler says one chip has (v5e: 15.75 GiB)
+    squares: dict[str, int] = field(default_factory=dict)  # square_arrays(): "<dtype> broadcast|computed" -> bytes
+
+    @property
+    def holds(self) -> bool:
+        """The chip holds the program's peak (arguments + outputs not donated + temporaries) — stricter than
+        ``fits``, the compiler's capacity check (arguments + temporaries)."""
+        return self.fits and self.peak is not None and 0 < self.capacity and self.peak <= self.capacity
 
     @property
     def square_bytes(self) -> int:
@@ -189,6 +204,24 @@ def largest_arrays(module: HloModule, seq: int, k: int = 5) -> list[Buffer]:
     return sorted(rows, key=lambda r: (-r.nbytes, r.label))[:k]
 
 
+def square_arrays(module: HloModule, seq: int) -> dict[str, int]:
+    """Bytes of the s × s arrays the program's scheduled code writes (entry and loop bodies; renames skipped),
+    by ``"<dtype> broadcast"`` (written by a ``broadcast`` of a lower-rank value: a scalar, a row vector, the mask)
+    or ``"<dtype> computed"``. A sum over the program, not what is live at once."""
+    scheduled = {module.entry} | {w.body for w in module.while_loops} if module.while_loops else {module.entry}
+    out: dict[str, int] = {}
+    for comp in scheduled:
+        for name in module.computations.get(comp, []):
+            ins = module.instructions[name]
+            if ins.opcode in ALIAS_OPCODES:
+                continue
+            for arr in ins.shape or []:
+                if _square(str(arr), seq):
+                    key = f"{arr.dtype} {'broadcast' if ins.opcode == 'broadcast' else 'computed'}"
+                    out[key] = out.get(key, 0) + arr.nbytes
+    return dict(sorted(out.items()))
+
+
 def attention_config(p: MemoryParams, kernel: str) -> dict[str, Any]:
     """The attention core's sizes as a row's ``config`` records them."""
     return {"kernel": kernel, "seq": p.seq, "heads": p.heads, "kv_heads": p.kv_heads, "head_dim": p.head_dim,
@@ -204,31 +237,38 @@ def memory_row(p: MemoryParams, kernel: str, c: TpuCompile, k: int = 5) -> Atten
         m = c.memory
         calls = c.hlo_text.count('custom_call_target="tpu_custom_call"') if c.hlo_text else 0
         return AttentionMemory(config, c.topology, True, m.checked_temp, m.argument, m.output, m.peak, formula,
-                               largest_arrays(c.module, p.seq, k), c.compile_s, calls)
+                               largest_arrays(c.module, p.seq, k), c.compile_s, calls, capacity=m.capacity,
+                               squares=square_arrays(c.module, p.seq))
     o = c.oom
     if o is None:
         raise ValueError(f"the compile for {c.topology} neither fits nor reports out of memory")
     buffers = [Buffer(b.size, re.sub(r"\{.*", "", b.shape), b.label.split(" = ", 1)[0], _square(b.shape, p.seq))
                for b in o.buffers[:k]]
     return AttentionMemory(config, c.topology, False, o.program or o.used, o.arguments, o.outputs, o.used, formula,
-                           buffers, c.compile_s, 0, o.first_line[:300])
+                           buffers, c.compile_s, 0, o.first_line[:300], capacity=o.capacity)
+
+
+CRITERIA = ("peak", "check")  # the chip holds the peak (AttentionMemory.holds) / the compiler's check passes (fits)
 
 
 @dataclass
 class SeqFit:
-    """The longest sequence that compiled within the chip's HBM, and every probe on the way."""
+    """The longest sequence that fits one chip by ``criterion``, and every probe on the way."""
 
     kernel: str
     seq: int  # 0 when not even `step` fits
     step: int
     probes: list[tuple[int, bool]]  # (seq, fits) in the order compiled
+    criterion: str = "peak"  # "peak": peak <= capacity; "check": XLA:TPU's capacity check (arguments + temporaries)
+    peaks: dict[int, int] = field(default_factory=dict)  # seq -> the program's peak bytes (or the OOM's "used")
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SeqFit:
-        return cls(d["kernel"], d["seq"], d["step"], [(int(s), bool(f)) for s, f in d["probes"]])
+        return cls(d["kernel"], d["seq"], d["step"], [(int(s), bool(f)) for s, f in d["probes"]],
+                   d.get("criterion", "check"), {int(s): int(b) for s, b in d.get("peaks", {}).items()})
 
 
 def seq_max_fit(fits: Callable[[int], bool], kernel: str = "flash", step: int = FLASH_BLOCK,
@@ -278,9 +318,16 @@ def table(rows: Sequence[AttentionMemory]) -> list[dict[str, Any]]:
     gib = 2**30
     out = []
     for r in rows:
-        out.append({"seq": r.config["seq"], "kernel": r.config["kernel"],
-                    "fits": "yes" if r.fits else "no: one array exceeds HBM" if "would exceed memory" in r.message
-                    else f"no: uses {(r.peak or 0) / gib:.2f} GiB",
+        if r.holds:
+            verdict = "yes"
+        elif r.fits:
+            verdict = f"no: peak {(r.peak or 0) / gib:.2f} GiB (the compiler's check passes)"
+        elif "would exceed memory" in r.message:
+            verdict = "no: one array exceeds HBM"
+        else:
+            verdict = f"no: uses {(r.peak or 0) / gib:.2f} GiB"
+        out.append({"seq": r.config["seq"], "kernel": r.config["kernel"], "fits": verdict,
+                    "peak GiB": None if r.peak is None or not r.fits else round(r.peak / gib, 3),
                     "temporaries GiB (XLA:TPU)": round(r.temp / gib, 3), "planner GiB": round(r.formula / gib, 4),
                     "compiler / planner": round(r.temp / r.formula, 2) if r.formula else None,
                     "largest s×s GiB": round(r.square_bytes / gib, 3),

@@ -8,17 +8,22 @@ were measured) unless it runs with ``full_size=True``, which calls the same func
 
 Usage (run from the repository; writes the cache, prints one line per result; ``shardlab.memory.__main__``)::
 
-    python -m shardlab.memory flash   # attention 1k ... 32k, flash and plain (+ bf16 softmax at 4k, 8k),
-                                                 # the longest sequence per kernel, the two fixes shown needed
+    python -m shardlab.memory flash   # attention 1k ... 32k, flash and plain (+ bf16 softmax at 4k, 8k; 8k
+                                                 # without rematerialization), the longest sequence per kernel
+                                                 # (peak held, and the compiler's check), the two fixes shown needed
     python -m shardlab.memory roam              # GPT-2 small block (1 and 2 blocks): ROAM, XLA:CPU, XLA:TPU, the
                                                  # update schedules; solve time vs graph size; notebook 08's update
 
-``data/memory/verdict_flash.json`` (notebook 07's Llama 3 8B step on v6e-8 compiled with the flash kernel) is not
-written here: notebook 07's traced step has no flash variant yet; its ``_source`` names the script that compiled it.
+    python -m shardlab.memory verdict           # notebook 07's Llama 3 8B step on v6e-8 with the flash kernel
+                                                 # (8 devices; ~17 minutes of XLA:TPU on 2 cores)
+
+``verdict`` compiles :class:`FlashVerdictCase` — notebook 07's ``planner_verdict.VerdictCase`` step with torch_xla's
+flash kernel in place of its softmax attention — and writes ``data/memory/verdict_flash.json``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import time
@@ -37,7 +42,8 @@ from shardlab.memory import case as C
 from shardlab.memory import flash, pallas_tpu
 from shardlab.memory.params import GPT2_SMALL_BLOCK, LLAMA3_8B_ATTENTION, MemoryParams
 from shardlab.params import LeversParams
-from shardlab.planner_verdict import PlannerCheck
+from shardlab.planner import PlanConfig
+from shardlab.planner_verdict import PlannerCheck, VerdictCase
 from shardlab.profile import tpu
 from shardlab.result_files import load_results, save_results
 
@@ -49,6 +55,7 @@ SEQS = (1024, 2048, 4096, 8192, 16384, 32768)  # the flash table's sequence leng
 RECORDED_SEQ = 8192  # the sequence whose temporaries the full-size run records (levers.flash.temp_bytes.*)
 BF16_SOFTMAX_SEQS = (4096, 8192)  # plain attention with its softmax in bf16 (the planner's e bytes throughout)
 FIT_START = {"flash": 65536, "plain": 4096}  # seq_max_fit's first probe per kernel (fewer compiles)
+REMAT_SEQ = 8192  # plain attention compiled again with XLA's rematerialization pass disabled (its OOM figure)
 UNSPLIT_LIMIT_S = 120.0  # the unsplit integer program's limit on the GPT-2 block
 SIZES_UNSPLIT_LIMIT_S = 60.0  # ... on the smaller graphs of the solve-time curve
 SIZES = {  # the solve-time curve: graph -> step sizes (the unsplit ILP only on the first three)
@@ -118,7 +125,9 @@ def fixes(p: MemoryParams) -> Fixes:
 
 def flash_results(p: MemoryParams) -> dict[str, Any]:
     """Llama 3 8B attention on one chip: both kernels at :data:`SEQS`, plain with a bf16 softmax at
-    :data:`BF16_SOFTMAX_SEQS`, the longest sequence per kernel, and the fixes (about 30 compiles)."""
+    :data:`BF16_SOFTMAX_SEQS`, plain at :data:`REMAT_SEQ` with the rematerialization pass disabled, the longest
+    sequence per kernel by both criteria (``fit.*``: the chip holds the peak; ``fit_check.*``: XLA:TPU's capacity
+    check), and the fixes (about 45 compiles)."""
     q = attention_params(p)
     out: dict[str, Any] = {"fixes": fixes(q)}
     for row in C.sweep(q, list(SEQS)):
@@ -127,8 +136,14 @@ def flash_results(p: MemoryParams) -> dict[str, Any]:
         row = C.attention_row(replace(q, seq=s, softmax_fp32=False), "plain")
         if row is not None:
             out[f"plain_bf16.{s}"] = row
+    noremat = harness.tpu(C.AttentionCase(replace(q, seq=REMAT_SEQ), "plain"), q.generation,
+                          disable_passes=("rematerialization",))
+    row = C.attention_row(replace(q, seq=REMAT_SEQ), "plain", noremat)
+    if row is not None:
+        out[f"plain_noremat.{REMAT_SEQ}"] = row
     for k in flash.KERNELS:
-        out[f"fit.{k}"] = C.seq_max_fit(q, k, start=FIT_START[k])
+        out[f"fit.{k}"] = C.seq_max_fit(q, k, start=FIT_START[k])  # the chip holds the peak
+        out[f"fit_check.{k}"] = C.seq_max_fit(q, k, start=FIT_START[k], criterion="check")  # the compiler's check
     return out
 
 
@@ -282,8 +297,48 @@ class FlashVerdict:
 
 
 def load_verdicts(path: Path = VERDICT_FILE) -> tuple[dict[str, FlashVerdict], dict[str, Any]]:
-    return load_results(path, FlashVerdict.from_dict, "notebook 07's step has no flash variant in the library: see "
-                        "the file's _source")
+    return load_results(path, FlashVerdict.from_dict, "run python -m shardlab.memory verdict")
+
+
+@dataclass(frozen=True)
+class FlashVerdictCase(VerdictCase):
+    """Notebook 07's training step (``planner_verdict.VerdictCase``) with torch_xla's flash kernel as its attention:
+    ``flash_attention(q, k, v, causal=True, sm_scale=1/√hd)`` on the [B, a, S, hd] heads, ``partition_spec`` the
+    heads' sharding (batch over data·fsdp, heads over tensor), the whole step traced inside
+    :func:`~shardlab.memory.pallas_tpu.pallas_for_tpu_compile` (no [B, a, S, S] array in the program)."""
+
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mesh: Any,
+                  spec: tuple[Any, ...]) -> torch.Tensor:
+        return flash_attention(q, k, v, causal=True, sm_scale=q.shape[-1] ** -0.5, partition_spec=spec, mesh=mesh)
+
+    def tracing(self) -> contextlib.AbstractContextManager[Any]:
+        return pallas_tpu.pallas_for_tpu_compile(active=runtime.current().kind != "tpu")
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return {**super().config, "attention": "flash"}
+
+
+VERDICT_PLAN = PlanConfig("llama-3-8b", "v6e-8", fsdp=8, global_batch=8, seq=8192)  # 07's matrix row, full recompute
+
+
+def flash_verdict(p: PlanConfig = VERDICT_PLAN) -> FlashVerdict:
+    """Compile :class:`FlashVerdictCase` of the plan ``p`` (the harness's TPU view) and read its per-chip bytes."""
+    case = FlashVerdictCase(p)
+    view = harness.tpu(case, case.generation)
+    if not view.ran:
+        raise ValueError(f"{p.topology}: {view.skipped}")
+    c = view.detail
+    cap = tpu.get_topology(c.topology).hbm_bytes or case.plan().hbm_bytes
+    mesh = [p.data, p.fsdp, p.tensor]
+    if c.fits and c.memory is not None:
+        m = c.memory
+        calls = c.hlo_text.count('custom_call_target="tpu_custom_call"') if c.hlo_text else 0
+        return FlashVerdict(case.model.name, c.topology, mesh, p.global_batch, p.seq, p.recompute, True, m.checked,
+                            m.checked_temp, m.argument, cap, calls, c.compile_s)
+    o = c.oom
+    return FlashVerdict(case.model.name, c.topology, mesh, p.global_batch, p.seq, p.recompute, False, o.used,
+                        o.program or 0, o.arguments or 0, cap, 0, c.compile_s)
 
 
 def _verdict(fits: bool, at_risk: bool) -> str:
@@ -338,16 +393,21 @@ def flash_verdicts(checks: dict[str, PlannerCheck], compiled: dict[str, FlashVer
 
 
 # ------------------------------------------------------------------------------------------------------- tool
+WHAT = {"flash": 1, "roam": 1, "verdict": 8}  # what `python -m shardlab.memory` measures -> the devices it needs
+
+
 def write(what: str) -> Path:
-    """Measure ``what`` ("flash" or "roam") in this process and write its cache file (``python -m shardlab.memory``)."""
+    """Measure ``what`` (:data:`WHAT`) in this process and write its cache file (``python -m shardlab.memory``)."""
     p = MemoryParams(num_devices=runtime.current().num_devices).validate()
     started = time.time()
     if what == "flash":
         results, path = flash_results(p), FLASH_FILE
     elif what == "roam":
         results, path = roam_results(p), ROAM_FILE
+    elif what == "verdict":
+        results, path = {f"{VERDICT_PLAN.model}.{VERDICT_PLAN.topology}": flash_verdict()}, VERDICT_FILE
     else:
-        raise ValueError(f"what={what!r} must be 'flash' or 'roam'")
+        raise ValueError(f"what={what!r} must be one of {WHAT}")
     for k, r in results.items():
         print(k, flash.table([r])[0] if isinstance(r, flash.AttentionMemory) else r.as_dict(), flush=True)
     source = {"command": f"python -m shardlab.memory {what}",

@@ -127,10 +127,14 @@ class OutOfMemory:
     output_listed: int | None = None  # "Output size ...", as listed (not counted by the check)
     shared_with_arguments: int | None = None  # "... shares X with arguments" (donated outputs)
     fragmentation: int | None = None  # HLO temp lost to fragmentation, as listed
+    single_allocation: bool = False  # "Allocation (size=N) would exceed memory": one array, before the heap check
 
     @property
     def arguments_evaluated(self) -> bool:
-        """False when the compiler stopped at the program: it lists "arguments 0B" then, whatever they are."""
+        """False when the compiler stopped at the program: it lists "arguments 0B" then, whatever they are, or it
+        stopped at one array larger than the chip (no breakdown at all)."""
+        if self.single_allocation:
+            return False
         return bool(self.breakdown.get("arguments")) or self.breakdown.get("program", 0) < self.capacity
 
     @property
@@ -145,8 +149,9 @@ class OutOfMemory:
 
     @property
     def program(self) -> int | None:
-        """The program's HBM requirement (temporaries, fragmentation included)."""
-        return self.breakdown.get("program")
+        """The program's HBM requirement (temporaries, fragmentation included); for one array larger than the chip,
+        that array (a lower bound: the compiler stopped there)."""
+        return self.used if self.single_allocation else self.breakdown.get("program")
 
     def __str__(self) -> str:
         gib = 1024**3
@@ -154,13 +159,19 @@ class OutOfMemory:
 
     @property
     def first_line(self) -> str:
-        """The compiler's one-line verdict ("RESOURCE_EXHAUSTED: ... Exceeded hbm capacity by ...")."""
+        """The compiler's one-line verdict ("RESOURCE_EXHAUSTED: ... Exceeded hbm capacity by ...", or
+        "RESOURCE_EXHAUSTED: Allocation (size=N) would exceed memory (size=M) :: ... tag = '...']")."""
+        if self.single_allocation:
+            a = _ALLOCATION_LINE.search(self.message)
+            if a:
+                return a.group(0)
         return next((ln for ln in self.message.splitlines() if "Ran out of memory" in ln),
                     self.message.split("\n", 1)[0])
 
 
 _ALLOCATION = re.compile(r"RESOURCE_EXHAUSTED: Allocation \(size=(\d+)\) would exceed memory \(size=(\d+)\)"
                          r"(?:.*?shape = '([^']*)')?(?:.*?tag = '([^']*)')?", re.S)
+_ALLOCATION_LINE = re.compile(r"RESOURCE_EXHAUSTED: Allocation \(size=\d+\) would exceed memory[^\n]*?tag = '[^']*'\]")
 
 
 def parse_oom(message: str) -> OutOfMemory | None:
@@ -168,12 +179,15 @@ def parse_oom(message: str) -> OutOfMemory | None:
 
     Two forms: the capacity check ("Used X of Y hbm. Exceeded hbm capacity by Z.", with the largest buffers), and
     one array alone larger than the chip, raised before the heap simulation ("Allocation (size=N) would exceed
-    memory (size=M) :: ... shape = '...' ... tag = '...'": then ``used`` is that one array, a lower bound).
+    memory (size=M) :: ... shape = '...' ... tag = '...'": then ``used`` and ``program`` are that one array, a
+    lower bound, and the arguments were not evaluated).
 
     >>> o = parse_oom("RESOURCE_EXHAUSTED: Allocation (size=8) would exceed memory (size=4) :: #a [shape = "
     ...               "'bf16[2,2]{1,0}', space=hbm, size = 0x1, tag = 'output of fusion.1'] :: x")
     >>> o.used, o.capacity, o.exceeded, o.buffers[0].shape, o.buffers[0].label
     (8, 4, 4, 'bf16[2,2]{1,0}', 'fusion.1')
+    >>> o.program, o.arguments_evaluated, o.arguments
+    (8, False, None)
     """
     m = re.search(rf"Used {_SIZE} of {_SIZE} hbm\. Exceeded hbm capacity by {_SIZE}\.", message)
     if "RESOURCE_EXHAUSTED" not in message:
@@ -184,7 +198,8 @@ def parse_oom(message: str) -> OutOfMemory | None:
             return None
         size, capacity = int(a.group(1)), int(a.group(2))
         label = (a.group(4) or "").removeprefix("output of ")
-        return OutOfMemory(size, capacity, size - capacity, {}, [OomBuffer(size, a.group(3) or "", label)], message)
+        return OutOfMemory(size, capacity, size - capacity, {}, [OomBuffer(size, a.group(3) or "", label)], message,
+                           single_allocation=True)
     used, cap, exc = (parse_size(m.group(i) + m.group(i + 1)) for i in (1, 3, 5))
     breakdown = {}
     tm = re.search(r"Total hbm usage >= .*?\n((?:[ \t]+\w+[ \t]+.*\n)+)", message)
