@@ -288,6 +288,10 @@ def layout(cfg: InspectConfig) -> Layout:
     params = M.parameters(model, path)
     specs, origins = S.resolve(params, cfg.rules, cfg.tensor, cfg.fsdp, cfg.mesh_dict, cfg.strict)
     n_layers = len(model.get_submodule(path))
+    if cfg.layers != "loop":
+        why = M.scan_refusal(hf, params)
+        if why:
+            raise M.ModelInputError(f"layers={cfg.layers!r}: {why}; use layers='loop'")
     stacked: dict[str, list[str]] = {}
     for p in params:
         if p.layer is not None:

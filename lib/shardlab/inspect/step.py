@@ -65,21 +65,34 @@ def output_kinds(cfg: InspectConfig) -> list[tuple[str, str]]:
     return [(name, k) for name, _, _ in lay.trained(cfg.layers == "scan") for k in KINDS]
 
 
-class LayerStack(nn.ModuleList):
-    """The decoder layers, as HF's model sees them: ``self.layers[:n]`` and ``iter(self.layers)`` give one runner
-    that runs every layer (``named_parameters`` and indexing by int still see the real layers)."""
+class Runner:
+    """What HF's decoder loop calls in place of a layer: a function with the layer attributes the loop reads
+    (``attention_type``: transformers 4.57 picks each layer's mask by it, ``causal_mask_mapping[...]``)."""
 
-    def __init__(self, layers: nn.ModuleList, runner: Callable[..., Any]) -> None:
+    def __init__(self, fn: Callable[..., Any], like: nn.Module) -> None:
+        self.fn = fn
+        self.attention_type = getattr(like, "attention_type", "full_attention")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+
+class LayerStack(nn.ModuleList):
+    """The decoder layers, as HF's model sees them: ``self.layers[:n]`` and ``iter(self.layers)`` give the runners
+    (one that runs every layer for the scans, one per layer for the loop); ``named_parameters`` and indexing by
+    int still see the real layers."""
+
+    def __init__(self, layers: nn.ModuleList, runners: list[Runner]) -> None:
         super().__init__(list(layers))
-        object.__setattr__(self, "_runner", runner)
+        object.__setattr__(self, "_runners", runners)
 
     def __getitem__(self, idx: int | slice) -> Any:
         if isinstance(idx, slice):
-            return [self._runner]
+            return list(self._runners)
         return super().__getitem__(idx)
 
     def __iter__(self) -> Iterator[Any]:
-        return iter([self._runner])
+        return iter(self._runners)
 
 
 class _Call:
@@ -105,18 +118,23 @@ class _Call:
         self.mask_dtype = next((x.dtype for x, k in zip(leaves, self.kind, strict=True) if k == "mask"), None)
         self.seq, self.window, self.device = seq, window, device
 
-    def join(self, carried: tuple[Any, ...], stacked: list[Any]) -> tuple[Any, dict[str, Any]]:
+    def join(self, carried: tuple[Any, ...], stacked: list[Any], window: Any = None) -> tuple[Any, dict[str, Any]]:
+        """The layer's arguments; ``window``: this layer's window as a 0-d tensor (layers with different windows),
+        else the call's constant window."""
         c, s = iter(carried), iter(stacked)
-        mask = causal_mask(self.seq, self.mask_dtype, self.window, self.device) if self.mask_dtype else None
+        w = self.window if window is None else window
+        mask = causal_mask(self.seq, self.mask_dtype, w, self.device) if self.mask_dtype else None
         leaves = [next(c) if k == "carry" else next(s) if k == "stack" else mask if k == "mask" else x
                   for x, k in zip(self.const, self.kind, strict=True)]
         return tree_unflatten(leaves, self.spec)
 
 
-def causal_mask(seq: int, dtype: torch.dtype, window: int | None, device: torch.device) -> torch.Tensor:
+def causal_mask(seq: int, dtype: torch.dtype, window: int | torch.Tensor | None,
+                device: torch.device) -> torch.Tensor:
     """HF's additive causal mask ``[1, 1, s, s]``: 0 where query q may see key k (k <= q, and k > q - window with a
     sliding window), the dtype's minimum elsewhere (``masking_utils``: ``causal_mask_function``,
-    ``sliding_window_overlay``, ``torch.where(mask, 0, min)``)."""
+    ``sliding_window_overlay``, ``torch.where(mask, 0, min)``). ``window`` may be a 0-d integer tensor (a scanned
+    layer's own window; ``seq`` or more = no window)."""
     q = torch.arange(seq, device=device)[:, None]  # [s, 1]
     k = torch.arange(seq, device=device)[None, :]  # [1, s]
     allowed = k <= q
@@ -127,41 +145,68 @@ def causal_mask(seq: int, dtype: torch.dtype, window: int | None, device: torch.
     return torch.where(allowed, zero, low)[None, None]  # [1, 1, s, s]
 
 
+class _Shared:
+    """What the traced layer saw, kept by reference through ``scan_layers``' ``deepcopy`` of the first layer."""
+
+    tuple_out = False
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Shared:
+        return self
+
+
 class _Carried(nn.Module):
     """One HF layer as ``scan_layers`` wants it: ``forward(hidden, *carried) -> (hidden', *carried)``; the stacked
     arguments are this wrapper's buffers (``scan_layers`` stacks buffers like weights)."""
 
-    def __init__(self, layer: nn.Module) -> None:
+    def __init__(self, layer: nn.Module, seen: _Shared) -> None:
         super().__init__()
         self.layer = layer
+        object.__setattr__(self, "seen", seen)
 
-    def set_call(self, call: _Call) -> None:
+    def set_call(self, call: _Call, window: int | None = None) -> None:
+        """``window``: this layer's own window when the layers' windows differ (a buffer: stacked per layer)."""
         object.__setattr__(self, "call", call)
         for i, t in enumerate(call.stacked):
             self.register_buffer(f"arg{i}", t, persistent=False)
+        if window is not None:
+            self.register_buffer("window", torch.tensor(window, device=call.device), persistent=False)
 
     def forward(self, hidden: torch.Tensor, *carried: torch.Tensor) -> tuple[torch.Tensor, ...]:
         call: _Call = self.call  # type: ignore[attr-defined]
-        args, kwargs = call.join(carried, [getattr(self, f"arg{i}") for i in range(len(call.stacked))])
+        args, kwargs = call.join(carried, [getattr(self, f"arg{i}") for i in range(len(call.stacked))],
+                                 getattr(self, "window", None))
         out = self.layer(hidden, *args, **kwargs)
+        self.seen.tuple_out = isinstance(out, tuple)  # Gemma 2, GPT-2, GPT-NeoX: (hidden, ...)
         return (out[0] if isinstance(out, tuple) else out, *carried)
 
 
+def _one_window(windows: list[int | None], seq: int) -> tuple[int | None, list[int] | None]:
+    """``(the window every layer shares, None)``, or ``(None, per-layer windows)`` when they differ (Gemma 2,
+    gpt-oss: sliding and full layers alternate; ``seq`` stands for no window)."""
+    if len(set(windows)) <= 1:
+        return (windows[0] if windows else None), None
+    return None, [seq if w is None else w for w in windows]
+
+
 def _scan_runner(template: nn.Module, stacked: dict[str, torch.Tensor], partition: Callable[..., Any] | None, seq: int,
-                 window: int | None, num_layers: int) -> Callable[..., Any]:
+                 windows: list[int | None], num_layers: int) -> Callable[..., Any]:
     """Runner for ``layers='scan'``: ``scan`` over the stacked weights, one ``functional_call`` of the template."""
+    window, per_layer = _one_window(windows, seq)
+
     def run(hidden: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         call = _Call(args, kwargs, seq, window, hidden.device)
         xs = dict(stacked)
         for i, t in enumerate(call.stacked):  # [L, ...] copies of the per-layer arguments (position ids: small)
             xs[f"__arg{i}"] = t.unsqueeze(0).expand(num_layers, *t.shape).contiguous()
+        if per_layer is not None:
+            xs["__window"] = torch.tensor(per_layer, device=hidden.device)  # [L] int64
         tuple_out: list[bool] = []
 
         def body(carry: tuple[torch.Tensor, ...], w: dict[str, torch.Tensor]) -> tuple[Any, None]:
             h, *ts = carry
             w = dict(w)
             extra = [w.pop(f"__arg{i}") for i in range(len(call.stacked))]
-            a, kw = call.join(tuple(ts), extra)
+            a, kw = call.join(tuple(ts), extra, w.pop("__window", None))
             out = torch.func.functional_call(template, w, (h, *a), kw, strict=True)
             tuple_out.append(isinstance(out, tuple))
             return (out[0] if isinstance(out, tuple) else out, *ts), None
@@ -172,35 +217,35 @@ def _scan_runner(template: nn.Module, stacked: dict[str, torch.Tensor], partitio
     return run
 
 
-def _scan_layers_runner(layers: list[nn.Module], partition: Callable[..., Any] | None, tuple_out: bool, seq: int,
-                        window: int | None) -> Callable[..., Any]:
+def _scan_layers_runner(layers: list[nn.Module], partition: Callable[..., Any] | None, seq: int,
+                        windows: list[int | None]) -> Callable[..., Any]:
     """Runner for ``layers='scan_layers'``: torch_xla's ``scan_layers`` over the HF layers (carry-wrapped)."""
-    wrapped = [_Carried(layer) for layer in layers]
+    seen = _Shared()
+    wrapped = [_Carried(layer, seen) for layer in layers]
+    window, per_layer = _one_window(windows, seq)
 
     def run(hidden: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         call = _Call(args, kwargs, seq, window, hidden.device)
-        for w in wrapped:
-            w.set_call(call)
+        for i, w in enumerate(wrapped):
+            w.set_call(call, None if per_layer is None else per_layer[i])
         carry = scan_layers(wrapped, (hidden, *call.carried), partition_fn=partition)
-        return (carry[0],) if tuple_out else carry[0]
+        return (carry[0],) if seen.tuple_out else carry[0]
 
     return run
 
 
-def _loop_runner(layers: list[nn.Module], recompute: bool) -> Callable[..., Any]:
-    """Runner for ``layers='loop'``: HF's loop, each layer under ``torch_xla.utils.checkpoint`` when recomputing."""
-    def run(hidden: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        out: Any = hidden
-        for layer in layers:
-            h = out[0] if isinstance(out, tuple) else out
+def _loop_runners(layers: list[nn.Module], recompute: bool) -> list[Runner]:
+    """Runners for ``layers='loop'``: HF's own loop, one runner per layer (HF passes each its own mask), each layer
+    under ``torch_xla.utils.checkpoint`` when recomputing."""
+    def one(layer: nn.Module) -> Callable[..., Any]:
+        def run(hidden: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             if recompute:
-                out = checkpoint(functools.partial(layer, *args, **kwargs) if not args else
-                                 functools.partial(_call_first, layer, args, kwargs), h, use_reentrant=True)
-            else:
-                out = layer(h, *args, **kwargs)
-        return out
+                return checkpoint(functools.partial(layer, *args, **kwargs) if not args else
+                                  functools.partial(_call_first, layer, args, kwargs), hidden, use_reentrant=True)
+            return layer(hidden, *args, **kwargs)
+        return run
 
-    return run
+    return [Runner(one(layer), layer) for layer in layers]
 
 
 def _call_first(layer: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], h: torch.Tensor) -> Any:
@@ -276,21 +321,20 @@ def build(cfg: InspectConfig) -> Any:
     partition = None
     if cfg.layers != "loop":
         partition = full_recompute_partition if cfg.recompute == "full" else default_partition
-    tuple_out = lay.hf_config.model_type == "gpt2"
-    window = getattr(lay.hf_config, "sliding_window", None)
+    windows = M.layer_windows(lay.hf_config, lay.num_layers)
     if stacked_mode:
         template = layers[0]
         stacked = {p.suffix: leaves[f"{lay.layer_path}.*.{p.suffix}"] for p in lay.params
                    if p.layer == 0}
         for k, buf in template.named_buffers():  # buffers travel with the weights: [L, ...] copies (small)
             stacked[k] = buf.unsqueeze(0).expand(lay.num_layers, *buf.shape).contiguous()
-        runner = _scan_runner(template, stacked, partition, cfg.seq, window, lay.num_layers)
+        runners = [Runner(_scan_runner(template, stacked, partition, cfg.seq, windows, lay.num_layers), template)]
     elif cfg.layers == "scan_layers":
-        runner = _scan_layers_runner(list(layers), partition, tuple_out, cfg.seq, window)
+        runners = [Runner(_scan_layers_runner(list(layers), partition, cfg.seq, windows), layers[0])]
     else:
-        runner = _loop_runner(list(layers), cfg.recompute == "full")
+        runners = _loop_runners(list(layers), cfg.recompute == "full")
     parent_name, _, attr = lay.layer_path.rpartition(".")
-    setattr(model.get_submodule(parent_name), attr, LayerStack(layers, runner))
+    setattr(model.get_submodule(parent_name), attr, LayerStack(layers, runners))
 
     tokens, labels = (placeholder((cfg.batch, cfg.seq), torch.int64) * 1 for _ in range(2))  # [B, S]
     for t in (tokens, labels):
