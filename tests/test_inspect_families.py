@@ -1,0 +1,81 @@
+"""Every popular decoder family through ``inspect`` at tiny widths, from its ``transformers`` config class.
+
+Cost (2-core reference machine): one compile per family not already compiled by ``test_inspect_compile`` (nine,
+about 4-10 s each when the machine is quiet) and a trace without compile of every other layer mode (about 1 s
+each); the families' refusals cost no trace.
+
+Oracles: the per-chip parameter and optimizer bytes the compiler's program declares (``entry_computation_layout``)
+against the plan's arithmetic; the collectives XLA:TPU emitted against what FSDP alone implies (all-gathers,
+reduce-scatters and all-reduces on the fsdp axis, and no all-to-all or collective-permute: those would be the
+compiler reshuffling a weight whose split does not match how the model slices it — the fused projections);
+HF's own MoE code for the static MoE forms (``test_inspect_models``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from shardlab.inspect.analysis import layout_bytes
+from shardlab.inspect.config import InspectInputError, make_config
+from shardlab.inspect.families import FAMILIES, tiny_family
+
+pytestmark = pytest.mark.xla
+
+COMPILED_ELSEWHERE = {"llama", "mistral", "mixtral", "gemma", "gpt2"}  # test_inspect_compile's presets
+COMPILE = sorted(set(FAMILIES) - COMPILED_ELSEWHERE)
+TRACE = sorted((t, mode) for t, f in FAMILIES.items() for mode in f.layers
+               if not (t in COMPILE and mode == f.layers[0]))
+
+
+def tiny(model_type: str, layers: str, mesh: str = "fsdp=8", num_layers: int = 2):  # type: ignore[no-untyped-def]
+    return make_config(tiny_family(model_type, num_layers), mesh=mesh, topology="v5e-8", batch=8, seq=64,
+                       layers=layers, model_name=model_type)
+
+
+@pytest.mark.parametrize("model_type", COMPILE)
+def test_family_compiles_fits_and_fsdp_moves_nothing_else(model_type: str, xla_world) -> None:  # type: ignore
+    from shardlab.inspect.api import run
+
+    cfg = tiny(model_type, FAMILIES[model_type].layers[0])
+    r = run(cfg)
+    assert r.fits and r.exit_status == 0
+    want = layout_bytes(cfg)
+    assert r.row("parameters")["compiler"] == want["params"]
+    assert r.row("optimizer state")["compiler"] == want["optimizer"]
+    ops = {(c["axes"], c["op"]) for c in r.collectives if c["instructions"]}
+    assert ("fsdp", "all-gather") in ops and ("fsdp", "reduce-scatter") in ops, ops
+    assert {op for _, op in ops} <= {"all-gather", "reduce-scatter", "all-reduce"}, ops  # no reshuffles
+    assert {a for a, _ in ops} == {"fsdp"}, ops
+
+
+@pytest.mark.parametrize("model_type,layers", TRACE, ids=[f"{t}-{m}" for t, m in TRACE])
+def test_family_traces_in_every_layer_mode_it_allows(model_type: str, layers: str, xla_world) -> None:  # type: ignore
+    """Trace only (no compile): forward, HF's loss, backward and AdamW run through HF's own code in this layer
+    mode, and the step has one output per trained tensor and kind (the analysis reads the kinds from them)."""
+    from shardlab.inspect import step
+
+    cfg = tiny(model_type, layers).validate()
+    built = step.build(cfg)
+    outs = built.outputs if hasattr(built, "outputs") else built[0]
+    assert len(outs) == 1 + len(step.output_kinds(cfg))
+    assert tuple(outs[0].shape) == ()  # the loss
+
+
+@pytest.mark.parametrize("model_type,why", [("deepseek_v3", "holds other parameters than layer 0"),
+                                            ("gemma3_text", "different rotary embeddings")])
+@pytest.mark.parametrize("layers", ["scan", "scan_layers"])
+def test_families_a_scan_cannot_run_are_refused_before_tracing(model_type: str, why: str, layers: str) -> None:
+    with pytest.raises(InspectInputError, match=f"layers='{layers}': .*{why}.*use layers='loop'"):
+        tiny(model_type, layers, num_layers=3).validate()
+
+
+def test_gemma2_alternates_windows_and_qwen2_has_none() -> None:
+    """The per-layer windows the scans build their masks from are HF's own (its layer_types)."""
+    from shardlab.inspect import models as M
+
+    for t, want in (("gemma2", [32, None, 32]), ("qwen2", [None] * 3), ("mistral", [32] * 3),
+                    ("gpt_oss", [32, None, 32])):
+        c = M.load_config(tiny_family(t, 3))
+        assert M.layer_windows(c, 3) == want, t
+        if t != "mistral":  # Mistral's attention reads config.sliding_window at call time: one for all layers
+            assert [M.build_meta(c).model.layers[i].self_attn.sliding_window for i in range(3)] == want, t
