@@ -1,8 +1,8 @@
 """Every popular decoder family through ``inspect`` at tiny widths, from its ``transformers`` config class.
 
 Cost (2-core reference machine): one compile per family not already compiled by ``test_inspect_compile`` (nine,
-about 4-10 s each when the machine is quiet) and a trace without compile of every other layer mode (about 1 s
-each); the families' refusals cost no trace.
+about 4-10 s each when the machine is quiet), a trace without compile of the other layer modes of the families
+in :data:`FAST` (the rest are marked slow), and the refusals, which cost no trace.
 
 Oracles: the per-chip parameter and optimizer bytes the compiler's program declares (``entry_computation_layout``)
 against the plan's arithmetic; the collectives XLA:TPU emitted against what FSDP alone implies (all-gathers,
@@ -23,8 +23,12 @@ pytestmark = pytest.mark.xla
 
 COMPILED_ELSEWHERE = {"llama", "mistral", "mixtral", "gemma", "gpt2"}  # test_inspect_compile's presets
 COMPILE = sorted(set(FAMILIES) - COMPILED_ELSEWHERE)
-TRACE = sorted((t, mode) for t, f in FAMILIES.items() for mode in f.layers
-               if not (t in COMPILE and mode == f.layers[0]))
+# Traced in every make test: the families whose other layer modes once crashed or need per-layer masks (Qwen2 /
+# Qwen3 / Gemma 2: transformers 4.57 reads decoder_layer.attention_type; Gemma 2, gpt-oss: sliding and full layers
+# alternate). The other families' other modes are marked slow (about 1 s each when the machine is quiet).
+FAST = {"qwen2", "qwen3", "gemma2", "gpt_oss"}
+TRACE = [pytest.param(t, mode, id=f"{t}-{mode}", marks=() if t in FAST else pytest.mark.slow)
+         for t, f in sorted(FAMILIES.items()) for mode in f.layers if not (t in COMPILE and mode == f.layers[0])]
 
 
 def tiny(model_type: str, layers: str, mesh: str = "fsdp=8", num_layers: int = 2):  # type: ignore[no-untyped-def]
@@ -44,11 +48,25 @@ def test_family_compiles_fits_and_fsdp_moves_nothing_else(model_type: str, xla_w
     assert r.row("optimizer state")["compiler"] == want["optimizer"]
     ops = {(c["axes"], c["op"]) for c in r.collectives if c["instructions"]}
     assert ("fsdp", "all-gather") in ops and ("fsdp", "reduce-scatter") in ops, ops
-    assert {op for _, op in ops} <= {"all-gather", "reduce-scatter", "all-reduce"}, ops  # no reshuffles
-    assert {a for a, _ in ops} == {"fsdp"}, ops
+    moved = {op for _, op in ops} - {"all-gather", "reduce-scatter", "all-reduce"}
+    if model_type in RESHUFFLES:  # measured and explained, not a weight's split: see RESHUFFLES
+        assert moved, f"{model_type}: the reshuffles RESHUFFLES explains are gone: update it"
+    else:
+        assert not moved and {a for a, _ in ops} == {"fsdp"}, ops
 
 
-@pytest.mark.parametrize("model_type,layers", TRACE, ids=[f"{t}-{m}" for t, m in TRACE])
+# Families whose tiny step (FSDP 8) still holds all-to-alls / collective-permutes, and why (measured: the HLO
+# metadata of each, issue 29's closing note). Not a weight split on a fused dimension (those are gone, FUSED).
+RESHUFFLES = {
+    "gpt_oss": "HF's expert code (eval, off the CPU) repeats the tokens E times and views them [E, T, h]: the "
+               "view folds the batch-split token dimension into the expert dimension, and the partitioner moves "
+               "tokens around the bmm (all-to-alls on the concatenate / dot of the expert MLP, forward and backward)",
+    "deepseek_v3": "six 4 KiB f32 all-to-alls in the AdamW update, resharding a broadcast scalar (the partitioner's "
+                   "choice, op_name multiply/add in the update): no weight or activation of the model",
+}
+
+
+@pytest.mark.parametrize("model_type,layers", TRACE)
 def test_family_traces_in_every_layer_mode_it_allows(model_type: str, layers: str, xla_world) -> None:  # type: ignore
     """Trace only (no compile): forward, HF's loss, backward and AdamW run through HF's own code in this layer
     mode, and the step has one output per trained tensor and kind (the analysis reads the kinds from them)."""

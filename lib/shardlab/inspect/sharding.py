@@ -18,8 +18,9 @@ or None = not split), resolved in this order (first match wins):
 3. **FSDP** over the ``fsdp`` axes (one axis or several): the first dimension no earlier rule split whose size
    the FSDP degree divides (else the largest such dimension, padded by GSPMD); a 1-element dimension is skipped.
    **Fused projections** (:data:`FUSED`: Phi-3's ``qkv_proj`` / ``gate_up_proj``, GPT-NeoX's
-   ``query_key_value``, Baichuan's ``W_pack``: ``nn.Linear`` weights ``[q | k | v, in]`` whose output the model
-   slices into parts) are split on their **input** dimension instead, and their biases stay whole: split on the
+   ``query_key_value``, Baichuan's ``W_pack``, DeepSeek-V3's MLA projections, gpt-oss's expert ``gate_up_proj``:
+   weights whose output the model slices into parts) are split on another dimension (``nn.Linear``'s input),
+   and their biases stay whole: split on the
    fused output dimension, each part would sit on a subset of the devices and the slicing after the matmul would
    move it (the all-to-alls and collective-permutes issue 29 measured on Phi-3). GPT-2's ``c_attn`` is a
    ``Conv1D`` ``[in, q | k | v]``: its first dimension is already the input.
@@ -77,8 +78,22 @@ _MEGATRON: tuple[tuple[str, tuple[str | None, ...], str], ...] = (
 )
 
 
-# nn.Linear weights (and biases) whose output the model slices into q / k / v or gate / up
-FUSED = r"(^|\.)(qkv_proj|gate_up_proj|query_key_value|W_pack)\.(weight|bias)$"
+# Tensors whose output the model slices into parts (q / k / v, gate / up, MLA's compressed kv / rope key, each
+# head's nope / rope parts): (regex, the dimensions FSDP must not split; None = keep the tensor whole).
+FUSED: tuple[tuple[str, tuple[int, ...] | None], ...] = (
+    (r"(^|\.)(qkv_proj|gate_up_proj|query_key_value|W_pack|kv_a_proj_with_mqa|q_b_proj|kv_b_proj)\.weight$", (0,)),
+    (r"(^|\.)(qkv_proj|gate_up_proj|query_key_value|W_pack|kv_a_proj_with_mqa|q_b_proj|kv_b_proj)\.bias$", None),
+    (r"(^|\.)experts\.gate_up_proj$", (2,)),  # gpt-oss: [E, h, 2 x ffn], gate and up interleaved (::2)
+    (r"(^|\.)experts\.gate_up_proj_bias$", None),  # gpt-oss: [E, 2 x ffn]
+)
+
+
+def fused_skip(name: str) -> tuple[bool, tuple[int, ...] | None]:
+    """``(is a fused tensor, the dimensions FSDP must not split or None = keep it whole)``."""
+    for pattern, skip in FUSED:
+        if re.search(pattern, name):
+            return True, skip
+    return False, ()
 
 
 def megatron_rules(tensor_axis: str) -> list[Rule]:
@@ -174,10 +189,10 @@ def resolve_one(name: str, shape: tuple[int, ...], user: Sequence[Rule], tp: Seq
     if rule:
         check_spec(name, shape, spec, rule, mesh)
     if fsdp_axes and not any(a in fsdp_axes for s in spec for a in _axes(s)):
-        fused = rule is None and re.search(FUSED, name) is not None
-        if fused and len(shape) < 2:
+        fused, skip = fused_skip(name) if rule is None else (False, ())
+        if fused and skip is None:
             return spec, rule  # a fused bias: whole (small; split, its parts would move like the weight's)
-        d = fsdp_dim(shape, spec, fsdp_degree, skip=(0,) if fused else ())
+        d = fsdp_dim(shape, spec, fsdp_degree, skip=skip or ())
         if d is not None:
             spec = tuple((fsdp_axes[0] if len(fsdp_axes) == 1 else fsdp_axes) if i == d else s
                          for i, s in enumerate(spec))

@@ -347,4 +347,7 @@ def build(cfg: InspectConfig) -> Any:
     donate: dict[int, torch.Tensor] = {}
     for name, _shape, spec in lay.trained(stacked_mode):  # 07's AdamW step, the same ops and donations
         adamw_step(outs, donate, raws[name], leaves[name].grad, spec, mesh)
+        if all(a is None for a in spec):  # a whole tensor's updates stay whole (else propagation may split one,
+            for t in outs[-4:]:  # and a donated input cannot alias an output of another size: gpt-oss's biases)
+                xs.mark_sharding(t, mesh, spec)
     return T.Step(outs, donate)
