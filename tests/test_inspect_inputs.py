@@ -51,7 +51,13 @@ BAD = [  # (what, config keywords, message pattern)
     ("strict coverage", dict(strict=True), r"strict: parameter 'model.embed_tokens.weight' is covered by no rule"),
     ("scan with different layers", dict(rules={r"layers\.0\.mlp\.up_proj": "-,fsdp"}),
      r"layers='scan' stacks 'mlp.up_proj.weight' .* use layers='loop'"),
-    ("an unknown recompute policy", dict(recompute="selective"), r"recompute='selective' must be one of"),
+    ("an unknown recompute policy", dict(recompute="some"), r"recompute='some' must be one of"),
+    ("selective recompute in HF's loop", dict(recompute="selective", layers="loop"),
+     r"recompute='selective' needs a partition .* use layers='scan'"),
+    ("flash attention with a sliding window", dict(attention="flash", overrides={**TINY, "sliding_window": 16},
+                                                   model="mistral-7b"),
+     r"attention='flash': mistral uses a sliding window of 16 tokens"),
+    ("an unknown attention kernel", dict(attention="xformers"), r"attention='xformers' must be one of"),
 ]
 
 

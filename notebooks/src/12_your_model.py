@@ -10,7 +10,7 @@ batch = 8  # global batch: sequences per step, split over every axis but tensor
 seq = 8192  # tokens per sequence
 rules = {}  # your rules {parameter-name regex: spec}, first match wins
 strict = False  # every parameter must match a rule of yours or a Megatron rule
-recompute = "full"  # full (each layer recomputed in the backward) | none
+recompute = "full"  # full (each layer recomputed in the backward) | selective (scans) | none
 layers = "scan"  # decoder layers: scan (stacked weights) | scan_layers (torch_xla's) | loop (HF's)
 tiny_topology = "v5e-8"  # slice of the live run: your model's family at tiny widths (seconds)
 tiny_mesh = "fsdp=4,tensor=2"  # mesh of the live run (your rules apply there too)

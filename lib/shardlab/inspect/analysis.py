@@ -22,8 +22,9 @@ collectives every logical collective of the per-chip program (``HloModule.collec
 largest     out of memory: the compiler's own list (size, shape, XLA label, operator); fits: the largest values
             the scheduled program computes (entry and loop bodies; a value need not be live at the peak).
 planner     ``plan(PlanConfig(...))`` with the HF config's sizes (``models.planner_model``), the mesh's (data, fsdp,
-            tensor) degrees, the same batch, sequence and recompute, **no flash attention** (HF's eager
-            attention is traced); :func:`nearest_fit` searches the planner for the closest plan that fits.
+            tensor) degrees, the same batch, sequence and recompute, flash attention only when the flash kernel
+            is traced (``attention='flash'``; eager and sdpa form the scores); :func:`nearest_fit` searches the
+            planner for the closest plan that fits.
 """
 
 from __future__ import annotations
@@ -286,11 +287,11 @@ def largest(compiled: tpu.TpuCompile, n: int = 8) -> list[dict[str, Any]]:
 # ------------------------------------------------------------------------------------------------------ planner
 
 def plan_config(cfg: InspectConfig, **changes: Any) -> Any:
-    """The planner's configuration of this run (the traced attention has no flash kernel)."""
+    """The planner's configuration of this run (flash attention as traced: only ``attention='flash'``)."""
     d, f, t = cfg.degrees
     model, _ = planner_model(cfg.hf_config(), cfg.model_name)
     kw = {"data": d, "fsdp": f, "tensor": t, "recompute": cfg.recompute, "global_batch": cfg.batch, "seq": cfg.seq,
-          "flash_attention": False, "fit_margin": cfg.fit_margin, **changes}
+          "flash_attention": cfg.attention == "flash", "fit_margin": cfg.fit_margin, **changes}
     return P.PlanConfig(model, kw.pop("topology", cfg.topology), **kw)
 
 

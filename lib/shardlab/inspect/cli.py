@@ -31,6 +31,7 @@ from typing import IO, Any
 
 from shardlab import runtime
 from shardlab.inspect import output
+from shardlab.inspect.attention import ATTENTION
 from shardlab.inspect.config import LAYER_MODES, OPTIMIZERS, RECOMPUTE, InspectInputError, make_config
 from shardlab.profile.tpu import quiet_libtpu
 
@@ -46,8 +47,9 @@ exit status:
 what is traced:
   weights bf16 (placeholders, nothing allocated), tokens and labels int64, HF's loss on fp32 logits;
   AdamW state fp32 (master weights, exp_avg, exp_avg_sq) sharded like each weight and donated into its update.
-  attention: HF's eager implementation (the [b, heads, s, s] scores exist in the program), as the planner's
-  no-flash prediction assumes.
+  attention (--attention): eager (default) and sdpa are HF's implementations: the [b, heads, s, s] scores
+  exist in the program (the planner's no-flash prediction is compared); flash is torch_xla's Pallas
+  FlashAttention kernel compiled compile-only (no [s, s] array; the planner's flash prediction is compared).
 
 measured vs derived (labelled in every output):
   measured = read from the compiled XLA:TPU program: fits, total, arguments, temporaries, parameters and
@@ -81,6 +83,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     ip.add_argument("--batch", type=int, default=8, help="global batch (sequences per step)")
     ip.add_argument("--seq", type=int, default=2048, help="tokens per sequence")
     ip.add_argument("--recompute", default="full", choices=RECOMPUTE)
+    ip.add_argument("--attention", default="eager", choices=ATTENTION,
+                    help="eager / sdpa: HF's implementations (the [b, heads, s, s] scores exist); flash: torch_xla's "
+                         "Pallas FlashAttention kernel, traced for the TPU compile-only (causal; refused for sliding "
+                         "windows, soft-capping, sinks)")
     ip.add_argument("--layers", default="scan", choices=LAYER_MODES,
                     help="scan: stacked weights + torch_xla scan; scan_layers: torch_xla's scan_layers; loop: HF's")
     ip.add_argument("--num-layers", type=int, default=None, help="override the layer count (quick checks)")
@@ -190,7 +196,8 @@ def main(args: argparse.Namespace) -> int:
         tensor = None if args.tensor == "none" else args.tensor
         cfg = make_config(args.model, mesh=args.mesh, topology=args.topology, fsdp=fsdp, tensor=tensor, rules=rules,
                           batch=args.batch, seq=args.seq, optimizer=args.optimizer, recompute=args.recompute,
-                          layers=args.layers, strict=args.strict, num_layers=args.num_layers, overrides=overrides,
+                          layers=args.layers, attention=args.attention, strict=args.strict,
+                          num_layers=args.num_layers, overrides=overrides,
                           donate=args.donate)
         check_html_path(args.html)
         progress("checking the slice, mesh, batch, model and rules")

@@ -279,14 +279,15 @@ def _parameters_on_meta() -> Iterator[None]:
         nn.Module.register_parameter = original  # type: ignore[method-assign]
 
 
-def build_meta(config: PretrainedConfig) -> Any:
-    """``AutoModelForCausalLM`` of ``config`` with parameters on the meta device, eager attention, eval mode."""
+def build_meta(config: PretrainedConfig, attention: str = "eager") -> Any:
+    """``AutoModelForCausalLM`` of ``config`` with parameters on the meta device, eval mode, HF's attention
+    implementation ``attention`` (eager; sdpa; a registered kernel's name)."""
     import torch
     from transformers import AutoModelForCausalLM  # 2.4 s; params/CLI import models
 
     try:
         with _parameters_on_meta(), torch.device("cpu"):
-            model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+            model = AutoModelForCausalLM.from_config(config, attn_implementation=attention)
     except Exception as exc:  # noqa: BLE001 - any failure of the model's own constructor is a bad config
         raise ModelInputError(f"{config.model_type}: the model class cannot be built from this config: "
                               f"{type(exc).__name__}: {exc}") from None

@@ -351,7 +351,7 @@ BAD = (  # (what, model, make_config keywords): each must be refused before any 
     ("an axis the mesh does not have", "llama-3-8b", dict(rules={r"lm_head\.weight$": "expert,-"})),
     ("strict, a parameter no rule covers", "llama-3-8b", dict(strict=True)),
     ("scan, one layer split differently", "llama-3-8b", dict(rules={r"layers\.0\.mlp\.up_proj": "-,fsdp"})),
-    ("a recompute policy the trace has not", "llama-3-8b", dict(recompute="selective")),
+    ("selective recompute in HF's loop (no partition)", "llama-3-8b", dict(recompute="selective", layers="loop")),
     ("an unknown preset", "llama-9b", {}),
     ("a config the model class cannot build", "llama-3-8b", dict(overrides={"hidden_act": "no-such-activation"})),
     ("GPT-2: more tokens than its learned positions", "gpt2", dict(seq=2048)),

@@ -79,8 +79,9 @@ def planner_line(r: InspectResult) -> str:
         return "planner: no prediction (" + "; ".join(n for n in r.notes if n.startswith("planner:")) + ")"
     word = "fits" if p["fits"] else "at risk" if p["at_risk"] else "does not fit"
     agree = "agrees" if p["fits"] == r.fits else "DISAGREES"
-    return (f"planner (no flash attention, as traced): {word}, {human(p['total'])} per chip — {agree} with the "
-            "compiler")
+    flash = r.config.get("attention", "eager") == "flash"
+    return (f"planner ({'flash' if flash else 'no flash'} attention, as traced): {word}, {human(p['total'])} per chip"
+            f" — {agree} with the compiler")
 
 
 def memory_unit(r: InspectResult) -> tuple[str, int]:

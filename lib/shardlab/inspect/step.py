@@ -51,12 +51,32 @@ from torch_xla.utils.checkpoint import checkpoint
 from shardlab import runtime
 from shardlab.inspect import models as M
 from shardlab.inspect import sharding as S
+from shardlab.inspect.attention import register_flash
 from shardlab.inspect.config import InspectConfig, layout
+from shardlab.memory.pallas_tpu import pallas_for_tpu_compile
 from shardlab.planner_verdict import adamw_step, full_recompute_partition
 from shardlab.profile import tpu as T
 from shardlab.xla_scan.patches import placeholder
 
 KINDS = ("param", "master", "exp_avg", "exp_avg_sq")  # per trained tensor, in output order after the loss
+
+
+def selective_partition(joint_module: Any, _joint_inputs: Any, *, num_fwd_outputs: int,
+                        **_: Any) -> tuple[Any, Any]:
+    """AOTAutograd partition for ``recompute='selective'`` (Korthikanti et al.'s selective recompute): the backward
+    keeps the layer inputs and the outputs of the layer's projections (the 2-D ``mm`` / ``addmm`` of every
+    ``nn.Linear``) and recomputes everything else — norms, activations, the attention core (its batched matmuls,
+    mask and softmax: the ``[b, a, s, s]`` arrays)."""
+    import torch._functorch.partitioners as P
+
+    keep = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default}
+    backward: set[Any] = set()  # nodes that depend on a tangent (the backward's incoming gradient)
+    for n in joint_module.graph.nodes:  # topological order
+        if P._is_tangent(n) or any(i in backward for i in n.all_input_nodes):
+            backward.add(n)
+    saved = [n for n in joint_module.graph.nodes if n.users and n not in backward and
+             (P._is_primal(n) or (n.op == "call_function" and n.target in keep))]
+    return P._extract_fwd_bwd_modules(joint_module, saved, [], num_fwd_outputs=num_fwd_outputs)
 
 
 def output_kinds(cfg: InspectConfig) -> list[tuple[str, str]]:
@@ -108,8 +128,9 @@ class _Call:
         for x in leaves:
             if not isinstance(x, torch.Tensor):
                 self.kind.append("const")
-            elif x.dim() == 4 and tuple(x.shape[-2:]) == (seq, seq) and x.is_floating_point():
-                self.kind.append("mask")
+            elif x.dim() == 4 and tuple(x.shape[-2:]) == (seq, seq) and (x.is_floating_point() or
+                                                                        x.dtype == torch.bool):
+                self.kind.append("mask")  # eager: additive float mask; sdpa: boolean (True = may attend)
             else:
                 self.kind.append("carry" if x.is_floating_point() else "stack")
         self.const = [x if k == "const" else None for x, k in zip(leaves, self.kind, strict=True)]
@@ -140,6 +161,8 @@ def causal_mask(seq: int, dtype: torch.dtype, window: int | torch.Tensor | None,
     allowed = k <= q
     if window is not None:
         allowed = allowed & (k > q - window)
+    if dtype == torch.bool:  # sdpa's mask: True where attention is allowed
+        return allowed[None, None]
     zero = torch.zeros((), dtype=dtype, device=device)
     low = torch.full((), torch.finfo(dtype).min, dtype=dtype, device=device)
     return torch.where(allowed, zero, low)[None, None]  # [1, 1, s, s]
@@ -265,10 +288,12 @@ def build(cfg: InspectConfig) -> Any:
     """Trace ``cfg``'s training step on this process's world; returns ``tpu.Step(outputs, donate)``."""
     lay = layout(cfg)
     stacked_mode = cfg.layers == "scan"
-    model = M.build_meta(lay.hf_config)
     device = runtime.device()
     mesh = runtime.mesh(tuple(n for _, n in cfg.mesh), tuple(a for a, _ in cfg.mesh))
     batch: Any = (cfg.batch_axes[0] if len(cfg.batch_axes) == 1 else cfg.batch_axes) if cfg.batch_axes else None
+    kernel = register_flash(mesh, batch, cfg.tensor if cfg.tensor and cfg.mesh_dict[cfg.tensor] > 1 else None) \
+        if cfg.attention == "flash" else cfg.attention
+    model = M.build_meta(lay.hf_config, kernel)
     dt = torch.bfloat16
 
     for mod in model.modules():  # buffers (rotary inv_freq, GPT-2's causal mask) are real: move them
@@ -320,7 +345,8 @@ def build(cfg: InspectConfig) -> Any:
 
     partition = None
     if cfg.layers != "loop":
-        partition = full_recompute_partition if cfg.recompute == "full" else default_partition
+        partition = {"full": full_recompute_partition, "selective": selective_partition,
+                     "none": default_partition}[cfg.recompute]
     windows = M.layer_windows(lay.hf_config, lay.num_layers)
     if stacked_mode:
         template = layers[0]
@@ -339,7 +365,9 @@ def build(cfg: InspectConfig) -> Any:
     tokens, labels = (placeholder((cfg.batch, cfg.seq), torch.int64) * 1 for _ in range(2))  # [B, S]
     for t in (tokens, labels):
         xs.mark_sharding(t, mesh, (batch, None))
-    with _hooks(handles), M.static_moe(lay.hf_config.model_type):
+    pallas = pallas_for_tpu_compile(active=runtime.current().kind != "tpu") if cfg.attention == "flash" else \
+        contextlib.nullcontext()
+    with _hooks(handles), M.static_moe(lay.hf_config.model_type), pallas:  # flash: forward and backward kernels
         loss = model(input_ids=tokens, labels=labels, use_cache=False).loss
         loss.backward()
 
