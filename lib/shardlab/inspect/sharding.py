@@ -16,7 +16,8 @@ or None = not split), resolved in this order (first match wins):
 
    norms, biases of row-parallel layers, position embeddings and the MoE router stay replicated over ``tensor``;
 3. **FSDP** over the ``fsdp`` axes (one axis or several): the first dimension no earlier rule split whose size
-   the FSDP degree divides (else the largest such dimension, padded by GSPMD); a 1-element dimension is skipped.
+   the FSDP degree divides (else the largest such dimension, padded by GSPMD); a dimension smaller than the
+   degree is never split.
    **Fused projections** (:data:`FUSED`: Phi-3's ``qkv_proj`` / ``gate_up_proj``, GPT-NeoX's
    ``query_key_value``, Baichuan's ``W_pack``, DeepSeek-V3's MLA projections, gpt-oss's expert ``gate_up_proj``:
    weights whose output the model slices into parts) are split on another dimension (``nn.Linear``'s input),
@@ -163,9 +164,11 @@ def check_spec(name: str, shape: tuple[int, ...], spec: Spec, rule: Rule, mesh: 
 
 
 def fsdp_dim(shape: tuple[int, ...], spec: Spec, degree: int, skip: tuple[int, ...] = ()) -> int | None:
-    """The dimension FSDP splits: the first free one ``degree`` divides, else the largest free one (> 1);
-    dimensions in ``skip`` only when no other is free (a fused projection's output dimension)."""
-    free = [i for i, (d, s) in enumerate(zip(shape, spec, strict=True)) if s is None and d > 1]
+    """The dimension FSDP splits: the first free one ``degree`` divides, else the largest free one; dimensions in
+    ``skip`` only when no other is free (a fused projection's output dimension). A dimension smaller than the
+    degree is never split: XLA:TPU keeps such a tensor whole (measured: gpt-oss's attention sinks and router bias
+    ``[L, 4]`` over fsdp 8 are whole in the compiled program's header)."""
+    free = [i for i, (d, s) in enumerate(zip(shape, spec, strict=True)) if s is None and d >= max(degree, 2)]
     if any(i not in skip for i in free):
         free = [i for i in free if i not in skip]
     if not free or degree <= 1:
