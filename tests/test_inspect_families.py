@@ -97,3 +97,59 @@ def test_gemma2_alternates_windows_and_qwen2_has_none() -> None:
         assert M.layer_windows(c, 3) == want, t
         if t != "mistral":  # Mistral's attention reads config.sliding_window at call time: one for all layers
             assert [M.build_meta(c).model.layers[i].self_attn.sliding_window for i in range(3)] == want, t
+
+
+def test_flash_attention_leaves_no_seq_by_seq_array(xla_world) -> None:  # type: ignore[no-untyped-def]
+    """attention='flash' at tiny widths, scanned: XLA:TPU compiles torch_xla's Pallas kernels (forward, dq, dkv) as
+    custom calls, and no value of the program has the [s, s] trailing shape the eager scores have (oracle: HF's
+    eager step of the same config traced, whose program holds them — read from its HLO before any compile)."""
+    import torch_xla
+
+    from shardlab.inspect import step
+    from shardlab.profile import tpu
+
+    s = 1024  # not a width of the tiny model (head 32, hidden 128, ffn 256, vocab 512): an [s, s] is attention's
+    cfg = make_config(tiny_family("llama"), mesh="fsdp=8", topology="v5e-8", batch=8, seq=s, attention="flash",
+                      model_name="llama").validate()
+    with tpu.quiet_libtpu():
+        c = tpu.compile_built(step.build(cfg), "v5e-8", donate=True, label="flash")
+    assert c.fits
+    shapes = [a for i in c.module.instructions.values() for a in i.shape]
+    square = [str(a) for a in shapes if len(a.dims) >= 2 and tuple(a.dims[-2:]) == (s, s)]
+    assert not square, square
+    assert sum("tpu_custom_call" in line for line in c.hlo_text.splitlines() if "custom-call(" in line) >= 3
+    eager = step.build(make_config(tiny_family("llama"), mesh="fsdp=8", topology="v5e-8", batch=8, seq=s,
+                                   model_name="llama").validate())
+    text = torch_xla._XLAC._get_xla_tensors_hlo(list(eager.outputs))
+    assert f",{s},{s}]" in text  # the eager scores [b, a, s, s] (per device after partitioning: a, s, s remain)
+
+
+def test_selective_partition_keeps_projections_and_recomputes_the_softmax() -> None:
+    """On a toy layer through AOTAutograd (CPU): the forward saves the matmul outputs of the projections
+    (``mm``) and not the softmax (recomputed in the backward), and the gradients equal autograd's."""
+    import torch
+    from functorch.compile import aot_function, make_boxed_func
+
+    from shardlab.inspect.step import selective_partition
+
+    saved: dict[str, list[str]] = {}
+
+    def fw(gm, _inputs):  # type: ignore[no-untyped-def]
+        out = next(n for n in gm.graph.nodes if n.op == "output")
+        saved["fw"] = [str(a.target) for a in out.args[0][1:]]  # after the one forward output
+        return make_boxed_func(gm.forward)
+
+    def layer(x, w1, w2):  # type: ignore[no-untyped-def]
+        h = x @ w1  # [t, d]: a projection
+        return torch.softmax(h, dim=-1) @ w2
+
+    torch.manual_seed(0)
+    x, w1, w2 = (torch.randn(n, 8, requires_grad=True) for n in (6, 8, 8))  # [t, d], [d, d], [d, d]
+    f = aot_function(layer, fw_compiler=fw, bw_compiler=lambda gm, _: make_boxed_func(gm.forward),
+                     partition_fn=selective_partition)
+    out = f(x, w1, w2)
+    got = torch.autograd.grad(out.sum(), (x, w1, w2))
+    want = torch.autograd.grad(layer(x, w1, w2).sum(), (x, w1, w2))
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+    assert "aten.mm.default" in saved["fw"] and not any("softmax" in t for t in saved["fw"]), saved

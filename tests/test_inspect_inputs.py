@@ -58,6 +58,8 @@ BAD = [  # (what, config keywords, message pattern)
                                                    model="mistral-7b"),
      r"attention='flash': mistral uses a sliding window of 16 tokens"),
     ("an unknown attention kernel", dict(attention="xformers"), r"attention='xformers' must be one of"),
+    ("flash with a sequence its blocks do not tile", dict(attention="flash", seq=384),
+     r"attention='flash': seq=384 is not tiled by the kernel's blocks"),
 ]
 
 

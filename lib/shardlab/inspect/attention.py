@@ -42,6 +42,20 @@ def flash_refusal(config: Any, windows: list[int | None]) -> str | None:
     return None
 
 
+LANES = 128  # measured: seq=64 fails in the kernel's trace ("sub got incompatible shapes (64, 64), (64, 0)")
+FLASH_BLOCKS = (256, 512, 1024)  # torch_xla 2.9's default block sizes, each min(block, seq): dkv 512, dq 1024 / 256
+
+
+def flash_seq_refusal(seq: int) -> str | None:
+    """The kernel tiles the sequence by its blocks (each ``min(block, seq)``), which must divide it and each other
+    (measured: seq=384 fails in the kernel with "block_k=384 should be divisible by block_k_dq=256")."""
+    blocks = [min(b, seq) for b in FLASH_BLOCKS]
+    if seq % LANES or any(seq % b for b in blocks) or blocks[1] % blocks[0]:
+        return (f"seq={seq} is not tiled by the kernel's blocks min(b, seq) for b in {FLASH_BLOCKS} (torch_xla's "
+                f"defaults) and its {LANES} lanes: use 128, 256, 512 or a multiple of 1024")
+    return None
+
+
 def register_flash(mesh: Any, batch: Any, tensor: str | None) -> str:
     """Register (again) the flash attention function for this mesh; returns its ``attn_implementation`` name."""
     import torch

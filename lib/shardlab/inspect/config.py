@@ -39,7 +39,7 @@ from typing import Any, TypeAlias
 from shardlab.formulas import hardware
 from shardlab.inspect import models as M
 from shardlab.inspect import sharding as S
-from shardlab.inspect.attention import ATTENTION, flash_refusal
+from shardlab.inspect.attention import ATTENTION, flash_refusal, flash_seq_refusal
 from shardlab.profile import tpu
 
 OPTIMIZERS = ("adamw",)
@@ -180,7 +180,7 @@ class InspectConfig:
             if kv % t and t % kv:
                 raise InspectInputError(f"kv_heads={kv} and {self.tensor}={t}: one must divide the other")
         if self.attention == "flash":
-            why = flash_refusal(c, M.layer_windows(c, lay.num_layers))
+            why = flash_refusal(c, M.layer_windows(c, lay.num_layers)) or flash_seq_refusal(self.seq)
             if why:
                 raise InspectInputError(f"attention='flash': {why}; use attention='eager' or 'sdpa'")
         positions = getattr(c, "n_positions", None) if c.model_type == "gpt2" else None
