@@ -16,7 +16,13 @@ count) traces, without allocating or executing anything:
                 ``torch_xla.experimental.scan.scan``; ``scan_layers``: torch_xla's ``scan_layers`` over the HF
                 layers (it stacks the per-layer weights inside the step); ``loop``: HF's Python loop (L copies)
     recompute   ``full``: scan / scan_layers with the partition that saves only the layer inputs
-                (``planner_verdict.full_recompute_partition``); loop: ``torch_xla.utils.checkpoint`` per layer
+                (``planner_verdict.full_recompute_partition``); loop: ``torch_xla.utils.checkpoint`` per layer;
+                ``selective``: :func:`selective_partition` (the projections' outputs kept; scans only)
+    attention   HF's ``eager`` or ``sdpa``, or torch_xla's Pallas flash kernel (``attention.register_flash``,
+                traced inside ``memory.pallas_tpu.pallas_for_tpu_compile``)
+    masks       HF's loop picks each layer's mask by ``decoder_layer.attention_type``: the runners HF calls carry
+                it (:class:`Runner`); a scan rebuilds the mask inside the body, with each layer's own sliding
+                window (``models.layer_windows``) when the layers' windows differ (Gemma 2, gpt-oss)
     activations forward hooks annotate each decoder layer's output and the embedding output as split over the
                 batch axes; with tensor parallelism, column-parallel and vocabulary outputs on the tensor axis
                 (``mark_sharding_with_gradients``)
@@ -24,8 +30,8 @@ count) traces, without allocating or executing anything:
                 the weight, elementwise update, every new value donated into its old buffer (``tpu.Step``)
 
 HF's decoder loop (``for layer in self.layers[:n]``, GPT-2's ``for i, block in enumerate(self.h)``) is kept: the
-layer list is replaced by a :class:`LayerStack` whose slice / iteration yields one runner that scans all layers,
-receiving exactly the arguments HF passes to a layer. Tensors among them (rotary ``cos, sin``, the mask) travel in
+layer list is replaced by a :class:`LayerStack` whose slice / iteration yields one runner that scans all layers
+(loop: one runner per layer), receiving exactly the arguments HF passes to a layer. Tensors among them (rotary ``cos, sin``, the mask) travel in
 the scan's carry unchanged (torchprime's "broadcasted inputs"); other values are bound as constants.
 
 Output order (``outputs()``): ``[loss] + [new weight, master, exp_avg, exp_avg_sq]`` per trained tensor in
