@@ -32,7 +32,8 @@ count) traces, without allocating or executing anything:
 HF's decoder loop (``for layer in self.layers[:n]``, GPT-2's ``for i, block in enumerate(self.h)``) is kept: the
 layer list is replaced by a :class:`LayerStack` whose slice / iteration yields one runner that scans all layers
 (loop: one runner per layer), receiving exactly the arguments HF passes to a layer. Tensors among them (rotary
-``cos, sin``, the mask) travel in the scan's carry unchanged (torchprime's "broadcasted inputs"); other values are bound as constants.
+``cos, sin``, the mask) travel in the scan's carry unchanged (torchprime's "broadcasted inputs"); other values
+are bound as constants.
 
 Output order (``outputs()``): ``[loss] + [new weight, master, exp_avg, exp_avg_sq]`` per trained tensor in
 ``Layout.trained`` order — the analysis reads the kinds from it.
