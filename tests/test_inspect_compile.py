@@ -52,7 +52,9 @@ def test_tiny_step_fits_and_the_compiler_kept_the_plan(name: str, xla_world) -> 
     assert r.row("optimizer state")["compiler"] == expect["optimizer"] == 6 * expect["params"]  # 3 fp32 per bf16
     # the memory stats' argument bytes include the TPU's tile padding ((8, 128) tiles), the layout's shapes do not
     assert r.totals["arguments"] >= expect["params"] + expect["optimizer"] + r.row("inputs")["compiler"]
-    assert r.row("total")["compiler"] == r.totals["arguments"] + r.totals["temporaries"]
+    # measured vs derived: what the program says, and what is layout arithmetic (labelled so in every output)
+    assert [m["kind"].split(" ")[0] for m in r.memory if not m["measured"]] == ["gradients", "activations"]
+    assert r.row("gradients")["compiler"] == expect["grads"] <= r.totals["temporaries"]
     if cfg.tensor is None:  # FSDP alone: weights gathered and gradients scattered on fsdp, nothing else
         gathers = {c["axes"] for c in r.collectives if c["op"] in ("all-gather", "reduce-scatter")}
         assert gathers == {"fsdp"}, r.collectives
@@ -95,7 +97,11 @@ def test_outputs_render_and_round_trip(xla_world) -> None:  # type: ignore[no-un
     assert back.as_dict() == json.loads(output.as_json(r))
     page = output.html_page(r)
     assert page.startswith("<!DOCTYPE html>") and "plotly" in page and "Memory per chip" in page
-    assert "collectives per step" in output.text(r)
+    text = output.text(r)
+    assert "collectives per step" in text
+    rows = {line.split("  ")[0]: line for line in text.splitlines()}
+    assert " derived " in rows["gradients"] and " measured " in rows["parameters"]
+    assert "(derived)" in page and "measured</b> = read from the compiled program" in page
 
 
 @pytest.mark.slow

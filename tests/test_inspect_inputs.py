@@ -51,7 +51,15 @@ BAD = [  # (what, config keywords, message pattern)
     ("strict coverage", dict(strict=True), r"strict: parameter 'model.embed_tokens.weight' is covered by no rule"),
     ("scan with different layers", dict(rules={r"layers\.0\.mlp\.up_proj": "-,fsdp"}),
      r"layers='scan' stacks 'mlp.up_proj.weight' .* use layers='loop'"),
-    ("an unknown recompute policy", dict(recompute="selective"), r"recompute='selective' must be one of"),
+    ("an unknown recompute policy", dict(recompute="some"), r"recompute='some' must be one of"),
+    ("selective recompute in HF's loop", dict(recompute="selective", layers="loop"),
+     r"recompute='selective' needs a partition .* use layers='scan'"),
+    ("flash attention with a sliding window", dict(attention="flash", overrides={**TINY, "sliding_window": 16},
+                                                   model="mistral-7b"),
+     r"attention='flash': mistral uses a sliding window of 16 tokens"),
+    ("an unknown attention kernel", dict(attention="xformers"), r"attention='xformers' must be one of"),
+    ("flash with a sequence its blocks do not tile", dict(attention="flash", seq=384),
+     r"attention='flash': seq=384 is not tiled by the kernel's blocks"),
 ]
 
 
@@ -110,3 +118,110 @@ def test_nearest_fit_is_the_closest_plan_the_planner_accepts() -> None:
                     except ValueError:
                         continue
                     assert not p.fits, (t, f, rc)
+
+
+# ------------------------------------------------------------------------------------------- the command line
+# (argv, the message's words): every one exits 2 before the device world starts, nothing on stdout. The first five
+# are issue 29's; the rest are inputs that used to end in a traceback deep in the model code or in a silent no-op.
+def _config_files(tmp_path):  # type: ignore[no-untyped-def]
+    files = {"array": "[1, 2, 3]", "null": "null",
+             "zero_layers": '{"model_type": "llama", "num_hidden_layers": 0}',
+             "type_int": '{"model_type": 5}',
+             "t5": '{"model_type": "t5"}',
+             "kv3": '{"model_type": "llama", "num_attention_heads": 4, "num_key_value_heads": 3, "hidden_size": 64}',
+             "topk": '{"model_type": "mixtral", "num_local_experts": 2, "num_experts_per_tok": 3}',
+             "window0": '{"model_type": "mistral", "sliding_window": 0}',
+             "pad": '{"model_type": "phi3", "vocab_size": 512, "pad_token_id": 32000}',
+             "mla_kv": '{"model_type": "deepseek_v3", "num_attention_heads": 4, "num_key_value_heads": 2}'}
+    out = {}
+    for name, text in files.items():
+        out[name] = tmp_path / f"{name}.json"
+        out[name].write_text(text)
+    return out
+
+
+CLI_BAD = [  # (id, argv builder, words in the message)
+    ("a JSON array as config", lambda f: [str(f["array"])], "holds a JSON list, not an object"),
+    ("num_hidden_layers 0", lambda f: [str(f["zero_layers"])], "num_hidden_layers=0 must be an integer >= 1"),
+    ("--set hidden_size=abc", lambda f: ["llama-3-8b", "--set", "hidden_size=abc"],
+     "override hidden_size='abc' must be an integer"),
+    ("--set a misspelt field", lambda f: ["llama-3-8b", "--set", "hiden_size=256"],
+     "no field 'hiden_size' (did you mean 'hidden_size'?)"),
+    ("--set without a field name", lambda f: ["llama-3-8b", "--set", "=5"], "no field name before '='"),
+    ("--set a flag to a number", lambda f: ["llama-3-8b", "--set", "tie_word_embeddings=5"],
+     "must be true or false"),
+    ("JSON null as config", lambda f: [str(f["null"])], "holds a JSON NoneType, not an object"),
+    ("model_type not a string", lambda f: [str(f["type_int"])], "model_type=5 must be a string"),
+    ("an encoder-decoder", lambda f: [str(f["t5"])], "is an encoder-decoder: inspect builds decoder-only"),
+    ("kv heads that do not divide the heads", lambda f: [str(f["kv3"])], "not a multiple of num_key_value_heads=3"),
+    ("top-k above the expert count", lambda f: [str(f["topk"])], "num_experts_per_tok=3 is more than the 2 experts"),
+    ("a zero sliding window", lambda f: [str(f["window0"])], "sliding_window=0 must be None or an integer >= 1"),
+    ("a padding id outside the vocabulary", lambda f: [str(f["pad"])], "pad_token_id=32000 is not a row of the 512"),
+    ("DeepSeek-V3 with fewer kv heads", lambda f: [str(f["mla_kv"])], "must equal num_attention_heads=4"),
+    ("--html naming a directory", lambda f: ["gpt2", "--html", str(f["array"].parent)], "is a directory"),
+    ("scan over DeepSeek-V3's dense and MoE layers",
+     lambda f: ["deepseek_v3", "--layers", "scan"], "decoder layer 1 holds other parameters than layer 0"),
+]
+
+
+@pytest.mark.parametrize("what,argv,words", CLI_BAD, ids=[b[0] for b in CLI_BAD])
+def test_cli_bad_input_exits_2_before_any_compile(what: str, argv, words: str, tmp_path, capfd,  # type: ignore
+                                                  monkeypatch) -> None:
+    from shardlab import runtime
+    from shardlab.__main__ import main
+    from shardlab.inspect import families
+
+    files = _config_files(tmp_path)
+    if argv(files)[0] == "deepseek_v3":  # the family's own tiny config, as a file (3 layers: dense, MoE, MoE)
+        path = tmp_path / "deepseek.json"
+        path.write_text(__import__("json").dumps(families.tiny_family("deepseek_v3", 3)))
+        files["deepseek"] = path
+        args = [str(path), *argv(files)[1:]]
+    else:
+        args = argv(files)
+    monkeypatch.setattr(runtime, "setup", lambda **_: pytest.fail("the device world started on bad input"))
+    capfd.readouterr()
+    assert main(["inspect", *args, "--topology", "v5e-8", "--mesh", "fsdp=8", "--quiet"]) == 2, what
+    out, err = capfd.readouterr()
+    assert words in err and out == "" and "Traceback" not in err, (what, err)
+
+
+def test_cli_rejects_an_unknown_optimizer_and_names_the_choices(capfd) -> None:  # type: ignore[no-untyped-def]
+    from shardlab.__main__ import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["inspect", "gpt2", "--optimizer", "lion"])
+    assert exc.value.code == 2 and "invalid choice: 'lion'" in capfd.readouterr().err
+
+
+def test_cli_internal_error_exits_3_with_the_traceback_in_a_file(capfd, monkeypatch) -> None:  # type: ignore
+    """A failure of inspect itself (here: validation raising something that is not bad input) is exit 3, one line
+    on the terminal and the whole traceback in a file whose path is printed."""
+    import re
+    from pathlib import Path
+
+    from shardlab.__main__ import main
+
+    def broken(self, model=True):  # type: ignore[no-untyped-def]
+        raise RuntimeError("simulated bug in inspect")
+
+    monkeypatch.setattr(InspectConfig, "validate", broken)
+    capfd.readouterr()
+    assert main(["inspect", "gpt2", "--topology", "v5e-8", "--quiet"]) == 3
+    out, err = capfd.readouterr()
+    assert out == "" and "inspect itself failed (RuntimeError: simulated bug in inspect)" in err
+    path = Path(re.search(r"Traceback: (\S+)", err).group(1))
+    text = path.read_text()
+    assert "Traceback (most recent call last)" in text and "in broken" in text
+    path.unlink()
+
+
+def test_help_names_exit_codes_kernel_dtypes_and_what_is_measured(capfd) -> None:  # type: ignore[no-untyped-def]
+    from shardlab.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(["inspect", "--help"])
+    text = capfd.readouterr().out
+    for words in ("0  the step fits", "1  it does not fit", "2  bad input", "3  inspect itself failed",
+                  "eager", "bf16", "fp32", "int64", "measured =", "derived  ="):
+        assert words in text, words

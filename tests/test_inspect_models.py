@@ -102,3 +102,47 @@ def test_a_config_object_a_model_and_a_file_give_the_same_fields(tmp_path) -> No
     c = M.load_config(model)  # a model: its config only
     for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers", "vocab_size"):
         assert getattr(a, k) == getattr(b, k) == getattr(c, k) == getattr(cfg, k)
+
+
+def _moe_input(h: int) -> torch.Tensor:
+    torch.manual_seed(0)
+    return torch.randn(2, 5, h, dtype=torch.float64)
+
+
+def _random_init(module: torch.nn.Module) -> None:
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn_like(p) * 0.3)
+
+
+@pytest.mark.parametrize("norm", [True, False])
+def test_static_qwen3_moe_equals_hf_forward(norm: bool) -> None:
+    from transformers import Qwen3MoeConfig
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+
+    cfg = Qwen3MoeConfig(hidden_size=32, moe_intermediate_size=24, num_experts=4, num_experts_per_tok=2,
+                         norm_topk_prob=norm)
+    block = Qwen3MoeSparseMoeBlock(cfg).double().eval()
+    x = _moe_input(32)
+    ref, ref_logits = block(x)
+    out, logits = M.static_qwen3_moe_forward(block, x)
+    assert torch.equal(logits, ref_logits)
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+
+
+def test_static_deepseek_moe_equals_hf_moe() -> None:
+    from transformers import DeepseekV3Config
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE
+
+    cfg = DeepseekV3Config(hidden_size=32, moe_intermediate_size=24, n_routed_experts=4, num_experts_per_tok=2,
+                           n_group=1, topk_group=1)
+    block = DeepseekV3MoE(cfg).eval()  # float32: HF's router scores in float32 (its index_add_ needs one dtype)
+    _random_init(block)
+    x = _moe_input(32).float()
+    ref = block(x)
+    with M.static_moe("deepseek_v3"):
+        out = block(x)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    assert block.moe.__func__ is DeepseekV3MoE.moe  # restored
+

@@ -82,7 +82,10 @@ def test_notebook_12_defaults(run_notebook) -> None:  # type: ignore[no-untyped-
     assert by[("inspect.tiny.fits", "tpu")] == 1
     assert by[("inspect.tiny.per_chip.bytes.params", "tpu")] == params
     assert by[("inspect.tiny.per_chip.bytes.optimizer", "tpu")] == 6 * params
-    assert by[("inspect.tiny.per_chip.bytes.grads", "tpu")] == params  # the plan's bf16 share of the temporaries
+    # gradients are derived (the plan's bf16 share of the temporaries): recorded as layout arithmetic, never as tpu
+    assert by[("inspect.tiny.layout.bytes.grads", "formula")] == params
+    assert ("inspect.tiny.per_chip.bytes.grads", "tpu") not in by
+    assert ("inspect.tiny.per_chip.bytes.activations", "tpu") not in by
     assert by[("inspect.tiny.collectives.fsdp.all-gather.per_step", "tpu")] > 0
     assert by[("inspect.tiny.collectives.tensor.all-reduce.per_step", "tpu")] > 0
     assert ("inspect.tiny.planner_ratio.total", "tpu") in by and ("inspect.tiny.compile_s", "tpu") in by

@@ -10,7 +10,7 @@ batch = 8  # global batch: sequences per step, split over every axis but tensor
 seq = 8192  # tokens per sequence
 rules = {}  # your rules {parameter-name regex: spec}, first match wins
 strict = False  # every parameter must match a rule of yours or a Megatron rule
-recompute = "full"  # full (each layer recomputed in the backward) | none
+recompute = "full"  # full (each layer recomputed in the backward) | selective (scans) | none
 layers = "scan"  # decoder layers: scan (stacked weights) | scan_layers (torch_xla's) | loop (HF's)
 tiny_topology = "v5e-8"  # slice of the live run: your model's family at tiny widths (seconds)
 tiny_mesh = "fsdp=4,tensor=2"  # mesh of the live run (your rules apply there too)
@@ -43,8 +43,9 @@ world
 # compiler for a slice you name (compile-only, the `libtpu` wheel) and reads the per-chip program:
 #
 # * **fits or not**, with the compiler's own message;
-# * **memory per chip by kind** — parameters, optimizer state, gradients, activations and other temporaries — with
-#   the **planner's prediction beside each number** and the ratio compiler / planner;
+# * **memory per chip by kind** — parameters and optimizer state *measured* (read from the program), gradients and
+#   activations + other temporaries *derived* (layout arithmetic) — with the **planner's prediction beside each
+#   number** and the ratio inspect / planner;
 # * the **largest buffers** with their shapes and the operation that made them;
 # * **every collective per mesh axis**: count per step, bytes, the planner's terms beside them;
 # * when it does not fit, the planner's **nearest plan that fits**.
@@ -87,9 +88,11 @@ print(output.text(tiny))
 # **Reading it.** *Parameters* and *optimizer state* are read exactly from the compiled program: every updated
 # weight and AdamW tensor is donated into its input, so the compiler's input/output aliases name the kind of each
 # entry argument, and its per-chip shape is in the program's header — the notebook's checks compare them with the
-# plan's arithmetic. The compiler reports its temporaries as **one number**; the *gradients* are the plan's bf16 share of it
-# (donation turns them into temporaries) and the rest is *activations + other temporaries*. The total is what the
-# capacity check counts: arguments + temporaries (outputs alias the arguments). At tiny widths the compiler's fixed
+# plan's arithmetic. The compiler reports its temporaries as **one number**; the *gradients* are **derived**, not
+# measured: the plan's bf16 share of it (donation turns them into temporaries), and the rest, *activations + other
+# temporaries*, is derived from them (the `how` column says which row is which; the chart hatches the derived
+# segments, and the record keeps the gradients as layout arithmetic, never as the compiler's number). The total is
+# what the capacity check counts: arguments + temporaries (outputs alias the arguments). At tiny widths the compiler's fixed
 # costs dominate, so the ratios to the planner are far from 1 — the full-size runs below are the ones to read.
 # *Collectives* are read from the per-chip program, each on the mesh axes its replica groups span; one inside the
 # scanned layer body runs L times per step.

@@ -10,10 +10,11 @@ memory      the entry arguments are classified exactly: the step's outputs are `
             ``input_output_alias`` (``TpuCompile.options["donated"]``) names the kind of every donated entry
             parameter; its per-chip bytes come from the program's ``entry_computation_layout``. The rest are the
             inputs (tokens, labels, buffers). The compiler reports its temporaries as one number (the HBM the
-            capacity check counts, ``TpuMemory.checked_temp``): the gradients' share is given by the plan's layout
-            (bf16, sharded like their weights: what donation turns into temporaries), the rest is activations and
-            other temporaries. Out of memory: the message's figures (``used``, ``program``, arguments when
-            evaluated) and the layout's arithmetic for the kinds.
+            capacity check counts, ``TpuMemory.checked_temp``): the gradients' share is **derived** from the plan's
+            layout (bf16, sharded like their weights: what donation turns into temporaries), the rest is
+            activations and other temporaries (also derived: temporaries - gradients). Every row says whether it
+            was measured (read from the program) or derived (``measured``). Out of memory: the message's figures
+            (``used``, ``program``, arguments when evaluated) and the layout's arithmetic for the kinds.
 collectives every logical collective of the per-chip program (``HloModule.collectives``), its mesh axes read from
             its replica groups (:func:`group_axes`: the device ids of ``np.arange(n).reshape(mesh)`` varying
             along a subset of axes), its runs per step (a collective in a scanned layer body runs L times:
@@ -21,8 +22,9 @@ collectives every logical collective of the per-chip program (``HloModule.collec
 largest     out of memory: the compiler's own list (size, shape, XLA label, operator); fits: the largest values
             the scheduled program computes (entry and loop bodies; a value need not be live at the peak).
 planner     ``plan(PlanConfig(...))`` with the HF config's sizes (``models.planner_model``), the mesh's (data, fsdp,
-            tensor) degrees, the same batch, sequence and recompute, **no flash attention** (HF's eager
-            attention is traced); :func:`nearest_fit` searches the planner for the closest plan that fits.
+            tensor) degrees, the same batch, sequence and recompute, flash attention only when the flash kernel
+            is traced (``attention='flash'``; eager and sdpa form the scores); :func:`nearest_fit` searches the
+            planner for the closest plan that fits.
 """
 
 from __future__ import annotations
@@ -223,9 +225,23 @@ def memory_rows(compiled: tpu.TpuCompile, cfg: InspectConfig,
               (totals.get("arguments"), "compiler" if totals.get("arguments") is not None else "not evaluated"),
               (total, "compiler" if compiled.fits else "compiler (message: used)" if not totals.get("lower_bound")
                else ">= message's program + layout arguments")]
-    rows = [{"kind": kind, "compiler": value, "source": source, **planner_cell(kind, value, plan)}
+    rows = [{"kind": kind, "compiler": value, "source": source, "measured": measured(kind, compiled.fits),
+             **planner_cell(kind, value, plan)}
             for (kind, _), (value, source) in zip(PLANNER_TERMS, values, strict=True)]
     return rows, totals
+
+
+# Rows read from the compiled program (when it fits): the rest is layout arithmetic (gradients) or the program's
+# temporaries minus that arithmetic (activations + other temporaries). Out of memory the compiler gives only its
+# message's figures: temporaries ("program") and the total ("used"); parameters and optimizer state are layout.
+DERIVED = ("gradients", "activations")
+
+
+def measured(kind: str, fits: bool) -> bool:
+    """Whether the memory row ``kind`` is read from the compiler (True) or derived (False)."""
+    if kind.startswith(DERIVED):
+        return False
+    return fits or kind.startswith(("temporaries", "total"))
 
 
 # The memory rows (kinds, in order) and the planner's terms beside each (None: the planner has no such term; "*":
@@ -271,11 +287,11 @@ def largest(compiled: tpu.TpuCompile, n: int = 8) -> list[dict[str, Any]]:
 # ------------------------------------------------------------------------------------------------------ planner
 
 def plan_config(cfg: InspectConfig, **changes: Any) -> Any:
-    """The planner's configuration of this run (the traced attention has no flash kernel)."""
+    """The planner's configuration of this run (flash attention as traced: only ``attention='flash'``)."""
     d, f, t = cfg.degrees
     model, _ = planner_model(cfg.hf_config(), cfg.model_name)
     kw = {"data": d, "fsdp": f, "tensor": t, "recompute": cfg.recompute, "global_batch": cfg.batch, "seq": cfg.seq,
-          "flash_attention": False, "fit_margin": cfg.fit_margin, **changes}
+          "flash_attention": cfg.attention == "flash", "fit_margin": cfg.fit_margin, **changes}
     return P.PlanConfig(model, kw.pop("topology", cfg.topology), **kw)
 
 

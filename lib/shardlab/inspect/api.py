@@ -156,7 +156,8 @@ def run(cfg: InspectConfig, progress: Progress | None = None, confirm: bool = Fa
     label = f"inspect {cfg.label}"
     trace_s: float | None = None
     if world is not None and world.num_devices == cfg.chips:
-        say(f"tracing the training step ({cfg.layers}, recompute {cfg.recompute}) with placeholders")
+        say(f"tracing the training step ({cfg.layers}, recompute {cfg.recompute}, attention {cfg.attention}) with "
+            "placeholders")
         t0 = time.perf_counter()
         built = step.build(cfg)
         trace_s = time.perf_counter() - t0
@@ -177,7 +178,12 @@ def run(cfg: InspectConfig, progress: Progress | None = None, confirm: bool = Fa
     if lay.hf_config.model_type == "mixtral":
         notes.append("MoE dispatch traced in its static form (every expert on every token, weighted by the router; "
                      "HF's expert loop has data-dependent shapes a placeholder trace cannot follow)")
-    notes.append("attention: HF eager (the [b, a, s, s] scores exist): the planner's no-flash prediction is compared")
+    notes.append({"eager": "attention: HF eager (the [b, a, s, s] scores exist): the planner's no-flash prediction "
+                           "is compared",
+                  "sdpa": "attention: HF sdpa (torch_xla lowers it to matmul-softmax-matmul: the [b, a, s, s] "
+                          "scores exist): the planner's no-flash prediction is compared",
+                  "flash": "attention: torch_xla's Pallas flash kernel (compile-only, as notebook 08b; no [s, s] "
+                           "array): the planner's flash prediction is compared"}[cfg.attention])
     rows, totals = A.memory_rows(compiled, cfg, plan)
     coll = A.collective_rows(compiled.module, cfg) if compiled.module is not None else []
     real = sum(p.numel for p in lay.params)

@@ -6,8 +6,8 @@ Design note: the process sets its own device world up with the slice's chip coun
 redirects fd 2 to filter libtpu's noise). Every bad input is found before the device world starts where it can
 be (the slice, the mesh, the batch, the model, the rules) and the rest before any compile.
 
-Exit status: 0 the step fits, 1 it does not fit, 2 bad input (the message names the value and the rule) or
-inspect itself failed (with the traceback).
+Exit status: 0 the step fits, 1 it does not fit, 2 bad input (the message names the value and the rule; found
+before any compile), 3 inspect itself failed (the traceback is written to a file whose path is printed).
 
 Examples::
 
@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -30,18 +31,43 @@ from typing import IO, Any
 
 from shardlab import runtime
 from shardlab.inspect import output
-from shardlab.inspect.config import LAYER_MODES, RECOMPUTE, InspectInputError, make_config
+from shardlab.inspect.attention import ATTENTION
+from shardlab.inspect.config import LAYER_MODES, OPTIMIZERS, RECOMPUTE, InspectInputError, make_config
 from shardlab.profile.tpu import quiet_libtpu
-from shardlab.report.datatypes import EXIT_RUNNER
+
+EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
+
+EPILOG = """\
+exit status:
+  0  the step fits on the slice (the compiler's verdict)
+  1  it does not fit (the compiler ran out of memory; its message is printed)
+  2  bad input: the message names the value and the rule, and nothing was compiled
+  3  inspect itself failed: the traceback is saved to a file whose path is printed
+
+what is traced:
+  weights bf16 (placeholders, nothing allocated), tokens and labels int64, HF's loss on fp32 logits;
+  AdamW state fp32 (master weights, exp_avg, exp_avg_sq) sharded like each weight and donated into its update.
+  attention (--attention): eager (default) and sdpa are HF's implementations: the [b, heads, s, s] scores
+  exist in the program (the planner's no-flash prediction is compared); flash is torch_xla's Pallas
+  FlashAttention kernel compiled compile-only (no [s, s] array; the planner's flash prediction is compared).
+
+measured vs derived (labelled in every output):
+  measured = read from the compiled XLA:TPU program: fits, total, arguments, temporaries, parameters and
+  optimizer state (the entry parameters the donation names), collectives and their mesh axes, largest buffers.
+  derived  = layout arithmetic, not read from the program: the gradients (bf16, sharded like their weights,
+  inside the temporaries) and "activations + other temporaries" = temporaries - gradients.
+"""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """The ``inspect`` subcommand's arguments (on ``python -m shardlab``'s subparsers)."""
     ip = sub.add_parser("inspect", help="compile an HF model's training step for a TPU slice (compile-only)",
                         description="Will this Hugging Face model's training step fit on a TPU slice, and what does "
-                                    "it communicate? Weights and inputs are placeholders: nothing is allocated.")
+                                    "it communicate? Weights and inputs are placeholders: nothing is allocated.",
+                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     ip.add_argument("model", help="a preset in data/models (llama-3-8b, mistral-7b, mixtral-8x7b, gpt2, gemma-2b) "
-                    "or a config.json path")
+                    "or a config.json path (Llama, Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, Gemma, Gemma 2, "
+                    "Gemma 3 text, Phi-3, GPT-2, GPT-NeoX, DeepSeek-V3, gpt-oss are tested)")
     ip.add_argument("--topology", default="v6e-8",
                     help="TPU slice: v5e-8, v6e-8, v6e-64 ... (libtpu's form, e.g. v6e:2x4, is accepted too)")
     ip.add_argument("--mesh", default="fsdp=8", help="mesh axes NAME=SIZE in device order (default fsdp=8)")
@@ -57,12 +83,17 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     ip.add_argument("--batch", type=int, default=8, help="global batch (sequences per step)")
     ip.add_argument("--seq", type=int, default=2048, help="tokens per sequence")
     ip.add_argument("--recompute", default="full", choices=RECOMPUTE)
+    ip.add_argument("--attention", default="eager", choices=ATTENTION,
+                    help="eager / sdpa: HF's implementations (the [b, heads, s, s] scores exist); flash: torch_xla's "
+                         "Pallas FlashAttention kernel, traced for the TPU compile-only (causal; refused for sliding "
+                         "windows, soft-capping, sinks)")
     ip.add_argument("--layers", default="scan", choices=LAYER_MODES,
                     help="scan: stacked weights + torch_xla scan; scan_layers: torch_xla's scan_layers; loop: HF's")
     ip.add_argument("--num-layers", type=int, default=None, help="override the layer count (quick checks)")
     ip.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="override a config field (JSON value), e.g. --set hidden_size=256")
-    ip.add_argument("--optimizer", default="adamw")
+    ip.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS,
+                    help="adamw: fp32 master weights, exp_avg, exp_avg_sq per parameter")
     ip.add_argument("--no-donate", dest="donate", action="store_false",
                     help="compile without aliasing the updated state to its inputs")
     ip.add_argument("--confirm", action="store_true", help="when it does not fit, compile the planner's nearest plan "
@@ -114,10 +145,32 @@ class Progress:
 
 
 def _value(text: str) -> Any:
+    """A ``--set`` value: JSON (``256``, ``true``, ``null``, ``[1, 2]``), else the text itself (checked against the
+    field's type by ``models.check_overrides``)."""
     try:
         return json.loads(text)
     except json.JSONDecodeError:
         return text
+
+
+def check_html_path(path: Path | None) -> None:
+    """``--html`` names a file that can be written (checked before any compile, not after minutes of it)."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise InspectInputError(f"--html {path}: is a directory; give a file name, e.g. {path / 'inspect.html'}")
+    parent = path.parent if str(path.parent) else Path(".")
+    existing = next((p for p in (parent, *parent.parents) if p.exists()), Path("."))
+    if not existing.is_dir() or not os.access(existing, os.W_OK):
+        raise InspectInputError(f"--html {path}: {existing} is not a writable directory")
+
+
+def save_traceback() -> Path:
+    """The current exception's traceback in a new file under the temp directory; its path."""
+    fd, name = tempfile.mkstemp(prefix="shardlab-inspect-", suffix=".traceback.txt")
+    with os.fdopen(fd, "w") as f:
+        traceback.print_exc(file=f)
+    return Path(name)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -136,13 +189,17 @@ def main(args: argparse.Namespace) -> int:
             k, sep, v = s.partition("=")
             if not sep:
                 raise InspectInputError(f"--set {s!r} is not FIELD=VALUE")
+            if not k:
+                raise InspectInputError(f"--set {s!r}: no field name before '='")
             overrides[k] = _value(v)
         fsdp = None if args.fsdp == "none" else args.fsdp if args.fsdp == "auto" else tuple(args.fsdp.split("+"))
         tensor = None if args.tensor == "none" else args.tensor
         cfg = make_config(args.model, mesh=args.mesh, topology=args.topology, fsdp=fsdp, tensor=tensor, rules=rules,
                           batch=args.batch, seq=args.seq, optimizer=args.optimizer, recompute=args.recompute,
-                          layers=args.layers, strict=args.strict, num_layers=args.num_layers, overrides=overrides,
+                          layers=args.layers, attention=args.attention, strict=args.strict,
+                          num_layers=args.num_layers, overrides=overrides,
                           donate=args.donate)
+        check_html_path(args.html)
         progress("checking the slice, mesh, batch, model and rules")
         cfg.validate()
 
@@ -160,16 +217,17 @@ def main(args: argparse.Namespace) -> int:
     except InspectInputError as exc:
         progress.close()
         print(f"error: {exc}", file=err)
-        return EXIT_RUNNER
+        return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         progress.close()
         print("interrupted", file=err)
-        return EXIT_RUNNER
-    except Exception:  # noqa: BLE001 - inspect itself failed: say so, with the traceback
+        return EXIT_INTERNAL
+    except Exception as exc:  # noqa: BLE001 - inspect itself failed: say so, traceback in a file
         progress.close()
-        traceback.print_exc(file=err)
-        print("error: inspect itself failed (see the traceback above)", file=err)
-        return EXIT_RUNNER
+        path = save_traceback()
+        print(f"error: inspect itself failed ({type(exc).__name__}: {str(exc)[:300]}); this is a bug in inspect, "
+              f"not in your input. Traceback: {path}", file=err)
+        return EXIT_INTERNAL
     progress.close()
     if args.html:
         args.html.parent.mkdir(parents=True, exist_ok=True)

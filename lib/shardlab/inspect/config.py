@@ -39,10 +39,11 @@ from typing import Any, TypeAlias
 from shardlab.formulas import hardware
 from shardlab.inspect import models as M
 from shardlab.inspect import sharding as S
+from shardlab.inspect.attention import ATTENTION, flash_refusal, flash_seq_refusal
 from shardlab.profile import tpu
 
 OPTIMIZERS = ("adamw",)
-RECOMPUTE = ("full", "none")
+RECOMPUTE = ("full", "selective", "none")
 LAYER_MODES = ("scan", "scan_layers", "loop")
 AUTO = "auto"
 # a mesh as a user writes it: "data=2,fsdp=4", {"data": 2, "fsdp": 4} or pairs
@@ -67,8 +68,10 @@ class InspectConfig:
     batch: int = 8  # global batch: sequences per step, split over every mesh axis except the tensor axis
     seq: int = 2048  # tokens per sequence
     optimizer: str = "adamw"  # AdamW: fp32 master weights, exp_avg, exp_avg_sq, updated in place (donated)
-    recompute: str = "full"  # full: each layer recomputed in the backward (saves its input only) | none
+    recompute: str = "full"  # full: each layer recomputed in the backward (saves its input only) | selective:
+    # the projections' outputs kept, the attention core and elementwise ops recomputed (scans only) | none
     layers: str = "scan"  # decoder layers: scan (stacked weights) | scan_layers (torch_xla's) | loop (HF's own)
+    attention: str = "eager"  # eager | sdpa (HF's; [b, a, s, s] scores exist) | flash (torch_xla's Pallas kernel)
     num_layers: int | None = None  # override the config's layer count (quick checks); None = as published
     donate: bool = True  # parameters and optimizer state aliased to their updates (torch_xla's in-place step)
     fit_margin: float = 0.10  # the planner's: "fits" only under (1 - fit_margin) x usable HBM
@@ -121,7 +124,8 @@ class InspectConfig:
         ``model=False``: only the rules that need no model build (slice, mesh, axes, batch; no torch import)."""
         chips = check_slice(self.topology)
         for name, value, allowed in (("optimizer", self.optimizer, OPTIMIZERS), ("recompute", self.recompute,
-                                     RECOMPUTE), ("layers", self.layers, LAYER_MODES)):
+                                     RECOMPUTE), ("layers", self.layers, LAYER_MODES),
+                                     ("attention", self.attention, ATTENTION)):
             if value not in allowed:
                 raise InspectInputError(f"{name}={value!r} must be one of {allowed}")
         names = [a for a, _ in self.mesh]
@@ -155,6 +159,10 @@ class InspectConfig:
             raise InspectInputError(f"num_layers={self.num_layers!r} must be None or an integer >= 1")
         if not 0 <= self.fit_margin < 1:
             raise InspectInputError(f"fit_margin={self.fit_margin!r} must be in [0, 1)")
+        if self.recompute == "selective" and self.layers == "loop":
+            raise InspectInputError("recompute='selective' needs a partition of each layer's forward and backward, "
+                                    "which HF's loop under torch_xla's checkpoint does not take: use layers='scan' "
+                                    "or 'scan_layers'")
         if not model:
             return self
         try:
@@ -171,6 +179,10 @@ class InspectConfig:
                                         "gives each device whole heads")
             if kv % t and t % kv:
                 raise InspectInputError(f"kv_heads={kv} and {self.tensor}={t}: one must divide the other")
+        if self.attention == "flash":
+            why = flash_refusal(c, M.layer_windows(c, lay.num_layers)) or flash_seq_refusal(self.seq)
+            if why:
+                raise InspectInputError(f"attention='flash': {why}; use attention='eager' or 'sdpa'")
         positions = getattr(c, "n_positions", None) if c.model_type == "gpt2" else None
         if positions is not None and self.seq > positions:
             raise InspectInputError(f"seq={self.seq} is longer than the {positions} learned position embeddings of "
@@ -288,6 +300,10 @@ def layout(cfg: InspectConfig) -> Layout:
     params = M.parameters(model, path)
     specs, origins = S.resolve(params, cfg.rules, cfg.tensor, cfg.fsdp, cfg.mesh_dict, cfg.strict)
     n_layers = len(model.get_submodule(path))
+    if cfg.layers != "loop":
+        why = M.scan_refusal(hf, params)
+        if why:
+            raise M.ModelInputError(f"layers={cfg.layers!r}: {why}; use layers='loop'")
     stacked: dict[str, list[str]] = {}
     for p in params:
         if p.layer is not None:

@@ -2,8 +2,10 @@
 
 Design note: text only, from the result's plain data (so cached results render the same). The HTML page uses
 the report's style (``shardlab.report.html``: its CSS, table and figure helpers) with plotly.js inlined once: a
-stacked per-chip memory bar (compiler | planner, one segment per kind, the chip's capacity as a line), the
-memory table with ratios, the largest buffers, the collectives per mesh axis, the notes.
+stacked per-chip memory bar (inspect | planner, one segment per kind, derived segments hatched, the chip's
+capacity as a line), the memory table with ratios, the largest buffers, the collectives per mesh axis, the notes.
+Every memory row says how it was obtained: measured (read from the compiled program) or derived (layout
+arithmetic, or temporaries minus it).
 """
 
 from __future__ import annotations
@@ -50,6 +52,19 @@ def ratio(x: float | None) -> str:
     return "–" if x is None else f"{x:.3f}"
 
 
+def is_measured(m: dict[str, Any], fits: bool) -> bool:
+    """A memory row's label; results cached before the label existed are read with today's rule."""
+    if "measured" in m:
+        return bool(m["measured"])
+    from shardlab.inspect.analysis import measured
+
+    return measured(m["kind"], fits)
+
+
+def how(m: dict[str, Any], fits: bool = True) -> str:
+    return "measured" if is_measured(m, fits) else "derived"
+
+
 def verdict_line(r: InspectResult) -> str:
     if r.fits:
         t = r.totals
@@ -64,8 +79,9 @@ def planner_line(r: InspectResult) -> str:
         return "planner: no prediction (" + "; ".join(n for n in r.notes if n.startswith("planner:")) + ")"
     word = "fits" if p["fits"] else "at risk" if p["at_risk"] else "does not fit"
     agree = "agrees" if p["fits"] == r.fits else "DISAGREES"
-    return (f"planner (no flash attention, as traced): {word}, {human(p['total'])} per chip — {agree} with the "
-            "compiler")
+    flash = r.config.get("attention", "eager") == "flash"
+    return (f"planner ({'flash' if flash else 'no flash'} attention, as traced): {word}, {human(p['total'])} per chip"
+            f" — {agree} with the compiler")
 
 
 def memory_unit(r: InspectResult) -> tuple[str, int]:
@@ -91,9 +107,11 @@ def text(r: InspectResult) -> str:
     parts = [f"inspect {r.label}", f"compiled for {r.topology} by XLA:TPU (compile-only) in {r.compile_s:.1f} s "
              f"({where})", verdict_line(r), planner_line(r), ""]
     u = memory_unit(r)
-    rows = [[m["kind"], size(m["compiler"], u), m["source"], size(m["planner"], u), ratio(m["ratio"])]
+    rows = [[m["kind"], size(m["compiler"], u), how(m, r.fits), m["source"], size(m["planner"], u), ratio(m["ratio"])]
             for m in r.memory]
-    parts.append(_table(["per chip", f"compiler {u[0]}", "source", f"planner {u[0]}", "ratio"], rows))
+    parts.append(_table(["per chip", f"inspect {u[0]}", "how", "source", f"planner {u[0]}", "ratio"], rows))
+    parts.append("how: measured = read from the compiled program; derived = layout arithmetic (gradients) or "
+                 "the program's temporaries minus it")
     p = r.params
     parts.append(f"parameters: {p['model']:,} in the model, {p['planner'] or 0:,} by the planner's sizes "
                  f"(ratio {ratio(p['ratio'])}); rules: " + ", ".join(f"{k} {v}" for k, v in sorted(r.rules.items())))
@@ -147,8 +165,14 @@ def memory_figure(r: InspectResult) -> Any:
     }
     name_u, div = memory_unit(r)
     fig = go.Figure()
+    derived = {"gradients", "activations + other temporaries"}
+    if not r.fits:
+        derived |= {"parameters", "optimizer state"}  # out of memory: the layout's arithmetic
+    x = ["inspect (hatched: derived)", "planner"]
     for name, (c, pl) in segs.items():
-        fig.add_bar(name=name, x=["compiler", "planner"], y=[max(c or 0, 0) / div, (pl or 0) / div])
+        label = f"{name} (derived)" if name in derived else name
+        fig.add_bar(name=label, x=x, y=[max(c or 0, 0) / div, (pl or 0) / div],
+                    marker_pattern_shape=["/" if name in derived else "", ""])
     cap = r.totals.get("capacity")
     title = f"per-chip memory, {r.topology}"
     if cap and name_u == "GiB":
@@ -170,9 +194,12 @@ def _body(r: InspectResult, chart: str) -> list[str]:
             f"({esc(r.where)})</p>",
             f"<p>{esc(verdict_line(r))}</p><p>{esc(planner_line(r))}</p>", chart,
             "<h2>Memory per chip</h2>",
-            table(["kind", f"compiler {mu[0]}", "source", f"planner {mu[0]}", "ratio"],
-                  [[esc(m["kind"]), size(m["compiler"], mu), esc(m["source"]), size(m["planner"], mu),
-                    ratio(m["ratio"])] for m in r.memory]),
+            table(["kind", f"inspect {mu[0]}", "how", "source", f"planner {mu[0]}", "ratio"],
+                  [[esc(m["kind"]), size(m["compiler"], mu), how(m, r.fits), esc(m["source"]),
+                    size(m["planner"], mu), ratio(m["ratio"])] for m in r.memory]),
+            "<p class='muted'>how: <b>measured</b> = read from the compiled program; <b>derived</b> = layout "
+            "arithmetic (the gradients: bf16, sharded like their weights) or the program's temporaries minus it "
+            "(activations + other temporaries)</p>",
             f"<p class='muted'>parameters: {r.params['model']:,} in the model, {r.params['planner'] or 0:,} by the "
             f"planner's sizes; rules: {esc(', '.join(f'{k} {v}' for k, v in sorted(r.rules.items())))}</p>",
             "<h2>Largest buffers</h2>",

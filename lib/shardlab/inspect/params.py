@@ -45,7 +45,7 @@ class YourModelParams(NotebookParams):
     seq: int = 8192  # tokens per sequence
     rules: dict = field(default_factory=dict)  # your rules {parameter-name regex: spec}, first match wins
     strict: bool = False  # every parameter must match a rule of yours or a Megatron rule
-    recompute: str = "full"  # full (each layer recomputed in the backward) | none
+    recompute: str = "full"  # full (each layer recomputed in the backward) | selective (scans) | none
     layers: str = "scan"  # decoder layers: scan (stacked weights) | scan_layers (torch_xla's) | loop (HF's)
     tiny_topology: str = "v5e-8"  # slice of the live run: your model's family at tiny widths (seconds)
     tiny_mesh: str = "fsdp=4,tensor=2"  # mesh of the live run (your rules apply there too)

@@ -16,7 +16,15 @@ or None = not split), resolved in this order (first match wins):
 
    norms, biases of row-parallel layers, position embeddings and the MoE router stay replicated over ``tensor``;
 3. **FSDP** over the ``fsdp`` axes (one axis or several): the first dimension no earlier rule split whose size
-   the FSDP degree divides (else the largest such dimension, padded by GSPMD); a 1-element dimension is skipped.
+   the FSDP degree divides (else the largest such dimension, padded by GSPMD); a dimension smaller than the
+   degree is never split.
+   **Fused projections** (:data:`FUSED`: Phi-3's ``qkv_proj`` / ``gate_up_proj``, GPT-NeoX's
+   ``query_key_value``, Baichuan's ``W_pack``, DeepSeek-V3's MLA projections, gpt-oss's expert ``gate_up_proj``:
+   weights whose output the model slices into parts) are split on another dimension (``nn.Linear``'s input),
+   and their biases stay whole: split on the
+   fused output dimension, each part would sit on a subset of the devices and the slicing after the matmul would
+   move it (the all-to-alls and collective-permutes issue 29 measured on Phi-3). GPT-2's ``c_attn`` is a
+   ``Conv1D`` ``[in, q | k | v]``: its first dimension is already the input.
 
 Errors (``PlanInputError``, raised before anything is traced) name the rule and the parameter: a rule of yours
 that matches no parameter, a spec whose length is not the parameter's rank, an axis the mesh does not have, an
@@ -69,6 +77,24 @@ _MEGATRON: tuple[tuple[str, tuple[str | None, ...], str], ...] = (
     (r"(^|\.)(c_attn|c_fc)\.bias$", ("T",), "column (Conv1D)"),
     (r"(^|\.)c_proj\.weight$", ("T", None), "row (Conv1D [in, out])"),
 )
+
+
+# Tensors whose output the model slices into parts (q / k / v, gate / up, MLA's compressed kv / rope key, each
+# head's nope / rope parts): (regex, the dimensions FSDP must not split; None = keep the tensor whole).
+FUSED: tuple[tuple[str, tuple[int, ...] | None], ...] = (
+    (r"(^|\.)(qkv_proj|gate_up_proj|query_key_value|W_pack|kv_a_proj_with_mqa|q_b_proj|kv_b_proj)\.weight$", (0,)),
+    (r"(^|\.)(qkv_proj|gate_up_proj|query_key_value|W_pack|kv_a_proj_with_mqa|q_b_proj|kv_b_proj)\.bias$", None),
+    (r"(^|\.)experts\.gate_up_proj$", (2,)),  # gpt-oss: [E, h, 2 x ffn], gate and up interleaved (::2)
+    (r"(^|\.)experts\.gate_up_proj_bias$", None),  # gpt-oss: [E, 2 x ffn]
+)
+
+
+def fused_skip(name: str) -> tuple[bool, tuple[int, ...] | None]:
+    """``(is a fused tensor, the dimensions FSDP must not split or None = keep it whole)``."""
+    for pattern, skip in FUSED:
+        if re.search(pattern, name):
+            return True, skip
+    return False, ()
 
 
 def megatron_rules(tensor_axis: str) -> list[Rule]:
@@ -137,9 +163,14 @@ def check_spec(name: str, shape: tuple[int, ...], spec: Spec, rule: Rule, mesh: 
         raise PlanInputError(f"rule {rule.pattern!r} ({rule.origin}) uses a mesh axis twice in {spec} for {name}")
 
 
-def fsdp_dim(shape: tuple[int, ...], spec: Spec, degree: int) -> int | None:
-    """The dimension FSDP splits: the first free one ``degree`` divides, else the largest free one (> 1)."""
-    free = [i for i, (d, s) in enumerate(zip(shape, spec, strict=True)) if s is None and d > 1]
+def fsdp_dim(shape: tuple[int, ...], spec: Spec, degree: int, skip: tuple[int, ...] = ()) -> int | None:
+    """The dimension FSDP splits: the first free one ``degree`` divides, else the largest free one; dimensions in
+    ``skip`` only when no other is free (a fused projection's output dimension). A dimension smaller than the
+    degree is never split: XLA:TPU keeps such a tensor whole (measured: gpt-oss's attention sinks and router bias
+    ``[L, 4]`` over fsdp 8 are whole in the compiled program's header)."""
+    free = [i for i, (d, s) in enumerate(zip(shape, spec, strict=True)) if s is None and d >= max(degree, 2)]
+    if any(i not in skip for i in free):
+        free = [i for i in free if i not in skip]
     if not free or degree <= 1:
         return None
     even = [i for i in free if shape[i] % degree == 0]
@@ -161,7 +192,10 @@ def resolve_one(name: str, shape: tuple[int, ...], user: Sequence[Rule], tp: Seq
     if rule:
         check_spec(name, shape, spec, rule, mesh)
     if fsdp_axes and not any(a in fsdp_axes for s in spec for a in _axes(s)):
-        d = fsdp_dim(shape, spec, fsdp_degree)
+        fused, skip = fused_skip(name) if rule is None else (False, ())
+        if fused and skip is None:
+            return spec, rule  # a fused bias: whole (small; split, its parts would move like the weight's)
+        d = fsdp_dim(shape, spec, fsdp_degree, skip=skip or ())
         if d is not None:
             spec = tuple((fsdp_axes[0] if len(fsdp_axes) == 1 else fsdp_axes) if i == d else s
                          for i, s in enumerate(spec))
