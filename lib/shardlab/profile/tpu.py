@@ -487,16 +487,25 @@ def parameter_propagation(hlo_text: str, count: int) -> list[bool]:
     return [not sharded.get(i, False) for i in range(count)]
 
 
-def pin_shardings(proto: bytes, output_shardings: list[str], aliases: Mapping[int, int] | None = None
+def pin_shardings(proto: bytes, output_shardings: list[str], aliases: Mapping[int, int] | None = None,
+                  retarget: tuple[tuple[int, ...], tuple[int, ...]] | None = None
                   ) -> tuple[bytes, list[bool], list[bool]]:
     """The StableHLO module of ``proto`` with ``output_shardings[i]`` (HLO sharding text, "" = none) set as result
     i's sharding, and which parameters / results sharding propagation may still choose: those without one.
-    ``aliases`` (``{parameter: output}``, see :func:`donation`) become ``tf.aliasing_output`` argument attributes."""
+    ``aliases`` (``{parameter: output}``, see :func:`donation`) become ``tf.aliasing_output`` argument attributes.
+    ``retarget = (trace mesh, target mesh)``: every sharding of the module (and ``output_shardings``) is rewritten
+    from the mesh the graph was traced on to the target mesh (:mod:`shardlab.profile.retarget`)."""
+    from shardlab.profile import retarget as R
+
     b = _backend()
     computation = b.XlaComputation(proto)
     free_params = parameter_propagation(computation.as_hlo_text(), len(computation.program_shape().parameter_shapes()))
+    if retarget:
+        output_shardings = [R.retarget_sharding(o, *retarget) if o else o for o in output_shardings]
     with b.make_ir_context():
         module = b.ir.Module.parse(b.hlo_to_stablehlo(proto))
+        if retarget:  # global shapes stay; only the tile assignments name devices
+            module = b.ir.Module.parse(R.retarget_module(str(module), *retarget))
         main = next(op for op in module.body.operations
                     if "sym_name" in op.attributes and b.ir.StringAttr(op.attributes["sym_name"]).value == "main")
         n_out = len(b.ir.FunctionType(b.ir.TypeAttr(main.attributes["function_type"]).value).results)
@@ -521,7 +530,8 @@ def pin_shardings(proto: bytes, output_shardings: list[str], aliases: Mapping[in
 
 def _compile_proto(proto: bytes, topo: Topology, disable_passes: tuple[str, ...],
                    debug_options: Mapping[str, Any], auto_spmd_mesh: tuple[int, ...] | None = None,
-                   output_shardings: list[str] | None = None, aliases: Mapping[int, int] | None = None) -> Any:
+                   output_shardings: list[str] | None = None, aliases: Mapping[int, int] | None = None,
+                   retarget: tuple[tuple[int, ...], tuple[int, ...]] | None = None) -> Any:
     """Compile a pre-partitioning HLO proto for ``topo``; returns the compile-only executable."""
     b = _backend()
     devices = _device_list(topo.name)
@@ -539,7 +549,8 @@ def _compile_proto(proto: bytes, topo: Topology, disable_passes: tuple[str, ...]
     # torch_xla proto: it silently compiles a replicated program (measured: no collectives, full weights).
     build.use_shardy_partitioner = False
     # Vector sizes must be 1 or exactly the counts, or XLA aborts the process (CHECK failure).
-    module, free_params, free_outputs = pin_shardings(proto, list(output_shardings or [""] * n_out), aliases)
+    module, free_params, free_outputs = pin_shardings(proto, list(output_shardings or [""] * n_out), aliases,
+                                                      retarget)
     build.allow_spmd_sharding_propagation_to_parameters = free_params
     build.allow_spmd_sharding_propagation_to_output = free_outputs
     if disable_passes:
@@ -584,7 +595,8 @@ CACHE_HITS = 0
 def compile_tensors(outputs: list[Any], topology: str = DEFAULT_TOPOLOGY, *, disable_passes: tuple[str, ...] = (),
                     debug_options: Mapping[str, Any] | None = None, label: str = "",
                     auto_spmd_mesh: tuple[int, ...] | None = None,
-                    donate: Mapping[int, Any] | None = None) -> TpuCompile:
+                    donate: Mapping[int, Any] | None = None,
+                    retarget: tuple[tuple[int, ...], tuple[int, ...]] | None = None) -> TpuCompile:
     """Compile the graph producing ``outputs`` (this process's SPMD world, not synced) for ``topology``.
 
     ``donate`` (``{output index: input tensor}``): output i reuses input tensor's buffer, as torch_xla's in-place
@@ -595,12 +607,23 @@ def compile_tensors(outputs: list[Any], topology: str = DEFAULT_TOPOLOGY, *, dis
     ``auto_spmd_mesh`` (e.g. ``(8,)``): let XLA's auto-sharding choose the shardings on a mesh of that shape
     (the build option ``use_auto_spmd_partitioning``); with the XLA:TPU flag
     ``xla_tpu_auto_spmd_remove_all_user_shardings`` it also ignores the graph's own annotations.
+    ``retarget = (trace mesh, target mesh)`` (e.g. ``((2, 4), (64, 4))``): trace small, compile big — the graph was
+    built on this process's world with the trace mesh, and is compiled for ``topology`` with every sharding
+    rewritten to the target mesh (:mod:`shardlab.profile.retarget`; its errors say what cannot be retargeted).
     """
     import torch_xla  # in the functions, not at the top: profile is imported before runtime.setup()
 
+    from shardlab.profile import retarget as R
+
     topo = get_topology(topology)
     world = runtime.current()
-    if world.num_devices != topo.chips:
+    if retarget is not None:
+        small, big = R.check_meshes(*retarget)
+        retarget = (small, big)
+        if math.prod(small) != world.num_devices or math.prod(big) != topo.chips:
+            raise ValueError(f"retarget={retarget}: the trace mesh must span this process's {world.num_devices} "
+                             f"devices and the target mesh the {topo.chips} chips of {topology!r}")
+    elif world.num_devices != topo.chips:
         raise ValueError(
             f"topology={topology!r} has {topo.chips} chips but this process's world has "
             f"num_devices={world.num_devices}: the graph's mesh must span the topology's chips. Use "
@@ -618,6 +641,8 @@ def compile_tensors(outputs: list[Any], topology: str = DEFAULT_TOPOLOGY, *, dis
     options: dict[str, Any] = {"disable_passes": list(disable_passes), "debug_options": debug_options}
     if auto_spmd_mesh:
         options["auto_spmd_mesh"] = list(auto_spmd_mesh)
+    if retarget:
+        options["retarget"] = [list(retarget[0]), list(retarget[1])]  # traced on, compiled for
     aliases = donation(outputs, donate) if donate else {}
     if aliases:
         options["donated"] = sorted((o, k) for k, o in aliases.items())  # (output index, entry parameter)
@@ -627,7 +652,7 @@ def compile_tensors(outputs: list[Any], topology: str = DEFAULT_TOPOLOGY, *, dis
     # mat-mul precision; f32 weights are all-gathered in bf16 at "default" and in f32 at "high").
     key = (bytes(torch_xla._XLAC._get_graph_hash(outputs)), hashlib.sha256(proto).hexdigest(), topology,
            disable_passes, tuple(sorted((k, repr(v)) for k, v in debug_options.items())), auto_spmd_mesh,
-           tuple(output_shardings), tuple(sorted(aliases.items())))
+           tuple(output_shardings), tuple(sorted(aliases.items())), retarget)
     global CACHE_HITS
     with _LOCK:
         if key in _CACHE:
@@ -637,7 +662,7 @@ def compile_tensors(outputs: list[Any], topology: str = DEFAULT_TOPOLOGY, *, dis
         t0 = time.perf_counter()
         try:
             exe = _compile_proto(proto, topo, disable_passes, debug_options, auto_spmd_mesh, output_shardings,
-                                 aliases)
+                                 aliases, retarget)
         except Exception as e:  # XlaRuntimeError; only out-of-memory becomes data
             oom = parse_oom(str(e))
             if oom is None:
@@ -665,26 +690,33 @@ def compile_built(built: list[Any] | Step, topology: str, donate: bool = True, *
 def compile_program(build: Callable[[Any], list[Any] | Step], cfg: Any, topology: str = DEFAULT_TOPOLOGY, *,
                     disable_passes: tuple[str, ...] = (), debug_options: Mapping[str, Any] | None = None,
                     label: str = "", auto_spmd_mesh: tuple[int, ...] | None = None,
-                    donate: bool = True) -> TpuCompile:
+                    donate: bool = True, retarget: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+                    ) -> TpuCompile:
     """``build(cfg)`` (an importable module-level function returning output tensors, or a :class:`Step` that also
     says which outputs update which inputs in place), compiled for ``topology``. ``donate=False`` compiles a
     :class:`Step` without its donations (every update a second copy in the outputs).
 
     Runs in this process when its world has the topology's chip count; otherwise in a persistent worker
     process with ``CPU_NUM_DEVICES=<chips>`` (one per chip count, reused), so a 1-device notebook can still show
-    the tensor-parallel program of a 4-chip slice.
+    the tensor-parallel program of a 4-chip slice. With ``retarget = (trace mesh, target mesh)`` the world has the
+    trace mesh's devices: ``cfg`` builds the graph on the trace mesh, and it is compiled for the target mesh
+    (:func:`compile_tensors`).
     """
     topo = get_topology(topology)
     opts: dict[str, Any] = {"disable_passes": tuple(disable_passes), "debug_options": dict(debug_options or {}),
                             "label": label, "auto_spmd_mesh": tuple(auto_spmd_mesh) if auto_spmd_mesh else None,
                             "donate": bool(donate)}
+    chips = topo.chips
+    if retarget is not None:
+        opts["retarget"] = (tuple(retarget[0]), tuple(retarget[1]))
+        chips = math.prod(opts["retarget"][0])
     try:
         world = runtime.current()
     except RuntimeError:
         world = None
-    if world is not None and world.num_devices == topo.chips:
+    if world is not None and world.num_devices == chips:
         return compile_built(build(cfg), topology, **opts)
     global CACHE_HITS
-    result = worker_for(topo.chips).compile(build, cfg, topology, opts)
+    result = worker_for(chips).compile(build, cfg, topology, opts)
     CACHE_HITS += int(result.cached)  # served from the worker's cache
     return result
