@@ -256,3 +256,23 @@ def differences(direct: Any, small: Any) -> dict[str, tuple[Any, Any]]:
         first = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
         out["program"] = (a[first] if first < len(a) else "<end>", b[first] if first < len(b) else "<end>")
     return out
+
+
+TRACE_DEVICES = 8  # the suite's default CPU world: a trace mesh fits in it
+
+
+def trace_mesh(target_mesh: Sequence[int], max_devices: int = TRACE_DEVICES) -> tuple[int, ...]:
+    """The smallest trace mesh for ``target_mesh``: each axis its smallest prime factor (1 stays 1), so every tensor
+    dim the target mesh divides, the trace mesh divides too.
+
+    >>> trace_mesh((64, 4)), trace_mesh((256,)), trace_mesh((2, 16, 4)), trace_mesh((1, 6))
+    ((2, 2), (2,), (2, 2, 2), (1, 2))
+    """
+    def smallest_factor(n: int) -> int:
+        return next((f for f in range(2, n + 1) if n % f == 0), 1)
+
+    small = tuple(smallest_factor(int(n)) for n in target_mesh)
+    if math.prod(small) > max_devices:
+        raise RetargetError(f"target_mesh={tuple(target_mesh)} needs a trace mesh {small} of {math.prod(small)} "
+                            f"devices, more than {max_devices}: use fewer mesh axes")
+    return small
