@@ -143,6 +143,8 @@ def _config_dict(cfg: InspectConfig) -> dict[str, Any]:
     d = asdict(cfg)
     d["model_config"] = cfg.config_dict()
     del d["model_json"]
+    if d.get("rules_mesh") is None:
+        d.pop("rules_mesh", None)
     return d
 
 
@@ -157,9 +159,10 @@ def trace_config(cfg: InspectConfig) -> tuple[InspectConfig, tuple[tuple[int, ..
         small = R.trace_mesh(sizes)
     except R.RetargetError as exc:
         raise InspectInputError(f"{cfg.topology}: {exc}") from None
-    small_cfg = replace(cfg, mesh=tuple((a, k) for (a, _), k in zip(cfg.mesh, small, strict=True)))
+    small_cfg = replace(cfg, mesh=tuple((a, k) for (a, _), k in zip(cfg.mesh, small, strict=True)),
+                        rules_mesh=cfg.mesh)  # the rules pick the real mesh's specs (their choice can depend on it)
     differ = [n for n, spec in layout(cfg).specs.items() if layout(small_cfg).specs.get(n) != spec]
-    if differ:
+    if differ:  # cannot happen while rules_mesh is honoured: a guard, not a rule
         raise InspectInputError(f"{cfg.topology}: the sharding rules give {differ[:3]} other specs on the trace mesh "
                                 f"{small} than on {sizes}; the step cannot be traced small (give explicit rules)")
     return small_cfg, (small, sizes)
