@@ -129,7 +129,7 @@ def _fsdp_tp_step():  # type: ignore[no-untyped-def]
             "vocab_size": 256}
     big = make_config("llama-3-8b", mesh="fsdp=4,tensor=2", topology="v5e-8", num_layers=2, seq=64, batch=8,
                       overrides=tiny).validate()
-    small = with_mesh(big, (("fsdp", 2), ("tensor", 2)))
+    small = replace(with_mesh(big, (("fsdp", 2), ("tensor", 2))), rules_mesh=big.mesh)  # as inspect traces small
     return big, small, ((2, 2), (4, 2))
 
 
@@ -172,3 +172,24 @@ def test_retarget_needs_the_trace_world(tpu) -> None:  # type: ignore[no-untyped
     with pytest.raises(ValueError, match=r"the trace mesh must span this process's 8 devices and the target mesh the "
                                          r"256 chips of 'v6e-256'"):
         tpu.compile_tensors(outs, "v6e-256", retarget=((2, 2), (64, 4)))
+
+
+def test_inspect_traces_pod_slices_small(tpu) -> None:  # type: ignore[no-untyped-def]
+    """inspect on a slice above 64 chips traces on the smallest mesh with the same axes, its rules resolved on the
+    real mesh (the tiny model's FSDP rule picks other dims at fsdp 2 than at 256) — no compile here: the
+    compile path is the one tested above. Cloud TPU's names count TensorCores for v5p (v5p-256 = 128 chips)."""
+    from shardlab.inspect.api import trace_config
+    from shardlab.inspect.config import make_config
+
+    tiny = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "vocab_size": 256}
+    for topology, mesh, chips, small, big in (("v6e-256", "fsdp=256", 256, (2,), (256,)),
+                                              ("v5p-256", "fsdp=64,tensor=2", 128, (2, 2), (64, 2)),
+                                              ("v5p:4x4x8", "fsdp=128", 128, (2,), (128,))):
+        cfg = make_config("llama-3-8b", mesh=mesh, topology=topology, num_layers=2, seq=64, batch=chips,
+                          overrides=tiny).validate()
+        small_cfg, meshes = trace_config(cfg)
+        assert cfg.chips == chips and meshes == (small, big) and small_cfg.chips == int(np.prod(small))
+    v4 = make_config("llama-3-8b", mesh="fsdp=64", topology="v4-128", num_layers=2, seq=64, batch=64,
+                     overrides=tiny).validate()
+    assert v4.chips == 64 and trace_config(v4) is None  # 64 chips: traced directly, one CPU device per chip
