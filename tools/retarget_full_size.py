@@ -27,7 +27,6 @@ import resource
 import subprocess
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 POD_FILE = Path(__file__).resolve().parents[1] / "data" / "scale" / "seed_405b_pod.json"
@@ -42,15 +41,13 @@ def _versions() -> dict:
 
 
 def seed_case(fsdp: int, shard_as: bool, trace_fsdp: int | None = None):  # type: ignore[no-untyped-def]
-    """Notebook 06's seed stack (in-graph stacking, no update, batch layout) on mesh (fsdp, 4); traced on
-    (trace_fsdp, 4) when given — the same global shapes (batch = fsdp sequences), a smaller mesh."""
-    from shardlab.xla_scan.scale import FULL_SIZE
+    """Notebook 06's seed stack on mesh (fsdp, 4) (``shardlab.xla_scan.pod.pod_case``); traced on (2, 4) when
+    ``trace_fsdp`` is given."""
+    from shardlab.xla_scan.pod import TRACE_FSDP, pod_case
 
-    p = replace(FULL_SIZE.p, batch=fsdp, seq=SEQ, mesh_fsdp=fsdp, mesh_tensor=TENSOR)
-    big = replace(FULL_SIZE, p=p, stacking="in_graph", update="none", layout="batch", shard_as=shard_as)
-    if trace_fsdp is None:
-        return big
-    return replace(big, p=replace(big.p, mesh_fsdp=trace_fsdp))
+    if trace_fsdp not in (None, TRACE_FSDP):
+        raise ValueError(f"trace_fsdp={trace_fsdp}: the pod cases trace on fsdp {TRACE_FSDP}")
+    return pod_case(fsdp * TENSOR, shard_as, trace=trace_fsdp is not None)
 
 
 def _summary(c) -> dict:  # type: ignore[no-untyped-def]
