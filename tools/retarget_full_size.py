@@ -71,11 +71,13 @@ def compare(inspect: bool) -> None:
     from shardlab.profile import tpu
 
     if inspect:
+        from dataclasses import replace
+
         from shardlab.inspect import step
-        from shardlab.inspect.config import make_config, with_mesh
+        from shardlab.inspect.config import make_config
 
         big = make_config("llama-3-8b", mesh="fsdp=16,tensor=4", topology="v6e-64", batch=16, seq=2048).validate()
-        small = with_mesh(big, (("fsdp", 2), ("tensor", 4)))
+        small = replace(big, mesh=(("fsdp", 2), ("tensor", 4)), rules_mesh=big.mesh)  # as inspect traces small
         pairs = {"12 llama-3-8b fsdp16 x tensor4": (step.build, big, small, ((2, 4), (16, 4)), {"donate": big.donate})}
     else:
         pairs = {f"06 in_graph shard_as {'on' if on else 'off'}":

@@ -244,6 +244,10 @@ def differences(direct: Any, small: Any) -> dict[str, tuple[Any, Any]]:
         for k in ("used", "capacity"):
             if a is not None and b is not None and getattr(a, k, None) != getattr(b, k, None):
                 out[f"oom.{k}"] = (getattr(a, k, None), getattr(b, k, None))
+        if a is not None and b is not None:  # the largest allocations the compiler lists: sizes and shapes
+            x, y = [(u.size, u.shape) for u in a.buffers], [(u.size, u.shape) for u in b.buffers]
+            if x != y:
+                out["oom.buffers"] = (x[:3], y[:3])
         return out
     for k in ("argument", "output", "temp", "alias", "peak"):
         x, y = getattr(direct.memory, k), getattr(small.memory, k)
