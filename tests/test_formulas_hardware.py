@@ -27,7 +27,8 @@ except Exception as e:
 """
 # libtpu's own slice names (generation:shape): the probe asks JAX directly, not the suite
 _TOPOLOGIES = {"v5e": ("v5e:1x1", {"chips_per_host_bounds": (1, 1, 1)}),
-               "v6e": ("v6e:1x1", {"chips_per_host_bounds": (1, 1, 1)}), "v5p": ("v5p:2x2x1", {})}
+               "v6e": ("v6e:1x1", {"chips_per_host_bounds": (1, 1, 1)}), "v5p": ("v5p:2x2x1", {}),
+               "v4": ("v4:2x2x1", {"chip_config_name": "megacore"})}  # v4: one device per chip, as the suite
 
 
 @pytest.mark.parametrize(
@@ -51,7 +52,16 @@ def test_published_gb_are_gib_because_the_compiler_allows_more_than_gb():
         assert published * 10**9 < c.hbm_usable_bytes < c.hbm_bytes == published * 2**30
 
 
-@pytest.mark.parametrize("name", ["v5e", "v6e", "v5p"])
+def test_v4_profile_matches_quoted_source():
+    """v4's page words its table differently ("275 teraflops", "32 GiB, 1200 GBps") and gives no ICI figure."""
+    c = H.chip("v4")
+    quoted = " ".join(s["values"] for s in c.sources)
+    assert "275 TFLOPs" in quoted and "32 GiB, 1200 GBps" in quoted and "4096 chips" in quoted
+    assert c.bf16_peak_flops_per_s == 275e12 and c.hbm_bytes == 32 * 2**30 and c.hbm_bandwidth_bytes_per_s == 1200e9
+    assert c.torus_dims == 3 and c.slices["v4-128"] == 64 and c.slices["v4-8"] == 4  # TensorCores: 2 per chip
+
+
+@pytest.mark.parametrize("name", ["v5e", "v6e", "v5p", "v4"])
 def test_usable_hbm_is_what_the_tpu_compiler_reports(name):
     """Oracle: the XLA:TPU compiler itself (compile-only, libtpu); skipped where libtpu is not installed."""
     pytest.importorskip("libtpu")
@@ -143,7 +153,8 @@ def test_slice_shapes_and_groups():
     assert H.group_axes("v6e-8", [0]) == 0
 
 
-@pytest.mark.parametrize("slice_name", ["v5e-2", "v5e-8", "v5e-32", "v6e-2", "v6e-16", "v6e-64", "v6e-256"])
+@pytest.mark.parametrize("slice_name", ["v5e-2", "v5e-8", "v5e-32", "v6e-2", "v6e-16", "v6e-64", "v6e-256", "v5p-8",
+                                        "v5p-256", "v4-128"])
 def test_device_coords_are_libtpus(slice_name):
     """Oracle: libtpu's own TpuDevice.coords of the compile-only topology the suite compiles for (its device
     assignment is the devices in this order)."""
@@ -151,16 +162,17 @@ def test_device_coords_are_libtpus(slice_name):
     pytest.importorskip("jax")
     from shardlab.profile import tpu
 
-    got = [tuple(d.coords)[:2] for d in tpu.topology_devices(slice_name)]
+    got = [tuple(d.coords)[:len(H.slice_shape(slice_name))] for d in tpu.topology_devices(slice_name)]
     assert got == H.device_coords(slice_name)
     assert H.slice_shape(slice_name) == tuple(int(d) for d in tpu.get_topology(slice_name).shape.split("x"))
 
 
 def test_slice_chips_takes_compile_only_slices():
     """Generations named by chip count take any count (the compile-only v5e-2 has no rentable slice); v5p names
-    count TensorCores, so only its published slices resolve."""
+    count TensorCores: any even count resolves to half as many chips (v5p-2048, the compile-only 1024-chip slice)."""
     assert H.slice_chips("v5e-2")[1] == 2 and H.slice_chips("v6e-8") == H.topology("v6e-8")
-    assert H.slice_chips("v5p-8")[1] == 4
-    for bad in ("v5p-2", "v7x-8", "v5e-x"):
+    assert H.slice_chips("v5p-8")[1] == 4 and H.slice_chips("v5p-2048")[1] == 1024
+    assert H.slice_chips("v4-8192")[1] == 4096
+    for bad in ("v5p-1", "v5p-7", "v7x-8", "v5e-x"):
         with pytest.raises(ValueError, match="unknown topology"):
             H.slice_chips(bad)

@@ -36,8 +36,8 @@ def test_slice_names_one_form() -> None:
 
 BAD = [  # (what, config keywords, message pattern)
     ("unknown slice", dict(topology="v7x-8"), r"topology='v7x-8' is not a known TPU slice; known slices: v5e-1"),
-    ("a slice with no compile-only topology", dict(topology="v5p-8", mesh="fsdp=4"),
-     r"topology='v5p-8' has no compile-only topology"),
+    ("a slice name that is not Cloud TPU's", dict(topology="v5p-4", mesh="fsdp=2"),
+     r"topology='v5p-4' is not a known TPU slice; .*v5p has no slice with N = 4 \(TensorCores\)"),
     ("a mesh that does not tile the slice", dict(mesh="fsdp=4"),
      r"mesh fsdp=4 = 4 devices does not tile v5e-8 \(8 chips\)"),
     ("a batch the mesh cannot divide", dict(batch=12), r"batch=12 is not divisible by the batch axes fsdp = 8"),

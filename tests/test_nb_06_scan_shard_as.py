@@ -76,6 +76,10 @@ def test_notebook_06_defaults(run_notebook: Callable[..., dict[str, Any]]) -> No
         v[("scale.small.update.shard_as_on.per_chip.bytes", "tpu")]
     assert not any(name.startswith("scale.405b") for name, _ in v)
     assert any(n["name"] == "scale.405b" and "full_size=False" in n["detail"] for n in record["notes"])
+    # the seed at its own size (v6e-256, traced on 8 devices): cached, checked against the formula per slice
+    pod = {c["name"]: c["ok"] for c in record["checks"] if c["name"].startswith("scale.pod.")}
+    assert len(pod) == 6 and all(pod.values()) and any("v6e-256.off" in k for k in pod), pod
+    assert any(n["name"] == "scale.pod" and "retarget_full_size.py pod" in n["detail"] for n in record["notes"])
 
 
 @pytest.mark.slow

@@ -40,33 +40,69 @@ def test_backend_pins_and_private_names(tpu, monkeypatch) -> None:  # type: igno
 
 def test_topologies(tpu) -> None:  # type: ignore[no-untyped-def]
     for gen in ("v5e", "v6e"):
-        for chips in (1, 2, 4, 8, 64):
+        for chips in (1, 2, 4, 8, 64, 128, 256):
             assert tpu.TOPOLOGIES[tpu.topology_for(chips, gen)].chips == chips
     assert tpu.topology_for(8) == tpu.DEFAULT_TOPOLOGY == "v5e-8"
     assert tpu.topology_for(256, "v6e") == "v6e-256"
-    with pytest.raises(ValueError, match=r"num_chips=3.*\[1, 2, 4, 8, 16, 32, 64\]"):
+    assert tpu.topology_for(128, "v5p") == "v5p-256" and tpu.topology_for(64, "v4") == "v4-128"
+    with pytest.raises(ValueError, match=r"num_chips=3.*\[1, 2, 4, 8, 16, 32, 64, 128, 256\]"):
         tpu.topology_for(3)
     for name, topo in tpu.TOPOLOGIES.items():  # libtpu agrees with our chip counts (1- and 2-chip need bounds)
         t0 = time.perf_counter()
         devices = tpu.topology_devices(name)
         assert len(devices) == topo.chips, name
+        # one device per chip (v4 needs libtpu's megacore config: by default it lists each TensorCore)
+        assert len({tuple(d.coords) for d in devices}) == topo.chips, name
+        kind = {"v4": "TPU v4", "v5e": "TPU v5 lite", "v5p": "TPU v5", "v6e": "TPU v6 lite"}[topo.generation]
+        assert devices[0].device_kind == kind, name
+        # the torus extents are the coordinates' ranges
+        assert tuple(max(d.coords[a] for d in devices) + 1 for a in range(len(topo.extents))) == topo.extents, name
         print(f"{name}: {len(devices)} chips described in {time.perf_counter() - t0:.3f} s")
     assert tpu.TOPOLOGIES["v5e-8"].hbm_bytes == int(15.75 * GiB)
     assert tpu.TOPOLOGIES["v6e-8"].hbm_bytes == int(31.25 * GiB)
+    assert tpu.TOPOLOGIES["v4-8"].hbm_bytes == int(30.75 * GiB)
+
+
+def test_catalogue_every_generation(tpu) -> None:  # type: ignore[no-untyped-def]
+    """Every generation, chips and Cloud TPU names: the oracle is data/hardware's published slice table (Cloud
+    TPU's own names and chip counts, e.g. v5p-8 = 2x2x1 = 4 chips), independent of the catalogue's shapes."""
+    from shardlab.formulas import hardware
+
+    assert {t.generation for t in tpu.TOPOLOGIES.values()} == {"v4", "v5e", "v5p", "v6e"}
+    for profile in hardware.chips().values():
+        for name, chips in profile.slices.items():
+            assert tpu.get_topology(name).chips == chips, name  # every published slice compiles, same chips
+    assert {(n, t.libtpu_name, t.chips) for n, t in tpu.TOPOLOGIES.items() if n in ("v5p-256", "v4-128", "v6e-256")} \
+        == {("v5p-256", "v5p:4x4x8", 128), ("v4-128", "v4:4x4x4", 64), ("v6e-256", "v6e:16x16", 256)}
+    # wraparound: the pod's full edge (16) on v5e / v6e, whole 4x4x4 cubes on v4 / v5p
+    wraps = {n: t.wrap for n, t in tpu.TOPOLOGIES.items()}
+    assert wraps["v6e-256"] == (True, True) and wraps["v6e-128"] == (False, True) and wraps["v6e-64"] == (False, False)
+    assert wraps["v5p-64"] == (False,) * 3 and wraps["v5p-128"] == (True,) * 3 and wraps["v4-256"] == (True,) * 3
+    assert max(t.chips for t in tpu.TOPOLOGIES.values() if t.generation in ("v5e", "v6e")) == 256  # one pod
 
 
 def test_slice_names_one_form(tpu) -> None:  # type: ignore[no-untyped-def]
-    """One name per slice (generation-chips); libtpu's generation:shape is accepted only by the boundary parser."""
+    """One name per slice (Cloud TPU's accelerator type); libtpu's generation:shape is accepted only by the boundary
+    parser. v4 / v5p names count TensorCores, v5e / v6e chips."""
     assert [(t.name, t.shape, t.libtpu_name) for t in (tpu.TOPOLOGIES["v5e-8"], tpu.TOPOLOGIES["v6e-256"])] == \
         [("v5e-8", "2x4", "v5e:2x4"), ("v6e-256", "16x16", "v6e:16x16")]
-    assert all(name == f"{t.generation}-{t.chips}" for name, t in tpu.TOPOLOGIES.items())
+    assert all(name == f"{t.generation}-{t.chips * (2 if t.generation in ('v4', 'v5p') else 1)}"
+               for name, t in tpu.TOPOLOGIES.items())
     assert tpu.parse_slice("v5e:2x4") == tpu.parse_slice("v5e-8") == "v5e-8"
     assert tpu.parse_slice("v6e:8x8") == "v6e-64" and tpu.parse_slice("v5e:1x2") == "v5e-2"
-    assert tpu.parse_slice("v5p-8") == "v5p-8"  # a planner slice with no compile-only topology
-    for bad in ("v5e:3x3", "v7x-8", "v5e", 8):
+    assert tpu.parse_slice("v5p:4x4x8") == tpu.parse_slice("v5p-256") == "v5p-256"
+    assert tpu.parse_slice("v4:4x4x4") == tpu.parse_slice("v4-128") == "v4-128"
+    assert tpu.parse_slice("v5litepod-16") == "v5e-16"  # Cloud TPU's API name for v5e
+    bad = {"v5e:3x3": "v5e has no single-slice shape '3x3'", "v7x-8": "unknown generation 'v7x'",
+           "v5e": "expected generation-number", 8: "a slice name is a string",
+           "v5-8": "'v5' is ambiguous: say v5e .* or v5p", "v5p-4": "v5p has no slice with N = 4 \\(TensorCores\\)",
+           "v5p-7": "counts TensorCores \\(2 per chip\\), so N must be even", "v6e-512": "larger than the largest "
+           "single slice v6e-256", "v6e:4x2": "no single-slice shape '4x2'", "v6e-3": "v6e has no slice with N = 3"}
+    for text, why in bad.items():
         with pytest.raises(ValueError, match=r"tiny_topology=.* is not a known TPU slice; known slices: v5e-1, "
-                                             r"v5e-2, v5e-4, v5e-8, .*v5p-8, .*v6e-256"):
-            tpu.parse_slice(bad, "tiny_topology")
+                                             r"v5e-2, v5e-4, v5e-8, .*v6e-256, v5p-8, .*v4-8192\. Why: .*" + why +
+                                             r".*TensorCores, two per chip.*multi-slice .* out of scope"):
+            tpu.parse_slice(text, "tiny_topology")
 
 
 def test_view_topology_rule(tpu, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -75,6 +111,8 @@ def test_view_topology_rule(tpu, monkeypatch) -> None:  # type: ignore[no-untype
     assert tpu.view_topology(4, False, "v6e") == ("v6e-4", "a helper process with 4 devices")
     topology, why = tpu.view_topology(3, False)
     assert topology is None and "num_chips=3" in why
+    topology, why = tpu.view_topology(256, False, "v6e")  # a catalogue slice, but one CPU device per chip is too many
+    assert topology is None and "v6e-256 has 256 chips" in why and "at most 64" in why
     monkeypatch.setattr(tpu.importlib.util, "find_spec", lambda name: None)
     assert tpu.view_topology(8, True) == (None, tpu.NOT_INSTALLED)
 

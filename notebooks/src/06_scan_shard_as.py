@@ -323,6 +323,29 @@ Markdown(S.story_text(full, S.FULL_SIZE))
 S.small_story(rec, p)  # a v6e slice of fsdp x tensor chips (a helper process if that is not this process's count)
 
 # %% [markdown]
+# ### At its own size: v6e-256, traced on 8 devices
+# The seed ran on **v6e-256**, fsdp 64 × tensor 4 — 256 chips, more CPU devices than a torch_xla trace may have
+# here. But the graph before partitioning holds global shapes; only its shardings name devices. So the stack is
+# traced on a mesh (fsdp 2, tensor 4) of 8 CPU devices with the same global shapes, every sharding is rewritten to
+# the real mesh, and XLA:TPU partitions that for the real slice (`shardlab.profile.retarget`; exact: the tests
+# compare it with direct compiles at 8 and 64 chips, and at 64 chips it gives the cached direct compile's bytes).
+# In-graph stacking, gradients out, one sequence of 1024 tokens per fsdp rank (the same per-chip work on every
+# slice), `shard_as` off and on, on 64, 128 and 256 chips. Cached (`tools/retarget_full_size.py pod`, each compile in
+# a fresh process: its peak host memory is its own); `full_size=True` compiles v6e-256 again here.
+
+# %%
+from shardlab.xla_scan import pod
+
+pod.pod_table(rec, p)
+
+# %% [markdown]
+# The seed's failure, at its own size: without `shard_as` no slice fits, and the two largest allocations are the
+# seed's `[126, 4K, 16K]` stacks (q's and o's stacked gradients, 1-D: split over tensor only) — the same size on
+# every slice, because it depends on tensor = 4 alone; with `shard_as` each layer's gradient leaves 2-D, divided by
+# fsdp, and the step fits with room to spare. The trace (8 devices) and the host memory of a compile stay about
+# the same from 64 to 256 chips; compile seconds depend more on this shared host's load than on the chip count.
+
+# %% [markdown]
 # ## 4 · `shard_as` on its own, and the `nn.Linear` trap
 # `shard_as(a, b)` only says "a and b are sharded alike"; the partitioner copies the annotated one.
 

@@ -196,17 +196,19 @@ HOST_TILE = {2: (2, 2), 3: (2, 2, 1)}  # chips per host along each torus axis (l
 
 
 def slice_chips(name: str) -> tuple[ChipProfile, int]:
-    """(profile, chips) of a slice: a published slice of data/hardware, or any chip count of a generation whose
-    slice names count chips — the compile-only slices too (v5e-2, v6e-2: no rentable slice has 2 chips)."""
+    """(profile, chips) of a slice: a published slice of data/hardware, or any other count of a generation, read
+    the way that generation's published names count (chips for v5e / v6e, TensorCores for v4 / v5p: the ratio of
+    every published name's number to its chips) — the compile-only slices too (v5e-2, v5p-2048)."""
     try:
         return topology(name)
     except ValueError:
         gen, _, count = name.rpartition("-") if isinstance(name, str) else ("", "", "")
         profile = chips().get(gen)
-        if profile is None or not count.isdigit() or int(count) < 1 \
-                or any(s != f"{gen}-{n}" for s, n in profile.slices.items()):  # v5p's names count TensorCores
+        per_chip = {int(s.rpartition("-")[2]) // n for s, n in profile.slices.items()} if profile else set()
+        if profile is None or not count.isdigit() or len(per_chip) != 1 or int(count) < (k := per_chip.pop()) \
+                or int(count) % k:
             raise
-        return profile, int(count)
+        return profile, int(count) // k
 
 
 def slice_shape(topology_name: str) -> tuple[int, ...]:

@@ -6,7 +6,9 @@ Design note
 traces ``step.build`` and compiles it with XLA:TPU compile-only (``shardlab.profile.tpu``) — in this process
 when its device world has the slice's chip count (the CLI sets its world up that way, so it can report each
 stage), otherwise in the suite's helper process with that many devices (``tpu.compile_program``) — then reads
-the program (``analysis``) and the planner's prediction, and, when the step does not fit, the planner's nearest
+the program (``analysis``) and the planner's prediction. A slice with more chips than a CPU trace may have
+(``runtime.MAX_CPU_DEVICES``) is traced on a small mesh and compiled for the real one (:func:`trace_config`,
+:mod:`shardlab.profile.retarget`). Then and, when the step does not fit, the planner's nearest
 plan that fits (compiled too with ``confirm=True``). The result is plain data (:class:`InspectResult`, JSON
 round trip) so a notebook can show cached full-size runs without recompiling.
 """
@@ -33,6 +35,7 @@ from shardlab.inspect.config import (
 )
 from shardlab.inspect.models import ModelSpec, planner_model
 from shardlab.planner import Plan
+from shardlab.profile import retarget as R
 from shardlab.profile import tpu
 from shardlab.profile.tpu_memory import parse_oom
 from shardlab.report.datatypes import EXIT_FAILED, EXIT_OK
@@ -140,7 +143,29 @@ def _config_dict(cfg: InspectConfig) -> dict[str, Any]:
     d = asdict(cfg)
     d["model_config"] = cfg.config_dict()
     del d["model_json"]
+    if d.get("rules_mesh") is None:
+        d.pop("rules_mesh", None)
     return d
+
+
+def trace_config(cfg: InspectConfig) -> tuple[InspectConfig, tuple[tuple[int, ...], tuple[int, ...]]] | None:
+    """Trace small, compile big: ``(the same config on the trace mesh, (trace mesh, real mesh))`` when the slice has
+    more chips than a CPU trace may (``runtime.MAX_CPU_DEVICES``), else None. The sharding rules must give every
+    parameter the same spec on both meshes (a rule that depends on the axis size would trace another graph)."""
+    if cfg.chips <= runtime.MAX_CPU_DEVICES:
+        return None
+    sizes = tuple(n for _, n in cfg.mesh)
+    try:
+        small = R.trace_mesh(sizes)
+    except R.RetargetError as exc:
+        raise InspectInputError(f"{cfg.topology}: {exc}") from None
+    small_cfg = replace(cfg, mesh=tuple((a, k) for (a, _), k in zip(cfg.mesh, small, strict=True)),
+                        rules_mesh=cfg.mesh)  # the rules pick the real mesh's specs (their choice can depend on it)
+    differ = [n for n, spec in layout(cfg).specs.items() if layout(small_cfg).specs.get(n) != spec]
+    if differ:  # cannot happen while rules_mesh is honoured: a guard, not a rule
+        raise InspectInputError(f"{cfg.topology}: the sharding rules give {differ[:3]} other specs on the trace mesh "
+                                f"{small} than on {sizes}; the step cannot be traced small (give explicit rules)")
+    return small_cfg, (small, sizes)
 
 
 def run(cfg: InspectConfig, progress: Progress | None = None, confirm: bool = False) -> InspectResult:
@@ -155,7 +180,24 @@ def run(cfg: InspectConfig, progress: Progress | None = None, confirm: bool = Fa
         world = None
     label = f"inspect {cfg.label}"
     trace_s: float | None = None
-    if world is not None and world.num_devices == cfg.chips:
+    small = trace_config(cfg)
+    if small is not None:
+        small_cfg, meshes = small
+        where = f"a {'x'.join(map(str, meshes[0]))} trace mesh, compiled for {'x'.join(map(str, meshes[1]))}"
+        if world is not None and world.num_devices == small_cfg.chips:
+            say(f"tracing the training step on {where}")
+            t0 = time.perf_counter()
+            built = step.build(small_cfg)
+            trace_s = time.perf_counter() - t0
+            say(f"compiling for {topology} with XLA:TPU (compile-only)")
+            compiled = tpu.compile_built(built, topology, donate=cfg.donate, label=label, retarget=meshes)
+            where = f"this process ({where})"
+        else:
+            say(f"tracing and compiling for {topology} in a helper process ({where})")
+            compiled = tpu.compile_program(step.build, small_cfg, topology, donate=cfg.donate, label=label,
+                                           retarget=meshes)
+            where = f"a helper process ({where})"
+    elif world is not None and world.num_devices == cfg.chips:
         say(f"tracing the training step ({cfg.layers}, recompute {cfg.recompute}, attention {cfg.attention}) with "
             "placeholders")
         t0 = time.perf_counter()

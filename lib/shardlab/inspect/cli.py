@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import tempfile
@@ -203,12 +204,16 @@ def main(args: argparse.Namespace) -> int:
         progress("checking the slice, mesh, batch, model and rules")
         cfg.validate()
 
-        if cfg.chips > runtime.MAX_CPU_DEVICES:
-            raise InspectInputError(f"{cfg.topology} has {cfg.chips} chips: tracing its step needs that many CPU "
-                                    f"devices, and this host allows at most {runtime.MAX_CPU_DEVICES} "
-                                    "(runtime.MAX_CPU_DEVICES)")
-        progress(f"starting a {cfg.chips}-device CPU world (torch_xla)")
-        runtime.setup(num_devices=cfg.chips)
+        devices = cfg.chips
+        if cfg.chips > runtime.MAX_CPU_DEVICES:  # more chips than CPU devices: trace small, compile big
+            from shardlab.profile.retarget import RetargetError, trace_mesh
+
+            try:
+                devices = math.prod(trace_mesh([n for _, n in cfg.mesh]))
+            except RetargetError as exc:
+                raise InspectInputError(f"{cfg.topology}: {exc}") from None
+        progress(f"starting a {devices}-device CPU world (torch_xla)")
+        runtime.setup(num_devices=devices)
         # api imports torch_xla, which must follow runtime.setup() (and costs 5.4 s, bad input exits without it)
         from shardlab.inspect.api import run
 

@@ -76,6 +76,8 @@ class InspectConfig:
     donate: bool = True  # parameters and optimizer state aliased to their updates (torch_xla's in-place step)
     fit_margin: float = 0.10  # the planner's: "fits" only under (1 - fit_margin) x usable HBM
     overrides: tuple[tuple[str, Any], ...] = ()  # other config fields to override (tiny test models)
+    rules_mesh: tuple[tuple[str, int], ...] | None = None  # resolve the rules on this mesh (a small trace of a big
+    #                                                        slice: the real mesh, so the specs are its); None = mesh
 
     # ------------------------------------------------------------------ derived
     @property
@@ -298,7 +300,8 @@ def layout(cfg: InspectConfig) -> Layout:
     model = M.build_meta(hf)
     path = M.layer_path(model)
     params = M.parameters(model, path)
-    specs, origins = S.resolve(params, cfg.rules, cfg.tensor, cfg.fsdp, cfg.mesh_dict, cfg.strict)
+    specs, origins = S.resolve(params, cfg.rules, cfg.tensor, cfg.fsdp,
+                               dict(cfg.rules_mesh) if cfg.rules_mesh else cfg.mesh_dict, cfg.strict)
     n_layers = len(model.get_submodule(path))
     if cfg.layers != "loop":
         why = M.scan_refusal(hf, params)

@@ -92,49 +92,94 @@ _NOISE = re.compile(
 
 @dataclass(frozen=True)
 class Topology:
-    """A TPU slice the compiler can target. ``name`` is the suite's one slice name (Cloud TPU's accelerator type,
-    generation-chips: ``"v5e-8"``); ``shape`` is the chip grid libtpu itself names the slice by (``"2x4"``), read
-    only where the topology is handed to libtpu (:func:`_device_list`). ``host_bounds`` are the chips per host
-    (libtpu's default 2x2x1 rejects 1- and 2-chip slices); ``hbm_bytes`` is the per-chip capacity the compiler
-    checks against."""
+    """A TPU slice the compiler can target. ``name`` is the suite's one slice name, Cloud TPU's accelerator type
+    (``"v5e-8"``; for v4 and v5p the number counts TensorCores, two per chip: ``"v5p-256"`` is 128 chips);
+    ``shape`` is the torus of chips libtpu itself names the slice by (``"2x4"``, ``"4x4x8"``), read only where the
+    topology is handed to libtpu (:func:`_device_list`). ``wrap`` says which torus axes have wraparound links
+    (:func:`wraparound`); ``host_bounds`` are the chips per host (libtpu's default 2x2x1 rejects 1- and 2-chip
+    slices); ``chip_config`` is libtpu's chip configuration (v4: ``"megacore"``, one device per chip — by default
+    libtpu lists each v4 TensorCore as a device); ``hbm_bytes`` is the per-chip capacity the compiler checks
+    against (``data/hardware``)."""
 
-    name: str  # e.g. "v5e-8"
-    generation: str  # "v5e" | "v6e"
+    name: str  # e.g. "v5e-8", "v5p-256"
+    generation: str  # "v4" | "v5e" | "v5p" | "v6e"
     chips: int
-    shape: str  # e.g. "2x4": libtpu's name for the slice is f"{generation}:{shape}"
+    shape: str  # e.g. "2x4", "4x4x8": libtpu's name for the slice is f"{generation}:{shape}"
     host_bounds: tuple[int, int, int] | None  # None: libtpu's default
     hbm_bytes: int | None
+    wrap: tuple[bool, ...] = ()  # per torus axis: a wraparound link (a ring, not a line)
+    chip_config: str | None = None  # libtpu's chip_config_name; None: its default
 
     @property
     def libtpu_name(self) -> str:
         """The name libtpu's ``get_topology_desc`` takes: ``"v5e:2x4"``."""
         return f"{self.generation}:{self.shape}"
 
-
-def _topology(generation: str, shape: str, host_bounds: tuple[int, int, int] | None = None) -> Topology:
-    x, y = (int(v) for v in shape.split("x"))
-    # Usable HBM per chip as the compiler reports it ("Used X of 15.75G hbm"): one fact, in data/hardware.
-    chip = hardware.chips().get(generation)
-    return Topology(f"{generation}-{x * y}", generation, x * y, shape, host_bounds,
-                    chip.hbm_usable_bytes if chip else None)
+    @property
+    def extents(self) -> tuple[int, ...]:
+        """The torus extents: ``(2, 4)`` for ``"2x4"``."""
+        return tuple(int(v) for v in self.shape.split("x"))
 
 
-# Compile-only slices by libtpu's shape (the grid of chips). 1- and 2-chip slices need explicit host bounds; the
-# larger ones are the shapes libtpu's default bounds accept.
+# Cloud TPU names v4 and v5p slices by TensorCores (two per chip: v5p-8 is the 4-chip 2x2x1), v5e and v6e by chips
+# (data/hardware/<generation>.json "slice_naming"; the tests check every published slice of data/hardware).
+CORES_PER_CHIP_IN_NAME = {"v4": 2, "v5e": 1, "v5p": 2, "v6e": 1}
+_CHIP_CONFIG = {"v4": "megacore"}  # v5p's default already is one device per chip (measured: v5p:2x2x1 -> 4 devices)
+# The compile-only catalogue: every single-slice torus shape of Cloud TPU's tables up to the pod (v5e / v6e: 16x16;
+# v4 / v5p: powers of two up to 16x16x16), each described by libtpu 0.0.21 (tests/test_tpu.py lists the devices of
+# every one). 1- and 2-chip slices need explicit host bounds. libtpu describes larger shapes too (v6e:32x32, 1024
+# chips): beyond one pod a job spans slices over the data-centre network (multi-slice), which is out of scope.
 _SHAPES = {
-    "v5e": ("1x1", "1x2", "2x2", "2x4", "4x4", "4x8", "8x8"),
-    "v6e": ("1x1", "1x2", "2x2", "2x4", "4x4", "8x8", "16x16"),
+    "v5e": ("1x1", "1x2", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
+    "v6e": ("1x1", "1x2", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
+    "v5p": ("2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8", "8x8x8", "8x8x16", "8x16x16", "16x16x16"),
+    "v4": ("2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8", "8x8x8", "8x8x16", "8x16x16", "16x16x16"),
 }
 _SMALL_BOUNDS = {"1x1": (1, 1, 1), "1x2": (1, 2, 1)}
+POD_EDGE_2D = 16  # v5e / v6e: a 16-chip extent is the pod's full edge, the only one with a wraparound link
+TORUS_MULTIPLE_3D = 4  # v4 / v5p: every extent a multiple of 4 (whole 4x4x4 cubes) -> a 3D torus
+
+
+def wraparound(generation: str, shape: str) -> tuple[bool, ...]:
+    """Which torus axes of a slice have wraparound links.
+
+    v5e / v6e (2D): only an extent that spans the pod's full edge (16) wraps — v6e 16x16 both axes, 8x16 the long
+    one, 8x8 none. v4 / v5p (3D): every axis wraps when all extents are multiples of 4 (Cloud TPU's v4 page: "3D
+    torus on slices where ... each dimension is a multiple of 4"; the optical switches close whole 4x4x4 cubes);
+    smaller slices are a 3D mesh. The same per-slice table as MaxText's ahead-of-time compile map.
+
+    >>> wraparound("v6e", "16x16"), wraparound("v5e", "8x16"), wraparound("v5p", "4x4x8"), wraparound("v4", "2x4x4")
+    ((True, True), (False, True), (True, True, True), (False, False, False))
+    """
+    dims = tuple(int(v) for v in shape.split("x"))
+    if len(dims) == 2:
+        return tuple(d == POD_EDGE_2D for d in dims)
+    whole_cubes = all(d % TORUS_MULTIPLE_3D == 0 for d in dims)
+    return tuple(whole_cubes for _ in dims)
+
+
+def _topology(generation: str, shape: str, host_bounds: tuple[int, int, int] | None = None) -> Topology:
+    chips = math.prod(int(v) for v in shape.split("x"))
+    # Usable HBM per chip as the compiler reports it ("Used X of 15.75G hbm"): one fact, in data/hardware.
+    chip = hardware.chips().get(generation)
+    return Topology(f"{generation}-{chips * CORES_PER_CHIP_IN_NAME[generation]}", generation, chips, shape,
+                    host_bounds, chip.hbm_usable_bytes if chip else None, wraparound(generation, shape),
+                    _CHIP_CONFIG.get(generation))
+
+
 TOPOLOGIES: dict[str, Topology] = {
     t.name: t for g, shapes in _SHAPES.items() for t in (_topology(g, s, _SMALL_BOUNDS.get(s)) for s in shapes)
 }
 DEFAULT_TOPOLOGY = "v5e-8"
+GENERATIONS = tuple(_SHAPES)
+# Cloud TPU's API names v5e slices "v5litepod-N" (console and gcloud); libtpu and the suite say "v5e".
+_ALIASES = {"v5litepod": "v5e"}
 
 
-def _slice_order(name: str) -> tuple[str, int]:
+def _slice_order(name: str) -> tuple[int, str, int]:
+    """The catalogue's order: v5e, v6e (the suite's defaults), v5p, v4; then by size."""
     gen, _, n = name.partition("-")
-    return gen, int(n) if n.isdigit() else 0
+    return (GENERATIONS.index(gen) if gen in GENERATIONS else len(GENERATIONS)), gen, int(n) if n.isdigit() else 0
 
 
 def known_slices() -> list[str]:
@@ -142,38 +187,79 @@ def known_slices() -> list[str]:
     return sorted(set(hardware.topologies()) | set(TOPOLOGIES), key=_slice_order)
 
 
+def _naming_rule() -> str:
+    return ("Cloud TPU names v4 and v5p slices by TensorCores, two per chip (v5p-256 = 128 chips, v4-128 = 64 "
+            "chips), v5e and v6e slices by chips (v6e-256 = 256 chips); libtpu's generation:shape form is accepted "
+            "too (v5p:4x4x8 = v5p-256, v6e:2x4 = v6e-8)")
+
+
 def parse_slice(text: Any, name: str = "topology") -> str:
-    """A user's slice name in the suite's one form: ``"v6e-8"`` stays, libtpu's ``"v6e:2x4"`` becomes ``"v6e-8"``.
+    """A user's slice name in the suite's one form (Cloud TPU's accelerator type): ``"v6e-8"`` stays, libtpu's
+    ``"v6e:2x4"`` becomes ``"v6e-8"``, ``"v5p:4x4x8"`` becomes ``"v5p-256"`` (TensorCores: 128 chips), Cloud's
+    ``"v5litepod-16"`` becomes ``"v5e-16"``.
 
     The one boundary parser (CLI, notebook parameters, ``inspect()`` / ``make_config``); everything inside the
-    suite takes the generation-chips name only. ``name`` is the parameter the value came from, for the error.
+    suite takes the Cloud TPU name only. ``name`` is the parameter the value came from, for the error, which
+    states the naming rule: a bare generation, ``v5`` (v5e or v5p?), a core count that is not a slice (``v5p-4``),
+    a shape not in the catalogue and a slice larger than a pod are refused.
 
-    >>> parse_slice("v5e:2x4"), parse_slice("v6e-64")
-    ('v5e-8', 'v6e-64')
+    >>> parse_slice("v5e:2x4"), parse_slice("v6e-64"), parse_slice("v5p:4x4x8"), parse_slice("v4-128")
+    ('v5e-8', 'v6e-64', 'v5p-256', 'v4-128')
     """
     if isinstance(text, str):
-        if text in TOPOLOGIES or text in hardware.topologies():
-            return text
+        text = text.strip()
+        gen, sep, rest = text.partition(":") if ":" in text else text.rpartition("-")
+        gen = _ALIASES.get(gen, gen)
+        candidate = f"{gen}-{rest}" if sep == "-" else text
+        if candidate in TOPOLOGIES or candidate in hardware.topologies():
+            return candidate
         by_shape = {t.libtpu_name: t.name for t in TOPOLOGIES.values()}
-        if text in by_shape:
-            return by_shape[text]
-    raise ValueError(f"{name}={text!r} is not a known TPU slice; known slices: {', '.join(known_slices())} "
-                     f"(libtpu's generation:shape form is accepted too, e.g. 'v5e:2x4' = 'v5e-8')")
+        if sep == ":" and f"{gen}:{rest}" in by_shape:
+            return by_shape[f"{gen}:{rest}"]
+        why = _why_not(text, gen, sep, rest)
+    else:
+        why = f"a slice name is a string such as 'v6e-8', not {type(text).__name__}"
+    raise ValueError(f"{name}={text!r} is not a known TPU slice; known slices: {', '.join(known_slices())}. Why: "
+                     f"{why}. {_naming_rule()}. One slice only: multi-slice jobs (slices joined over the "
+                     "data-centre network, DCN) are out of scope")
+
+
+def _why_not(text: str, gen: str, sep: str, rest: str) -> str:
+    """The rule a refused slice name breaks (for :func:`parse_slice`'s error)."""
+    if gen in ("v5", "v5lite"):
+        return "'v5' is ambiguous: say v5e (one TensorCore per chip) or v5p (two)"
+    if gen not in GENERATIONS:
+        if not sep:
+            return "expected generation-number (v6e-8) or generation:shape (v6e:2x4)"
+        return f"unknown generation {gen!r} (known: {', '.join(GENERATIONS)})"
+    if sep == ":":
+        shapes = ", ".join(t.shape for t in TOPOLOGIES.values() if t.generation == gen)
+        return f"{gen} has no single-slice shape {rest!r} in the catalogue (known: {shapes})"
+    per = CORES_PER_CHIP_IN_NAME[gen]
+    counts = sorted(t.chips * per for t in TOPOLOGIES.values() if t.generation == gen)
+    if not rest.isdigit():
+        return f"{rest!r} after '{gen}-' is not a number"
+    if per > 1 and int(rest) % per:
+        return f"{gen}-N counts TensorCores ({per} per chip), so N must be even; known N: {counts}"
+    if int(rest) > counts[-1]:
+        return f"{gen}-{rest} is larger than the largest single slice {gen}-{counts[-1]}"
+    return f"{gen} has no slice with N = {rest} ({'TensorCores' if per > 1 else 'chips'}); known N: {counts}"
 
 
 def get_topology(name: str) -> Topology:
-    """The compile-only topology of the slice ``name`` (generation-chips, e.g. ``"v5e-8"``)."""
+    """The compile-only topology of the slice ``name`` (Cloud TPU's name, e.g. ``"v5e-8"``, ``"v5p-256"``)."""
     if name not in TOPOLOGIES:
         if isinstance(name, str) and ":" in name:
             raise ValueError(f"topology={name!r} is libtpu's generation:shape form; the suite's functions take the "
-                             f"generation-chips name (e.g. 'v5e-8'): convert a user's value once with "
+                             f"Cloud TPU name (e.g. 'v5e-8'): convert a user's value once with "
                              f"shardlab.profile.tpu.parse_slice")
         raise ValueError(f"topology={name!r} has no compile-only topology; known: {', '.join(TOPOLOGIES)}")
     return TOPOLOGIES[name]
 
 
 def topology_for(num_chips: int, generation: str = "v5e") -> str:
-    """The compile-only slice with ``num_chips`` chips of ``generation``: ``topology_for(8) == "v5e-8"``."""
+    """The compile-only slice with ``num_chips`` chips of ``generation``: ``topology_for(8) == "v5e-8"``,
+    ``topology_for(128, "v5p") == "v5p-256"``."""
     found = [t.name for t in TOPOLOGIES.values() if t.generation == generation and t.chips == num_chips]
     if not found:
         have = sorted({t.chips for t in TOPOLOGIES.values() if t.generation == generation})
@@ -218,6 +304,10 @@ def view_topology(needed_chips: int, fits_here: bool, generation: str = "v5e") -
         topology = topology_for(chips, generation)
     except ValueError as exc:
         return None, str(exc)
+    if chips > runtime.MAX_CPU_DEVICES:
+        return None, (f"{topology} has {chips} chips and a torch_xla trace needs one CPU device per chip (at most "
+                      f"{runtime.MAX_CPU_DEVICES}); a graph traced on a few devices is compiled for it with "
+                      "shardlab.profile.retarget")
     return topology, "this process's devices" if fits_here else f"a helper process with {chips} devices"
 
 
@@ -314,7 +404,11 @@ def topology_devices(name: str) -> tuple[Any, ...]:
 def _device_list(name: str) -> tuple[Any, ...]:
     topo = get_topology(name)
     b = _backend()
-    kw = {"chips_per_host_bounds": topo.host_bounds} if topo.host_bounds else {}
+    kw: dict[str, Any] = {"chips_per_host_bounds": topo.host_bounds} if topo.host_bounds else {}
+    if topo.chip_config:
+        kw["chip_config_name"] = topo.chip_config
+    if any(topo.wrap):  # only where a link wraps: smaller slices are described exactly as before the catalogue
+        kw["wrap"] = topo.wrap + (False,) * (3 - len(topo.wrap))
     with quiet_libtpu():  # libtpu names the slice by its shape: "v5e:2x4" is the 8-chip v5e-8
         desc = b.get_topology_desc(platform="tpu", topology_name=topo.libtpu_name, **kw)
     devices = tuple(desc.devices)
@@ -393,16 +487,25 @@ def parameter_propagation(hlo_text: str, count: int) -> list[bool]:
     return [not sharded.get(i, False) for i in range(count)]
 
 
-def pin_shardings(proto: bytes, output_shardings: list[str], aliases: Mapping[int, int] | None = None
+def pin_shardings(proto: bytes, output_shardings: list[str], aliases: Mapping[int, int] | None = None,
+                  retarget: tuple[tuple[int, ...], tuple[int, ...]] | None = None
                   ) -> tuple[bytes, list[bool], list[bool]]:
     """The StableHLO module of ``proto`` with ``output_shardings[i]`` (HLO sharding text, "" = none) set as result
     i's sharding, and which parameters / results sharding propagation may still choose: those without one.
-    ``aliases`` (``{parameter: output}``, see :func:`donation`) become ``tf.aliasing_output`` argument attributes."""
+    ``aliases`` (``{parameter: output}``, see :func:`donation`) become ``tf.aliasing_output`` argument attributes.
+    ``retarget = (trace mesh, target mesh)``: every sharding of the module (and ``output_shardings``) is rewritten
+    from the mesh the graph was traced on to the target mesh (:mod:`shardlab.profile.retarget`)."""
+    from shardlab.profile import retarget as R
+
     b = _backend()
     computation = b.XlaComputation(proto)
     free_params = parameter_propagation(computation.as_hlo_text(), len(computation.program_shape().parameter_shapes()))
+    if retarget:
+        output_shardings = [R.retarget_sharding(o, *retarget) if o else o for o in output_shardings]
     with b.make_ir_context():
         module = b.ir.Module.parse(b.hlo_to_stablehlo(proto))
+        if retarget:  # global shapes stay; only the tile assignments name devices
+            module = b.ir.Module.parse(R.retarget_module(str(module), *retarget))
         main = next(op for op in module.body.operations
                     if "sym_name" in op.attributes and b.ir.StringAttr(op.attributes["sym_name"]).value == "main")
         n_out = len(b.ir.FunctionType(b.ir.TypeAttr(main.attributes["function_type"]).value).results)
@@ -427,7 +530,8 @@ def pin_shardings(proto: bytes, output_shardings: list[str], aliases: Mapping[in
 
 def _compile_proto(proto: bytes, topo: Topology, disable_passes: tuple[str, ...],
                    debug_options: Mapping[str, Any], auto_spmd_mesh: tuple[int, ...] | None = None,
-                   output_shardings: list[str] | None = None, aliases: Mapping[int, int] | None = None) -> Any:
+                   output_shardings: list[str] | None = None, aliases: Mapping[int, int] | None = None,
+                   retarget: tuple[tuple[int, ...], tuple[int, ...]] | None = None) -> Any:
     """Compile a pre-partitioning HLO proto for ``topo``; returns the compile-only executable."""
     b = _backend()
     devices = _device_list(topo.name)
@@ -445,7 +549,8 @@ def _compile_proto(proto: bytes, topo: Topology, disable_passes: tuple[str, ...]
     # torch_xla proto: it silently compiles a replicated program (measured: no collectives, full weights).
     build.use_shardy_partitioner = False
     # Vector sizes must be 1 or exactly the counts, or XLA aborts the process (CHECK failure).
-    module, free_params, free_outputs = pin_shardings(proto, list(output_shardings or [""] * n_out), aliases)
+    module, free_params, free_outputs = pin_shardings(proto, list(output_shardings or [""] * n_out), aliases,
+                                                      retarget)
     build.allow_spmd_sharding_propagation_to_parameters = free_params
     build.allow_spmd_sharding_propagation_to_output = free_outputs
     if disable_passes:
@@ -490,7 +595,8 @@ CACHE_HITS = 0
 def compile_tensors(outputs: list[Any], topology: str = DEFAULT_TOPOLOGY, *, disable_passes: tuple[str, ...] = (),
                     debug_options: Mapping[str, Any] | None = None, label: str = "",
                     auto_spmd_mesh: tuple[int, ...] | None = None,
-                    donate: Mapping[int, Any] | None = None) -> TpuCompile:
+                    donate: Mapping[int, Any] | None = None,
+                    retarget: tuple[tuple[int, ...], tuple[int, ...]] | None = None) -> TpuCompile:
     """Compile the graph producing ``outputs`` (this process's SPMD world, not synced) for ``topology``.
 
     ``donate`` (``{output index: input tensor}``): output i reuses input tensor's buffer, as torch_xla's in-place
@@ -501,12 +607,23 @@ def compile_tensors(outputs: list[Any], topology: str = DEFAULT_TOPOLOGY, *, dis
     ``auto_spmd_mesh`` (e.g. ``(8,)``): let XLA's auto-sharding choose the shardings on a mesh of that shape
     (the build option ``use_auto_spmd_partitioning``); with the XLA:TPU flag
     ``xla_tpu_auto_spmd_remove_all_user_shardings`` it also ignores the graph's own annotations.
+    ``retarget = (trace mesh, target mesh)`` (e.g. ``((2, 4), (64, 4))``): trace small, compile big — the graph was
+    built on this process's world with the trace mesh, and is compiled for ``topology`` with every sharding
+    rewritten to the target mesh (:mod:`shardlab.profile.retarget`; its errors say what cannot be retargeted).
     """
     import torch_xla  # in the functions, not at the top: profile is imported before runtime.setup()
 
+    from shardlab.profile import retarget as R
+
     topo = get_topology(topology)
     world = runtime.current()
-    if world.num_devices != topo.chips:
+    if retarget is not None:
+        small, big = R.check_meshes(*retarget)
+        retarget = (small, big)
+        if math.prod(small) != world.num_devices or math.prod(big) != topo.chips:
+            raise ValueError(f"retarget={retarget}: the trace mesh must span this process's {world.num_devices} "
+                             f"devices and the target mesh the {topo.chips} chips of {topology!r}")
+    elif world.num_devices != topo.chips:
         raise ValueError(
             f"topology={topology!r} has {topo.chips} chips but this process's world has "
             f"num_devices={world.num_devices}: the graph's mesh must span the topology's chips. Use "
@@ -524,6 +641,8 @@ def compile_tensors(outputs: list[Any], topology: str = DEFAULT_TOPOLOGY, *, dis
     options: dict[str, Any] = {"disable_passes": list(disable_passes), "debug_options": debug_options}
     if auto_spmd_mesh:
         options["auto_spmd_mesh"] = list(auto_spmd_mesh)
+    if retarget:
+        options["retarget"] = [list(retarget[0]), list(retarget[1])]  # traced on, compiled for
     aliases = donation(outputs, donate) if donate else {}
     if aliases:
         options["donated"] = sorted((o, k) for k, o in aliases.items())  # (output index, entry parameter)
@@ -533,7 +652,7 @@ def compile_tensors(outputs: list[Any], topology: str = DEFAULT_TOPOLOGY, *, dis
     # mat-mul precision; f32 weights are all-gathered in bf16 at "default" and in f32 at "high").
     key = (bytes(torch_xla._XLAC._get_graph_hash(outputs)), hashlib.sha256(proto).hexdigest(), topology,
            disable_passes, tuple(sorted((k, repr(v)) for k, v in debug_options.items())), auto_spmd_mesh,
-           tuple(output_shardings), tuple(sorted(aliases.items())))
+           tuple(output_shardings), tuple(sorted(aliases.items())), retarget)
     global CACHE_HITS
     with _LOCK:
         if key in _CACHE:
@@ -543,7 +662,7 @@ def compile_tensors(outputs: list[Any], topology: str = DEFAULT_TOPOLOGY, *, dis
         t0 = time.perf_counter()
         try:
             exe = _compile_proto(proto, topo, disable_passes, debug_options, auto_spmd_mesh, output_shardings,
-                                 aliases)
+                                 aliases, retarget)
         except Exception as e:  # XlaRuntimeError; only out-of-memory becomes data
             oom = parse_oom(str(e))
             if oom is None:
@@ -571,26 +690,33 @@ def compile_built(built: list[Any] | Step, topology: str, donate: bool = True, *
 def compile_program(build: Callable[[Any], list[Any] | Step], cfg: Any, topology: str = DEFAULT_TOPOLOGY, *,
                     disable_passes: tuple[str, ...] = (), debug_options: Mapping[str, Any] | None = None,
                     label: str = "", auto_spmd_mesh: tuple[int, ...] | None = None,
-                    donate: bool = True) -> TpuCompile:
+                    donate: bool = True, retarget: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+                    ) -> TpuCompile:
     """``build(cfg)`` (an importable module-level function returning output tensors, or a :class:`Step` that also
     says which outputs update which inputs in place), compiled for ``topology``. ``donate=False`` compiles a
     :class:`Step` without its donations (every update a second copy in the outputs).
 
     Runs in this process when its world has the topology's chip count; otherwise in a persistent worker
     process with ``CPU_NUM_DEVICES=<chips>`` (one per chip count, reused), so a 1-device notebook can still show
-    the tensor-parallel program of a 4-chip slice.
+    the tensor-parallel program of a 4-chip slice. With ``retarget = (trace mesh, target mesh)`` the world has the
+    trace mesh's devices: ``cfg`` builds the graph on the trace mesh, and it is compiled for the target mesh
+    (:func:`compile_tensors`).
     """
     topo = get_topology(topology)
     opts: dict[str, Any] = {"disable_passes": tuple(disable_passes), "debug_options": dict(debug_options or {}),
                             "label": label, "auto_spmd_mesh": tuple(auto_spmd_mesh) if auto_spmd_mesh else None,
                             "donate": bool(donate)}
+    chips = topo.chips
+    if retarget is not None:
+        opts["retarget"] = (tuple(retarget[0]), tuple(retarget[1]))
+        chips = math.prod(opts["retarget"][0])
     try:
         world = runtime.current()
     except RuntimeError:
         world = None
-    if world is not None and world.num_devices == topo.chips:
+    if world is not None and world.num_devices == chips:
         return compile_built(build(cfg), topology, **opts)
     global CACHE_HITS
-    result = worker_for(topo.chips).compile(build, cfg, topology, opts)
+    result = worker_for(chips).compile(build, cfg, topology, opts)
     CACHE_HITS += int(result.cached)  # served from the worker's cache
     return result
