@@ -495,17 +495,17 @@ def pin_shardings(proto: bytes, output_shardings: list[str], aliases: Mapping[in
     ``aliases`` (``{parameter: output}``, see :func:`donation`) become ``tf.aliasing_output`` argument attributes.
     ``retarget = (trace mesh, target mesh)``: every sharding of the module (and ``output_shardings``) is rewritten
     from the mesh the graph was traced on to the target mesh (:mod:`shardlab.profile.retarget`)."""
-    from shardlab.profile import retarget as R
+    from shardlab.profile.retarget import retarget_module, retarget_sharding
 
     b = _backend()
     computation = b.XlaComputation(proto)
     free_params = parameter_propagation(computation.as_hlo_text(), len(computation.program_shape().parameter_shapes()))
     if retarget:
-        output_shardings = [R.retarget_sharding(o, *retarget) if o else o for o in output_shardings]
+        output_shardings = [retarget_sharding(o, *retarget) if o else o for o in output_shardings]
     with b.make_ir_context():
         module = b.ir.Module.parse(b.hlo_to_stablehlo(proto))
         if retarget:  # global shapes stay; only the tile assignments name devices
-            module = b.ir.Module.parse(R.retarget_module(str(module), *retarget))
+            module = b.ir.Module.parse(retarget_module(str(module), *retarget))
         main = next(op for op in module.body.operations
                     if "sym_name" in op.attributes and b.ir.StringAttr(op.attributes["sym_name"]).value == "main")
         n_out = len(b.ir.FunctionType(b.ir.TypeAttr(main.attributes["function_type"]).value).results)
@@ -613,12 +613,12 @@ def compile_tensors(outputs: list[Any], topology: str = DEFAULT_TOPOLOGY, *, dis
     """
     import torch_xla  # in the functions, not at the top: profile is imported before runtime.setup()
 
-    from shardlab.profile import retarget as R
+    from shardlab.profile.retarget import check_meshes
 
     topo = get_topology(topology)
     world = runtime.current()
     if retarget is not None:
-        small, big = R.check_meshes(*retarget)
+        small, big = check_meshes(*retarget)
         retarget = (small, big)
         if math.prod(small) != world.num_devices or math.prod(big) != topo.chips:
             raise ValueError(f"retarget={retarget}: the trace mesh must span this process's {world.num_devices} "

@@ -9,7 +9,7 @@ Example::
 
     >>> TimingParams(chips=6).validate()  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    ValueError: chips=6 must be a power of two in [2, 64] (a v5e / v6e slice of 2, 4, 8, ... chips)...
+    ValueError: chips=6 must be a power of two in [2, 64]...
 """
 
 from __future__ import annotations
