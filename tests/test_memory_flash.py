@@ -15,7 +15,7 @@ from shardlab.memory import flash as F
 from shardlab.memory import full_size as FS
 from shardlab.memory import pallas_tpu as P
 from shardlab.memory.params import LLAMA3_8B_ATTENTION, MemoryParams
-from shardlab.planner_verdict import PlannerCheck
+from shardlab.planner.verdict import PlannerCheck
 from shardlab.profile.tpu import TpuCompile
 from shardlab.profile.tpu_memory import parse_oom
 

@@ -4,9 +4,9 @@ program order, flash vs plain points on a log axis."""
 from __future__ import annotations
 
 from shardlab.levers import order as O
+from shardlab.memory import figures as V
 from shardlab.memory import flash as F
 from shardlab.memory import ilp
-from shardlab.viz import memory as V
 
 
 def test_order_profiles_figure() -> None:

@@ -107,8 +107,8 @@ import torch
 import torch_xla
 import torch_xla.distributed.spmd as xs
 
+from shardlab.blocks import collective_figures as vc
 from shardlab.blocks import tiles
-from shardlab.viz import collectives as vc
 
 data_axis = 2 if world.num_devices % 2 == 0 and world.num_devices >= 4 else 1
 mesh_shape, axes = (data_axis, world.num_devices // data_axis), ("data", "model")

@@ -74,7 +74,7 @@ rec.check("blocks.algebra.column_equals_dense", err_col < 1e-10, f"max abs err {
 rec.check("blocks.algebra.row_equals_dense", err_row < 1e-10, f"max abs err {err_row:.1e}")
 
 # %%
-from shardlab.viz import blocks as vb
+from shardlab.blocks import figures as vb
 
 vb.split_figure(p.m, p.k, p.n, p.parts, "column").show()
 vb.split_figure(p.m, p.k, p.n, p.parts, "row").show()

@@ -64,7 +64,7 @@ formula = {c.phase: harness.formula(c) for c in (fwd, fb)}
 # $i$'s GeLU output $y_i$ is exactly the input rows its $B_i$ needs.
 
 # %%
-from shardlab.viz import tp as vtp
+from shardlab.tp import figures as vtp
 
 vtp.ownership_figure(vtp.mlp_panels(min(p.hidden, 64), min(p.ffn, 256), p.tp), p.tp,
                      f"MLP weights over tp={p.tp} devices").show()

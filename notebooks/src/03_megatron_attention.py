@@ -59,7 +59,7 @@ formula = {c.phase: harness.formula(c) for c in (fwd, fb)}
 # Columns of $W_Q, W_K, W_V$ grouped by head: device $i$ owns whole heads. $W_O$ is split by the matching rows.
 
 # %%
-from shardlab.viz import tp as vtp
+from shardlab.tp import figures as vtp
 
 vtp.ownership_figure(vtp.attention_panels(min(p.hidden, 64), p.heads, p.tp), p.tp,
                      f"attention weights, {p.heads} heads over tp={p.tp} devices").show()

@@ -87,7 +87,7 @@ print(f"payload ratio ceil(V/p)/3 = {ftp.ce_payload_ratio(p.vocab, p.tp):.1f}, "
 # `vocab % tp` devices own one row more.
 
 # %%
-from shardlab.viz import tp as vtp
+from shardlab.tp import figures as vtp
 
 vtp.ownership_figure(vtp.embedding_panels(p.vocab, p.hidden, p.tp), p.tp, f"V={p.vocab} over tp={p.tp} devices").show()
 

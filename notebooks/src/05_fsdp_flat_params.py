@@ -93,7 +93,7 @@ print("PyTorch FlatParamHandle agrees on every rank:", ok)
 # a dashed line is split between ranks — `ShardParamInfo.intra_start..intra_end` (inclusive) says which part.
 
 # %%
-from shardlab.viz import fsdp as vf
+from shardlab.fsdp import figures as vf
 
 names = [n for n, _ in case.model().named_parameters()]
 vf.flat_buffer_figure(plan, names).show()
@@ -167,7 +167,7 @@ step_table
 # reduce-scatter (backward — the root's gradient reduction comes last).
 
 # %%
-from shardlab.viz import tp as vtp
+from shardlab.tp import figures as vtp
 
 if len(p.layer_sizes) >= 3:
     nested = FlatCase(replace(p, steps=1), nested=True)

@@ -82,7 +82,7 @@ rows
 # threshold; `hlo_instructions` counts such a call once (`hlo_instructions_raw` counts everything).
 
 # %%
-from shardlab.viz.scan import bytes_vs_layers, compile_curves, explorer, tiling_figure
+from shardlab.xla_scan.figures import bytes_vs_layers, compile_curves, explorer, tiling_figure
 from shardlab.xla_scan.sharding import layer_spec
 
 if rows is not None:

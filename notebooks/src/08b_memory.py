@@ -61,11 +61,11 @@ import pandas as pd
 
 from shardlab import harness
 from shardlab.memory import case as C
+from shardlab.memory import figures as V
 from shardlab.memory import flash as F
 from shardlab.memory import full_size as FS
 from shardlab.memory import pallas_tpu, roam
-from shardlab.planner_verdict import load_holdout, load_matrix
-from shardlab.viz import memory as V
+from shardlab.planner.verdict import load_holdout, load_matrix
 
 GIB, MIB = 2**30, 2**20
 if p.full_size:  # every full-size result measured now (about 30 minutes of compiles and integer programs)

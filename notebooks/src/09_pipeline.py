@@ -48,10 +48,10 @@ import torch
 
 from shardlab import harness
 from shardlab.formulas import pipeline as fpp
+from shardlab.pipeline import figures as vpp
 from shardlab.pipeline.case import FsdpCase, ScheduleCase, ShiftCase, compiled, spmd_ledger, traced_model
 from shardlab.pipeline.schedules import build
 from shardlab.pipeline.timeline import simulate
-from shardlab.viz import pipeline as vpp
 
 torch.set_num_threads(1)  # tiny CPU matmuls: intra-op threads only spin against each other (and the ranks' threads)
 P, M, V = p.stages, p.microbatches, p.virtual

@@ -49,9 +49,9 @@ from dataclasses import replace
 import pandas as pd
 
 from shardlab import harness
+from shardlab.context import figures as vcp
 from shardlab.context.case import AllGatherCase, RingCase, UlyssesCase, gloo_run, ulysses_params
 from shardlab.formulas import context as fcp
-from shardlab.viz import context as vcp
 
 kv = (p.batch, p.seq, p.kv_heads, p.head_dim, p.cp)  # what the K/V traffic depends on (float32)
 print(f"one K (or V) block: b·(s/cp)·hkv·d·e = {fcp.kv_block_bytes(*kv)} bytes")

@@ -56,6 +56,7 @@ import plotly.graph_objects as go
 import torch
 
 from shardlab import harness
+from shardlab.expert import figures as vexp
 from shardlab.expert.case import (
     MoECase,
     async_windows,
@@ -69,7 +70,6 @@ from shardlab.expert.case import (
 )
 from shardlab.formulas import expert as fexp
 from shardlab.views import View
-from shardlab.viz import expert as vexp
 
 torch.set_num_threads(1)  # tiny CPU matmuls: intra-op threads only spin against the ranks' threads
 step = MoECase(p)  # one MoE layer, forward + backward of ½‖y − target‖²

@@ -95,7 +95,7 @@ def matrix(keys: tuple[str, ...], live: bool) -> tuple[dict[str, Any], str]:
 def compare_with_07(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Llama 3 8B through inspect beside notebook 07's compiler verdicts (``data/scale/planner_verdict.json``)."""
     # torch_xla (5.4 s) would set PJRT_DEVICE/XLA_FLAGS that the driver's child runs inherit
-    from shardlab.planner_verdict import load_matrix
+    from shardlab.planner.verdict import load_matrix
 
     ref, _ = load_matrix()
     rows = []

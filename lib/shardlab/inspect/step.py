@@ -52,7 +52,7 @@ from shardlab import runtime
 from shardlab.inspect import models as M
 from shardlab.inspect import sharding as S
 from shardlab.inspect.config import InspectConfig, layout
-from shardlab.planner_verdict import adamw_step, full_recompute_partition
+from shardlab.planner.verdict import adamw_step, full_recompute_partition
 from shardlab.profile import tpu as T
 from shardlab.xla_scan.patches import placeholder
 

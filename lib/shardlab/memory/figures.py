@@ -135,7 +135,7 @@ def explorer(p: MemoryParams) -> tuple[widgets.VBox, Callable[..., dict[str, Any
         "step_seq": widgets.IntSlider(value=p.step_seq, min=1, max=64, description="step_seq"),
         "step_batch": widgets.IntSlider(value=p.step_batch, min=1, max=32, description="step_batch"),
     }
-    status, table = widgets.HTML(), widgets.HTML()  # HTML, not figures in an Output widget (see viz.tp.explorer)
+    status, table = widgets.HTML(), widgets.HTML()  # HTML, not figures in an Output widget (see tp.figures.explorer)
 
     def update(**kw: Any) -> dict[str, Any]:
         args = {name: kw.get(name, c.value) for name, c in controls.items()}

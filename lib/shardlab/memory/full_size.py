@@ -37,7 +37,7 @@ from shardlab.memory import case as C
 from shardlab.memory import flash, pallas_tpu
 from shardlab.memory.params import GPT2_SMALL_BLOCK, LLAMA3_8B_ATTENTION, MemoryParams
 from shardlab.params import LeversParams
-from shardlab.planner_verdict import PlannerCheck
+from shardlab.planner.verdict import PlannerCheck
 from shardlab.profile import tpu
 from shardlab.result_files import load_results, save_results
 

@@ -68,7 +68,7 @@ from shardlab.tp.case import LayerCase, wire_counted
 from shardlab.tp.programs import loss
 from shardlab.views import View, traffic
 
-MATRIX_DIR = Path(__file__).resolve().parents[2] / "data" / "scale"
+MATRIX_DIR = Path(__file__).resolve().parents[3] / "data" / "scale"
 
 PHASE = "fwd_bwd"  # every check runs one forward + backward step
 DTYPE = "float32"

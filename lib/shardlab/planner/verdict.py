@@ -370,7 +370,7 @@ MATRIX: tuple[tuple[str, str, tuple[int, int, int], int], ...] = (
     ("llama-3-70b", "v6e-64", (1, 16, 4), 16),
     ("llama-3.1-405b", "v6e-64", (1, 16, 4), 16),
 )
-MATRIX_FILE = Path(__file__).resolve().parents[2] / "data" / "scale" / "planner_verdict.json"
+MATRIX_FILE = Path(__file__).resolve().parents[3] / "data" / "scale" / "planner_verdict.json"
 
 
 def matrix_cases(seq: int = 8192) -> dict[str, VerdictCase]:

@@ -13,7 +13,7 @@ Modules (read top-down):
               :mod:`shardlab.harness`, and the notebook's measurements beyond one case's views.
 ``scale``     the 405B seed at full size (placeholders, XLA:TPU compile-only), shard_as off/on.
 
-Formulas live in :mod:`shardlab.formulas.scan`, figures in :mod:`shardlab.viz.scan`, the story in notebook
+Formulas live in :mod:`shardlab.formulas.scan`, figures in :mod:`shardlab.xla_scan.figures`, the story in notebook
 ``06_scan_shard_as``. Importing this package imports nothing; its modules import torch_xla, so call
 ``shardlab.runtime.setup()`` first.
 """
