@@ -16,7 +16,7 @@ import pytest
 
 from shardlab import harness
 from shardlab.blocks import case as bc
-from shardlab.params import BlocksParams, WelcomeParams
+from shardlab.blocks.params import BlocksParams, WelcomeParams
 
 pytestmark = pytest.mark.xla
 

@@ -89,7 +89,7 @@ def test_02_mlp_all_reduces_vs_hlo(xla_world):
 
 def _tp_params(stem: str) -> Any:
     """The notebook's parameter dataclass at its defaults (read from its parameters cell)."""
-    from shardlab.params import notebook_params
+    from shardlab.topics import notebook_params
 
     cls = notebook_params()[stem]
     d = notebook_defaults(stem)
@@ -254,10 +254,10 @@ def test_06_stacked_gradient_bytes_1d_vs_2d(xla_world):
     and fsdp reductions equal the CPU compiler's; and the formula itself equals shard_as_saving's bytes."""
     from shardlab import harness
     from shardlab.formulas import scan as fscan
-    from shardlab.params import ScanParams
     from shardlab.xla_scan import case as C
     from shardlab.xla_scan import measure as X
     from shardlab.xla_scan.model import weight_shapes
+    from shardlab.xla_scan.params import ScanParams
 
     p = ScanParams(**{k: v for k, v in notebook_defaults("06_scan_shard_as").items() if k != "answers"})
     try:  # shard_as (every SPMD scan backward) needs jax + torchax (+ flax)

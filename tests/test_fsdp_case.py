@@ -17,7 +17,7 @@ import torch_xla
 from shardlab import harness
 from shardlab.formulas import fsdp as ffsdp
 from shardlab.fsdp.case import FlatCase, GspmdCase, designs_frame, flat_param_handle_check, step_operands
-from shardlab.params import FsdpGspmdParams, FsdpParams
+from shardlab.fsdp.params import FsdpGspmdParams, FsdpParams
 from shardlab.profile import tpu as T
 from shardlab.views import View
 

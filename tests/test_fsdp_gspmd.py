@@ -22,8 +22,8 @@ from shardlab.formulas.fsdp import StepBytes, flat_step_comm, per_param_shard, p
 from shardlab.fsdp import gspmd
 from shardlab.fsdp.case import GspmdCase, step_operands
 from shardlab.fsdp.flat_param import plan_flat_shards_for
+from shardlab.fsdp.params import FsdpGspmdParams
 from shardlab.fsdp.train import LR, make_batch, make_model
-from shardlab.params import FsdpGspmdParams
 from shardlab.profile.hlo import HloModule
 
 

@@ -13,7 +13,7 @@ import pytest
 from shardlab import harness
 from shardlab.levers import case as L
 from shardlab.levers import figures as VL
-from shardlab.params import LeversParams
+from shardlab.levers.params import LeversParams
 from shardlab.profile.tpu import TpuCompile
 from shardlab.profile.tpu_memory import TpuMemory
 from shardlab.views import View

@@ -14,7 +14,7 @@ from shardlab.levers import case as L
 from shardlab.levers import order as O
 from shardlab.levers import programs as P
 from shardlab.levers import search as S
-from shardlab.params import LeversParams
+from shardlab.levers.params import LeversParams
 from shardlab.planner import PlanConfig, plan
 
 

@@ -218,8 +218,8 @@ def test_the_notebook_parameters_are_the_plan_configuration():
     # notebook 07's parameters extend PlanConfig (declared once): planning them is planning the same PlanConfig
     from dataclasses import fields, replace
 
-    from shardlab.params import PlannerParams
     from shardlab.planner.figures import PlannerExplorer
+    from shardlab.planner.params import PlannerParams
 
     nb = PlannerParams(topology="v5e-8", fsdp=4, data=2, recompute="selective", sequence_parallel=True).validate()
     assert isinstance(nb, P.PlanConfig)

@@ -15,8 +15,8 @@ from dataclasses import replace
 import pytest
 
 from shardlab import harness
-from shardlab.params import PlannerParams
 from shardlab.planner import check as pc
+from shardlab.planner.params import PlannerParams
 
 # the validation sizes: T = 16 tokens of width 32, ffn 64, 4 heads, on 4 ranks
 SMALL = PlannerParams(val_world=4, val_tokens=16, val_hidden=32, val_ffn=64, val_heads=4)

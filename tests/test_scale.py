@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 
-from shardlab.params import ScanParams
+from shardlab.xla_scan.params import ScanParams
 
 pytestmark = pytest.mark.xla
 

@@ -137,8 +137,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from shardlab.report.charts import charts, write_charts
     from shardlab.report.sweep import match_names, run_sweep
 
-    nb_dir = args.notebooks_dir or ROOT / "notebooks"
-    nb = resolve_name(args.notebook, find_notebooks(nb_dir))
+    nb = resolve_name(args.notebook, find_notebooks(args.notebooks_dir))
     grid = _params(args.param, single=False)
     axes = {k: v for k, v in grid.items() if len(v) > 1}
     base = {k: v[0] for k, v in grid.items() if len(v) == 1}
@@ -161,7 +160,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def cmd_badges(args: argparse.Namespace) -> int:
     try:
-        print(badge_table(find_notebooks(ROOT / "notebooks"), args.repo, args.branch))
+        print(badge_table(find_notebooks(), args.repo, args.branch))
     except ValueError as exc:
         raise ReportInputError(str(exc)) from exc
     return EXIT_OK

@@ -8,7 +8,7 @@ answers = None  # exercise answer key (the tests and the report inject it); leav
 
 # %%
 from shardlab import runtime
-from shardlab.params import WelcomeParams
+from shardlab.blocks.params import WelcomeParams
 from shardlab.profile import Recorder
 
 p = WelcomeParams.from_namespace(globals())  # every parameter checked here, before any XLA work

@@ -12,7 +12,7 @@ answers = None  # exercise answer key (the tests and the report inject it); leav
 
 # %%
 from shardlab import runtime
-from shardlab.params import BlocksParams
+from shardlab.blocks.params import BlocksParams
 from shardlab.profile import Recorder
 
 p = BlocksParams.from_namespace(globals())  # every parameter checked here, before any XLA work

@@ -13,8 +13,8 @@ answers = None  # exercise answer key (the tests and the report inject it); leav
 
 # %%
 from shardlab import runtime
-from shardlab.params import MlpParams
 from shardlab.profile import Recorder
+from shardlab.tp.params import MlpParams
 
 p = MlpParams.from_namespace(globals())  # every parameter checked here, before any XLA work
 world = runtime.setup(num_devices=p.num_devices)

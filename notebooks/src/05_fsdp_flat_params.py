@@ -13,7 +13,7 @@ answers = None  # exercise answer key (the tests and the report inject it); leav
 import time
 
 from shardlab import runtime
-from shardlab.params import FsdpParams
+from shardlab.fsdp.params import FsdpParams
 from shardlab.profile import Recorder
 
 _t0 = time.perf_counter()

@@ -12,7 +12,7 @@ answers = None  # exercise answer key (the tests and the report inject it); leav
 import time
 
 from shardlab import runtime
-from shardlab.params import FsdpGspmdParams
+from shardlab.fsdp.params import FsdpGspmdParams
 from shardlab.profile import Recorder
 
 _t0 = time.perf_counter()
@@ -53,7 +53,7 @@ from dataclasses import replace
 
 from shardlab import harness
 from shardlab.fsdp import case as fc
-from shardlab.params import FsdpParams
+from shardlab.fsdp.params import FsdpParams
 
 case = fc.GspmdCase(p)  # dim-0 sharding of every parameter, mesh (fsdp N, replica devices / N)
 fc.param_frame(case)

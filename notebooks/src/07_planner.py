@@ -37,7 +37,7 @@ answers = None  # exercise answer key (the tests and the report inject it); leav
 
 # %%
 from shardlab import runtime
-from shardlab.params import PlannerParams
+from shardlab.planner.params import PlannerParams
 from shardlab.profile import Recorder
 
 p = PlannerParams.from_namespace(globals())  # every parameter checked here, the plan's degrees included

@@ -29,7 +29,7 @@ answers = None  # exercise answer key (the tests and the report inject it); leav
 
 # %%
 from shardlab import runtime
-from shardlab.params import LeversParams
+from shardlab.levers.params import LeversParams
 from shardlab.profile import Recorder
 
 p = LeversParams.from_namespace(globals())  # every parameter checked here, before any XLA work

@@ -41,12 +41,12 @@ import torch_xla.distributed.spmd as xs
 
 from shardlab import blocks, runtime
 from shardlab.blocks import ring, tiles
+from shardlab.blocks.params import BlocksParams, WelcomeParams
 from shardlab.case import Case, Checks, Program
 from shardlab.comm import Ledger
 from shardlab.dtypes import hlo_name
 from shardlab.formulas import blocks as F
 from shardlab.formulas.common import reduction_dtype
-from shardlab.params import BlocksParams, WelcomeParams
 from shardlab.profile.hlo import HloModule
 from shardlab.views import View, traffic
 

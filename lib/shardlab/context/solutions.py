@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 
 from shardlab.formulas import context as fcp
-from shardlab.solutions import Solution
+from shardlab.topics import Solution
 
 Merge = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 

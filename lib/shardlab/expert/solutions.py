@@ -16,7 +16,7 @@ import torch
 from shardlab.comm import SimulatedWorld
 from shardlab.formulas import expert as fexp
 from shardlab.formulas.common import wire_bytes
-from shardlab.solutions import Solution
+from shardlab.topics import Solution
 
 EP, E, C, H = 4, 8, 3, 2  # exercise 5: ranks, experts, slots per expert, width
 

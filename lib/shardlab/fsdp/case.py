@@ -50,9 +50,9 @@ from shardlab.case import Case, Checks
 from shardlab.comm import DistributedWorld, Ledger
 from shardlab.formulas import fsdp as ffsdp
 from shardlab.fsdp import gspmd  # imports torch_xla: fsdp.case is imported after runtime.setup()
+from shardlab.fsdp.params import FsdpParamsBase
 from shardlab.fsdp.torch_ref import flat_param_handle_shards, torch_fsdp_both_program
 from shardlab.fsdp.train import ELEM_BYTES, LR, FlatCase, linear_shapes, make_batch, make_model
-from shardlab.params import FsdpParamsBase
 from shardlab.profile.hlo import HloModule
 from shardlab.views import View
 

@@ -2,7 +2,7 @@
 
 Design note
 -----------
-:class:`FlatCase` holds the notebook's parameters ``p`` (:class:`shardlab.params.FsdpParams`: world_size N,
+:class:`FlatCase` holds the notebook's parameters ``p`` (:class:`shardlab.fsdp.params.FsdpParams`: world_size N,
 layer_sizes, batch, steps, align) and the variant it shows — ``nested`` (the first Linear wrapped as an inner unit
 inside the root, as PyTorch's auto-wrap would), the optimizer, ``tied`` (a head sharing the first weight) — and
 supplies two views to :mod:`shardlab.harness`::
@@ -42,8 +42,8 @@ from shardlab.comm import Comm, Ledger
 from shardlab.formulas import fsdp as ffsdp
 from shardlab.formulas.zero import zero_memory
 from shardlab.fsdp.flat_param import FlatShardPlan, aligned_numel, module_params, plan_flat_shards_for
+from shardlab.fsdp.params import FsdpParams, FsdpParamsBase
 from shardlab.fsdp.unit import FlatUnit, ShardAdam, ShardSGD, unflatten
-from shardlab.params import FsdpParams, FsdpParamsBase
 from shardlab.views import View
 
 OPTIMIZERS = tuple(ffsdp.OPTIMIZER_STATE_BYTES)  # sgd, adam

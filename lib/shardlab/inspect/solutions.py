@@ -16,7 +16,7 @@ from shardlab.inspect.analysis import PARAM_BYTES, layout_bytes
 from shardlab.inspect.config import InspectInputError, layout, make_config
 from shardlab.inspect.models import config_dict, tiny_overrides
 from shardlab.planner import PlanConfig
-from shardlab.solutions import Solution
+from shardlab.topics import Solution
 
 GIB = 1024**3
 MESH_4 = "fsdp=16,tensor=4"  # exercise 3's and 4's mesh on v6e-64

@@ -2,7 +2,7 @@
 
 Design
 ------
-Each case reads its sizes from ``p`` (:class:`shardlab.params.LeversParams`) and names the variant it shows;
+Each case reads its sizes from ``p`` (:class:`shardlab.levers.params.LeversParams`) and names the variant it shows;
 :mod:`shardlab.harness` compiles it (XLA:CPU: ``harness.hlo``; XLA:TPU compile-only: ``harness.tpu`` with the
 compile options of the lever — disabled passes, XLA:TPU flags, auto-sharding)::
 
@@ -51,9 +51,10 @@ import pandas as pd
 from shardlab import harness, runtime
 from shardlab.case import Case
 from shardlab.levers import programs as P
-from shardlab.params import LeversParams, MlpParams
+from shardlab.levers.params import LeversParams
 from shardlab.profile.hlo import HloModule
 from shardlab.tp.case import MlpCase
+from shardlab.tp.params import MlpParams
 from shardlab.views import View, merge
 
 COMBINER_PASSES = ("all-reduce-combiner", "all-gather-combiner", "reduce-scatter-combiner")

@@ -31,7 +31,7 @@ from shardlab.case import Case
 from shardlab.formulas.common import wire_bytes
 from shardlab.levers import programs as P
 from shardlab.levers.case import LayoutCase, devices
-from shardlab.params import LeversParams
+from shardlab.levers.params import LeversParams
 from shardlab.planner import PlanConfig, plan
 from shardlab.profile.tpu import TpuCompile
 from shardlab.views import View

@@ -33,10 +33,10 @@ from torch_xla.experimental.custom_kernel import flash_attention
 from shardlab import harness, runtime
 from shardlab.levers import case as L
 from shardlab.levers import programs as P
+from shardlab.levers.params import LeversParams
 from shardlab.memory import case as C
 from shardlab.memory import flash, pallas_tpu
 from shardlab.memory.params import GPT2_SMALL_BLOCK, LLAMA3_8B_ATTENTION, MemoryParams
-from shardlab.params import LeversParams
 from shardlab.planner.verdict import PlannerCheck
 from shardlab.profile import tpu
 from shardlab.result_files import load_results, save_results

@@ -13,7 +13,7 @@ from shardlab.levers import order as order_mod
 from shardlab.memory import flash
 from shardlab.memory.params import LLAMA3_8B_ATTENTION, MemoryParams
 from shardlab.profile.tpu import get_topology
-from shardlab.solutions import Solution
+from shardlab.topics import Solution
 
 LLAMA_8K = MemoryParams(seq=8192, **LLAMA3_8B_ATTENTION)
 LANES = 128  # torch_xla's flash kernel keeps its softmax statistics l and m 128 lanes wide

@@ -12,7 +12,7 @@ from typing import Any
 from shardlab.formulas import pipeline as fpp
 from shardlab.pipeline.schedules import one_f_one_b
 from shardlab.pipeline.spmd import iterations
-from shardlab.solutions import Solution
+from shardlab.topics import Solution
 
 # (p, m, stage) cases the code exercise's function is run on: warm-up longer than, equal to and shorter than m
 ORDER_CASES = ((4, 8, 0), (4, 8, 3), (3, 5, 1), (2, 2, 0), (4, 2, 0), (4, 2, 2))

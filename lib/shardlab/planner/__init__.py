@@ -5,7 +5,7 @@ Design note
 `plan(PlanConfig(...))` composes the formula modules (no torch, no XLA) for a decoder-only transformer (dense, or a
 mixture of experts) on a TPU slice with a (data, pipeline, fsdp, context, tensor, expert) mesh — MaxText's axis
 order, the last axis fastest. :class:`PlanConfig` is the one declaration of a plan's inputs (type, default,
-comment); notebook 07's parameters (``shardlab.params.PlannerParams``) extend it, so ``plan(p)`` plans the
+comment); notebook 07's parameters (``shardlab.planner.params.PlannerParams``) extend it, so ``plan(p)`` plans the
 notebook's own parameters and nothing copies them. The batch is split over data x fsdp x expert (GShard: every
 device routes its own tokens), the sequence over context, the layers over pipeline stages, every weight over tensor,
 the experts over expert:

@@ -3,7 +3,7 @@
 Design
 ------
 Notebook 07's validation section evaluates the planner's per-chip terms at its validation sizes (the ``val_*``
-fields of :class:`shardlab.params.PlannerParams`: T = ``val_tokens`` tokens of width ``val_hidden`` on ``val_world``
+fields of :class:`planner.params.PlannerParams`: T = ``val_tokens`` tokens of width ``val_hidden`` on ``val_world``
 ranks; fp32, so 4 bytes per element on every backend) and compares each with what runs. Each part is a case;
 :mod:`shardlab.harness` runs it through the views:
 
@@ -55,16 +55,18 @@ from shardlab.formulas import memory
 from shardlab.formulas import pipeline as fpp
 from shardlab.formulas.common import wire_bytes
 from shardlab.formulas.fsdp import FlatStepComm, flat_step_comm
+from shardlab.fsdp.params import FsdpParams
 from shardlab.fsdp.train import FlatCase, RankResult, fsdp_rank_program, reference_train
-from shardlab.params import AttentionParams, FsdpParams, PlannerParams
 from shardlab.pipeline.case import ScheduleCase
 from shardlab.pipeline.params import PipelineParams
 from shardlab.planner import CommTerm, ModelConfig, PlanConfig, step_comm
+from shardlab.planner.params import PlannerParams
 from shardlab.profile.hlo import HloModule
 from shardlab.profile.record import Recorder
 from shardlab.profile.tpu import TpuCompile
 from shardlab.result_files import entry_layout, load_results
 from shardlab.tp.case import LayerCase, wire_counted
+from shardlab.tp.params import AttentionParams
 from shardlab.tp.programs import loss
 from shardlab.views import View, traffic
 

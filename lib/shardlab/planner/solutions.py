@@ -14,7 +14,7 @@ from typing import Any
 
 from shardlab.formulas import activations, hardware, memory
 from shardlab.planner import PlanConfig, model_from, plan
-from shardlab.solutions import Solution
+from shardlab.topics import Solution
 
 TASK_4 = ("llama-3-70b", "v6e-64", 16, 8192, "full")  # model, slice, global batch, sequence, recompute
 

@@ -69,7 +69,8 @@ def validate_inputs(options: ReportOptions) -> list[NotebookInfo]:
                                "TPU_NAME or PJRT_DEVICE=TPU)")
     notebooks = find_notebooks(options.notebooks_dir)
     if not notebooks:
-        raise ReportInputError(f"no notebooks named NN_name.ipynb in {options.notebooks_dir}")
+        where = options.notebooks_dir or "the registered topics"
+        raise ReportInputError(f"no notebooks named NN_name.ipynb in {where}")
     chosen = select(options.only, notebooks)
     for nb in chosen:
         check_params(nb, options.params)

@@ -41,10 +41,10 @@ from shardlab.case import Case, Checks, Program
 from shardlab.comm import DistributedWorld, Ledger
 from shardlab.formulas import tp as ftp
 from shardlab.formulas.common import dtype_bytes
-from shardlab.params import AttentionParams, MlpParams, VocabParams
 from shardlab.profile.hlo import Array, HloModule
 from shardlab.tp import gspmd
 from shardlab.tp.layers import vocab_range
+from shardlab.tp.params import AttentionParams, MlpParams, VocabParams
 from shardlab.tp.programs import (
     attention_step,
     ce_step,

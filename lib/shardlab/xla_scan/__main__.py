@@ -13,7 +13,7 @@ import sys
 from dataclasses import replace
 
 from shardlab import runtime
-from shardlab.params import ScanParams
+from shardlab.xla_scan.params import ScanParams
 
 
 def main(argv: list[str]) -> None:

@@ -27,11 +27,11 @@ import torch
 import torch_xla.core.xla_model as xm  # imported after runtime.setup() (the notebooks' order)
 
 from shardlab import runtime
-from shardlab.params import ScanParams
 from shardlab.profile import metrics_delta
 from shardlab.profile.hlo import HloModule
 from shardlab.xla_scan import model as M
 from shardlab.xla_scan import sharding as S
+from shardlab.xla_scan.params import ScanParams
 from shardlab.xla_scan.patches import placeholders_enabled
 
 CPU_OUTLINED_PREFIX = "parallel_"
