@@ -15,12 +15,13 @@ import torch
 
 from shardlab import harness
 from shardlab.formulas import scan as F
-from shardlab.params import ScanParams
 from shardlab.views import View
 from shardlab.xla_scan import case as C
 from shardlab.xla_scan import measure as X
 from shardlab.xla_scan import model as M
+from shardlab.xla_scan import sections as SEC
 from shardlab.xla_scan import sharding as S
+from shardlab.xla_scan.params import ScanParams
 
 pytestmark = pytest.mark.xla
 
@@ -153,7 +154,7 @@ def test_huge_placeholder_costs_nothing_lowers_to_parameter_and_reads_clearly(xl
 
 
 def test_shard_as_demo_copies_the_annotated_sharding(xla_world: Any) -> None:
-    d = C.shard_as_demo(P)
+    d = SEC.shard_as_demo(P)
     assert d is not None
     assert d.a_spec == "{devices=[2,4]0,1,2,3,4,5,6,7}"
     assert d.b_spec_without == "{replicated}"
@@ -172,7 +173,7 @@ def trap_params(f: int, t: int, batch: int, seq: int) -> ScanParams:
 
 @pytest.mark.parametrize("f,t,B,Sq", TRAP_CASES)
 def test_linear_trap_rows_and_tiles_follow_the_flattening(xla_world: Any, f: int, t: int, B: int, Sq: int) -> None:
-    formula, cpu, tpu = C.linear_trap(trap_params(f, t, B, Sq))
+    formula, cpu, tpu = SEC.linear_trap(trap_params(f, t, B, Sq))
     want = F.flattened_rows(B, Sq, f, t)
     assert cpu.values["linear.rows"] == formula.values["linear.rows"] == want.rows_per_device
     assert cpu.values["einsum.rows"] == B * Sq // (f * t)
@@ -186,7 +187,7 @@ def test_linear_trap_rows_and_tiles_follow_the_flattening(xla_world: Any, f: int
 def test_linear_trap_on_tpu_keeps_both_splits(xla_world: Any) -> None:
     # measured with libtpu 0.0.21: XLA:TPU multiplies a 3-D [B/f, S/t, O] per-chip dot for F.linear too, so the
     # view lists rows / tiles / collectives in differs (with the per-chip dot in the reason) instead of failing
-    formula, cpu, tpu = C.linear_trap(trap_params(2, 4, 8, 16))
+    formula, cpu, tpu = SEC.linear_trap(trap_params(2, 4, 8, 16))
     assert tpu.values["linear.rows"] == tpu.values["einsum.rows"] == 8 * 16 // 8
     assert tpu.values["linear.collectives"] == 0
     assert set(tpu.differs) == {"linear.rows", "linear.out_tiles", "linear.collectives"}
@@ -216,7 +217,7 @@ def test_views_agree_with_the_formula_on_and_off(xla_world: Any, mesh: tuple[int
         f, t = mesh
         assert vs[1]["grad_shape.w_up"] == f"[2, {32 // f if flag else 32}, {64 // t}]"
     for src in (1, 2):  # CPU and TPU programs: what shard_as changed in the backward body
-        assert C.what_shard_as_changed(views[False][src], views[True][src], base) == \
+        assert SEC.what_shard_as_changed(views[False][src], views[True][src], base) == \
             ("all-reduce fsdp", "reduce-scatter fsdp")
 
 

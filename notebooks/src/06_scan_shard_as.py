@@ -19,8 +19,8 @@ answers = None  # exercise answer key (the tests and the report inject it); leav
 import time
 
 from shardlab import runtime
-from shardlab.params import ScanParams
 from shardlab.profile import Recorder
+from shardlab.xla_scan.params import ScanParams
 
 _t0 = time.perf_counter()
 p = ScanParams.from_namespace(globals())  # every parameter checked here, before any XLA work
@@ -68,7 +68,7 @@ world
 
 # %%
 from shardlab import harness
-from shardlab.xla_scan import case as C
+from shardlab.xla_scan import sections as C
 
 sweep = [(c, harness.hlo(c)) for c in C.sweep_cases(p)]  # every mode at every L of layers_sweep, on the CPU devices
 rows = C.record_sweep(rec, sweep)
