@@ -2,17 +2,17 @@
 defaults and at two other legal parameter sets (4 devices with the heads split over 4 chips and a GPT-2 step; 1 device
 with one MLP layer and no unsplit integer program), and the recorded values equal oracles worked out here: the
 planner's attention terms by hand (6·a·s²/t and 4·a·s/t bytes), the flash program's three custom calls, the step's
-DAG re-traced and priced by ``levers.order``'s simulator, the best update schedule by brute force over every
+DAG re-traced and priced by ``profile.order``'s simulator, the best update schedule by brute force over every
 schedule (up to 8 update units)."""
 
 from __future__ import annotations
 
 import pytest
 
-from shardlab.levers import order as O
 from shardlab.memory import graph as G
 from shardlab.memory import update_schedule as U
 from shardlab.memory.params import MemoryParams
+from shardlab.profile import order as O
 
 
 def _by(record):  # type: ignore[no-untyped-def]

@@ -137,20 +137,20 @@ def test_switches_restore_torch_xla_even_on_error(xla_world: Any) -> None:
 
 
 def test_huge_placeholder_costs_nothing_lowers_to_parameter_and_reads_clearly(xla_world: Any) -> None:
-    from shardlab.xla_scan import patches
+    from shardlab.profile import placeholders
 
-    rss0 = patches.current_rss_bytes()
-    p = patches.placeholder((1 << 34,))  # 64 GiB of float32
-    assert patches.logical_bytes(p) == 64 * 2**30
-    assert patches.current_rss_bytes() - rss0 < 100 * 2**20  # resident memory grew < 100 MiB
+    rss0 = placeholders.current_rss_bytes()
+    p = placeholders.placeholder((1 << 34,))  # 64 GiB of float32
+    assert placeholders.logical_bytes(p) == 64 * 2**30
+    assert placeholders.current_rss_bytes() - rss0 < 100 * 2**20  # resident memory grew < 100 MiB
     y = p * 2.0
-    hlo = patches.lowered_hlo([y])
+    hlo = placeholders.lowered_hlo([y])
     assert "f32[17179869184]{0} parameter(" in hlo
     for t in (p, y):
-        with pytest.raises(patches.PlaceholderReadError, match=r"shape \[17179869184\].*placeholder"):
-            patches.read(t)
+        with pytest.raises(placeholders.PlaceholderReadError, match=r"shape \[17179869184\].*placeholder"):
+            placeholders.read(t)
     real = torch.ones(4).to(p.device)
-    assert patches.read(real * 3).tolist() == [3.0] * 4
+    assert placeholders.read(real * 3).tolist() == [3.0] * 4
 
 
 def test_shard_as_demo_copies_the_annotated_sharding(xla_world: Any) -> None:

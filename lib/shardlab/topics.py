@@ -137,7 +137,8 @@ def _discover(extra: tuple[str, ...]) -> tuple[Topic, ...]:
             shardlab.__path__.append(d)
     found: list[Topic] = []
     for info in pkgutil.iter_modules(shardlab.__path__):
-        if not info.ispkg or importlib.util.find_spec(f"shardlab.{info.name}.topic") is None:
+        folder = Path(getattr(info.module_finder, "path", "")) / info.name
+        if not info.ispkg or not (folder / "topic.py").exists():  # (looked up on disk: no package is imported)
             continue
         module = importlib.import_module(f"shardlab.{info.name}.topic")
         topic = getattr(module, "TOPIC", None)

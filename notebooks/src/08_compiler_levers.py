@@ -75,10 +75,10 @@ from shardlab.levers import case as L
 from shardlab.levers import combine as C
 from shardlab.levers import figures as VL
 from shardlab.levers import fusion as FU
-from shardlab.levers import order as O
 from shardlab.levers import overlap as OV
 from shardlab.levers import programs as P
 from shardlab.levers import search as S
+from shardlab.profile import order as O
 
 chips = world.num_devices  # p in the formulas below
 use_tpu = p.run_tpu and world.kind == "cpu"  # on a TPU host the "hlo" programs below are already the TPU's own

@@ -296,7 +296,7 @@ brute
 
 # %% [markdown]
 # **Interpretation.** The integer program is exact where it can be checked: on the step's forward + backward (no
-# optimizer) it finds the same peak as an exhaustive search over the sets of operators already run (`levers.order.
+# optimizer) it finds the same peak as an exhaustive search over the sets of operators already run (`profile.order.
 # extremes`), and on random graphs it equals brute force over every order (`tests/test_memory_ilp.py`). On the whole
 # step with Adam the unsplit program rarely *proves* its optimum within a second or two — the split program solves
 # parts of at most `max_ops` operators in well under a second each. At the default sizes program order is the worst:

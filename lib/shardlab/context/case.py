@@ -64,8 +64,8 @@ from shardlab.context.ring import ring_attention_step
 from shardlab.context.ulysses import ulysses_step
 from shardlab.formulas import context as fcp
 from shardlab.formulas.common import dtype_bytes
+from shardlab.models import loss
 from shardlab.profile.hlo import HloModule
-from shardlab.tp.programs import loss
 from shardlab.views import View, traffic
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ __all__ = ["AllGatherCase", "RingCase", "UlyssesCase", "gloo_run", "ulysses_para
 
 @dataclass(frozen=True)
 class CpCase(Case):
-    """One attention layer's forward (+ backward of ½‖out − target‖², ``tp.programs.loss``: its output gradient
+    """One attention layer's forward (+ backward of ½‖out − target‖², ``models.loss``: its output gradient
     out − target depends on the forward's output, as in training) under context parallelism."""
 
     p: ContextParams

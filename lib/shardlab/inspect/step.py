@@ -54,7 +54,7 @@ from shardlab.inspect import sharding as S
 from shardlab.inspect.config import InspectConfig, layout
 from shardlab.planner.verdict import adamw_step, full_recompute_partition
 from shardlab.profile import tpu as T
-from shardlab.xla_scan.patches import placeholder
+from shardlab.profile.placeholders import placeholder
 
 KINDS = ("param", "master", "exp_avg", "exp_avg_sq")  # per trained tensor, in output order after the loss
 

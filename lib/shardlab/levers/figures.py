@@ -13,7 +13,7 @@ from plotly.subplots import make_subplots
 
 from shardlab.levers.case import OFF, logical
 from shardlab.levers.combine import AlphaBeta, Point, combining_saving_s
-from shardlab.levers.order import Extremes, Profile
+from shardlab.profile.order import Extremes, Profile
 from shardlab.profile.tpu_memory import TpuMemory
 from shardlab.views import View
 from shardlab.viz.common import PALETTE, REPLICATED

@@ -13,8 +13,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from shardlab.levers import order
 from shardlab.levers.combine import AlphaBeta, bucket_count, combining_saving_s
+from shardlab.profile import order
 from shardlab.topics import Solution
 
 

@@ -6,7 +6,7 @@ memory-aware weight-update schedule.
   does not have (compile-only);
 - ``flash``: one attention core, flash vs plain: the graph, the planner's terms, per-chip rows, the longest fit;
 - ``graph``: a training step (forward, backward, Adam) as an operator DAG with buffer sizes and lifetimes
-  (``torch.fx`` trace), in ``levers.order``'s memory model;
+  (``torch.fx`` trace), in ``profile.order``'s memory model;
 - ``ilp``: the exact operator order as an integer program (scipy ``milp`` / HiGHS), greedy, program order;
 - ``roam``: the split at memory-insensitive operators, each part solved exactly;
 - ``update_schedule``: per parameter, the Adam update as soon as its gradient exists or at the end;

@@ -37,9 +37,9 @@ from typing import Any, ClassVar
 
 from shardlab import harness
 from shardlab.case import Case
-from shardlab.levers import order as order_mod
 from shardlab.memory import flash, graph, ilp, roam, update_schedule, xla_step
 from shardlab.memory.params import MemoryParams
+from shardlab.profile import order as order_mod
 from shardlab.profile.hlo import HloModule
 from shardlab.profile.tpu import Step
 from shardlab.views import View
@@ -274,7 +274,7 @@ class ScheduleCase(StepCase):
 
 
 def brute_force_check(p: MemoryParams) -> dict[str, Any]:
-    """ILP vs exact search (``levers.order.extremes``) on the forward + backward of ``p``'s step (no optimizer):
+    """ILP vs exact search (``profile.order.extremes``) on the forward + backward of ``p``'s step (no optimizer):
     ``{nodes, ilp, brute, optimal, seconds}``; ``brute`` None when the graph is too wide for the exact search."""
     step = graph.trace_step(p, optimizer="none")
     sol = ilp.solve(ilp.problem_from_graph(step.graph), PART_LIMIT_S)

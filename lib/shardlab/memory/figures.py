@@ -12,9 +12,9 @@ import ipywidgets as widgets
 import pandas as pd
 import plotly.graph_objects as go
 
-from shardlab.levers import order as order_mod
 from shardlab.memory import graph, roam
 from shardlab.memory.params import MODELS, MemoryParams
+from shardlab.profile import order as order_mod
 from shardlab.profile import tpu
 from shardlab.viz.common import PALETTE
 
@@ -30,7 +30,7 @@ def order_profiles_figure(graph: order_mod.Graph, orders: Mapping[str, Sequence[
                           phase: Mapping[str, str] | None = None,
                           title: str = "Live temporaries while the step runs, one line per operator order"
                           ) -> go.Figure:
-    """Bytes live during each operator (``levers.order.peak``) for every order; the program order's phases shaded."""
+    """Bytes live during each operator (``profile.order.peak``) for every order; the program order's phases shaded."""
     fig = go.Figure()
     for i, (name, order) in enumerate(orders.items()):
         prof = order_mod.peak(graph, order)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from shardlab.levers import order as order_mod
 from shardlab.memory import flash
 from shardlab.memory.params import LLAMA3_8B_ATTENTION, MemoryParams
+from shardlab.profile import order as order_mod
 from shardlab.profile.tpu import get_topology
 from shardlab.topics import Solution
 

@@ -24,7 +24,7 @@ ranks; fp32, so 4 bytes per element on every backend) and compares each with wha
 Values are named ``fwd_bwd.<op>.{count,bytes,elements,wire_bytes}`` and ``param.bytes`` / ``model_state.bytes``.
 Wire bytes: the formula's ring model (``formulas.common.wire_bytes``) in the formula view; in the measured views
 each collective counted chunk by chunk along the ring schedule (``blocks.ring``), so formula = measured tests the
-ring factor, not only count × payload. Every step's loss is ½‖out − target‖² (``tp.programs.loss``).
+ring factor, not only count × payload. Every step's loss is ½‖out − target‖² (``models.loss``).
 The compiled programs run on a mesh (n / world, world) over the process's n devices; the CPU compiler view is
 skipped with the reason when world does not tile n, the TPU view compiles for a world-chip slice (in a helper
 process when this one has another device count). Parity with the dense oracle (the same module on the CPU, no XLA)
@@ -57,6 +57,7 @@ from shardlab.formulas.common import wire_bytes
 from shardlab.formulas.fsdp import FlatStepComm, flat_step_comm
 from shardlab.fsdp.params import FsdpParams
 from shardlab.fsdp.train import FlatCase, RankResult, fsdp_rank_program, reference_train
+from shardlab.models import loss
 from shardlab.pipeline.case import ScheduleCase
 from shardlab.pipeline.params import PipelineParams
 from shardlab.planner import CommTerm, ModelConfig, PlanConfig, step_comm
@@ -67,7 +68,6 @@ from shardlab.profile.tpu import TpuCompile
 from shardlab.result_files import entry_layout, load_results
 from shardlab.tp.case import LayerCase, wire_counted
 from shardlab.tp.params import AttentionParams
-from shardlab.tp.programs import loss
 from shardlab.views import View, traffic
 
 MATRIX_DIR = Path(__file__).resolve().parents[3] / "data" / "scale"
@@ -201,7 +201,7 @@ class ValidationCase(Case):
 
 @dataclass(frozen=True)
 class DataCase(ValidationCase):
-    """½‖gelu(x A) B − target‖² (notebooks 02-04's loss, ``tp.programs.loss``: the gradient depends on the output)
+    """½‖gelu(x A) B − target‖² (notebooks 02-04's loss, ``models.loss``: the gradient depends on the output)
     with the tokens x split over ``data`` = val_world: the weights replicated (data parallel:
     each weight gradient all-reduced over data) or, ``sharded``, annotated by rows over ``data`` (ZeRO-3: the
     partitioner picks its own collectives, so only the parameter bytes are compared)."""

@@ -64,11 +64,11 @@ from shardlab import harness, runtime
 from shardlab.case import Case
 from shardlab.formulas import hardware
 from shardlab.planner import ModelConfig, Plan, PlanConfig, model_from, plan
+from shardlab.profile.placeholders import placeholder
 from shardlab.profile.record import Recorder
 from shardlab.profile.tpu import Step, TpuCompile, get_topology
 from shardlab.profile.tpu_worker import TpuWorkerError
 from shardlab.result_files import entry_layout, load_results
-from shardlab.xla_scan.patches import placeholder
 
 LAYER_SPECS: dict[str, tuple[str, ...]] = {  # torch layout [out, in]; stacked with a leading unsplit L
     "q": ("tensor", "fsdp"), "k": ("tensor", "fsdp"), "v": ("tensor", "fsdp"), "o": ("fsdp", "tensor"),

@@ -41,6 +41,7 @@ from shardlab.case import Case, Checks, Program
 from shardlab.comm import DistributedWorld, Ledger
 from shardlab.formulas import tp as ftp
 from shardlab.formulas.common import dtype_bytes
+from shardlab.models import loss
 from shardlab.profile.hlo import Array, HloModule
 from shardlab.tp import gspmd
 from shardlab.tp.layers import vocab_range
@@ -49,7 +50,6 @@ from shardlab.tp.programs import (
     attention_step,
     ce_step,
     embedding_step,
-    loss,
     mlp_step,
     tied_lm_step,
     transformer_layer_step,
@@ -85,7 +85,7 @@ def written_arrays(module: HloModule) -> list[tuple[str, Array]]:
 
 def dense_grads(dense: torch.nn.Module, x: torch.Tensor, target: torch.Tensor | None) -> dict[str, torch.Tensor]:
     """The oracle: output, input gradient and every parameter gradient of the unsharded module on the CPU (the
-    same loss as the per-rank and GSPMD steps, ``programs.loss``)."""
+    same loss as the per-rank and GSPMD steps, ``models.loss``)."""
     x = x.clone().requires_grad_(target is not None and x.is_floating_point())
     out = dense(x)
     res = {"out": out.detach()}
@@ -97,7 +97,7 @@ def dense_grads(dense: torch.nn.Module, x: torch.Tensor, target: torch.Tensor | 
 
 @dataclass(frozen=True)
 class TpCase(Case):
-    """A forward (+ backward of ½‖out − target‖², ``programs.loss``) step of a dense module, Megatron-split over
+    """A forward (+ backward of ½‖out − target‖², ``models.loss``) step of a dense module, Megatron-split over
     tp ranks. A subclass names, as class attributes, the dense module and the parameters that size it, its
     per-rank ``step``, its ``formulas.tp`` function and its GSPMD annotation (``tp.gspmd``)."""
 

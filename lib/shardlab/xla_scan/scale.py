@@ -60,13 +60,14 @@ from torch_xla.experimental.scan import scan
 
 from shardlab import harness, runtime
 from shardlab.formulas import scan as FS
+from shardlab.profile.placeholders import placeholder
 from shardlab.profile.record import Recorder
 from shardlab.profile.tpu import TpuCompile
 from shardlab.result_files import CompileResult, entry_layout, load_results, save_results
 from shardlab.views import View
 from shardlab.xla_scan.case import MeshCase
 from shardlab.xla_scan.params import ScanParams
-from shardlab.xla_scan.patches import placeholder, shard_as_enabled
+from shardlab.xla_scan.patches import shard_as_enabled
 from shardlab.xla_scan.sharding import ACT_LAYOUTS, check_layout
 
 # (out, in) per layer, as a function of (hidden, ffn); mesh axes of (out, in)

@@ -18,11 +18,11 @@ import pandas as pd
 
 from shardlab import harness, runtime
 from shardlab.formulas import scan as FS
+from shardlab.profile import placeholders as PH
 from shardlab.profile.record import Recorder
 from shardlab.views import View, merge
 from shardlab.xla_scan import measure as X
 from shardlab.xla_scan import model as M
-from shardlab.xla_scan import patches as P
 from shardlab.xla_scan import sharding as S
 from shardlab.xla_scan.case import (
     GRAD_OPS,
@@ -300,19 +300,19 @@ def shard_as_demo(p: ScanParams) -> ShardAsDemo | None:
 def placeholder_demo(rec: Recorder) -> str:
     """A 64 GiB placeholder: made without memory, lowered to an HLO parameter (never executed: that would crash
     torch_xla 2.9), read with a clear error — each checked; returns what was seen."""
-    rss0 = P.current_rss_bytes()
-    big = P.placeholder((1 << 34,))  # 2^34 float32 = 64 GiB
-    grew_mib = (P.current_rss_bytes() - rss0) / 2**20
-    hlo = P.lowered_hlo([big * 2.0])
+    rss0 = PH.current_rss_bytes()
+    big = PH.placeholder((1 << 34,))  # 2^34 float32 = 64 GiB
+    grew_mib = (PH.current_rss_bytes() - rss0) / 2**20
+    hlo = PH.lowered_hlo([big * 2.0])
     try:
-        P.read(big)
+        PH.read(big)
         error = None
-    except P.PlaceholderReadError as e:
+    except PH.PlaceholderReadError as e:
         error = str(e)
     rec.check("placeholder.no_memory", grew_mib < 100, f"RSS grew {grew_mib:.1f} MiB for 64 GiB logical")
     rec.check("placeholder.lowers_to_parameter", "f32[17179869184]{0} parameter(" in hlo, hlo.splitlines()[0])
     rec.check("placeholder.read_error_is_clear", error is not None and "placeholder" in error, str(error))
-    return f"logical {P.logical_bytes(big) / 2**30:.0f} GiB, RSS grew {grew_mib:.1f} MiB\n{error}"
+    return f"logical {PH.logical_bytes(big) / 2**30:.0f} GiB, RSS grew {grew_mib:.1f} MiB\n{error}"
 
 
 def record_trace(rec: Recorder, p: ScanParams) -> pd.DataFrame | None:
