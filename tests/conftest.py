@@ -33,14 +33,14 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     XLA backward in the same process fail with "device_ready_queues_ ... INTERNAL ASSERT FAILED"
     (torch 2.9.0 / torch_xla 2.9.0; reproduced: CPU backward, then runtime.setup(), then an XLA backward).
     """
-    from shardlab import runtime
+    from shardlab.core import runtime
 
     runtime.setup(num_devices=8)
 
 
 @pytest.fixture(scope="session")
 def xla_world() -> Any:
-    from shardlab import runtime
+    from shardlab.core import runtime
 
     return runtime.setup(num_devices=8)
 
@@ -52,7 +52,7 @@ def run_notebook(tmp_path: Path) -> Callable[..., dict[str, Any]]:
     from shardlab.profile import load_record
 
     def run(name: str, **params: Any) -> dict[str, Any]:
-        from shardlab.answer_keys import load_key
+        from shardlab.core.answer_keys import load_key
         from shardlab.report.notebooks import read_parameters
 
         results = tmp_path / "results"

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from shardlab import harness, runtime
+from shardlab.core import harness, runtime
 from shardlab.expert.drops import route_groups
 from shardlab.expert.moe import inputs, layer
 from shardlab.expert.params import ExpertParams

@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch import nn
 
-from shardlab import harness
+from shardlab.core import harness
 from shardlab.formulas.fsdp import StepBytes, flat_step_comm, per_param_shard, per_param_step_bytes
 from shardlab.fsdp import gspmd
 from shardlab.fsdp.case import GspmdCase, step_operands

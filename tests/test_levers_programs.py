@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from shardlab import harness
+from shardlab.core import harness
 from shardlab.levers import case as L
 from shardlab.levers import programs as P
 from shardlab.levers import search as S

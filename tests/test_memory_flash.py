@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from shardlab import harness
+from shardlab.core import harness
 from shardlab.memory import case as C
 from shardlab.memory import flash as F
 from shardlab.memory import full_size as FS

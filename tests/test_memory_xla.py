@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from shardlab import harness
+from shardlab.core import harness
 from shardlab.memory import case as C
 from shardlab.memory import graph as G
 from shardlab.memory import update_schedule as U

@@ -11,11 +11,11 @@ import pytest
 
 from shardlab import planner
 from shardlab.blocks.params import BlocksParams, WelcomeParams
+from shardlab.core.params import field_comments
+from shardlab.core.topics import notebook_params
 from shardlab.fsdp.params import FsdpGspmdParams, FsdpParams
-from shardlab.params import field_comments
 from shardlab.planner.params import PlannerParams
 from shardlab.report.notebooks import read_parameters
-from shardlab.topics import notebook_params
 from shardlab.tp.params import AttentionParams, MlpParams, VocabParams
 from shardlab.xla_scan.params import ScanParams
 

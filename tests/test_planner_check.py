@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import pytest
 
-from shardlab import harness
+from shardlab.core import harness
 from shardlab.planner import check as pc
 from shardlab.planner.params import PlannerParams
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from shardlab.planner import PlanConfig
-from shardlab.result_files import save_results
+from shardlab.profile.result_files import save_results
 
 pytestmark = pytest.mark.xla
 

@@ -32,7 +32,7 @@ def scale(xla_world):  # type: ignore[no-untyped-def]
 
 def off_on(scale, case):  # type: ignore[no-untyped-def]
     """The same step compiled for a v5e slice with shard_as off and on (the harness's TPU view)."""
-    from shardlab import harness
+    from shardlab.core import harness
 
     out = {}
     for tag, flag in (("off", False), ("on", True)):

@@ -1,4 +1,4 @@
-"""The topic registry (``shardlab.topics``): every registered topic is complete, every notebook is registered, and a
+"""The topic registry (``core.topics``): every registered topic is complete, every notebook is registered, and a
 new topic in a folder of its own is picked up by the parameters check, the exercises and the report with no edit
 to any shared file.
 
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from report_fakes import fake_notebook
 
-from shardlab import topics
+from shardlab.core import topics
 from shardlab.report.notebooks import read_parameters
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,9 +56,7 @@ def test_every_notebook_is_registered_once() -> None:
 
 def test_no_shared_file_names_a_notebook() -> None:
     """The five registries the topics replaced are gone: no shared module spells a notebook's name."""
-    shared = [ROOT / "lib" / "shardlab" / name for name in ("params.py", "topics.py", "exercises.py",
-                                                          "answer_keys.py", "harness.py", "case.py")]
-    shared += list((ROOT / "lib" / "shardlab" / "report").glob("*.py"))
+    shared = [*(ROOT / "lib" / "shardlab" / "core").glob("*.py"), *(ROOT / "lib" / "shardlab" / "report").glob("*.py")]
     stems = set(topics.lessons())
     for path in shared:
         tree = ast.parse(path.read_text())
@@ -72,7 +70,7 @@ def test_no_shared_file_names_a_notebook() -> None:
 
 
 def test_bad_entries_are_refused() -> None:
-    from shardlab.params import NotebookParams
+    from shardlab.core.params import NotebookParams
 
     with pytest.raises(ValueError, match="not a NotebookParams subclass"):
         topics.Topic("x", "", (topics.Lesson(NotebookParams),))
@@ -89,7 +87,7 @@ PARAMS = '''
 from dataclasses import dataclass
 from typing import ClassVar
 
-from shardlab.params import NotebookParams, positive_int
+from shardlab.core.params import NotebookParams, positive_int
 
 
 @dataclass(frozen=True)
@@ -105,7 +103,7 @@ class ThrowawayParams(NotebookParams):
         positive_int("size", self.size)
 '''
 SOLUTIONS = '''
-from shardlab.topics import Solution
+from shardlab.core.topics import Solution
 
 SOLUTIONS = {"99_throwaway": {1: Solution(lambda size=None: 4 * size, "four bytes per element")}}
 '''
@@ -113,7 +111,7 @@ TOPIC = '''
 from pathlib import Path
 
 from shardlab.throwaway.params import ThrowawayParams
-from shardlab.topics import ChartSpec, Lesson, Topic
+from shardlab.core.topics import ChartSpec, Lesson, Topic
 
 TOPIC = Topic("throwaway", "a topic that exists for one test", (
     Lesson(ThrowawayParams, charts=(ChartSpec("throwaway curve", "99_throwaway", r"fake\\.curve\\.x(?P<x>\\d+)\\.bytes",
@@ -122,8 +120,8 @@ TOPIC = Topic("throwaway", "a topic that exists for one test", (
 ))
 '''
 BODY = '''\
-from shardlab import topics
-from shardlab.exercises import Exercises
+from shardlab.core import topics
+from shardlab.core.exercises import Exercises
 from shardlab.profile.record import Recorder
 
 p = topics.lesson(NAME).params.from_namespace(globals())
@@ -178,7 +176,7 @@ def test_a_new_topic_needs_no_shared_edit(throwaway: Path, tmp_path: Path) -> No
     assert err is None and declared == lesson.params.defaults()
     assert missing_files(lesson) == []
     # the exercises: the topic's own solutions grade its own answer key
-    from shardlab.exercises import Exercises, load_key
+    from shardlab.core.exercises import Exercises, load_key
 
     assert load_key("99_throwaway") == {"1": 16}
     assert Exercises("99_throwaway").grade(1, 16, size=4) == "exercise 1: right"

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from shardlab import models, runtime
+from shardlab import models
+from shardlab.core import runtime
 from shardlab.formulas import tp as ftp
 
 pytestmark = pytest.mark.xla
@@ -23,7 +24,7 @@ B, S, H, NH, FFN = 2, 8, 64, 8, 256
 
 @pytest.fixture(scope="module")
 def xla(xla_world):
-    from shardlab import runtime
+    from shardlab.core import runtime
     from shardlab.profile import capture_hlo
     from shardlab.tp import gspmd
 
@@ -105,9 +106,9 @@ def test_bf16_collectives_run_in_f32_on_cpu_and_are_compared_on_elements(xla) ->
     The compiler view must record that HLO byte count honestly, mark it as differing with the measured reason,
     and agree on elements."""
     dev, capture_hlo, gspmd = xla
-    from shardlab.harness import record
+    from shardlab.core.harness import record
+    from shardlab.core.views import View, collectives_view, traffic
     from shardlab.profile import Recorder
-    from shardlab.views import View, collectives_view, traffic
 
     mlp = gspmd.shard_mlp(models.MLP(H, FFN).to(torch.bfloat16).to(dev), gspmd.tensor_mesh(4))
     cap = capture_hlo(gspmd.step, mlp, torch.randn(B, S, H).to(torch.bfloat16).to(dev))

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import torch
 
-from shardlab import harness
+from shardlab.core import harness
+from shardlab.core.views import View
 from shardlab.formulas import scan as F
-from shardlab.views import View
 from shardlab.xla_scan import case as C
 from shardlab.xla_scan import measure as X
 from shardlab.xla_scan import model as M
@@ -305,7 +305,7 @@ def test_bad_layers() -> None:
 def test_shard_as_by_hand_exercise() -> None:
     """06 #7: the reduce-scatter is graded right; an all-reduce + slice gets the same numbers through the 1-D
     gradient and is graded wrong (the collectives differ); a wrong sum is wrong."""
-    from shardlab.exercises import Exercises
+    from shardlab.core.exercises import Exercises
 
     ex = Exercises("06_scan_shard_as")
     assert ex.grade(7, lambda comm, x, dh: comm.reduce_scatter(x.T @ dh)) == "exercise 7: right"

@@ -27,8 +27,8 @@ from pathlib import Path
 import jupytext
 import nbformat
 
+from shardlab.core.topics import notebook_params
 from shardlab.report.notebooks import parse_parameters
-from shardlab.topics import notebook_params
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "notebooks" / "src"

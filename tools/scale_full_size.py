@@ -23,9 +23,9 @@ import os
 import platform
 import time
 
-from shardlab import runtime
+from shardlab.core import runtime
 from shardlab.profile import tpu
-from shardlab.result_files import save_results
+from shardlab.profile.result_files import save_results
 
 
 def _source(command: str, started: float) -> dict:

@@ -7,8 +7,8 @@ world_size = 8  # ranks in the collectives (2, 4 or 8)
 answers = None  # exercise answer key (the tests and the report inject it); leave None
 
 # %%
-from shardlab import runtime
 from shardlab.blocks.params import WelcomeParams
+from shardlab.core import runtime
 from shardlab.profile import Recorder
 
 p = WelcomeParams.from_namespace(globals())  # every parameter checked here, before any XLA work
@@ -267,8 +267,8 @@ pd.DataFrame([{"p": w, "payload": label, "steps": ring_steps("all_reduce", w),
 #   process when p does not tile this process.
 
 # %%
-from shardlab import harness
 from shardlab.blocks.case import CollectiveCase, measured
+from shardlab.core import harness
 
 cases = {
     "sum": CollectiveCase(p, "all_reduce", (p.n,), label="sum"),
@@ -328,7 +328,7 @@ for label, v in (("the n-element vector", views["scatter"][3]), ("the [64, 256] 
 #    ledger must send exactly the wire bytes of a ring all-reduce.
 
 # %%
-from shardlab.exercises import Exercises
+from shardlab.core.exercises import Exercises
 
 ring8 = ring.simulate("all_reduce", [torch.zeros(1024)] * 8)
 gather8 = ring.simulate("all_gather", [torch.zeros(128)] * 8)

@@ -11,8 +11,8 @@ matmul = [64, 128, 32]  # I, J, K of section 7's sharded matmuls A[I, J]·B[J, K
 answers = None  # exercise answer key (the tests and the report inject it); leave None
 
 # %%
-from shardlab import runtime
 from shardlab.blocks.params import BlocksParams
+from shardlab.core import runtime
 from shardlab.profile import Recorder
 
 p = BlocksParams.from_namespace(globals())  # every parameter checked here, before any XLA work
@@ -42,8 +42,8 @@ world
 # %%
 from dataclasses import replace
 
-from shardlab import harness
 from shardlab.blocks import case as bc
+from shardlab.core import harness
 
 cases, skipped = bc.block_cases(p)  # column, row, and the (2, p/2) grid when p is even
 for rule, why in skipped.items():
@@ -270,7 +270,7 @@ bc.matmul_table(matmuls, {name: v[1:] for name, v in matmul_views.items()})
 #    annotated by your spec and counts C's elements per device.
 
 # %%
-from shardlab.exercises import Exercises
+from shardlab.core.exercises import Exercises
 
 ex = Exercises(p.NOTEBOOK, rec, p.answers)
 answer_1 = None  # bytes

@@ -12,7 +12,7 @@ run_gloo = True  # also run the per-rank code in tp real processes (torch.distri
 answers = None  # exercise answer key (the tests and the report inject it); leave None
 
 # %%
-from shardlab import runtime
+from shardlab.core import runtime
 from shardlab.profile import Recorder
 from shardlab.tp.params import MlpParams
 
@@ -42,8 +42,8 @@ world
 # %%
 from dataclasses import replace
 
-from shardlab import harness
 from shardlab.blocks import ring
+from shardlab.core import harness
 from shardlab.tp.case import MlpCase, gloo_run, same_results
 
 fwd = MlpCase(p, backward=False)  # one forward
@@ -238,7 +238,7 @@ ui
 #    every rank's z must equal the dense product, with exactly one all-reduce of [b·s, h].
 
 # %%
-from shardlab.exercises import Exercises
+from shardlab.core.exercises import Exercises
 
 ex = Exercises(p.NOTEBOOK, rec, p.answers)
 answer_1 = None  # bytes (an int)

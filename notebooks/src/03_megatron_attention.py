@@ -12,7 +12,7 @@ heads = 4  # head dim hidden / heads = 16 differs from seq = 8, so the [s, s] sc
 answers = None  # exercise answer key (the tests and the report inject it); leave None
 
 # %%
-from shardlab import runtime
+from shardlab.core import runtime
 from shardlab.profile import Recorder
 from shardlab.tp.params import AttentionParams
 
@@ -39,7 +39,7 @@ world
 # TPU slice, compile-only).
 
 # %%
-from shardlab import harness
+from shardlab.core import harness
 from shardlab.tp.case import COMPILERS, AttentionCase, LayerCase
 
 fwd = AttentionCase(p, backward=False)  # one forward
@@ -197,7 +197,7 @@ ui
 #    gather nothing and issue exactly Megatron's all-reduces.
 
 # %%
-from shardlab.exercises import Exercises
+from shardlab.core.exercises import Exercises
 
 ex = Exercises(p.NOTEBOOK, rec, p.answers)
 answer_1 = None  # a list of ints

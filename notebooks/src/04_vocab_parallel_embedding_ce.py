@@ -13,7 +13,7 @@ memory_tokens = 0  # b·s of an extra compile-only TPU pair (gathered vs vocab-p
 answers = None  # exercise answer key (the tests and the report inject it); leave None
 
 # %%
-from shardlab import runtime
+from shardlab.core import runtime
 from shardlab.profile import Recorder
 from shardlab.tp.params import VocabParams
 
@@ -49,11 +49,11 @@ world
 # %%
 from dataclasses import replace
 
-from shardlab import harness
+from shardlab.core import harness
+from shardlab.core.views import View
 from shardlab.formulas import tp as ftp
 from shardlab.tp import vocab_range
 from shardlab.tp.case import CE_METHODS, CrossEntropyCase, EmbeddingCase, TiedOutputCase, ce_cases, ce_table_views
-from shardlab.views import View
 
 emb = EmbeddingCase(p)  # one forward lookup
 emb_fb = EmbeddingCase(p, backward=True)  # + the weight gradient
@@ -282,7 +282,7 @@ ui
 #    the library's `vocab_range` on a grid of V (even and uneven) and p.
 
 # %%
-from shardlab.exercises import Exercises
+from shardlab.core.exercises import Exercises
 
 ex = Exercises(p.NOTEBOOK, rec, p.answers)
 answer_1 = None  # bytes

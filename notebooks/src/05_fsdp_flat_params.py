@@ -12,7 +12,7 @@ answers = None  # exercise answer key (the tests and the report inject it); leav
 # %%
 import time
 
-from shardlab import runtime
+from shardlab.core import runtime
 from shardlab.fsdp.params import FsdpParams
 from shardlab.profile import Recorder
 
@@ -50,7 +50,7 @@ world
 # %%
 from dataclasses import replace
 
-from shardlab import harness
+from shardlab.core import harness
 from shardlab.fsdp.case import FlatCase, flat_param_handle_check
 
 case = FlatCase(p)  # the MLP as one (root) unit
@@ -231,7 +231,7 @@ print(ledger.checks["parity.params_match_unsharded"][1])
 #    trailing rank, more ranks than elements) and compares with PyTorch's own `FlatParamHandle._get_shard`.
 
 # %%
-from shardlab.exercises import Exercises
+from shardlab.core.exercises import Exercises
 
 ex = Exercises(p.NOTEBOOK, rec, p.answers)
 answer_1 = None  # a list of 4 ints

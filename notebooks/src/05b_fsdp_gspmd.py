@@ -11,7 +11,7 @@ answers = None  # exercise answer key (the tests and the report inject it); leav
 # %%
 import time
 
-from shardlab import runtime
+from shardlab.core import runtime
 from shardlab.fsdp.params import FsdpGspmdParams
 from shardlab.profile import Recorder
 
@@ -51,7 +51,7 @@ world
 # %%
 from dataclasses import replace
 
-from shardlab import harness
+from shardlab.core import harness
 from shardlab.fsdp import case as fc
 from shardlab.fsdp.params import FsdpParams
 
@@ -220,7 +220,7 @@ else:
 #    replicate it with what FSDP2's rule moves.
 
 # %%
-from shardlab.exercises import Exercises
+from shardlab.core.exercises import Exercises
 
 ex = Exercises(p.NOTEBOOK, rec, p.answers)
 answer_1 = None  # bytes

@@ -18,7 +18,7 @@ answers = None  # exercise answer key (the tests and the report inject it); leav
 # %%
 import time
 
-from shardlab import runtime
+from shardlab.core import runtime
 from shardlab.profile import Recorder
 from shardlab.xla_scan.params import ScanParams
 
@@ -50,7 +50,7 @@ world
 # $\{U_X\}$ = unreduced over X). A mesh axis's name also stands for its size: $h/\text{fsdp}$ is h split fsdp ways.
 # Every measured view — the **formula**, the **CPU compiler** (XLA's SPMD partitioner on this process's
 # devices) and the **TPU compiler** (the same graph compiled by XLA:TPU for a TPU slice, compile-only) — is one
-# view of a case in `shardlab.xla_scan.case`, run and recorded by `shardlab.harness`.
+# view of a case in `shardlab.xla_scan.case`, run and recorded by `shardlab.core.harness`.
 
 # %% [markdown]
 # ## 1 · Three ways to run L blocks — and the loop is the oracle
@@ -67,7 +67,7 @@ world
 # residual stream stays O(1) at any depth.
 
 # %%
-from shardlab import harness
+from shardlab.core import harness
 from shardlab.xla_scan import sections as C
 
 sweep = [(c, harness.hlo(c)) for c in C.sweep_cases(p)]  # every mode at every L of layers_sweep, on the CPU devices
@@ -414,7 +414,7 @@ if rows is not None:
 #    and with the collectives the 2-D gradient needs.
 
 # %%
-from shardlab.exercises import Exercises
+from shardlab.core.exercises import Exercises
 
 ex = Exercises(p.NOTEBOOK, rec, p.answers)
 program = next((t for t in (1, 2) if views["on"][t].ran and views["off"][t].ran), None)  # CPU, else TPU

@@ -36,7 +36,7 @@ full_size = False  # compile the presets' full training steps with XLA:TPU (tens
 answers = None  # exercise answer key (the tests and the report inject it); leave None
 
 # %%
-from shardlab import runtime
+from shardlab.core import runtime
 from shardlab.planner.params import PlannerParams
 from shardlab.profile import Recorder
 
@@ -382,8 +382,8 @@ display(Markdown(pipe.text()))
 # * **FSDP units** — our `FlatUnit`s: an inner unit (resharded after forward) and the root unit (not).
 
 # %%
-from shardlab import harness
-from shardlab.harness import memory_frame, record, record_compile_s
+from shardlab.core import harness
+from shardlab.core.harness import memory_frame, record, record_compile_s
 from shardlab.tp.case import MlpCase
 
 mlp = MlpCase(pc.tp_params(p))  # notebook 02's case at the validation sizes
@@ -450,7 +450,7 @@ record(rec, "planner.validate.fsdp_units", *units)
 #    recompute that the planner says **fits**. The grader plans it.
 
 # %%
-from shardlab.exercises import Exercises
+from shardlab.core.exercises import Exercises
 from shardlab.planner.solutions import SOLUTIONS
 
 ex = Exercises(p.NOTEBOOK, rec, p.answers, solutions=SOLUTIONS)

@@ -28,7 +28,7 @@ auto_sharding = True  # also try XLA's auto-sharding (compile-only) on the Megat
 answers = None  # exercise answer key (the tests and the report inject it); leave None
 
 # %%
-from shardlab import runtime
+from shardlab.core import runtime
 from shardlab.levers.params import LeversParams
 from shardlab.profile import Recorder
 
@@ -67,7 +67,7 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 
-from shardlab import harness
+from shardlab.core import harness
 from shardlab.formulas.common import wire_bytes
 from shardlab.formulas.flops import linear_stack_step_flops
 from shardlab.formulas.hardware import chip, group_axes
@@ -520,7 +520,7 @@ VL.summary_table(rec.values, saving, ext_cpu.worst.peak / unit, None if ext_step
 #    sizes and limits and compares with PyTorch's own `dist._compute_bucket_assignment_by_size`.
 
 # %%
-from shardlab.exercises import Exercises
+from shardlab.core.exercises import Exercises
 
 ex = Exercises(p.NOTEBOOK, rec, p.answers)
 answer_1 = None  # milliseconds (a float)

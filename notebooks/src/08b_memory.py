@@ -23,7 +23,7 @@ full_size = False  # compile Llama 3 8B attention to 32k and a GPT-2 block live 
 answers = None  # exercise answer key (the tests and the report inject it); leave None
 
 # %%
-from shardlab import runtime
+from shardlab.core import runtime
 from shardlab.memory.params import MemoryParams
 from shardlab.profile import Recorder
 
@@ -59,7 +59,7 @@ from dataclasses import replace
 
 import pandas as pd
 
-from shardlab import harness
+from shardlab.core import harness
 from shardlab.memory import case as C
 from shardlab.memory import figures as V
 from shardlab.memory import flash as F
@@ -448,7 +448,7 @@ ui
 #    peak you can find; the grader prices it.
 
 # %%
-from shardlab.exercises import Exercises
+from shardlab.core.exercises import Exercises
 from shardlab.memory.solutions import SOLUTIONS, update_toy
 
 ex = Exercises(p.NOTEBOOK, rec, p.answers, solutions=SOLUTIONS)

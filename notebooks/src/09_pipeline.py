@@ -17,7 +17,7 @@ run_gloo = False  # also run the pipeline in `stages` real processes (gloo): our
 answers = None  # exercise answer key (the tests and the report inject it); leave None
 
 # %%
-from shardlab import runtime
+from shardlab.core import runtime
 from shardlab.pipeline.params import PipelineParams
 from shardlab.profile import Recorder
 
@@ -46,7 +46,7 @@ from fractions import Fraction
 import pandas as pd
 import torch
 
-from shardlab import harness
+from shardlab.core import harness
 from shardlab.formulas import pipeline as fpp
 from shardlab.pipeline import figures as vpp
 from shardlab.pipeline.case import FsdpCase, ScheduleCase, ShiftCase, compiled, spmd_ledger, traced_model
@@ -401,7 +401,7 @@ ui
 #    it execute per step inside its loops?
 
 # %%
-from shardlab.exercises import Exercises
+from shardlab.core.exercises import Exercises
 from shardlab.pipeline.solutions import SOLUTIONS
 
 ex = Exercises(p.NOTEBOOK, rec, p.answers, solutions=SOLUTIONS)

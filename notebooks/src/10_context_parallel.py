@@ -15,8 +15,8 @@ run_gloo = False  # also run the per-rank ring in cp real processes (torch.distr
 answers = None  # exercise answer key (the tests and the report inject it); leave None
 
 # %%
-from shardlab import runtime
 from shardlab.context.params import ContextParams
+from shardlab.core import runtime
 from shardlab.profile import Recorder
 
 p = ContextParams.from_namespace(globals())  # every parameter checked here, before any XLA work
@@ -48,9 +48,9 @@ from dataclasses import replace
 
 import pandas as pd
 
-from shardlab import harness
 from shardlab.context import figures as vcp
 from shardlab.context.case import AllGatherCase, RingCase, UlyssesCase, gloo_run, ulysses_params
+from shardlab.core import harness
 from shardlab.formulas import context as fcp
 
 kv = (p.batch, p.seq, p.kv_heads, p.head_dim, p.cp)  # what the K/V traffic depends on (float32)
@@ -318,7 +318,7 @@ ui
 
 # %%
 from shardlab.context.solutions import SOLUTIONS
-from shardlab.exercises import Exercises
+from shardlab.core.exercises import Exercises
 
 ex = Exercises(p.NOTEBOOK, rec, p.answers, solutions=SOLUTIONS)
 compiled = next((v for v in step_views[2:] if v.ran), None)

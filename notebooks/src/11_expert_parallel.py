@@ -16,7 +16,7 @@ async_flag = False  # also compile with XLA:TPU's xla_tpu_enable_async_all_to_al
 answers = None  # exercise answer key (the tests and the report inject it); leave None
 
 # %%
-from shardlab import runtime
+from shardlab.core import runtime
 from shardlab.expert.params import ExpertParams
 from shardlab.profile import Recorder
 
@@ -55,7 +55,8 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 
-from shardlab import harness
+from shardlab.core import harness
+from shardlab.core.views import View
 from shardlab.expert import figures as vexp
 from shardlab.expert.case import (
     MoECase,
@@ -69,7 +70,6 @@ from shardlab.expert.case import (
     views,
 )
 from shardlab.formulas import expert as fexp
-from shardlab.views import View
 
 torch.set_num_threads(1)  # tiny CPU matmuls: intra-op threads only spin against the ranks' threads
 step = MoECase(p)  # one MoE layer, forward + backward of ½‖y − target‖²
@@ -321,7 +321,7 @@ ui
 #    It is run on 4 simulated ranks with E = 8, C = 3, h = 2.
 
 # %%
-from shardlab.exercises import Exercises
+from shardlab.core.exercises import Exercises
 from shardlab.expert.solutions import SOLUTIONS
 
 ex = Exercises(p.NOTEBOOK, rec, p.answers, solutions=SOLUTIONS)

@@ -21,7 +21,7 @@ full_size = False  # compile the full-size runs with XLA:TPU (minutes each); Fal
 answers = None  # exercise answer key (the tests and the report inject it); leave None
 
 # %%
-from shardlab import runtime
+from shardlab.core import runtime
 from shardlab.inspect.params import YourModelParams
 from shardlab.profile import Recorder
 
@@ -295,7 +295,7 @@ ui
 #    taking any parameter away from the Megatron rules. The grader runs inspect's own validation.
 
 # %%
-from shardlab.exercises import Exercises
+from shardlab.core.exercises import Exercises
 from shardlab.inspect.solutions import SOLUTIONS
 
 ex = Exercises(p.NOTEBOOK, rec, p.answers, solutions=SOLUTIONS)

@@ -2,8 +2,8 @@
 
 Design
 ------
-Each case holds its notebook's parameters ``p`` (:mod:`shardlab.params`: ``BlocksParams`` for 01,
-``WelcomeParams`` for 00) and the variant it shows; :mod:`shardlab.harness` runs it through the four views::
+Each case holds its notebook's parameters ``p`` (:mod:`shardlab.core.params`: ``BlocksParams`` for 01,
+``WelcomeParams`` for 00) and the variant it shows; :mod:`shardlab.core.harness` runs it through the four views::
 
     BlockCase(p, rule)                   y = x W over p = parts blocks, one per device, split by `rule`:
                                          column (W by columns: no collective), row (x by columns, W by rows: one
@@ -39,16 +39,17 @@ import torch
 import torch_xla  # blocks.case is imported after runtime.setup() (the notebooks' order)
 import torch_xla.distributed.spmd as xs
 
-from shardlab import blocks, runtime
+from shardlab import blocks
 from shardlab.blocks import ring, tiles
 from shardlab.blocks.params import BlocksParams, WelcomeParams
-from shardlab.case import Case, Checks, Program
 from shardlab.comm import Ledger
-from shardlab.dtypes import hlo_name
+from shardlab.core import runtime
+from shardlab.core.case import Case, Checks, Program
+from shardlab.core.views import View, traffic
 from shardlab.formulas import blocks as F
 from shardlab.formulas.common import reduction_dtype
+from shardlab.formulas.dtypes import hlo_name
 from shardlab.profile.hlo import HloModule
-from shardlab.views import View, traffic
 
 RULES = ("column", "row", "grid")
 PHASES = {"column": "col", "row": "row", "grid": "grid"}

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from shardlab.params import DTYPES, NotebookParams, divisible, positive_int
+from shardlab.core.params import DTYPES, NotebookParams, divisible, positive_int
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Reference solutions of notebooks 00 and 01's exercises (graded by ``shardlab.exercises``; never printed).
+"""Reference solutions of notebooks 00 and 01's exercises (graded by ``shardlab.core.exercises``; never printed).
 
 Each entry computes the expected answer with the library — or from what the notebook measured and passes in
 (keyword arguments) — plus a hint that points at the idea without giving the number. The hand-written
@@ -16,9 +16,9 @@ from shardlab.blocks import ring
 from shardlab.blocks.params import BlocksParams
 from shardlab.blocks.tiles import sharding_string
 from shardlab.comm import SimulatedWorld
+from shardlab.core.topics import Solution, measured
 from shardlab.formulas import blocks as fblocks
 from shardlab.formulas.common import reduction_dtype
-from shardlab.topics import Solution, measured
 
 
 def _two_phase_all_reduce(fn: Callable[..., Any]) -> list[Any]:
@@ -37,8 +37,8 @@ def _two_phase_all_reduce(fn: Callable[..., Any]) -> list[Any]:
 def _matmul_c_elements(spec: tuple[str | None, ...]) -> int:
     """01 #6: compile notebook 01's case 5 (defaults: A [64, 128], B [128, 64] on the (X 2, Y 4) mesh) with C
     annotated ``spec``; C's elements per device, from XLA:CPU when this process has the mesh, else XLA:TPU."""
-    from shardlab import harness  # imported here: torch_xla, after runtime.setup() (solutions load before it)
     from shardlab.blocks.case import MatmulCase
+    from shardlab.core import harness  # imported here: torch_xla, after runtime.setup() (solutions load before it)
 
     return int(harness.compiler_view(MatmulCase(BlocksParams(), "5", ask=tuple(spec)))["case5.C.elements"])
 

@@ -1,7 +1,7 @@
-"""The blocks topic's registry entry (light: no torch; see :mod:`shardlab.topics`)."""
+"""The blocks topic's registry entry (light: no torch; see :mod:`shardlab.core.topics`)."""
 
 from shardlab.blocks.params import BlocksParams, WelcomeParams
-from shardlab.topics import Lesson, Topic
+from shardlab.core.topics import Lesson, Topic
 
 SUMMARY = "the welcome and block matrices: collectives on a ring, the row / column / 2-D split of a matmul"
 TOPIC = Topic("blocks", SUMMARY, (

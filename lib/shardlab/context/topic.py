@@ -1,7 +1,7 @@
-"""The context topic's registry entry (light: no torch; see :mod:`shardlab.topics`)."""
+"""The context topic's registry entry (light: no torch; see :mod:`shardlab.core.topics`)."""
 
 from shardlab.context.params import ContextParams
-from shardlab.topics import ChartSpec, Lesson, Topic
+from shardlab.core.topics import ChartSpec, Lesson, Topic
 
 SUMMARY = "context parallelism: all-gather CP, ring attention, the zig-zag balance, Ulysses"
 TOPIC = Topic("context", SUMMARY, (

@@ -18,9 +18,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from shardlab.topics import lessons
+from shardlab.core.topics import lessons
 
-ANSWERS_DIR = Path(__file__).resolve().parents[2] / "data" / "answers"
+ANSWERS_DIR = Path(__file__).resolve().parents[3] / "data" / "answers"
 
 
 def load_key(notebook: str) -> dict[str, Any] | None:

@@ -2,7 +2,7 @@
 
 Design
 ------
-A notebook's parameter dataclass (:mod:`shardlab.params`) *is* its configuration, declared once. A **case**
+A notebook's parameter dataclass (:mod:`shardlab.core.params`) *is* its configuration, declared once. A **case**
 is a small frozen dataclass that holds that object as ``p`` plus the variant it shows (forward or forward +
 backward, a splitting rule, a schedule), and supplies only what its topic knows::
 
@@ -20,7 +20,7 @@ graphs (FSDP's forward, then backward + update: only sharded parameters live bet
 ``programs`` and ``graph()`` *yields* each graph's outputs in turn — the harness executes each graph before it
 asks for the next, compiles every one, and hands ``read`` / ``parity`` ``{program: ...}`` dicts.
 
-Everything else is written once, in :mod:`shardlab.harness`: adding a topic adds a case class and a notebook.
+Everything else is written once, in :mod:`shardlab.core.harness`: adding a topic adds a case class and a notebook.
 Cases pickle (the TPU view may build the graph in a helper process with another device count), so a case holds
 plain values and its parameter object, never tensors.
 
@@ -49,10 +49,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
-from shardlab import runtime
 from shardlab.comm.ledger import Ledger
+from shardlab.core import runtime
+from shardlab.core.views import View
 from shardlab.profile.hlo import HloModule
-from shardlab.views import View
 
 if TYPE_CHECKING:
     import torch

@@ -9,7 +9,7 @@ says whether it is right::
     ex.grade(1, answer_1)                # "exercise 1: not answered yet" / "right" / "not quite — hint: ..."
 
 The reference solution of every exercise lives in its topic's folder (``shardlab.<topic>.solutions``, found
-through the topic registry: :func:`shardlab.topics.solutions`): a function computing the expected value from
+through the topic registry: :func:`shardlab.core.topics.solutions`): a function computing the expected value from
 the library's formulas — or from a value the notebook measured and passes in (``ex.grade(4, answer_4,
 hlo_count=...)``: "predict it, then check the HLO") — a tolerance and a hint. The notebook shows neither the
 value nor the way to it; its explanation sits in a collapsed ``<details>`` block after the exercises.
@@ -43,10 +43,10 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from shardlab import topics
-from shardlab.answer_keys import load_key
+from shardlab.core import topics
+from shardlab.core.answer_keys import load_key
+from shardlab.core.topics import Solution
 from shardlab.profile.record import Recorder
-from shardlab.topics import Solution
 
 __all__ = ["Exercises", "Solution", "load_key", "matches"]
 

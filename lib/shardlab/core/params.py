@@ -15,7 +15,7 @@ object (``Recorder.for_params(p, world)``), so a notebook never writes its param
 with the same defaults — no notebook declares a parameter it does not use.
 
 Each topic's folder declares its notebooks' dataclasses (``shardlab.tp.params.MlpParams`` …) and registers them
-in its ``TOPIC`` entry (:mod:`shardlab.topics`); this module is the base class and the shared one-field rules.
+in its ``TOPIC`` entry (:mod:`shardlab.core.topics`); this module is the base class and the shared one-field rules.
 
 Example::
 

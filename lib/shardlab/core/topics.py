@@ -40,15 +40,15 @@ from pathlib import Path
 from typing import Any
 
 import shardlab
-from shardlab.params import NotebookParams
+from shardlab.core.params import NotebookParams
 
-REPO = Path(__file__).resolve().parents[2]  # a checkout: notebooks/, data/, tests/
+REPO = Path(__file__).resolve().parents[3]  # a checkout: notebooks/, data/, tests/
 ENV_DIRS = "SHARDLAB_TOPIC_DIRS"
 
 
 @dataclass(frozen=True)
 class Solution:
-    """The reference solution of one exercise (graded by :mod:`shardlab.exercises`; never printed)."""
+    """The reference solution of one exercise (graded by :mod:`shardlab.core.exercises`; never printed)."""
 
     expected: Callable[..., Any]  # (**measured) -> the reference answer
     hint: str  # what to think about; never the answer itself

@@ -39,9 +39,10 @@ from typing import Any, ClassVar
 import pandas as pd
 import torch
 
-from shardlab import harness, runtime
-from shardlab.case import Case, Checks
 from shardlab.comm import DistributedWorld, Ledger
+from shardlab.core import harness, runtime
+from shardlab.core.case import Case, Checks
+from shardlab.core.views import View, collectives_view, traffic
 from shardlab.expert import gspmd  # imports torch_xla: expert.case is imported after runtime.setup()
 from shardlab.expert.drops import drop_table, route_groups
 from shardlab.expert.moe import MoE, capacity, inputs, layer, moe_reference
@@ -50,7 +51,6 @@ from shardlab.expert.params import ExpertParams
 from shardlab.formulas import expert as fexp
 from shardlab.models import loss
 from shardlab.profile.hlo import HloModule
-from shardlab.views import View, collectives_view, traffic
 
 DTYPE = "float32"  # the layer's element type in every view (the router runs in float32 anyway)
 TOL = dict(rtol=1e-4, atol=1e-4)  # float32, the same sums in another order (measured <= 4e-5)

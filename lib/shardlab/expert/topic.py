@@ -1,7 +1,7 @@
-"""The expert topic's registry entry (light: no torch; see :mod:`shardlab.topics`)."""
+"""The expert topic's registry entry (light: no torch; see :mod:`shardlab.core.topics`)."""
 
+from shardlab.core.topics import ChartSpec, Lesson, Topic
 from shardlab.expert.params import ExpertParams
-from shardlab.topics import ChartSpec, Lesson, Topic
 
 SUMMARY = "expert parallelism: a top-k routed MoE with capacity, all-to-all dispatch, GShard-style GSPMD"
 TOPIC = Topic("expert", SUMMARY, (

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from shardlab.params import NotebookParams, divisible, layer_widths
+from shardlab.core.params import NotebookParams, divisible, layer_widths
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Reference solutions of notebooks 05 and 05b's exercises (graded by ``shardlab.exercises``; never printed).
+"""Reference solutions of notebooks 05 and 05b's exercises (graded by ``shardlab.core.exercises``; never printed).
 
 Each entry computes the expected answer with the library — or from what the notebook measured and passes in
 (keyword arguments) — plus a hint that points at the idea without giving the number. The hand-written
@@ -12,11 +12,11 @@ from typing import Any
 
 import torch
 
+from shardlab.core.topics import Solution
 from shardlab.formulas import fsdp as ffsdp
 from shardlab.formulas import zero as fzero
 from shardlab.fsdp.flat_param import plan_flat_shards
 from shardlab.fsdp.params import FsdpGspmdParams
-from shardlab.topics import Solution
 
 # FLAT_CASES: (n, N) pairs graded by 05 #7 — even, uneven, an empty trailing rank (n 6, N 4), more ranks than elements
 FLAT_CASES = ((10, 4), (6, 4), (2060, 8), (7, 3), (5, 8))
@@ -36,7 +36,7 @@ def _flat_shards(fn: Callable[..., Any]) -> list[list[list[float]]]:
 def _unshard_bytes(spec: tuple[str | None, ...]) -> int:
     """05b #6: compile the unshard of the default MLP's weight W_2 [10, 50] annotated ``spec`` on the mesh (fsdp 8,
     replica); the bytes one device hands to the collectives that replicate it (XLA:CPU here, else XLA:TPU)."""
-    from shardlab import harness  # imported here: torch_xla, after runtime.setup() (solutions load before it)
+    from shardlab.core import harness  # imported here: torch_xla, after runtime.setup() (solutions load before it)
     from shardlab.fsdp.case import UnshardCase
 
     case = UnshardCase(FsdpGspmdParams(), (10, 50), tuple(spec))

@@ -1,7 +1,7 @@
-"""The fsdp topic's registry entry (light: no torch; see :mod:`shardlab.topics`)."""
+"""The fsdp topic's registry entry (light: no torch; see :mod:`shardlab.core.topics`)."""
 
+from shardlab.core.topics import ChartSpec, Lesson, Topic
 from shardlab.fsdp.params import FsdpGspmdParams, FsdpParams
-from shardlab.topics import ChartSpec, Lesson, Topic
 
 SUMMARY = "FSDP: PyTorch's flat parameter, per-parameter FSDP as GSPMD annotations, ZeRO memory"
 TOPIC = Topic("fsdp", SUMMARY, (

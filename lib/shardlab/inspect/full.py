@@ -22,7 +22,7 @@ from typing import Any
 
 from shardlab.inspect.config import LAYER_MODES
 from shardlab.inspect.models import MODELS_DIR
-from shardlab.result_files import load_results, save_results
+from shardlab.profile.result_files import load_results, save_results
 
 FULL_FILE = MODELS_DIR / "inspect_full.json"
 SEQ = 8192

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from shardlab.params import GENERATIONS, NotebookParams, divisible, int_sequence
+from shardlab.core.params import GENERATIONS, NotebookParams, divisible, int_sequence
 
 SEARCHES = ("off", "small", "full")
 

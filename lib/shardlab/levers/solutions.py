@@ -1,4 +1,4 @@
-"""Reference solutions of notebook 08's exercises (graded by ``shardlab.exercises``; never printed).
+"""Reference solutions of notebook 08's exercises (graded by ``shardlab.core.exercises``; never printed).
 
 Each entry computes the expected answer with the library — or from what the notebook measured and passes in
 (keyword arguments) — plus a hint that points at the idea without giving the number. The hand-written
@@ -13,9 +13,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from shardlab.core.topics import Solution
 from shardlab.levers.combine import AlphaBeta, bucket_count, combining_saving_s
 from shardlab.profile import order
-from shardlab.topics import Solution
 
 
 def _toy_peaks(small: int, large: int, expanded: int, shrunk: int, out: int) -> tuple[int, int]:

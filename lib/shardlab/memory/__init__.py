@@ -11,7 +11,7 @@ memory-aware weight-update schedule.
 - ``roam``: the split at memory-insensitive operators, each part solved exactly;
 - ``update_schedule``: per parameter, the Adam update as soon as its gradient exists or at the end;
 - ``xla_step``: the same step on the XLA device, for both compilers;
-- ``case``: the cases notebook 08b runs through ``shardlab.harness``;
+- ``case``: the cases notebook 08b runs through ``shardlab.core.harness``;
 - ``full_size``: the full-size measurements and their cache in ``data/memory/`` (``python -m shardlab.memory``);
 - ``solutions``: notebook 08b's graded exercises.
 """

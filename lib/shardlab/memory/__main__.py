@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from shardlab import runtime
+from shardlab.core import runtime
 
 
 def main() -> None:

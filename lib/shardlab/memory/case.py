@@ -1,5 +1,5 @@
 """TorchAcc's memory levers as cases (notebook 08b): FlashAttention on the TPU compiler, ROAM's operator order, the
-memory-aware weight-update schedule — each through ``shardlab.harness``.
+memory-aware weight-update schedule — each through ``shardlab.core.harness``.
 
 Design
 ------
@@ -35,14 +35,14 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-from shardlab import harness
-from shardlab.case import Case
+from shardlab.core import harness
+from shardlab.core.case import Case
+from shardlab.core.views import View
 from shardlab.memory import flash, graph, ilp, roam, update_schedule, xla_step
 from shardlab.memory.params import MemoryParams
 from shardlab.profile import order as order_mod
 from shardlab.profile.hlo import HloModule
 from shardlab.profile.tpu import Step
-from shardlab.views import View
 
 STEP_FIELDS = ("model", "layers", "hidden", "ffn", "step_heads", "step_seq", "step_batch", "seed", "max_ops",
                "min_ops", "unsplit_limit_s")

@@ -51,7 +51,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_array
 
-from shardlab.stderr_filter import filtered_fd
+from shardlab.profile.stderr_filter import filtered_fd
 
 if TYPE_CHECKING:
     from shardlab.profile.order import Graph

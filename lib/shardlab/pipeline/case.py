@@ -3,7 +3,7 @@
 Design
 ------
 Each case holds the notebook's :class:`~shardlab.pipeline.params.PipelineParams` ``p`` and its variant;
-:mod:`shardlab.harness` runs it through the views::
+:mod:`shardlab.core.harness` runs it through the views::
 
     ScheduleCase(p, schedule)   GPipe / 1F1B / interleaved 1F1B: p = stages devices, m microbatches, v chunks
     ShiftCase(p, how)           one shift of the SPMD pipeline's [p, rows, h] state, written four ways
@@ -47,9 +47,10 @@ from typing import Any, ClassVar
 import torch
 import torch_xla.distributed.spmd as xs  # imported after runtime.setup() (the notebooks' order)
 
-from shardlab import harness, runtime
-from shardlab.case import Case, Checks
 from shardlab.comm import Comm, DistributedWorld, Ledger, SimulatedWorld
+from shardlab.core import harness, runtime
+from shardlab.core.case import Case, Checks
+from shardlab.core.views import View
 from shardlab.formulas import pipeline as fpp
 from shardlab.pipeline import spmd
 from shardlab.pipeline.model import TinyLM, batch
@@ -60,7 +61,6 @@ from shardlab.pipeline.split import Stages, Traced, best_cuts, split, trace
 from shardlab.pipeline.timeline import simulate
 from shardlab.pipeline.torch_ref import torch_pipeline_program
 from shardlab.profile.hlo import HloModule
-from shardlab.views import View
 
 F32 = 4
 COMPILER = {"hlo": "XLA:CPU", "tpu": "XLA:TPU"}

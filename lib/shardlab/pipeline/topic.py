@@ -1,7 +1,7 @@
-"""The pipeline topic's registry entry (light: no torch; see :mod:`shardlab.topics`)."""
+"""The pipeline topic's registry entry (light: no torch; see :mod:`shardlab.core.topics`)."""
 
+from shardlab.core.topics import Lesson, Topic
 from shardlab.pipeline.params import PipelineParams
-from shardlab.topics import Lesson, Topic
 
 SUMMARY = "pipeline parallelism: GPipe, 1F1B and interleaved schedules, the stage split, PyTorch's pipelining"
 TOPIC = Topic("pipeline", SUMMARY, (

@@ -5,7 +5,7 @@ Design
 Notebook 07's validation section evaluates the planner's per-chip terms at its validation sizes (the ``val_*``
 fields of :class:`planner.params.PlannerParams`: T = ``val_tokens`` tokens of width ``val_hidden`` on ``val_world``
 ranks; fp32, so 4 bytes per element on every backend) and compares each with what runs. Each part is a case;
-:mod:`shardlab.harness` runs it through the views:
+:mod:`shardlab.core.harness` runs it through the views:
 
     part        case                          what runs                              the term (formula view)
     tp_mlp      tp.case.MlpCase(tp_params(p)) notebook 02's case at these sizes     Megatron: 1 + 1 all-reduces
@@ -47,10 +47,11 @@ import torch
 import torch.nn.functional as F
 import torch_xla.distributed.spmd as xs  # imported after runtime.setup() (the notebooks' order)
 
-from shardlab import harness, runtime
 from shardlab.blocks import ring
-from shardlab.case import Case, Checks, Program
 from shardlab.comm import Ledger
+from shardlab.core import harness, runtime
+from shardlab.core.case import Case, Checks, Program
+from shardlab.core.views import View, traffic
 from shardlab.formulas import memory
 from shardlab.formulas import pipeline as fpp
 from shardlab.formulas.common import wire_bytes
@@ -64,11 +65,10 @@ from shardlab.planner import CommTerm, ModelConfig, PlanConfig, step_comm
 from shardlab.planner.params import PlannerParams
 from shardlab.profile.hlo import HloModule
 from shardlab.profile.record import Recorder
+from shardlab.profile.result_files import entry_layout, load_results
 from shardlab.profile.tpu import TpuCompile
-from shardlab.result_files import entry_layout, load_results
 from shardlab.tp.case import LayerCase, wire_counted
 from shardlab.tp.params import AttentionParams
-from shardlab.views import View, traffic
 
 MATRIX_DIR = Path(__file__).resolve().parents[3] / "data" / "scale"
 

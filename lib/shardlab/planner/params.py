@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from shardlab import planner
+from shardlab.core.params import NotebookParams, divisible
 from shardlab.formulas.common import RECOMPUTE_POLICIES
-from shardlab.params import NotebookParams, divisible
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ builder in a worker process with the topology's device count when this process's
 Example::
 
     >>> import torch, torch_xla.distributed.spmd as xs
-    >>> from shardlab import runtime
+    >>> from shardlab.core import runtime
     >>> mesh = runtime.mesh((2, 4), ("data", "tensor"))             # this process: 8 CPU devices
     >>> x = torch.randn(16, 64).to(runtime.device()); _ = xs.mark_sharding(x, mesh, (None, "tensor"))
     >>> w = torch.randn(64, 32).to(runtime.device()); _ = xs.mark_sharding(w, mesh, ("tensor", None))
@@ -74,12 +74,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from shardlab import runtime
+from shardlab.core import runtime
 from shardlab.formulas import hardware
 from shardlab.profile.hlo import HloModule, parse_hlo
+from shardlab.profile.stderr_filter import filtered_fd, filtered_stderr
 from shardlab.profile.tpu_memory import OutOfMemory, TpuMemory, parse_oom
 from shardlab.profile.tpu_worker import worker_for
-from shardlab.stderr_filter import filtered_fd, filtered_stderr
 
 PINS = {"jax": "0.7.1", "jaxlib": "0.7.1", "libtpu": "0.0.21"}
 # libtpu's complaints about the missing TPU (written to fd 2 at C level); harmless for compile-only use.

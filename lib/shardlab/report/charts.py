@@ -6,7 +6,7 @@ A notebook whose lesson needs a curve computes it as a loop over its cases in on
 point under a name that carries the swept value (``mlp.by_tp.tp4.fwd_bwd.all_reduce.bytes``,
 ``scan.compile_s.loop.L8``). A :class:`ChartSpec` names the notebook and a regular expression with a group ``x``
 (the swept value) and optionally a group ``series`` — each topic declares its specs in its registry entry
-(:mod:`shardlab.topics`); every matching measurement becomes a point, one trace per
+(:mod:`shardlab.core.topics`); every matching measurement becomes a point, one trace per
 series and source. A spec whose notebook did not run, or whose record holds no matching value, gives a chart
 with a note instead of a figure.
 
@@ -34,7 +34,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
-from shardlab.topics import ChartSpec, lessons
+from shardlab.core.topics import ChartSpec, lessons
 
 
 @dataclass
@@ -45,7 +45,7 @@ class Chart:
 
 
 def registered_charts() -> tuple[ChartSpec, ...]:
-    """Every registered topic's chart specs (:class:`shardlab.topics.Lesson` ``charts``), in notebook order."""
+    """Every registered topic's chart specs (:class:`shardlab.core.topics.Lesson` ``charts``), in notebook order."""
     return tuple(spec for lesson in lessons().values() for spec in lesson.charts)
 
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from shardlab.topics import lessons
+from shardlab.core.topics import lessons
 
 NOTEBOOK_RE = re.compile(r"^(\d\d[a-z]?)_[A-Za-z0-9_]+$")  # 05_..., 05b_...
 # Parameters every notebook must declare: the runner always passes them, from its own options. A `-p` for
@@ -116,7 +116,7 @@ def read_parameters(path: Path) -> tuple[dict[str, Any], str | None]:
 
 
 def find_notebooks(directory: Path | None = None) -> dict[str, NotebookInfo]:
-    """The registered topics' notebooks (:func:`shardlab.topics.lessons`), or with ``directory`` every
+    """The registered topics' notebooks (:func:`shardlab.core.topics.lessons`), or with ``directory`` every
     ``NN_name.ipynb`` in it; sorted by name, keyed by stem."""
     if directory is None:
         paths = [lesson.notebook for lesson in lessons().values()]

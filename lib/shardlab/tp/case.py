@@ -2,9 +2,9 @@
 
 Design
 ------
-Each case holds its notebook's parameters ``p`` (:mod:`shardlab.params`: ``MlpParams`` for 02 — ``MlpCase``,
+Each case holds its notebook's parameters ``p`` (:mod:`shardlab.core.params`: ``MlpParams`` for 02 — ``MlpCase``,
 ``AttentionParams`` for 03 — ``AttentionCase``, ``LayerCase``, ``VocabParams`` for 04 — ``EmbeddingCase``,
-``TiedOutputCase``, ``CrossEntropyCase``) and the variant it shows; :mod:`shardlab.harness` runs it through the
+``TiedOutputCase``, ``CrossEntropyCase``) and the variant it shows; :mod:`shardlab.core.harness` runs it through the
 four views. A :class:`TpCase` subclass mostly names things: its dense module, per-rank step, formula and GSPMD
 annotation, and which slice of the dense gradients each rank must hold.
 
@@ -35,10 +35,12 @@ import torch.nn.functional as F
 import torch_xla.distributed.spmd as xs  # tp.case is imported after runtime.setup() (the notebooks' order)
 from torch_xla.core.xla_builder import create_placeholder_tensor
 
-from shardlab import harness, models, runtime
+from shardlab import models
 from shardlab.blocks import ring
-from shardlab.case import Case, Checks, Program
 from shardlab.comm import DistributedWorld, Ledger
+from shardlab.core import harness, runtime
+from shardlab.core.case import Case, Checks, Program
+from shardlab.core.views import View, merge, traffic
 from shardlab.formulas import tp as ftp
 from shardlab.formulas.common import dtype_bytes
 from shardlab.models import loss
@@ -54,7 +56,6 @@ from shardlab.tp.programs import (
     tied_lm_step,
     transformer_layer_step,
 )
-from shardlab.views import View, merge, traffic
 
 TOL = {"float32": dict(rtol=1e-4, atol=1e-5), "bfloat16": dict(rtol=5e-2, atol=5e-2)}
 FLOAT_TYPES = ("f32", "bf16", "f16", "f64")

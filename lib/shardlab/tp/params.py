@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from shardlab.params import DTYPES, NotebookParams, divisible
+from shardlab.core.params import DTYPES, NotebookParams, divisible
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Reference solutions of notebooks 02-04's exercises (graded by ``shardlab.exercises``; never printed).
+"""Reference solutions of notebooks 02-04's exercises (graded by ``shardlab.core.exercises``; never printed).
 
 Each entry computes the expected answer with the library — or from what the notebook measured and passes in
 (keyword arguments) — plus a hint that points at the idea without giving the number. The hand-written
@@ -13,9 +13,9 @@ from typing import Any
 import torch
 
 from shardlab.comm import SimulatedWorld
+from shardlab.core.topics import Solution
 from shardlab.formulas import tp as ftp
 from shardlab.formulas.common import wire_bytes
-from shardlab.topics import Solution
 from shardlab.tp.layers import vocab_range
 from shardlab.tp.params import AttentionParams
 
@@ -37,7 +37,7 @@ def _attention_collectives(specs: dict[str, tuple[str | None, ...]]) -> list[int
     """03 #5: compile notebook 03's attention step (defaults, forward + backward) with the dense module's parameters
     annotated by ``specs``; [all-gathers, all-reduces (logical: a tuple all-reduce counts its operands)], from
     XLA:CPU when this process has tp devices, else XLA:TPU."""
-    from shardlab import harness  # imported here: torch_xla, after runtime.setup() (solutions load before it)
+    from shardlab.core import harness  # imported here: torch_xla, after runtime.setup() (solutions load before it)
     from shardlab.tp.case import AttentionCase
 
     if not isinstance(specs, dict):

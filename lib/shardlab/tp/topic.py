@@ -1,6 +1,6 @@
-"""The tp topic's registry entry (light: no torch; see :mod:`shardlab.topics`)."""
+"""The tp topic's registry entry (light: no torch; see :mod:`shardlab.core.topics`)."""
 
-from shardlab.topics import ChartSpec, Lesson, Topic
+from shardlab.core.topics import ChartSpec, Lesson, Topic
 from shardlab.tp.params import AttentionParams, MlpParams, VocabParams
 
 SUMMARY = "tensor parallelism: Megatron's MLP and attention, vocab-parallel embedding and cross-entropy"

@@ -3,7 +3,7 @@
 Design
 ------
 Each case holds notebook 06's parameters ``p`` (:class:`xla_scan.params.ScanParams`) and the variant it shows, on
-the mesh (fsdp, tensor) = (``p.mesh_fsdp``, ``p.mesh_tensor``); :mod:`shardlab.harness` runs it through the views.
+the mesh (fsdp, tensor) = (``p.mesh_fsdp``, ``p.mesh_tensor``); :mod:`shardlab.core.harness` runs it through the views.
 There is no ledger: scan is a property of one compiled program, not of per-rank code::
 
     ScanCase(p, layers, mode, shard_as, layout)   L blocks, forward + backward (loop, scan_layers or scan)
@@ -33,7 +33,7 @@ scan_layers cases add no values: the compile-time sweep reads their programs
 
 What notebook 06 measures beyond one case's views (the sweep, the OFF/ON contrast, the transposed mesh, per-layer
 gradient specs, trace transfers, the explorer's run) is in :mod:`shardlab.xla_scan.sections`.
-torch_xla is imported at the top: import this module after ``shardlab.runtime.setup()`` (the notebooks' order).
+torch_xla is imported at the top: import this module after ``shardlab.core.runtime.setup()`` (the notebooks' order).
 
 Example::
 
@@ -54,12 +54,12 @@ import torch
 import torch_xla.distributed.spmd as xs  # imported after runtime.setup() (the notebooks' order)
 from torch_xla.distributed.spmd.xla_sharding import XLAPatchedLinear, shard_as
 
-from shardlab import runtime
-from shardlab.case import Case, Checks
+from shardlab.core import runtime
+from shardlab.core.case import Case, Checks
+from shardlab.core.views import View, collectives_view, traffic
 from shardlab.formulas import scan as FS
 from shardlab.formulas.common import dtype_bytes
 from shardlab.profile.hlo import Collective, HloModule
-from shardlab.views import View, collectives_view, traffic
 from shardlab.xla_scan import measure as X
 from shardlab.xla_scan import model as M
 from shardlab.xla_scan import sharding as S

@@ -4,14 +4,14 @@ Design note
 -----------
 :func:`prepare` builds a model in one of the three modes from seeded CPU weights, moves it to the device and
 marks the 2-D sharding (``sharding.py``); :class:`shardlab.xla_scan.case.ScanCase` traces its step from it and
-:mod:`shardlab.harness` compiles, runs and reads it. What is specific to this topic lives here:
+:mod:`shardlab.core.harness` compiles, runs and reads it. What is specific to this topic lives here:
 
 * :func:`graph_size` — instructions of the partitioned per-device program, XLA:CPU's outlined tasks counted once;
 * :func:`trace_transfers` — host→device traffic of *tracing* one step (``OutboundData``, never compiled);
 * :func:`compile_vs_devices` — a process holds one device world, so compile time vs device count runs each count
   in a fresh ``python -m shardlab.xla_scan`` (:func:`in_subprocess`) and reads one JSON line back.
 
-torch_xla is imported at the top: import this module after ``shardlab.runtime.setup()`` (the notebooks' order).
+torch_xla is imported at the top: import this module after ``shardlab.core.runtime.setup()`` (the notebooks' order).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch_xla.core.xla_model as xm  # imported after runtime.setup() (the notebooks' order)
 
-from shardlab import runtime
+from shardlab.core import runtime
 from shardlab.profile import metrics_delta
 from shardlab.profile.hlo import HloModule
 from shardlab.xla_scan import model as M

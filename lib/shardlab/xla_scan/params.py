@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from shardlab.params import NotebookParams, divisible, int_list
+from shardlab.core.params import NotebookParams, divisible, int_list
 
 
 @dataclass(frozen=True)

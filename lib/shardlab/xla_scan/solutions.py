@@ -1,4 +1,4 @@
-"""Reference solutions of notebook 06's exercises (graded by ``shardlab.exercises``; never printed).
+"""Reference solutions of notebook 06's exercises (graded by ``shardlab.core.exercises``; never printed).
 
 Each entry computes the expected answer with the library — or from what the notebook measured and passes in
 (keyword arguments) — plus a hint that points at the idea without giving the number. The hand-written
@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from shardlab.comm import SimulatedWorld
+from shardlab.core.topics import Solution
 from shardlab.formulas import scan as fscan
-from shardlab.topics import Solution
 
 
 def _reduction(tag: str) -> str:

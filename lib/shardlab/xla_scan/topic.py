@@ -1,6 +1,6 @@
-"""The xla_scan topic's registry entry (light: no torch; see :mod:`shardlab.topics`)."""
+"""The xla_scan topic's registry entry (light: no torch; see :mod:`shardlab.core.topics`)."""
 
-from shardlab.topics import ChartSpec, Lesson, Topic
+from shardlab.core.topics import ChartSpec, Lesson, Topic
 from shardlab.xla_scan.params import ScanParams
 
 SUMMARY = "scan over stacked layers, 2-D sharding and shard_as: the 405B seed's story"
