@@ -40,7 +40,8 @@ world
 
 # %%
 from shardlab.core import harness
-from shardlab.tp.case import COMPILERS, AttentionCase, LayerCase
+from shardlab.core.views import COMPILERS
+from shardlab.tp.case import AttentionCase, LayerCase
 
 fwd = AttentionCase(p, backward=False)  # one forward
 fb = AttentionCase(p, backward=True)  # forward + backward of the loss ½‖out − target‖²

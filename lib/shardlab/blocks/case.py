@@ -45,7 +45,7 @@ from shardlab.blocks.params import BlocksParams, WelcomeParams
 from shardlab.comm import Ledger
 from shardlab.core import runtime
 from shardlab.core.case import Case, Checks, Program
-from shardlab.core.views import View, traffic
+from shardlab.core.views import COMPILERS, View, traffic
 from shardlab.formulas import blocks as F
 from shardlab.formulas.common import reduction_dtype
 from shardlab.formulas.dtypes import hlo_name
@@ -544,6 +544,6 @@ def matmul_table(cases: dict[str, MatmulCase], compiled: dict[str, list[View]]) 
                           f"over {tiles.group_axes(c.replica_groups, shape, ('copies', 'X', 'Y'))}")
                        + (" + dynamic-slice" if c.feeds_dynamic_slice else "") for c in module.collectives]
             rows.append({"case": name, "what": what, "C asked": str(c_spec) if c_spec else "free",
-                         "compiler": {"hlo": "XLA:CPU", "tpu": "XLA:TPU"}[v.source],
+                         "compiler": COMPILERS[v.source],
                          "collectives": "; ".join(emitted) or "none", "C elements per device": root_elements(module)})
     return pd.DataFrame(rows)

@@ -38,6 +38,8 @@ from shardlab.profile.hlo import Collective, HloModule
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute")
 HLO_OP = {op: op.replace("_", "-") for op in OPS}
 
+COMPILERS = {"hlo": "XLA:CPU", "tpu": "XLA:TPU"}  # a compiler view's source -> the compiler (the one label map)
+
 
 @dataclass
 class View:

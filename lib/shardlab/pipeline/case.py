@@ -50,6 +50,7 @@ import torch_xla.distributed.spmd as xs  # imported after runtime.setup() (the n
 from shardlab.comm import Comm, DistributedWorld, Ledger, SimulatedWorld
 from shardlab.core import harness, runtime
 from shardlab.core.case import Case, Checks
+from shardlab.core.views import COMPILERS as COMPILER
 from shardlab.core.views import View
 from shardlab.formulas import pipeline as fpp
 from shardlab.pipeline import spmd
@@ -63,7 +64,6 @@ from shardlab.pipeline.torch_ref import torch_pipeline_program
 from shardlab.profile.hlo import HloModule
 
 F32 = 4
-COMPILER = {"hlo": "XLA:CPU", "tpu": "XLA:TPU"}
 ONE_F_ONE_B = ("1F1B has no SPMD form: one forward scan followed by autograd's reversed scan runs every forward "
                "before any backward (GPipe's order); 1F1B starts microbatch 0's backward while later forwards "
                "still run")

@@ -40,7 +40,7 @@ from shardlab.blocks import ring
 from shardlab.comm import DistributedWorld, Ledger
 from shardlab.core import harness, runtime
 from shardlab.core.case import Case, Checks, Program
-from shardlab.core.views import View, merge, traffic
+from shardlab.core.views import COMPILERS, View, merge, traffic
 from shardlab.formulas import tp as ftp
 from shardlab.formulas.common import dtype_bytes
 from shardlab.models import loss
@@ -62,7 +62,6 @@ FLOAT_TYPES = ("f32", "bf16", "f16", "f64")
 _ALIASES = ("parameter", "constant", "tuple", "get-tuple-element", "bitcast", "copy-start", "copy-done")
 IGNORE_INDEX = -100
 CE_METHODS = ("vocab_parallel", "gather")
-COMPILERS = {"hlo": "XLA:CPU", "tpu": "XLA:TPU"}  # a compiler view's source -> the compiler
 
 
 def close(a: torch.Tensor, b: torch.Tensor, dtype: str) -> bool:

@@ -56,7 +56,7 @@ from torch_xla.distributed.spmd.xla_sharding import XLAPatchedLinear, shard_as
 
 from shardlab.core import runtime
 from shardlab.core.case import Case, Checks
-from shardlab.core.views import View, collectives_view, traffic
+from shardlab.core.views import COMPILERS, View, collectives_view, traffic
 from shardlab.formulas import scan as FS
 from shardlab.formulas.common import dtype_bytes
 from shardlab.profile.hlo import Collective, HloModule
@@ -75,7 +75,7 @@ GRAD_OPS = ("all_reduce", "reduce_scatter")
 PARITY_RTOL = 1e-5  # max |xla - cpu loop| / max |cpu loop|: XLA reorders float32 sums, a real bug is O(1)
 
 
-SOURCE_LABEL = {"formula": "formula", "hlo": "XLA:CPU", "tpu": "XLA:TPU"}
+SOURCE_LABEL = {"formula": "formula", **COMPILERS}
 
 
 def mesh_problem(p: ScanParams, num_devices: int) -> str | None:
