@@ -33,14 +33,14 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     XLA backward in the same process fail with "device_ready_queues_ ... INTERNAL ASSERT FAILED"
     (torch 2.9.0 / torch_xla 2.9.0; reproduced: CPU backward, then runtime.setup(), then an XLA backward).
     """
-    from shardlab.core import runtime
+    from shardlab import runtime
 
     runtime.setup(num_devices=8)
 
 
 @pytest.fixture(scope="session")
 def xla_world() -> Any:
-    from shardlab.core import runtime
+    from shardlab import runtime
 
     return runtime.setup(num_devices=8)
 

@@ -33,7 +33,7 @@ def test_prediction_matches_torch_xla(xla_world, mesh_shape, names, spec) -> Non
     import torch_xla
     import torch_xla.distributed.spmd as xs
 
-    from shardlab.core import runtime
+    from shardlab import runtime
 
     t = torch.zeros(8, 8).to(runtime.device())
     xs.mark_sharding(t, runtime.mesh(mesh_shape, names), spec)
@@ -46,7 +46,7 @@ def test_custom_device_order_matches_torch_xla(xla_world) -> None:  # type: igno
     import torch_xla
     import torch_xla.distributed.spmd as xs
 
-    from shardlab.core import runtime
+    from shardlab import runtime
 
     ids = [0, 2, 4, 6, 1, 3, 5, 7]
     t = torch.zeros(8, 8).to(runtime.device())

@@ -37,7 +37,7 @@ def on_mesh(p: BlocksParams) -> tuple[torch.Tensor, torch.Tensor]:
     """x and W on the XLA devices, k split over the mesh axis ``model`` (copies on the other)."""
     import torch_xla.distributed.spmd as xs
 
-    from shardlab.core import runtime
+    from shardlab import runtime
 
     n = runtime.current().num_devices
     mesh = runtime.mesh((n // p.parts, p.parts), ("copies", "model"))

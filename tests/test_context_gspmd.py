@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
+from shardlab import runtime
 from shardlab.context.params import ContextParams
-from shardlab.core import runtime
 from shardlab.formulas import context as fcp
 
 pytestmark = pytest.mark.xla

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from shardlab import runtime
 from shardlab.comm import SimulatedWorld
 from shardlab.context.attention import dense_attention, unshard_sequence
 from shardlab.context.ulysses import ulysses_step
-from shardlab.core import runtime
 from shardlab.formulas import context as fcp
 
 runtime.setup(num_devices=8)

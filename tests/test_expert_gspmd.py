@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from shardlab.core import runtime
+from shardlab import runtime
 from shardlab.expert.moe import inputs, layer, moe_reference
 from shardlab.expert.params import ExpertParams
 

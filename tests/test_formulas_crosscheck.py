@@ -58,7 +58,7 @@ def test_defaults_parser_reads_the_parameters_cell():
 def _tp_setup(xla_world: Any, p: dict[str, Any]) -> tuple[Any, Any, Any]:  # 02 (the exemplar's own test)
     import torch
 
-    from shardlab.core import runtime
+    from shardlab import runtime
     from shardlab.tp import gspmd
 
     if xla_world.num_devices % p["tp"]:
@@ -213,7 +213,7 @@ def test_05_sizes_data_parallel_all_reduce_vs_hlo(xla_world):
     import torch
     import torch_xla.distributed.spmd as xs
 
-    from shardlab.core import runtime
+    from shardlab import runtime
     from shardlab.profile import capture_hlo
 
     p = notebook_defaults("05_fsdp_flat_params")

@@ -110,7 +110,7 @@ def test_real_dump_megatron_mlp(xla_world) -> None:  # type: ignore[no-untyped-d
     """gelu(x@A)@B, A by columns, B by rows: one all-reduce of x's shape (measured on torch_xla 2.9), no other collective."""
     import torch_xla.distributed.spmd as xs
 
-    from shardlab.core import runtime
+    from shardlab import runtime
     from shardlab.profile import capture_hlo
 
     mesh = runtime.mesh(8, "model")
@@ -134,7 +134,7 @@ def test_real_dump_grid(xla_world) -> None:  # type: ignore[no-untyped-def]
     """Mesh (2, 4): x[M_r, K_c] @ W[K_c, N] sums over 'c' only: 2 groups of 4, payload (m/2)·n·4."""
     import torch_xla.distributed.spmd as xs
 
-    from shardlab.core import runtime
+    from shardlab import runtime
     from shardlab.profile import capture_hlo
 
     mesh = runtime.mesh((2, 4), ("r", "c"))

@@ -25,7 +25,7 @@ N = 8  # the session's devices
 def _build(p: int, m: int, v: int = 1, rows: int = 8, h: int = 64, data: bool = False, **kw):
     """The step on the 8-device world: mesh (stage, data) = (p, 8 / p); `data` splits the rows over the second
     axis (else it holds copies)."""
-    from shardlab.core import runtime
+    from shardlab import runtime
 
     x, w = init(p, m, v, rows, h)
     mesh = runtime.mesh((p, N // p), ("stage", "data"))

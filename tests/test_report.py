@@ -114,7 +114,7 @@ def test_report_param_takes_one_value(nbs: Path, tmp_path: Path, capsys: Any) ->
 
 
 def test_tpu_profile_without_a_tpu(nbs: Path, tmp_path: Path, capsys: Any) -> None:
-    from shardlab.core.runtime import tpu_present
+    from shardlab.runtime import tpu_present
 
     if tpu_present():
         pytest.skip("this host has a TPU")

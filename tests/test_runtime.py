@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from shardlab.core import runtime
+from shardlab import runtime
 
 
 def test_check_mesh_shape() -> None:
@@ -24,7 +24,7 @@ def _run(code: str) -> subprocess.CompletedProcess[str]:
 
 def test_bad_counts_fail_before_torch_xla_import() -> None:
     code = (
-        "import sys\nfrom shardlab.core import runtime\n"
+        "import sys\nfrom shardlab import runtime\n"
         "for n in (0, 10_000):\n"
         "    try:\n        runtime.setup(num_devices=n)\n    except ValueError as e:\n        print(e)\n"
         "print('torch_xla' in sys.modules)\n"
@@ -55,7 +55,7 @@ def test_world_and_restart_rule(xla_world) -> None:  # type: ignore[no-untyped-d
 def test_torch_xla_imported_first_is_refused() -> None:
     out = _run(
         "import os; os.environ['PJRT_DEVICE']='CPU'; os.environ['CPU_NUM_DEVICES']='2'\n"
-        "import torch_xla\nfrom shardlab.core import runtime\n"
+        "import torch_xla\nfrom shardlab import runtime\n"
         "try:\n    runtime.setup(num_devices=8)\nexcept RuntimeError as e:\n    print(e)\n"
     )
-    assert "torch_xla was imported before shardlab.core.runtime.setup()" in out.stdout, out.stderr
+    assert "torch_xla was imported before shardlab.runtime.setup()" in out.stdout, out.stderr

@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from shardlab import models
-from shardlab.core import runtime
+from shardlab import models, runtime
 from shardlab.formulas import tp as ftp
 
 pytestmark = pytest.mark.xla
@@ -24,7 +23,7 @@ B, S, H, NH, FFN = 2, 8, 64, 8, 256
 
 @pytest.fixture(scope="module")
 def xla(xla_world):
-    from shardlab.core import runtime
+    from shardlab import runtime
     from shardlab.profile import capture_hlo
     from shardlab.tp import gspmd
 

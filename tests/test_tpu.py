@@ -252,7 +252,7 @@ def test_annotated_parameters_keep_their_sharding(tpu) -> None:  # type: ignore[
     import torch
     import torch_xla.distributed.spmd as xs
 
-    from shardlab.core import runtime
+    from shardlab import runtime
 
     mesh = runtime.mesh(8, "model")
     x = torch.randn(8, 1003).to("xla")

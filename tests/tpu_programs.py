@@ -20,7 +20,7 @@ class MlpCfg:
 
 
 def _mesh(axis: str):  # type: ignore[no-untyped-def]
-    from shardlab.core import runtime
+    from shardlab import runtime
 
     return runtime.mesh(runtime.current().num_devices, axis)
 
@@ -106,7 +106,7 @@ def mlp_replicated_grads(cfg: MlpCfg) -> list[torch.Tensor]:
     import numpy as np
     import torch_xla.distributed.spmd as xs
 
-    from shardlab.core import runtime
+    from shardlab import runtime
 
     n = runtime.current().num_devices
     mesh = xs.Mesh(np.arange(n), (n // 4, 4), ("data", "tensor"))
@@ -137,7 +137,7 @@ def roll_rows(cfg: MlpCfg) -> list[torch.Tensor]:
 def scan_stack(cfg: MlpCfg) -> list[torch.Tensor]:
     """The scan helper's stack (2 MLP blocks through torch_xla's ``scan``), mesh (fsdp 2, tensor 4), fwd + bwd:
     the collectives sit inside the forward and backward ``while`` bodies."""
-    from shardlab.core import runtime
+    from shardlab import runtime
     from shardlab.xla_scan import model as M
     from shardlab.xla_scan import sharding as S
 

@@ -40,7 +40,7 @@ def jax_reduce_scatter() -> str:
 
 def main() -> None:
     sys.path.insert(0, str(ROOT / "tests"))
-    from shardlab.core import runtime
+    from shardlab import runtime
 
     runtime.setup(num_devices=8)
     import tpu_programs as tp

@@ -23,7 +23,7 @@ import os
 import platform
 import time
 
-from shardlab.core import runtime
+from shardlab import runtime
 from shardlab.profile import tpu
 from shardlab.profile.result_files import save_results
 

@@ -23,7 +23,7 @@ XLA backward fail with "device_ready_queues_ ... INTERNAL ASSERT FAILED" (torch 
 
 Example::
 
-    >>> from shardlab.core import runtime
+    >>> from shardlab import runtime
     >>> world = runtime.setup(num_devices=8)
     >>> world.kind, world.num_devices
     ('cpu', 8)
@@ -126,7 +126,7 @@ def setup(num_devices: int | None = 8, device: str | None = None, spmd: bool = T
         have = os.environ.get("CPU_NUM_DEVICES")
         if have != str(num_devices):
             raise RuntimeError(
-                "torch_xla was imported before shardlab.core.runtime.setup() "
+                "torch_xla was imported before shardlab.runtime.setup() "
                 f"(CPU_NUM_DEVICES={have}, wanted {num_devices}): restart the kernel and call setup() first"
             )
 
@@ -193,7 +193,7 @@ def _quiet_absl() -> None:
 def current() -> World:
     """The world prepared by ``setup()``; a clear error if there is none yet."""
     if _WORLD is None:
-        raise RuntimeError("no device world yet: call shardlab.core.runtime.setup(num_devices=...) first")
+        raise RuntimeError("no device world yet: call shardlab.runtime.setup(num_devices=...) first")
     return _WORLD
 
 

@@ -7,8 +7,8 @@ world_size = 8  # ranks in the collectives (2, 4 or 8)
 answers = None  # exercise answer key (the tests and the report inject it); leave None
 
 # %%
+from shardlab import runtime
 from shardlab.blocks.params import WelcomeParams
-from shardlab.core import runtime
 from shardlab.profile import Recorder
 
 p = WelcomeParams.from_namespace(globals())  # every parameter checked here, before any XLA work

@@ -11,8 +11,8 @@ matmul = [64, 128, 32]  # I, J, K of section 7's sharded matmuls A[I, J]·B[J, K
 answers = None  # exercise answer key (the tests and the report inject it); leave None
 
 # %%
+from shardlab import runtime
 from shardlab.blocks.params import BlocksParams
-from shardlab.core import runtime
 from shardlab.profile import Recorder
 
 p = BlocksParams.from_namespace(globals())  # every parameter checked here, before any XLA work

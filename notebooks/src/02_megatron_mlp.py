@@ -12,7 +12,7 @@ run_gloo = True  # also run the per-rank code in tp real processes (torch.distri
 answers = None  # exercise answer key (the tests and the report inject it); leave None
 
 # %%
-from shardlab.core import runtime
+from shardlab import runtime
 from shardlab.profile import Recorder
 from shardlab.tp.params import MlpParams
 

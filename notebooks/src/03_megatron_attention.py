@@ -12,7 +12,7 @@ heads = 4  # head dim hidden / heads = 16 differs from seq = 8, so the [s, s] sc
 answers = None  # exercise answer key (the tests and the report inject it); leave None
 
 # %%
-from shardlab.core import runtime
+from shardlab import runtime
 from shardlab.profile import Recorder
 from shardlab.tp.params import AttentionParams
 

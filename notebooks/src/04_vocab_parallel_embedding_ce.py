@@ -13,7 +13,7 @@ memory_tokens = 0  # b·s of an extra compile-only TPU pair (gathered vs vocab-p
 answers = None  # exercise answer key (the tests and the report inject it); leave None
 
 # %%
-from shardlab.core import runtime
+from shardlab import runtime
 from shardlab.profile import Recorder
 from shardlab.tp.params import VocabParams
 

@@ -12,7 +12,7 @@ answers = None  # exercise answer key (the tests and the report inject it); leav
 # %%
 import time
 
-from shardlab.core import runtime
+from shardlab import runtime
 from shardlab.fsdp.params import FsdpParams
 from shardlab.profile import Recorder
 

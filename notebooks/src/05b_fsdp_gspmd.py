@@ -11,7 +11,7 @@ answers = None  # exercise answer key (the tests and the report inject it); leav
 # %%
 import time
 
-from shardlab.core import runtime
+from shardlab import runtime
 from shardlab.fsdp.params import FsdpGspmdParams
 from shardlab.profile import Recorder
 

@@ -18,7 +18,7 @@ answers = None  # exercise answer key (the tests and the report inject it); leav
 # %%
 import time
 
-from shardlab.core import runtime
+from shardlab import runtime
 from shardlab.profile import Recorder
 from shardlab.xla_scan.params import ScanParams
 

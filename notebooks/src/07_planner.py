@@ -36,7 +36,7 @@ full_size = False  # compile the presets' full training steps with XLA:TPU (tens
 answers = None  # exercise answer key (the tests and the report inject it); leave None
 
 # %%
-from shardlab.core import runtime
+from shardlab import runtime
 from shardlab.planner.params import PlannerParams
 from shardlab.profile import Recorder
 

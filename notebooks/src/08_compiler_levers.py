@@ -28,7 +28,7 @@ auto_sharding = True  # also try XLA's auto-sharding (compile-only) on the Megat
 answers = None  # exercise answer key (the tests and the report inject it); leave None
 
 # %%
-from shardlab.core import runtime
+from shardlab import runtime
 from shardlab.levers.params import LeversParams
 from shardlab.profile import Recorder
 

@@ -23,7 +23,7 @@ full_size = False  # compile Llama 3 8B attention to 32k and a GPT-2 block live 
 answers = None  # exercise answer key (the tests and the report inject it); leave None
 
 # %%
-from shardlab.core import runtime
+from shardlab import runtime
 from shardlab.memory.params import MemoryParams
 from shardlab.profile import Recorder
 

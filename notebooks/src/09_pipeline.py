@@ -17,7 +17,7 @@ run_gloo = False  # also run the pipeline in `stages` real processes (gloo): our
 answers = None  # exercise answer key (the tests and the report inject it); leave None
 
 # %%
-from shardlab.core import runtime
+from shardlab import runtime
 from shardlab.pipeline.params import PipelineParams
 from shardlab.profile import Recorder
 

@@ -15,8 +15,8 @@ run_gloo = False  # also run the per-rank ring in cp real processes (torch.distr
 answers = None  # exercise answer key (the tests and the report inject it); leave None
 
 # %%
+from shardlab import runtime
 from shardlab.context.params import ContextParams
-from shardlab.core import runtime
 from shardlab.profile import Recorder
 
 p = ContextParams.from_namespace(globals())  # every parameter checked here, before any XLA work

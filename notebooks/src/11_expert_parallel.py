@@ -16,7 +16,7 @@ async_flag = False  # also compile with XLA:TPU's xla_tpu_enable_async_all_to_al
 answers = None  # exercise answer key (the tests and the report inject it); leave None
 
 # %%
-from shardlab.core import runtime
+from shardlab import runtime
 from shardlab.expert.params import ExpertParams
 from shardlab.profile import Recorder
 

@@ -21,7 +21,7 @@ full_size = False  # compile the full-size runs with XLA:TPU (minutes each); Fal
 answers = None  # exercise answer key (the tests and the report inject it); leave None
 
 # %%
-from shardlab.core import runtime
+from shardlab import runtime
 from shardlab.inspect.params import YourModelParams
 from shardlab.profile import Recorder
 

@@ -39,11 +39,10 @@ import torch
 import torch_xla  # blocks.case is imported after runtime.setup() (the notebooks' order)
 import torch_xla.distributed.spmd as xs
 
-from shardlab import blocks
+from shardlab import blocks, runtime
 from shardlab.blocks import ring, tiles
 from shardlab.blocks.params import BlocksParams, WelcomeParams
 from shardlab.comm import Ledger
-from shardlab.core import runtime
 from shardlab.core.case import Case, Checks, Program
 from shardlab.core.views import COMPILERS, View, traffic
 from shardlab.formulas import blocks as F

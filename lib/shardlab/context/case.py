@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from shardlab import runtime
 from shardlab.comm import DistributedWorld, Ledger
 from shardlab.context import gspmd
 from shardlab.context.allgather import allgather_attention_step
@@ -60,7 +61,6 @@ from shardlab.context.gspmd import ROWS, SEQ, context_mesh, mark, permute_traffi
 from shardlab.context.params import ContextParams
 from shardlab.context.ring import ring_attention_step
 from shardlab.context.ulysses import ulysses_step
-from shardlab.core import runtime
 from shardlab.core.case import Case, Checks
 from shardlab.core.views import View, traffic
 from shardlab.formulas import context as fcp

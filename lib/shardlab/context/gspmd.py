@@ -73,8 +73,8 @@ from functorch.compile import default_partition, min_cut_rematerialization_parti
 from torch.autograd.function import FunctionCtx
 from torch_xla.experimental.scan import scan
 
+from shardlab import runtime
 from shardlab.context.attention import shard_sequence, unshard_sequence
-from shardlab.core import runtime
 from shardlab.expert.gspmd import Reshard
 from shardlab.formulas.dtypes import HLO_BYTES
 from shardlab.profile.hlo import HloModule

@@ -60,8 +60,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
+from shardlab import runtime
 from shardlab.comm.ledger import Ledger
-from shardlab.core import runtime
 from shardlab.core.views import View
 from shardlab.profile.hlo import HloModule
 

@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from shardlab import runtime
 from shardlab.comm import SimulatedWorld
-from shardlab.core import runtime
 from shardlab.core.case import Built, Case, build_graph
 from shardlab.core.views import View, collectives_view, ledger_view, merge
 from shardlab.profile.capture import capture_hlo

@@ -39,8 +39,9 @@ from typing import Any, ClassVar
 import pandas as pd
 import torch
 
+from shardlab import runtime
 from shardlab.comm import DistributedWorld, Ledger
-from shardlab.core import harness, runtime
+from shardlab.core import harness
 from shardlab.core.case import Case, Checks
 from shardlab.core.views import View, collectives_view, traffic
 from shardlab.expert import gspmd  # imports torch_xla: expert.case is imported after runtime.setup()

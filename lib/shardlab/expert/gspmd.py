@@ -46,7 +46,7 @@ import torch
 import torch_xla.distributed.spmd as xs  # expert.gspmd is imported after runtime.setup() (the notebooks' order)
 from torch.autograd.function import FunctionCtx
 
-from shardlab.core import runtime
+from shardlab import runtime
 from shardlab.expert.moe import capacity, dispatch_tensors, inputs, layer, router_probs, top_k_gates
 from shardlab.expert.params import ExpertParams
 from shardlab.formulas.dtypes import HLO_BYTES

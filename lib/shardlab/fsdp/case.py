@@ -45,8 +45,9 @@ import torch_xla.distributed.spmd as xs  # fsdp.case is imported after runtime.s
 from pandas.io.formats.style import Styler
 from torch import nn
 
+from shardlab import runtime
 from shardlab.comm import DistributedWorld, Ledger
-from shardlab.core import harness, runtime
+from shardlab.core import harness
 from shardlab.core.case import Case, Checks
 from shardlab.core.views import View
 from shardlab.formulas import fsdp as ffsdp

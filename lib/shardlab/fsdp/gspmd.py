@@ -53,7 +53,7 @@ import torch_xla.distributed.spmd as xs  # fsdp.gspmd is imported after runtime.
 from torch import nn
 from torch_xla.experimental.spmd_fully_sharded_data_parallel import SpmdFullyShardedDataParallel as FSDPv2
 
-from shardlab.core import runtime
+from shardlab import runtime
 from shardlab.formulas.fsdp import StepBytes
 from shardlab.fsdp.params import FsdpParamsBase
 from shardlab.fsdp.train import make_batch, make_model

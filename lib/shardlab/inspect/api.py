@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from shardlab.core import runtime
+from shardlab import runtime
 from shardlab.inspect import analysis as A
 from shardlab.inspect import step
 from shardlab.inspect.config import (

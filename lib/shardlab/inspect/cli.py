@@ -28,7 +28,7 @@ import traceback
 from pathlib import Path
 from typing import IO, Any
 
-from shardlab.core import runtime
+from shardlab import runtime
 from shardlab.inspect import output
 from shardlab.inspect.config import LAYER_MODES, RECOMPUTE, InspectInputError, make_config
 from shardlab.profile.tpu import quiet_libtpu

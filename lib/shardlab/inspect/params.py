@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
-from shardlab.core import runtime
+from shardlab import runtime
 from shardlab.core.params import NotebookParams
 from shardlab.inspect import config as C
 from shardlab.inspect import models as M

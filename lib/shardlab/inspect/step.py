@@ -48,7 +48,7 @@ from torch_xla.experimental.scan import scan
 from torch_xla.experimental.scan_layers import scan_layers
 from torch_xla.utils.checkpoint import checkpoint
 
-from shardlab.core import runtime
+from shardlab import runtime
 from shardlab.inspect import models as M
 from shardlab.inspect import sharding as S
 from shardlab.inspect.config import InspectConfig, layout

@@ -48,7 +48,8 @@ from typing import Any, ClassVar
 
 import pandas as pd
 
-from shardlab.core import harness, runtime
+from shardlab import runtime
+from shardlab.core import harness
 from shardlab.core.case import Case
 from shardlab.core.views import View, merge
 from shardlab.levers import programs as P

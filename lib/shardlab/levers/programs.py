@@ -2,7 +2,7 @@
 
 Design
 ------
-A builder runs on the current SPMD device world (``shardlab.core.runtime.setup``), creates its tensors on the
+A builder runs on the current SPMD device world (``shardlab.runtime.setup``), creates its tensors on the
 CPU (or as placeholders: nothing allocated, compile-only), moves and annotates them, traces one step and returns
 every tensor the step produces — *not* synced. The cases of :mod:`shardlab.levers.case` call them from
 ``graph()``; :mod:`shardlab.core.harness` hands that graph to both compilers.
@@ -33,8 +33,7 @@ import torch_xla.distributed.spmd as xs
 from torch.autograd.function import FunctionCtx
 from torch_xla.core.xla_builder import create_placeholder_tensor
 
-from shardlab import models
-from shardlab.core import runtime
+from shardlab import models, runtime
 
 MODES = ("dp", "fsdp")
 STAGES = ("fused", "backward", "update")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from shardlab.core import runtime
+from shardlab import runtime
 
 
 def main() -> None:

@@ -54,7 +54,7 @@ import torch_xla.distributed.spmd as xs  # this module is imported after runtime
 from torch_xla.core.xla_builder import create_placeholder_tensor as placeholder
 from torch_xla.experimental.custom_kernel import flash_attention
 
-from shardlab.core import runtime
+from shardlab import runtime
 from shardlab.formulas import activations as act
 from shardlab.memory.pallas_tpu import pallas_for_tpu_compile
 from shardlab.memory.params import FLASH_BLOCK, MemoryParams

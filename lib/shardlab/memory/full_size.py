@@ -30,7 +30,8 @@ import torch
 from torch_xla.core.xla_builder import create_placeholder_tensor as placeholder
 from torch_xla.experimental.custom_kernel import flash_attention
 
-from shardlab.core import harness, runtime
+from shardlab import runtime
+from shardlab.core import harness
 from shardlab.levers import case as L
 from shardlab.levers import programs as P
 from shardlab.levers.params import LeversParams

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 import torch
 import torch_xla.core.xla_model as xm  # this module is imported after runtime.setup (the ordering rule)
 
-from shardlab.core import runtime
+from shardlab import runtime
 from shardlab.memory.graph import DTYPE, activation_shape, build_model, param_names, train_step
 from shardlab.memory.params import MemoryParams
 from shardlab.profile.tpu import Step

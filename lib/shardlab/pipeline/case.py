@@ -47,8 +47,9 @@ from typing import Any, ClassVar
 import torch
 import torch_xla.distributed.spmd as xs  # imported after runtime.setup() (the notebooks' order)
 
+from shardlab import runtime
 from shardlab.comm import Comm, DistributedWorld, Ledger, SimulatedWorld
-from shardlab.core import harness, runtime
+from shardlab.core import harness
 from shardlab.core.case import Case, Checks
 from shardlab.core.views import COMPILERS as COMPILER
 from shardlab.core.views import View

@@ -47,9 +47,10 @@ import torch
 import torch.nn.functional as F
 import torch_xla.distributed.spmd as xs  # imported after runtime.setup() (the notebooks' order)
 
+from shardlab import runtime
 from shardlab.blocks import ring
 from shardlab.comm import Ledger
-from shardlab.core import harness, runtime
+from shardlab.core import harness
 from shardlab.core.case import Case, Checks, Program
 from shardlab.core.views import View, traffic
 from shardlab.formulas import memory

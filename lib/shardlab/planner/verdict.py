@@ -60,7 +60,8 @@ from torch._functorch.partitioners import _extract_fwd_bwd_modules, _is_primal, 
 from torch.fx import GraphModule
 from torch_xla.experimental.scan import scan
 
-from shardlab.core import harness, runtime
+from shardlab import runtime
+from shardlab.core import harness
 from shardlab.core.case import Case
 from shardlab.formulas import hardware
 from shardlab.planner import ModelConfig, Plan, PlanConfig, model_from, plan

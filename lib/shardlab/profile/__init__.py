@@ -2,7 +2,7 @@
 memory of every operator order of a graph (the simulator notebooks 08 and 08b share).
 
 Importing this package does not import torch_xla; the XLA-facing functions import it when called, after
-``shardlab.core.runtime.setup()`` has prepared the device world.
+``shardlab.runtime.setup()`` has prepared the device world.
 """
 
 from shardlab.profile.capture import Capture, HloNotCaptured, capture_hlo, read_dumps

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from shardlab.core import runtime
+from shardlab import runtime
 from shardlab.profile.hlo import HloModule, parse_hlo
 from shardlab.profile.metrics import MetricsDelta, metrics_delta
 

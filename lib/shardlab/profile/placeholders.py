@@ -4,7 +4,7 @@ Design note: :func:`placeholder` makes one (lowers to an HLO parameter, allocate
 torch_xla's misleading "async operation is in flight" error into :class:`PlaceholderReadError`. A graph that
 *consumes* a placeholder must only be lowered (:func:`lowered_hlo`): executing it segfaults torch_xla 2.9, so nothing
 here runs one. Shared by notebook 06's trace transfers, the planner's compiler verdicts and ``shardlab.inspect``.
-torch_xla is imported at the top: import this module after ``shardlab.core.runtime.setup()``.
+torch_xla is imported at the top: import this module after ``shardlab.runtime.setup()``.
 """
 
 from __future__ import annotations

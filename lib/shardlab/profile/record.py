@@ -30,13 +30,21 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, ClassVar, Protocol
 
-from shardlab.core.runtime import World
 from shardlab.profile.timer import Timing
+from shardlab.runtime import World
 
-if TYPE_CHECKING:
-    from shardlab.core.params import NotebookParams
+
+class RecordedParams(Protocol):
+    """What a recorder reads from a notebook's parameters (``shardlab.core.params.NotebookParams``; profile sits
+    below the core, so the type is stated here)."""
+
+    NOTEBOOK: ClassVar[str]
+    results_dir: str | None
+
+    def as_record(self) -> dict[str, Any]: ...
+
 
 SCHEMA = "shardlab.record/1"
 SOURCES = ("formula", "ledger", "hlo", "tpu", "metrics", "timer")
@@ -96,7 +104,7 @@ class Recorder:
         self._write()
 
     @classmethod
-    def for_params(cls, params: NotebookParams, world: World | None = None) -> Recorder:
+    def for_params(cls, params: RecordedParams, world: World | None = None) -> Recorder:
         """The recorder of the notebook ``params`` belongs to (a :class:`shardlab.core.params.NotebookParams`):
         its name, its parameters as recorded, and its ``results_dir``."""
         return cls(params.NOTEBOOK, params=params.as_record(), results_dir=params.results_dir, world=world)

@@ -47,7 +47,7 @@ builder in a worker process with the topology's device count when this process's
 Example::
 
     >>> import torch, torch_xla.distributed.spmd as xs
-    >>> from shardlab.core import runtime
+    >>> from shardlab import runtime
     >>> mesh = runtime.mesh((2, 4), ("data", "tensor"))             # this process: 8 CPU devices
     >>> x = torch.randn(16, 64).to(runtime.device()); _ = xs.mark_sharding(x, mesh, (None, "tensor"))
     >>> w = torch.randn(64, 32).to(runtime.device()); _ = xs.mark_sharding(w, mesh, ("tensor", None))
@@ -74,7 +74,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from shardlab.core import runtime
+from shardlab import runtime
 from shardlab.formulas import hardware
 from shardlab.profile.hlo import HloModule, parse_hlo
 from shardlab.profile.stderr_filter import filtered_fd, filtered_stderr

@@ -14,7 +14,7 @@ import pickle
 import sys
 import traceback
 
-from shardlab.core import runtime
+from shardlab import runtime
 from shardlab.profile import tpu
 from shardlab.profile.tpu_worker import _recv_bytes, _send
 

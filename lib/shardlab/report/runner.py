@@ -28,7 +28,6 @@ from typing import Any
 from tqdm import tqdm
 
 from shardlab.core.answer_keys import load_key
-from shardlab.core.runtime import tpu_present
 from shardlab.profile.record import load_record
 from shardlab.profile.tpu import GENERATION_ENV, TOPOLOGIES
 from shardlab.report import baseline as bl
@@ -47,6 +46,7 @@ from shardlab.report.notebooks import (
     select,
 )
 from shardlab.report.rundir import default_out, host_env, prepare_out_dir, write_manifest
+from shardlab.runtime import tpu_present
 
 __all__ = ["ROOT", "NotebookResult", "Report", "ReportOptions", "run_report"]
 

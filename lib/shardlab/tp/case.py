@@ -35,10 +35,10 @@ import torch.nn.functional as F
 import torch_xla.distributed.spmd as xs  # tp.case is imported after runtime.setup() (the notebooks' order)
 from torch_xla.core.xla_builder import create_placeholder_tensor
 
-from shardlab import models
+from shardlab import models, runtime
 from shardlab.blocks import ring
 from shardlab.comm import DistributedWorld, Ledger
-from shardlab.core import harness, runtime
+from shardlab.core import harness
 from shardlab.core.case import Case, Checks, Program
 from shardlab.core.views import COMPILERS, View, merge, traffic
 from shardlab.formulas import tp as ftp

@@ -41,8 +41,7 @@ import torch
 import torch.nn.functional as F
 import torch_xla.distributed.spmd as xs  # imported after runtime.setup() (by tp.case and the tests)
 
-from shardlab import models
-from shardlab.core import runtime
+from shardlab import models, runtime
 from shardlab.models import loss
 
 AXIS = "tensor"

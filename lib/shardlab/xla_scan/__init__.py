@@ -15,5 +15,5 @@ Modules (read top-down):
 
 Formulas live in :mod:`shardlab.formulas.scan`, figures in :mod:`shardlab.xla_scan.figures`, the story in notebook
 ``06_scan_shard_as``. Importing this package imports nothing; its modules import torch_xla, so call
-``shardlab.core.runtime.setup()`` first.
+``shardlab.runtime.setup()`` first.
 """

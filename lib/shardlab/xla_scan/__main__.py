@@ -12,7 +12,7 @@ import json
 import sys
 from dataclasses import replace
 
-from shardlab.core import runtime
+from shardlab import runtime
 from shardlab.xla_scan.params import ScanParams
 
 

@@ -33,7 +33,7 @@ scan_layers cases add no values: the compile-time sweep reads their programs
 
 What notebook 06 measures beyond one case's views (the sweep, the OFF/ON contrast, the transposed mesh, per-layer
 gradient specs, trace transfers, the explorer's run) is in :mod:`shardlab.xla_scan.sections`.
-torch_xla is imported at the top: import this module after ``shardlab.core.runtime.setup()`` (the notebooks' order).
+torch_xla is imported at the top: import this module after ``shardlab.runtime.setup()`` (the notebooks' order).
 
 Example::
 
@@ -54,7 +54,7 @@ import torch
 import torch_xla.distributed.spmd as xs  # imported after runtime.setup() (the notebooks' order)
 from torch_xla.distributed.spmd.xla_sharding import XLAPatchedLinear, shard_as
 
-from shardlab.core import runtime
+from shardlab import runtime
 from shardlab.core.case import Case, Checks
 from shardlab.core.views import COMPILERS, View, collectives_view, traffic
 from shardlab.formulas import scan as FS

@@ -11,7 +11,7 @@ marks the 2-D sharding (``sharding.py``); :class:`shardlab.xla_scan.case.ScanCas
 * :func:`compile_vs_devices` — a process holds one device world, so compile time vs device count runs each count
   in a fresh ``python -m shardlab.xla_scan`` (:func:`in_subprocess`) and reads one JSON line back.
 
-torch_xla is imported at the top: import this module after ``shardlab.core.runtime.setup()`` (the notebooks' order).
+torch_xla is imported at the top: import this module after ``shardlab.runtime.setup()`` (the notebooks' order).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch_xla.core.xla_model as xm  # imported after runtime.setup() (the notebooks' order)
 
-from shardlab.core import runtime
+from shardlab import runtime
 from shardlab.profile import metrics_delta
 from shardlab.profile.hlo import HloModule
 from shardlab.xla_scan import model as M

@@ -21,7 +21,7 @@ Three ways to run L of them (the *loop is the oracle*):
 
 All weights come from one seeded CPU generator (``init_weights``), so the three modes hold identical numbers.
 Sizes are plain ints (notebook 06 reads them from its ``ScanParams``); torch_xla is imported at the top, so
-import this module after ``shardlab.core.runtime.setup()`` (the notebooks' order).
+import this module after ``shardlab.runtime.setup()`` (the notebooks' order).
 """
 
 from __future__ import annotations

@@ -58,7 +58,8 @@ import torch
 import torch_xla.distributed.spmd as xs  # imported after runtime.setup() (the notebooks' order)
 from torch_xla.experimental.scan import scan
 
-from shardlab.core import harness, runtime
+from shardlab import runtime
+from shardlab.core import harness
 from shardlab.core.views import View
 from shardlab.formulas import scan as FS
 from shardlab.profile.placeholders import placeholder

@@ -5,7 +5,7 @@ these functions are the notebook's sections built on them — the compile-time s
 shard_as OFF/ON contrast and its layouts, per-layer gradient specs, the transposed mesh, the stacked-bytes lines,
 the seed table, the ``nn.Linear`` trap, ``shard_as`` on its own, trace transfers and the explorer's run. Each records
 its measurements on the notebook's :class:`Recorder` and returns a table to display. It imports the cases (and so
-torch_xla): import it after ``shardlab.core.runtime.setup()`` (the notebooks' order).
+torch_xla): import it after ``shardlab.runtime.setup()`` (the notebooks' order).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from typing import Any
 
 import pandas as pd
 
-from shardlab.core import harness, runtime
+from shardlab import runtime
+from shardlab.core import harness
 from shardlab.core.views import View, merge
 from shardlab.formulas import scan as FS
 from shardlab.profile import placeholders as PH

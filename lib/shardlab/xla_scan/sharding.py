@@ -19,7 +19,7 @@ XLA prints a sharding as ``{devices=[t0,t1,...]<device order>}`` with one tile c
 trailing extra count plus ``last_tile_dim_replicate`` means "each tile is replicated that many times".
 ``W[h, F_tensor]`` on mesh (2, 4) is ``{devices=[1,4,2]... last_tile_dim_replicate}``: the 1-D gradient
 that an all-reduce over fsdp leaves behind. torch_xla is imported at the top: import this module after
-``shardlab.core.runtime.setup()`` (the notebooks' order).
+``shardlab.runtime.setup()`` (the notebooks' order).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import torch
 import torch_xla
 import torch_xla.distributed.spmd as xs  # imported after runtime.setup() (the notebooks' order)
 
-from shardlab.core import runtime
+from shardlab import runtime
 from shardlab.formulas.common import ceil_div
 from shardlab.xla_scan.model import Annotate
 from shardlab.xla_scan.params import ScanParams
