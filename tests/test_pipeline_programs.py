@@ -147,3 +147,58 @@ def test_pytorch_pipelining_warmup_aborts_on_gloo(setup) -> None:
     with pytest.raises(RankError, match="exited with code -6|Connection reset by peer"):  # whichever rank dies first
         DistributedWorld(2, timeout_s=60).run(_torch_step_with_warmup, list(stages.modules),
                                               list(stages.param_names), tokens, targets)
+
+
+def _tanh_run(name: str, p: int, m: int, rows: int = 4, h: int = 8):
+    """The schedule's per-device programs on p tanh layers (cheap), in a SimulatedWorld, with each action's
+    send / recv rows (as ScheduleCase's ledger view records them)."""
+    import itertools
+
+    from shardlab.pipeline.spmd import init, microbatch_loss, stage_modules
+
+    x, w = init(p, m, 1, rows, h)
+    layers, names, boundary = stage_modules(w, rows)
+    world = SimulatedWorld(p)
+    sched = build(name, p, m)
+    results = world.run(pipeline_program, sched, layers, names, boundary, x.flatten(0, 1), torch.zeros(m * rows),
+                        microbatch_loss)
+    for r, res in enumerate(results):
+        rows_ = list(world.ledgers[r])
+        res["p2p"] = [[(e.op, e.peer) for e in rows_[a:b] if e.op in ("send", "recv")]
+                      for a, b in itertools.pairwise(res["rows"])]
+    return sched, results
+
+
+def test_replay_times_the_recorded_messages() -> None:
+    """The bubble of what the devices did, timed from their messages alone, is the paper's (p - 1)/(m + p - 1)
+    (a fraction written by hand here); a receive whose send is missing is reported, not timed."""
+    from fractions import Fraction
+
+    from shardlab.pipeline.timeline import replay
+
+    for name, p, m in (("gpipe", 4, 8), ("1f1b", 4, 8), ("1f1b", 3, 2)):
+        sched, results = _tanh_run(name, p, m)
+        t = replay(sched, [r["order"] for r in results], [r["p2p"] for r in results])
+        assert t.idle_fraction == Fraction(p - 1, m + p - 1)
+        assert t.makespan == 3 * (m + p - 1)  # F = 1, B = 2 per stage
+    sched, results = _tanh_run("1f1b", 2, 2)
+    messages = [r["p2p"] for r in results]
+    messages[0] = [[row for row in rows if row[0] != "send"] for rows in messages[0]]  # device 0 never sends
+    with pytest.raises(ValueError, match="received message 0 from device 0, which sent 0"):
+        replay(sched, [r["order"] for r in results], messages)
+
+
+@pytest.mark.xla
+def test_p2p_rows_tell_the_schedules_apart(xla_world) -> None:
+    """The ledger check compares each device's sends and receives with the ones PyTorch's order needs: GPipe's
+    run does not pass as 1F1B's (so the check can fail), and each run passes as its own."""
+    from shardlab.pipeline.case import p2p_of_order
+    from shardlab.pipeline.torch_ref import torch_orders
+
+    p, m = 4, 8
+    runs = {name: _tanh_run(name, p, m) for name in ("gpipe", "1f1b")}
+    for name, (sched, results) in runs.items():
+        got = [[row for rows in r["p2p"] for row in rows] for r in results]
+        for ref in ("gpipe", "1f1b"):
+            want = p2p_of_order(torch_orders(ref, p, m), p, sched.device_of)
+            assert (got == want) == (name == ref)

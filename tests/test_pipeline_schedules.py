@@ -99,3 +99,25 @@ def test_compare_times_every_schedule_to_its_formula() -> None:
             assert r["inflight"] == r["formula_inflight"]
     one_f = next(r for r in compare(4, 8, 2) if r["schedule"] == "1f1b")
     assert one_f["inflight"] == 4  # p on stage 0, not m
+
+
+def test_pytorch_interleaved_runs_where_megatrons_rule_refuses_and_keeps_the_bubble_while_m_ge_p() -> None:
+    """PyTorch 2.9's ScheduleInterleaved1F1B accepts m % max(1, m // p) == 0 (Megatron-LM: m % p == 0). Timed
+    (F = 1, B = 2), its order has the interleaved bubble (p - 1)/(v m + p - 1) exactly when m >= p, a larger
+    one below (the formula written by hand here; 72 (p, m, v) it accepts, p 2..5, v 2..3, m 1..3p)."""
+    from shardlab.pipeline.timeline import compare
+
+    seen = 0
+    for p in range(2, 6):
+        for v in (2, 3):
+            for m in range(1, 3 * p + 1):
+                if m % max(1, m // p):
+                    with pytest.raises(ValueError, match="multiple of the number of rounds"):
+                        as_schedule("interleaved", p, m, v)
+                    continue
+                t = simulate(as_schedule("interleaved", p, m, v), 1, 2)
+                assert (t.idle_fraction == Fraction(p - 1, v * m + p - 1)) == (m >= p), (p, m, v)
+                seen += 1
+    assert seen == 72
+    row = next(r for r in compare(4, 6, 2) if r["schedule"] == "interleaved")
+    assert row["order"] == "PyTorch" and row["bubble_fraction"] == Fraction(3, 15)

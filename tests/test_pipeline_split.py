@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from torch import nn
 
 from shardlab.formulas.flops import transformer_flops
 from shardlab.formulas.pipeline import pipeline_step_time
@@ -130,3 +131,48 @@ def test_compare_splits_predicts_the_even_split_slower(heavy) -> None:
         assert c.gpipe_step == pytest.approx(sum(3 * x for x in f) + 7 * 3 * max(f))
         assert c.one_f_one_b_step == pytest.approx(c.gpipe_step)
     assert got["auto"].gpipe_step < got["even"].gpipe_step
+
+
+def test_saved_bytes_counts_what_autograd_keeps() -> None:
+    """Linear -> tanh on x [n, h]: autograd keeps the Linear's input (the weight is a parameter, excluded) and
+    tanh's output — (n h + n f) float32, counted by hand. The traced nodes' output sizes do not bound it: one
+    block of notebook 09's default model outputs 458,752 B over its nodes, autograd keeps more."""
+    from shardlab.pipeline.split import saved_bytes
+
+    n, h, f = 6, 5, 7
+    mlp = nn.Sequential(nn.Linear(h, f), nn.Tanh())
+    assert saved_bytes(mlp, torch.randn(n, h, requires_grad=True)) == (n * h + n * f) * 4
+
+    model = TinyLM(4096, 64, 4, 256, 8)
+    tokens, _ = batch(4096, 16, 8)
+    traced = trace(model, tokens)
+    outputs = sum(node.act_bytes for node in traced.nodes if node.layer == "blocks.0")
+    x = model.embed(tokens).detach().requires_grad_(True)
+    assert outputs == 458_752 == 8 * 16 * 64 * 4 * 14  # 14 [b, s, h]-sized outputs' worth
+    assert saved_bytes(model.blocks[0], x) > outputs
+
+
+def test_stage_saved_bytes_puts_the_loss_on_the_last_stage() -> None:
+    """The last stage keeps the head's input and the loss's log-probabilities [b s, V] (at least b s V float32);
+    the stages' sum stays within 0.1 % of the whole model + loss measured in one piece (the stage inputs are
+    fresh leaves)."""
+    from shardlab.pipeline.split import saved_bytes, stage_saved_bytes
+
+    vocab, seq = 512, 8
+    model = TinyLM(vocab, 32, 2, 64, 4)
+    tokens, targets = batch(vocab, seq, 2)
+    traced = trace(model, tokens)
+    stages = split(traced, best_cuts(traced.train_costs, traced.frontier, 3).cuts)
+    per_stage = stage_saved_bytes(stages, tokens, targets)
+    assert per_stage[-1] >= 2 * seq * vocab * 4
+
+    class WithLoss(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, t: torch.Tensor) -> torch.Tensor:
+            return lm_loss(self.model(t), targets)
+
+    whole = saved_bytes(WithLoss(), tokens)
+    assert abs(sum(per_stage) - whole) <= 1e-3 * whole

@@ -198,3 +198,96 @@ def test_ledger_sends_vs_compiler_permutes_on_the_same_model(xla_world) -> None:
     T = got["trip_counts"][0]
     transfers = sum(pairs * T for pairs in got["collective_permute.pairs"])  # every in-loop permute, every iteration
     assert transfers == sends + 2 * (p - 1) ** 2  # (m + p - 1)(p - 1) per direction
+
+
+# ------------------------------------------------------------------------------- 1F1B: the backward in the loop
+def _build_1f1b(p: int, m: int, rows: int = 8, h: int = 64, data: bool = False):
+    from shardlab import runtime
+    from shardlab.pipeline.spmd_1f1b import one_f_one_b_step
+
+    x, w = init(p, m, 1, rows, h)
+    mesh = runtime.mesh((p, N // p), ("stage", "data"))
+    dev = runtime.device()
+    return one_f_one_b_step(x.to(dev), w.to(dev), mesh, data_axis="data" if data else None)
+
+
+def _build_1f1b_from(cfg: dict):
+    return _build_1f1b(**cfg)
+
+
+@pytest.mark.xla
+@pytest.mark.parametrize(("p", "m", "data"), [(8, 8, False), (4, 3, True), (2, 5, True)])
+def test_1f1b_loop_gradients_equal_autograd_of_the_dense_model(xla_world, p: int, m: int, data: bool) -> None:
+    """The hand-written backward in the loop body against autograd through the dense layers (m < p included):
+    exact up to fp32 rounding of differently batched matmuls. One loop of m + 2 (p - 1) ticks, two shifts per
+    tick, each stage's stash 2 p - 1 slots deep."""
+    from shardlab.profile import capture_hlo
+
+    cap = capture_hlo(partial(_build_1f1b, p=p, m=m, data=data))
+    _check_parity(cap.result, p, m)
+    got = read_program(cap.module)
+    T = m + 2 * (p - 1)  # counted by hand: microbatch m - 1 leaves stage 0's backward at tick (m - 1) + 2 (p - 1)
+    assert got["trip_counts"] == [T]
+    r = N // p if data else 1
+    assert got["collective_permute.pairs"] == [(p - 1) * (N // p)] * 2  # forward s -> s+1, backward s+1 -> s
+    assert got["collective_permute.bytes_per_iteration"] == [8 // r * 64 * F32] * 2
+    stash = [a.dims for lp in cap.module.while_loops for a in lp.state if len(a.dims) == 4 and a.dims[0] == 1]
+    assert stash == [(1, 2 * p - 1, 8 // r, 64)] * 2  # inputs and outputs, 2 p - 1 slots each, per chip
+
+
+def test_1f1b_loop_order_is_one_forward_one_backward_with_a_double_warm_up() -> None:
+    """The order the masks encode, as action lists: valid (every F before its B, microbatches in order), the
+    steady state alternates F and B, and stage s holds at most min(2 (p - 1 - s) + 1, m) microbatches — counted
+    by `peak_inflight` on the lists, against PyTorch-1F1B's min(p - s, m)."""
+    from shardlab.pipeline.schedules import one_f_one_b, peak_inflight
+    from shardlab.pipeline.spmd_1f1b import tick_schedule
+
+    for p, m in [(4, 8), (3, 2), (5, 12), (2, 1)]:
+        sched = tick_schedule(p, m)
+        sched.validate()
+        assert peak_inflight(sched) == [min(2 * (p - 1 - s) + 1, m) for s in range(p)]
+        assert peak_inflight(one_f_one_b(p, m)) == [min(p - s, m) for s in range(p)]
+        last = [a.kind for a in sched.devices[p - 1]]
+        assert last == ["F", "B"] * m  # the last stage: F then B of the same microbatch, every tick
+
+
+@pytest.mark.xla
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu (the XLA:TPU compiler) not installed")
+def test_1f1b_loop_memory_grows_slower_with_m_than_gpipe(xla_world) -> None:
+    """XLA:TPU's peak per chip at m = 8 and m = 32 (p = 8): GPipe's autograd loop saves every iteration (and
+    torch_xla's scan saves the carried weight once per iteration), so its peak grows faster with m than the
+    1F1B loop's, whose O(m) buffers are only the microbatch stream in and the outputs out."""
+    from shardlab.profile import tpu
+
+    peak = {}
+    for m in (8, 32):
+        for name, fn, cfg in (("gpipe", _build_from, {"p": 8, "m": m, "how": "pad"}),
+                              ("1f1b", _build_1f1b_from, {"p": 8, "m": m})):
+            res = tpu.compile_program(fn, cfg, "v5e-8")
+            assert res.fits
+            peak[name, m] = res.memory.peak
+    assert peak["1f1b", 32] - peak["1f1b", 8] < peak["gpipe", 32] - peak["gpipe", 8]
+    assert peak["1f1b", 32] < peak["gpipe", 32]
+
+
+@pytest.mark.xla
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax not installed")
+def test_roll_is_lowered_by_torch_xla_not_by_the_partitioner(xla_world) -> None:
+    """torch_xla's HLO for torch.roll, before partitioning: concatenate(x, x) + dynamic-slice at a constant offset.
+    JAX's static jnp.roll (run in a child process: one PJRT client per process) lowers to slice + concatenate —
+    the `cat` shift, which the partitioner turns into one collective-permute."""
+    import os
+    import subprocess
+    import sys
+
+    import torch_xla
+
+    from shardlab import runtime
+
+    lowered = torch_xla._XLAC._get_xla_tensors_hlo([torch.roll(torch.zeros(8, 4, 16, device=runtime.device()), 1, 0)])
+    assert "concatenate(" in lowered and "dynamic-slice(" in lowered and " slice(" not in lowered
+    code = ("import jax, jax.numpy as jnp; "
+            "print(jax.jit(lambda x: jnp.roll(x, 1, 0)).lower(jnp.zeros((8, 4, 16))).as_text())")
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    text = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
+    assert "stablehlo.slice" in text and "stablehlo.concatenate" in text and "dynamic_slice" not in text

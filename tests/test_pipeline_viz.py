@@ -37,13 +37,18 @@ def test_figure_has_one_bar_per_action_and_per_idle_interval() -> None:
 def test_explorer_update_reports_a_bad_combination_instead_of_raising() -> None:
     from shardlab.pipeline.figures import explorer
 
-    _, update = explorer(4, 8, 2, message_bytes=100)
+    ui, update = explorer(4, 8, 2, message_bytes=100)
     good = update()
     assert good["ok"] and not good["errors"]
     rows = {r["schedule"]: r for r in good["rows"]}
     assert rows["interleaved"]["messages"] == 2 * 8 * (4 * 2 - 1)  # 2 m (p v - 1)
     assert rows["gpipe"]["bytes"] == 2 * 8 * 3 * 100
-    bad = update(m=6)  # interleaved needs m % p == 0; GPipe and 1F1B still run
-    assert not bad["ok"] and len(bad["errors"]) == 1 and "m=6 must be a multiple of p=4" in bad["errors"][0]
+    theirs = update(m=6)  # Megatron-LM's rule (m % p == 0) refuses; PyTorch's ScheduleInterleaved1F1B runs it
+    assert theirs["ok"] and not theirs["errors"] and theirs["torch"] == ["interleaved"]
+    assert "PyTorch's order runs" in ui.children[1].value  # the status line says so
+    bad = update(m=9)  # PyTorch too: 9 % (9 // 4) != 0; GPipe and 1F1B still run
+    assert not bad["ok"] and len(bad["errors"]) == 1 and "m=9 must be a multiple of p=4" in bad["errors"][0]
+    assert "multiple of the number of rounds" in bad["errors"][0]
     assert {r["schedule"] for r in bad["rows"] if "error" not in r} == {"gpipe", "1f1b"}
     assert not update(p=0)["ok"]  # no schedule at all: reported too
+

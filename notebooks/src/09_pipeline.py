@@ -3,7 +3,7 @@ num_devices = 8  # virtual CPU devices (or TPU chips) of this kernel; needs a ke
 results_dir = None  # where the JSON record goes (the report runner sets it)
 seed = 0  # seed of every random tensor
 stages = 4  # p: pipeline stages, the devices of the `stage` mesh axis and the ranks of the ledger
-microbatches = 8  # m: microbatches per step (a multiple of stages: the interleaved schedule's rule)
+microbatches = 8  # m: microbatches per step (a multiple of stages: Megatron-LM's interleaved rule)
 virtual = 2  # v: model chunks per device in the interleaved schedule (at least 2)
 batch = 8  # sequences per step; one microbatch holds batch / microbatches of them
 seq = 16  # tokens per sequence
@@ -38,7 +38,8 @@ world
 # Four views, as in every notebook: the **formula** (Huang et al. 2019; Narayanan et al. 2021, §2.2), the
 # **ledger** (each device's program, sends and receives recorded, in a `SimulatedWorld`), and the two
 # **compilers**, which see the pipeline as ONE SPMD program (the GSPMD paper's circular pipeline, §3.3, as MaxText
-# writes it) whose sends have become collective-permutes.
+# writes it) whose sends have become collective-permutes — GPipe's order when autograd differentiates the loop,
+# 1F1B's when the backward is written into the loop body.
 
 # %%
 from fractions import Fraction
@@ -49,7 +50,15 @@ import torch
 from shardlab.core import harness
 from shardlab.formulas import pipeline as fpp
 from shardlab.pipeline import figures as vpp
-from shardlab.pipeline.case import FsdpCase, ScheduleCase, ShiftCase, compiled, spmd_ledger, traced_model
+from shardlab.pipeline.case import (
+    FsdpCase,
+    ScheduleCase,
+    ShiftCase,
+    compiled,
+    model_and_batch,
+    spmd_ledger,
+    traced_model,
+)
 from shardlab.pipeline.schedules import build
 from shardlab.pipeline.timeline import simulate
 
@@ -123,9 +132,12 @@ print(f"PyTorch's 1F1B drawing, last rank: starts at {drawn[0]}, draws {P - 1}F{
       f"{any(a.kind == 'F' and a.microbatch == M for a in drawn)}; it runs {torch_orders('1f1b', P, M)[P - 1][0]} first")
 
 # %% [markdown]
-# PyTorch also ships zero-bubble schedules (Qi et al. 2024), which split a backward into the input gradient (`I`,
-# which the previous stage waits for) and the weight gradient (`W`, which nobody waits for) and fill the bubble
-# with the `W`s. We read PyTorch's orders and time them the same way (I = W = one forward per chunk).
+# **Zero bubble** (Qi et al. 2024). A layer's backward is two matmuls: the input gradient dx = dy · Wᵀ, which the
+# previous stage waits for, and the weight gradient dW = xᵀ · dy, which nobody waits for until the optimizer step.
+# Split B into `I` (dx) and `W` (dW): the `I`s stay on the critical path, the `W`s move into the idle slots of the
+# drain. The price is memory: x and dy stay alive from `I` until their `W` runs. PyTorch ships these schedules
+# (`ScheduleInterleavedZeroBubble`, `ScheduleZBVZeroBubble`, whose V-shaped placement puts the first and the last
+# chunk on device 0); we read their orders and time them the same way (I = W = one forward per chunk).
 
 # %%
 zb = {name: simulate(as_schedule(name, P, M, 2), forward=1, backward=2) for name in ("interleaved_zb", "zbv")}
@@ -135,13 +147,36 @@ rec.check("pp.zero_bubble.smaller", all(t.bubble_ratio < i2.bubble_ratio for t i
 vpp.timeline_figure(zb["zbv"], title=f"PyTorch's ZBVZeroBubble: p={P}, m={M}").show()
 
 # %% [markdown]
+# **The p2p term.** So far a send cost nothing. `simulate(..., p2p=c)` makes every dependency between two devices
+# wait c more time units (a send's latency plus its bytes over the link). GPipe's step grows by exactly 2(p − 1)·c:
+# the first microbatch crosses p − 1 boundaries forward, the last one p − 1 back, and everything else overlaps.
+# 1F1B's grows more: in its steady state each device alternates a forward and a backward that wait for messages
+# from both neighbours, so latency lands on the critical path once per round trip. Interleaving multiplies the
+# boundaries: p v − 1 of them. This is the reason to overlap the p2p with compute (and to batch a forward send
+# with a backward receive, §4).
+
+# %%
+c = Fraction(1, 10)  # one send's latency, in units of a stage's forward
+p2p_rows = {}
+for s in SCHEDULES:
+    sched = build(s, P, M, cases[s].v)
+    grow = (simulate(sched, 1, 2, p2p=c).makespan - simulate(sched, 1, 2).makespan) / c
+    p2p_rows[s] = {"step grows by (× c)": grow, "2 (p − 1)": 2 * (P - 1), "2 (p v − 1)": 2 * (P * cases[s].v - 1)}
+rec.check("pp.timeline.p2p_gpipe_round_trip", p2p_rows["gpipe"]["step grows by (× c)"] == 2 * (P - 1),
+          f"GPipe's step grows by {p2p_rows['gpipe']['step grows by (× c)']} c = 2(p-1) c: one round trip")
+rec.check("pp.timeline.p2p_1f1b_at_least", p2p_rows["1f1b"]["step grows by (× c)"] >= 2 * (P - 1),
+          f"1F1B's step grows by {p2p_rows['1f1b']['step grows by (× c)']} c >= 2(p-1) c")
+pd.DataFrame(p2p_rows, dtype=object)
+
+# %% [markdown]
 # ## 3 · The automatic split (TorchAcc's)
 # TorchAcc pipelines at the FX-graph level: it traces the model, finds where it can cut, and picks the cut points.
 # We do the same on a small language model with **heavy ends** (vocabulary V = `vocab` next to h = `hidden`): trace
 # with `torch.fx`, count each node's FLOPs with PyTorch's `FlopCounterMode`, keep the positions after which exactly
 # one tensor is still needed (between blocks, or between a block's attention and its MLP), and choose the p − 1 cuts
 # that minimise the slowest stage — exactly, by dynamic programming over the node order. The usual alternative cuts
-# by layer count: L/p blocks per stage, the embedding first, the LM head last.
+# by layer count: L/p blocks per stage, the embedding first, the LM head and the loss last. The embedding is heavy in
+# parameters (V·h) but costs no matmul FLOPs (it is a gather); the head is heavy in FLOPs (2·b·s·h·V forward).
 
 # %%
 from shardlab.formulas.flops import transformer_flops
@@ -154,8 +189,19 @@ display(vpp.split_figure({r: [3 * s.flops for s in c.stages] for r, c in splits.
 for rule, c in splits.items():
     rec.measure(f"pp.split.max_stage_cost.{rule}", c.max_cost, "flops", "formula")
     rec.measure(f"pp.split.gpipe_step.{rule}", c.gpipe_step, "flop_time", "formula")
-rec.check("pp.split.dp_is_optimal", best_cuts(traced.train_costs, traced.frontier, P).max_cost
-          == brute_force_cuts(traced.train_costs, traced.frontier, P).max_cost, "dynamic programme = every cut set")
+# the DP against every cut set, for 2 .. p + 1 stages on the traced costs and on seeded random costs over the same
+# cut positions (where no single node dominates: the optimum is then not just the heaviest node, as it can be here)
+gen = torch.Generator().manual_seed(p.seed)
+random_costs = (torch.rand(len(traced.train_costs), generator=gen) + 0.5).tolist()
+tries, untied = 0, 0
+for costs in (traced.train_costs, random_costs):
+    for n in range(2, min(P + 1, len(traced.frontier) + 1) + 1):
+        dp, brute = best_cuts(costs, traced.frontier, n), brute_force_cuts(costs, traced.frontier, n)
+        tries += dp.max_cost == brute.max_cost
+        untied += brute.max_cost > max(costs)
+rec.check("pp.split.dp_equals_brute_force", tries == 2 * (min(P + 1, len(traced.frontier) + 1) - 1),
+          f"{tries} (cost vector, stage count) settings: DP's slowest stage = the best of every cut set; in {untied} "
+          "of them the optimum exceeds the heaviest single node")
 tf = transformer_flops(p.batch, p.seq, p.layers, p.hidden, p.ffn, p.heads, p.heads, p.vocab, gated_mlp=False)
 rec.check("pp.split.costs_add_up", sum(traced.train_costs) == tf.model,
           f"traced nodes {sum(traced.train_costs):.4g} = formulas.flops {tf.model:.4g} FLOPs per step")
@@ -163,8 +209,6 @@ last = transformer_flops(p.batch, p.seq, p.layers // P, p.hidden, p.ffn, p.heads
 if p.layers % P == 0:
     rec.check("pp.split.even_last_stage", splits["even"].stages[-1].flops * 3 == last.model,
               f"even split's last stage = {p.layers // P} blocks + the head = {last.model:.4g} FLOPs")
-rec.check("pp.split.auto_not_slower", splits["auto"].max_cost <= splits["even"].max_cost,
-          f"slowest stage auto {splits['auto'].max_cost:.4g} <= even {splits['even'].max_cost:.4g}")
 pd.DataFrame({r: {"slowest stage (GFLOP)": c.max_cost / 1e9, "GPipe step (GFLOP-time)": c.gpipe_step / 1e9,
                   "1F1B step, timed (GFLOP-time)": c.one_f_one_b_step / 1e9,
                   "layers per stage": " | ".join(", ".join(s.layers) for s in c.stages)} for r, c in splits.items()},
@@ -177,21 +221,86 @@ pd.DataFrame({r: {"slowest stage (GFLOP)": c.max_cost / 1e9, "GPipe step (GFLOP-
 # sets the pace: the step is $\sum_s (f_s + b_s) + (m-1)\max_s(f_s + b_s)$ (a flow shop; `pipeline_step_time`); the
 # table's third row times the 1F1B order on the same stage costs with the simulator.
 #
+# **At full size.** A planner that divides the whole model's FLOPs by the chips assumes equal stages. Llama 3 8B
+# (32 layers, V = 128,256) at pp = 4 with 8 layers per stage: the last stage also runs the head (and the loss), and
+# does more than a quarter of the work:
+
+# %%
+l3 = dict(hidden=4096, ffn=14336, heads=32, kv_heads=8, vocab=128256)  # Llama 3 8B's published config
+whole = transformer_flops(1, 8192, 32, **l3).model
+last8 = transformer_flops(1, 8192, 8, **l3).model  # 8 blocks + the head
+rec.measure("pp.split.llama3_8b_pp4.last_stage_over_mean", last8 / (whole / 4), "ratio", "formula")
+print(f"Llama 3 8B, seq 8192, pp 4, 8 blocks per stage: last stage {last8 / 1e12:.2f} TFLOP per sequence vs the mean "
+      f"{whole / 4 / 1e12:.2f}: {last8 / (whole / 4):.3f}x — the step is paced by it, not by whole / chips")
+
+# %% [markdown]
+# **Activation memory per stage.** FLOPs are half the story. Under 1F1B stage s holds min(p − s, m) microbatches'
+# activations at once (GPipe: all m), so the first stages hold the most — and what one microbatch leaves behind
+# differs per stage: the last holds the head's logits and the loss's log-probabilities ([b/m · s, V] each). Measured
+# here with `torch.autograd.graph.saved_tensors_hooks` on each stage's GraphModule (one microbatch, the last stage
+# with its loss; every saved tensor once per storage, parameters excluded) — the bytes autograd really keeps, which
+# the traced nodes' output sizes do not bound (one block: 458,752 B of node outputs, more saved).
+
+# %%
+from shardlab.pipeline.split import even_cuts, split, stage_saved_bytes
+
+_, tokens, targets = model_and_batch(p)
+mb = p.batch // M
+held = {}
+for rule, cuts in (("auto", splits["auto"].cuts), ("even", even_cuts(traced, P))):
+    per_mb = stage_saved_bytes(split(traced, cuts), tokens[:mb], targets[:mb])
+    held[rule] = [b * min(P - s, M) for s, b in enumerate(per_mb)]
+    rec.measure(f"pp.split.saved_bytes_per_microbatch.{rule}", per_mb, "bytes", "metrics")
+    rec.measure(f"pp.split.1f1b_held_bytes_max.{rule}", max(held[rule]), "bytes", "metrics")
+pd.DataFrame({f"{r}: held under 1F1B (KiB)": [b / 1024 for b in v] for r, v in held.items()},
+             index=[f"stage {s}" for s in range(P)]).round(1)
+
+# %% [markdown]
+# A split that balances FLOPs alone can put the heaviest activations where the most microbatches wait: the stage
+# with the most in flight (stage 0) decides whether 1F1B's memory fits, the head's stage whether its FLOPs keep up.
+# Production splits weigh both (Megatron-LM's `--account-for-embedding-in-pipeline-split` and
+# `--account-for-loss-in-pipeline-split` count the ends as a layer each, so the first and last stages get fewer
+# blocks).
+#
 # ## 4 · The ledger: each device's program, every send recorded
 # `pipeline_program(comm, schedule, stages, ...)` walks its device's action list: a forward receives the activation
 # (`comm.recv`), runs its stage and sends the output on; a backward receives the output gradient, runs autograd and
-# sends the input gradient back. Sends are buffered, receives block — any valid order runs without deadlock. The
-# stages are the automatic split's GraphModules (p v of them for the interleaved schedule). Loss and **every
-# parameter gradient** must equal the unsplit model's (up to fp32 summation order: m partial sums instead of one
-# matmul over the whole batch).
+# sends the input gradient back. Here sends are buffered (the simulated world copies the tensor into the peer's
+# mailbox) and receives block. That does not make every valid order safe: an order can pass `validate()` and still
+# deadlock (below) — and on NCCL a large send is not buffered at all, it completes when the peer posts its receive.
+# A 1F1B steady state that first sends its activation forward and then waits for the gradient coming back would
+# have both neighbours blocked in their sends; PyTorch's schedules post them together (`batch_isend_irecv` of a
+# forward send with a backward receive), as Megatron-LM's `send_forward_recv_backward` does. The stages are the
+# automatic split's GraphModules (p v of them for the interleaved schedule). Loss and **every parameter gradient**
+# must equal the unsplit model's (up to fp32 summation order: m partial sums instead of one matmul over the whole
+# batch).
+
+# %%
+from shardlab.pipeline.schedules import Action, Schedule
+
+# each list alone is valid, together a cycle: device 0 waits in B(0,0) for device 1's B(1,0), which runs after
+# F(1,1), which needs device 0's F(0,1) — queued behind B(0,0)
+cycle = Schedule("cycle", 2, 2, 1, ((Action("F", 0, 0), Action("B", 0, 0), Action("F", 0, 1), Action("B", 0, 1)),
+                                    (Action("F", 1, 0), Action("F", 1, 1), Action("B", 1, 0), Action("B", 1, 1))))
+cycle.validate()  # passes
+try:
+    simulate(cycle)
+    deadlocked = ""
+except ValueError as exc:
+    deadlocked = str(exc)
+rec.check("pp.ledger.valid_order_can_deadlock", bool(deadlocked), deadlocked or "the cycle ran")
+print(deadlocked)
 
 # %%
 led = {s: harness.ledger(c) for s, c in cases.items()}
 pd.DataFrame({s: {k.split(".", 1)[1]: x for k, x in v.values.items()} for s, v in led.items()}, dtype=object)
 
 # %% [markdown]
-# The ledger's bubble is measured from the order the programs *executed* (timed like the drawings), its peak
-# in-flight count is what each program really held in memory at once (interleaved: in chunks, 1/v of a stage).
+# The ledger's bubble is timed from what the programs *did*: each device's executed actions, each waiting for the
+# actions whose sends it received — the messages in the ledger, not the schedule's dependency rule
+# (`timeline.replay`). Its peak in-flight count is what each program really held in memory at once (interleaved:
+# in chunks, 1/v of a stage). And each device's sends and receives, in order, must be exactly the ones PyTorch's
+# order of the same schedule needs (`*.ledger.p2p_as_pytorch`).
 #
 # ### Real processes (`run_gloo`)
 # The same programs in `stages` gloo processes, then **PyTorch's own pipelining** in the same processes:
@@ -251,20 +360,46 @@ else:
 # becomes the **circular** pipeline (v repeats; the last stage hands back to the first with a wrap-round `cat`;
 # compiled forward only here — its backward loop mirrors it, and GPipe's program shows the backward).
 # The mesh is (stage, data) = (p, n / p): the `data` axis runs n / p pipelines side by side on slices of every
-# microbatch (data parallelism). **1F1B has no SPMD form**: autograd differentiates the whole forward loop before
-# its reversed loop runs, which is GPipe's order.
+# microbatch (data parallelism).
+#
+# **1F1B as one SPMD loop.** Autograd differentiates the whole forward loop before its reversed loop runs — GPipe's
+# order. To get 1F1B's, write the backward into the loop body (`shardlab.pipeline.spmd_1f1b`): in each **tick**
+# every stage runs, masked, one forward slot (stage s: microbatch t − s) and one backward slot (microbatch
+# t − 2(p − 1) + s; the last stage differentiates the microbatch it has just run forward, from its loss). Two shifts
+# per tick: activations s → s + 1, gradients s + 1 → s. Microbatch i's backward reaches stage s 2(p − 1 − s) ticks
+# after its forward, so each stage keeps a stash of **2p − 1 slots whatever m is**, where GPipe's autograd loop
+# keeps all m + p − 1 iterations. The price: m + 2(p − 1) ticks of forward + backward instead of m + p − 1 of each —
+# a masked tick costs what a useful one does, so the loop idles 2(p − 1)/(m + 2(p − 1)) of its ticks, about twice
+# GPipe's share (MaxText makes a trade of this kind with `pipeline_delay_activation_forwarding`). Its steady state
+# is one forward and one backward per tick, as 1F1B; its warm-up is 2(p − 1 − s) forwards, twice PyTorch's
+# Schedule1F1B's, because in a lockstep loop a gradient moves one stage per tick like an activation. The
+# gradients are written by hand and checked against autograd through the dense layers.
 
 # %%
-hlo = {s: compiled(c, "hlo") for s, c in cases.items()}  # 1F1B: skipped, with the reason
+hlo = {s: compiled(c, "hlo") for s, c in cases.items()}
 tpu = {s: compiled(c, "tpu") for s, c in cases.items()}
 harness.record_compile_s(rec, "pp.gpipe.compile_s", hlo["gpipe"], tpu["gpipe"])
+harness.record_compile_s(rec, "pp.1f1b.compile_s", hlo["1f1b"], tpu["1f1b"])
+
+from shardlab.pipeline.schedules import peak_inflight
+from shardlab.pipeline.spmd_1f1b import tick_schedule
+
+ticks = tick_schedule(P, M)  # the 1F1B loop's order, read from its masks, as action lists
+ticks.validate()
+tick_held = peak_inflight(ticks)
+_ = rec.check("pp.spmd.1f1b.order_holds_2p_minus_1", tick_held == [min(2 * (P - 1 - s) + 1, M) for s in range(P)],
+              f"the loop's order holds {tick_held} microbatches per stage (PyTorch's 1F1B: "
+              f"{peak_inflight(build('1f1b', P, M))}); the stash has 2p - 1 = {2 * P - 1} slots")
 
 # %% [markdown]
 # ### The ledger on the compiled program's own layers
 # The per-stage GPipe program runs the SPMD pipeline's tanh layers too: its loss and gradients equal the dense
-# layers' (which the compiled program was checked against above), and its sends are the compiled loop's shifts
-# minus the bubble's: the loop also shifts zeros during the p − 1 fill and p − 1 drain iterations, 2(p − 1)² extra
-# transfers per step (forward and backward).
+# layers' (which the compiled program was checked against above), and its sends are the compiled loop's transfers
+# minus the ones that carry no microbatch. Which ones those are, `spmd.idle_transfers` finds by following every
+# slot through the loop (a for-loop, no formula): iteration t's shift carries what stage s computed at t − 1,
+# microbatch t − 1 − s, so (p − 1)² of the (p − 1)(m + p − 1) pair-transfers of each pass carry nothing — and only
+# iteration 0 shifts no microbatch at all. The transfers are counted in the compiled HLO (source-target pairs of
+# each in-loop collective-permute × its trip count).
 
 # %%
 gp = cases["gpipe"]
@@ -273,21 +408,48 @@ want = gp.oracle()["spmd"]
 rec.check("pp.spmd.ledger.parity", torch.allclose(mine["loss"], want["loss"], rtol=1e-5) and all(
     torch.allclose(mine["grads"][f"w.0.{s}"], want["gw"][0, s], rtol=1e-5, atol=1e-5 * want["gw"].abs().max().item())
     for s in range(P)), "per-stage GPipe on the tanh layers == dense layers (loss, weight gradients)")
-rec.check("pp.spmd.sends_plus_bubble", mine["sends"] + 2 * (P - 1) ** 2 == fr["gpipe"]["spmd.p2p.count"],
-          f"{mine['sends']} sends + 2(p-1)^2 = {2 * (P - 1) ** 2} bubble shifts = the loop's "
-          f"{fr['gpipe']['spmd.p2p.count']} transfers")
+from shardlab.pipeline.spmd import idle_transfers
+
+idle = idle_transfers(P, M)
+got = next((v for v in (hlo["gpipe"], tpu["gpipe"]) if v.ran and "spmd.p2p.count" in v.values), None)
+if got is not None:  # forward and autograd's mirror pass: twice the idle ones
+    rec.check("pp.spmd.transfers_are_sends_plus_idle", got.values["spmd.p2p.count"] == mine["sends"] + 2 * idle["idle"],
+              f"{got.source}: {got.values['spmd.p2p.count']} transfers in the compiled loops = {mine['sends']} sends "
+              f"of the per-stage program + 2 x {idle['idle']} that carry no microbatch (followed slot by slot); "
+              f"iterations shifting nothing: {idle['idle_iterations']} per pass")
 if hlo["gpipe"].ran:  # what the loops carry per chip: the [T, ...] stacks are one slot per iteration
     for loop in hlo["gpipe"].detail.module.while_loops:
         print(f"XLA:CPU loop {loop.name}: {', '.join(str(a) for a in loop.state if a.dims[:1] == (P + M - 1,))}")
-harness.memory_frame({"cpu (buffer assignment)": hlo["gpipe"], "tpu (compiled memory stats)": tpu["gpipe"]})
+harness.memory_frame({f"{s} {src}": v for s in ("gpipe", "1f1b") for src, v in (("cpu", hlo[s]), ("tpu", tpu[s]))})
 
 # %% [markdown]
-# **Per-chip memory, GPipe's order.** The forward loop saves what its backward needs for *every* iteration —
-# the loops above carry stacks with a leading dimension T = m + p − 1 (the input stream, the outputs, and the saved
+# **Per-chip memory: the trade.** GPipe's forward loop saves what its backward needs for *every* iteration — the
+# loops above carry stacks with a leading dimension T = m + p − 1 (the input stream, the outputs, and the saved
 # activations [T, 1, rows / (n/p), h] per chip, bubble iterations included) — and the backward loop reads them in
-# reverse: all m microbatches' activations are alive at the turn, as in GPipe's timeline; a 1F1B order would keep at
-# most p. `torch_xla`'s scan also saves its carried weights once per iteration (a [T, 1, h, h] stack per chip): it
-# cannot tell a loop-invariant carry from a changing one.
+# reverse: all m microbatches' activations are alive at the turn, as in GPipe's timeline. `torch_xla`'s scan also
+# saves its carried weights once per iteration (a [T, 1, h, h] stack per chip): it cannot tell a loop-invariant carry
+# from a changing one. The circular pipeline is differentiated the same way, so it has the interleaved schedule's
+# bubble but GPipe's memory: v·m + p − 1 iterations saved. The 1F1B loop carries its two [1, 2p − 1, rows, h]
+# stashes instead; what still grows with m is only the microbatches streaming in and the outputs and input
+# gradients streaming out. XLA:TPU's peak per chip at m and 2m shows the slopes:
+
+# %%
+from dataclasses import replace
+
+slope = {}
+if all(tpu[s].ran and tpu[s].values.get("fits", 1) for s in ("gpipe", "1f1b")):
+    p2 = replace(p, microbatches=2 * M, batch=2 * p.batch)  # the same microbatch, twice as many
+    for s in ("gpipe", "1f1b"):
+        twice = harness.tpu(ScheduleCase(p2, s))
+        slope[s] = (twice.detail.memory.peak - tpu[s].detail.memory.peak) / M
+        rec.measure(f"pp.spmd.{s}.tpu.peak_bytes_per_microbatch", slope[s], "bytes", "tpu")
+    rec.check("pp.spmd.1f1b.memory_grows_slower", slope["1f1b"] < slope["gpipe"],
+              f"XLA:TPU peak per chip grows {slope['1f1b']:,.0f} B per microbatch under the 1F1B loop, "
+              f"{slope['gpipe']:,.0f} B under GPipe's")
+    display(pd.DataFrame({s: {f"peak, m = {M}": tpu[s].detail.memory.peak, "peak per extra microbatch": slope[s]}
+                          for s in slope}, dtype=object))
+else:
+    print("XLA:TPU views not compiled here: the memory slopes need them")
 #
 # ### What XLA:TPU does with the permutes
 # Read from its per-chip program: each in-loop collective-permute is issued **asynchronously** (a start and a
@@ -314,8 +476,10 @@ for s, view in tpu.items():
 # %% [markdown]
 # ## 6 · Four ways, one number
 # Per schedule: the formula, the ledger (language model, automatic split), and the two compilers (the SPMD
-# program): bubble by formula = by the executed order = by the compiled trip count; sends by formula = ledger;
-# the loop's transfers (`spmd.p2p.count`, bubble iterations included) by formula = both compilers.
+# program): bubble by formula = by the executed order = by the compiled trip count (GPipe, interleaved); sends by
+# formula = ledger; the loop's transfers (`spmd.*p2p.count`, bubble iterations included) by formula = both
+# compilers. The 1F1B loop's trip count gives its own idle share (`spmd.1f1b.bubble_fraction`, 2(p − 1) of
+# m + 2(p − 1) ticks), not 1F1B's timeline bubble, and its stash depth is read from the loop state.
 
 # %%
 tables = {s: harness.record(rec, "pp", fr[s], led[s], hlo[s], tpu[s]) for s in SCHEDULES}
@@ -330,10 +494,13 @@ tables["interleaved"]
 # %% [markdown]
 # **Interpretation.** The bubble is a property of the order alone: formula, timed order and the compiled loop's
 # trip count agree for GPipe and interleaved (the circular pipeline's v·m + p − 1 iterations), and 1F1B has
-# GPipe's bubble with p instead of m microbatches held. The ledger's sends are exactly 2m(pv − 1) activations of
-# [b/m, s, h]; the compiled loop moves more — it shifts in every iteration, fill and drain included. XLA:CPU and
-# XLA:TPU agree on the permutes (one per iteration each way) but not on the data-parallel gradient sum: XLA:TPU
-# all-reduces W's gradient once after the backward loop, XLA:CPU inside it, once per iteration.
+# GPipe's bubble with p instead of m microbatches held. What the SPMD programs hold is another matter: GPipe's and
+# the circular pipeline's autograd loops keep every iteration (the circular one has the interleaved bubble with
+# GPipe's memory), the 1F1B loop 2p − 1 slots for a longer loop. The ledger's sends are exactly 2m(pv − 1)
+# activations of [b/m, s, h]; the compiled loops move more — they shift in every iteration, fill and drain
+# included. XLA:CPU and XLA:TPU agree on the permutes (one per iteration per direction) but not on the
+# data-parallel gradient sum: XLA:TPU all-reduces W's gradient once after the loop, XLA:CPU inside it, once per
+# iteration.
 #
 # ## 7 · How the shift is written decides the collective
 # The same values — slot s + 1 ← slot s — written four ways, each compiled alone on the (stage, data) mesh. The
@@ -352,10 +519,23 @@ pd.DataFrame(shift_rows).T
 
 # %% [markdown]
 # `torch.cat([state[-1:], state[:-1]])` (the wrap-round) and `F.pad(state[:-1], ...)` are recognised as shifts by
-# both partitioners: one collective-permute. `torch.roll` over the sharded axis is not, on XLA:CPU: it reshards
-# with all-to-alls and all-gathers; XLA:TPU splits it into several permutes. Concatenating a **new zeros block**
-# instead of padding computes the same values, yet XLA:CPU reshards it with all-to-alls (XLA:TPU finds the permute).
-# In a pipeline that collective runs in every iteration: write the shift as `cat` or `pad`.
+# both partitioners: one collective-permute. `torch.roll` is not — and that is torch_xla's doing, not the
+# partitioners': torch_xla lowers a roll to `concatenate(x, x)` followed by a `dynamic-slice` at a constant offset
+# (printed below), which the partitioners then reshard over the sharded axis (XLA:CPU with all-to-alls and
+# all-gathers, XLA:TPU with several permutes; how many depends on the mesh). JAX lowers a static `jnp.roll` to
+# slice + concatenate — the `cat` form, one permute. Concatenating a **new zeros block** instead of padding
+# computes the same values, yet XLA:CPU reshards it with all-to-alls (XLA:TPU finds the permute). In a pipeline
+# that collective runs in every iteration: write the shift as `cat` or `pad`.
+
+# %%
+import torch_xla
+
+rolled = torch.roll(torch.randn(P, 4, 8).to(runtime.device()), 1, 0)
+lowered = torch_xla._XLAC._get_xla_tensors_hlo([rolled])  # the graph torch_xla hands to XLA, unpartitioned
+roll_ops = [op for op in ("concatenate", "dynamic-slice", " slice(") if op in lowered]
+rec.check("pp.shift.roll.torch_xla_lowering", roll_ops == ["concatenate", "dynamic-slice"],
+          f"torch_xla's HLO for torch.roll, before any partitioning, uses {roll_ops}")
+print("\n".join(line.strip() for line in lowered.splitlines() if "=" in line and "parameter" not in line))
 #
 # ## 8 · A 2-D mesh: stage × fsdp
 # The `data` axis can also shard the weights (ZeRO-3 / FSDP inside the pipeline): W [1, p, h, h] split over stage
@@ -373,15 +553,20 @@ else:
 # %% [markdown]
 # ## Explore
 # Move p, m and v: the formulas and the timed orders of the three schedules, device 0's activations (in
-# stage-microbatches) and the point-to-point traffic of one step with this notebook's [b/m, s, h] activation. A
-# combination a schedule cannot run (interleaved needs m a multiple of p) is reported, not raised.
+# stage-microbatches) and the point-to-point traffic of one step with this notebook's [b/m, s, h] activation. Our
+# interleaved order follows Megatron-LM's rule (m a multiple of p); PyTorch 2.9's `ScheduleInterleaved1F1B` runs
+# more (m % max(1, m // p) == 0, e.g. p = 4, m = 6), so there the explorer times PyTorch's own order — its bubble
+# is the formula's while m ≥ p, larger below. A combination neither can run is reported, not raised.
 
 # %%
 msg = p.batch // M * p.seq * p.hidden * 4
 ui, update = vpp.explorer(P, M, V, message_bytes=msg)
 shown = update()  # what a slider move does; run here so a headless run exercises it too
 rec.check("pp.explorer.update", shown["ok"], f"p={shown['p']} m={shown['m']} v={shown['v']}: timed = formula")
-bad = update(m=P + 1 if P > 1 else 3)
+theirs = update(m=P + 1)  # not a multiple of p, but one round: PyTorch's order runs
+rec.check("pp.explorer.pytorch_order_where_megatron_refuses", theirs["torch"] == ["interleaved"]
+          and not theirs["errors"], f"m={P + 1}: interleaved timed in PyTorch's order, no error")
+bad = update(m=2 * P + 1)  # two rounds of p do not divide 2p + 1: PyTorch refuses too
 rec.check("pp.explorer.rejects_bad_combination", not bad["ok"] and bool(bad["errors"]), "; ".join(bad["errors"]))
 update(m=M)
 ui
@@ -422,8 +607,9 @@ for n, a in enumerate((answer_1, answer_2, answer_3, answer_4, answer_5), start=
 # 3. p − 1 = 7 warm-up forwards and one more before its first backward: 8 (GPipe: all 32).
 # 4. `warm = min(p - 1 - s, m)` forwards; then while forwards remain: one forward, then the oldest backward; then
 #    the remaining backwards. Stage p − 1 has no warm-up: F0 B0 F1 B1 …
-# 5. T = m + p − 1 = 31 iterations, one permute each, and the backward loop as many: 62 — of which 2·(p − 1) = 14
-#    iterations (fill and drain) shift no microbatch.
+# 5. T = m + p − 1 = 31 iterations, one permute each, and the backward loop as many: 62. Each permute moves p − 1 = 7
+#    shards; of a pass's 7·31 = 217 pair-transfers, (p − 1)² = 49 carry no microbatch (the fill's and the drain's
+#    empty slots), yet only iteration 0 shifts nothing at all — count them with `spmd.idle_transfers(8, 24)`.
 # </details>
 #
 # ## Closing note: the numbers
@@ -453,6 +639,8 @@ for s, c in cases.items():
                                                                   f"{val(s, f'{k}.p2p.count', 'tpu')}",
         "peak in flight (formula / ledger)": f"{val(s, f'{s}.peak_inflight_microbatches', 'formula')} / "
                                              f"{val(s, f'{s}.peak_inflight_microbatches', 'ledger')}",
+        "SPMD program holds, per stage (formula)": f"{fpp.spmd_loop(s, P, M, c.v)['held']} "
+                                                   + ("stash slots" if s == "1f1b" else "iterations (autograd)"),
     }
 display(pd.DataFrame(rows, dtype=object))
 print(f"split: slowest stage auto {splits['auto'].max_cost / 1e9:.4f} vs even {splits['even'].max_cost / 1e9:.4f} "

@@ -43,7 +43,7 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
 __all__ = [
     "SCHEDULES", "bubble_ratio", "check_pipeline", "idle_fraction", "p2p_traffic", "peak_inflight",
-    "peak_inflight_per_device", "pipeline_step_time", "uniform_step_time",
+    "peak_inflight_per_device", "pipeline_step_time", "spmd_loop", "uniform_step_time",
 ]
 
 
@@ -51,7 +51,9 @@ def check_pipeline(p: int, m: int, v: int = 1, schedule: str | None = None) -> N
     """Raise ValueError naming the parameter and the rule when (p, m, v) is not a pipeline `schedule` can run.
 
     Rules: p, m, v >= 1; v > 1 only for "interleaved"; interleaved needs m % p == 0 (microbatches go round the
-    devices in groups of p, Narayanan et al. section 2.2.2).
+    devices in groups of p, Narayanan et al. section 2.2.2 — Megatron-LM's rule, which our interleaved order
+    follows; PyTorch 2.9's ScheduleInterleaved1F1B runs m % max(1, m // p) == 0, e.g. p = 4, m = 6, and its order
+    then still measures (p - 1)/(v m + p - 1) while m >= p; below m = p its bubble is larger).
     """
     for name, value in (("p", p), ("m", m), ("v", v)):
         if not isinstance(value, int) or value < 1:
@@ -63,7 +65,8 @@ def check_pipeline(p: int, m: int, v: int = 1, schedule: str | None = None) -> N
     if schedule != "interleaved" and v != 1:
         raise ValueError(f"v={v}: only the interleaved schedule has virtual stages (v must be 1 for {schedule})")
     if schedule == "interleaved" and m % p:
-        raise ValueError(f"m={m} must be a multiple of p={p} for the interleaved schedule")
+        raise ValueError(f"m={m} must be a multiple of p={p} for the interleaved schedule (Megatron-LM's rule; "
+                         "PyTorch 2.9's ScheduleInterleaved1F1B needs only m % max(1, m // p) == 0)")
 
 
 def bubble_ratio(p: int, m: int, v: int = 1) -> float:
@@ -162,3 +165,29 @@ def pipeline_step_time(stage_forward: Sequence[float], stage_backward: Sequence[
     check_pipeline(len(stage_forward), m)
     f, b = list(map(float, stage_forward)), list(map(float, stage_backward))
     return sum(f) + (m - 1) * max(f) + sum(b) + (m - 1) * max(b)
+
+
+def spmd_loop(schedule: str, p: int, m: int, v: int = 1) -> dict[str, int]:
+    """The SPMD pipeline's loop (notebook 09, section 5), by the schedule's own counting:
+
+    ``trip_count``            GPipe: m + p - 1 (p - 1 fill iterations);  circular (interleaved): v m + p - 1;
+                              1F1B with the backward in the loop body: m + 2 (p - 1) ticks of forward + backward
+                              (microbatch i reaches stage s's backward 2 (p - 1 - s) ticks after its forward)
+    ``pairs``                 source-target pairs of one shift: p - 1 (zeros enter stage 0), circular p
+    ``shifts``                shifts per iteration: 1 per loop (GPipe: forward loop + autograd's mirror loop;
+                              1F1B: a forward and a backward shift in every tick)
+    ``loops``                 While loops: GPipe 2 (forward, reversed), circular 1 (forward only here), 1F1B 1
+    ``held``                  activations each stage keeps for its backward: GPipe and circular, every iteration
+                              of the forward loop (T: autograd saves the loop); 1F1B 2 p - 1 slots, whatever m
+
+    >>> spmd_loop("gpipe", 4, 8)["trip_count"], spmd_loop("1f1b", 4, 8)["trip_count"], spmd_loop("1f1b", 4, 8)["held"]
+    (11, 14, 7)
+    """
+    check_pipeline(p, m, v, schedule)
+    if schedule == "1f1b":
+        T = m + 2 * (p - 1)
+        return {"trip_count": T, "pairs": p - 1, "shifts": 2, "loops": 1, "held": 2 * p - 1}
+    T = v * m + p - 1
+    if schedule == "gpipe":
+        return {"trip_count": T, "pairs": p - 1, "shifts": 1, "loops": 2, "held": T}
+    return {"trip_count": T, "pairs": p, "shifts": 1, "loops": 1, "held": T}

@@ -16,16 +16,20 @@ A :class:`ScheduleCase`'s views (values under ``<schedule>.``; a record prefix `
   ideal time, Narayanan et al.'s (p - 1)/(v m)), ``peak_inflight_microbatches`` (device 0, the most).
 - **ledger** — the language model (:class:`~shardlab.pipeline.model.TinyLM`) cut by the automatic split into
   p v stages, each device's :func:`~shardlab.pipeline.programs.pipeline_program` run in a ``SimulatedWorld``:
-  its sends, the bubble of the order it executed (timed by :func:`~shardlab.pipeline.timeline.simulate`, stages
-  of equal cost, backward = 2 forward), the activations it really held; loss and every gradient against the
+  its sends, the bubble of what it executed (timed by :func:`~shardlab.pipeline.timeline.replay` from the
+  messages in the ledger — each action waits for the actions whose sends it received — stages of equal cost,
+  backward = 2 forward), the activations it really held; its sends and receives, in order, against the ones
+  PyTorch's order of the same schedule needs (:func:`p2p_of_order`); loss and every gradient against the
   unsplit model.
-- **hlo / tpu** — the same pipeline as ONE SPMD program (:mod:`shardlab.pipeline.spmd`) on a mesh
-  (stage, data) = (p, n / p): GPipe with the "pad" shift, interleaved as the circular pipeline (v repeats, "cat"
-  shift). Its stages are one tanh layer each (stacked stages must be identical), but the tensor a stage hands
-  over is the language model's cut, [batch / m · seq, h]. Read from the program: the loops' trip count, the
-  bubble it implies ((T - v m) / T), and the collective-permutes — under ``spmd.`` (GPipe) and
-  ``spmd.circular.`` (interleaved, forward only), where the formula predicts the loop's shifts: T per direction,
-  bubble iterations included. 1F1B has no SPMD form (see spmd.py): its compiler views are skipped with the reason.
+- **hlo / tpu** — the same pipeline as ONE SPMD program on a mesh (stage, data) = (p, n / p): GPipe with the
+  "pad" shift and autograd's reversed loop (:mod:`shardlab.pipeline.spmd`), interleaved as the circular pipeline
+  (v repeats, "cat" shift, forward only), 1F1B as one loop with the backward written into its body
+  (:mod:`shardlab.pipeline.spmd_1f1b`: m + 2 (p - 1) ticks, a forward and a backward shift per tick, 2 p - 1
+  stash slots per stage). Its stages are one tanh layer each (stacked stages must be identical), but the tensor a
+  stage hands over is the language model's cut, [batch / m · seq, h]. Read from the program: the loops' trip
+  count, the idle share it implies, and the collective-permutes — under ``spmd.`` (GPipe), ``spmd.circular.``
+  (interleaved) and ``spmd.1f1b.``, where the formula (:func:`shardlab.formulas.pipeline.spmd_loop`, written
+  apart from the code that builds the loops) predicts the loop's shifts, bubble iterations included.
 
 The compiled programs' parity is checked against their own dense layers (``spmd.dense_forward``), and the
 notebook runs the per-stage GPipe program on those very layers too (:func:`spmd_ledger`).
@@ -40,6 +44,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -54,21 +59,18 @@ from shardlab.core.case import Case, Checks
 from shardlab.core.views import COMPILERS as COMPILER
 from shardlab.core.views import View
 from shardlab.formulas import pipeline as fpp
-from shardlab.pipeline import spmd
+from shardlab.pipeline import spmd, spmd_1f1b
 from shardlab.pipeline.model import TinyLM, batch
 from shardlab.pipeline.params import PipelineParams
 from shardlab.pipeline.programs import dense_step, merge_results, pipeline_program
 from shardlab.pipeline.schedules import Schedule, build
 from shardlab.pipeline.split import Stages, Traced, best_cuts, split, trace
-from shardlab.pipeline.timeline import simulate
-from shardlab.pipeline.torch_ref import torch_pipeline_program
+from shardlab.pipeline.timeline import replay
+from shardlab.pipeline.torch_ref import torch_orders, torch_pipeline_program
 from shardlab.profile.hlo import HloModule
 
 F32 = 4
-ONE_F_ONE_B = ("1F1B has no SPMD form: one forward scan followed by autograd's reversed scan runs every forward "
-               "before any backward (GPipe's order); 1F1B starts microbatch 0's backward while later forwards "
-               "still run")
-__all__ = ["ONE_F_ONE_B", "FsdpCase", "ScheduleCase", "ShiftCase", "compiled", "gloo_runs", "model_and_batch",
+__all__ = ["FsdpCase", "p2p_of_order", "ScheduleCase", "ShiftCase", "compiled", "gloo_runs", "model_and_batch",
            "schedule_views", "spmd_ledger", "traced_model"]
 
 
@@ -96,9 +98,30 @@ def _auto_stages(p: PipelineParams, n: int) -> Stages:
 
 
 def _run_stages(comm: Comm, *args: Any) -> dict[str, Any]:
-    """One device's pipeline step, plus the payload of every send it recorded."""
+    """One device's pipeline step, plus the payload of every send it recorded and, per action, its send / recv
+    rows as (op, peer)."""
     out = pipeline_program(comm, *args)
     out["sends"] = [e.payload_bytes for e in comm.ledger.select("send")]
+    rows = list(comm.ledger)
+    out["p2p"] = [[(e.op, e.peer) for e in rows[a:b] if e.op in ("send", "recv")]
+                  for a, b in itertools.pairwise(out["rows"])]
+    return out
+
+
+def p2p_of_order(orders: list[list[Any]], stages: int, device_of: Any) -> list[list[tuple[str, int]]]:
+    """What each device must send and receive, in order, to run ``orders`` (e.g. PyTorch's): a forward of stage k
+    receives from k - 1's device and sends to k + 1's, a backward the reverse (nothing between stages on one
+    device; none before stage 0 or after the last)."""
+    out = []
+    for r, acts in enumerate(orders):
+        rows: list[tuple[str, int]] = []
+        for a in acts:
+            src, dst = (a.stage - 1, a.stage + 1) if a.kind == "F" else (a.stage + 1, a.stage - 1)
+            if 0 <= src < stages and device_of(src) != r:
+                rows.append(("recv", device_of(src)))
+            if 0 <= dst < stages and device_of(dst) != r:
+                rows.append(("send", device_of(dst)))
+        out.append(rows)
     return out
 
 
@@ -143,14 +166,14 @@ class ScheduleCase(Case):
 
     @property
     def spmd_key(self) -> str:
-        """Where the SPMD program's values go: ``spmd`` (GPipe) or ``spmd.circular`` (interleaved)."""
-        return "spmd" if self.schedule == "gpipe" else "spmd.circular"
+        """Where the SPMD program's values go: ``spmd`` (GPipe), ``spmd.circular`` (interleaved), ``spmd.1f1b``."""
+        return {"gpipe": "spmd", "1f1b": "spmd.1f1b"}.get(self.schedule, "spmd.circular")
 
     @property
     def backward(self) -> bool:
-        """The compiled program: GPipe forward + backward; the circular pipeline forward only (its backward mirrors
-        it; one program of each is enough for the notebook's time budget)."""
-        return self.schedule == "gpipe"
+        """The compiled program: GPipe and 1F1B forward + backward; the circular pipeline forward only (its backward
+        mirrors it; one program of each is enough for the notebook's time budget)."""
+        return self.schedule != "interleaved"
 
     def replicas(self, num_devices: int | None = None) -> int:
         """Pipelines side by side on the `data` axis where the compiled program runs: n / p on this process's n
@@ -179,21 +202,23 @@ class ScheduleCase(Case):
         view.add(f"{s}.bubble_fraction", fpp.idle_fraction(P, m, v), "fraction")
         view.add(f"{s}.bubble_ratio", fpp.bubble_ratio(P, m, v), "ratio")
         view.add(f"{s}.peak_inflight_microbatches", fpp.peak_inflight(s, P, m, v, device=0), "microbatches")
-        if s == "1f1b":
-            return view
-        k, T = self.spmd_key, spmd.iterations(P, m, v)
-        per_iteration = P - 1 if s == "gpipe" else P  # pad moves p - 1 slots, the circular cat p
-        directions = 2 if self.backward else 1
+        loop = fpp.spmd_loop(s, P, m, v)
+        k, T = self.spmd_key, loop["trip_count"]
+        transfers = loop["shifts"] * loop["loops"] * loop["pairs"] * T  # per step, bubble iterations included
         view.add(f"{k}.trip_count", T, "iterations")
-        view.add(f"{k}.p2p.count", directions * per_iteration * T, "count")
-        view.add(f"{k}.p2p.bytes", directions * per_iteration * T * p.rows * p.hidden * F32, "bytes")
-        if s == "gpipe":  # one collective-permute per iteration each way, of one [rows / r, h] shard per device
+        view.add(f"{k}.p2p.count", transfers, "count")
+        view.add(f"{k}.p2p.bytes", transfers * p.rows * p.hidden * F32, "bytes")
+        if s == "1f1b":  # the loop's own idle share: 2 (p - 1) of its m + 2 (p - 1) ticks run no microbatch
+            view.add(f"{k}.bubble_fraction", (T - m) / T, "fraction")
+            view.add(f"{k}.stash_slots", loop["held"], "slots")
+        if s != "interleaved":  # one collective-permute per shift, of one [rows / r, h] shard per device
             shard = p.rows // self.replicas() * p.hidden * F32
-            view.add("spmd.all_reduce.in_loop.step_count", 0, "count")  # the data-parallel gradient sum: after it
-            view.add("spmd.collective_permute.count", 2, "count")
-            view.add("spmd.collective_permute.bytes", 2 * shard, "bytes")
-            view.add("spmd.collective_permute.step_count", 2 * T, "count")
-            view.add("spmd.collective_permute.step_bytes", 2 * T * shard, "bytes")
+            permutes = loop["shifts"] * loop["loops"]
+            view.add(f"{k}.all_reduce.in_loop.step_count", 0, "count")  # the data-parallel gradient sum: after it
+            view.add(f"{k}.collective_permute.count", permutes, "count")
+            view.add(f"{k}.collective_permute.bytes", permutes * shard, "bytes")
+            view.add(f"{k}.collective_permute.step_count", permutes * T, "count")
+            view.add(f"{k}.collective_permute.step_bytes", permutes * T * shard, "bytes")
         return view
 
     # --------------------------------------------------------------------------------------------- ledger
@@ -232,14 +257,17 @@ class ScheduleCase(Case):
         sends = [b for r in results for b in r["sends"]]
         view.add(f"{s}.p2p.count", len(sends), "count")
         view.add(f"{s}.p2p.bytes", sum(sends), "bytes")
-        ran = Schedule(sched.name, sched.p, sched.m, sched.v, tuple(tuple(r["order"]) for r in results))
-        ran.validate()
-        t = simulate(ran, forward=1, backward=2)  # exact Fractions: stages of equal cost, backward = 2 forward
+        # timed from the messages the devices exchanged (the ledger), not from the schedule's dependency rule
+        t = replay(sched, [r["order"] for r in results], [r["p2p"] for r in results], forward=1, backward=2)
         view.add(f"{s}.bubble_fraction", float(t.idle_fraction), "fraction")
         view.add(f"{s}.bubble_ratio", float(t.bubble_ratio), "ratio")
         view.add(f"{s}.peak_inflight_microbatches", max(r["peak_held"] for r in results), "microbatches")
-        view.checks[f"{s}.ledger.same_order"] = (ran.devices == sched.devices,
-                                                 "each device ran exactly its schedule's action list")
+        theirs = torch_orders(s, sched.p, sched.m, sched.v)
+        want = p2p_of_order(theirs, sched.stages, sched.device_of)
+        got = [[row for rows in r["p2p"] for row in rows] for r in results]
+        view.checks[f"{s}.ledger.p2p_as_pytorch"] = (
+            got == want, f"each device's sends and receives ({sum(map(len, got))} rows), in order, are the ones "
+                         "torch.distributed.pipelining's order of this schedule needs")
         view.detail |= {"timeline": t}
         return view
 
@@ -250,11 +278,11 @@ class ScheduleCase(Case):
         return spmd.init(p.stages, p.microbatches, self.v, p.rows, p.hidden, seed=p.seed)
 
     def graph(self) -> list[torch.Tensor]:
-        if self.schedule == "1f1b":
-            raise ValueError(ONE_F_ONE_B)
         x, w = self.spmd_inputs()
         dev, n = runtime.device(), runtime.current().num_devices
         mesh = runtime.mesh((self.p.stages, n // self.p.stages), ("stage", "data"))
+        if self.schedule == "1f1b":
+            return spmd_1f1b.one_f_one_b_step(x.to(dev), w.to(dev), mesh, data_axis="data")
         return spmd.pipeline_step(x.to(dev), w.to(dev), mesh, how="pad" if self.v == 1 else "cat",
                                   data_axis="data", backward=self.backward)
 
@@ -263,33 +291,41 @@ class ScheduleCase(Case):
         got = spmd.read_program(module)
         trips = got["trip_counts"]
         T = trips[0] if trips else 0
-        view.checks[f"{s}.{src}.loops"] = (len(set(trips)) == 1 and len(trips) == (2 if self.backward else 1),
-                                           f"{'forward and backward loops' if self.backward else 'one loop'}, trip "
+        loops = 2 if s == "gpipe" else 1
+        view.checks[f"{s}.{src}.loops"] = (len(set(trips)) == 1 and len(trips) == loops,
+                                           f"{'forward and backward loops' if loops == 2 else 'one loop'}, trip "
                                            f"counts {trips}")
         r = self.replicas(module.num_partitions)
         useful = self.v * p.microbatches
-        view.add(f"{s}.bubble_fraction", (T - useful) / T, "fraction")
-        view.add(f"{s}.bubble_ratio", (T - useful) / useful, "ratio")
+        if s == "1f1b":  # not the 1F1B timeline's bubble: every tick costs F + B, 2 (p - 1) of them idle
+            view.add(f"{k}.bubble_fraction", (T - useful) / T, "fraction")
+            held = {a.dims[1] for lp in module.while_loops for a in lp.state
+                    if len(a.dims) == 4 and a.dims[0] == 1 and a.dims[2:] == (p.rows // r, p.hidden)}
+            view.add(f"{k}.stash_slots", max(held) if held else 0, "slots")
+        else:
+            view.add(f"{s}.bubble_fraction", (T - useful) / T, "fraction")
+            view.add(f"{s}.bubble_ratio", (T - useful) / useful, "ratio")
         view.add(f"{k}.trip_count", T, "iterations")
         loop = [c for c in module.collectives if c.op == "collective-permute" and c.in_while]
         transfers = sum(len(c.source_target_pairs) * (module.runs(c.computation) or 0) for c in loop)
         view.add(f"{k}.p2p.count", transfers // r, "count")
         view.add(f"{k}.p2p.bytes", sum(len(c.source_target_pairs) * (module.runs(c.computation) or 0) * c.operand_bytes
                                        for c in loop), "bytes")
-        if s == "gpipe":
-            view.add("spmd.collective_permute.count", len(loop), "count")
-            view.add("spmd.collective_permute.bytes", sum(c.operand_bytes for c in loop), "bytes")
-            view.add("spmd.collective_permute.step_count", sum(module.runs(c.computation) or 0 for c in loop), "count")
-            view.add("spmd.collective_permute.step_bytes",
+        if s != "interleaved":
+            view.add(f"{k}.collective_permute.count", len(loop), "count")
+            view.add(f"{k}.collective_permute.bytes", sum(c.operand_bytes for c in loop), "bytes")
+            view.add(f"{k}.collective_permute.step_count", sum(module.runs(c.computation) or 0 for c in loop), "count")
+            view.add(f"{k}.collective_permute.step_bytes",
                      sum((module.runs(c.computation) or 0) * c.operand_bytes for c in loop), "bytes")
         if self.backward:  # data parallelism across the pipelines: W's gradient summed over `data`, once per step
             reduce = [c for c in module.collectives if c.op == "all-reduce" and c.in_while]
             runs = sum(module.runs(c.computation) or 0 for c in reduce)
-            view.add("spmd.all_reduce.in_loop.step_count", runs, "count")
-            if runs and src == "hlo":
-                view.differs["spmd.all_reduce.in_loop.step_count"] = (
-                    f"XLA:CPU sums the data-parallel weight gradient inside the backward loop: {runs} all-reduce(s) "
-                    f"of {reduce[0].operand_bytes} bytes per step, where one after the loop would do")
+            view.add(f"{k}.all_reduce.in_loop.step_count", runs, "count")
+            if runs:
+                view.differs[f"{k}.all_reduce.in_loop.step_count"] = (
+                    f"{COMPILER[src]} sums the data-parallel weight gradient inside the "
+                    f"{'loop' if s == '1f1b' else 'backward loop'}: {runs} all-reduce(s) of "
+                    f"{reduce[0].operand_bytes} bytes per step, where one after the loop would do")
         others = {op: n for op in ("all-gather", "all-to-all", "reduce-scatter")
                   if (n := module.count(op, in_while=True))}
         view.checks[f"{s}.{src}.no_gathers_in_loop"] = (not others,
@@ -306,9 +342,7 @@ class ScheduleCase(Case):
 
 
 def compiled(case: ScheduleCase, source: str) -> View:
-    """``harness.hlo`` / ``harness.tpu`` of the case; for 1F1B a skipped view with the reason (no SPMD form)."""
-    if case.schedule == "1f1b":
-        return View.skip(source, ONE_F_ONE_B)
+    """``harness.hlo`` / ``harness.tpu`` of the case."""
     return harness.hlo(case) if source == "hlo" else harness.tpu(case)
 
 
@@ -469,7 +503,7 @@ class FsdpCase(Case):
 
     def formula(self) -> View:
         p, d = self.p, self.data
-        T = spmd.iterations(p.stages, p.microbatches)
+        T = fpp.spmd_loop("gpipe", p.stages, p.microbatches)["trip_count"]
         view = View("formula")
         view.add(f"{self.phase}.trip_count", T, "iterations")
         view.add(f"{self.phase}.collective_permute.count", 1, "count")  # per iteration, in the loop

@@ -13,7 +13,7 @@ Example::
 
     >>> PipelineParams(microbatches=6).validate()  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    ValueError: microbatches=6 is not divisible by stages=4 (the interleaved schedule sends microbatches round ...)
+    ValueError: microbatches=6 is not divisible by stages=4 (our interleaved order, Megatron-LM's, sends ...)
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class PipelineParams(NotebookParams):
     NOTEBOOK: ClassVar[str] = "09_pipeline"
 
     stages: int = 4  # p: pipeline stages, the devices of the `stage` mesh axis and the ranks of the ledger
-    microbatches: int = 8  # m: microbatches per step (a multiple of stages: the interleaved schedule's rule)
+    microbatches: int = 8  # m: microbatches per step (a multiple of stages: Megatron-LM's interleaved rule)
     virtual: int = 2  # v: model chunks per device in the interleaved schedule (at least 2)
     batch: int = 8  # sequences per step; one microbatch holds batch / microbatches of them
     seq: int = 16  # tokens per sequence
@@ -55,7 +55,8 @@ class PipelineParams(NotebookParams):
             raise ValueError(f"virtual={self.virtual}: the interleaved schedule needs v >= 2 chunks per device "
                              "(v = 1 is plain 1F1B)")
         divisible("microbatches", self.microbatches, "stages", self.stages,
-                  "the interleaved schedule sends microbatches round the stages in groups of p")
+                  "our interleaved order, Megatron-LM's, sends microbatches round the stages in groups of p; "
+                  "PyTorch's ScheduleInterleaved1F1B runs more, see the explorer")
         divisible("batch", self.batch, "microbatches", self.microbatches, "every microbatch holds batch / m sequences")
         divisible("hidden", self.hidden, "heads", self.heads, "each head has hidden / heads dimensions")
         if self.layers < self.stages * self.virtual:

@@ -12,8 +12,15 @@ Design note
               from loss_i;  torch.autograd.backward(y, g)  accumulates the parameter gradients of stage s
               send(x.grad, to the device of s - 1)                                   (tag "grad", backward)
 
-Sends are buffered (`comm.send` returns at once), receives block, so any order the schedule validated runs
-without deadlock.  When two consecutive stages sit on the same device (p = 1) the tensor is handed over in
+Sends are buffered here (`comm.send` returns at once: the simulated world copies the tensor into the peer's
+mailbox, gloo's `isend` is waited for at the end), receives block.  That is not enough for every valid order:
+an order can pass `Schedule.validate()` and still deadlock (device 0 waits in B(0, 0) for a gradient device 1
+computes only after a forward device 0 has queued behind that B — `timeline.simulate` names such a cycle), and
+on NCCL a large send is not buffered at all: it completes only when the peer posts the matching receive.  So a
+1F1B steady state that sends an activation forward and then waits for a gradient from the same neighbour would
+block both sides; PyTorch's schedules post the send and the receive together (`batch_isend_irecv`: a forward
+send batched with a backward receive), Megatron-LM's `send_forward_recv_backward` does the same.
+When two consecutive stages sit on the same device (p = 1) the tensor is handed over in
 memory and nothing is sent.  The backward p2p rows are labelled with `phase_scope("backward")`: the autograd
 engine has returned by the time the gradient is sent.
 
@@ -68,7 +75,8 @@ def pipeline_program(
     """One device's training step under `schedule` -> {"loss": sum of loss_i (last stage's device, else None),
     "grads": {unsplit parameter name: gradient} of this device's stages, "order": the actions in the order they
     ran, "peak_held": the most (stage, microbatch) activations this device held at once (forward done, backward
-    not yet)}."""
+    not yet), "rows": the length of `comm.ledger` before the first action and after each one (action j's send / recv
+    rows are ledger[rows[j]:rows[j + 1]])}."""
     p, m, n = schedule.p, schedule.m, schedule.stages
     if comm.world_size != p:
         raise ValueError(f"the schedule has p={p} devices but the world has {comm.world_size} ranks")
@@ -89,8 +97,10 @@ def pipeline_program(
     local: dict[tuple[str, int, int], torch.Tensor] = {}  # same-device hand-over (p = 1)
     saved: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # (stage, i) -> (input, output | loss)
     loss_total: torch.Tensor | None = None
-    order, peak_held = [], 0
+    order, peak_held, rows = [], 0, [len(comm.ledger)]
     for a in schedule.devices[rank]:
+        if order:
+            rows.append(len(comm.ledger))
         order.append(a)
         s, i = a.stage, a.microbatch
         if a.kind == "F":
@@ -135,11 +145,12 @@ def pipeline_program(
                         comm.send(x.grad, dst, tag="grad")
         else:
             raise ValueError(f"pipeline_program runs F and B actions, got {a}")
+    rows.append(len(comm.ledger))
     grads = {}
     for s in mine:
         for name, prm in stages[s].named_parameters():
             grads[param_names[s][name]] = prm.grad.detach().clone() if prm.grad is not None else None
-    return {"loss": loss_total, "grads": grads, "order": order, "peak_held": peak_held}
+    return {"loss": loss_total, "grads": grads, "order": order, "peak_held": peak_held, "rows": rows}
 
 
 def merge_results(results: Sequence[dict[str, Any]]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

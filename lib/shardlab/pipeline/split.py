@@ -10,9 +10,15 @@ points.  Here:
 2. **Cost** every node by running the graph once on an example batch (`fx.Interpreter`): forward FLOPs counted
    by PyTorch's own `torch.utils.flop_counter.FlopCounterMode` around that node (matmuls only, 2 per
    multiply-add — the convention of `shardlab.formulas.flops`, whose `transformer_flops` the tests check the
-   total against), parameter bytes of the module a node calls, and the bytes of the tensor it outputs (an
-   upper bound of what autograd saves).  A node's training cost is 3 x its forward FLOPs (backward = 2 x
-   forward, as in the formulas).
+   total against), parameter bytes of the module a node calls, and the bytes of the tensor it outputs.  Those
+   outputs are NOT what autograd keeps for the backward: one block of notebook 09's default model outputs
+   458,752 B over its nodes, while autograd saves 608,512 B of distinct tensors for it (641,280 B counting each
+   saved tensor once per use: the block's input, LayerNorm's statistics, attention's reshaped copies);
+   `saved_bytes` measures the latter with `torch.autograd.graph.saved_tensors_hooks`.  A node's training cost
+   is 3 x its forward FLOPs (backward = 2 x forward, as in the formulas).  The embedding is heavy in
+   parameters (V h) but costs no matmul FLOPs (a gather); the LM head is heavy in both, and the loss after it
+   (softmax + cross-entropy over [b s, V]) runs on the last stage too — no matmul FLOPs, but its saved
+   log-probabilities are the largest activation of the model when V >> h.
 3. **Cut candidates**: positions in the node order after which exactly ONE tensor is still needed later (the
    activation the next stage receives; e.g. between blocks, or between a block's attention and its MLP, never
    inside the residual branch).
@@ -57,7 +63,7 @@ LEAF_MODULES: tuple[type[nn.Module], ...] = (Attention,)
 
 __all__ = [
     "Cuts", "NodeCost", "SplitCost", "StageCost", "Stages", "Traced", "best_cuts", "brute_force_cuts",
-    "compare_splits", "even_cuts", "split", "stage_costs", "trace",
+    "compare_splits", "even_cuts", "saved_bytes", "split", "stage_costs", "stage_saved_bytes", "trace",
 ]
 
 
@@ -291,4 +297,54 @@ def compare_splits(traced: Traced, p: int, m: int) -> dict[str, SplitCost]:
         timed = simulate(build("1f1b", p, m), stage_costs=[(x, 2 * x) for x in f]).makespan
         out[rule] = SplitCost(tuple(cuts), tuple(st), 3 * max(s.flops for s in st),
                               pipeline_step_time(f, [2 * x for x in f], m), float(timed))
+    return out
+
+
+def saved_bytes(fn: Any, *inputs: Any) -> int:
+    """Bytes autograd keeps for the backward while ``fn(*inputs)`` runs: every tensor saved through
+    `torch.autograd.graph.saved_tensors_hooks`, counted once per storage, parameters' storages excluded."""
+    params = {p.untyped_storage().data_ptr() for p in getattr(fn, "parameters", list)()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        st = t.untyped_storage()
+        if st.data_ptr() not in params:
+            seen[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(*inputs)
+    return sum(seen.values())
+
+
+def stage_saved_bytes(stages: Stages, tokens: torch.Tensor, targets: torch.Tensor,
+                      loss_fn: Any = None) -> list[int]:
+    """Per stage, what autograd saves for ONE microbatch (``tokens`` / ``targets`` [b/m, s]) — the last stage
+    with its loss (``loss_fn(logits, targets)``, the model's cross-entropy by default).  Under 1F1B stage s holds
+    min(p - s, m) microbatches of it at once, under GPipe m."""
+    if loss_fn is None:
+        from shardlab.pipeline.model import lm_loss as loss_fn
+    out, x = [], tokens
+    for j, mod in enumerate(stages.modules):
+        if x.is_floating_point():
+            x = x.detach().requires_grad_(True)
+        last = j == len(stages.modules) - 1
+
+        def run(inp: torch.Tensor, mod: Any = mod, last: bool = last) -> torch.Tensor:
+            y = mod(inp)
+            return loss_fn(y, targets) if last else y
+
+        params = {p.untyped_storage().data_ptr() for p in mod.parameters()}
+        seen: dict[int, int] = {}
+
+        def pack(t: torch.Tensor, params: set[int] = params, seen: dict[int, int] = seen) -> torch.Tensor:
+            st = t.untyped_storage()
+            if st.data_ptr() not in params:
+                seen[st.data_ptr()] = st.nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            y = run(x)
+        out.append(sum(seen.values()))
+        x = y
     return out

@@ -37,8 +37,13 @@ or a Python loop (`loop="python"`: T permutes unrolled into the entry).  The bub
 count: T iterations do v m stage-steps of useful work each, (p - 1) / T of the step is fill and drain, and the
 shift moves a shard per device in every iteration — bubble iterations included.  Autograd differentiates the
 whole forward loop before any backward runs: the ordering is GPipe's (every microbatch's activations held until
-the backward loop); a 1F1B order, which starts microbatch 0's backward while later forwards are still running,
-has no place in one forward scan followed by its reversed scan.
+the backward loop; autograd saves all T iterations, bubble included — the circular pipeline too, v m + p - 1 of
+them: the interleaved schedule's bubble with GPipe's memory).  A 1F1B order needs the backward written into the
+loop body instead of left to autograd: `shardlab.pipeline.spmd_1f1b` (m + 2 (p - 1) ticks, 2 p - 1 slots held).
+
+What the bubble iterations move: `idle_transfers` follows every slot through the loop (a for-loop, no formula):
+the forward shift at iteration t carries stage s's output of iteration t - 1, microbatch t - 1 - s, so only
+iteration 0 shifts no microbatch at all, and (p - 1)^2 of the (p - 1) T pair-transfers carry none.
 
 Parity: `dense_forward` runs the p v layers one after another per microbatch on CPU; `stage_modules` gives the
 same layers to the per-stage programs (`shardlab.pipeline.programs`).
@@ -65,14 +70,33 @@ from shardlab.profile.hlo import HloModule
 SHIFTS = ("cat", "pad", "roll", "cat_zeros")
 LOOPS = ("scan", "python")
 
-__all__ = ["LOOPS", "SHIFTS", "TanhLayer", "check_spmd", "circular_pipeline", "dense_forward", "init",
-           "iterations", "microbatch_loss", "pipeline_loss", "pipeline_step", "read_program", "schedule_inputs",
+__all__ = ["LOOPS", "SHIFTS", "TanhLayer", "check_spmd", "circular_pipeline", "dense_forward", "idle_transfers",
+           "init", "iterations", "microbatch_loss", "pipeline_loss", "pipeline_step", "read_program", "schedule_inputs",
            "shift", "stage_modules"]
 
 
 def iterations(p: int, m: int, v: int = 1) -> int:
     """T = v m + p - 1: the loop's trip count."""
     return v * m + p - 1
+
+
+def idle_transfers(p: int, m: int) -> dict[str, int]:
+    """The GPipe forward loop's shifts, followed slot by slot (the "pad" shift: pair s -> s + 1 for s < p - 1 at
+    every iteration): {"transfers": pair-transfers, "idle": of them carrying no microbatch, "idle_iterations":
+    iterations whose shift carries no microbatch at all}.  Autograd's reversed loop mirrors each transfer.
+
+    >>> idle_transfers(8, 24)
+    {'transfers': 217, 'idle': 49, 'idle_iterations': 1}
+    """
+    slots: list[int | None] = [None] * p  # what each stage computed in the previous iteration
+    transfers = idle = idle_iterations = 0
+    for t in range(iterations(p, m)):
+        carried = slots[:-1]  # the shift: stage s's output goes to stage s + 1
+        transfers += len(carried)
+        idle += sum(c is None for c in carried)
+        idle_iterations += all(c is None for c in carried)
+        slots = [t if t < m else None, *carried]  # stage 0 takes microbatch t, stage s + 1 what s sent
+    return {"transfers": transfers, "idle": idle, "idle_iterations": idle_iterations}
 
 
 def check_spmd(p: int, m: int, v: int = 1, how: str = "cat", loop: str = "scan") -> None:
