@@ -52,7 +52,7 @@ def run_notebook(tmp_path: Path) -> Callable[..., dict[str, Any]]:
     from shardlab.profile import load_record
 
     def run(name: str, **params: Any) -> dict[str, Any]:
-        from shardlab.answer_keys import load_key
+        from shardlab.core.answer_keys import load_key
         from shardlab.report.notebooks import read_parameters
 
         results = tmp_path / "results"

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from shardlab import blocks
+from shardlab.blocks import collective_figures as vc
+from shardlab.blocks import figures as vb
 from shardlab.blocks import rank_arithmetic, ring
-from shardlab.viz import blocks as vb
-from shardlab.viz import collectives as vc
 
 
 @pytest.mark.parametrize("m,k,n,parts", [(8, 12, 6, 3), (5, 7, 9, 4), (3, 5, 2, 1), (6, 6, 6, 6)])

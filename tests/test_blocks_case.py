@@ -14,9 +14,9 @@ import math
 
 import pytest
 
-from shardlab import harness
 from shardlab.blocks import case as bc
-from shardlab.params import BlocksParams, WelcomeParams
+from shardlab.blocks.params import BlocksParams, WelcomeParams
+from shardlab.core import harness
 
 pytestmark = pytest.mark.xla
 

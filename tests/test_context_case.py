@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from shardlab.answer_keys import load_key
 from shardlab.context.balance import explore
 from shardlab.context.params import ContextParams
 from shardlab.context.solutions import SOLUTIONS
-from shardlab.exercises import Exercises
+from shardlab.core.answer_keys import load_key
+from shardlab.core.exercises import Exercises
 
 
 @pytest.mark.parametrize(("bad", "message"), [

@@ -27,7 +27,7 @@ def C(xla_world):  # type: ignore[no-untyped-def]
 
 def _hlo(case):  # type: ignore[no-untyped-def]
     """XLA:CPU's program of the case, after the harness checked its outputs against dense attention."""
-    from shardlab import harness
+    from shardlab.core import harness
 
     view = harness.hlo(case)
     assert view.ran, view.skipped
@@ -92,7 +92,7 @@ def test_two_data_rows(C) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_mesh_rule_and_ulysses_rule(C) -> None:  # type: ignore[no-untyped-def]
-    from shardlab import harness
+    from shardlab.core import harness
 
     skipped = harness.hlo(C.RingCase(ContextParams(cp=16, **{**SIZES, "seq": 64})))
     assert not skipped.ran and "cp=16" in skipped.skipped
@@ -108,8 +108,8 @@ def test_tpu_compiler(C) -> None:  # type: ignore[no-untyped-def]
     into a shift without the wrap-around pair and a one-pair permute; all-gather CP keeps 2 all-gathers and reduces
     dk and dv in one combined instruction."""
     pytest.importorskip("libtpu")
-    from shardlab import harness
     from shardlab.context.gspmd import permute_traffic
+    from shardlab.core import harness
 
     p = ContextParams(cp=8, **SIZES)
     t = permute_traffic(harness.tpu(C.RingCase(p, backward=True, scan=True)).detail.module)

@@ -48,9 +48,9 @@ def test_heads_must_split() -> None:
 def test_gspmd_ulysses(xla_world) -> None:  # type: ignore[no-untyped-def]
     """The notebook's Ulysses case on 8 devices: outputs and gradients vs dense attention (the harness's parity),
     one all-to-all per tensor each way, each of the rank's whole local tensor (formula)."""
-    from shardlab import harness
     from shardlab.context.case import UlyssesCase
     from shardlab.context.params import ContextParams
+    from shardlab.core import harness
 
     case = UlyssesCase(ContextParams(batch=1, seq=64, heads=8, kv_heads=8, head_dim=8, cp=8), backward=True)
     view = harness.hlo(case)

@@ -9,9 +9,9 @@ import torch
 
 from shardlab.comm import SimulatedWorld
 from shardlab.context.balance import measure
+from shardlab.context.figures import causal_figure, causal_owner, ring_figure, ring_schedule, work_figure
 from shardlab.context.ring import ring_attention_step
 from shardlab.formulas import context as fcp
-from shardlab.viz.context import causal_figure, causal_owner, ring_figure, ring_schedule, work_figure
 
 
 def test_schedule_is_the_rings() -> None:
@@ -47,7 +47,7 @@ def test_figures_build() -> None:
 
 def test_explorer_headless() -> None:
     """The explorer's update (what a slider move runs): a small ring matches its formula; a bad split is shown."""
-    from shardlab.viz.context import explorer
+    from shardlab.context.figures import explorer
 
     ui, update = explorer(cp=2, seq=16, kv_heads=1, head_dim=4, layout="zigzag")
     shown = update()

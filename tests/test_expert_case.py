@@ -8,7 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from shardlab import harness, runtime
+from shardlab import runtime
+from shardlab.core import harness
 from shardlab.expert.drops import route_groups
 from shardlab.expert.moe import inputs, layer
 from shardlab.expert.params import ExpertParams

@@ -8,10 +8,10 @@ import torch
 
 from shardlab.comm import SimulatedWorld
 from shardlab.expert.drops import drop_table
+from shardlab.expert.figures import dispatch_figure, dispatch_matrix, drop_figure, load_figure
 from shardlab.expert.moe import MoE, moe_reference
 from shardlab.expert.parallel import moe_step
 from shardlab.expert.params import ExpertParams
-from shardlab.viz.expert import dispatch_figure, dispatch_matrix, drop_figure, load_figure
 
 
 def _case():  # type: ignore[no-untyped-def]

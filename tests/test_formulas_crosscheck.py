@@ -89,7 +89,7 @@ def test_02_mlp_all_reduces_vs_hlo(xla_world):
 
 def _tp_params(stem: str) -> Any:
     """The notebook's parameter dataclass at its defaults (read from its parameters cell)."""
-    from shardlab.params import notebook_params
+    from shardlab.core.topics import notebook_params
 
     cls = notebook_params()[stem]
     d = notebook_defaults(stem)
@@ -106,8 +106,8 @@ def _hlo_view(view: Any) -> Any:
 
 @pytest.mark.xla
 def test_03_transformer_layer_planner_term_vs_hlo(xla_world):
-    from shardlab import harness
     from shardlab import planner as P
+    from shardlab.core import harness
     from shardlab.tp.case import LayerCase
 
     p = _tp_params("03_megatron_attention")  # its transformer-layer section
@@ -130,7 +130,7 @@ def test_03_transformer_layer_planner_term_vs_hlo(xla_world):
 
 @pytest.mark.xla
 def test_03_attention_all_reduces_vs_hlo(xla_world):
-    from shardlab import harness
+    from shardlab.core import harness
     from shardlab.tp.case import AttentionCase
 
     p = _tp_params("03_megatron_attention")
@@ -145,7 +145,7 @@ def test_03_attention_all_reduces_vs_hlo(xla_world):
 
 @pytest.mark.xla
 def test_04_embedding_and_vocab_parallel_ce_vs_hlo(xla_world):
-    from shardlab import harness
+    from shardlab.core import harness
     from shardlab.tp.case import CrossEntropyCase, EmbeddingCase
 
     p = _tp_params("04_vocab_parallel_embedding_ce")
@@ -171,7 +171,7 @@ def test_04_embedding_and_vocab_parallel_ce_vs_hlo(xla_world):
 def test_05_flat_unit_comm_and_memory_vs_ledger():
     """The notebook's own views at its defaults (root unit, then nested), plus two relations the views do not
     use: ZeRO-3's communication volume and the planner's model-state composition."""
-    from shardlab import harness
+    from shardlab.core import harness
     from shardlab.fsdp.train import FlatCase
 
     p = dataclasses.replace(_tp_params("05_fsdp_flat_params"), steps=1)  # the notebook's defaults, one step
@@ -196,7 +196,7 @@ def test_05_flat_unit_comm_and_memory_vs_ledger():
 
 @pytest.mark.xla
 def test_05b_per_parameter_step_vs_hlo(xla_world):
-    from shardlab import harness
+    from shardlab.core import harness
     from shardlab.fsdp.case import GspmdCase
 
     p = _tp_params("05b_fsdp_gspmd")
@@ -252,12 +252,12 @@ def test_05_sizes_data_parallel_all_reduce_vs_hlo(xla_world):
 def test_06_stacked_gradient_bytes_1d_vs_2d(xla_world):
     """The notebook's own view functions at its defaults: the formula view's stacked-gradient bytes, per-device shapes
     and fsdp reductions equal the CPU compiler's; and the formula itself equals shard_as_saving's bytes."""
-    from shardlab import harness
+    from shardlab.core import harness
     from shardlab.formulas import scan as fscan
-    from shardlab.params import ScanParams
     from shardlab.xla_scan import case as C
     from shardlab.xla_scan import measure as X
     from shardlab.xla_scan.model import weight_shapes
+    from shardlab.xla_scan.params import ScanParams
 
     p = ScanParams(**{k: v for k, v in notebook_defaults("06_scan_shard_as").items() if k != "answers"})
     try:  # shard_as (every SPMD scan backward) needs jax + torchax (+ flax)

@@ -14,12 +14,12 @@ from __future__ import annotations
 import pytest
 import torch_xla
 
-from shardlab import harness
+from shardlab.core import harness
+from shardlab.core.views import View
 from shardlab.formulas import fsdp as ffsdp
 from shardlab.fsdp.case import FlatCase, GspmdCase, designs_frame, flat_param_handle_check, step_operands
-from shardlab.params import FsdpGspmdParams, FsdpParams
+from shardlab.fsdp.params import FsdpGspmdParams, FsdpParams
 from shardlab.profile import tpu as T
-from shardlab.views import View
 
 
 def _flat(world_size: int, layer_sizes: tuple[int, ...], batch: int, steps: int = 3, align: bool = False,
@@ -227,7 +227,7 @@ def test_code_exercises_grade_by_running() -> None:
     answer passes, a plausible wrong one gets the hint."""
     import torch
 
-    from shardlab.exercises import Exercises
+    from shardlab.core.exercises import Exercises
 
     def chunk_rule(flat, rank, world_size):  # type: ignore[no-untyped-def]
         c = -(-flat.numel() // world_size)

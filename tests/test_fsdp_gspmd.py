@@ -17,13 +17,13 @@ import pytest
 import torch
 from torch import nn
 
-from shardlab import harness
+from shardlab.core import harness
 from shardlab.formulas.fsdp import StepBytes, flat_step_comm, per_param_shard, per_param_step_bytes
 from shardlab.fsdp import gspmd
 from shardlab.fsdp.case import GspmdCase, step_operands
 from shardlab.fsdp.flat_param import plan_flat_shards_for
+from shardlab.fsdp.params import FsdpGspmdParams
 from shardlab.fsdp.train import LR, make_batch, make_model
-from shardlab.params import FsdpGspmdParams
 from shardlab.profile.hlo import HloModule
 
 

@@ -23,9 +23,9 @@ import torch
 
 from shardlab.comm import DistributedWorld, Ledger, SimulatedWorld
 from shardlab.formulas.fsdp import per_param_shard
+from shardlab.fsdp.params import FsdpParams
 from shardlab.fsdp.torch_ref import torch_fsdp_both_program
 from shardlab.fsdp.train import FlatCase, fsdp_rank_program
-from shardlab.params import FsdpParams
 
 
 def _rows(ledger: Ledger) -> list[tuple[str, str, int]]:

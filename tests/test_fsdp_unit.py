@@ -16,9 +16,9 @@ from torch import nn
 from shardlab.comm import DistributedWorld, SimulatedWorld
 from shardlab.formulas.fsdp import flat_rank_memory, flat_step_comm
 from shardlab.fsdp.flat_param import module_params, plan_flat_shards, plan_flat_shards_for
+from shardlab.fsdp.params import FsdpParams
 from shardlab.fsdp.train import FlatCase, fsdp_rank_program, gather_params, make_model, reference_train
 from shardlab.fsdp.unit import FlatUnit
-from shardlab.params import FsdpParams
 
 
 def _case(world_size: int, layer_sizes: tuple[int, ...], batch: int, steps: int = 1, align: bool = False,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from shardlab.fsdp.figures import explorer, flat_buffer_figure, parse_sizes, pieces
 from shardlab.fsdp.flat_param import plan_flat_shards
-from shardlab.viz.fsdp import explorer, flat_buffer_figure, parse_sizes, pieces
 
 
 @pytest.mark.parametrize(("numels", "w", "align"), [([10], 4, 0), ([6], 4, 0), ([5, 3, 10], 4, 4), ([7, 1, 9], 3, 4)])

@@ -98,3 +98,40 @@ def test_exit_codes_are_defined_once() -> None:
             if names & {"EXIT_OK", "EXIT_FAILED", "EXIT_RUNNER"}:
                 owners.append(name)
     assert owners == ["shardlab.report.datatypes"]
+
+
+# the layers, bottom up: a module imports its own layer or those below, never above (topics may use each other)
+GROUND = {"formulas", "runtime", "models", "viz"}
+SHARED = {"comm", "profile"}
+CORE = {"core"}
+OUTSIDE_TOPICS = GROUND | SHARED | CORE | {"report", "__main__", ""}
+
+
+def _package(module: str) -> str:
+    """``shardlab.tp.case`` -> ``tp``; ``shardlab`` (the package's face) -> ``""``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_no_import_runs_back_up_the_layers() -> None:
+    graph = import_graph()
+    topics = {_package(m) for m in graph} - OUTSIDE_TOPICS
+    assert {"tp", "planner", "xla_scan"} <= topics  # the graph is really read
+    allowed = {**{p: GROUND | {""} for p in GROUND}, **{p: GROUND | SHARED | {""} for p in SHARED},
+               "core": GROUND | SHARED | CORE | {""}, "report": GROUND | SHARED | CORE | {"report", ""}}
+    upward = []
+    for module, deps in graph.items():
+        pkg = _package(module)
+        for dep in deps:
+            dpkg = _package(dep)
+            if dpkg == pkg:
+                continue
+            if pkg in allowed and dpkg not in allowed[pkg]:
+                upward.append(f"{module} -> {dep}")
+    assert upward == []
+
+
+def test_at_most_three_top_level_modules() -> None:
+    modules = sorted(p.stem for p in PKG.glob("*.py") if p.stem not in ("__init__", "__main__"))
+    assert len(modules) <= 3, modules
+    assert not list(PKG.glob("planner_*.py"))

@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from shardlab.formulas.presets import MODEL_PRESETS
 from shardlab.inspect import models as M
 from shardlab.inspect.step import causal_mask
-from shardlab.presets import MODEL_PRESETS
 
 PUBLISHED = {"llama-3-8b": 8.03e9, "mistral-7b": 7.24e9, "mixtral-8x7b": 46.7e9, "gpt2": 124e6, "gemma-2b": 2.51e9}
 

@@ -13,7 +13,7 @@ import pytest
 from shardlab.inspect import sharding as S
 from shardlab.inspect.analysis import group_axes, pair_axes, sub_axes
 from shardlab.inspect.models import Param
-from shardlab.planner_verdict import LAYER_SPECS
+from shardlab.planner.verdict import LAYER_SPECS
 
 MESH = {"fsdp": 8, "tensor": 2}
 LLAMA = {  # HF Llama 3 8B names and [out, in] shapes -> planner_verdict's names

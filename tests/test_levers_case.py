@@ -10,13 +10,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from shardlab import harness
+from shardlab.core import harness
+from shardlab.core.views import View
 from shardlab.levers import case as L
-from shardlab.params import LeversParams
+from shardlab.levers import figures as VL
+from shardlab.levers.params import LeversParams
 from shardlab.profile.tpu import TpuCompile
 from shardlab.profile.tpu_memory import TpuMemory
-from shardlab.views import View
-from shardlab.viz import levers as VL
 
 P_SMALL = LeversParams(layers=3, batch=16, hidden=16)
 HAS_TPU = importlib.util.find_spec("libtpu") is not None

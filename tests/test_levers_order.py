@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from shardlab.levers import order as O
+from shardlab.profile import order as O
 from shardlab.profile.hlo import parse_hlo
 
 

@@ -160,7 +160,7 @@ def test_egress_per_torus_axis_by_hand() -> None:
 
 
 def test_window_table_sums_by_hand() -> None:
-    from shardlab.viz import levers as VL
+    from shardlab.levers import figures as VL
 
     rows = [{"collective": "a", "op": "all-gather", "form": "sync", "axes": 1, "bytes": 10, "matmuls_between": 0,
              "comm_s": 1e-6, "exposed_s": 1e-6},

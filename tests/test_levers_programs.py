@@ -9,13 +9,13 @@ import math
 
 import pytest
 
-from shardlab import harness
+from shardlab.core import harness
 from shardlab.levers import case as L
-from shardlab.levers import order as O
 from shardlab.levers import programs as P
 from shardlab.levers import search as S
-from shardlab.params import LeversParams
+from shardlab.levers.params import LeversParams
 from shardlab.planner import PlanConfig, plan
+from shardlab.profile import order as O
 
 
 @pytest.mark.xla

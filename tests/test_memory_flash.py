@@ -10,16 +10,16 @@ from dataclasses import replace
 
 import pytest
 
-from shardlab import harness
+from shardlab.core import harness
 from shardlab.memory import case as C
 from shardlab.memory import flash as F
 from shardlab.memory import full_size as FS
 from shardlab.memory import pallas_tpu as P
 from shardlab.memory.params import LLAMA3_8B_ATTENTION, MemoryParams
-from shardlab.planner_verdict import PlannerCheck
+from shardlab.planner.verdict import PlannerCheck
+from shardlab.profile.result_files import entry_layout
 from shardlab.profile.tpu import TpuCompile
 from shardlab.profile.tpu_memory import parse_oom
-from shardlab.result_files import entry_layout
 
 # 16 heads over 8 chips: 2 per chip (GQA 2:1); one compile each, in this process's 8-device world (v5e-8)
 SMALL = MemoryParams(seq=2048, heads=16, kv_heads=8, tensor=8)
@@ -190,7 +190,7 @@ def test_flash_verdict_case_swaps_only_the_kernel(xla_world) -> None:  # type: i
     in the backward (full recompute), dq, dk/dv — and holds no [a, s, s] array, where the same plan without flash
     does; the parameters and optimizer state (the arguments) are the same bytes."""
     from shardlab.planner import PlanConfig
-    from shardlab.planner_verdict import VerdictCase
+    from shardlab.planner.verdict import VerdictCase
 
     model = {"layers": 2, "hidden": 1024, "ffn": 2048, "heads": 8, "kv_heads": 8, "vocab": 1024, "name": "tiny-hd128"}
     plan = PlanConfig(model, "v5e-8", fsdp=8, global_batch=8, seq=1024)

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from shardlab.levers import order as O
 from shardlab.memory import graph as G
 from shardlab.memory import roam
 from shardlab.memory import update_schedule as U
 from shardlab.memory.params import MemoryParams
+from shardlab.profile import order as O
 
 MLP2 = MemoryParams(model="mlp", layers=2, hidden=16, ffn=64, step_seq=1, step_batch=8)
 

@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from shardlab.levers import order as O
 from shardlab.memory import ilp, roam
+from shardlab.profile import order as O
 
 
 def random_graph(rng: random.Random, n: int, zero: float = 0.3) -> O.Graph:

@@ -3,10 +3,10 @@ program order, flash vs plain points on a log axis."""
 
 from __future__ import annotations
 
-from shardlab.levers import order as O
+from shardlab.memory import figures as V
 from shardlab.memory import flash as F
 from shardlab.memory import ilp
-from shardlab.viz import memory as V
+from shardlab.profile import order as O
 
 
 def test_order_profiles_figure() -> None:

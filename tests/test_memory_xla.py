@@ -10,14 +10,14 @@ from dataclasses import replace
 import pytest
 import torch
 
-from shardlab import harness
-from shardlab.levers import order as O
+from shardlab.core import harness
 from shardlab.memory import case as C
 from shardlab.memory import graph as G
 from shardlab.memory import update_schedule as U
 from shardlab.memory import xla_step as X
 from shardlab.memory.params import MemoryParams
 from shardlab.profile import capture_hlo
+from shardlab.profile import order as O
 
 pytestmark = pytest.mark.xla
 P = MemoryParams(model="mlp", layers=2, hidden=128, ffn=256, step_seq=1, step_batch=8)

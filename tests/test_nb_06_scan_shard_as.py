@@ -153,8 +153,8 @@ def test_notebook_06_bad_parameter(run_notebook: Callable[..., dict[str, Any]]) 
 
 @pytest.mark.slow
 def test_compile_vs_devices_runs_each_count_in_a_fresh_process(xla_world: Any) -> None:
-    from shardlab.params import ScanParams
     from shardlab.xla_scan import measure as X
+    from shardlab.xla_scan.params import ScanParams
 
     p = ScanParams(hidden=16, ffn=32, batch=2, seq=2)
     rows = X.compile_vs_devices(p, 2, "scan", (1, 2))

@@ -2,7 +2,7 @@
 defaults and at two other legal parameter sets (4 devices with the heads split over 4 chips and a GPT-2 step; 1 device
 with one MLP layer and no unsplit integer program), and the recorded values equal oracles worked out here: the
 planner's attention terms by hand (6·a·s²/t and 4·a·s/t bytes), the flash program's three custom calls, the step's
-DAG re-traced and priced by a live-bytes walk written here (not ``levers.order``'s simulator, which the code uses),
+DAG re-traced and priced by a live-bytes walk written here (not ``profile.order``'s simulator, which the code uses),
 the best update schedule by brute force over every schedule (up to 8 update units)."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import itertools
 
 import pytest
 
-from shardlab.levers import order as O
 from shardlab.memory import graph as G
 from shardlab.memory import update_schedule as U
 from shardlab.memory.params import MemoryParams
+from shardlab.profile import order as O
 
 
 def _by(record):  # type: ignore[no-untyped-def]
@@ -34,7 +34,7 @@ def _check_attention(by, heads: int, seq: int, tensor: int) -> None:  # type: ig
 
 
 def live_peak(g: O.Graph, order: list[str] | tuple[str, ...]) -> int:
-    """The memory model of ``levers.order`` (its module note) walked here independently: an operator's counted outputs
+    """The memory model of ``profile.order`` (its module note) walked here independently: an operator's counted outputs
     are allocated when it runs (the peak is taken then), and a counted tensor that is not a graph output is freed
     once the operator that reads or writes it last in ``order`` has run."""
     pos = {n: i for i, n in enumerate(order)}

@@ -10,20 +10,14 @@ from pathlib import Path
 import pytest
 
 from shardlab import planner
-from shardlab.params import (
-    AttentionParams,
-    BlocksParams,
-    FsdpGspmdParams,
-    FsdpParams,
-    MlpParams,
-    PlannerParams,
-    ScanParams,
-    VocabParams,
-    WelcomeParams,
-    field_comments,
-    notebook_params,
-)
+from shardlab.blocks.params import BlocksParams, WelcomeParams
+from shardlab.core.params import field_comments
+from shardlab.core.topics import notebook_params
+from shardlab.fsdp.params import FsdpGspmdParams, FsdpParams
+from shardlab.planner.params import PlannerParams
 from shardlab.report.notebooks import read_parameters
+from shardlab.tp.params import AttentionParams, MlpParams, VocabParams
+from shardlab.xla_scan.params import ScanParams
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 

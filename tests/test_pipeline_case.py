@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from shardlab import harness
+from shardlab.core import harness
 from shardlab.pipeline.params import PipelineParams
 
 SMALL = PipelineParams(stages=2, microbatches=4, virtual=2, batch=4, seq=8, hidden=32, heads=2, ffn=64, layers=4,

@@ -1,4 +1,4 @@
-"""viz.pipeline: the timeline figure draws every action once and every idle interval, and the idle it draws adds
+"""pipeline.figures: the timeline figure draws every action once and every idle interval, and the idle it draws adds
 up to the bubble the simulator measured (p - 1 bubble slots per device at unit costs, counted by hand)."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 from fractions import Fraction
 
 from shardlab.formulas.pipeline import bubble_ratio
+from shardlab.pipeline.figures import KIND_COLOR, idle_intervals, timeline_figure
 from shardlab.pipeline.schedules import build
 from shardlab.pipeline.timeline import simulate
-from shardlab.viz.pipeline import KIND_COLOR, idle_intervals, timeline_figure
 
 
 def test_idle_intervals_add_up_to_the_bubble() -> None:
@@ -35,7 +35,7 @@ def test_figure_has_one_bar_per_action_and_per_idle_interval() -> None:
 
 
 def test_explorer_update_reports_a_bad_combination_instead_of_raising() -> None:
-    from shardlab.viz.pipeline import explorer
+    from shardlab.pipeline.figures import explorer
 
     ui, update = explorer(4, 8, 2, message_bytes=100)
     good = update()

@@ -167,7 +167,7 @@ def test_fit_margin_and_at_risk():
 
 def test_viz_headless():
     # the figure has one stacked trace per memory category (+ the HBM marker); the explorer reports bad degrees
-    from shardlab.viz.planner import CATEGORY_ORDER, PlannerExplorer, memory_figure, summary_frame
+    from shardlab.planner.figures import CATEGORY_ORDER, PlannerExplorer, memory_figure, summary_frame
 
     p = P.plan(P.PlanConfig("llama-3-8b", "v6e-8"))
     fig = memory_figure([p, p])
@@ -196,7 +196,7 @@ def test_custom_model_dict():
         P.model_from({"layers": 2, "hiden": 512, "hidden": 512, "ffn": 2048, "heads": 8, "kv_heads": 8})
     with pytest.raises(ValueError, match=r"custom model: layers=0 must be a positive int"):
         P.model_from({"layers": 0, "hidden": 512, "ffn": 2048, "heads": 8, "kv_heads": 8, "vocab": 10})
-    from shardlab.viz.planner import PlannerExplorer
+    from shardlab.planner.figures import PlannerExplorer
 
     ex = PlannerExplorer(P.PlanConfig({"layers": 2, "hidden": 512, "ffn": 2048, "heads": 8, "kv_heads": 8,
                                        "vocab": 32000}, "v5e-8"))
@@ -220,8 +220,8 @@ def test_the_notebook_parameters_are_the_plan_configuration():
     # notebook 07's parameters extend PlanConfig (declared once): planning them is planning the same PlanConfig
     from dataclasses import fields, replace
 
-    from shardlab.params import PlannerParams
-    from shardlab.viz.planner import PlannerExplorer
+    from shardlab.planner.figures import PlannerExplorer
+    from shardlab.planner.params import PlannerParams
 
     nb = PlannerParams(topology="v5e-8", fsdp=4, data=2, recompute="selective", sequence_parallel=True).validate()
     assert isinstance(nb, P.PlanConfig)

@@ -1,4 +1,4 @@
-"""The planner's validation views (shardlab.planner_check): formulas against hand arithmetic, the CPU and TPU
+"""The planner's validation views (shardlab.planner.check): formulas against hand arithmetic, the CPU and TPU
 compiler views against the formulas on a (replica 2, world 4) mesh of the session's 8 devices, and the skips.
 
 Oracles: Megatron-LM (Shoeybi et al. 2019) — a layer issues 2 all-reduces forward and 2 backward, each of the
@@ -14,9 +14,9 @@ from dataclasses import replace
 
 import pytest
 
-from shardlab import harness
-from shardlab import planner_check as pc
-from shardlab.params import PlannerParams
+from shardlab.core import harness
+from shardlab.planner import check as pc
+from shardlab.planner.params import PlannerParams
 
 # the validation sizes: T = 16 tokens of width 32, ffn 64, 4 heads, on 4 ranks
 SMALL = PlannerParams(val_world=4, val_tokens=16, val_hidden=32, val_ffn=64, val_heads=4)

@@ -1,4 +1,4 @@
-"""The planner checked by the XLA:TPU compiler (``shardlab.planner_verdict``) on a tiny Llama-shaped model.
+"""The planner checked by the XLA:TPU compiler (``shardlab.planner.verdict``) on a tiny Llama-shaped model.
 
 Oracle: parameter arithmetic written out here (not the planner's formula): per layer q, k, v, o = 4·h² (kv heads =
 heads), SwiGLU 3·h·ffn, two norms 2·h; embedding and LM head V·h each (V padded to 128·tensor), final norm h.
@@ -14,7 +14,7 @@ from dataclasses import replace
 import pytest
 
 from shardlab.planner import PlanConfig
-from shardlab.result_files import save_results
+from shardlab.profile.result_files import save_results
 
 pytestmark = pytest.mark.xla
 
@@ -23,7 +23,7 @@ TINY = {"layers": 2, "hidden": 256, "ffn": 512, "heads": 8, "kv_heads": 8, "voca
 
 @pytest.fixture(scope="module")
 def pc(xla_world):  # type: ignore[no-untyped-def]
-    from shardlab import planner_verdict
+    from shardlab.planner import verdict as planner_verdict
     from shardlab.profile import tpu
 
     tpu.check_backend()

@@ -93,7 +93,7 @@ def test_built_notebooks_carry_the_cell_after_parameters() -> None:
 
 
 def test_badge_table_links_each_notebook() -> None:
-    from shardlab.hosted import badge_table
+    from shardlab.report.hosted import badge_table
 
     table = badge_table(["01_block_matrices", "05_fsdp_flat_params"], "octo/shardlab", "main").splitlines()
     assert table[0] == "| notebook | Colab | Kaggle |" and len(table) == 4

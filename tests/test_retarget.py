@@ -102,8 +102,8 @@ def tpu(xla_world):  # type: ignore[no-untyped-def]
 
 def _tp_mlp():  # type: ignore[no-untyped-def]
     """Notebook 02's Megatron MLP step at tp 8 (mesh (data 1, tensor 8)), traced at tp 2 on 2 devices."""
-    from shardlab.params import MlpParams
     from shardlab.tp.case import MlpCase
+    from shardlab.tp.params import MlpParams
 
     p = MlpParams(tp=8)
     return MlpCase(p), MlpCase(replace(p, tp=2)), ((1, 2), (1, 8))
@@ -112,7 +112,7 @@ def _tp_mlp():  # type: ignore[no-untyped-def]
 def _seed_scan(shard_as: bool):  # type: ignore[no-untyped-def]
     """Notebook 06's seed block stack (scan over L 4 layers, fsdp 2 × tensor 4) with shard_as off / on, traced on
     fsdp 2 × tensor 2 (4 devices)."""
-    from shardlab.params import ScanParams
+    from shardlab.xla_scan.params import ScanParams
     from shardlab.xla_scan.scale import SeedCase
 
     p = ScanParams()
@@ -138,7 +138,7 @@ CASES = {"02 tp mlp": _tp_mlp, "06 scan shard_as on": lambda: _seed_scan(True),
 
 
 def _compile(tpu, case, **kw):  # type: ignore[no-untyped-def]
-    from shardlab.case import build_graph
+    from shardlab.core.case import build_graph
     from shardlab.inspect import step
 
     if hasattr(case, "graph"):

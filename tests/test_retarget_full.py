@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.xla, pytest.mark.full_size]
 def test_seed_405b_on_v6e_64_from_8_devices(xla_world, shard_as) -> None:  # type: ignore[no-untyped-def]
     """Notebook 06's full-size seed (126 layers, q/o [16384, 16384], fsdp 16 × tensor 4): off does not fit, on fits,
     and both ways agree on everything."""
-    from shardlab.case import build_graph
+    from shardlab.core.case import build_graph
     from shardlab.profile import retarget as R
     from shardlab.profile import tpu
     from shardlab.xla_scan.pod import pod_case

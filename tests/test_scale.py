@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 
-from shardlab.params import ScanParams
+from shardlab.xla_scan.params import ScanParams
 
 pytestmark = pytest.mark.xla
 
@@ -32,7 +32,7 @@ def scale(xla_world):  # type: ignore[no-untyped-def]
 
 def off_on(scale, case):  # type: ignore[no-untyped-def]
     """The same step compiled for a v5e slice with shard_as off and on (the harness's TPU view)."""
-    from shardlab import harness
+    from shardlab.core import harness
 
     out = {}
     for tag, flag in (("off", False), ("on", True)):

@@ -13,11 +13,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from shardlab import harness
-from shardlab.params import AttentionParams, VocabParams
+from shardlab.core import harness
+from shardlab.core.views import View, merge
 from shardlab.profile import Recorder, parse_hlo
 from shardlab.tp import case as tpc
-from shardlab.views import View, merge
+from shardlab.tp.params import AttentionParams, VocabParams
 
 pytestmark = pytest.mark.xla
 

@@ -105,9 +105,9 @@ def test_bf16_collectives_run_in_f32_on_cpu_and_are_compared_on_elements(xla) ->
     The compiler view must record that HLO byte count honestly, mark it as differing with the measured reason,
     and agree on elements."""
     dev, capture_hlo, gspmd = xla
-    from shardlab.harness import record
+    from shardlab.core.harness import record
+    from shardlab.core.views import View, collectives_view, traffic
     from shardlab.profile import Recorder
-    from shardlab.views import View, collectives_view, traffic
 
     mlp = gspmd.shard_mlp(models.MLP(H, FFN).to(torch.bfloat16).to(dev), gspmd.tensor_mesh(4))
     cap = capture_hlo(gspmd.step, mlp, torch.randn(B, S, H).to(torch.bfloat16).to(dev))

@@ -1,13 +1,13 @@
-"""viz.tp: ownership pictures agree with vocab_range / the Megatron split, and the explorer works headless."""
+"""tp.figures: ownership pictures agree with vocab_range / the Megatron split, and the explorer works headless."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from shardlab.tp import figures as vtp
 from shardlab.tp import vocab_range
 from shardlab.tp.case import explore
-from shardlab.viz import tp as vtp
 
 
 def test_mlp_and_attention_panels_follow_the_split() -> None:

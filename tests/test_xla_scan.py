@@ -13,14 +13,15 @@ from typing import Any
 import pytest
 import torch
 
-from shardlab import harness
+from shardlab.core import harness
+from shardlab.core.views import View
 from shardlab.formulas import scan as F
-from shardlab.params import ScanParams
-from shardlab.views import View
 from shardlab.xla_scan import case as C
 from shardlab.xla_scan import measure as X
 from shardlab.xla_scan import model as M
+from shardlab.xla_scan import sections as SEC
 from shardlab.xla_scan import sharding as S
+from shardlab.xla_scan.params import ScanParams
 
 pytestmark = pytest.mark.xla
 
@@ -136,24 +137,24 @@ def test_switches_restore_torch_xla_even_on_error(xla_world: Any) -> None:
 
 
 def test_huge_placeholder_costs_nothing_lowers_to_parameter_and_reads_clearly(xla_world: Any) -> None:
-    from shardlab.xla_scan import patches
+    from shardlab.profile import placeholders
 
-    rss0 = patches.current_rss_bytes()
-    p = patches.placeholder((1 << 34,))  # 64 GiB of float32
-    assert patches.logical_bytes(p) == 64 * 2**30
-    assert patches.current_rss_bytes() - rss0 < 100 * 2**20  # resident memory grew < 100 MiB
+    rss0 = placeholders.current_rss_bytes()
+    p = placeholders.placeholder((1 << 34,))  # 64 GiB of float32
+    assert placeholders.logical_bytes(p) == 64 * 2**30
+    assert placeholders.current_rss_bytes() - rss0 < 100 * 2**20  # resident memory grew < 100 MiB
     y = p * 2.0
-    hlo = patches.lowered_hlo([y])
+    hlo = placeholders.lowered_hlo([y])
     assert "f32[17179869184]{0} parameter(" in hlo
     for t in (p, y):
-        with pytest.raises(patches.PlaceholderReadError, match=r"shape \[17179869184\].*placeholder"):
-            patches.read(t)
+        with pytest.raises(placeholders.PlaceholderReadError, match=r"shape \[17179869184\].*placeholder"):
+            placeholders.read(t)
     real = torch.ones(4).to(p.device)
-    assert patches.read(real * 3).tolist() == [3.0] * 4
+    assert placeholders.read(real * 3).tolist() == [3.0] * 4
 
 
 def test_shard_as_demo_copies_the_annotated_sharding(xla_world: Any) -> None:
-    d = C.shard_as_demo(P)
+    d = SEC.shard_as_demo(P)
     assert d is not None
     assert d.a_spec == "{devices=[2,4]0,1,2,3,4,5,6,7}"
     assert d.b_spec_without == "{replicated}"
@@ -172,7 +173,7 @@ def trap_params(f: int, t: int, batch: int, seq: int) -> ScanParams:
 
 @pytest.mark.parametrize("f,t,B,Sq", TRAP_CASES)
 def test_linear_trap_rows_and_tiles_follow_the_flattening(xla_world: Any, f: int, t: int, B: int, Sq: int) -> None:
-    formula, cpu, tpu = C.linear_trap(trap_params(f, t, B, Sq))
+    formula, cpu, tpu = SEC.linear_trap(trap_params(f, t, B, Sq))
     want = F.flattened_rows(B, Sq, f, t)
     assert cpu.values["linear.rows"] == formula.values["linear.rows"] == want.rows_per_device
     assert cpu.values["einsum.rows"] == B * Sq // (f * t)
@@ -186,7 +187,7 @@ def test_linear_trap_rows_and_tiles_follow_the_flattening(xla_world: Any, f: int
 def test_linear_trap_on_tpu_keeps_both_splits(xla_world: Any) -> None:
     # measured with libtpu 0.0.21: XLA:TPU multiplies a 3-D [B/f, S/t, O] per-chip dot for F.linear too, so the
     # view lists rows / tiles / collectives in differs (with the per-chip dot in the reason) instead of failing
-    formula, cpu, tpu = C.linear_trap(trap_params(2, 4, 8, 16))
+    formula, cpu, tpu = SEC.linear_trap(trap_params(2, 4, 8, 16))
     assert tpu.values["linear.rows"] == tpu.values["einsum.rows"] == 8 * 16 // 8
     assert tpu.values["linear.collectives"] == 0
     assert set(tpu.differs) == {"linear.rows", "linear.out_tiles", "linear.collectives"}
@@ -216,7 +217,7 @@ def test_views_agree_with_the_formula_on_and_off(xla_world: Any, mesh: tuple[int
         f, t = mesh
         assert vs[1]["grad_shape.w_up"] == f"[2, {32 // f if flag else 32}, {64 // t}]"
     for src in (1, 2):  # CPU and TPU programs: what shard_as changed in the backward body
-        assert C.what_shard_as_changed(views[False][src], views[True][src], base) == \
+        assert SEC.what_shard_as_changed(views[False][src], views[True][src], base) == \
             ("all-reduce fsdp", "reduce-scatter fsdp")
 
 
@@ -304,7 +305,7 @@ def test_bad_layers() -> None:
 def test_shard_as_by_hand_exercise() -> None:
     """06 #7: the reduce-scatter is graded right; an all-reduce + slice gets the same numbers through the 1-D
     gradient and is graded wrong (the collectives differ); a wrong sum is wrong."""
-    from shardlab.exercises import Exercises
+    from shardlab.core.exercises import Exercises
 
     ex = Exercises("06_scan_shard_as")
     assert ex.grade(7, lambda comm, x, dh: comm.reduce_scatter(x.T @ dh)) == "exercise 7: right"

@@ -27,7 +27,7 @@ from pathlib import Path
 import jupytext
 import nbformat
 
-from shardlab.params import notebook_params
+from shardlab.core.topics import notebook_params
 from shardlab.report.notebooks import parse_parameters
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,7 +62,8 @@ def with_parameters(text: str, stem: str) -> str:
     notebook's dataclass."""
     params = notebook_params()
     if stem not in params:
-        raise ValueError(f"{stem}: no parameter dataclass declares NOTEBOOK={stem!r} (shardlab.params)")
+        raise ValueError(f"{stem}: no topic registers a parameter dataclass with NOTEBOOK={stem!r} "
+                         "(a Lesson in some shardlab/<topic>/topic.py)")
     if not text.startswith(PARAMETERS_HEADER + "\n"):
         raise ValueError(f"{stem}: the source must start with the line {PARAMETERS_HEADER}")
     rest = text[len(PARAMETERS_HEADER) + 1:]

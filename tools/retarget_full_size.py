@@ -66,7 +66,7 @@ def compare(inspect: bool) -> None:
     from shardlab import runtime
 
     runtime.setup(num_devices=8)
-    from shardlab.case import build_graph
+    from shardlab.core.case import build_graph
     from shardlab.profile import retarget as R
     from shardlab.profile import tpu
 

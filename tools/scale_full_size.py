@@ -25,7 +25,7 @@ import time
 
 from shardlab import runtime
 from shardlab.profile import tpu
-from shardlab.result_files import save_results
+from shardlab.profile.result_files import save_results
 
 
 def _source(command: str, started: float) -> dict:
@@ -43,7 +43,7 @@ def main() -> None:
     a = ap.parse_args()
     runtime.setup(num_devices=8)
     # after setup: these modules import torch_xla, which must see the device count first (the ordering rule)
-    from shardlab import planner_verdict as pv
+    from shardlab.planner import verdict as pv
     from shardlab.xla_scan import scale
 
     started = time.time()
@@ -68,7 +68,7 @@ def main() -> None:
         save_results(rules, pv.RULE_FILE, **_source("python tools/scale_full_size.py fsdp-rule", started))
         print("wrote", pv.RULE_FILE)
     elif a.what == "pipeline":
-        from shardlab import planner_check as pc
+        from shardlab.planner import check as pc
 
         results = {"gpipe": pc.pipeline_check()}
         print(results["gpipe"].as_dict(), flush=True)

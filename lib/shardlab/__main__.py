@@ -24,12 +24,12 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from shardlab.hosted import badge_table
 from shardlab.inspect.cli import add_parser as add_inspect
 from shardlab.inspect.cli import main as inspect_main
 from shardlab.report.baseline import BaselineError
 from shardlab.report.datatypes import EXIT_FAILED, EXIT_OK, EXIT_RUNNER, ROOT
 from shardlab.report.execute import hide_slow_modules
+from shardlab.report.hosted import badge_table
 from shardlab.report.notebooks import ReportInputError, find_notebooks, parse_value, resolve_name
 from shardlab.runtime import tpu_present
 
@@ -137,8 +137,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from shardlab.report.charts import charts, write_charts
     from shardlab.report.sweep import match_names, run_sweep
 
-    nb_dir = args.notebooks_dir or ROOT / "notebooks"
-    nb = resolve_name(args.notebook, find_notebooks(nb_dir))
+    nb = resolve_name(args.notebook, find_notebooks(args.notebooks_dir))
     grid = _params(args.param, single=False)
     axes = {k: v for k, v in grid.items() if len(v) > 1}
     base = {k: v[0] for k, v in grid.items() if len(v) == 1}
@@ -161,7 +160,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def cmd_badges(args: argparse.Namespace) -> int:
     try:
-        print(badge_table(find_notebooks(ROOT / "notebooks"), args.repo, args.branch))
+        print(badge_table(find_notebooks(), args.repo, args.branch))
     except ValueError as exc:
         raise ReportInputError(str(exc)) from exc
     return EXIT_OK

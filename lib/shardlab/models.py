@@ -13,6 +13,7 @@ Layout follows `nn.Linear`: weight is [out_features, in_features], y = x @ W^T +
     Attention(h, nh)         causal softmax(Q K^T / sqrt(hd)) V, then the output projection
     nn.Embedding(V, h)       the embedding itself (its tied output layer: `tp.layers.VocabParallelEmbedding`)
     TransformerBlock(h, nh, ffn)   pre-LayerNorm: x + Attn(LN(x)), then + MLP(LN(.))
+    loss(out, target)        ½‖out − target‖², the loss of every forward + backward step of the suite
 """
 
 from __future__ import annotations
@@ -88,3 +89,11 @@ class TransformerBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))  # [b, s, h]
         return x + self.mlp(self.ln2(x))  # [b, s, h]
+
+
+def loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """½‖out − target‖², the loss of every forward + backward step here: its output gradient ``out − target``
+    depends on the forward's output, as in training, so the backward's first collective (f) waits for the
+    forward's last (g). (A loss ``(out * grad_out).sum()`` has the constant output gradient ``grad_out``: the
+    two all-reduces are then independent and XLA:TPU's combiner merged them into one — an artefact, measured.)"""
+    return 0.5 * (out - target).pow(2).sum()

@@ -8,7 +8,7 @@ answers = None  # exercise answer key (the tests and the report inject it); leav
 
 # %%
 from shardlab import runtime
-from shardlab.params import WelcomeParams
+from shardlab.blocks.params import WelcomeParams
 from shardlab.profile import Recorder
 
 p = WelcomeParams.from_namespace(globals())  # every parameter checked here, before any XLA work
@@ -107,8 +107,8 @@ import torch
 import torch_xla
 import torch_xla.distributed.spmd as xs
 
+from shardlab.blocks import collective_figures as vc
 from shardlab.blocks import tiles
-from shardlab.viz import collectives as vc
 
 data_axis = 2 if world.num_devices % 2 == 0 and world.num_devices >= 4 else 1
 mesh_shape, axes = (data_axis, world.num_devices // data_axis), ("data", "model")
@@ -267,8 +267,8 @@ pd.DataFrame([{"p": w, "payload": label, "steps": ring_steps("all_reduce", w),
 #   process when p does not tile this process.
 
 # %%
-from shardlab import harness
 from shardlab.blocks.case import CollectiveCase, measured
+from shardlab.core import harness
 
 cases = {
     "sum": CollectiveCase(p, "all_reduce", (p.n,), label="sum"),
@@ -328,7 +328,7 @@ for label, v in (("the n-element vector", views["scatter"][3]), ("the [64, 256] 
 #    ledger must send exactly the wire bytes of a ring all-reduce.
 
 # %%
-from shardlab.exercises import Exercises
+from shardlab.core.exercises import Exercises
 
 ring8 = ring.simulate("all_reduce", [torch.zeros(1024)] * 8)
 gather8 = ring.simulate("all_gather", [torch.zeros(128)] * 8)

@@ -12,7 +12,7 @@ answers = None  # exercise answer key (the tests and the report inject it); leav
 
 # %%
 from shardlab import runtime
-from shardlab.params import BlocksParams
+from shardlab.blocks.params import BlocksParams
 from shardlab.profile import Recorder
 
 p = BlocksParams.from_namespace(globals())  # every parameter checked here, before any XLA work
@@ -42,8 +42,8 @@ world
 # %%
 from dataclasses import replace
 
-from shardlab import harness
 from shardlab.blocks import case as bc
+from shardlab.core import harness
 
 cases, skipped = bc.block_cases(p)  # column, row, and the (2, p/2) grid when p is even
 for rule, why in skipped.items():
@@ -74,7 +74,7 @@ rec.check("blocks.algebra.column_equals_dense", err_col < 1e-10, f"max abs err {
 rec.check("blocks.algebra.row_equals_dense", err_row < 1e-10, f"max abs err {err_row:.1e}")
 
 # %%
-from shardlab.viz import blocks as vb
+from shardlab.blocks import figures as vb
 
 vb.split_figure(p.m, p.k, p.n, p.parts, "column").show()
 vb.split_figure(p.m, p.k, p.n, p.parts, "row").show()
@@ -270,7 +270,7 @@ bc.matmul_table(matmuls, {name: v[1:] for name, v in matmul_views.items()})
 #    annotated by your spec and counts C's elements per device.
 
 # %%
-from shardlab.exercises import Exercises
+from shardlab.core.exercises import Exercises
 
 ex = Exercises(p.NOTEBOOK, rec, p.answers)
 answer_1 = None  # bytes

@@ -13,8 +13,8 @@ answers = None  # exercise answer key (the tests and the report inject it); leav
 
 # %%
 from shardlab import runtime
-from shardlab.params import MlpParams
 from shardlab.profile import Recorder
+from shardlab.tp.params import MlpParams
 
 p = MlpParams.from_namespace(globals())  # every parameter checked here, before any XLA work
 world = runtime.setup(num_devices=p.num_devices)
@@ -42,8 +42,8 @@ world
 # %%
 from dataclasses import replace
 
-from shardlab import harness
 from shardlab.blocks import ring
+from shardlab.core import harness
 from shardlab.tp.case import MlpCase, gloo_run, same_results
 
 fwd = MlpCase(p, backward=False)  # one forward
@@ -64,7 +64,7 @@ formula = {c.phase: harness.formula(c) for c in (fwd, fb)}
 # $i$'s GeLU output $y_i$ is exactly the input rows its $B_i$ needs.
 
 # %%
-from shardlab.viz import tp as vtp
+from shardlab.tp import figures as vtp
 
 vtp.ownership_figure(vtp.mlp_panels(min(p.hidden, 64), min(p.ffn, 256), p.tp), p.tp,
                      f"MLP weights over tp={p.tp} devices").show()
@@ -238,7 +238,7 @@ ui
 #    every rank's z must equal the dense product, with exactly one all-reduce of [b·s, h].
 
 # %%
-from shardlab.exercises import Exercises
+from shardlab.core.exercises import Exercises
 
 ex = Exercises(p.NOTEBOOK, rec, p.answers)
 answer_1 = None  # bytes (an int)

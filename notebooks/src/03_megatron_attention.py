@@ -13,8 +13,8 @@ answers = None  # exercise answer key (the tests and the report inject it); leav
 
 # %%
 from shardlab import runtime
-from shardlab.params import AttentionParams
 from shardlab.profile import Recorder
+from shardlab.tp.params import AttentionParams
 
 p = AttentionParams.from_namespace(globals())  # every parameter checked here, before any XLA work
 world = runtime.setup(num_devices=p.num_devices)
@@ -39,8 +39,9 @@ world
 # TPU slice, compile-only).
 
 # %%
-from shardlab import harness
-from shardlab.tp.case import COMPILERS, AttentionCase, LayerCase
+from shardlab.core import harness
+from shardlab.core.views import COMPILERS
+from shardlab.tp.case import AttentionCase, LayerCase
 
 fwd = AttentionCase(p, backward=False)  # one forward
 fb = AttentionCase(p, backward=True)  # forward + backward of the loss ½‖out − target‖²
@@ -59,7 +60,7 @@ formula = {c.phase: harness.formula(c) for c in (fwd, fb)}
 # Columns of $W_Q, W_K, W_V$ grouped by head: device $i$ owns whole heads. $W_O$ is split by the matching rows.
 
 # %%
-from shardlab.viz import tp as vtp
+from shardlab.tp import figures as vtp
 
 vtp.ownership_figure(vtp.attention_panels(min(p.hidden, 64), p.heads, p.tp), p.tp,
                      f"attention weights, {p.heads} heads over tp={p.tp} devices").show()
@@ -197,7 +198,7 @@ ui
 #    gather nothing and issue exactly Megatron's all-reduces.
 
 # %%
-from shardlab.exercises import Exercises
+from shardlab.core.exercises import Exercises
 
 ex = Exercises(p.NOTEBOOK, rec, p.answers)
 answer_1 = None  # a list of ints

@@ -14,8 +14,8 @@ answers = None  # exercise answer key (the tests and the report inject it); leav
 
 # %%
 from shardlab import runtime
-from shardlab.params import VocabParams
 from shardlab.profile import Recorder
+from shardlab.tp.params import VocabParams
 
 p = VocabParams.from_namespace(globals())  # every parameter checked here, before any XLA work
 world = runtime.setup(num_devices=p.num_devices)
@@ -49,11 +49,11 @@ world
 # %%
 from dataclasses import replace
 
-from shardlab import harness
+from shardlab.core import harness
+from shardlab.core.views import View
 from shardlab.formulas import tp as ftp
 from shardlab.tp import vocab_range
 from shardlab.tp.case import CE_METHODS, CrossEntropyCase, EmbeddingCase, TiedOutputCase, ce_cases, ce_table_views
-from shardlab.views import View
 
 emb = EmbeddingCase(p)  # one forward lookup
 emb_fb = EmbeddingCase(p, backward=True)  # + the weight gradient
@@ -87,7 +87,7 @@ print(f"payload ratio ceil(V/p)/3 = {ftp.ce_payload_ratio(p.vocab, p.tp):.1f}, "
 # `vocab % tp` devices own one row more.
 
 # %%
-from shardlab.viz import tp as vtp
+from shardlab.tp import figures as vtp
 
 vtp.ownership_figure(vtp.embedding_panels(p.vocab, p.hidden, p.tp), p.tp, f"V={p.vocab} over tp={p.tp} devices").show()
 
@@ -282,7 +282,7 @@ ui
 #    the library's `vocab_range` on a grid of V (even and uneven) and p.
 
 # %%
-from shardlab.exercises import Exercises
+from shardlab.core.exercises import Exercises
 
 ex = Exercises(p.NOTEBOOK, rec, p.answers)
 answer_1 = None  # bytes

@@ -13,7 +13,7 @@ answers = None  # exercise answer key (the tests and the report inject it); leav
 import time
 
 from shardlab import runtime
-from shardlab.params import FsdpParams
+from shardlab.fsdp.params import FsdpParams
 from shardlab.profile import Recorder
 
 _t0 = time.perf_counter()
@@ -50,7 +50,7 @@ world
 # %%
 from dataclasses import replace
 
-from shardlab import harness
+from shardlab.core import harness
 from shardlab.fsdp.case import FlatCase, flat_param_handle_check
 
 case = FlatCase(p)  # the MLP as one (root) unit
@@ -93,7 +93,7 @@ print("PyTorch FlatParamHandle agrees on every rank:", ok)
 # a dashed line is split between ranks — `ShardParamInfo.intra_start..intra_end` (inclusive) says which part.
 
 # %%
-from shardlab.viz import fsdp as vf
+from shardlab.fsdp import figures as vf
 
 names = [n for n, _ in case.model().named_parameters()]
 vf.flat_buffer_figure(plan, names).show()
@@ -167,7 +167,7 @@ step_table
 # reduce-scatter (backward — the root's gradient reduction comes last).
 
 # %%
-from shardlab.viz import tp as vtp
+from shardlab.tp import figures as vtp
 
 if len(p.layer_sizes) >= 3:
     nested = FlatCase(replace(p, steps=1), nested=True)
@@ -231,7 +231,7 @@ print(ledger.checks["parity.params_match_unsharded"][1])
 #    trailing rank, more ranks than elements) and compares with PyTorch's own `FlatParamHandle._get_shard`.
 
 # %%
-from shardlab.exercises import Exercises
+from shardlab.core.exercises import Exercises
 
 ex = Exercises(p.NOTEBOOK, rec, p.answers)
 answer_1 = None  # a list of 4 ints

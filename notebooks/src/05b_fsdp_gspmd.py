@@ -12,7 +12,7 @@ answers = None  # exercise answer key (the tests and the report inject it); leav
 import time
 
 from shardlab import runtime
-from shardlab.params import FsdpGspmdParams
+from shardlab.fsdp.params import FsdpGspmdParams
 from shardlab.profile import Recorder
 
 _t0 = time.perf_counter()
@@ -51,9 +51,9 @@ world
 # %%
 from dataclasses import replace
 
-from shardlab import harness
+from shardlab.core import harness
 from shardlab.fsdp import case as fc
-from shardlab.params import FsdpParams
+from shardlab.fsdp.params import FsdpParams
 
 case = fc.GspmdCase(p)  # dim-0 sharding of every parameter, mesh (fsdp N, replica devices / N)
 fc.param_frame(case)
@@ -220,7 +220,7 @@ else:
 #    replicate it with what FSDP2's rule moves.
 
 # %%
-from shardlab.exercises import Exercises
+from shardlab.core.exercises import Exercises
 
 ex = Exercises(p.NOTEBOOK, rec, p.answers)
 answer_1 = None  # bytes

@@ -19,8 +19,8 @@ answers = None  # exercise answer key (the tests and the report inject it); leav
 import time
 
 from shardlab import runtime
-from shardlab.params import ScanParams
 from shardlab.profile import Recorder
+from shardlab.xla_scan.params import ScanParams
 
 _t0 = time.perf_counter()
 p = ScanParams.from_namespace(globals())  # every parameter checked here, before any XLA work
@@ -50,7 +50,7 @@ world
 # $\{U_X\}$ = unreduced over X). A mesh axis's name also stands for its size: $h/\text{fsdp}$ is h split fsdp ways.
 # Every measured view — the **formula**, the **CPU compiler** (XLA's SPMD partitioner on this process's
 # devices) and the **TPU compiler** (the same graph compiled by XLA:TPU for a TPU slice, compile-only) — is one
-# view of a case in `shardlab.xla_scan.case`, run and recorded by `shardlab.harness`.
+# view of a case in `shardlab.xla_scan.case`, run and recorded by `shardlab.core.harness`.
 
 # %% [markdown]
 # ## 1 · Three ways to run L blocks — and the loop is the oracle
@@ -67,8 +67,8 @@ world
 # residual stream stays O(1) at any depth.
 
 # %%
-from shardlab import harness
-from shardlab.xla_scan import case as C
+from shardlab.core import harness
+from shardlab.xla_scan import sections as C
 
 sweep = [(c, harness.hlo(c)) for c in C.sweep_cases(p)]  # every mode at every L of layers_sweep, on the CPU devices
 rows = C.record_sweep(rec, sweep)
@@ -82,7 +82,7 @@ rows
 # threshold; `hlo_instructions` counts such a call once (`hlo_instructions_raw` counts everything).
 
 # %%
-from shardlab.viz.scan import bytes_vs_layers, compile_curves, explorer, tiling_figure
+from shardlab.xla_scan.figures import bytes_vs_layers, compile_curves, explorer, tiling_figure
 from shardlab.xla_scan.sharding import layer_spec
 
 if rows is not None:
@@ -437,7 +437,7 @@ if rows is not None:
 #    and with the collectives the 2-D gradient needs.
 
 # %%
-from shardlab.exercises import Exercises
+from shardlab.core.exercises import Exercises
 
 ex = Exercises(p.NOTEBOOK, rec, p.answers)
 program = next((t for t in (1, 2) if views["on"][t].ran and views["off"][t].ran), None)  # CPU, else TPU

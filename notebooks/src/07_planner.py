@@ -2,7 +2,7 @@
 num_devices = 8  # virtual CPU devices (or TPU chips) of this kernel; needs a kernel restart to change
 results_dir = None  # where the JSON record goes (the report runner sets it)
 seed = 0  # seed of every random tensor
-model = "llama-3-8b"  # a preset name, or custom sizes as a dict (see shardlab.presets)
+model = "llama-3-8b"  # a preset name, or custom sizes as a dict (see formulas.presets)
 topology = "v6e-8"  # a TPU slice of data/hardware: v5e-8, v6e-8, v6e-256, v5p-128, ...
 data = 1  # data-parallel replicas
 fsdp = 8  # ZeRO-3 / FSDP sharding degree
@@ -37,7 +37,7 @@ answers = None  # exercise answer key (the tests and the report inject it); leav
 
 # %%
 from shardlab import runtime
-from shardlab.params import PlannerParams
+from shardlab.planner.params import PlannerParams
 from shardlab.profile import Recorder
 
 p = PlannerParams.from_namespace(globals())  # every parameter checked here, the plan's degrees included
@@ -69,8 +69,8 @@ import pandas as pd
 from IPython.display import Markdown
 
 from shardlab import planner as P
-from shardlab import planner_figures
 from shardlab.formulas import hardware
+from shardlab.planner import published as planner_figures
 
 GB = 1e9
 GiB = 2**30
@@ -142,7 +142,7 @@ rec.check("planner.stacked_grad: model state + 1-D gradient exceeds v6e's usable
 # ## 3 · Your plan
 
 # %%
-from shardlab.viz.planner import PlannerExplorer, memory_figure, summary_frame
+from shardlab.planner.figures import PlannerExplorer, memory_figure, summary_frame
 
 my_plan = P.plan(p)  # the notebook's parameters are the plan's configuration
 print(my_plan.verdict)
@@ -298,7 +298,7 @@ display(Markdown(
 # table holds configurations used to choose nothing: a new slice size, half the sequence, no recompute.
 
 # %%
-from shardlab import planner_verdict as pv
+from shardlab.planner import verdict as pv
 
 verdicts, held, about = pv.compiled_or_cached(rec, p.full_size)
 print(about)
@@ -350,7 +350,7 @@ display(Markdown(pv.rule_text(rules)))
 # microbatches, compiled by XLA:TPU at m = 8 and 16 (cached).
 
 # %%
-from shardlab import planner_check as pc
+from shardlab.planner import check as pc
 
 pipe, _ = pc.load_pipeline()  # cached: tools/scale_full_size.py pipeline
 display(pipe.frame())
@@ -382,8 +382,8 @@ display(Markdown(pipe.text()))
 # * **FSDP units** — our `FlatUnit`s: an inner unit (resharded after forward) and the root unit (not).
 
 # %%
-from shardlab import harness
-from shardlab.harness import memory_frame, record, record_compile_s
+from shardlab.core import harness
+from shardlab.core.harness import memory_frame, record, record_compile_s
 from shardlab.tp.case import MlpCase
 
 mlp = MlpCase(pc.tp_params(p))  # notebook 02's case at the validation sizes
@@ -450,8 +450,8 @@ record(rec, "planner.validate.fsdp_units", *units)
 #    recompute that the planner says **fits**. The grader plans it.
 
 # %%
-from shardlab.exercises import Exercises
-from shardlab.planner_solutions import SOLUTIONS
+from shardlab.core.exercises import Exercises
+from shardlab.planner.solutions import SOLUTIONS
 
 ex = Exercises(p.NOTEBOOK, rec, p.answers, solutions=SOLUTIONS)
 answer_1 = None  # chips (an int)

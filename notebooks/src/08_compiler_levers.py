@@ -29,7 +29,7 @@ answers = None  # exercise answer key (the tests and the report inject it); leav
 
 # %%
 from shardlab import runtime
-from shardlab.params import LeversParams
+from shardlab.levers.params import LeversParams
 from shardlab.profile import Recorder
 
 p = LeversParams.from_namespace(globals())  # every parameter checked here, before any XLA work
@@ -67,18 +67,18 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 
-from shardlab import harness
+from shardlab.core import harness
 from shardlab.formulas.common import wire_bytes
 from shardlab.formulas.flops import linear_stack_step_flops
 from shardlab.formulas.hardware import chip, group_axes
 from shardlab.levers import case as L
 from shardlab.levers import combine as C
+from shardlab.levers import figures as VL
 from shardlab.levers import fusion as FU
-from shardlab.levers import order as O
 from shardlab.levers import overlap as OV
 from shardlab.levers import programs as P
 from shardlab.levers import search as S
-from shardlab.viz import levers as VL
+from shardlab.profile import order as O
 
 chips = world.num_devices  # p in the formulas below
 use_tpu = p.run_tpu and world.kind == "cpu"  # on a TPU host the "hlo" programs below are already the TPU's own
@@ -520,7 +520,7 @@ VL.summary_table(rec.values, saving, ext_cpu.worst.peak / unit, None if ext_step
 #    sizes and limits and compares with PyTorch's own `dist._compute_bucket_assignment_by_size`.
 
 # %%
-from shardlab.exercises import Exercises
+from shardlab.core.exercises import Exercises
 
 ex = Exercises(p.NOTEBOOK, rec, p.answers)
 answer_1 = None  # milliseconds (a float)

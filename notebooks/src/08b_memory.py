@@ -59,13 +59,13 @@ from dataclasses import replace
 
 import pandas as pd
 
-from shardlab import harness
+from shardlab.core import harness
 from shardlab.memory import case as C
+from shardlab.memory import figures as V
 from shardlab.memory import flash as F
 from shardlab.memory import full_size as FS
 from shardlab.memory import pallas_tpu, roam
-from shardlab.planner_verdict import load_holdout, load_matrix
-from shardlab.viz import memory as V
+from shardlab.planner.verdict import load_holdout, load_matrix
 
 GIB, MIB = 2**30, 2**20
 if p.full_size:  # every full-size result measured now (about 30 minutes of compiles and integer programs)
@@ -372,7 +372,7 @@ brute
 
 # %% [markdown]
 # **Interpretation.** The integer program is exact where it can be checked: on the step's forward + backward (no
-# optimizer) it finds the same peak as an exhaustive search over the sets of operators already run (`levers.order.
+# optimizer) it finds the same peak as an exhaustive search over the sets of operators already run (`profile.order.
 # extremes`), and on random graphs it equals brute force over every order (`tests/test_memory_ilp.py`). On the whole
 # step with Adam the unsplit program rarely *proves* its optimum within a second or two — the split program solves
 # parts of at most `max_ops` operators in well under a second each. At the default sizes program order is the worst:
@@ -543,7 +543,7 @@ ui
 #    peak you can find; the grader prices it.
 
 # %%
-from shardlab.exercises import Exercises
+from shardlab.core.exercises import Exercises
 from shardlab.memory.solutions import SOLUTIONS, update_toy
 
 ex = Exercises(p.NOTEBOOK, rec, p.answers, solutions=SOLUTIONS)

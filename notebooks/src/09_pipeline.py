@@ -47,8 +47,9 @@ from fractions import Fraction
 import pandas as pd
 import torch
 
-from shardlab import harness
+from shardlab.core import harness
 from shardlab.formulas import pipeline as fpp
+from shardlab.pipeline import figures as vpp
 from shardlab.pipeline.case import (
     FsdpCase,
     ScheduleCase,
@@ -60,7 +61,6 @@ from shardlab.pipeline.case import (
 )
 from shardlab.pipeline.schedules import build
 from shardlab.pipeline.timeline import simulate
-from shardlab.viz import pipeline as vpp
 
 torch.set_num_threads(1)  # tiny CPU matmuls: intra-op threads only spin against each other (and the ranks' threads)
 P, M, V = p.stages, p.microbatches, p.virtual
@@ -586,7 +586,7 @@ ui
 #    it execute per step inside its loops?
 
 # %%
-from shardlab.exercises import Exercises
+from shardlab.core.exercises import Exercises
 from shardlab.pipeline.solutions import SOLUTIONS
 
 ex = Exercises(p.NOTEBOOK, rec, p.answers, solutions=SOLUTIONS)

@@ -48,10 +48,10 @@ from dataclasses import replace
 
 import pandas as pd
 
-from shardlab import harness
+from shardlab.context import figures as vcp
 from shardlab.context.case import AllGatherCase, RingCase, UlyssesCase, gloo_run, ulysses_params
+from shardlab.core import harness
 from shardlab.formulas import context as fcp
-from shardlab.viz import context as vcp
 
 kv = (p.batch, p.seq, p.kv_heads, p.head_dim, p.cp)  # what the K/V traffic depends on (float32)
 print(f"one K (or V) block: b·(s/cp)·hkv·d·e = {fcp.kv_block_bytes(*kv)} bytes")
@@ -344,7 +344,7 @@ ui
 
 # %%
 from shardlab.context.solutions import SOLUTIONS
-from shardlab.exercises import Exercises
+from shardlab.core.exercises import Exercises
 
 ex = Exercises(p.NOTEBOOK, rec, p.answers, solutions=SOLUTIONS)
 compiled = next((v for v in step_views[2:] if v.ran), None)

@@ -55,7 +55,9 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 
-from shardlab import harness
+from shardlab.core import harness
+from shardlab.core.views import View
+from shardlab.expert import figures as vexp
 from shardlab.expert.case import (
     MoECase,
     async_windows,
@@ -69,8 +71,6 @@ from shardlab.expert.case import (
 )
 from shardlab.expert.moe import moe_reference
 from shardlab.formulas import expert as fexp
-from shardlab.views import View
-from shardlab.viz import expert as vexp
 
 torch.set_num_threads(1)  # tiny CPU matmuls: intra-op threads only spin against the ranks' threads
 step = MoECase(p)  # one MoE layer, forward + backward of ½‖y − target‖²
@@ -464,7 +464,7 @@ ui
 #    It is run on 4 simulated ranks with E = 8, C = 3, h = 2.
 
 # %%
-from shardlab.exercises import Exercises
+from shardlab.core.exercises import Exercises
 from shardlab.expert.solutions import SOLUTIONS
 
 ex = Exercises(p.NOTEBOOK, rec, p.answers, solutions=SOLUTIONS)

@@ -298,7 +298,7 @@ ui
 #    taking any parameter away from the Megatron rules. The grader runs inspect's own validation.
 
 # %%
-from shardlab.exercises import Exercises
+from shardlab.core.exercises import Exercises
 from shardlab.inspect.solutions import SOLUTIONS
 
 ex = Exercises(p.NOTEBOOK, rec, p.answers, solutions=SOLUTIONS)

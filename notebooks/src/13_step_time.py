@@ -228,7 +228,7 @@ summary
 #    the FLOP roofline give (within 1 %)?
 
 # %%
-from shardlab.exercises import Exercises
+from shardlab.core.exercises import Exercises
 from shardlab.timing.solutions import SOLUTIONS
 
 ex = Exercises(p.NOTEBOOK, rec, p.answers, solutions=SOLUTIONS)

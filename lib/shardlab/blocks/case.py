@@ -2,8 +2,8 @@
 
 Design
 ------
-Each case holds its notebook's parameters ``p`` (:mod:`shardlab.params`: ``BlocksParams`` for 01,
-``WelcomeParams`` for 00) and the variant it shows; :mod:`shardlab.harness` runs it through the four views::
+Each case holds its notebook's parameters ``p`` (:mod:`shardlab.core.params`: ``BlocksParams`` for 01,
+``WelcomeParams`` for 00) and the variant it shows; :mod:`shardlab.core.harness` runs it through the four views::
 
     BlockCase(p, rule)                   y = x W over p = parts blocks, one per device, split by `rule`:
                                          column (W by columns: no collective), row (x by columns, W by rows: one
@@ -41,14 +41,14 @@ import torch_xla.distributed.spmd as xs
 
 from shardlab import blocks, runtime
 from shardlab.blocks import ring, tiles
-from shardlab.case import Case, Checks, Program
+from shardlab.blocks.params import BlocksParams, WelcomeParams
 from shardlab.comm import Ledger
-from shardlab.dtypes import hlo_name
+from shardlab.core.case import Case, Checks, Program
+from shardlab.core.views import COMPILERS, View, traffic
 from shardlab.formulas import blocks as F
 from shardlab.formulas.common import reduction_dtype
-from shardlab.params import BlocksParams, WelcomeParams
+from shardlab.formulas.dtypes import hlo_name
 from shardlab.profile.hlo import HloModule
-from shardlab.views import View, traffic
 
 RULES = ("column", "row", "grid")
 PHASES = {"column": "col", "row": "row", "grid": "grid"}
@@ -543,6 +543,6 @@ def matmul_table(cases: dict[str, MatmulCase], compiled: dict[str, list[View]]) 
                           f"over {tiles.group_axes(c.replica_groups, shape, ('copies', 'X', 'Y'))}")
                        + (" + dynamic-slice" if c.feeds_dynamic_slice else "") for c in module.collectives]
             rows.append({"case": name, "what": what, "C asked": str(c_spec) if c_spec else "free",
-                         "compiler": {"hlo": "XLA:CPU", "tpu": "XLA:TPU"}[v.source],
+                         "compiler": COMPILERS[v.source],
                          "collectives": "; ".join(emitted) or "none", "C elements per device": root_elements(module)})
     return pd.DataFrame(rows)

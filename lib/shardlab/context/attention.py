@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 
 from shardlab.comm import Comm
-from shardlab.tp.programs import loss
+from shardlab.models import loss
 
 LAYOUTS = ("contiguous", "zigzag")
 KINDS = ("full", "diagonal", "masked")
@@ -125,7 +125,7 @@ def shard_sequence(x: torch.Tensor, layout: str, rank: int, cp: int, dim: int = 
 
 def contiguous_step(attention: Callable[..., torch.Tensor], comm: Comm, q: torch.Tensor, k: torch.Tensor,
                     v: torch.Tensor, target: torch.Tensor | None = None, causal: bool = False) -> dict[str, Any]:
-    """One rank's forward (+ backward of ½‖out − target‖², ``tp.programs.loss``, summed over the ranks' rows) of
+    """One rank's forward (+ backward of ½‖out − target‖², ``models.loss``, summed over the ranks' rows) of
     ``attention(q, k, v, comm, causal)`` on a contiguous split: q, k, v, target are the FULL [b, s, heads, d];
     rank r takes positions [r·s/cp, (r+1)·s/cp). Returns its out and gradients (its rows)."""
     cp, r = comm.world_size, comm.rank

@@ -3,7 +3,7 @@
 Design
 ------
 Each case holds the notebook's :class:`~shardlab.context.params.ContextParams` ``p`` and the variant it shows;
-:mod:`shardlab.harness` runs it through the views (formula, ledger, XLA:CPU, XLA:TPU)::
+:mod:`shardlab.core.harness` runs it through the views (formula, ledger, XLA:CPU, XLA:TPU)::
 
     AllGatherCase(p, backward, pin)        all-gather CP (Llama 3), contiguous layout: per rank
                                            (shardlab.context.allgather) and as sequence annotations (gspmd)
@@ -53,7 +53,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from shardlab import runtime
-from shardlab.case import Case, Checks
 from shardlab.comm import DistributedWorld, Ledger
 from shardlab.context import gspmd
 from shardlab.context.allgather import allgather_attention_step
@@ -62,11 +61,12 @@ from shardlab.context.gspmd import ROWS, SEQ, context_mesh, mark, permute_traffi
 from shardlab.context.params import ContextParams
 from shardlab.context.ring import ring_attention_step
 from shardlab.context.ulysses import ulysses_step
+from shardlab.core.case import Case, Checks
+from shardlab.core.views import View, traffic
 from shardlab.formulas import context as fcp
 from shardlab.formulas.common import dtype_bytes
+from shardlab.models import loss
 from shardlab.profile.hlo import HloModule
-from shardlab.tp.programs import loss
-from shardlab.views import View, traffic
 
 if TYPE_CHECKING:
     from torch_xla.distributed.spmd import Mesh
@@ -78,7 +78,7 @@ __all__ = ["AllGatherCase", "RingCase", "UlyssesCase", "gloo_run", "ulysses_para
 
 @dataclass(frozen=True)
 class CpCase(Case):
-    """One attention layer's forward (+ backward of ½‖out − target‖², ``tp.programs.loss``: its output gradient
+    """One attention layer's forward (+ backward of ½‖out − target‖², ``models.loss``: its output gradient
     out − target depends on the forward's output, as in training) under context parallelism."""
 
     p: ContextParams

@@ -75,8 +75,8 @@ from torch_xla.experimental.scan import scan
 
 from shardlab import runtime
 from shardlab.context.attention import shard_sequence, unshard_sequence
-from shardlab.dtypes import HLO_BYTES
 from shardlab.expert.gspmd import Reshard
+from shardlab.formulas.dtypes import HLO_BYTES
 from shardlab.profile.hlo import HloModule
 
 AXIS = "context"

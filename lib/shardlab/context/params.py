@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from shardlab.params import NotebookParams, boolean, divisible, one_of, positive_int
+from shardlab.core.params import NotebookParams, boolean, divisible, one_of, positive_int
 
 LAYOUTS = ("contiguous", "zigzag")
 

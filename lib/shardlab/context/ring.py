@@ -53,7 +53,7 @@ from shardlab.context.attention import (
     shard_sequence,
     softmax_delta,
 )
-from shardlab.tp.programs import loss
+from shardlab.models import loss
 
 TAGS = ("cp.k", "cp.v", "cp.dk", "cp.dv")
 
@@ -171,7 +171,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm
 def ring_attention_step(comm: Comm, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                         target: torch.Tensor | None = None, causal: bool = False,
                         layout: str = "contiguous") -> dict[str, Any]:
-    """One forward (+ backward of ½‖out − target‖², ``tp.programs.loss``, summed over the ranks' rows) on this
+    """One forward (+ backward of ½‖out − target‖², ``models.loss``, summed over the ranks' rows) on this
     rank: autograd hands :class:`RingAttention`'s backward dO = out − target of this rank's rows. q, k, v, target
     are the FULL [b, s, heads, d] tensors; each rank takes its chunks (``layout``). Returns this rank's out and
     gradients (in its local layout), its chunk ids, and the blocks it met (``trace``)."""

@@ -1,4 +1,4 @@
-"""Reference solutions of notebook 10's exercises (graded by ``shardlab.exercises``; never printed).
+"""Reference solutions of notebook 10's exercises (graded by ``shardlab.core.exercises``; never printed).
 
 Every exercise states its own sizes, so the answers do not depend on the notebook's parameters (exercise 4 is
 graded against what the notebook's compilers emitted, which is the same at every legal cp); the hand-written key
@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import torch
 
+from shardlab.core.topics import Solution
 from shardlab.formulas import context as fcp
-from shardlab.solutions import Solution
 
 Merge = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 

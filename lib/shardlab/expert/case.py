@@ -3,7 +3,7 @@
 Design
 ------
 :class:`MoECase` holds the notebook's :class:`~shardlab.expert.params.ExpertParams` ``p`` (which is the layer's
-configuration) and its variant: ``backward`` (forward + backward of ½‖y − target‖², ``tp.programs.loss``: the
+configuration) and its variant: ``backward`` (forward + backward of ½‖y − target‖², ``models.loss``: the
 output gradient depends on y, as in training; or forward alone) and ``dropless`` (no capacity: the per-rank code
 pads every buffer to the largest load; ledger and formula only — a static XLA program cannot have a
 data-dependent buffer size). Every device and every rank routes its own group of
@@ -39,18 +39,19 @@ from typing import Any, ClassVar
 import pandas as pd
 import torch
 
-from shardlab import harness, runtime
-from shardlab.case import Case, Checks
+from shardlab import runtime
 from shardlab.comm import DistributedWorld, Ledger
+from shardlab.core import harness
+from shardlab.core.case import Case, Checks
+from shardlab.core.views import View, collectives_view, traffic
 from shardlab.expert import gspmd  # imports torch_xla: expert.case is imported after runtime.setup()
 from shardlab.expert.drops import drop_table, route_groups
 from shardlab.expert.moe import MoE, capacity, inputs, layer, moe_reference
 from shardlab.expert.parallel import moe_step
 from shardlab.expert.params import ExpertParams
 from shardlab.formulas import expert as fexp
+from shardlab.models import loss
 from shardlab.profile.hlo import HloModule
-from shardlab.tp.programs import loss
-from shardlab.views import View, collectives_view, traffic
 
 DTYPE = "float32"  # the layer's element type in every view (the router runs in float32 anyway)
 TOL = dict(rtol=1e-4, atol=1e-4)  # float32, the same sums in another order (measured <= 4e-5)

@@ -47,11 +47,11 @@ import torch_xla.distributed.spmd as xs  # expert.gspmd is imported after runtim
 from torch.autograd.function import FunctionCtx
 
 from shardlab import runtime
-from shardlab.dtypes import HLO_BYTES
 from shardlab.expert.moe import capacity, dispatch_tensors, inputs, layer, router_probs, top_k_gates
 from shardlab.expert.params import ExpertParams
+from shardlab.formulas.dtypes import HLO_BYTES
+from shardlab.models import loss
 from shardlab.profile.hlo import HloModule
-from shardlab.tp.programs import loss
 
 AXIS = "expert"
 DATA = "data"
@@ -128,7 +128,7 @@ def _device(t: torch.Tensor, mesh: xs.Mesh, spec: tuple, grad: bool) -> torch.Te
 
 def step(p: ExpertParams, backward: bool = True) -> list[torch.Tensor]:
     """The step on the current device world (one group per device), NOT synced: forward and backward of
-    ½‖y − target‖² (``tp.programs.loss``: the output gradient depends on y, so the backward's first all-to-all
+    ½‖y − target‖² (``models.loss``: the output gradient depends on y, so the backward's first all-to-all
     waits for the forward's last), ``[y, dx, dW_r, dW1, dW3, dW2]`` (``[y]`` without backward)."""
     n = runtime.current().num_devices
     mesh = expert_mesh(p.ep)

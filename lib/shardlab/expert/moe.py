@@ -89,7 +89,7 @@ def layer(p: ExpertParams) -> MoE:
 
 
 def inputs(p: ExpertParams, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """x and target [groups · S, h] (the step's loss is ½‖y − target‖², ``tp.programs.loss``), seeded: group g is
+    """x and target [groups · S, h] (the step's loss is ½‖y − target‖², ``models.loss``), seeded: group g is
     rows g·S … (g+1)·S (the same for every view)."""
     g = torch.Generator().manual_seed(p.seed + 1)
     x = torch.randn(groups * p.tokens, p.hidden, generator=g)

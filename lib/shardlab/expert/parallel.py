@@ -44,7 +44,7 @@ from torch.autograd.function import FunctionCtx
 from shardlab.comm import Comm
 from shardlab.expert.moe import MoE, capacity, dispatch_tensors, expert_ffn, router_probs, top_k_gates
 from shardlab.expert.params import ExpertParams
-from shardlab.tp.programs import loss
+from shardlab.models import loss
 
 
 class _AllToAll(torch.autograd.Function):
@@ -104,7 +104,7 @@ def expert_parallel_moe(x: torch.Tensor, router: torch.Tensor, w1: torch.Tensor,
 
 def moe_step(comm: Comm, dense: MoE, x: torch.Tensor, target: torch.Tensor | None = None,
              dropless: bool = False) -> dict[str, Any]:
-    """One forward (+ backward of ½‖y − target‖², ``tp.programs.loss``, summed over the ranks' rows) on this rank.
+    """One forward (+ backward of ½‖y − target‖², ``models.loss``, summed over the ranks' rows) on this rank.
     x, target: the FULL [T, h]; rank r
     takes rows r·T/ep … (r+1)·T/ep and experts ``expert_range``. Returns its output, input gradient, router
     gradient (its tokens' share), its experts' gradients, the bytes of its expert weights and the routing facts."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from shardlab.params import NotebookParams, boolean, divisible, positive_int
+from shardlab.core.params import NotebookParams, boolean, divisible, positive_int
 
 
 def positive_number(name: str, value: Any) -> None:

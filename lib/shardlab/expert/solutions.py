@@ -1,4 +1,4 @@
-"""Reference solutions of notebook 11's exercises (graded by ``shardlab.exercises``; never printed).
+"""Reference solutions of notebook 11's exercises (graded by ``shardlab.core.exercises``; never printed).
 
 Every exercise states its own sizes, so the answers do not depend on the notebook's parameters; the hand-written
 key is ``data/answers/11_expert_parallel.json``. Exercise 5 is code: the learner's per-rank function runs on 4
@@ -14,9 +14,9 @@ from typing import Any
 import torch
 
 from shardlab.comm import SimulatedWorld
+from shardlab.core.topics import Solution
 from shardlab.formulas import expert as fexp
 from shardlab.formulas.common import wire_bytes
-from shardlab.solutions import Solution
 
 EP, E, C, H = 4, 8, 3, 2  # exercise 5: ranks, experts, slots per expert, width
 

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardlab.dtypes import DTypeLike
 from shardlab.formulas.common import dtype_bytes, wire_bytes
+from shardlab.formulas.dtypes import DTypeLike
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 

@@ -29,7 +29,7 @@ Example::
 
 from __future__ import annotations
 
-from shardlab.dtypes import DTypeLike, dtype_bytes, is_16bit_float, name
+from shardlab.formulas.dtypes import DTypeLike, dtype_bytes, is_16bit_float, name
 
 __all__ = ["RECOMPUTE_POLICIES", "ceil_div", "check_recompute", "dtype_bytes", "reduction_dtype", "ring_steps",
            "ring_time_s", "wire_bytes"]

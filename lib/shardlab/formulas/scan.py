@@ -36,7 +36,7 @@ from typing import Literal, NamedTuple
 
 from shardlab.formulas import hardware
 from shardlab.formulas.common import ceil_div, dtype_bytes
-from shardlab.presets import model_preset
+from shardlab.formulas.presets import model_preset
 
 Sharding = Literal["1d", "2d", "replicated"]
 

@@ -37,8 +37,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardlab.dtypes import DTypeLike
 from shardlab.formulas.common import ceil_div, dtype_bytes, wire_bytes
+from shardlab.formulas.dtypes import DTypeLike
 
 
 def _check(**sizes: int) -> None:

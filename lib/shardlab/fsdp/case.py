@@ -2,8 +2,8 @@
 
 Design
 ------
-Each case holds its notebook's parameters ``p`` (:mod:`shardlab.params`: ``FsdpParams`` for 05,
-``FsdpGspmdParams`` for 05b) and the variant it shows; :mod:`shardlab.harness` runs it through the views::
+Each case holds its notebook's parameters ``p`` (:mod:`shardlab.core.params`: ``FsdpParams`` for 05,
+``FsdpGspmdParams`` for 05b) and the variant it shows; :mod:`shardlab.core.harness` runs it through the views::
 
     FlatCase(p, nested, optimizer)   FSDP1 FlatParameter units trained on N ranks: formula and ledger
                                      (shardlab.fsdp.train; re-exported here)
@@ -45,16 +45,17 @@ import torch_xla.distributed.spmd as xs  # fsdp.case is imported after runtime.s
 from pandas.io.formats.style import Styler
 from torch import nn
 
-from shardlab import harness, runtime
-from shardlab.case import Case, Checks
+from shardlab import runtime
 from shardlab.comm import DistributedWorld, Ledger
+from shardlab.core import harness
+from shardlab.core.case import Case, Checks
+from shardlab.core.views import View
 from shardlab.formulas import fsdp as ffsdp
 from shardlab.fsdp import gspmd  # imports torch_xla: fsdp.case is imported after runtime.setup()
+from shardlab.fsdp.params import FsdpParamsBase
 from shardlab.fsdp.torch_ref import flat_param_handle_shards, torch_fsdp_both_program
 from shardlab.fsdp.train import ELEM_BYTES, LR, FlatCase, linear_shapes, make_batch, make_model
-from shardlab.params import FsdpParamsBase
 from shardlab.profile.hlo import HloModule
-from shardlab.views import View
 
 STEP_KINDS = ("all_gather", "unshard_all_reduce", "reduce_scatter")
 
@@ -341,7 +342,7 @@ class UnshardCase(Case):
 
 # ---------------------------------------------------------------------------------------------------- tables
 def explain(*views: View) -> Styler:
-    """What :func:`shardlab.harness.record` would print, as one table: each skipped view's reason, each note, and
+    """What :func:`shardlab.core.harness.record` would print, as one table: each skipped view's reason, each note, and
     every value a view lists in ``differs`` with why (``record(..., show=False)`` then ``explain(...)``)."""
     rows = []
     for v in views:

@@ -55,8 +55,8 @@ from torch_xla.experimental.spmd_fully_sharded_data_parallel import SpmdFullySha
 
 from shardlab import runtime
 from shardlab.formulas.fsdp import StepBytes
+from shardlab.fsdp.params import FsdpParamsBase
 from shardlab.fsdp.train import make_batch, make_model
-from shardlab.params import FsdpParamsBase
 from shardlab.profile.hlo import HloModule
 from shardlab.profile.hlo_text import Instruction
 

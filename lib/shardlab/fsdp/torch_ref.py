@@ -44,7 +44,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from shardlab.comm import Comm, Ledger, LedgerEntry, current_phase, ring_wire_bytes
 from shardlab.comm.ledger import dtype_name
 from shardlab.fsdp.train import INNER, FlatCase, check_world
-from shardlab.stderr_filter import filtered_stderr
+from shardlab.profile.stderr_filter import filtered_stderr
 
 # torch.distributed function -> (our op name, how to find the tensor this rank hands over)
 _LOGGED = {

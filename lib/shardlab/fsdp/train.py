@@ -2,10 +2,10 @@
 
 Design note
 -----------
-:class:`FlatCase` holds the notebook's parameters ``p`` (:class:`shardlab.params.FsdpParams`: world_size N,
+:class:`FlatCase` holds the notebook's parameters ``p`` (:class:`shardlab.fsdp.params.FsdpParams`: world_size N,
 layer_sizes, batch, steps, align) and the variant it shows — ``nested`` (the first Linear wrapped as an inner unit
 inside the root, as PyTorch's auto-wrap would), the optimizer, ``tied`` (a head sharing the first weight) — and
-supplies two views to :mod:`shardlab.harness`::
+supplies two views to :mod:`shardlab.core.harness`::
 
     formula   flat numel n by hand, formulas.fsdp.flat_step_comm per unit (the root: one all-gather), ZeRO-3's
               (4 + 4 + K)·n_pad / N bytes of model state per rank (formulas.zero)
@@ -37,14 +37,14 @@ from typing import ClassVar, NamedTuple
 import torch
 from torch import nn
 
-from shardlab.case import Case, Checks, Program
 from shardlab.comm import Comm, Ledger
+from shardlab.core.case import Case, Checks, Program
+from shardlab.core.views import View
 from shardlab.formulas import fsdp as ffsdp
 from shardlab.formulas.zero import zero_memory
 from shardlab.fsdp.flat_param import FlatShardPlan, aligned_numel, module_params, plan_flat_shards_for
+from shardlab.fsdp.params import FsdpParams, FsdpParamsBase
 from shardlab.fsdp.unit import FlatUnit, ShardAdam, ShardSGD, unflatten
-from shardlab.params import FsdpParams, FsdpParamsBase
-from shardlab.views import View
 
 OPTIMIZERS = tuple(ffsdp.OPTIMIZER_STATE_BYTES)  # sgd, adam
 ELEM_BYTES = 4  # the FSDP lessons train in float32

@@ -22,7 +22,7 @@ from typing import Any
 
 from shardlab.inspect.config import LAYER_MODES
 from shardlab.inspect.models import MODELS_DIR
-from shardlab.result_files import load_results, save_results
+from shardlab.profile.result_files import load_results, save_results
 
 FULL_FILE = MODELS_DIR / "inspect_full.json"
 SEQ = 8192
@@ -95,7 +95,7 @@ def matrix(keys: tuple[str, ...], live: bool) -> tuple[dict[str, Any], str]:
 def compare_with_07(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Llama 3 8B through inspect beside notebook 07's compiler verdicts (``data/scale/planner_verdict.json``)."""
     # torch_xla (5.4 s) would set PJRT_DEVICE/XLA_FLAGS that the driver's child runs inherit
-    from shardlab.planner_verdict import load_matrix
+    from shardlab.planner.verdict import load_matrix
 
     ref, _ = load_matrix()
     rows = []

@@ -21,7 +21,7 @@ Two places where the model code is adapted, both stated in the result's notes:
   expert FLOPs and activations.
 - **Dropout** is off (``model.eval()``; these models have no batch norm), as the planner assumes.
 
-:func:`planner_model` maps the config to the planner's sizes (``shardlab.presets.ModelConfig``) and lists what the
+:func:`planner_model` maps the config to the planner's sizes (``formulas.presets.ModelConfig``) and lists what the
 planner cannot see (tied embeddings, position embeddings, biases, a head dimension other than hidden / heads,
 a router): the parameter count of the real module tree is reported beside the planner's.
 
@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from shardlab.presets import ModelConfig
+from shardlab.formulas.presets import ModelConfig
 
 if TYPE_CHECKING:
     import torch

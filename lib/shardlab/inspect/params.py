@@ -22,9 +22,9 @@ from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 from shardlab import runtime
+from shardlab.core.params import NotebookParams
 from shardlab.inspect import config as C
 from shardlab.inspect import models as M
-from shardlab.params import NotebookParams
 
 
 @dataclass(frozen=True)

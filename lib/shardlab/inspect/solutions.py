@@ -1,4 +1,4 @@
-"""Reference solutions of notebook 12's exercises (graded by ``shardlab.exercises``; never printed).
+"""Reference solutions of notebook 12's exercises (graded by ``shardlab.core.exercises``; never printed).
 
 Exercises 1 and 3 compute their answers with the plan's arithmetic (``analysis.layout_bytes``: the sharded shapes)
 and the shapes the scanned step keeps, 2 with the planner's fit rule; the hand-written key is
@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from shardlab.core.topics import Solution
 from shardlab.formulas import hardware
 from shardlab.inspect.analysis import PARAM_BYTES, layout_bytes
 from shardlab.inspect.config import InspectInputError, layout, make_config
 from shardlab.inspect.models import config_dict, tiny_overrides
 from shardlab.planner import PlanConfig
-from shardlab.solutions import Solution
 
 GIB = 1024**3
 MESH_4 = "fsdp=16,tensor=4"  # exercise 3's and 4's mesh on v6e-64

@@ -61,9 +61,9 @@ from shardlab.inspect import sharding as S
 from shardlab.inspect.attention import register_flash
 from shardlab.inspect.config import InspectConfig, layout
 from shardlab.memory.pallas_tpu import pallas_for_tpu_compile
-from shardlab.planner_verdict import adamw_step, full_recompute_partition
+from shardlab.planner.verdict import adamw_step, full_recompute_partition
 from shardlab.profile import tpu as T
-from shardlab.xla_scan.patches import placeholder
+from shardlab.profile.placeholders import placeholder
 
 KINDS = ("param", "master", "exp_avg", "exp_avg_sq")  # per trained tensor, in output order after the loss
 

@@ -5,7 +5,9 @@
   compiler, TPU compiler with its combiner passes on and off), the scheduler on / off, the update's memory;
 - ``combine``: the α–β model, gloo timings of k all-reduces of n/k elements, hand-made buckets (DDP's rule);
 - ``overlap``: matmul FLOPs, async windows and a model of exposed communication time;
-- ``order``: peak memory of every operator order (brute force, exact search), XLA's chosen order;
+- (the operator-order simulator it uses — peak memory of every order, XLA's chosen order — is shared with
+  notebook 08b: ``shardlab.profile.order``)
 - ``search``: layouts ranked by communication and memory, the planner's choice, XLA's auto-sharding;
-- ``fusion``: kernels by kind (matmul, memory-bound, collective) in a compiled program.
+- ``fusion``: kernels by kind (matmul, memory-bound, collective) in a compiled program;
+- ``params``, ``solutions``, ``figures``, ``topic``: the notebook's dataclass, exercises, figures, registry entry.
 """

@@ -2,8 +2,8 @@
 
 Design
 ------
-Each case reads its sizes from ``p`` (:class:`shardlab.params.LeversParams`) and names the variant it shows;
-:mod:`shardlab.harness` compiles it (XLA:CPU: ``harness.hlo``; XLA:TPU compile-only: ``harness.tpu`` with the
+Each case reads its sizes from ``p`` (:class:`shardlab.levers.params.LeversParams`) and names the variant it shows;
+:mod:`shardlab.core.harness` compiles it (XLA:CPU: ``harness.hlo``; XLA:TPU compile-only: ``harness.tpu`` with the
 compile options of the lever — disabled passes, XLA:TPU flags, auto-sharding)::
 
     StepCase(p, mode, big, combiners)   L square layers, DP or FSDP over every device (combining, overlap)
@@ -48,13 +48,15 @@ from typing import Any, ClassVar
 
 import pandas as pd
 
-from shardlab import harness, runtime
-from shardlab.case import Case
+from shardlab import runtime
+from shardlab.core import harness
+from shardlab.core.case import Case
+from shardlab.core.views import View, merge
 from shardlab.levers import programs as P
-from shardlab.params import LeversParams, MlpParams
+from shardlab.levers.params import LeversParams
 from shardlab.profile.hlo import HloModule
 from shardlab.tp.case import MlpCase
-from shardlab.views import View, merge
+from shardlab.tp.params import MlpParams
 
 COMBINER_PASSES = ("all-reduce-combiner", "all-gather-combiner", "reduce-scatter-combiner")
 LHS_OFF = {"xla_tpu_enable_latency_hiding_scheduler": False}  # XLA:TPU's latency-hiding scheduler off

@@ -5,13 +5,13 @@ Design
 A builder runs on the current SPMD device world (``shardlab.runtime.setup``), creates its tensors on the
 CPU (or as placeholders: nothing allocated, compile-only), moves and annotates them, traces one step and returns
 every tensor the step produces — *not* synced. The cases of :mod:`shardlab.levers.case` call them from
-``graph()``; :mod:`shardlab.harness` hands that graph to both compilers.
+``graph()``; :mod:`shardlab.core.harness` hands that graph to both compilers.
 
 - :func:`train_step` — ``L`` square layers ``h <- tanh(h W_l)``, loss ``mean(h²)``, forward + backward, data
   parallel (weights replicated, batch sharded over ``data``) or FSDP (weights dim-0 sharded over ``fsdp``,
   gathered before use, gradients constrained back to the weight's sharding: a reduce-scatter). Outputs
   ``[loss, *weight grads]``: L gradient reductions + 1 for the loss (its mean over the batch shards).
-- :func:`order_toy` — the four-operator memory-order graph (``shardlab.levers.order.roam_toy``) as tensors:
+- :func:`order_toy` — the four-operator memory-order graph (``shardlab.profile.order.roam_toy``) as tensors:
   V0 writes ``small`` (1 unit) and ``large`` (10), V1 expands ``small`` to ``expanded`` (6), V2 shrinks ``large``
   to ``shrunk`` (1), V3 sums. Each V is a matmul (``x @ W``), which XLA:CPU never fuses into its consumer;
   optimisation barriers keep every tensor materialised on the TPU too (otherwise it fuses V1/V2 into the

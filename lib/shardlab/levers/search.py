@@ -26,15 +26,15 @@ from typing import Any, NamedTuple
 
 import pandas as pd
 
-from shardlab import harness
-from shardlab.case import Case
+from shardlab.core import harness
+from shardlab.core.case import Case
+from shardlab.core.views import View
 from shardlab.formulas.common import wire_bytes
 from shardlab.levers import programs as P
 from shardlab.levers.case import LayoutCase, devices
-from shardlab.params import LeversParams
+from shardlab.levers.params import LeversParams
 from shardlab.planner import PlanConfig, plan
 from shardlab.profile.tpu import TpuCompile
-from shardlab.views import View
 
 AUTO_OPTIONS = {"debug_options": {"xla_tpu_auto_spmd_remove_all_user_shardings": True}, "label": "auto-sharding"}
 

@@ -1,5 +1,5 @@
 """TorchAcc's memory levers as cases (notebook 08b): FlashAttention on the TPU compiler, ROAM's operator order, the
-memory-aware weight-update schedule — each through ``shardlab.harness``.
+memory-aware weight-update schedule — each through ``shardlab.core.harness``.
 
 Design
 ------
@@ -35,14 +35,14 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-from shardlab import harness
-from shardlab.case import Case
-from shardlab.levers import order as order_mod
+from shardlab.core import harness
+from shardlab.core.case import Case
+from shardlab.core.views import View
 from shardlab.memory import flash, graph, ilp, roam, update_schedule, xla_step
 from shardlab.memory.params import MemoryParams
+from shardlab.profile import order as order_mod
 from shardlab.profile.hlo import HloModule
 from shardlab.profile.tpu import Step
-from shardlab.views import View
 
 STEP_FIELDS = ("model", "layers", "hidden", "ffn", "step_heads", "step_seq", "step_batch", "seed", "max_ops",
                "min_ops", "unsplit_limit_s")
@@ -281,7 +281,7 @@ class ScheduleCase(StepCase):
 
 
 def brute_force_check(p: MemoryParams) -> dict[str, Any]:
-    """ILP vs exact search (``levers.order.extremes``) on the forward + backward of ``p``'s step (no optimizer):
+    """ILP vs exact search (``profile.order.extremes``) on the forward + backward of ``p``'s step (no optimizer):
     ``{nodes, ilp, brute, optimal, seconds}``; ``brute`` None when the graph is too wide for the exact search."""
     step = graph.trace_step(p, optimizer="none")
     sol = ilp.solve(ilp.problem_from_graph(step.graph), PART_LIMIT_S)

@@ -3,7 +3,7 @@ GPT-2 small block ordered by ROAM and compiled by both XLA compilers — measure
 from the cache in ``data/memory/`` that this module writes.
 
 Design note: the compiles take from seconds to minutes each (about 30 minutes together on this 2-core machine under
-load), so the notebook shows them from ``data/memory/*.json`` (``shardlab.result_files``: the results and how they
+load), so the notebook shows them from ``data/memory/*.json`` (``profile.result_files``: the results and how they
 were measured) unless it runs with ``full_size=True``, which calls the same functions and records what they return.
 
 Usage (run from the repository; writes the cache, prints one line per result; ``shardlab.memory.__main__``)::
@@ -35,17 +35,18 @@ import torch
 from torch_xla.core.xla_builder import create_placeholder_tensor as placeholder
 from torch_xla.experimental.custom_kernel import flash_attention
 
-from shardlab import harness, runtime
+from shardlab import runtime
+from shardlab.core import harness
 from shardlab.levers import case as L
 from shardlab.levers import programs as P
+from shardlab.levers.params import LeversParams
 from shardlab.memory import case as C
 from shardlab.memory import flash, pallas_tpu
 from shardlab.memory.params import GPT2_SMALL_BLOCK, LLAMA3_8B_ATTENTION, MemoryParams
-from shardlab.params import LeversParams
 from shardlab.planner import PlanConfig
-from shardlab.planner_verdict import PlannerCheck, VerdictCase
+from shardlab.planner.verdict import PlannerCheck, VerdictCase
 from shardlab.profile import tpu
-from shardlab.result_files import load_results, save_results
+from shardlab.profile.result_files import load_results, save_results
 
 DATA = Path(__file__).resolve().parents[3] / "data" / "memory"
 FLASH_FILE = DATA / "flash.json"

@@ -16,7 +16,7 @@ allocated: any size can be traced): every ATen operator in execution order, each
 The node order is the *program order* (what eager PyTorch executes). Markers placed while tracing label every node
 ``forward``, ``backward`` or ``update:<parameter>``.
 
-**The DAG** (:func:`dag_from_fx`) is a ``shardlab.levers.order.Graph`` — the memory model of notebook 08, stated
+**The DAG** (:func:`dag_from_fx`) is a ``shardlab.profile.order.Graph`` — the memory model of notebook 08, stated
 once there — built on *buffers* (storages), not on FX values:
 
 - a buffer is allocated by the operator that first writes a new storage (its size: the storage's bytes) and freed
@@ -49,8 +49,8 @@ from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from shardlab import models
-from shardlab.levers.order import Graph, Op
 from shardlab.memory.params import MemoryParams
+from shardlab.profile.order import Graph, Op
 
 UPDATES = ("eager", "end")
 OPTIMIZERS = ("adam", "none")

@@ -4,10 +4,10 @@ Design note
 -----------
 **Problem.** n operators with precedences, and tensors: each has a size, a producer (or none: *resident* — it is
 live when the (sub)graph starts, e.g. produced by an earlier part), its consumers, and ``keep`` (live to the end:
-a graph output, or read by a later part). The memory model is ``shardlab.levers.order``'s: during the operator at
+a graph output, or read by a later part). The memory model is ``shardlab.profile.order``'s: during the operator at
 position t, live = every tensor produced at or before t whose consumers have not all run before t (a tensor is
 freed right after its last consumer; one nobody reads is freed right after its producer), plus kept tensors.
-:func:`problem_from_graph` builds a Problem from a ``levers.order.Graph`` (a whole graph, or a part of an order with
+:func:`problem_from_graph` builds a Problem from a ``profile.order.Graph`` (a whole graph, or a part of an order with
 the tensors that cross its borders); :func:`simulate` gives the memory at every step of an order.
 
 **Integer program** (:func:`solve`). Position-indexed, cumulative form (the time-indexed formulation of MODeL /
@@ -30,9 +30,9 @@ returns its best order and a lower bound (``bound``); ``optimal`` says whether t
 **Greedy** (:func:`greedy`): run, among the ready operators, the one after which the fewest bytes are live (ties:
 the smaller step memory, then program order) — the list-scheduling heuristic ROAM and MODeL compare with.
 
-Example (``levers.order.roam_toy``: the best of its 2 orders needs 12 MB, program order 17)::
+Example (``profile.order.roam_toy``: the best of its 2 orders needs 12 MB, program order 17)::
 
-    >>> from shardlab.levers.order import roam_toy
+    >>> from shardlab.profile.order import roam_toy
     >>> p = problem_from_graph(roam_toy())
     >>> solve(p).peak, peak(p, p.ops)
     (12, 17)
@@ -51,10 +51,10 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_array
 
-from shardlab.stderr_filter import filtered_fd
+from shardlab.profile.stderr_filter import filtered_fd
 
 if TYPE_CHECKING:
-    from shardlab.levers.order import Graph
+    from shardlab.profile.order import Graph
 
 DEFAULT_TIME_LIMIT_S = 60.0
 HIGHS_DEBUG = "HighsMipSolverData::"  # a debug line HiGHS (scipy 1.17.1) prints to stdout from C++ on some solves
@@ -101,7 +101,7 @@ class Problem:
 
 def problem_from_graph(graph: Graph, ops: Sequence[str] | None = None, name: str | None = None,
                        context: Sequence[str] | None = None) -> Problem:
-    """A Problem for ``ops`` (default: every operator, in the graph's program order) of a ``levers.order.Graph``.
+    """A Problem for ``ops`` (default: every operator, in the graph's program order) of a ``profile.order.Graph``.
 
     Tensors produced by an operator outside ``ops`` but read inside are resident; tensors read after the part
     (by an operator outside it that comes later) or graph outputs are kept; tensors live across the part without

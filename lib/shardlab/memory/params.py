@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from shardlab.params import GENERATIONS, NotebookParams, boolean, divisible, one_of, positive_int
+from shardlab.core.params import GENERATIONS, NotebookParams, boolean, divisible, one_of, positive_int
 
 MODELS = ("mlp", "gpt2")
 FLASH_BLOCK = 1024  # torch_xla's flash kernel tiles the sequence by its dq block, min(1024, s) (measured: s = 179712

@@ -32,9 +32,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from shardlab.levers import order as order_mod
 from shardlab.memory import ilp
 from shardlab.memory import update_schedule as us
+from shardlab.profile import order as order_mod
 
 if TYPE_CHECKING:
     from shardlab.memory.graph import StepGraph

@@ -1,4 +1,4 @@
-"""Reference solutions of notebook 08b's exercises (graded by ``shardlab.exercises``; never printed).
+"""Reference solutions of notebook 08b's exercises (graded by ``shardlab.core.exercises``; never printed).
 
 Every exercise states its own sizes, so the answers do not depend on the notebook's parameters; exercises 2 and 3
 are graded against what the compiler produced (the cached Llama 3 8B flash program, the notebook's own flash
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from shardlab.levers import order as order_mod
+from shardlab.core.topics import Solution
 from shardlab.memory import flash
 from shardlab.memory.params import LLAMA3_8B_ATTENTION, MemoryParams
+from shardlab.profile import order as order_mod
 from shardlab.profile.tpu import get_topology
-from shardlab.solutions import Solution
 
 LLAMA_8K = MemoryParams(seq=8192, **LLAMA3_8B_ATTENTION)
 LANES = 128  # torch_xla's flash kernel keeps its softmax statistics l and m 128 lanes wide

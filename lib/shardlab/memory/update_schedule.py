@@ -11,7 +11,7 @@ then every parameter's Adam update U_p (``lerp_``, ``mul_``, ``addcmul_``, ``sqr
 - end: after the backward, in the program's parameter order (``optimizer.step()`` after ``loss.backward()``).
 
 Only the time the gradient dies moves with y_p: g_p (and whatever else only U_p reads; ``f_p`` bytes) is freed
-after U_p. So, with the all-end order simulated once (``levers.order.peak``), the peak of *any* schedule is a
+after U_p. So, with the all-end order simulated once (``profile.order.peak``), the peak of *any* schedule is a
 maximum of affine functions of y — an integer program in P binaries, exact for the base order:
 
     min P
@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
-from shardlab.levers import order as order_mod
+from shardlab.profile import order as order_mod
 
 if TYPE_CHECKING:
     from shardlab.memory.graph import StepGraph

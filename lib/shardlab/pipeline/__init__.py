@@ -11,6 +11,6 @@ programs    pipeline_program(comm, schedule, stages, ...): one device's step wit
 torch_ref   torch_orders (PyTorch's executed action lists), torch_pipeline_program (its PipelineStage on gloo)
 model       TinyLM: embedding -> blocks -> norm -> LM head, heavy ends with a large vocabulary
 spmd        the circular pipeline as one SPMD program on torch_xla (imports torch_xla lazily)
-case        ScheduleCase / ShiftCase / FsdpCase for shardlab.harness (import after runtime.setup())
+case        ScheduleCase / ShiftCase / FsdpCase for shardlab.core.harness (import after runtime.setup())
 solutions   notebook 09's exercise solutions
 """

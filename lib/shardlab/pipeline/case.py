@@ -3,7 +3,7 @@
 Design
 ------
 Each case holds the notebook's :class:`~shardlab.pipeline.params.PipelineParams` ``p`` and its variant;
-:mod:`shardlab.harness` runs it through the views::
+:mod:`shardlab.core.harness` runs it through the views::
 
     ScheduleCase(p, schedule)   GPipe / 1F1B / interleaved 1F1B: p = stages devices, m microbatches, v chunks
     ShiftCase(p, how)           one shift of the SPMD pipeline's [p, rows, h] state, written four ways
@@ -52,9 +52,12 @@ from typing import Any, ClassVar
 import torch
 import torch_xla.distributed.spmd as xs  # imported after runtime.setup() (the notebooks' order)
 
-from shardlab import harness, runtime
-from shardlab.case import Case, Checks
+from shardlab import runtime
 from shardlab.comm import Comm, DistributedWorld, Ledger, SimulatedWorld
+from shardlab.core import harness
+from shardlab.core.case import Case, Checks
+from shardlab.core.views import COMPILERS as COMPILER
+from shardlab.core.views import View
 from shardlab.formulas import pipeline as fpp
 from shardlab.pipeline import spmd, spmd_1f1b
 from shardlab.pipeline.model import TinyLM, batch
@@ -65,10 +68,8 @@ from shardlab.pipeline.split import Stages, Traced, best_cuts, split, trace
 from shardlab.pipeline.timeline import replay
 from shardlab.pipeline.torch_ref import torch_orders, torch_pipeline_program
 from shardlab.profile.hlo import HloModule
-from shardlab.views import View
 
 F32 = 4
-COMPILER = {"hlo": "XLA:CPU", "tpu": "XLA:TPU"}
 __all__ = ["FsdpCase", "p2p_of_order", "ScheduleCase", "ShiftCase", "compiled", "gloo_runs", "model_and_batch",
            "schedule_views", "spmd_ledger", "traced_model"]
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from shardlab.params import NotebookParams, boolean, divisible, positive_int
+from shardlab.core.params import NotebookParams, boolean, divisible, positive_int
 
 
 @dataclass(frozen=True)

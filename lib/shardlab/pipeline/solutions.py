@@ -1,4 +1,4 @@
-"""Reference solutions of notebook 09's exercises (graded by ``shardlab.exercises``; never printed).
+"""Reference solutions of notebook 09's exercises (graded by ``shardlab.core.exercises``; never printed).
 
 Every exercise states its own sizes, so the answers do not depend on the notebook's parameters; the hand-written
 key is ``data/answers/09_pipeline.json``.
@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from shardlab.core.topics import Solution
 from shardlab.formulas import pipeline as fpp
 from shardlab.pipeline.schedules import one_f_one_b
 from shardlab.pipeline.spmd import iterations
-from shardlab.solutions import Solution
 
 # (p, m, stage) cases the code exercise's function is run on: warm-up longer than, equal to and shorter than m
 ORDER_CASES = ((4, 8, 0), (4, 8, 3), (3, 5, 1), (2, 2, 0), (4, 2, 0), (4, 2, 2))

@@ -228,7 +228,7 @@ def pipeline_step(x: torch.Tensor, w: torch.Tensor, mesh: xs.Mesh | None = None,
                   loop: str = "scan", data_axis: str | None = None, fsdp: bool = False,
                   backward: bool = True) -> list[torch.Tensor]:
     """One step on device tensors x [m, rows, h], W [v, p, h, h]: [outputs] or, with `backward`, [outputs, loss,
-    grad x, grad W].  Not synced (for `shardlab.harness` to capture or compile)."""
+    grad x, grad W].  Not synced (for `shardlab.core.harness` to capture or compile)."""
     if not backward:
         return [circular_pipeline(x, w, mesh, how=how, loop=loop, data_axis=data_axis, fsdp=fsdp)]
     x.requires_grad_(True)

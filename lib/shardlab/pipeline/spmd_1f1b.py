@@ -116,7 +116,7 @@ def one_f_one_b_step(x: torch.Tensor, w: torch.Tensor, mesh: xs.Mesh | None = No
                      data_axis: str | None = None) -> list[torch.Tensor]:
     """[outputs [m, rows, h], loss [], grad x [m, rows, h], grad W [1, p, h, h]] of x [m, rows, h] and
     W [1, p, h, h], by the 1F1B loop (see the module note).  With ``mesh``: "stage" splits the stages,
-    ``data_axis`` a microbatch's rows.  Not synced (for ``shardlab.harness`` to capture or compile)."""
+    ``data_axis`` a microbatch's rows.  Not synced (for ``shardlab.core.harness`` to capture or compile)."""
     m, rows, h = x.shape
     if w.dim() != 4 or w.shape[0] != 1:
         raise ValueError(f"W {tuple(w.shape)} must be [1, p, h, h]: the 1F1B loop pipelines v = 1")

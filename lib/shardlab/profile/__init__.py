@@ -1,4 +1,5 @@
-"""Measurement core: HLO capture and parsing, torch_xla metrics, timers and the JSON record.
+"""Measurement core: HLO capture and parsing, torch_xla metrics, timers and the JSON record; ``order``: peak
+memory of every operator order of a graph (the simulator notebooks 08 and 08b share).
 
 Importing this package does not import torch_xla; the XLA-facing functions import it when called, after
 ``shardlab.runtime.setup()`` has prepared the device world.

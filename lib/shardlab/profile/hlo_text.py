@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shardlab.dtypes import HLO_BYTES
+from shardlab.formulas.dtypes import HLO_BYTES
 
 COMPUTATION_RE = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\((.*)\)\s*->\s*(.*?)\s*\{\s*$")
 INSTRUCTION_RE = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")

@@ -8,7 +8,7 @@ metrics, timer; a row may carry ``differs``, why its value legitimately differs 
 call, so a notebook that dies half-way still leaves a record with ``status: "running"`` (the report runner then
 marks it failed and shows the cell).
 :func:`values_equal` is the suite's one comparison rule — exact for ints and strings (structural numbers are
-deterministic), a tight relative tolerance for floats; :mod:`shardlab.harness` compares views with it and
+deterministic), a tight relative tolerance for floats; :mod:`shardlab.core.harness` compares views with it and
 records one check per compared name; a failed check raises :class:`CheckFailed` after the record is written.
 
 Example::
@@ -30,13 +30,21 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, ClassVar, Protocol
 
 from shardlab.profile.timer import Timing
 from shardlab.runtime import World
 
-if TYPE_CHECKING:
-    from shardlab.params import NotebookParams
+
+class RecordedParams(Protocol):
+    """What a recorder reads from a notebook's parameters (``shardlab.core.params.NotebookParams``; profile sits
+    below the core, so the type is stated here)."""
+
+    NOTEBOOK: ClassVar[str]
+    results_dir: str | None
+
+    def as_record(self) -> dict[str, Any]: ...
+
 
 SCHEMA = "shardlab.record/1"
 SOURCES = ("formula", "ledger", "hlo", "tpu", "metrics", "timer")
@@ -96,8 +104,8 @@ class Recorder:
         self._write()
 
     @classmethod
-    def for_params(cls, params: NotebookParams, world: World | None = None) -> Recorder:
-        """The recorder of the notebook ``params`` belongs to (a :class:`shardlab.params.NotebookParams`):
+    def for_params(cls, params: RecordedParams, world: World | None = None) -> Recorder:
+        """The recorder of the notebook ``params`` belongs to (a :class:`shardlab.core.params.NotebookParams`):
         its name, its parameters as recorded, and its ``results_dir``."""
         return cls(params.NOTEBOOK, params=params.as_record(), results_dir=params.results_dir, world=world)
 

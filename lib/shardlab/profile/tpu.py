@@ -77,9 +77,9 @@ import numpy as np
 from shardlab import runtime
 from shardlab.formulas import hardware
 from shardlab.profile.hlo import HloModule, parse_hlo
+from shardlab.profile.stderr_filter import filtered_fd, filtered_stderr
 from shardlab.profile.tpu_memory import OutOfMemory, TpuMemory, parse_oom
 from shardlab.profile.tpu_worker import worker_for
-from shardlab.stderr_filter import filtered_fd, filtered_stderr
 
 PINS = {"jax": "0.7.1", "jaxlib": "0.7.1", "libtpu": "0.0.21"}
 # libtpu's complaints about the missing TPU (written to fd 2 at C level); harmless for compile-only use.

@@ -15,8 +15,8 @@ is quoted when the worker fails. The worker's compile cache lives as long as the
 
 Example::
 
-    >>> from shardlab.case import build_graph
-    >>> from shardlab.params import MlpParams
+    >>> from shardlab.core.case import build_graph
+    >>> from shardlab.tp.params import MlpParams
     >>> from shardlab.tp.case import MlpCase
     >>> w = worker_for(4)                      # ~5 s the first time (torch_xla import + 4-device world)
     >>> cfg = MlpCase(MlpParams(tp=4))         # a Megatron MLP step, tp = 4

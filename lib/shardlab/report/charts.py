@@ -5,7 +5,8 @@ Design note
 A notebook whose lesson needs a curve computes it as a loop over its cases in one process and records every
 point under a name that carries the swept value (``mlp.by_tp.tp4.fwd_bwd.all_reduce.bytes``,
 ``scan.compile_s.loop.L8``). A :class:`ChartSpec` names the notebook and a regular expression with a group ``x``
-(the swept value) and optionally a group ``series``; every matching measurement becomes a point, one trace per
+(the swept value) and optionally a group ``series`` — each topic declares its specs in its registry entry
+(:mod:`shardlab.core.topics`); every matching measurement becomes a point, one trace per
 series and source. A spec whose notebook did not run, or whose record holds no matching value, gives a chart
 with a note instead of a figure.
 
@@ -33,15 +34,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
-
-@dataclass(frozen=True)
-class ChartSpec:
-    title: str
-    notebook: str
-    pattern: str          # a regular expression over measurement names, with a group "x" (and maybe "series")
-    y: str                # the y axis title
-    x: str = ""           # the x axis title (default: the x group's name in the title)
-    log_x: bool = False
+from shardlab.core.topics import ChartSpec, lessons
 
 
 @dataclass
@@ -51,30 +44,9 @@ class Chart:
     note: str = ""
 
 
-REPORT_CHARTS = (
-    ChartSpec("Megatron MLP: all-reduce payload per rank vs tp (forward + backward)", "02_megatron_mlp",
-              r"mlp\.by_tp\.tp(?P<x>\d+)\.fwd_bwd\.all_reduce\.bytes", "bytes per rank", "tp"),
-    ChartSpec("Vocab-parallel cross-entropy: wire-byte saving over gathered logits vs vocabulary",
-              "04_vocab_parallel_embedding_ce", r"ce\.by_vocab\.V(?P<x>\d+)\.saving_ratio",
-              "gathered / vocab-parallel wire bytes", "vocabulary V", log_x=True),
-    ChartSpec("FSDP flat parameter: padding vs world size", "05_fsdp_flat_params",
-              r"fsdp\.padding\.W(?P<x>\d+)(?P<series>\.\w+)?$", "padding elements", "world size W"),
-    ChartSpec("scan: XLA compile time vs number of layers L", "06_scan_shard_as",
-              r"scan\.compile_s\.(?P<series>loop|scan_layers|scan)\.L(?P<x>\d+)$", "compile s", "layers L"),
-    ChartSpec("scan: HLO instructions vs number of layers L", "06_scan_shard_as",
-              r"scan\.hlo_instructions\.(?P<series>loop|scan_layers|scan)\.L(?P<x>\d+)$", "instructions",
-              "layers L"),
-    ChartSpec("Context parallelism: causal imbalance vs cp", "10_context_parallel",
-              r"cp\.by_cp\.cp(?P<x>\d+)\.max_over_mean_work\.(?P<series>contiguous|zigzag)", "max / mean work", "cp"),
-    ChartSpec("Context parallelism: ring bytes per device vs cp (forward)", "10_context_parallel",
-              r"cp\.by_cp\.cp(?P<x>\d+)\.ring\.p2p\.bytes", "bytes per device", "cp"),
-    ChartSpec("Expert parallelism: tokens dropped vs capacity factor", "11_expert_parallel",
-              r"ep\.drops\.cf(?P<x>\d+(?:\.\d+)?)\.(?P<series>dropped|uniform)\.fraction", "dropped fraction",
-              "capacity factor"),
-    ChartSpec("Expert parallelism: bytes per device vs ep (forward)", "11_expert_parallel",
-              r"ep\.by_ep\.ep(?P<x>\d+)\.(?P<series>all_to_all\.bytes|expert_params\.per_chip\.bytes)",
-              "bytes per device", "ep", log_x=True),
-)
+def registered_charts() -> tuple[ChartSpec, ...]:
+    """Every registered topic's chart specs (:class:`shardlab.core.topics.Lesson` ``charts``), in notebook order."""
+    return tuple(spec for lesson in lessons().values() for spec in lesson.charts)
 
 
 def points(spec: ChartSpec, records: Iterable[Mapping[str, Any]]) -> dict[str, list[tuple[float, Any]]]:
@@ -94,9 +66,9 @@ def points(spec: ChartSpec, records: Iterable[Mapping[str, Any]]) -> dict[str, l
     return {k: sorted(v) for k, v in out.items()}
 
 
-def report_charts(records: list[Mapping[str, Any]], specs: Iterable[ChartSpec] = REPORT_CHARTS) -> list[Chart]:
+def report_charts(records: list[Mapping[str, Any]], specs: Iterable[ChartSpec] | None = None) -> list[Chart]:
     charts = []
-    for spec in specs:
+    for spec in registered_charts() if specs is None else specs:
         traces = points(spec, records)
         if not traces:
             ran = any(r.get("notebook") == spec.notebook for r in records)

@@ -27,7 +27,7 @@ RUNNER_COMPILE = "report.notebook.xla_compile_s"
 
 @dataclass
 class ReportOptions:
-    notebooks_dir: Path = ROOT / "notebooks"
+    notebooks_dir: Path | None = None          # None: the registered topics' notebooks (shardlab.core.topics)
     out: Path | None = None                    # None: out/reports/<UTC time>, with out/reports/latest
     num_devices: int = 8
     device: str = "cpu"                        # cpu | tpu

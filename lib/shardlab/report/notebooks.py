@@ -32,6 +32,8 @@ from typing import Any
 
 import yaml
 
+from shardlab.core.topics import lessons
+
 NOTEBOOK_RE = re.compile(r"^(\d\d[a-z]?)_[A-Za-z0-9_]+$")  # 05_..., 05b_...
 # Parameters every notebook must declare: the runner always passes them, from its own options. A `-p` for
 # one of them would be overwritten without a word, so it is refused, naming the option that sets it.
@@ -113,13 +115,17 @@ def read_parameters(path: Path) -> tuple[dict[str, Any], str | None]:
         return {}, str(exc)
 
 
-def find_notebooks(directory: Path) -> dict[str, NotebookInfo]:
-    """All ``NN_name.ipynb`` in ``directory``, sorted by name, keyed by stem."""
+def find_notebooks(directory: Path | None = None) -> dict[str, NotebookInfo]:
+    """The registered topics' notebooks (:func:`shardlab.core.topics.lessons`), or with ``directory`` every
+    ``NN_name.ipynb`` in it; sorted by name, keyed by stem."""
+    if directory is None:
+        paths = [lesson.notebook for lesson in lessons().values()]
+    else:
+        paths = [p for p in sorted(Path(directory).resolve().glob("*.ipynb")) if NOTEBOOK_RE.match(p.stem)]
     found: dict[str, NotebookInfo] = {}
-    for path in sorted(Path(directory).resolve().glob("*.ipynb")):
-        if NOTEBOOK_RE.match(path.stem):
-            params, err = read_parameters(path)
-            found[path.stem] = NotebookInfo(path.stem, path, params, err)
+    for path in paths:
+        params, err = read_parameters(path)
+        found[path.stem] = NotebookInfo(path.stem, path, params, err)
     return found
 
 

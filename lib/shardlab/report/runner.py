@@ -27,7 +27,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from shardlab.answer_keys import load_key
+from shardlab.core.answer_keys import load_key
 from shardlab.profile.record import load_record
 from shardlab.profile.tpu import GENERATION_ENV, TOPOLOGIES
 from shardlab.report import baseline as bl
@@ -69,7 +69,8 @@ def validate_inputs(options: ReportOptions) -> list[NotebookInfo]:
                                "TPU_NAME or PJRT_DEVICE=TPU)")
     notebooks = find_notebooks(options.notebooks_dir)
     if not notebooks:
-        raise ReportInputError(f"no notebooks named NN_name.ipynb in {options.notebooks_dir}")
+        where = options.notebooks_dir or "the registered topics"
+        raise ReportInputError(f"no notebooks named NN_name.ipynb in {where}")
     chosen = select(options.only, notebooks)
     for nb in chosen:
         check_params(nb, options.params)

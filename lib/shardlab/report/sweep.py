@@ -81,7 +81,7 @@ def code_fingerprint() -> str:
     h = hashlib.sha256()
     for path in sorted(PKG.rglob("*.py")):
         rel = path.relative_to(PKG)
-        if rel.parts[0] not in ("report", "__main__.py", "hosted.py"):
+        if rel.parts[0] not in ("report", "__main__.py"):
             h.update(str(path.relative_to(PKG)).encode())
             h.update(path.read_bytes())
     for dist in ("torch", "torch_xla", "jax"):

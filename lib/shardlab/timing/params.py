@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from shardlab.params import NotebookParams
+from shardlab.core.params import NotebookParams
 
 GENERATIONS = ("v5e", "v6e")
 

@@ -1,4 +1,4 @@
-"""Reference solutions of notebook 13's exercises (graded by ``shardlab.exercises``; never printed).
+"""Reference solutions of notebook 13's exercises (graded by ``shardlab.core.exercises``; never printed).
 
 Every exercise states its own numbers; exercise 2 is also "predict it, then check the program": when the notebook
 compiled that step (its defaults), the grader demands that the program's matmul FLOPs (``measured``) agree. The
@@ -7,7 +7,7 @@ hand-written key is ``data/answers/13_step_time.json``.
 
 from __future__ import annotations
 
-from shardlab.solutions import Solution
+from shardlab.core.topics import Solution
 
 
 def _fsdp_flops(measured: int | None = None) -> int | None:

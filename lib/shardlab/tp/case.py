@@ -2,9 +2,9 @@
 
 Design
 ------
-Each case holds its notebook's parameters ``p`` (:mod:`shardlab.params`: ``MlpParams`` for 02 — ``MlpCase``,
+Each case holds its notebook's parameters ``p`` (:mod:`shardlab.core.params`: ``MlpParams`` for 02 — ``MlpCase``,
 ``AttentionParams`` for 03 — ``AttentionCase``, ``LayerCase``, ``VocabParams`` for 04 — ``EmbeddingCase``,
-``TiedOutputCase``, ``CrossEntropyCase``) and the variant it shows; :mod:`shardlab.harness` runs it through the
+``TiedOutputCase``, ``CrossEntropyCase``) and the variant it shows; :mod:`shardlab.core.harness` runs it through the
 four views. A :class:`TpCase` subclass mostly names things: its dense module, per-rank step, formula and GSPMD
 annotation, and which slice of the dense gradients each rank must hold.
 
@@ -35,33 +35,33 @@ import torch.nn.functional as F
 import torch_xla.distributed.spmd as xs  # tp.case is imported after runtime.setup() (the notebooks' order)
 from torch_xla.core.xla_builder import create_placeholder_tensor
 
-from shardlab import harness, models, runtime
+from shardlab import models, runtime
 from shardlab.blocks import ring
-from shardlab.case import Case, Checks, Program
 from shardlab.comm import DistributedWorld, Ledger
+from shardlab.core import harness
+from shardlab.core.case import Case, Checks, Program
+from shardlab.core.views import COMPILERS, View, merge, traffic
 from shardlab.formulas import tp as ftp
 from shardlab.formulas.common import dtype_bytes
-from shardlab.params import AttentionParams, MlpParams, VocabParams
+from shardlab.models import loss
 from shardlab.profile.hlo import Array, HloModule
 from shardlab.tp import gspmd
 from shardlab.tp.layers import vocab_range
+from shardlab.tp.params import AttentionParams, MlpParams, VocabParams
 from shardlab.tp.programs import (
     attention_step,
     ce_step,
     embedding_step,
-    loss,
     mlp_step,
     tied_lm_step,
     transformer_layer_step,
 )
-from shardlab.views import View, merge, traffic
 
 TOL = {"float32": dict(rtol=1e-4, atol=1e-5), "bfloat16": dict(rtol=5e-2, atol=5e-2)}
 FLOAT_TYPES = ("f32", "bf16", "f16", "f64")
 _ALIASES = ("parameter", "constant", "tuple", "get-tuple-element", "bitcast", "copy-start", "copy-done")
 IGNORE_INDEX = -100
 CE_METHODS = ("vocab_parallel", "gather")
-COMPILERS = {"hlo": "XLA:CPU", "tpu": "XLA:TPU"}  # a compiler view's source -> the compiler
 
 
 def close(a: torch.Tensor, b: torch.Tensor, dtype: str) -> bool:
@@ -85,7 +85,7 @@ def written_arrays(module: HloModule) -> list[tuple[str, Array]]:
 
 def dense_grads(dense: torch.nn.Module, x: torch.Tensor, target: torch.Tensor | None) -> dict[str, torch.Tensor]:
     """The oracle: output, input gradient and every parameter gradient of the unsharded module on the CPU (the
-    same loss as the per-rank and GSPMD steps, ``programs.loss``)."""
+    same loss as the per-rank and GSPMD steps, ``models.loss``)."""
     x = x.clone().requires_grad_(target is not None and x.is_floating_point())
     out = dense(x)
     res = {"out": out.detach()}
@@ -97,7 +97,7 @@ def dense_grads(dense: torch.nn.Module, x: torch.Tensor, target: torch.Tensor | 
 
 @dataclass(frozen=True)
 class TpCase(Case):
-    """A forward (+ backward of ½‖out − target‖², ``programs.loss``) step of a dense module, Megatron-split over
+    """A forward (+ backward of ½‖out − target‖², ``models.loss``) step of a dense module, Megatron-split over
     tp ranks. A subclass names, as class attributes, the dense module and the parameters that size it, its
     per-rank ``step``, its ``formulas.tp`` function and its GSPMD annotation (``tp.gspmd``)."""
 

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 import torch_xla.distributed.spmd as xs  # imported after runtime.setup() (by tp.case and the tests)
 
 from shardlab import models, runtime
-from shardlab.tp.programs import loss
+from shardlab.models import loss
 
 AXIS = "tensor"
 

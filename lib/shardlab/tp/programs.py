@@ -24,6 +24,7 @@ import torch
 
 from shardlab import models
 from shardlab.comm import Comm
+from shardlab.models import loss
 from shardlab.tp.cross_entropy import gathered_cross_entropy, vocab_parallel_cross_entropy
 from shardlab.tp.layers import (
     ParallelAttention,
@@ -33,14 +34,6 @@ from shardlab.tp.layers import (
     allreduce_sequence_parallel_grads,
     vocab_range,
 )
-
-
-def loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """½‖out − target‖², the loss of every forward + backward step here: its output gradient ``out − target``
-    depends on the forward's output, as in training, so the backward's first collective (f) waits for the
-    forward's last (g). (A loss ``(out * grad_out).sum()`` has the constant output gradient ``grad_out``: the
-    two all-reduces are then independent and XLA:TPU's combiner merged them into one — an artefact, measured.)"""
-    return 0.5 * (out - target).pow(2).sum()
 
 
 def _step(

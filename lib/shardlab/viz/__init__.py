@@ -1,4 +1,5 @@
-"""Figures and ipywidgets explorers, one module per topic; :mod:`shardlab.viz.common` fixes device colours.
+"""Drawing helpers every topic's figures share: :mod:`shardlab.viz.common` fixes device colours and grids.
 
-Importing a topic module imports plotly/ipywidgets; nothing here imports torch_xla.
+A topic's own figures and explorers live in its folder (``shardlab.<topic>.figures``). Importing
+:mod:`shardlab.viz.common` imports plotly; nothing here imports torch_xla.
 """

@@ -10,10 +10,10 @@ Modules (read top-down):
 ``measure``   the sharded model on the device, program size, trace transfers, compile time vs device count
               (one fresh ``python -m shardlab.xla_scan`` per count).
 ``case``      notebook 06's cases (the stacked step, the ``nn.Linear`` trap, ``shard_as`` on its own), run by
-              :mod:`shardlab.harness`, and the notebook's measurements beyond one case's views.
+              :mod:`shardlab.core.harness`, and the notebook's measurements beyond one case's views.
 ``scale``     the 405B seed at full size (placeholders, XLA:TPU compile-only), shard_as off/on.
 
-Formulas live in :mod:`shardlab.formulas.scan`, figures in :mod:`shardlab.viz.scan`, the story in notebook
+Formulas live in :mod:`shardlab.formulas.scan`, figures in :mod:`shardlab.xla_scan.figures`, the story in notebook
 ``06_scan_shard_as``. Importing this package imports nothing; its modules import torch_xla, so call
 ``shardlab.runtime.setup()`` first.
 """

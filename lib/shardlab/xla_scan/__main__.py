@@ -13,7 +13,7 @@ import sys
 from dataclasses import replace
 
 from shardlab import runtime
-from shardlab.params import ScanParams
+from shardlab.xla_scan.params import ScanParams
 
 
 def main(argv: list[str]) -> None:
@@ -21,7 +21,7 @@ def main(argv: list[str]) -> None:
     n = req["num_devices"]
     runtime.setup(num_devices=n)
     # after setup: these import torch_xla, which must see the device count first (the ordering rule)
-    from shardlab import harness
+    from shardlab.core import harness
     from shardlab.xla_scan.case import ScanCase
     from shardlab.xla_scan.measure import graph_size
 

@@ -4,7 +4,7 @@ Design note
 -----------
 :func:`prepare` builds a model in one of the three modes from seeded CPU weights, moves it to the device and
 marks the 2-D sharding (``sharding.py``); :class:`shardlab.xla_scan.case.ScanCase` traces its step from it and
-:mod:`shardlab.harness` compiles, runs and reads it. What is specific to this topic lives here:
+:mod:`shardlab.core.harness` compiles, runs and reads it. What is specific to this topic lives here:
 
 * :func:`graph_size` — instructions of the partitioned per-device program, XLA:CPU's outlined tasks counted once;
 * :func:`trace_transfers` — host→device traffic of *tracing* one step (``OutboundData``, never compiled);
@@ -27,11 +27,11 @@ import torch
 import torch_xla.core.xla_model as xm  # imported after runtime.setup() (the notebooks' order)
 
 from shardlab import runtime
-from shardlab.params import ScanParams
 from shardlab.profile import metrics_delta
 from shardlab.profile.hlo import HloModule
 from shardlab.xla_scan import model as M
 from shardlab.xla_scan import sharding as S
+from shardlab.xla_scan.params import ScanParams
 from shardlab.xla_scan.patches import placeholders_enabled
 
 CPU_OUTLINED_PREFIX = "parallel_"

@@ -27,11 +27,11 @@ from typing import Any
 
 import pandas as pd
 
-from shardlab.case import build_graph
+from shardlab.core.case import build_graph
 from shardlab.formulas import scan as FS
-from shardlab.params import ScanParams
 from shardlab.profile import tpu
 from shardlab.profile.record import Recorder
+from shardlab.xla_scan.params import ScanParams
 from shardlab.xla_scan.scale import FULL_SIZE, SeedCase, SeedResult, seed_result
 
 POD_FILE = Path(__file__).resolve().parents[3] / "data" / "scale" / "seed_405b_pod.json"

@@ -58,15 +58,17 @@ import torch
 import torch_xla.distributed.spmd as xs  # imported after runtime.setup() (the notebooks' order)
 from torch_xla.experimental.scan import scan
 
-from shardlab import harness, runtime
+from shardlab import runtime
+from shardlab.core import harness
+from shardlab.core.views import View
 from shardlab.formulas import scan as FS
-from shardlab.params import ScanParams
+from shardlab.profile.placeholders import placeholder
 from shardlab.profile.record import Recorder
+from shardlab.profile.result_files import CompileResult, entry_layout, load_results, save_results
 from shardlab.profile.tpu import TpuCompile
-from shardlab.result_files import CompileResult, entry_layout, load_results, save_results
-from shardlab.views import View
 from shardlab.xla_scan.case import MeshCase
-from shardlab.xla_scan.patches import placeholder, shard_as_enabled
+from shardlab.xla_scan.params import ScanParams
+from shardlab.xla_scan.patches import shard_as_enabled
 from shardlab.xla_scan.sharding import ACT_LAYOUTS, check_layout
 
 # (out, in) per layer, as a function of (hidden, ffn); mesh axes of (out, in)

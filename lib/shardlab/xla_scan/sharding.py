@@ -34,8 +34,8 @@ import torch_xla.distributed.spmd as xs  # imported after runtime.setup() (the n
 
 from shardlab import runtime
 from shardlab.formulas.common import ceil_div
-from shardlab.params import ScanParams
 from shardlab.xla_scan.model import Annotate
+from shardlab.xla_scan.params import ScanParams
 
 AXES = ("fsdp", "tensor")
 WEIGHT_SPECS: dict[str, tuple[str | None, ...]] = {"w_up": ("fsdp", "tensor"), "w_down": ("tensor", "fsdp")}

@@ -2,7 +2,7 @@
 
 Design
 ------
-A notebook's parameter dataclass (:mod:`shardlab.params`) *is* its configuration, declared once. A **case**
+A notebook's parameter dataclass (:mod:`shardlab.core.params`) *is* its configuration, declared once. A **case**
 is a small frozen dataclass that holds that object as ``p`` plus the variant it shows (forward or forward +
 backward, a splitting rule, a schedule), and supplies only what its topic knows::
 
@@ -20,24 +20,35 @@ graphs (FSDP's forward, then backward + update: only sharded parameters live bet
 ``programs`` and ``graph()`` *yields* each graph's outputs in turn — the harness executes each graph before it
 asks for the next, compiles every one, and hands ``read`` / ``parity`` ``{program: ...}`` dicts.
 
-Everything else is written once, in :mod:`shardlab.harness`: adding a topic adds a case class and a notebook.
+Everything else is written once, in :mod:`shardlab.core.harness`: a topic adds its case classes in its own folder.
 Cases pickle (the TPU view may build the graph in a helper process with another device count), so a case holds
 plain values and its parameter object, never tensors.
 
-A minimal case, the one a newcomer copies (a Megatron row-parallel matmul, x[M, K_X] · W[K_X, N])::
+A minimal case, the one a newcomer copies (a Megatron row-parallel matmul, x[m, k_model] · W[k_model, n]; the
+helpers ``operands``, ``row_rank`` and ``on_mesh`` and this class are real code in ``tests/test_case_example.py``,
+which runs it through the views)::
 
     @dataclass(frozen=True)
     class RowCase(Case):
         p: BlocksParams
+        size_name: ClassVar[str] = "parts"
+        mesh_text: ClassVar[str] = "(copies, model) = (n / parts, parts)"
 
         def formula(self) -> View:
             f = fblocks.row_split_all_reduce(self.p.m, self.p.n, self.p.parts, self.p.dtype)
             return traffic(View("formula"), self.phase, {"all_reduce": f["count"]},
                            {"all_reduce": f["bytes"]}, self.p.dtype)
 
-        def program(self):  return row_rank, operands(self.p)    # fn(comm, x, w) on every rank
-        def oracle(self):   x, w = operands(self.p); return x @ w
-        def graph(self):    x, w = on_mesh(self.p); return [x @ w]
+        def program(self) -> Program:
+            return row_rank, operands(self.p)  # fn(comm, x, w) on every rank
+
+        def oracle(self) -> torch.Tensor:
+            x, w = operands(self.p)
+            return x @ w
+
+        def graph(self) -> list[torch.Tensor]:
+            x, w = on_mesh(self.p)
+            return [x @ w]
 
     views = harness.views(RowCase(p))          # formula, ledger, hlo, tpu
     harness.record(rec, "blocks", *views)      # recorded, compared, a table to display
@@ -51,8 +62,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
 from shardlab import runtime
 from shardlab.comm.ledger import Ledger
+from shardlab.core.views import View
 from shardlab.profile.hlo import HloModule
-from shardlab.views import View
 
 if TYPE_CHECKING:
     import torch

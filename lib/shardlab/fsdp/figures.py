@@ -23,8 +23,8 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from shardlab.fsdp.flat_param import FlatShardPlan, plan_flat_shards_for
+from shardlab.fsdp.params import FsdpParams
 from shardlab.fsdp.train import make_model
-from shardlab.params import FsdpParams
 from shardlab.viz.common import PADDING, device_color
 
 PARAM_PALETTE = ("#8DD3C7", "#FFFFB3", "#BEBADA", "#FB8072", "#80B1D3", "#FDB462", "#B3DE69", "#FCCDE5",

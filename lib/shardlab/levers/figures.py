@@ -11,11 +11,11 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from shardlab.core.views import View
 from shardlab.levers.case import OFF, logical
 from shardlab.levers.combine import AlphaBeta, Point, combining_saving_s
-from shardlab.levers.order import Extremes, Profile
+from shardlab.profile.order import Extremes, Profile
 from shardlab.profile.tpu_memory import TpuMemory
-from shardlab.views import View
 from shardlab.viz.common import PALETTE, REPLICATED
 
 KIND_COLOR = {"matmul": PALETTE[0], "collective-start": PALETTE[3], "collective-done": PALETTE[7],

@@ -3,9 +3,9 @@
 Design
 ------
 Notebook 07's validation section evaluates the planner's per-chip terms at its validation sizes (the ``val_*``
-fields of :class:`shardlab.params.PlannerParams`: T = ``val_tokens`` tokens of width ``val_hidden`` on ``val_world``
+fields of :class:`planner.params.PlannerParams`: T = ``val_tokens`` tokens of width ``val_hidden`` on ``val_world``
 ranks; fp32, so 4 bytes per element on every backend) and compares each with what runs. Each part is a case;
-:mod:`shardlab.harness` runs it through the views:
+:mod:`shardlab.core.harness` runs it through the views:
 
     part        case                          what runs                              the term (formula view)
     tp_mlp      tp.case.MlpCase(tp_params(p)) notebook 02's case at these sizes     Megatron: 1 + 1 all-reduces
@@ -24,7 +24,7 @@ ranks; fp32, so 4 bytes per element on every backend) and compares each with wha
 Values are named ``fwd_bwd.<op>.{count,bytes,elements,wire_bytes}`` and ``param.bytes`` / ``model_state.bytes``.
 Wire bytes: the formula's ring model (``formulas.common.wire_bytes``) in the formula view; in the measured views
 each collective counted chunk by chunk along the ring schedule (``blocks.ring``), so formula = measured tests the
-ring factor, not only count × payload. Every step's loss is ½‖out − target‖² (``tp.programs.loss``).
+ring factor, not only count × payload. Every step's loss is ½‖out − target‖² (``models.loss``).
 The compiled programs run on a mesh (n / world, world) over the process's n devices; the CPU compiler view is
 skipped with the reason when world does not tile n, the TPU view compiles for a world-chip slice (in a helper
 process when this one has another device count). Parity with the dense oracle (the same module on the CPU, no XLA)
@@ -47,28 +47,31 @@ import torch
 import torch.nn.functional as F
 import torch_xla.distributed.spmd as xs  # imported after runtime.setup() (the notebooks' order)
 
-from shardlab import harness, runtime
+from shardlab import runtime
 from shardlab.blocks import ring
-from shardlab.case import Case, Checks, Program
 from shardlab.comm import Ledger
+from shardlab.core import harness
+from shardlab.core.case import Case, Checks, Program
+from shardlab.core.views import View, traffic
 from shardlab.formulas import memory
 from shardlab.formulas import pipeline as fpp
 from shardlab.formulas.common import wire_bytes
 from shardlab.formulas.fsdp import FlatStepComm, flat_step_comm
+from shardlab.fsdp.params import FsdpParams
 from shardlab.fsdp.train import FlatCase, RankResult, fsdp_rank_program, reference_train
-from shardlab.params import AttentionParams, FsdpParams, PlannerParams
+from shardlab.models import loss
 from shardlab.pipeline.case import ScheduleCase
 from shardlab.pipeline.params import PipelineParams
 from shardlab.planner import CommTerm, ModelConfig, PlanConfig, step_comm
+from shardlab.planner.params import PlannerParams
 from shardlab.profile.hlo import HloModule
 from shardlab.profile.record import Recorder
+from shardlab.profile.result_files import entry_layout, load_results
 from shardlab.profile.tpu import TpuCompile
-from shardlab.result_files import entry_layout, load_results
 from shardlab.tp.case import LayerCase, wire_counted
-from shardlab.tp.programs import loss
-from shardlab.views import View, traffic
+from shardlab.tp.params import AttentionParams
 
-MATRIX_DIR = Path(__file__).resolve().parents[2] / "data" / "scale"
+MATRIX_DIR = Path(__file__).resolve().parents[3] / "data" / "scale"
 
 PHASE = "fwd_bwd"  # every check runs one forward + backward step
 DTYPE = "float32"
@@ -199,7 +202,7 @@ class ValidationCase(Case):
 
 @dataclass(frozen=True)
 class DataCase(ValidationCase):
-    """½‖gelu(x A) B − target‖² (notebooks 02-04's loss, ``tp.programs.loss``: the gradient depends on the output)
+    """½‖gelu(x A) B − target‖² (notebooks 02-04's loss, ``models.loss``: the gradient depends on the output)
     with the tokens x split over ``data`` = val_world: the weights replicated (data parallel:
     each weight gradient all-reduced over data) or, ``sharded``, annotated by rows over ``data`` (ZeRO-3: the
     partitioner picks its own collectives, so only the parameter bytes are compared)."""

@@ -115,7 +115,7 @@ def explorer(cp: int = 4, seq: int = 32, kv_heads: int = 2, head_dim: int = 8, l
         "layout": widgets.Dropdown(value=layout, options=["contiguous", "zigzag"], description="layout"),
         "causal": widgets.Checkbox(value=causal, description="causal"),
     }
-    status, table = widgets.HTML(), widgets.HTML()  # HTML, not figures in an Output widget (see viz.tp.explorer)
+    status, table = widgets.HTML(), widgets.HTML()  # HTML, not figures in an Output widget (see tp.figures.explorer)
 
     def update(**kw: Any) -> dict[str, Any]:
         args = {name: kw.get(name, c.value) for name, c in controls.items()}

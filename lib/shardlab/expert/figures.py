@@ -99,7 +99,7 @@ def explorer(p: ExpertParams, evaluate: Callable[[ExpertParams], dict[str, Any]]
         "capacity_factor": widgets.FloatSlider(value=p.capacity_factor, min=0.25, max=3.0, step=0.25,
                                                description="capacity"),
     }
-    status, table = widgets.HTML(), widgets.HTML()  # HTML, not figures in an Output widget (see viz.tp.explorer)
+    status, table = widgets.HTML(), widgets.HTML()  # HTML, not figures in an Output widget (see tp.figures.explorer)
 
     def update(**kw: Any) -> dict[str, Any]:
         args = {name: kw.get(name, s.value) for name, s in sliders.items()}

@@ -1,4 +1,4 @@
-"""Reference solutions of notebook 07's exercises (graded by ``shardlab.exercises``; never printed).
+"""Reference solutions of notebook 07's exercises (graded by ``shardlab.core.exercises``; never printed).
 
 Exercises 1-3 compute their answers with the formulas the planner composes; the hand-written key is
 ``data/answers/07_planner.json``. Exercise 4 is code: the learner writes ``answer()`` returning a
@@ -12,9 +12,9 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from shardlab.core.topics import Solution
 from shardlab.formulas import activations, hardware, memory
 from shardlab.planner import PlanConfig, model_from, plan
-from shardlab.solutions import Solution
 
 TASK_4 = ("llama-3-70b", "v6e-64", 16, 8192, "full")  # model, slice, global batch, sequence, recompute
 

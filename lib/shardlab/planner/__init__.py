@@ -5,7 +5,7 @@ Design note
 `plan(PlanConfig(...))` composes the formula modules (no torch, no XLA) for a decoder-only transformer (dense, or a
 mixture of experts) on a TPU slice with a (data, pipeline, fsdp, context, tensor, expert) mesh — MaxText's axis
 order, the last axis fastest. :class:`PlanConfig` is the one declaration of a plan's inputs (type, default,
-comment); notebook 07's parameters (``shardlab.params.PlannerParams``) extend it, so ``plan(p)`` plans the
+comment); notebook 07's parameters (``shardlab.planner.params.PlannerParams``) extend it, so ``plan(p)`` plans the
 notebook's own parameters and nothing copies them. The batch is split over data x fsdp x expert (GShard: every
 device routes its own tokens), the sequence over context, the layers over pipeline stages, every weight over tensor,
 the experts over expert:
@@ -45,10 +45,10 @@ needs a flash-style (blockwise) attention; a pipeline stage holds L / pipeline l
 embedding, the last the final norm and LM head. `Plan.notes` names what was used.
 
 **Which terms were fitted.** Three terms were chosen after compiling seven full training steps with XLA:TPU
-(`shardlab.planner_verdict`): the backward's 6·a·s²·b/t bytes of s × s buffers without flash, the peak as the
+(`shardlab.planner.verdict`): the backward's 6·a·s²·b/t bytes of s × s buffers without flash, the peak as the
 larger of two phases instead of their sum, and the 10 % fit margin (the compiler's heap packing). Agreement on
 those seven compiles is a regression, not a validation; notebook 07 shows the configurations held out from the
-fit separately (`planner_verdict.HOLDOUT`), and the numbers come from the cached compiles, not from this text.
+fit separately (`planner.verdict.HOLDOUT`), and the numbers come from the cached compiles, not from this text.
 
 Every bad input raises ValueError naming the values, before any arithmetic:
     >>> plan(PlanConfig("llama-3-8b", "v5e-8", data=2, fsdp=2, tensor=1))
@@ -72,8 +72,8 @@ from shardlab.formulas import tp as tp_f
 from shardlab.formulas.common import RECOMPUTE_POLICIES, ceil_div, dtype_bytes, wire_bytes
 from shardlab.formulas.flops import FlopTerms, mfu, transformer_flops
 from shardlab.formulas.fsdp import flat_step_comm
+from shardlab.formulas.presets import MODEL_PRESETS, ModelConfig, model_from, model_preset
 from shardlab.formulas.zero import zero_comm
-from shardlab.presets import MODEL_PRESETS, ModelConfig, model_from, model_preset
 
 __all__ = ["FSDP_RULES", "MESH_AXES", "MODEL_PRESETS", "CommTerm", "ModelConfig", "Plan", "PlanConfig", "model_from",
            "model_preset", "plan", "step_comm"]
@@ -88,7 +88,7 @@ NORM_GATHER_BYTES = 4  # XLA:TPU all-gathers the bf16 RMSNorm weights of the ver
 class PlanConfig:
     """What a plan is of: a model on a TPU slice, the mesh degrees, the batch, and the planner's assumptions."""
 
-    model: ModelConfig | str | dict = "llama-3-8b"  # a preset name, or custom sizes as a dict (see shardlab.presets)
+    model: ModelConfig | str | dict = "llama-3-8b"  # a preset name, or custom sizes as a dict (see formulas.presets)
     topology: str = "v6e-8"  # a TPU slice of data/hardware: v5e-8, v6e-8, v6e-256, v5p-128, ...
     data: int = 1  # data-parallel replicas
     fsdp: int = 8  # ZeRO-3 / FSDP sharding degree

@@ -8,11 +8,11 @@ says whether it is right::
     answer_1 = None                      # bytes each rank hands to the forward all-reduce
     ex.grade(1, answer_1)                # "exercise 1: not answered yet" / "right" / "not quite — hint: ..."
 
-The reference solution of every exercise lives in ``shardlab.solutions`` (``SOLUTIONS = {notebook: {number:
-Solution}}``): a function computing the expected value from the library's formulas — or from a value the
-notebook measured and passes in (``ex.grade(4, answer_4, hlo_count=...)``: "predict it, then check the
-HLO") — a tolerance and a hint. The notebook shows neither the value nor the way to it; its explanation sits
-in a collapsed ``<details>`` block after the exercises.
+The reference solution of every exercise lives in its topic's folder (``shardlab.<topic>.solutions``, found
+through the topic registry: :func:`shardlab.core.topics.solutions`): a function computing the expected value from
+the library's formulas — or from a value the notebook measured and passes in (``ex.grade(4, answer_4,
+hlo_count=...)``: "predict it, then check the HLO") — a tolerance and a hint. The notebook shows neither the
+value nor the way to it; its explanation sits in a collapsed ``<details>`` block after the exercises.
 
 The answer key is checked, not trusted: every notebook with exercises declares a parameter ``answers``
 (None for a learner). The report and the tests pass the hand-written reference answers from
@@ -43,9 +43,10 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from shardlab.answer_keys import load_key
+from shardlab.core import topics
+from shardlab.core.answer_keys import load_key
+from shardlab.core.topics import Solution
 from shardlab.profile.record import Recorder
-from shardlab.solutions import SOLUTIONS, Solution
 
 __all__ = ["Exercises", "Solution", "load_key", "matches"]
 
@@ -69,8 +70,9 @@ class Exercises:
 
     def __init__(self, notebook: str, rec: Recorder | None = None, answers: Mapping[str, Any] | None = None,
                  solutions: Mapping[str, Mapping[int, Solution]] | None = None) -> None:
-        solutions = SOLUTIONS if solutions is None else solutions
-        if notebook not in solutions:
+        if solutions is None:
+            solutions = {notebook: topics.solutions(notebook)}
+        if not solutions.get(notebook):
             raise KeyError(f"no exercises registered for {notebook!r}")
         if answers is not None and not isinstance(answers, Mapping):
             raise ValueError(f"answers={answers!r} must be None or a mapping of exercise number to answer")

@@ -7,7 +7,7 @@ world as one training step — embedding, ``scan`` over the real L decoder layer
 LM head, cross-entropy, backward, AdamW — with every weight, optimizer state and the tokens as placeholders
 (nothing is allocated), then compiled by the XLA:TPU compiler for the planner's slice: a :class:`VerdictCase`
 holds the plan (a ``planner.PlanConfig``; notebook 07's parameters are one) and its ``graph()`` is the step, which
-the harness's TPU view (:func:`shardlab.harness.tpu`) compiles. The trace makes the planner's default assumptions
+the harness's TPU view (:func:`shardlab.core.harness.tpu`) compiles. The trace makes the planner's default assumptions
 (bf16 parameters and gradients, fp32 AdamW state, ZeRO-3 over fsdp, no sequence parallelism); a plan that assumes
 otherwise is refused with the reason.
 
@@ -62,15 +62,16 @@ from torch._functorch.partitioners import _extract_fwd_bwd_modules, _is_primal, 
 from torch.fx import GraphModule
 from torch_xla.experimental.scan import scan
 
-from shardlab import harness, runtime
-from shardlab.case import Case
+from shardlab import runtime
+from shardlab.core import harness
+from shardlab.core.case import Case
 from shardlab.formulas import hardware
 from shardlab.planner import ModelConfig, Plan, PlanConfig, model_from, plan
+from shardlab.profile.placeholders import placeholder
 from shardlab.profile.record import Recorder
+from shardlab.profile.result_files import entry_layout, load_results
 from shardlab.profile.tpu import Step, TpuCompile, get_topology
 from shardlab.profile.tpu_worker import TpuWorkerError
-from shardlab.result_files import entry_layout, load_results
-from shardlab.xla_scan.patches import placeholder
 
 LAYER_SPECS: dict[str, tuple[str, ...]] = {  # torch layout [out, in]; stacked with a leading unsplit L
     "q": ("tensor", "fsdp"), "k": ("tensor", "fsdp"), "v": ("tensor", "fsdp"), "o": ("fsdp", "tensor"),
@@ -408,7 +409,7 @@ MATRIX: tuple[tuple[str, str, tuple[int, int, int], int], ...] = (
     ("llama-3-70b", "v6e-64", (1, 16, 4), 16),
     ("llama-3.1-405b", "v6e-64", (1, 16, 4), 16),
 )
-MATRIX_FILE = Path(__file__).resolve().parents[2] / "data" / "scale" / "planner_verdict.json"
+MATRIX_FILE = Path(__file__).resolve().parents[3] / "data" / "scale" / "planner_verdict.json"
 
 
 def matrix_cases(seq: int = 8192) -> dict[str, VerdictCase]:

@@ -3,7 +3,7 @@
 Design
 ------
 A :class:`View` is a flat dict of named structural values (``"fwd.all_reduce.count"``) with units, from one
-source. :mod:`shardlab.harness` produces the views of a :class:`shardlab.case.Case` and records them; this
+source. :mod:`shardlab.core.harness` produces the views of a :class:`shardlab.core.case.Case` and records them; this
 module holds the data type and the builders every topic shares: :func:`traffic` (a formula's counts and
 bytes), :func:`ledger_view` (what a rank's ledger recorded), :func:`collectives_view` (what a compiled HLO
 program hands to its collectives) and :func:`merge` (two programs of one source side by side).
@@ -31,12 +31,14 @@ from typing import Any
 
 from shardlab.comm.ledger import OPS as LEDGER_OPS
 from shardlab.comm.ledger import Ledger
-from shardlab.dtypes import dtype_bytes, hlo_name
+from shardlab.formulas.dtypes import dtype_bytes, hlo_name
 from shardlab.profile.hlo import Collective, HloModule
 
 # Collective names in the suite's vocabulary (ledger spelling) and their HLO spelling.
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute")
 HLO_OP = {op: op.replace("_", "-") for op in OPS}
+
+COMPILERS = {"hlo": "XLA:CPU", "tpu": "XLA:TPU"}  # a compiler view's source -> the compiler (the one label map)
 
 
 @dataclass

@@ -146,7 +146,7 @@ class Graph:
 
 
 @dataclass(frozen=True)
-class Step:
+class OpMemory:
     op: str
     before: int  # live bytes before the operator runs
     during: int  # live + its outputs
@@ -156,7 +156,7 @@ class Step:
 @dataclass(frozen=True)
 class Profile:
     order: tuple[str, ...]
-    steps: tuple[Step, ...]
+    steps: tuple[OpMemory, ...]
 
     @property
     def peak(self) -> int:
@@ -176,7 +176,7 @@ def peak(graph: Graph, order: Sequence[str] | None = None) -> Profile:
         during = live + graph.step_bytes(i)
         done |= 1 << i
         after = during - graph.freed_after(i, done)
-        steps.append(Step(graph.ops[i].name, live, during, after))
+        steps.append(OpMemory(graph.ops[i].name, live, during, after))
         live = after
     return Profile(order, tuple(steps))
 

@@ -12,9 +12,9 @@ import ipywidgets as widgets
 import pandas as pd
 import plotly.graph_objects as go
 
-from shardlab.levers import order as order_mod
 from shardlab.memory import graph, roam
 from shardlab.memory.params import MODELS, MemoryParams
+from shardlab.profile import order as order_mod
 from shardlab.profile import tpu
 from shardlab.viz.common import PALETTE
 
@@ -30,7 +30,7 @@ def order_profiles_figure(graph: order_mod.Graph, orders: Mapping[str, Sequence[
                           phase: Mapping[str, str] | None = None,
                           title: str = "Live temporaries while the step runs, one line per operator order"
                           ) -> go.Figure:
-    """Bytes live during each operator (``levers.order.peak``) for every order; the program order's phases shaded."""
+    """Bytes live during each operator (``profile.order.peak``) for every order; the program order's phases shaded."""
     fig = go.Figure()
     for i, (name, order) in enumerate(orders.items()):
         prof = order_mod.peak(graph, order)
@@ -135,7 +135,7 @@ def explorer(p: MemoryParams) -> tuple[widgets.VBox, Callable[..., dict[str, Any
         "step_seq": widgets.IntSlider(value=p.step_seq, min=1, max=64, description="step_seq"),
         "step_batch": widgets.IntSlider(value=p.step_batch, min=1, max=32, description="step_batch"),
     }
-    status, table = widgets.HTML(), widgets.HTML()  # HTML, not figures in an Output widget (see viz.tp.explorer)
+    status, table = widgets.HTML(), widgets.HTML()  # HTML, not figures in an Output widget (see tp.figures.explorer)
 
     def update(**kw: Any) -> dict[str, Any]:
         args = {name: kw.get(name, c.value) for name, c in controls.items()}
