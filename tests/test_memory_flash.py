@@ -197,7 +197,8 @@ def test_flash_verdict_case_swaps_only_the_kernel(xla_world) -> None:  # type: i
     flash = FS.flash_verdict(plan)
     plain = harness.tpu(VerdictCase(plan), "v5e").detail
     assert flash.fits and flash.custom_calls == 4
-    shapes = lambda text: set(re.findall(r"\[(?:\d+,)*1024,1024\]", text))  # noqa: E731 - [.., s, s] arrays
+    # [.., a, s, s] score-shaped arrays (8 heads on each chip; [1024, 1024] alone is also the embedding's shape)
+    shapes = lambda text: set(re.findall(r"\[(?:\d+,)*8,1024,1024\]", text))  # noqa: E731
     compiled = harness.tpu(FS.FlashVerdictCase(plan), "v5e").detail  # the same compile (cached in-process)
     assert shapes(plain.hlo_text) and not shapes(compiled.hlo_text)
     # the same parameters and optimizer state (array arguments; the scalars torch_xla lifts differ by kernel)
