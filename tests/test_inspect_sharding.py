@@ -1,6 +1,6 @@
 """Sharding rules of ``shardlab.inspect``: specs, errors, per-chip shapes, mesh axes of replica groups.
 
-Oracles: the hand-written specs of the planner's own compile check (``planner_verdict.LAYER_SPECS``: the Megatron
+Oracles: the hand-written specs of the planner's own compile check (``planner.verdict.LAYER_SPECS``: the Megatron
 + FSDP layout of a Llama layer, written independently of these rules), the published module layouts (HF
 ``Conv1D`` is ``[in, out]``), and replica groups written out by hand from ``np.arange(n).reshape(mesh)``.
 No XLA: pure functions.
@@ -16,7 +16,7 @@ from shardlab.inspect.models import Param
 from shardlab.planner.verdict import LAYER_SPECS
 
 MESH = {"fsdp": 8, "tensor": 2}
-LLAMA = {  # HF Llama 3 8B names and [out, in] shapes -> planner_verdict's names
+LLAMA = {  # HF Llama 3 8B names and [out, in] shapes -> planner.verdict's names
     "q": ("self_attn.q_proj.weight", (4096, 4096)), "k": ("self_attn.k_proj.weight", (1024, 4096)),
     "v": ("self_attn.v_proj.weight", (1024, 4096)), "o": ("self_attn.o_proj.weight", (4096, 4096)),
     "gate": ("mlp.gate_proj.weight", (14336, 4096)), "up": ("mlp.up_proj.weight", (14336, 4096)),

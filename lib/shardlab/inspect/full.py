@@ -4,7 +4,7 @@ Design note: each run is ``python -m shardlab inspect ... --json`` in a fresh pr
 the slice's chip count), one after another — minutes each on the 2-core reference machine. The file holds the
 results (``InspectResult.as_dict``) by key plus how they were made (``result_files``), so a notebook shows them
 without recompiling: :func:`load_full`. :data:`RUNS` mirrors notebook 07's Llama 3 8B matrix
-(``planner_verdict.MATRIX``: same slices, meshes, batch, sequence 8192, full recompute, donated), an MoE model,
+(``planner.verdict.MATRIX``: same slices, meshes, batch, sequence 8192, full recompute, donated), an MoE model,
 and torch_xla's scan_layers beside the stacked scan for one configuration (HF's loop: :data:`EXTRA`).
 :func:`compare_with_07` puts each Llama row beside 07's cached compiler verdict (same fit verdict; bytes within 2 %).
 """

@@ -16,7 +16,7 @@ count) traces, without allocating or executing anything:
                 ``torch_xla.experimental.scan.scan``; ``scan_layers``: torch_xla's ``scan_layers`` over the HF
                 layers (it stacks the per-layer weights inside the step); ``loop``: HF's Python loop (L copies)
     recompute   ``full``: scan / scan_layers with the partition that saves only the layer inputs
-                (``planner_verdict.full_recompute_partition``); loop: ``torch_xla.utils.checkpoint`` per layer;
+                (``planner.verdict.full_recompute_partition``); loop: ``torch_xla.utils.checkpoint`` per layer;
                 ``selective``: :func:`selective_partition` (the projections' outputs kept; scans only)
     attention   HF's ``eager`` or ``sdpa``, or torch_xla's Pallas flash kernel (``attention.register_flash``,
                 traced inside ``memory.pallas_tpu.pallas_for_tpu_compile``)
@@ -26,7 +26,7 @@ count) traces, without allocating or executing anything:
     activations forward hooks annotate each decoder layer's output and the embedding output as split over the
                 batch axes; with tensor parallelism, column-parallel and vocabulary outputs on the tensor axis
                 (``mark_sharding_with_gradients``)
-    optimizer   AdamW as ``planner_verdict`` traces it: fp32 master, exp_avg, exp_avg_sq placeholders sharded like
+    optimizer   AdamW as ``planner.verdict`` traces it: fp32 master, exp_avg, exp_avg_sq placeholders sharded like
                 the weight, elementwise update, every new value donated into its old buffer (``tpu.Step``)
 
 HF's decoder loop (``for layer in self.layers[:n]``, GPT-2's ``for i, block in enumerate(self.h)``) is kept: the

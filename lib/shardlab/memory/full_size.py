@@ -17,7 +17,7 @@ Usage (run from the repository; writes the cache, prints one line per result; ``
     python -m shardlab.memory verdict           # notebook 07's Llama 3 8B step on v6e-8 with the flash kernel
                                                  # (8 devices; ~17 minutes of XLA:TPU on 2 cores)
 
-``verdict`` compiles :class:`FlashVerdictCase` — notebook 07's ``planner_verdict.VerdictCase`` step with torch_xla's
+``verdict`` compiles :class:`FlashVerdictCase` — notebook 07's ``planner.verdict.VerdictCase`` step with torch_xla's
 flash kernel in place of its softmax attention — and writes ``data/memory/verdict_flash.json``.
 """
 
@@ -303,7 +303,7 @@ def load_verdicts(path: Path = VERDICT_FILE) -> tuple[dict[str, FlashVerdict], d
 
 @dataclass(frozen=True)
 class FlashVerdictCase(VerdictCase):
-    """Notebook 07's training step (``planner_verdict.VerdictCase``) with torch_xla's flash kernel as its attention:
+    """Notebook 07's training step (``planner.verdict.VerdictCase``) with torch_xla's flash kernel as its attention:
     ``flash_attention(q, k, v, causal=True, sm_scale=1/√hd)`` on the [B, a, S, hd] heads, ``partition_spec`` the
     heads' sharding (batch over data·fsdp, heads over tensor), the whole step traced inside
     :func:`~shardlab.memory.pallas_tpu.pallas_for_tpu_compile` (no [B, a, S, S] array in the program)."""
