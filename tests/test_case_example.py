@@ -1,23 +1,25 @@
 """The minimal case of ``shardlab.core.case``'s docstring, as real code run through the harness.
 
-``RowCase`` below is the docstring's example line for line (plus the two helpers it names): a Megatron row-parallel
-matmul x[m, k_model] · W[k_model, n]. Oracles: the dense product ``x @ W`` for the ledger's and the compiler's
+``RowCase`` below is the docstring's example, executed from the docstring (plus the helpers it names): a Megatron
+row-parallel matmul x[m, k_model] · W[k_model, n]. Oracles: the dense product ``x @ W`` for the ledger's and the compiler's
 results, and the four views must agree on the one all-reduce of the [m, n] partial sums (its count and bytes:
 m · n · 4 for float32), which is counted here by hand, not taken from the formula under test.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, ClassVar
+import textwrap
+from dataclasses import dataclass  # noqa: F401 - the docstring's example uses it
+from typing import Any, ClassVar  # noqa: F401
 
 import pytest
 import torch
 
 from shardlab.blocks.params import BlocksParams
-from shardlab.core.case import Case, Checks, Program
-from shardlab.core.views import View, traffic
-from shardlab.formulas import blocks as fblocks
+from shardlab.core import case as case_module
+from shardlab.core.case import Case, Checks, Program  # noqa: F401 - the example's names
+from shardlab.core.views import View, traffic  # noqa: F401 - the example's names
+from shardlab.formulas import blocks as fblocks  # noqa: F401 - the example's names
 
 
 def operands(p: BlocksParams) -> tuple[torch.Tensor, torch.Tensor]:
@@ -47,29 +49,19 @@ def on_mesh(p: BlocksParams) -> tuple[torch.Tensor, torch.Tensor]:
     return x, w
 
 
-# ---- the docstring's example (shardlab.core.case), verbatim, plus a parity check -----------------------------
-@dataclass(frozen=True)
-class RowCase(Case):
-    p: BlocksParams
-    size_name: ClassVar[str] = "parts"
-    mesh_text: ClassVar[str] = "(copies, model) = (n / parts, parts)"
+# ---- the docstring's example (shardlab.core.case), executed from the docstring itself, plus a parity check -----
+def _docstring_case() -> type:
+    """The ``RowCase`` class block of ``shardlab.core.case``'s docstring, dedented and executed here (not copied:
+    an edit to the docstring is what this test runs)."""
+    doc = case_module.__doc__ or ""
+    start = doc.index("    @dataclass(frozen=True)\n    class RowCase(Case):")
+    end = doc.index("    views = harness.views(RowCase(p))")
+    namespace = dict(globals())
+    exec(textwrap.dedent(doc[start:end]), namespace)  # noqa: S102 - the example is the code under test
+    return namespace["RowCase"]
 
-    def formula(self) -> View:
-        f = fblocks.row_split_all_reduce(self.p.m, self.p.n, self.p.parts, self.p.dtype)
-        return traffic(View("formula"), self.phase, {"all_reduce": f["count"]},
-                       {"all_reduce": f["bytes"]}, self.p.dtype)
 
-    def program(self) -> Program:
-        return row_rank, operands(self.p)  # fn(comm, x, w) on every rank
-
-    def oracle(self) -> torch.Tensor:
-        x, w = operands(self.p)
-        return x @ w
-
-    def graph(self) -> list[torch.Tensor]:
-        x, w = on_mesh(self.p)
-        return [x @ w]
-
+class RowCase(_docstring_case()):  # type: ignore[misc]
     def parity(self, source: str, got: Any, ref: torch.Tensor) -> Checks:
         results = got if source == "ledger" else got[:1]
         ok = all(torch.allclose(r.cpu(), ref, rtol=1e-4, atol=1e-4) for r in results)

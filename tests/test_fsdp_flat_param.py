@@ -1,4 +1,4 @@
-"""Flat-parameter shard math vs PyTorch's own FlatParamHandle (the oracle) and the issue's worked cases.
+"""Flat-parameter shard math vs PyTorch's own FlatParamHandle (the oracle) and worked cases by hand.
 
 The oracle: for every (layer sizes, world size, rank, use_orig_params) we build PyTorch's FlatParamHandle on
 a fake process group (no communication; FlatParamHandle only reads rank/size), call ``shard()`` and compare

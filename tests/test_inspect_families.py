@@ -55,8 +55,9 @@ def test_family_compiles_fits_and_fsdp_moves_nothing_else(model_type: str, xla_w
         assert not moved and {a for a, _ in ops} == {"fsdp"}, ops
 
 
-# Families whose tiny step (FSDP 8) still holds all-to-alls / collective-permutes, and why (measured: the HLO
-# metadata of each, issue 29's closing note). Not a weight split on a fused dimension (those are gone, FUSED).
+# Families whose tiny step (FSDP 8) still holds all-to-alls / collective-permutes, and why (measured: the op
+# names in the HLO metadata of each program's all-to-alls and permutes). Not a weight split on a fused dimension
+# (those are gone, FUSED).
 RESHUFFLES = {
     "gpt_oss": "HF's expert code (eval, off the CPU) repeats the tokens E times and views them [E, T, h]: the "
                "view folds the batch-split token dimension into the expert dimension, and the partitioner moves "

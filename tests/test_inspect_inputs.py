@@ -121,8 +121,9 @@ def test_nearest_fit_is_the_closest_plan_the_planner_accepts() -> None:
 
 
 # ------------------------------------------------------------------------------------------- the command line
-# (argv, the message's words): every one exits 2 before the device world starts, nothing on stdout. The first five
-# are issue 29's; the rest are inputs that used to end in a traceback deep in the model code or in a silent no-op.
+# (argv, the message's words): every one exits 2 before the device world starts, nothing on stdout. The first
+# five are a JSON array as config, zero layers, a non-integer --set, an unknown optimizer, a misspelt field; the
+# rest are inputs that used to end in a traceback deep in the model code or in a silent no-op.
 def _config_files(tmp_path):  # type: ignore[no-untyped-def]
     files = {"array": "[1, 2, 3]", "null": "null",
              "zero_layers": '{"model_type": "llama", "num_hidden_layers": 0}',

@@ -75,7 +75,7 @@ def test_ddp_first_bucket_constant_is_pytorchs() -> None:
 
 def test_buckets_match_pytorch_ddp() -> None:
     mib = 2**20
-    # the case: 24 gradients of 4 MiB, DDP's defaults (1 MiB first bucket, 25 MiB cap) -> [1, 7, 7, 7, 2];
+    # the worked case: 24 gradients of 4 MiB, DDP's defaults (1 MiB first bucket, 25 MiB cap) -> [1, 7, 7, 7, 2];
     # bucket_cap_mb=25 passed explicitly -> [7, 7, 7, 3]
     for first, lengths in ((mib, [1, 7, 7, 7, 2]), (None, [7, 7, 7, 3])):
         ours = C.buckets([4 * mib] * 24, 25 * mib, first)

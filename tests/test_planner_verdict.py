@@ -149,7 +149,7 @@ def test_gspmd_rule_is_the_compilers_fsdp_bytes(pc) -> None:  # type: ignore[no-
     assert cached["none"].compiler == r.compiler
 
 
-# ------------------------------------------------------------------ issue 28 item 0: the held-out rows, live vs cache
+# ------------------------------------------------------------------ 07's held-out rows: live compile vs the cache
 # The recompute-none row runs out of memory in XLA:TPU's second form ("Allocation (size=N) would exceed memory"):
 # one array larger than the chip, no breakdown. Parsed as if the arguments had been evaluated, its program (the
 # temporaries) came out None and 07's held-out line crashed on formatting it, while the cached row, recorded by

@@ -198,7 +198,7 @@ class AllGatherCase(CpCase):
         return self.key
 
     def renamed(self, view: View) -> View:
-        """``allgather.all_gather.<q>`` -> the issue's ``allgather.<q>`` (the backward adds no all-gather)."""
+        """``allgather.all_gather.<q>`` -> the record's ``allgather.<q>`` (the backward adds no all-gather)."""
         return view.renamed(lambda n: n.replace("allgather.all_gather.", "allgather.", 1))
 
     def formula(self) -> View:

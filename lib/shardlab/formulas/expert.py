@@ -13,7 +13,7 @@ the combine. Per rank per MoE layer:
     forward    2 all-to-alls, payload E·C·h·e each (the full buffer handed over; wire (ep − 1)/ep · payload)
     backward   2 more of the same size (the gradients of the two, in reverse)
 
-With E | cf·k·S the payload E·C·h·e equals cf·k·S·h·e = **tokens · k · cf · h · e / ranks**: the issue's
+With E | cf·k·S the payload E·C·h·e equals cf·k·S·h·e = **tokens · k · cf · h · e / ranks**: the usual
 statement, with "capacity" read as the capacity *factor* and "tokens" as the global count. The measured buffer
 is E·C rows whatever the routing: the slots are paid for even when empty, and C's ceiling rounds up
 (:func:`all_to_all` uses C; :func:`statement_bytes` is the rounded-free statement). The GSPMD program moves the

@@ -133,7 +133,7 @@ def _gib(x: float | None) -> float | None:
 
 def summary_frame(results: Mapping[str, InspectResult]) -> pd.DataFrame:
     """Per family and slice: the compiler's verdict and GiB per chip by kind, the planner's total and ratio,
-    compile seconds (the closing note's table)."""
+    compile seconds (one row each)."""
     rows = []
     for key, r in results.items():
         m = {kind_key(x["kind"]): x for x in r.memory}

@@ -23,8 +23,8 @@ or None = not split), resolved in this order (first match wins):
    weights whose output the model slices into parts) are split on another dimension (``nn.Linear``'s input),
    and their biases stay whole: split on the
    fused output dimension, each part would sit on a subset of the devices and the slicing after the matmul would
-   move it (the all-to-alls and collective-permutes issue 29 measured on Phi-3). GPT-2's ``c_attn`` is a
-   ``Conv1D`` ``[in, q | k | v]``: its first dimension is already the input.
+   move it (measured on a tiny Phi-3, v5e-4, fsdp 4: 26 all-to-alls and 46 collective-permutes per step, none
+   now). GPT-2's ``c_attn`` is a ``Conv1D`` ``[in, q | k | v]``: its first dimension is already the input.
 
 Errors (``PlanInputError``, raised before anything is traced) name the rule and the parameter: a rule of yours
 that matches no parameter, a spec whose length is not the parameter's rank, an axis the mesh does not have, an

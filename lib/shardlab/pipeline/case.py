@@ -9,7 +9,7 @@ Each case holds the notebook's :class:`~shardlab.pipeline.params.PipelineParams`
     ShiftCase(p, how)           one shift of the SPMD pipeline's [p, rows, h] state, written four ways
     FsdpCase(p)                 the SPMD GPipe forward on a 2-D mesh, weights sharded over the second axis
 
-A :class:`ScheduleCase`'s views (values under ``<schedule>.``; a record prefix ``pp`` gives the issue's names):
+A :class:`ScheduleCase`'s views (values under ``<schedule>.``, recorded as ``pp.<schedule>.…``):
 
 - **formula** — :mod:`shardlab.formulas.pipeline`: ``p2p.count`` / ``p2p.bytes`` (every send of the step, all
   devices), ``bubble_fraction`` (idle share of the step, (p - 1)/(v m + p - 1)), ``bubble_ratio`` (bubble over
