@@ -1,8 +1,8 @@
 """The minimal case of ``shardlab.core.case``'s docstring, as real code run through the harness.
 
 ``RowCase`` below is the docstring's example, executed from the docstring (plus the helpers it names): a Megatron
-row-parallel matmul x[m, k_model] · W[k_model, n]. Oracles: the dense product ``x @ W`` for the ledger's and the compiler's
-results, and the four views must agree on the one all-reduce of the [m, n] partial sums (its count and bytes:
+row-parallel matmul x[m, k_model] · W[k_model, n]. Oracles: the dense product ``x @ W`` for the ledger's and the
+compiler's results, and the four views must agree on the one all-reduce of the [m, n] partial sums (its count and bytes:
 m · n · 4 for float32), which is counted here by hand, not taken from the formula under test.
 """
 

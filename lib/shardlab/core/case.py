@@ -26,7 +26,7 @@ plain values and its parameter object, never tensors.
 
 A minimal case, the one a newcomer copies (a Megatron row-parallel matmul, x[m, k_model] · W[k_model, n]; the
 helpers ``operands``, ``row_rank`` and ``on_mesh`` and this class are real code in ``tests/test_case_example.py``,
-which runs it through the views)::
+which executes this block from the docstring and runs it through the views)::
 
     @dataclass(frozen=True)
     class RowCase(Case):
