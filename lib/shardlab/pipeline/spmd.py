@@ -58,6 +58,7 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -159,6 +160,17 @@ def shift(state: torch.Tensor, how: str) -> torch.Tensor:
     raise ValueError(f"shift={how!r} is not one of {SHIFTS}")
 
 
+def annotator(mesh: xs.Mesh | None) -> Callable[[torch.Tensor, tuple], torch.Tensor]:
+    """``annotate(t, spec)``: ``mark_sharding`` on ``mesh`` and return ``t`` — or just return ``t`` when there is no
+    mesh (the same loop then runs unannotated, for the dense check)."""
+    def annotate(t: torch.Tensor, spec: tuple) -> torch.Tensor:
+        if mesh is not None:
+            xs.mark_sharding(t, mesh, spec)
+        return t
+
+    return annotate
+
+
 def circular_pipeline(x: torch.Tensor, w: torch.Tensor, mesh: xs.Mesh | None = None, *, how: str = "cat",
                       loop: str = "scan", data_axis: str | None = None, fsdp: bool = False) -> torch.Tensor:
     """The pipeline's outputs [m, rows, h] (differentiable in x and w).  With `mesh` the state and the weights
@@ -170,10 +182,7 @@ def circular_pipeline(x: torch.Tensor, w: torch.Tensor, mesh: xs.Mesh | None = N
     T, depth = iterations(p, m, v), max(m - p, 0)  # FIFO slots between the last stage and stage 0
     dev = x.device
 
-    def annotate(t: torch.Tensor, spec: tuple) -> torch.Tensor:
-        if mesh is not None:
-            xs.mark_sharding(t, mesh, spec)
-        return t
+    annotate = annotator(mesh)
 
     row = data_axis
     annotate(w, (None, "stage", row if fsdp else None, None))  # W [v, p, h, h]

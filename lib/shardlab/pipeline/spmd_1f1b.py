@@ -58,6 +58,7 @@ import torch_xla.distributed.spmd as xs  # imported after runtime.setup() (the n
 from torch_xla.experimental.scan import scan
 
 from shardlab.pipeline.schedules import Action, Schedule
+from shardlab.pipeline.spmd import annotator
 
 __all__ = ["check_1f1b", "masks", "one_f_one_b_step", "stash_slots", "tick_schedule", "ticks"]
 
@@ -125,10 +126,7 @@ def one_f_one_b_step(x: torch.Tensor, w: torch.Tensor, mesh: xs.Mesh | None = No
     T, K, N = ticks(p, m), stash_slots(p), m * rows * h
     dev = x.device
 
-    def annotate(t: torch.Tensor, spec: tuple) -> torch.Tensor:
-        if mesh is not None:
-            xs.mark_sharding(t, mesh, spec)
-        return t
+    annotate = annotator(mesh)
 
     row = data_axis
     w = annotate(w[0], ("stage", None, None))  # [p, h, h]
