@@ -135,3 +135,15 @@ def test_at_most_three_top_level_modules() -> None:
     modules = sorted(p.stem for p in PKG.glob("*.py") if p.stem not in ("__init__", "__main__"))
     assert len(modules) <= 3, modules
     assert not list(PKG.glob("planner_*.py"))
+
+
+def test_class_names_unique() -> None:
+    """One name per class across the library: no two modules define a top-level class of the same name (a reader
+    who meets ``StepCase`` must not have to ask which)."""
+    seen: dict[str, list[str]] = {}
+    for path in sorted(PKG.rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                seen.setdefault(node.name, []).append(str(path.relative_to(PKG)))
+    dupes = {name: where for name, where in seen.items() if len(where) > 1}
+    assert not dupes, f"class names defined in more than one module: {dupes}"

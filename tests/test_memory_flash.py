@@ -41,7 +41,7 @@ def test_bad_parameters_name_the_rule() -> None:
     with pytest.raises(ValueError, match="head_dim=192 is more than 128"):
         MemoryParams(head_dim=192).validate()
     with pytest.raises(ValueError, match="kernel='xformers'"):
-        C.AttentionCase(SMALL, "xformers")
+        C.KernelAttentionCase(SMALL, "xformers")
 
 
 @pytest.mark.xla
@@ -68,7 +68,7 @@ def test_each_fix_is_needed(xla_world) -> None:  # type: ignore[no-untyped-def]
 
 @pytest.mark.xla
 def test_flash_vs_plain_on_the_tpu_compiler(xla_world) -> None:  # type: ignore[no-untyped-def]
-    views = {k: harness.views(C.AttentionCase(SMALL, k), ("formula", "tpu")) for k in F.KERNELS}
+    views = {k: harness.views(C.KernelAttentionCase(SMALL, k), ("formula", "tpu")) for k in F.KERNELS}
     for k, (formula, tpu) in views.items():
         assert formula[f"temp_bytes.{k}"] == F.formula_temp_bytes(SMALL, k)
         assert all(ok for ok, _ in tpu.checks.values()), tpu.checks

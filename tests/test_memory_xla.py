@@ -73,8 +73,8 @@ def test_case_views_hold_the_simulators_peaks(xla_world) -> None:  # type: ignor
     assert all(ok for ok, _ in formula.checks.values()), formula.checks
     up = U.plan(step)
     for choice in ("eager", "end"):
-        assert harness.formula(C.ScheduleCase(p, choice=choice))[f"peak_bytes.{choice}"] == \
+        assert harness.formula(C.UpdateScheduleCase(p, choice=choice))[f"peak_bytes.{choice}"] == \
             U.peak_of(step, up, U.uniform(up, choice))
-    assert harness.formula(C.ScheduleCase(p, choice="best"))["peak_bytes.best"] == U.brute_force(step, up).peak
+    assert harness.formula(C.UpdateScheduleCase(p, choice="best"))["peak_bytes.best"] == U.brute_force(step, up).peak
     cpu = harness.hlo(C.RoamCase(p, executed=True))
     assert cpu["peak_bytes.xla"] == cpu.detail.module.buffers.temp > 0

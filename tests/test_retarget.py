@@ -113,10 +113,10 @@ def _seed_scan(shard_as: bool):  # type: ignore[no-untyped-def]
     """Notebook 06's seed block stack (scan over L 4 layers, fsdp 2 × tensor 4) with shard_as off / on, traced on
     fsdp 2 × tensor 2 (4 devices)."""
     from shardlab.xla_scan.params import ScanParams
-    from shardlab.xla_scan.scale import SeedCase
+    from shardlab.xla_scan.scale import SeedStepCase
 
     p = ScanParams()
-    big = SeedCase(p, layers=4, shard_as=shard_as)
+    big = SeedStepCase(p, layers=4, shard_as=shard_as)
     return big, replace(big, p=replace(p, mesh_fsdp=2, mesh_tensor=2)), ((2, 2), (2, 4))
 
 

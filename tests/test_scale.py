@@ -54,14 +54,14 @@ def test_validate_names_the_rule(scale) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match=r"layout='rows' must be one of"):
         replace(full, layout="rows")
     # a mesh of 3 chips: no TPU slice has that many, so the story is skipped with the reason (nothing compiles)
-    three = scale.SeedCase(ScanParams(hidden=48, ffn=96, batch=3, seq=8, mesh_fsdp=3, mesh_tensor=1), layers=2)
+    three = scale.SeedStepCase(ScanParams(hidden=48, ffn=96, batch=3, seq=8, mesh_fsdp=3, mesh_tensor=1), layers=2)
     assert three.devices == 3
     results, why = scale.story(three)
     assert results == {} and "no 'v6e' topology with num_chips=3" in why
 
 
 def test_gradient_sharding_off_vs_on_held(scale) -> None:  # type: ignore[no-untyped-def]
-    res = off_on(scale, scale.SeedCase(SMALL, layers=L, stacking="held", dtype="float32"))
+    res = off_on(scale, scale.SeedStepCase(SMALL, layers=L, stacking="held", dtype="float32"))
     # q [H, H] on (tensor, fsdp): 2-D [L, H/4, H/2]; 1-D (all-reduced over fsdp) [L, H/4, H]
     # o [H, H] on (fsdp, tensor): 2-D [L, H/2, H/4]; 1-D [L, H, H/4]
     assert res["on"].grad_shapes == {"q": [f"f32[{L},64,128]"], "o": [f"f32[{L},128,64]"]}
@@ -78,7 +78,7 @@ def test_gradient_sharding_off_vs_on_in_graph(scale) -> None:  # type: ignore[no
     """Per-layer weights stacked inside the step: L per-layer gradients [H, H] come out. Off: 1-D, one dim whole
     (H/4 x H). On: 2-D, H·H/8 elements per chip — the compiler is free to orient the split (it returns them with
     fsdp and tensor swapped relative to the weight), so compare the sorted per-chip dims."""
-    res = off_on(scale, scale.SeedCase(SMALL, layers=L, stacking="in_graph", dtype="float32"))
+    res = off_on(scale, scale.SeedStepCase(SMALL, layers=L, stacking="in_graph", dtype="float32"))
 
     def dims(shapes: list[str]) -> set[tuple[int, ...]]:
         return {tuple(sorted(int(d) for d in s[s.index("[") + 1:-1].split(","))) for s in shapes}
@@ -91,7 +91,7 @@ def test_gradient_sharding_off_vs_on_in_graph(scale) -> None:  # type: ignore[no
 def test_update_in_the_graph_pins_the_gradient(scale) -> None:  # type: ignore[no-untyped-def]
     """w - lr·g in the same graph: propagation carries the weight's 2-D sharding into the backward loop, so the
     program is the same with and without shard_as (the updated weights come out 2-D, [L, H/4, H/2])."""
-    res = off_on(scale, scale.SeedCase(SMALL, layers=L, stacking="held", update="sgd", dtype="float32"))
+    res = off_on(scale, scale.SeedStepCase(SMALL, layers=L, stacking="held", update="sgd", dtype="float32"))
     for r in res.values():
         assert r.grad_shapes == {"q": [f"f32[{L},64,128]"], "o": [f"f32[{L},128,64]"]}
     assert res["off"].temp_bytes == res["on"].temp_bytes
@@ -105,9 +105,9 @@ def test_outputs_are_not_in_the_compilers_check(scale) -> None:  # type: ignore[
 
 
 def test_sharding_of_reads_the_mesh_split(xla_world) -> None:  # type: ignore[no-untyped-def]
-    from shardlab.xla_scan.scale import SeedCase, sharding_of
+    from shardlab.xla_scan.scale import SeedStepCase, sharding_of
 
-    case = SeedCase(SMALL, layers=4)
+    case = SeedStepCase(SMALL, layers=4)
     # q [256, 256] on (fsdp 2, tensor 4): 2-D is [64, 128] (either order), 1-D [64, 256]; activations are neither
     assert [sharding_of(s, case) for s in ("f32[4,64,128]", "f32[128,64]", "f32[4,64,256]", "f32[256,64]",
                                           "f32[4,1,8,64]", "f32[4,8,64]")] == ["2-D", "2-D", "1-D", "1-D", "", ""]
@@ -119,7 +119,7 @@ def test_story_small_records_the_invariants(scale) -> None:  # type: ignore[no-u
     arguments + checked temporaries; with the update in the graph both programs are identical."""
     from shardlab.profile import Recorder
 
-    cfg = scale.SeedCase(SMALL, layers=L)  # bf16, q and o: the small story's case
+    cfg = scale.SeedStepCase(SMALL, layers=L)  # bf16, q and o: the small story's case
     assert (cfg.layers, cfg.dtype, cfg.weights) == (L, "bfloat16", ("q", "o"))
     res, why = scale.story(cfg)  # this process's 8 devices: a v6e-8 slice
     assert why == "" and {r.topology for r in res.values()} == {"v6e-8"}

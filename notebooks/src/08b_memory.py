@@ -121,7 +121,7 @@ pd.DataFrame({"without the platform fix": fixes.without_platform, "without the I
 
 # %% [markdown]
 # ### 1.2 · One attention core, flash vs plain, at this notebook's size
-# `AttentionCase(p, kernel)`: q [1, a, s, hd], k and v [1, kv, s, hd] expanded to a heads (grouped-query attention, as
+# `KernelAttentionCase(p, kernel)`: q [1, a, s, hd], k and v [1, kv, s, hd] expanded to a heads (grouped-query attention, as
 # Llama does before its attention), an upstream gradient dO, all bf16 placeholders (nothing is allocated, nothing
 # runs); forward and backward; heads split over `tensor` chips. **flash**: torch_xla's kernel, causal. **plain**:
 # S = QKᵀ/√hd [a, s, s], causal mask, softmax (in fp32 like notebook 07's traced step and Hugging Face's Llama), PV,
@@ -130,7 +130,7 @@ pd.DataFrame({"without the platform fix": fixes.without_platform, "without the I
 # 4·a·s·b/t. The **compiler**'s number is every temporary its capacity check counts.
 
 # %%
-att = {k: harness.views(C.AttentionCase(pa, k), ("formula", "tpu"), p.generation) for k in F.KERNELS}
+att = {k: harness.views(C.KernelAttentionCase(pa, k), ("formula", "tpu"), p.generation) for k in F.KERNELS}
 display(pd.concat([harness.record(rec, "levers.flash", *att[k]) for k in F.KERNELS]))
 for k in F.KERNELS:
     harness.record_compile_s(rec, f"levers.flash.compile_s.{k}", att[k][1])
@@ -481,7 +481,7 @@ pd.DataFrame(sizes).set_index("graph")
 # XLA orders the lazy graph itself), and the best schedule.
 
 # %%
-sched_views = {c: harness.views(C.ScheduleCase(ps, choice=c), ("formula", "tpu"), p.generation) for c in C.CHOICES}
+sched_views = {c: harness.views(C.UpdateScheduleCase(ps, choice=c), ("formula", "tpu"), p.generation) for c in C.CHOICES}
 display(pd.concat([harness.record(rec, "levers.update_schedule", *sched_views[c]) for c in C.CHOICES]))
 best = analysis.schedule
 rec.check("levers.update_schedule: the best schedule is at most every-eager and every-end (simulator)",

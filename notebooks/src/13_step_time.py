@@ -103,7 +103,7 @@ kernels.round(2)
 # collectives it actually emitted, exposed time from its schedule.
 
 # %%
-def table(points: list[S.Point], field: str) -> pd.DataFrame:
+def table(points: list[S.TimingPoint], field: str) -> pd.DataFrame:
     return pd.DataFrame([{
         field: getattr(q.cfg, field), "compute (µs)": q.compute_s * 1e6, "formula compute (µs)":
         q.formula_compute_s * 1e6, "wire (µs)": q.comm_s * 1e6, "formula wire (µs)": q.formula_comm_s * 1e6,
@@ -112,7 +112,7 @@ def table(points: list[S.Point], field: str) -> pd.DataFrame:
     } for q in points]).set_index(field)
 
 
-def record(points: list[S.Point], field: str, axis: str) -> None:
+def record(points: list[S.TimingPoint], field: str, axis: str) -> None:
     for q in points:
         tag = f"time.{axis}.{field[0].upper()}{getattr(q.cfg, field)}"
         rec.measure(f"{tag}.compute_s", q.compute_s, "s", "tpu")
@@ -123,7 +123,7 @@ def record(points: list[S.Point], field: str, axis: str) -> None:
         rec.measure(f"{tag}.step_s", q.step_s, "s", "tpu")
 
 
-def chart(points: list[S.Point], field: str, title: str) -> go.Figure:
+def chart(points: list[S.TimingPoint], field: str, title: str) -> go.Figure:
     x = [getattr(q.cfg, field) for q in points]
     fig = go.Figure([go.Scatter(x=x, y=[getattr(q, a) * 1e6 for q in points], mode="lines+markers", name=name)
                      for a, name in (("compute_s", "compute (compiler)"), ("comm_s", "wire (program's collectives)"),

@@ -10,7 +10,7 @@ Megatron-LM's context parallelism, Llama 3) pairs an early chunk with a late one
 (Brandon et al. 2023's *striped* attention balances differently: round-robin tokens, rank r holds positions
 r, r + cp, r + 2cp, …)
 
-:func:`work_from_trace` reads one rank's ``trace`` (``shardlab.context.ring.Block``: the blocks the ring met and
+:func:`work_from_trace` reads one rank's ``trace`` (``shardlab.context.ring.ChunkPair``: the blocks the ring met and
 their kinds; masked blocks are skipped and cost nothing); :func:`measure` runs the per-rank ring in a
 ``SimulatedWorld`` for both layouts and puts the counts beside the formula (``formulas.context.causal_work``,
 ``causal_blocks``). Work is in unmasked score elements per (batch row, head) — a full block of c queries x c keys
@@ -34,11 +34,11 @@ import torch
 
 from shardlab.comm import SimulatedWorld
 from shardlab.context.attention import LAYOUTS, shard_sequence
-from shardlab.context.ring import Block, ring_attention_step
+from shardlab.context.ring import ChunkPair, ring_attention_step
 from shardlab.formulas import context as fcp
 
 
-def work_from_trace(trace: Iterable[Block], phase: str = "forward") -> dict[str, int]:
+def work_from_trace(trace: Iterable[ChunkPair], phase: str = "forward") -> dict[str, int]:
     """One rank's ``{"elements", "blocks", "full", "diagonal", "masked"}`` in ``phase``."""
     blocks = [b for b in trace if b.phase == phase]
     out = {k: sum(1 for b in blocks if b.kind == k) for k in ("full", "diagonal", "masked")}

@@ -59,7 +59,7 @@ TAGS = ("cp.k", "cp.v", "cp.dk", "cp.dv")
 
 
 @dataclass(frozen=True)
-class Block:
+class ChunkPair:
     """One (query chunk, key chunk) pair a rank met in the ring."""
 
     phase: str  # "forward" | "backward"
@@ -70,9 +70,9 @@ class Block:
     elements: int  # unmasked score elements computed
 
 
-def _blocks(rank: int, step: int, cp: int, layout: str, causal: bool, chunk: int, phase: str) -> list[Block]:
+def _blocks(rank: int, step: int, cp: int, layout: str, causal: bool, chunk: int, phase: str) -> list[ChunkPair]:
     src = (rank - step) % cp
-    return [Block(phase, step, qc, kc, kind, block_elements(kind, chunk))
+    return [ChunkPair(phase, step, qc, kc, kind, block_elements(kind, chunk))
             for qc in chunk_ids(layout, rank, cp) for kc in chunk_ids(layout, src, cp)
             for kind in (block_kind(qc, kc, causal),)]
 
@@ -94,7 +94,7 @@ class RingAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: FunctionCtx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm, causal: bool,
-                layout: str, trace: list[Block]) -> torch.Tensor:
+                layout: str, trace: list[ChunkPair]) -> torch.Tensor:
         cp, r = comm.world_size, comm.rank
         n = len(chunk_ids(layout, r, cp))  # chunks per rank: 1 (contiguous) or 2 (zigzag)
         chunk = q.shape[1] // n
@@ -158,7 +158,7 @@ class RingAttention(torch.autograd.Function):
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm, causal: bool = False,
-                   layout: str = "contiguous", trace: list[Block] | None = None) -> torch.Tensor:
+                   layout: str = "contiguous", trace: list[ChunkPair] | None = None) -> torch.Tensor:
     """This rank's attention output for its local q [b, s_loc, hq, d] against every rank's k, v [b, s_loc, hkv, d]
     (local shards laid out by ``layout``). Differentiable in q, k, v; appends the blocks met to ``trace``."""
     check_qkv(q, k, v)
@@ -179,7 +179,7 @@ def ring_attention_step(comm: Comm, q: torch.Tensor, k: torch.Tensor, v: torch.T
     check_layout(layout, q.shape[1], cp)
     ql, kl, vl = (shard_sequence(t, layout, r, cp).detach().clone().requires_grad_(target is not None)
                   for t in (q, k, v))
-    trace: list[Block] = []
+    trace: list[ChunkPair] = []
     out = ring_attention(ql, kl, vl, comm, causal, layout, trace)
     if target is not None:
         loss(out, shard_sequence(target, layout, r, cp)).backward()

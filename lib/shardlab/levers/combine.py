@@ -169,7 +169,7 @@ def bucket_program(comm: Comm, num_grads: int, numel: int, bucket_bytes: int,
 
 
 # -------------------------------------------------------------------------------------------- gloo timings
-class Point(NamedTuple):
+class CombinePoint(NamedTuple):
     calls: int  # k
     numel: int  # n, elements in total over the k calls
     timing: Timing  # seconds for the k calls, one sample per repeat (slowest rank)
@@ -202,7 +202,7 @@ def timing_program(comm: Comm, numels: Sequence[int], ks: Sequence[int], repeats
 
 
 def time_all_reduces(world_size: int, numels: Sequence[int], ks: Sequence[int], repeats: int = 7,
-                     warmup: int = 2) -> list[Point]:
+                     warmup: int = 2) -> list[CombinePoint]:
     """Real timings on ``world_size`` gloo processes (see the module note)."""
     if world_size < 2:
         raise ValueError(f"world_size={world_size}: timing a collective needs >= 2 processes")
@@ -217,17 +217,17 @@ def time_all_reduces(world_size: int, numels: Sequence[int], ks: Sequence[int], 
     for n in numels:
         for k in ks:
             slowest = tuple(max(r[(n, k)][i] for r in per_rank) for i in range(repeats))
-            points.append(Point(k, n, Timing(slowest)))
+            points.append(CombinePoint(k, n, Timing(slowest)))
     return points
 
 
-def fit_points(points: Sequence[Point]) -> AlphaBeta:
+def fit_points(points: Sequence[CombinePoint]) -> AlphaBeta:
     """α, β from the medians of timed points."""
     return fit_alpha_beta([p.calls for p in points], [p.payload_bytes for p in points],
                           [p.timing.median_s for p in points])
 
 
-def fit_spread(points: Sequence[Point]) -> dict[str, dict[str, float]]:
+def fit_spread(points: Sequence[CombinePoint]) -> dict[str, dict[str, float]]:
     """α and β fitted on each repeat separately: ``{"alpha_s": {min, max, n}, "beta_Bps": {...}}`` (repeats whose
     fit is not physical are left out and counted in ``n``'s absence)."""
     reps = len(points[0].timing.samples)

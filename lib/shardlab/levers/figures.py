@@ -13,7 +13,7 @@ from plotly.subplots import make_subplots
 
 from shardlab.core.views import View
 from shardlab.levers.case import OFF, logical
-from shardlab.levers.combine import AlphaBeta, Point, combining_saving_s
+from shardlab.levers.combine import AlphaBeta, CombinePoint, combining_saving_s
 from shardlab.profile.order import Extremes, Profile
 from shardlab.profile.tpu_memory import TpuMemory
 from shardlab.viz.common import PALETTE, REPLICATED
@@ -54,7 +54,7 @@ def fit_text(fit: AlphaBeta, spread: Mapping[str, Mapping[str, float]]) -> str:
             f"α over the repeats: {lo:.0f}–{hi:.0f} µs")
 
 
-def timing_table(points: Sequence[Point], fit: AlphaBeta) -> pd.DataFrame:
+def timing_table(points: Sequence[CombinePoint], fit: AlphaBeta) -> pd.DataFrame:
     """Each timed point (m calls carrying n elements): median / min / max, the α–β model, and m calls against the
     fewest calls of that n."""
     fewest = {n: min((q for q in points if q.numel == n), key=lambda q: q.calls).timing.median_s
@@ -83,7 +83,7 @@ def saving_table(combine: Mapping[str, Mapping[str, View]], fit: AlphaBeta) -> p
     return pd.DataFrame(rows)
 
 
-def timing_figure(points: Sequence[Point], fit: AlphaBeta | None,
+def timing_figure(points: Sequence[CombinePoint], fit: AlphaBeta | None,
                   title: str = "m all-reduces of n/m elements (gloo)") -> go.Figure:
     """Median time (with min-max bars) against m, one line per total size n; dashed: the α–β model."""
     fig = go.Figure()

@@ -5,13 +5,14 @@ Design
 ------
 Every case holds the notebook's :class:`~shardlab.memory.params.MemoryParams` ``p`` (the sizes) and its variant::
 
-    AttentionCase(p, kernel)    one attention core, forward + backward, "flash" (torch_xla's Pallas kernel, a TPU
-                                custom call) or "plain" (softmax(QKᵀ)V): formula (the planner's terms) and tpu
-                                (compile-only for a p.tensor-chip slice; placeholders, never executed)
-    RoamCase(p)                 the training step: formula (its DAG's peak by program order, greedy, ROAM's split
-                                integer program), hlo (XLA:CPU executes it; buffer assignment) and tpu (compile-only)
-    ScheduleCase(p, choice)     the step with every Adam update "eager", at the "end", or the "best" per-unit
-                                choice: formula (the DAG simulator) and tpu (eager updates forced by barriers)
+    KernelAttentionCase(p, kernel)    one attention core, forward + backward, "flash" (torch_xla's Pallas kernel, a TPU
+                                      custom call) or "plain" (softmax(QKᵀ)V): formula (the planner's terms) and tpu
+                                      (compile-only for a p.tensor-chip slice; placeholders, never executed)
+    RoamCase(p)                       the training step: formula (its DAG's peak by program order, greedy, ROAM's
+                                      split integer program), hlo (XLA:CPU executes it; buffer assignment) and tpu
+                                      (compile-only)
+    UpdateScheduleCase(p, choice)     the step with every Adam update "eager", at the "end", or the "best" per-unit
+                                      choice: formula (the DAG simulator) and tpu (eager updates forced by barriers)
 
 Value names (the notebook records them under ``levers.flash``, ``levers.roam``, ``levers.update_schedule``)::
 
@@ -52,7 +53,7 @@ CHOICES = ("eager", "end", "best")
 
 # ------------------------------------------------------------------------------------------------- attention
 @dataclass(frozen=True)
-class AttentionCase(Case):
+class KernelAttentionCase(Case):
     """One attention core at ``p``'s sizes with ``kernel`` = "flash" or "plain" (see ``memory.flash``)."""
 
     p: MemoryParams
@@ -112,9 +113,9 @@ class AttentionCase(Case):
 
 
 def attention_row(p: MemoryParams, kernel: str, view: View | None = None) -> flash.AttentionMemory | None:
-    """The per-chip memory row of one compile (out of memory is a row too) — of ``view`` (an AttentionCase's tpu
+    """The per-chip memory row of one compile (out of memory is a row too) — of ``view`` (a KernelAttentionCase's tpu
     view) or of a new compile; None when the TPU view is skipped."""
-    view = view or harness.tpu(AttentionCase(p, kernel), p.generation)
+    view = view or harness.tpu(KernelAttentionCase(p, kernel), p.generation)
     return flash.memory_row(p, kernel, view.detail) if view.ran else None
 
 
@@ -175,7 +176,7 @@ def analyze(p: MemoryParams) -> Analysis:
 
 
 @dataclass(frozen=True)
-class StepCase(Case):
+class ReplicatedStepCase(Case):
     """The training step at ``p``'s sizes on the XLA world, replicated (any device count holds it)."""
 
     p: MemoryParams
@@ -206,7 +207,7 @@ class StepCase(Case):
 
 
 @dataclass(frozen=True)
-class RoamCase(StepCase):
+class RoamCase(ReplicatedStepCase):
     """ROAM's orders of the step's DAG (formula) beside XLA's own schedules of the same step (hlo: ``executed=True``,
     the in-place step XLA:CPU runs; tpu: the donated step)."""
 
@@ -248,7 +249,7 @@ class RoamCase(StepCase):
 
 
 @dataclass(frozen=True)
-class ScheduleCase(StepCase):
+class UpdateScheduleCase(ReplicatedStepCase):
     """The step with every update unit ``choice`` = "eager" / "end", or the "best" per-unit schedule."""
 
     choice: str = "best"

@@ -5,8 +5,8 @@ Design note
 One attention core of a decoder layer, forward + backward, at the sizes of notebook 08b's parameters
 (:class:`~shardlab.memory.params.MemoryParams`: ``seq``, ``heads``, ``kv_heads``, ``head_dim``, ``tensor``,
 ``softmax_fp32``; one sequence per chip, bf16), traced on the CPU device world and compiled compile-only by XLA:TPU
-(``shardlab.memory.case.AttentionCase`` through ``shardlab.core.harness``); every input is a placeholder, so nothing
-is allocated and any sequence length can be asked for:
+(``shardlab.memory.case.KernelAttentionCase`` through ``shardlab.core.harness``); every input is a placeholder, so
+nothing is allocated and any sequence length can be asked for:
 
     q [b, a, s, hd], k, v [b, kv, s, hd], upstream gradient dO [b, a, s, hd]   (placeholders, bf16)
     GQA: k, v expanded to a heads ([b, kv, s, hd] -> [b, a, s, hd]), as a Llama layer does before attention

@@ -137,7 +137,7 @@ def flash_results(p: MemoryParams) -> dict[str, Any]:
         row = C.attention_row(replace(q, seq=s, softmax_fp32=False), "plain")
         if row is not None:
             out[f"plain_bf16.{s}"] = row
-    noremat = harness.tpu(C.AttentionCase(replace(q, seq=REMAT_SEQ), "plain"), q.generation,
+    noremat = harness.tpu(C.KernelAttentionCase(replace(q, seq=REMAT_SEQ), "plain"), q.generation,
                           disable_passes=("rematerialization",))
     row = C.attention_row(replace(q, seq=REMAT_SEQ), "plain", noremat)
     if row is not None:
@@ -217,7 +217,7 @@ def summarize(p: MemoryParams, compilers: bool = True, schedules_tpu: bool = Tru
             out.xla["tpu"], out.topology = tv["peak_bytes.xla"], tv.detail.topology
     if schedules_tpu:
         for choice in C.CHOICES:
-            v = harness.tpu(C.ScheduleCase(p, choice=choice), p.generation)
+            v = harness.tpu(C.UpdateScheduleCase(p, choice=choice), p.generation)
             if v.ran and f"peak_bytes.{choice}" in v.values:
                 out.schedule_tpu[choice], out.topology = v[f"peak_bytes.{choice}"], v.detail.topology
     return out

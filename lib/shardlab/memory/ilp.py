@@ -311,7 +311,7 @@ def greedy(problem: Problem) -> tuple[str, ...]:
 
 # ------------------------------------------------------------------------------------------------------ ILP
 @dataclass
-class Solution:
+class IlpSolution:
     order: tuple[str, ...]
     peak: int  # simulated peak of `order` (bytes)
     optimal: bool  # HiGHS closed the gap (within its tolerances)
@@ -363,7 +363,7 @@ def _topological(problem: Problem) -> list[int]:
 
 
 def solve(problem: Problem, time_limit_s: float = DEFAULT_TIME_LIMIT_S, mip_rel_gap: float = 0.0,
-          reduce: bool = True) -> Solution:
+          reduce: bool = True) -> IlpSolution:
     """The order of smallest peak (module note), after :func:`reduce_problem` (exact) unless ``reduce=False``.
 
     The greedy order's peak bounds P from above, so HiGHS only searches for better orders; if it finds none in
@@ -380,15 +380,15 @@ def solve(problem: Problem, time_limit_s: float = DEFAULT_TIME_LIMIT_S, mip_rel_
         raise AssertionError(f"{problem.name}: the reduced problem's optimum {sol.peak} is not the expanded order's "
                              f"peak {best}")
     sol.extra["reduced_ops"] = red.problem.n
-    return Solution(order, best, sol.optimal, sol.bound, time.perf_counter() - t0, sol.status, sol.variables,
+    return IlpSolution(order, best, sol.optimal, sol.bound, time.perf_counter() - t0, sol.status, sol.variables,
                     sol.binaries, sol.constraints, sol.extra)
 
 
-def _solve(problem: Problem, time_limit_s: float, mip_rel_gap: float) -> Solution:
+def _solve(problem: Problem, time_limit_s: float, mip_rel_gap: float) -> IlpSolution:
     t0 = time.perf_counter()
     n = problem.n
     if n == 0:
-        return Solution((), 0, True, 0.0, 0.0, "empty")
+        return IlpSolution((), 0, True, 0.0, 0.0, "empty")
     asap, alap = _windows(problem)
     sizes = [t.size for t in problem.tensors if t.size > 0]
     unit = reduce(math.gcd, sizes) if sizes else 1
@@ -507,7 +507,7 @@ def _solve(problem: Problem, time_limit_s: float, mip_rel_gap: float) -> Solutio
     bound = float(getattr(res, "mip_dual_bound", np.nan) or 0.0) * unit
     if res.x is None:
         optimal = res.status == 2  # infeasible below greedy's peak: greedy's order is optimal
-        return Solution(fallback, peak(problem, fallback), optimal, bound, seconds,
+        return IlpSolution(fallback, peak(problem, fallback), optimal, bound, seconds,
                         f"greedy's order ({res.message})", nvar, n_bin, len(lo), {"fallback": "greedy"})
     x = res.x
     pos = []
@@ -519,4 +519,4 @@ def _solve(problem: Problem, time_limit_s: float, mip_rel_gap: float) -> Solutio
     optimal = res.status == 0
     if optimal:
         bound = max(bound, float(res.fun) * unit)
-    return Solution(order, best, optimal, bound, seconds, str(res.message), nvar, n_bin, len(lo))
+    return IlpSolution(order, best, optimal, bound, seconds, str(res.message), nvar, n_bin, len(lo))

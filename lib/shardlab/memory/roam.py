@@ -175,7 +175,7 @@ class RoamResult:
     orders: dict[str, tuple[str, ...]]
     solve_s: dict[str, float]  # split, unsplit, schedule
     split: SplitSolution
-    unsplit: ilp.Solution | None
+    unsplit: ilp.IlpSolution | None
     schedule: dict[str, str]
     unsplit_limit_s: float
     notes: list[str] = field(default_factory=list)

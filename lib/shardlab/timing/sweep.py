@@ -35,7 +35,7 @@ EXPOSED_SHARE = 0.10  # "communication hidden": exposed comm at most this share 
 
 
 @dataclass(frozen=True)
-class Point:
+class TimingPoint:
     """One swept configuration, priced."""
 
     cfg: MlpStep
@@ -83,7 +83,7 @@ def critical(cfg: MlpStep, topology: str) -> float:
     return 2 / 3 * (n - 1) * c_over_w if cfg.axis == "tensor" else 2 / 3 * (n - 1) / n * c_over_w
 
 
-def price(cfg: MlpStep, topology: str) -> Point:
+def price(cfg: MlpStep, topology: str) -> TimingPoint:
     """Compile ``cfg``'s step for ``topology`` (compile-only) and price it."""
     chip, n = hardware.slice_chips(topology)
     if n != cfg.devices:
@@ -95,17 +95,17 @@ def price(cfg: MlpStep, topology: str) -> Point:
     counts: dict[str, int] = {}
     for c in compiled.module.collectives:
         counts[c.op] = counts.get(c.op, 0) + (compiled.module.runs(c.computation) or 1)
-    return Point(cfg, topology, t.compute_s, t.comm_s, t.exposed_comm_s, t.step_s,
+    return TimingPoint(cfg, topology, t.compute_s, t.comm_s, t.exposed_comm_s, t.step_s,
                  cfg.flops_per_chip / chip.bf16_peak_flops_per_s, formula_comm_bytes(cfg) / egress(topology), counts,
                  sum(k.flops * k.runs for k in t.kernels))
 
 
-def sweep(base: MlpStep, topology: str, values: tuple[int, ...], field: str = "tokens") -> list[Point]:
+def sweep(base: MlpStep, topology: str, values: tuple[int, ...], field: str = "tokens") -> list[TimingPoint]:
     """``base`` with ``field`` set to each of ``values``, priced."""
     return [price(replace(base, **{field: v}), topology) for v in values]
 
 
-def measured_crossover(points: list[Point], field: str = "tokens", source: str = "tpu") -> int | None:
+def measured_crossover(points: list[TimingPoint], field: str = "tokens", source: str = "tpu") -> int | None:
     """The first swept value from which on every point's wire time is at most its compute time (``source``
     ``"tpu"``: the compiled program's; ``"formula"``: the formula's); None if no such value was swept."""
     for i, pt in enumerate(points):

@@ -2,7 +2,7 @@
 
 Design note
 -----------
-The seed's block stack (:class:`shardlab.xla_scan.scale.SeedCase`: Llama 3.1 405B's q and o projections
+The seed's block stack (:class:`shardlab.xla_scan.scale.SeedStepCase`: Llama 3.1 405B's q and o projections
 ``[16384, 16384]``, 126 layers stacked in the step, batch layout, gradients out) on a mesh (fsdp = chips / 4,
 tensor 4) with one sequence of 1024 tokens per fsdp rank (global batch = fsdp) — the same per-chip work on every
 slice, and at 64 chips exactly :data:`shardlab.xla_scan.scale.FULL_SIZE`. A torch_xla trace needs one CPU device
@@ -32,7 +32,7 @@ from shardlab.formulas import scan as FS
 from shardlab.profile import tpu
 from shardlab.profile.record import Recorder
 from shardlab.xla_scan.params import ScanParams
-from shardlab.xla_scan.scale import FULL_SIZE, SeedCase, SeedResult, seed_result
+from shardlab.xla_scan.scale import FULL_SIZE, SeedResult, SeedStepCase, seed_result
 
 POD_FILE = Path(__file__).resolve().parents[3] / "data" / "scale" / "seed_405b_pod.json"
 TENSOR = 4  # the seed's tensor axis
@@ -42,7 +42,7 @@ TRACE_FSDP = 2  # the trace mesh: (2, TENSOR) = 8 CPU devices
 GENERATION = "v6e"
 
 
-def pod_case(chips: int, shard_as: bool, trace: bool = False) -> SeedCase:
+def pod_case(chips: int, shard_as: bool, trace: bool = False) -> SeedStepCase:
     """The seed stack on ``chips`` v6e chips, mesh (chips / 4, 4), batch = fsdp sequences of 1024; ``trace=True``: the
     same global shapes on the trace mesh (2, 4).
 

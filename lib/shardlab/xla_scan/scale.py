@@ -38,7 +38,7 @@ scan writes it into takes that sharding: ``bf16[126, 4096, 16384]`` = 15.75 GiB 
 the 2-D weight, sharding propagation carries the weight's sharding back into the loop: with held stacking off = on;
 with in-graph stacking (the seed's real training step) both leave 2-D and fit, but off needs more temporaries.
 
-:class:`SeedCase` holds notebook 06's parameters (``ScanParams``: h, F, b, s, the mesh) and the variant; the
+:class:`SeedStepCase` holds notebook 06's parameters (``ScanParams``: h, F, b, s, the mesh) and the variant; the
 harness's TPU view compiles its ``graph()``. At full size (:data:`FULL_SIZE`, 64 chips: v6e-64) a compile takes
 15 s to 10 minutes on a 2-core host, depending on the case and the host's load, so notebook 06 reads the story's
 compiles (:data:`CASES`) from ``data/scale/seed_405b.json`` (written by ``tools/scale_full_size.py seed``) unless it
@@ -84,7 +84,7 @@ SGD_LR = 1e-3
 
 
 @dataclass(frozen=True)
-class SeedCase(MeshCase):
+class SeedStepCase(MeshCase):
     """One step of the seed's block stack on ``p``'s mesh (sizes h, F, b, s from ``p``), compile-only."""
 
     layers: int = 126  # L (Llama 3.1 405B)
@@ -225,7 +225,7 @@ def stacked_shapes(text: str, layers: int) -> dict[str, int]:
     return dict(sorted(found.items(), key=lambda kv: -kv[1]))
 
 
-def sharding_of(shape: str, case: SeedCase, weight: str = "q") -> str:
+def sharding_of(shape: str, case: SeedStepCase, weight: str = "q") -> str:
     """``"2-D"`` / ``"1-D"`` / ``""``: is a per-chip array (``"bf16[out, in]"``, or stacked ``"bf16[L, out, in]"``)
     one of ``weight``'s layers split over fsdp and tensor, as the weight is (either orientation), or over tensor only
     (all-reduced over fsdp), or neither (an activation, or a shape that matches both)?
@@ -252,7 +252,7 @@ def sharding_of(shape: str, case: SeedCase, weight: str = "q") -> str:
     return ""
 
 
-def seed_result(case: SeedCase, c: TpuCompile) -> SeedResult:
+def seed_result(case: SeedStepCase, c: TpuCompile) -> SeedResult:
     """One compile of ``case`` (the tpu view's detail) as the story's numbers."""
     res = SeedResult.read(case.config, c)
     if c.fits and c.hlo_text is not None:
@@ -267,7 +267,8 @@ def seed_result(case: SeedCase, c: TpuCompile) -> SeedResult:
 
 # The seed's sizes: 405B's q_proj and o_proj, 126 layers, b 16 x s 1024, mesh fsdp 16 x tensor 4, bf16. 64 chips
 # (v6e-64): the [126, 4K, 16K] buffer depends on tensor = 4, not on the fsdp size.
-FULL_SIZE = SeedCase(ScanParams(hidden=16384, ffn=53248, batch=16, seq=1024, mesh_fsdp=16, mesh_tensor=4), layers=126)
+FULL_SIZE = SeedStepCase(ScanParams(hidden=16384, ffn=53248, batch=16, seq=1024, mesh_fsdp=16, mesh_tensor=4),
+                         layers=126)
 GENERATION = "v6e"
 # The story, case -> (stacking, update, layout, shard_as values): the seed, the contrasts that explain it, the
 # seed's real training step and the seed's own activation layout
@@ -280,7 +281,7 @@ CASES: dict[str, tuple[str, str, str, tuple[bool, ...]]] = {
 }
 
 
-def story(base: SeedCase = FULL_SIZE, generation: str = GENERATION, cases: tuple[str, ...] = tuple(CASES)
+def story(base: SeedStepCase = FULL_SIZE, generation: str = GENERATION, cases: tuple[str, ...] = tuple(CASES)
           ) -> tuple[dict[str, SeedResult], str]:
     """Every compile of the seed story, XLA:TPU on a ``generation`` slice of ``base``'s fsdp·tensor chips (in a
     helper process when this one has another device count): ``({"in_graph.off": ..., "in_graph.on": ...,
@@ -343,7 +344,7 @@ def small_story(rec: Recorder, p: ScanParams) -> pd.DataFrame | None:
     """Every case of the story at the notebook's sizes (the seed's block, q and o in bf16, L = ``p.layers``: about
     a second per compile) on a v6e slice of fsdp·tensor chips (in a helper process if that is not this process's
     count), recorded as ``scale.small.*``; None when skipped."""
-    case = SeedCase(p, layers=p.layers)
+    case = SeedStepCase(p, layers=p.layers)
     small, why = story(case)
     if why:
         harness.record(rec, "scale.small", View.skip("tpu", why))
@@ -352,7 +353,7 @@ def small_story(rec: Recorder, p: ScanParams) -> pd.DataFrame | None:
     return story_frame(small, case, unit="KiB")
 
 
-def grad_sharding(r: SeedResult, seed: SeedCase) -> dict[str, str]:
+def grad_sharding(r: SeedResult, seed: SeedStepCase) -> dict[str, str]:
     """Per weight: how the gradient (or updated weight) leaves the step — "1-D", "2-D", or "" (not compiled)."""
     out = {}
     for w, shapes in r.grad_shapes.items():
@@ -361,14 +362,14 @@ def grad_sharding(r: SeedResult, seed: SeedCase) -> dict[str, str]:
     return out
 
 
-def stacks(r: SeedResult, seed: SeedCase, kind: str) -> list[str]:
+def stacks(r: SeedResult, seed: SeedStepCase, kind: str) -> list[str]:
     """The stacked ``[L, ·, ·]`` per-chip arrays in the TPU program (or its out-of-memory list) that hold a weight's
     layers ``kind`` ("1-D": the all-reduced gradient stack; "2-D": the weights and 2-D gradient stacks)."""
     return [sh for sh in r.stacked_shapes if any(sharding_of(sh, seed, w) == kind for w in seed.weights)
             and sh.count(",") == 2]
 
 
-def story_frame(results: dict[str, SeedResult], seed: SeedCase, unit: str = "GiB") -> pd.DataFrame:
+def story_frame(results: dict[str, SeedResult], seed: SeedStepCase, unit: str = "GiB") -> pd.DataFrame:
     """One row per compile: verdicts, per-chip bytes (in ``unit``: GiB, MiB or KiB), how the gradients leave the
     step, the 1-D stacks in the program."""
     units = {"GiB": 2**30, "MiB": 2**20, "KiB": 2**10}
@@ -410,7 +411,7 @@ def _buffers(r: SeedResult, n: int = 2) -> str:
                      for size, shape, label in r.largest[:n])
 
 
-def story_text(results: dict[str, SeedResult], seed: SeedCase) -> str:
+def story_text(results: dict[str, SeedResult], seed: SeedStepCase) -> str:
     """The full-size story's numbers as Markdown, one bullet per case present in ``results`` — written from the
     compiles, so a refreshed cache cannot contradict the notebook's text."""
     def kinds(r: SeedResult) -> str:
@@ -473,7 +474,7 @@ def _name(prefix: str, key: str) -> str:
     return f"{prefix}.shard_as_{flag}" if case == "in_graph" else f"{prefix}.{case}.shard_as_{flag}"
 
 
-def record_story(rec: Recorder, prefix: str, results: dict[str, SeedResult], seed: SeedCase) -> None:
+def record_story(rec: Recorder, prefix: str, results: dict[str, SeedResult], seed: SeedStepCase) -> None:
     """Record every compile, source tpu: the seed itself (in-graph stacking) as ``<prefix>.shard_as_<off|on>``,
     the other cases as ``<prefix>.<case>.shard_as_<off|on>``, each ``.fits`` (1/0), ``.runs``, ``.per_chip.bytes``
     (what the capacity check counted: :attr:`SeedResult.per_chip_bytes`); and check the invariants that hold at
