@@ -17,7 +17,7 @@ import torch
 
 from shardlab.blocks.params import BlocksParams
 from shardlab.core import case as case_module
-from shardlab.core.case import Case, Checks, Program  # noqa: F401 - the example's names
+from shardlab.core.case import Case, Checks, Program, Step  # noqa: F401 - the example's names
 from shardlab.core.views import View, traffic  # noqa: F401 - the example's names
 from shardlab.formulas import blocks as fblocks  # noqa: F401 - the example's names
 

@@ -40,7 +40,7 @@ def test_four_views_on_a_2d_mesh(K) -> None:  # type: ignore[no-untyped-def]
     pytest.importorskip("libtpu")
     case = K.MoECase(P)
     assert (case.data, case.groups) == (2, 8)
-    views = {v.source: v for v in K.views(case)}
+    views = {v.source: v for v in harness.views(case)}
     assert all(v.ran for v in views.values())
     for src in ("formula", "ledger", "hlo"):
         v = views[src]
@@ -70,7 +70,7 @@ def test_four_views_on_a_2d_mesh(K) -> None:  # type: ignore[no-untyped-def]
 
 def test_pure_expert_axis_forward(K) -> None:  # type: ignore[no-untyped-def]
     case = K.MoECase(replace(P, ep=8), backward=False)
-    views = {v.source: v for v in K.views(case, ("formula", "ledger", "hlo"))}
+    views = {v.source: v for v in harness.views(case, ("formula", "ledger", "hlo"))}
     for v in views.values():
         assert (v["all_to_all.count"], v["all_to_all.bytes"]) == (2, 2 * A2A)
         assert v["expert_params.per_chip.bytes"] == 3 * EXPERT
@@ -84,7 +84,7 @@ def test_dropless(K) -> None:  # type: ignore[no-untyped-def]
     case = K.MoECase(P, dropless=True)
     biggest = max(max(row) for row in _loads(P, 4))  # one data group of ep = 4 ranks
     assert biggest > C
-    views = {v.source: v for v in K.views(case, ("formula", "ledger", "hlo"))}
+    views = {v.source: v for v in harness.views(case, ("formula", "ledger", "hlo"))}
     for src in ("formula", "ledger"):
         v = views[src]
         assert (v["all_to_all.count"], v["all_to_all.bytes"]) == (4, 4 * 8 * biggest * 32 * 4)
@@ -96,6 +96,6 @@ def test_dropless(K) -> None:  # type: ignore[no-untyped-def]
 def test_gloo_is_bit_identical(K) -> None:  # type: ignore[no-untyped-def]
     case = K.MoECase(replace(P, ep=2, tokens=8), backward=True)
     sim = harness.ledger(case)
-    gloo = K.gloo_run(case)
+    gloo = harness.gloo(case)
     assert gloo["ledger"] == sim.detail["ledger"]
     assert K.identical(gloo["ranks"], sim.detail["ranks"][0])

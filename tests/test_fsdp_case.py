@@ -125,8 +125,8 @@ def test_tpu_before_hlo_of_a_two_program_case(xla_world) -> None:  # type: ignor
     capture of that forward must still find its HLO (memoised by graph hash), and both views must be whole."""
     case = _gspmd(4, (9, 6, 3), 8)  # sizes no other test compiles
     t, h = harness.tpu(case), harness.hlo(case)
-    assert t.ran and [c.label for c in t.detail] == ["step forward", "step backward"]
-    assert len(h.detail) == 2 and all(c.module.collectives for c in h.detail)  # both programs captured
+    assert t.ran and [c.label for c in t.parts] == ["step forward", "step backward"]
+    assert len(h.parts) == 2 and all(c.module.collectives for c in h.parts)  # both programs captured
     assert all(r["agree"] for r in harness.compare([harness.formula(case), h]))
     assert all(ok for v in (t, h) for ok, _ in v.checks.values()), (t.checks, h.checks)
 
@@ -140,7 +140,7 @@ def test_tpu_view_defaults(xla_world) -> None:  # type: ignore[no-untyped-def]
     # measured, independent of the formula code: one combined instruction carries the 4 gradient reductions,
     # and every weight gather is bf16
     assert (t["step.reduce_scatter.count"], t["step.reduce_scatter.operands"]) == (1, 4)
-    moved = step_operands({name: c.module for name, c in zip(case.programs, t.detail, strict=True)})
+    moved = step_operands({name: c.module for name, c in zip(case.programs, t.parts, strict=True)})
     gathers = [m for m in moved if m.kind == "all_gather"]
     assert gathers and all(m.dtype == "bf16" for m in gathers)
     assert "combined" in t.differs["step.reduce_scatter.count"]

@@ -54,7 +54,7 @@ def _step(layer_sizes: tuple[int, ...], batch: int, world_size: int, wrapper: st
     """The harness's CPU compiler view of one GSPMD step, with both programs' modules and outputs."""
     case = GspmdCase(FsdpGspmdParams(world_size=world_size, layer_sizes=layer_sizes, batch=batch), wrapper)
     view = harness.hlo(case)
-    fwd, bwd = view.detail  # the two captures, in program order
+    fwd, bwd = view.parts  # the two captures, in program order
     moved = step_operands({"forward": fwd.module, "backward": bwd.module})
     n = 2 * (len(layer_sizes) - 1)  # the backward program returns [updated weights and biases, their grads]
     return Step(case.p, fwd.module, bwd.module, gspmd.step_bytes(moved), moved, float(fwd.result[0].detach().cpu()),

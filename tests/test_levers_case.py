@@ -101,7 +101,7 @@ def _compile(seconds: float, cached: bool, memory: TpuMemory | None = None) -> T
 
 def test_compile_seconds_skip_cached_and_formula_views() -> None:
     a, b, c = _compile(1.5, False), _compile(2.0, True), _compile(0.25, False)
-    tpu_two = View("tpu", detail=[a, b])  # a merged view: two programs
+    tpu_two = View("tpu", detail=b, parts=[a, b])  # a merged view: two programs
     skipped = View.skip("tpu", "no libtpu")
     got = harness.compile_seconds({"x": {"formula": View("formula", detail={"g": 1}), "tpu": tpu_two}},
                                   ("frame", [View("tpu", detail=c), skipped]), None, c)

@@ -43,7 +43,7 @@ def test_xla_cpu_step_matches_eager_pytorch(xla_world, update: str) -> None:  # 
     step = G.trace_step(P)
     cap = capture_hlo(X.build, P, {n: update for n in step.params}, False)
     want = eager_cpu(P)  # the schedule does not change the arithmetic
-    got = [t.cpu() for t in cap.result]
+    got = [t.cpu() for t in cap.result.outputs]
     assert len(got) == len(want)
     for a, b in zip(got, want, strict=True):
         # XLA:CPU vs ATen kernels differ in float rounding; Adam's first step is lr * g / (|g| + eps), so where

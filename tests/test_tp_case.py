@@ -192,7 +192,8 @@ def test_record_compile_s_and_merge() -> None:
     assert {m["source"]: m["value"] for m in rec.data["measurements"]} == {"metrics": 1.5, "tpu": 0.25}
     assert all(m["kind"] == "timing" for m in rec.data["measurements"])
     # a view of two programs (FSDP's forward and backward graphs): their seconds summed, by hand 0.5 + 0.75
-    two = View("tpu", detail=[SimpleNamespace(compile_s=0.5, cached=False), SimpleNamespace(compile_s=0.75)])
+    parts = [SimpleNamespace(compile_s=0.5, cached=False), SimpleNamespace(compile_s=0.75)]
+    two = View("tpu", detail=parts[-1], parts=parts)
     assert harness.record_compile_s(Recorder("u"), "y.compile_s", two) == {"tpu": 1.25}
     # a compile served from a cache measured nothing: no timing, a note instead
     r = Recorder("v")

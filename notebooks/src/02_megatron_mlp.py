@@ -44,7 +44,7 @@ from dataclasses import replace
 
 from shardlab.blocks import ring
 from shardlab.core import harness
-from shardlab.tp.case import MlpCase, gloo_run, same_results
+from shardlab.tp.case import MlpCase, same_results
 
 fwd = MlpCase(p, backward=False)  # one forward
 fb = MlpCase(p, backward=True)  # forward + backward of the loss ½‖out − target‖²
@@ -92,7 +92,7 @@ vtp.ledger_frame(led_fb)
 
 # %%
 if p.run_gloo and p.tp > 1:
-    gloo = gloo_run(fb)
+    gloo = harness.gloo(fb)
     rec.check("mlp.gloo.same_ledger", gloo["ledger"] == led_fb, f"{len(led_fb)} collectives, identical rows")
     rec.check("mlp.gloo.same_results", same_results(gloo["ranks"], ledger["fwd_bwd"].detail["ranks"], p.dtype),
               "outputs and input gradients")

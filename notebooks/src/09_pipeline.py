@@ -54,7 +54,6 @@ from shardlab.pipeline.case import (
     FsdpCase,
     ScheduleCase,
     ShiftCase,
-    compiled,
     model_and_batch,
     spmd_ledger,
     traced_model,
@@ -376,8 +375,8 @@ else:
 # gradients are written by hand and checked against autograd through the dense layers.
 
 # %%
-hlo = {s: compiled(c, "hlo") for s, c in cases.items()}
-tpu = {s: compiled(c, "tpu") for s, c in cases.items()}
+hlo = {s: harness.hlo(c) for s, c in cases.items()}
+tpu = {s: harness.tpu(c) for s, c in cases.items()}
 harness.record_compile_s(rec, "pp.gpipe.compile_s", hlo["gpipe"], tpu["gpipe"])
 harness.record_compile_s(rec, "pp.1f1b.compile_s", hlo["1f1b"], tpu["1f1b"])
 

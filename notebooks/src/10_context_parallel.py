@@ -49,7 +49,7 @@ from dataclasses import replace
 import pandas as pd
 
 from shardlab.context import figures as vcp
-from shardlab.context.case import AllGatherCase, RingCase, UlyssesCase, gloo_run, ulysses_params
+from shardlab.context.case import AllGatherCase, RingCase, UlyssesCase, ulysses_params
 from shardlab.core import harness
 from shardlab.formulas import context as fcp
 
@@ -153,7 +153,7 @@ led.summary()
 
 # %%
 if p.run_gloo:
-    gloo = gloo_run(ring_step)
+    gloo = harness.gloo(ring_step)
     rec.check("cp.ring.gloo.same_ledger", gloo["ledger"] == led, f"{len(led)} sends and receives, identical rows")
     rec.check("cp.ring.gloo.same_results", all(
         all(a[n] is None and b[n] is None or bool((a[n] == b[n]).all()) for n in ("out", "grad_q", "grad_k", "grad_v"))

@@ -65,9 +65,7 @@ from shardlab.expert.case import (
     compiler_story,
     drops,
     explore,
-    gloo_run,
     identical,
-    views,
 )
 from shardlab.expert.moe import moe_reference
 from shardlab.formulas import expert as fexp
@@ -109,7 +107,7 @@ vexp.load_figure(loads, C, p.ep).show()
 # %%
 from fractions import Fraction
 
-fv, lv = views(step, ("formula", "ledger"))
+fv, lv = harness.views(step, ("formula", "ledger"))
 stated = fexp.statement_bytes(step.groups * p.tokens, p.hidden, p.top_k, p.capacity_factor, step.groups)
 if p.ep > 1:  # the ledger's payload is the size of the tensor the per-rank code handed over, not a formula
     handed = lv["fwd.all_to_all.bytes"] // 2 if "fwd.all_to_all.bytes" in lv.values else lv["all_to_all.bytes"] // 2
@@ -145,7 +143,7 @@ lv.detail["ledger"].summary()
 
 # %%
 if p.run_gloo and p.ep > 1:
-    gloo = gloo_run(step)
+    gloo = harness.gloo(step)
     rec.check("ep.gloo.same_ledger", gloo["ledger"] == lv.detail["ledger"],
               f"{len(gloo['ledger'])} collectives, identical rows")
     rec.check("ep.gloo.bit_identical", identical(gloo["ranks"], lv.detail["ranks"][0]),
@@ -168,7 +166,7 @@ else:
 
 # %%
 dropless = MoECase(p, dropless=True)
-dl_views = views(dropless, ("formula", "ledger"))
+dl_views = harness.views(dropless, ("formula", "ledger"))
 ref_dl = dropless.oracle()  # the dense layer's loops, no capacity
 worst = max(max(r["loads"]) for group in dl_views[1].detail["ranks"] for r in group)  # what the ranks counted
 rec.check("ep.dropless.slots_are_the_worst_load", dropless.slots() == worst and ref_dl["dropped"] == 0,
@@ -193,7 +191,7 @@ harness.record(rec, "ep.dropless", *dl_views)
 # partitioner moved the dispatch mask and all-gathered the tokens instead.
 
 # %%
-hv, tv = views(step, ("hlo", "tpu"))
+hv, tv = harness.views(step, ("hlo", "tpu"))
 secs = harness.record_compile_s(rec, "ep.compile_s", hv, tv)  # XLA:CPU (metrics) and XLA:TPU seconds
 print("compile seconds:", {k: round(v, 2) for k, v in secs.items()})
 
@@ -266,7 +264,7 @@ else:
 by_ep = {}
 for e in [e for e in (1, 2, 4, 8) if p.experts % e == 0]:
     c = MoECase(replace(p, ep=e), backward=False)
-    f, led = views(c, ("formula", "ledger"))
+    f, led = harness.views(c, ("formula", "ledger"))
     harness.record(rec, f"ep.by_ep.ep{e}", f, led, show=False)
     by_ep[e] = {"payload (formula)": f["all_to_all.bytes"], "payload (ledger)": led["all_to_all.bytes"],
                 "wire (ledger)": led.detail["ledger"].wire_bytes("all_to_all"),

@@ -43,7 +43,7 @@ from shardlab import blocks, runtime
 from shardlab.blocks import ring, tiles
 from shardlab.blocks.params import BlocksParams, WelcomeParams
 from shardlab.comm import Ledger
-from shardlab.core.case import Case, Checks, Program
+from shardlab.core.case import Case, Checks, Program, Step
 from shardlab.core.views import COMPILERS, View, traffic
 from shardlab.formulas import blocks as F
 from shardlab.formulas.common import reduction_dtype
@@ -115,6 +115,26 @@ def _read_op(view: View, module: HloModule, phase: str, op: str, reduce_scatter:
 
 
 # ---------------------------------------------------------------------------------------- notebook 01: y = xW
+def split_problem(p: BlocksParams, rule: str) -> str | None:
+    """Why splitting ``y = x W`` by ``rule`` is not legal for ``p``'s sizes (None when it is)."""
+    if rule not in RULES:
+        return f"rule={rule!r} must be one of {RULES}"
+    for name in ("m", "k", "n", "parts"):
+        v = getattr(p, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            return f"{name}={v!r} must be a positive int"
+    if rule == "column" and p.parts > p.n:
+        return f"parts={p.parts} is more than n={p.n}: every column block of W needs a column"
+    if rule in ("row", "grid") and p.parts > p.k:
+        return f"parts={p.parts} is more than k={p.k}: every block needs at least one row of W"
+    if rule == "grid":
+        if p.parts % 2:
+            return f"parts={p.parts} is odd: the grid lays p devices out as (2, p/2)"
+        if p.m % 2:
+            return f"m={p.m} is odd: the grid splits x's rows in 2 (each row group needs m/2 rows)"
+    return None
+
+
 @dataclass(frozen=True)
 class BlockCase(Case):
     """``y = x W`` (x: [m, k], W: [k, n]) split over ``p.parts`` blocks = devices by ``rule``."""
@@ -132,23 +152,7 @@ class BlockCase(Case):
 
     def problem(self) -> str | None:
         """Why this split is not legal for these sizes (None when it is)."""
-        p = self.p
-        if self.rule not in RULES:
-            return f"rule={self.rule!r} must be one of {RULES}"
-        for name in ("m", "k", "n", "parts"):
-            v = getattr(p, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                return f"{name}={v!r} must be a positive int"
-        if self.rule == "column" and p.parts > p.n:
-            return f"parts={p.parts} is more than n={p.n}: every column block of W needs a column"
-        if self.rule in ("row", "grid") and p.parts > p.k:
-            return f"parts={p.parts} is more than k={p.k}: every block needs at least one row of W"
-        if self.rule == "grid":
-            if p.parts % 2:
-                return f"parts={p.parts} is odd: the grid lays p devices out as (2, p/2)"
-            if p.m % 2:
-                return f"m={p.m} is odd: the grid splits x's rows in 2 (each row group needs m/2 rows)"
-        return None
+        return split_problem(self.p, self.rule)
 
     @property
     def phase(self) -> str:
@@ -180,11 +184,15 @@ class BlockCase(Case):
             view.add("grid.collective.bytes", f["bytes"], "bytes")
         return _formula_extra(view, self.phase, "all_reduce", f)
 
-    def program(self) -> Program | list[Program]:
+    @property
+    def grouped(self) -> bool:
+        return self.rule == "grid"  # row group i is its own group of p/2 ranks
+
+    def program(self) -> list[Program]:
         x, w = operands(self.p)
         if self.rule == "grid":  # row group i (x's row block i) is its own group of p/2 ranks running the row rule
             return [(blocks.row_rank, (x_i, w)) for x_i in blocks.split_rows(x, 2)]  # x_i: [m/2, k]
-        return (blocks.col_rank if self.rule == "column" else blocks.row_rank), (x, w)
+        return [((blocks.col_rank if self.rule == "column" else blocks.row_rank), (x, w))]
 
     def oracle(self) -> torch.Tensor:
         return dense(self.p)
@@ -225,9 +233,9 @@ class BlockCase(Case):
             xs.mark_sharding(t, mesh, spec)  # (None, None): replicated, said explicitly
         return x, w
 
-    def graph(self) -> list[torch.Tensor]:
+    def graph(self) -> Step:
         x, w = self.on_mesh()
-        return [x @ w]  # [m, n]
+        return Step([x @ w])  # [m, n]
 
     def read(self, view: View, module: HloModule) -> View:
         p, src, colls = self.p, view.source, list(module.collectives)
@@ -265,13 +273,9 @@ class BlockCase(Case):
 def block_cases(p: BlocksParams) -> tuple[dict[str, BlockCase], dict[str, str]]:
     """Notebook 01's cases — column, row and, when p is even, the (2, p/2) grid — and the rules left out with the
     reason (``{"grid": "parts=3 is odd: ..."}``)."""
-    cases, skipped = {}, {}
-    for rule in RULES:
-        try:
-            cases[rule] = BlockCase(p, rule)
-        except ValueError as exc:
-            skipped[rule] = str(exc)
-    return cases, skipped
+    why = {rule: split_problem(p, rule) for rule in RULES}
+    return ({rule: BlockCase(p, rule) for rule in RULES if why[rule] is None},
+            {rule: reason for rule, reason in why.items() if reason is not None})
 
 
 def carried(case: BlockCase, kinds: tuple[str, ...] = ("cpu", "tpu")) -> View:
@@ -357,8 +361,8 @@ class CollectiveCase(Case):
                        self.dtype, self.ops)
         return _formula_extra(view, self.phase, self.op, f)
 
-    def program(self) -> Program:
-        return blocks.collective_rank, (self.inputs(), self.op)
+    def program(self) -> list[Program]:
+        return [(blocks.collective_rank, (self.inputs(), self.op))]
 
     def oracle(self) -> list[torch.Tensor]:
         """Each rank's result, computed without any collective (float64)."""
@@ -381,21 +385,21 @@ class CollectiveCase(Case):
     def ledger_extra(self, view: View, ledger: Ledger, results: list[Any]) -> View:
         return _ledger_extra(view, self.phase, self.op, ledger)
 
-    def graph(self) -> list[torch.Tensor]:
+    def graph(self) -> Step:
         """The GSPMD program whose partitioning needs exactly ``op``."""
         n = runtime.current().num_devices
         mesh = runtime.mesh((n // self.p.world_size, self.p.world_size), ("copies", "model"))
         x = self.inputs().to(runtime.device())  # [W, *shape], row r on block r of the mesh
         xs.mark_sharding(x, mesh, ("model",) + (None,) * len(self.shape))
         if self.op == "all_reduce":
-            return [x.sum(0)]  # [*shape], replicated: the partial sums are added across the devices
+            return Step([x.sum(0)])  # [*shape], replicated: the partial sums are added across the devices
         if self.op == "reduce_scatter":
             y = x.sum(0)  # [*shape], asked to stay split along dim 0: each device keeps its block of the sum
             xs.mark_sharding(y, mesh, ("model",) + (None,) * (len(self.shape) - 1))
-            return [y]
+            return Step([y])
         y = x * 2  # [W, *shape], asked for on every device (x * 1 would be folded away and ask for nothing)
         xs.mark_sharding(y, mesh, (None,) * (len(self.shape) + 1))
-        return [y]
+        return Step([y])
 
     def read(self, view: View, module: HloModule) -> View:
         return _read_op(view, module, self.phase, self.op, reduce_scatter=self.op == "reduce_scatter")
@@ -487,7 +491,7 @@ class MatmulCase(Case):
     def parity(self, source: str, got: list[torch.Tensor], ref: torch.Tensor) -> Checks:
         return {f"parity.hlo.{self.phase}": (_close(got[0], ref, self.dtype, self.p.matmul[1]), "XLA's C == A @ B")}
 
-    def graph(self) -> list[torch.Tensor]:
+    def graph(self) -> Step:
         n = runtime.current().num_devices
         mesh = runtime.mesh((n // self.devices, *MATMUL_MESH), ("copies", "X", "Y"))
         _, a_spec, b_spec, c_spec = MATMUL_SPECS[self.case]
@@ -498,7 +502,7 @@ class MatmulCase(Case):
         c = a @ b  # [I, K] (5, 5b: [I, I])
         if c_spec is not None:
             xs.mark_sharding(c, mesh, c_spec)
-        return [c]
+        return Step([c])
 
     def read(self, view: View, module: HloModule) -> View:
         ph, colls = self.phase, list(module.collectives)

@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from shardlab import runtime
-from shardlab.comm import DistributedWorld, Ledger
+from shardlab.comm import Ledger
 from shardlab.context import gspmd
 from shardlab.context.allgather import allgather_attention_step
 from shardlab.context.attention import dense_attention, unshard_sequence
@@ -61,7 +61,7 @@ from shardlab.context.gspmd import ROWS, SEQ, context_mesh, mark, permute_traffi
 from shardlab.context.params import ContextParams
 from shardlab.context.ring import ring_attention_step
 from shardlab.context.ulysses import ulysses_step
-from shardlab.core.case import Case, Checks
+from shardlab.core.case import Case, Checks, Program, Step
 from shardlab.core.views import View, traffic
 from shardlab.formulas import context as fcp
 from shardlab.formulas.common import dtype_bytes
@@ -73,7 +73,7 @@ if TYPE_CHECKING:
 
 DTYPE = "float32"  # the model's element type (notebook 10 is float32 throughout)
 TOL = dict(rtol=2e-5, atol=2e-5)  # float32 summed in another order (blocks, devices): measured <= 4e-6
-__all__ = ["AllGatherCase", "RingCase", "UlyssesCase", "gloo_run", "ulysses_params"]
+__all__ = ["AllGatherCase", "RingCase", "UlyssesCase", "ulysses_params"]
 
 
 @dataclass(frozen=True)
@@ -207,13 +207,13 @@ class AllGatherCase(CpCase):
         return self.renamed(traffic(View("formula", detail=f), self.phase, {op: f[op]["count"] for op in self.ops},
                                     {op: f[op]["bytes"] for op in self.ops}, DTYPE, self.ops))
 
-    def program(self) -> tuple[Any, tuple[Any, ...]]:
-        return allgather_attention_step, (*self._step_args(), self.p.causal)
+    def program(self) -> list[Program]:
+        return [(allgather_attention_step, (*self._step_args(), self.p.causal))]
 
     def ledger_extra(self, view: View, ledger: Ledger, results: list[Any]) -> View:
         return self.renamed(view)
 
-    def graph(self) -> list[Any]:
+    def graph(self) -> Step:
         p = self.p
         mesh = context_mesh(p.cp)
         data = self.inputs()
@@ -224,7 +224,7 @@ class AllGatherCase(CpCase):
             qpos = mark(pos.to(runtime.device()), mesh, (gspmd.AXIS,))  # this device's query positions
             kpos = mark(pos.to(runtime.device()), mesh, (None,))  # every key position
         out = mark(gspmd.allgather_attention(q, k, v, mesh, qpos, kpos, self.pin), mesh, SEQ)
-        return self._finish(out, (q, k, v), mark(data["target"].to(runtime.device()), mesh, SEQ))
+        return Step(self._finish(out, (q, k, v), mark(data["target"].to(runtime.device()), mesh, SEQ)))
 
     def read(self, view: View, module: HloModule) -> View:
         view = self.renamed(view)
@@ -273,8 +273,8 @@ class RingCase(CpCase):
         view.detail = {"block_bytes": fcp.kv_block_bytes(*kv)}
         return view
 
-    def program(self) -> tuple[Any, tuple[Any, ...]]:
-        return ring_attention_step, (*self._step_args(), self.p.causal, self.layout)
+    def program(self) -> list[Program]:
+        return [(ring_attention_step, (*self._step_args(), self.p.causal, self.layout))]
 
     def ledger_extra(self, view: View, ledger: Ledger, results: list[Any]) -> View:
         sends = ledger.select("send")
@@ -292,7 +292,7 @@ class RingCase(CpCase):
     def to_sequence(self, x: torch.Tensor) -> torch.Tensor:
         return unstack_rows(x, self.layout)
 
-    def graph(self) -> list[Any]:
+    def graph(self) -> Step:
         p, dev = self.p, runtime.device()
         mesh = context_mesh(p.cp)
         data = self.inputs()
@@ -312,7 +312,8 @@ class RingCase(CpCase):
         else:
             out = gspmd.ring_attention_unrolled(q, kv, qpos, kposs)
         out = mark(out, mesh, ROWS)
-        return self._finish(out, (q, k, v), mark(stack_rows(data["target"], self.layout, p.cp).to(dev), mesh, ROWS))
+        target = mark(stack_rows(data["target"], self.layout, p.cp).to(dev), mesh, ROWS)
+        return Step(self._finish(out, (q, k, v), target))
 
     def read(self, view: View, module: HloModule) -> View:
         t = permute_traffic(module)
@@ -364,14 +365,6 @@ def permute_story(source: str, t: dict[str, Any], devices: int) -> str:
             f"(start/done); {'none' if combined == 0 else combined} combined; element types {'/'.join(t['dtypes'])}")
 
 
-def gloo_run(case: RingCase) -> dict[str, Any]:
-    """The per-rank ring in ``cp`` real processes (torch.distributed, gloo): {ledger, ranks}."""
-    world = DistributedWorld(case.p.cp)
-    fn, args = case.program()
-    ranks = world.run(fn, *args)
-    return {"ledger": world.ledger, "ranks": ranks}
-
-
 # --------------------------------------------------------------------------------------------------- Ulysses
 def ulysses_params(p: ContextParams) -> tuple[ContextParams | None, str]:
     """The parameters Ulysses runs with — ``p`` itself when cp divides kv_heads, else multi-head attention
@@ -411,15 +404,15 @@ class UlyssesCase(CpCase):
         return traffic(View("formula", detail=f), self.phase, {"all_to_all": f["count"]},
                        {"all_to_all": f["bytes"]}, DTYPE, self.ops)
 
-    def program(self) -> tuple[Any, tuple[Any, ...]]:
-        return ulysses_step, (*self._step_args(), self.p.causal)
+    def program(self) -> list[Program]:
+        return [(ulysses_step, (*self._step_args(), self.p.causal))]
 
-    def graph(self) -> list[Any]:
+    def graph(self) -> Step:
         mesh = context_mesh(self.p.cp)
         data = self.inputs()
         q, k, v = (self._leaf(data[n], mesh, SEQ) for n in ("q", "k", "v"))
         out = mark(gspmd.ulysses_attention(q, k, v, mesh, self.p.causal), mesh, SEQ)
-        return self._finish(out, (q, k, v), mark(data["target"].to(runtime.device()), mesh, SEQ))
+        return Step(self._finish(out, (q, k, v), mark(data["target"].to(runtime.device()), mesh, SEQ)))
 
     def read(self, view: View, module: HloModule) -> View:
         view.notes.append(collectives_story(view.source, module))

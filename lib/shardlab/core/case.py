@@ -7,18 +7,23 @@ is a small frozen dataclass that holds that object as ``p`` plus the variant it 
 backward, a splitting rule, a schedule), and supplies only what its topic knows::
 
     formula()             the paper's algebra                              -> View("formula")
-    program()             the per-rank function and its arguments          (run on `ranks` ranks by the harness)
+    program()             the per-rank function and its arguments          -> [(fn, args)]: one per group of
+                          (run on `ranks` ranks by the harness; [] = no ledger view)     `ranks` ranks
     oracle()              the dense, unsharded result
     parity(src, got, ref) checks of a per-rank or compiled result against the oracle
-    graph()               the sharded torch_xla graph (not synced), or a `profile.tpu.Step`
+    graph()               the sharded torch_xla graph, not synced          -> Step(outputs[, donations])
     read(view, module)    extra values and checks read from a compiled program (either compiler)
     devices, ops          how many devices the graph's mesh spans; which collectives to read
+    unavailable(source)   why this variant has no view from ``source``     -> a reason (the view is skipped) or None
+    value_name(name)      how a value is named in every view (default: as built, ``<phase>.<op>.count``)
 
-Two general variants: a per-rank program that runs in several independent groups of ``ranks`` ranks (the
-other axis of a 2-D mesh) returns one ``(fn, args)`` per group from ``program()``; a step cut into several
-graphs (FSDP's forward, then backward + update: only sharded parameters live between them) names them in
-``programs`` and ``graph()`` *yields* each graph's outputs in turn — the harness executes each graph before it
-asks for the next, compiles every one, and hands ``read`` / ``parity`` ``{program: ...}`` dicts.
+Each hook returns one declared type: the harness never asks what it got. Two general variants: a per-rank program
+that runs in several independent groups of ``ranks`` ranks (the other axis of a 2-D mesh) returns one
+``(fn, args)`` per group and declares ``grouped`` (``parity`` / ``ledger_extra`` then get one list of rank results
+per group); a step cut into several graphs (FSDP's forward, then backward + update: only sharded parameters live
+between them) names them in ``programs`` and overrides ``graphs()``, a generator yielding each graph's ``Step`` in
+turn — the harness executes each graph before it asks for the next, compiles every one, and hands ``read`` /
+``parity`` ``{program: ...}`` dicts.
 
 Everything else is written once, in :mod:`shardlab.core.harness`: a topic adds its case classes in its own folder.
 Cases pickle (the TPU view may build the graph in a helper process with another device count), so a case holds
@@ -39,16 +44,16 @@ which executes this block from the docstring and runs it through the views)::
             return traffic(View("formula"), self.phase, {"all_reduce": f["count"]},
                            {"all_reduce": f["bytes"]}, self.p.dtype)
 
-        def program(self) -> Program:
-            return row_rank, operands(self.p)  # fn(comm, x, w) on every rank
+        def program(self) -> list[Program]:
+            return [(row_rank, operands(self.p))]  # fn(comm, x, w) on every rank of one group
 
         def oracle(self) -> torch.Tensor:
             x, w = operands(self.p)
             return x @ w
 
-        def graph(self) -> list[torch.Tensor]:
+        def graph(self) -> Step:
             x, w = on_mesh(self.p)
-            return [x @ w]
+            return Step([x @ w])
 
     views = harness.views(RowCase(p))          # formula, ledger, hlo, tpu
     harness.record(rec, "blocks", *views)      # recorded, compared, a table to display
@@ -58,21 +63,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
+from typing import Any, ClassVar
 
 from shardlab import runtime
 from shardlab.comm.ledger import Ledger
 from shardlab.core.views import View
 from shardlab.profile.hlo import HloModule
-
-if TYPE_CHECKING:
-    import torch
-
-    from shardlab.profile.tpu import Step
+from shardlab.profile.tpu import Step
 
 Checks = dict[str, tuple[bool, str]]
 Program = tuple[Callable[..., Any], tuple[Any, ...]]  # (fn, args): fn(comm, *args) on every rank
-Built: TypeAlias = "list[torch.Tensor] | Step"  # what a graph builds: its outputs, or outputs + donations
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ class Case:
     size_name: ClassVar[str] = "tp"  # the parameter that sets `devices` (named in the skip message)
     mesh_text: ClassVar[str] = "(data, tensor) = (n / tp, tp)"  # how the mesh tiles n devices (skip message)
     cpu_reduce_scatter: ClassVar[bool] = False  # count XLA:CPU's all-reduce + dynamic-slice as a reduce-scatter
-    programs: ClassVar[tuple[str, ...]] = ()  # a step cut into several graphs: their names, in order (see graph)
+    programs: ClassVar[tuple[str, ...]] = ()  # a step cut into several graphs: their names, in order (see graphs)
 
     p: Any
 
@@ -115,6 +115,20 @@ class Case:
         """Why the graph cannot be executed here (placeholders: compile-only); the CPU compiler view is skipped."""
         return None
 
+    def unavailable(self, source: str) -> str | None:
+        """Why this variant has no ``source`` view (formula, ledger, hlo, tpu) at all: the harness skips that view
+        with the reason, before any work (a variant the topic cannot build never reaches a hook)."""
+        return None
+
+    def value_name(self, name: str) -> str:
+        """The name a value has in every view of this case (a topic whose records drop the phase overrides it)."""
+        return name
+
+    @property
+    def grouped(self) -> bool:
+        """True when ``program()`` runs independent groups: ``parity`` / ``ledger_extra`` get a list per group."""
+        return False
+
     def compile_options(self) -> dict[str, Any]:
         """Options of the XLA:TPU compile (``disable_passes``, ``donate``, ``label`` ...; see profile.tpu)."""
         return {}
@@ -123,29 +137,35 @@ class Case:
     def formula(self) -> View:
         return View.skip("formula", f"{type(self).__name__} has no formula")
 
-    def program(self) -> Program | list[Program] | None:
-        """``(fn, args)``: ``fn(comm, *args)`` is the per-rank code the ledger runs on ``ranks`` ranks; a list of
-        them: independent groups of ``ranks`` ranks each (their ledgers must be alike); None: no ledger view."""
-        return None
+    def program(self) -> list[Program]:
+        """``[(fn, args)]``: ``fn(comm, *args)`` is the per-rank code the ledger runs on ``ranks`` ranks; several:
+        independent groups of ``ranks`` ranks each (their ledgers must be alike; declare ``grouped``); []: no
+        per-rank program, no ledger view."""
+        return []
 
     def oracle(self) -> Any:
         """The dense, unsharded result the per-rank and compiled results are checked against."""
         return None
 
     def parity(self, source: str, got: Any, ref: Any) -> Checks:
-        """Checks of ``got`` — the ranks' results (``source == "ledger"``; a list per group for a grouped
-        program) or the executed XLA:CPU program's outputs (``"hlo"``; ``{program: outputs}`` for a case with
-        ``programs``) — against ``ref = oracle()``: ``{name: (ok, what was compared)}``."""
+        """Checks of ``got`` — the ranks' results (``source == "ledger"``; a list per group when ``grouped``) or
+        the executed XLA:CPU program's outputs (``"hlo"``; ``{program: outputs}`` for a case with ``programs``) —
+        against ``ref = oracle()``: ``{name: (ok, what was compared)}``."""
         return {}
 
     def ledger_extra(self, view: View, ledger: Ledger, results: list[Any]) -> View:
         """Values or checks the ledger view adds beyond the collectives' count, bytes and elements."""
         return view
 
-    def graph(self) -> Built | Iterator[Built]:
-        """The sharded graph on the current world, NOT synced: a list of output tensors or a ``Step``. With
-        ``programs``: a generator yielding each program's outputs in order (executed before the next is built)."""
+    def graph(self) -> Step:
+        """The sharded graph on the current world, NOT synced: ``Step(outputs)``, with ``donate`` when outputs
+        update inputs in place."""
         raise NotImplementedError(f"{type(self).__name__} has no XLA graph")
+
+    def graphs(self) -> Iterator[Step]:
+        """Each program's graph in order (one per name in ``programs``; each is executed before the next is
+        built). A case of one program yields ``graph()``."""
+        yield self.graph()
 
     def read(self, view: View, module: HloModule | dict[str, HloModule]) -> View:
         """Values and checks read from a compiled program (``view.source`` is ``hlo`` or ``tpu``); a case with
@@ -153,6 +173,6 @@ class Case:
         return view
 
 
-def build_graph(case: Case) -> Built:
+def build_graph(case: Case) -> Step:
     """``case.graph()`` — the module-level builder the TPU compile pickles into a helper process."""
     return case.graph()

@@ -23,7 +23,12 @@ A topic supplies a :class:`shardlab.core.case.Case`; this module owns the rest:
 
 A case whose step is several graphs (``case.programs``) is captured graph by graph, each executed before the next
 is built; the TPU compiles each (:func:`build_program` rebuilds and executes the graphs before it), and a view's
-``detail`` is then the list of its captures / compiles.
+``parts`` is then the list of its captures / compiles (``detail`` the last).
+
+Every hook of a case returns one declared type (``program()`` a list of ``(fn, args)``, ``graph()`` a ``Step``,
+``graphs()`` an iterator of them), and every view one declared detail per source (:data:`LedgerView`,
+:data:`CpuView`, :data:`TpuView`): nothing here asks what a case handed back. A case that cannot build a view for
+one of its variants says why in ``case.unavailable(source)``; the view is skipped with that reason.
 
 Example::
 
@@ -36,16 +41,25 @@ Example::
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from shardlab import runtime
-from shardlab.comm import SimulatedWorld
-from shardlab.core.case import Built, Case, build_graph
-from shardlab.core.views import View, collectives_view, ledger_view, merge
-from shardlab.profile.capture import capture_hlo
+from shardlab.comm import DistributedWorld, SimulatedWorld
+from shardlab.core.case import Case, build_graph
+from shardlab.core.views import (
+    CpuView,
+    LedgerRun,
+    LedgerView,
+    TpuView,
+    View,
+    collectives_view,
+    ledger_view,
+    merge,
+)
+from shardlab.profile.capture import Capture, capture_hlo
 from shardlab.profile.hlo import HloModule
 from shardlab.profile.record import Recorder, values_equal
 from shardlab.profile.timer import xla_sync
@@ -58,46 +72,77 @@ SOURCES = ("formula", "ledger", "hlo", "tpu")
 
 
 # ------------------------------------------------------------------------------------------------ the views
-def formula(case: Case) -> View:
-    return case.formula()
+def _named(case: Case, view: View[Any]) -> View[Any]:
+    """``view`` with its values named by ``case.value_name`` (the same view when the case keeps the names)."""
+    if type(case).value_name is Case.value_name:
+        return view
+    return view.renamed(case.value_name)
 
 
-def ledger(case: Case) -> View:
+def _unavailable(case: Case, source: str) -> View[Any] | None:
+    reason = case.unavailable(source)
+    return None if reason is None else View.skip(source, reason)
+
+
+def formula(case: Case) -> View[Any]:
+    return _unavailable(case, "formula") or _named(case, case.formula())
+
+
+def _groups(case: Case) -> list[tuple[Any, ...]]:
+    groups = case.program()
+    if len(groups) > 1 and not case.grouped:
+        raise ValueError(f"{type(case).__name__}.program() returned {len(groups)} groups but the case does not "
+                         "declare `grouped` (parity would not know which results are whose)")
+    return groups
+
+
+def ledger(case: Case) -> LedgerView:
     """The per-rank program's ledger and its parity with the oracle (skipped when the case has no program)."""
-    prog = case.program()
-    if prog is None:
+    skipped = _unavailable(case, "ledger")
+    if skipped is not None:
+        return skipped
+    groups = _groups(case)
+    if not groups:
         return View.skip("ledger", f"{type(case).__name__} has no per-rank program")
-    groups = prog if isinstance(prog, list) else [prog]
     worlds = [SimulatedWorld(case.ranks) for _ in groups]
     t0 = time.perf_counter()
     runs = [world.run(fn, *args) for world, (fn, args) in zip(worlds, groups, strict=True)]
     wall_s = time.perf_counter() - t0
     led = worlds[0].ledger
-    results = runs if isinstance(prog, list) else runs[0]
-    view = ledger_view(led, case.phase, case.ops, detail={"ledger": led, "ranks": results, "wall_s": wall_s})
+    results = runs if case.grouped else runs[0]
+    view = ledger_view(led, case.phase, case.ops, detail=LedgerRun(ledger=led, ranks=results, wall_s=wall_s))
     if len(worlds) > 1:
         view.checks[f"ledger.{case.phase}.groups_alike"] = (all(w.ledger == led for w in worlds),
                                                             f"the {len(worlds)} groups issue identical collectives")
     view.checks |= case.parity("ledger", results, case.oracle())
-    return case.ledger_extra(view, led, results)
+    return _named(case, case.ledger_extra(view, led, results))
 
 
-def _outputs(built: Built) -> list[torch.Tensor]:
-    return list(built.outputs) if isinstance(built, Step) else list(built)
+def gloo(case: Case) -> LedgerRun:
+    """The case's per-rank program (its first group) in ``case.ranks`` real processes (torch.distributed, gloo):
+    ``{ledger, ranks}`` — what the simulated ledger is checked against, bit for bit."""
+    groups = _groups(case)
+    if not groups:
+        raise ValueError(f"{type(case).__name__} has no per-rank program to run in gloo processes")
+    fn, args = groups[0]
+    world = DistributedWorld(case.ranks)
+    ranks = world.run(fn, *args)
+    return LedgerRun(ledger=world.ledger, ranks=ranks)
 
 
-def _graph_outputs(case: Case) -> list[torch.Tensor]:
-    return _outputs(case.graph())
+def _next_outputs(steps: Iterator[Step]) -> list[torch.Tensor]:
+    """The next graph's outputs (what a capture runs and hands back as its ``result``)."""
+    return list(next(steps).outputs)
 
 
 def build_program(case_program: tuple[Case, int]) -> list[torch.Tensor]:
     """Program ``i`` of a case with several, NOT synced (module-level: the TPU compile may pickle it into a helper
     process): the programs before it are built and executed first — they make the values it reads."""
     case, i = case_program
-    steps = case.graph()
+    steps = case.graphs()
     for _ in range(i):
-        run_program(next(steps))
-    return _outputs(next(steps))
+        run_program(_next_outputs(steps))
+    return _next_outputs(steps)
 
 
 def run_program(outputs: list[torch.Tensor]) -> None:
@@ -114,35 +159,32 @@ def _per_program(case: Case, items: list[Any]) -> Any:
     return dict(zip(case.programs, items, strict=True)) if case.programs else items[0]
 
 
-def _compiled_view(source: str, case: Case, modules: list[HloModule], detail: Any) -> View:
+def _compiled_view(source: str, case: Case, modules: list[HloModule], parts: list[Any]) -> View[Any]:
     """The collectives ``case.ops`` of the compiled program(s): one program under ``<phase>``, several under
-    ``<phase>.<program>``."""
+    ``<phase>.<program>``; ``parts`` the capture / compile of each, ``detail`` the last."""
     kw = dict(cpu_reduce_scatter=case.cpu_reduce_scatter)
     if not case.programs:
-        return collectives_view(source, modules[0], case.phase, case.ops, case.dtype, detail=detail, **kw)
-    view = merge(*(collectives_view(source, m, f"{case.phase}.{name}", case.ops, case.dtype, **kw)
-                   for name, m in zip(case.programs, modules, strict=True)))
-    view.detail = detail
+        return collectives_view(source, modules[0], case.phase, case.ops, case.dtype, detail=parts[0], **kw)
+    view = merge(*(collectives_view(source, m, f"{case.phase}.{name}", case.ops, case.dtype, detail=part, **kw)
+                   for name, m, part in zip(case.programs, modules, parts, strict=True)))
+    view.detail = parts[-1]
     return view
 
 
-def hlo(case: Case) -> View:
+def hlo(case: Case) -> CpuView:
     """XLA:CPU's partitioned program of ``case.graph()`` on this process's devices, or a skip with the reason."""
-    problem = case.not_executable() or case.mesh_problem(runtime.current().num_devices)
+    problem = case.unavailable("hlo") or case.not_executable() or case.mesh_problem(runtime.current().num_devices)
     if problem:
         return View.skip("hlo", problem)
-    if case.programs:
-        steps = case.graph()
-        caps = [capture_hlo(next, steps) for _ in case.programs]
-        steps.close()
-    else:
-        caps = [capture_hlo(_graph_outputs, case)]
-    view = _compiled_view("hlo", case, [c.module for c in caps], caps if case.programs else caps[0])
+    steps = case.graphs()
+    caps: list[Capture] = [capture_hlo(_next_outputs, steps) for _ in case.programs or ("",)]
+    steps.close()
+    view = _compiled_view("hlo", case, [c.module for c in caps], caps)
     ref = case.oracle()
     if ref is not None:
-        got = [[t.cpu() if hasattr(t, "cpu") else t for t in _outputs(c.result)] for c in caps]
+        got = [[t.cpu() if hasattr(t, "cpu") else t for t in c.result] for c in caps]
         view.checks |= case.parity("hlo", _per_program(case, got), ref)
-    return case.read(view, _per_program(case, [c.module for c in caps]))
+    return _named(case, case.read(view, _per_program(case, [c.module for c in caps])))
 
 
 def tpu_topology(case: Case, generation: str | None = None) -> tuple[str | None, str]:
@@ -155,10 +197,13 @@ def tpu_topology(case: Case, generation: str | None = None) -> tuple[str | None,
     return topology, how
 
 
-def tpu(case: Case, generation: str | None = None, **options: Any) -> View:
+def tpu(case: Case, generation: str | None = None, **options: Any) -> TpuView:
     """XLA:TPU's per-chip program of ``case.graph()`` (compile-only), or a skip with the reason.
 
     ``options`` override ``case.compile_options()`` (``disable_passes``, ``debug_options``, ``donate``, ...)."""
+    skipped = _unavailable(case, "tpu")
+    if skipped is not None:
+        return skipped
     topology, how = tpu_topology(case, generation)
     if topology is None:
         return View.skip("tpu", how)
@@ -169,18 +214,17 @@ def tpu(case: Case, generation: str | None = None, **options: Any) -> View:
                  for i, name in enumerate(case.programs)]
     else:
         comps = [compile_program(build_graph, case, topology, **{"label": case.phase, **opts})]
-    detail = comps if case.programs else comps[0]
     oom = next((c.oom for c in comps if not c.fits), None)
     if oom is not None:
-        view = View("tpu", {"fits": 0}, {"fits": "bool"}, detail=detail)
+        view: TpuView = View("tpu", {"fits": 0}, {"fits": "bool"}, detail=comps[-1], parts=comps)
         view.notes.append(f"does not fit on {topology}: {oom.message.splitlines()[0]}")
-        return view
-    view = _compiled_view("tpu", case, [c.module for c in comps], detail)
+        return _named(case, view)
+    view = _compiled_view("tpu", case, [c.module for c in comps], comps)
     programs = f" ({' + '.join(case.programs)})" if case.programs else ""
     view.notes.append(f"{case.phase}: XLA:TPU {topology} ({how}), {comps[0].num_chips} chips, compiled in "
                       f"{sum(c.compile_s for c in comps):.2f} s{programs}"
                       + (" (cached)" if any(c.cached for c in comps) else ""))
-    return case.read(view, _per_program(case, [c.module for c in comps]))
+    return _named(case, case.read(view, _per_program(case, [c.module for c in comps])))
 
 
 def compiler_view(case: Case) -> View:
@@ -193,7 +237,7 @@ def compiler_view(case: Case) -> View:
     return view
 
 
-def views(case: Case, sources: Iterable[str] = SOURCES, generation: str | None = None) -> list[View]:
+def views(case: Case, sources: Iterable[str] = SOURCES, generation: str | None = None) -> list[View[Any]]:
     """The case through each of ``sources`` (formula, ledger, hlo, tpu), in that order."""
     run = {"formula": formula, "ledger": ledger, "hlo": hlo, "tpu": lambda c: tpu(c, generation)}
     unknown = [s for s in sources if s not in run]
@@ -286,7 +330,7 @@ def _compiles(obj: Any) -> Iterable[TpuCompile]:
         yield obj
     elif isinstance(obj, View):
         if obj.source == "tpu" and obj.ran:
-            yield from _compiles(obj.detail)
+            yield from obj.parts
     elif isinstance(obj, dict | list | tuple):
         for v in obj.values() if isinstance(obj, dict) else obj:
             yield from _compiles(v)
@@ -305,9 +349,9 @@ def record_compile_s(rec: Recorder, name: str, *views: View) -> dict[str, float]
     (source ``tpu``); a view of several programs sums them. A compile served from a cache is not recorded."""
     out: dict[str, float] = {}
     for v in views:
-        if not v.ran or v.detail is None or v.source not in ("hlo", "tpu"):
+        if not v.ran or not v.parts or v.source not in ("hlo", "tpu"):
             continue
-        parts = v.detail if isinstance(v.detail, list) else [v.detail]
+        parts = v.parts
         src = "metrics" if v.source == "hlo" else "tpu"
         if any(getattr(c, "cached", False) for c in parts):
             rec.note(f"{name}.{src}", "served from a compile cache: no compile seconds measured")
@@ -327,9 +371,9 @@ def memory_frame(views: Mapping[str, View]) -> pd.DataFrame:
     """
     cols: dict[str, dict[str, Any]] = {}
     for label, v in views.items():
-        if not v.ran or v.detail is None:
+        if not v.ran or not v.parts:
             continue
-        detail = v.detail[-1] if isinstance(v.detail, list) else v.detail
+        detail = v.parts[-1]
         if v.source == "hlo" and detail.module.buffers is not None:
             b = detail.module.buffers
             cols[label] = {"arguments": b.parameter, "outputs": b.output, "temporaries": b.temp,

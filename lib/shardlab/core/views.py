@@ -8,6 +8,13 @@ module holds the data type and the builders every topic shares: :func:`traffic` 
 bytes), :func:`ledger_view` (what a rank's ledger recorded), :func:`collectives_view` (what a compiled HLO
 program hands to its collectives) and :func:`merge` (two programs of one source side by side).
 
+Each source's view carries one declared ``detail``, the object behind its numbers: a :class:`LedgerRun` (the
+ledger, the ranks' results, the wall time) for ``ledger``, a :class:`~shardlab.profile.capture.Capture` for
+``hlo``, a :class:`~shardlab.profile.tpu.TpuCompile` for ``tpu`` (:data:`LedgerView`, :data:`CpuView`,
+:data:`TpuView`); a view of several programs (or a :func:`merge`) lists every program's in ``parts``, in order,
+and ``detail`` is the last. ``View`` is generic in the detail, so a reader of ``view.detail.module`` is
+type-checked.
+
 A view that cannot run here is *skipped*: it carries the reason and no values. A value a view measured that
 legitimately differs from the paper's algebra on its backend (XLA:CPU all-reduces bf16 partial sums in f32; the
 TPU compiler merges k all-reduces into one tuple op) is listed in ``View.differs`` with the reason: recorded
@@ -27,7 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypedDict, TypeVar
 
 from shardlab.comm.ledger import OPS as LEDGER_OPS
 from shardlab.comm.ledger import Ledger
@@ -40,9 +47,24 @@ HLO_OP = {op: op.replace("_", "-") for op in OPS}
 
 COMPILERS = {"hlo": "XLA:CPU", "tpu": "XLA:TPU"}  # a compiler view's source -> the compiler (the one label map)
 
+if TYPE_CHECKING:
+    from shardlab.profile.capture import Capture
+    from shardlab.profile.tpu import TpuCompile
+
+D = TypeVar("D")  # the view's detail: what its numbers were read from
+
+
+class LedgerRun(TypedDict, total=False):
+    """A ledger view's detail: what the simulated ranks recorded and returned (a topic's ``ledger_extra`` may add
+    its own keys, declared in a TypedDict of its own that extends this one)."""
+
+    ledger: Ledger  # one rank's collectives (the first group's)
+    ranks: Any  # each rank's result (a list per group when the case is grouped)
+    wall_s: float  # the run's wall time
+
 
 @dataclass
-class View:
+class View(Generic[D]):
     """One source's answer for one configuration."""
 
     source: str  # formula | ledger | hlo | tpu
@@ -52,10 +74,15 @@ class View:
     differs: dict[str, str] = field(default_factory=dict)  # names recorded but not checked -> why
     notes: list[str] = field(default_factory=list)  # one-line facts worth printing next to the table
     checks: dict[str, tuple[bool, str]] = field(default_factory=dict)  # parity etc.: name -> (ok, detail)
-    detail: Any = None  # the object behind the numbers: Ledger, Capture, TpuCompile, formula terms ...
+    detail: D | None = None  # the object behind the numbers: LedgerRun, Capture, TpuCompile, formula terms ...
+    parts: list[D] = field(default_factory=list)  # every program's detail, in order ([detail] for one program)
+
+    def __post_init__(self) -> None:
+        if not self.parts and self.detail is not None:
+            self.parts = [self.detail]
 
     @classmethod
-    def skip(cls, source: str, reason: str) -> View:
+    def skip(cls, source: str, reason: str) -> View[Any]:
         return cls(source, skipped=reason)
 
     @property
@@ -74,7 +101,7 @@ class View:
     def get(self, name: str, default: Any = None) -> Any:
         return self.values.get(name, default)
 
-    def renamed(self, rename: Callable[[str], str]) -> View:
+    def renamed(self, rename: Callable[[str], str]) -> View[D]:
         """The same view with every value name (and its unit, ``differs`` entry) passed through ``rename``.
 
         >>> View("formula", {"ce.all_reduce.count": 3}, {"ce.all_reduce.count": "count"}).renamed(
@@ -84,13 +111,18 @@ class View:
         return View(self.source, {rename(k): v for k, v in self.values.items()},
                     {rename(k): u for k, u in self.units.items()}, self.skipped,
                     {rename(k): w for k, w in self.differs.items()}, list(self.notes), dict(self.checks),
-                    self.detail)
+                    self.detail, list(self.parts))
 
 
-def merge(*views: View) -> View:
+LedgerView: TypeAlias = "View[LedgerRun]"  # harness.ledger
+CpuView: TypeAlias = "View[Capture]"  # harness.hlo: the captured XLA:CPU step (its module, outputs, metrics)
+TpuView: TypeAlias = "View[TpuCompile]"  # harness.tpu: the XLA:TPU compile (module, memory, cost, topology)
+
+
+def merge(*views: View[D]) -> View[D]:
     """Several views of ONE source (disjoint value names) as one: values, units, differs, notes and checks
-    together, ``detail`` the list of the parts' details. If any part was skipped, the merged view is skipped
-    with that reason (a table row must not mix a measured half with a missing half).
+    together, ``parts`` every part's in order, ``detail`` the last. If any part was skipped, the merged view is
+    skipped with that reason (a table row must not mix a measured half with a missing half).
 
     >>> a = View("formula", {"x.count": 1}, {"x.count": "count"})
     >>> merge(a, View("formula", {"y.count": 2}, {"y.count": "count"})).values
@@ -107,7 +139,8 @@ def merge(*views: View) -> View:
     skipped = next((v.skipped for v in views if not v.ran), None)
     if skipped is not None:
         return View.skip(source, skipped)
-    out = View(source, detail=[v.detail for v in views])
+    parts = [d for v in views for d in v.parts]
+    out: View[D] = View(source, detail=parts[-1] if parts else None, parts=parts)
     for v in views:
         clash = set(out.values) & set(v.values)
         if clash:
@@ -120,8 +153,8 @@ def merge(*views: View) -> View:
     return out
 
 
-def traffic(view: View, phase: str, counts: Mapping[str, int], byte_totals: Mapping[str, int], dtype: str,
-            ops: Iterable[str] = ("all_reduce",)) -> View:
+def traffic(view: View[Any], phase: str, counts: Mapping[str, int], byte_totals: Mapping[str, int], dtype: str,
+            ops: Iterable[str] = ("all_reduce",)) -> View[Any]:
     """Add ``<phase>.<op>.count`` / ``.bytes`` / ``.elements`` for each op to a formula view (elements =
     bytes / element size of ``dtype``, the model's element type)."""
     for op in ops:
@@ -133,9 +166,10 @@ def traffic(view: View, phase: str, counts: Mapping[str, int], byte_totals: Mapp
     return view
 
 
-def ledger_view(ledger: Ledger, phase: str, ops: Iterable[str] = ("all_reduce",), detail: Any = None) -> View:
+def ledger_view(ledger: Ledger, phase: str, ops: Iterable[str] = ("all_reduce",),
+                detail: LedgerRun | None = None) -> LedgerView:
     """The ledger view of the collectives ``ops`` one rank issued (count, payload bytes, elements)."""
-    view = View("ledger", detail=detail if detail is not None else ledger)
+    view: LedgerView = View("ledger", detail=detail if detail is not None else LedgerRun(ledger=ledger))
     for op in ops:
         if op not in OPS:
             raise ValueError(f"op={op!r} is not one of {OPS}")
@@ -153,7 +187,7 @@ def _elements(c: Collective) -> int:
 
 
 def collectives_view(source: str, module: HloModule, phase: str, ops: Iterable[str], dtype: str,
-                     cpu_reduce_scatter: bool = False, detail: Any = None) -> View:
+                     cpu_reduce_scatter: bool = False, detail: Any = None) -> View[Any]:
     """A compiler view (``hlo`` or ``tpu``) of the collectives ``ops`` in one partitioned HLO module.
 
     - ``count``: collective instructions in the program (a tuple all-reduce the combiner made from k

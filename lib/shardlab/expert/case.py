@@ -9,7 +9,7 @@ pads every buffer to the largest load; ledger and formula only — a static XLA 
 data-dependent buffer size). Every device and every rank routes its own group of
 S = ``p.tokens`` tokens; the compared configuration has ``data · ep`` groups, ``data`` = n / ep on this process's
 n devices when ep tiles them (the compiled mesh (data, expert)), else 1 (the TPU view then compiles an ep-chip
-slice in a helper process). Values, named ``<phase>.<...>`` (:func:`views` drops the phase of the step, so the
+slice in a helper process). Values, named ``<phase>.<...>`` (``value_name`` drops the phase of the step, so the
 record prefix ``ep`` gives names such as ``ep.all_to_all.bytes``)::
 
     formula   <phase>.all_to_all.{count,bytes,elements}  2 forward + 2 backward, E·C·h·e each (formulas.expert)
@@ -28,7 +28,7 @@ record prefix ``ep`` gives names such as ``ep.all_to_all.bytes``)::
 Example::
 
     case = MoECase(ExpertParams(ep=4))
-    harness.record(rec, "ep", *views(case))      # ep.all_to_all.count, ep.all_to_all.bytes, ...
+    harness.record(rec, "ep", *harness.views(case))      # ep.all_to_all.count, ep.all_to_all.bytes, ...
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ import pandas as pd
 import torch
 
 from shardlab import runtime
-from shardlab.comm import DistributedWorld, Ledger
+from shardlab.comm import Ledger
 from shardlab.core import harness
-from shardlab.core.case import Case, Checks
+from shardlab.core.case import Case, Checks, Program, Step
 from shardlab.core.views import View, collectives_view, traffic
 from shardlab.expert import gspmd  # imports torch_xla: expert.case is imported after runtime.setup()
 from shardlab.expert.drops import drop_table, route_groups
@@ -74,8 +74,17 @@ class MoECase(Case):
     mesh_text: ClassVar[str] = "(data, expert) = (n / ep, ep)"
 
     @property
+    def grouped(self) -> bool:
+        return True  # one group of ep ranks per data index (program); parity sees a list per group
+
+    @property
     def phase(self) -> str:
         return "fwd_bwd" if self.backward else "fwd"
+
+    def value_name(self, name: str) -> str:
+        """Values are named without the step's phase (``all_to_all.count``, ...): the notebook records each step
+        under its own prefix."""
+        return name.removeprefix(f"{self.phase}.")
 
     @property
     def ops(self) -> tuple[str, ...]:  # type: ignore[override]
@@ -130,7 +139,7 @@ class MoECase(Case):
         return view
 
     # ----------------------------------------------------------------------------------------------- ledger
-    def program(self) -> list[tuple[Any, tuple[Any, ...]]]:
+    def program(self) -> list[Program]:
         """moe_step on ep ranks for each data group (its ep · S tokens)."""
         moe, x, target = self.tensors()
         rows = self.p.ep * self.p.tokens
@@ -190,14 +199,15 @@ class MoECase(Case):
         return view
 
     # ------------------------------------------------------------------------------------------- compilers
-    def not_executable(self) -> str | None:
-        return "the dropless layer sizes its buffers by the largest load: no static XLA program" if self.dropless \
-            else None
+    def unavailable(self, source: str) -> str | None:
+        if self.dropless and source in ("hlo", "tpu"):
+            return "the dropless layer sizes its buffers by the largest load: no static XLA program"
+        return None
 
-    def graph(self) -> list[torch.Tensor]:
+    def graph(self) -> Step:
         if self.dropless:
-            raise ValueError(self.not_executable())
-        return gspmd.step(self.p, self.backward)
+            raise ValueError(self.unavailable("hlo"))
+        return Step(gspmd.step(self.p, self.backward))
 
     def read(self, view: View, module: HloModule) -> View:
         p, src, a2a = self.p, view.source, gspmd.all_to_all_traffic(module)
@@ -221,12 +231,6 @@ class MoECase(Case):
                                             "all-to-all's result feeds matmuls, which it runs on bf16 inputs at the "
                                             "default precision, so it converts before the transfer; elements agree")
         return view
-
-
-def views(case: MoECase, sources: tuple[str, ...] = harness.SOURCES) -> list[View]:
-    """The case through ``sources``, value names without the step's phase (``all_to_all.count``, ...)."""
-    drop = f"{case.phase}."
-    return [v.renamed(lambda n: n.removeprefix(drop)) for v in harness.views(case, sources)]
 
 
 # ------------------------------------------------------------------------------------------------- reading
@@ -266,15 +270,6 @@ def async_windows(module: HloModule) -> list[int]:
 
 
 # ------------------------------------------------------------------------------------- gloo and drop table
-def gloo_run(case: MoECase) -> dict[str, Any]:
-    """The first data group's per-rank program in ep real processes (torch.distributed, gloo all_to_all_single):
-    ``{ledger, ranks}``."""
-    fn, args = case.program()[0]
-    world = DistributedWorld(case.p.ep)
-    ranks = world.run(fn, *args)
-    return {"ledger": world.ledger, "ranks": ranks}
-
-
 def identical(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
     """Outputs and gradients equal bit for bit rank by rank (an all-to-all moves values, it never adds them)."""
     def same(x: torch.Tensor | None, y: torch.Tensor | None) -> bool:
@@ -297,7 +292,7 @@ def explore(q: ExpertParams) -> dict[str, Any]:
     f, led = harness.formula(case), harness.ledger(case)
     first = led.detail["ranks"][0]
     c = first[0]["capacity"]
-    return {"capacity": c, "formula": f["fwd.all_to_all.bytes"], "ledger": led["fwd.all_to_all.bytes"],
+    return {"capacity": c, "formula": f["all_to_all.bytes"], "ledger": led["all_to_all.bytes"],
             "wire": led.detail["ledger"].wire_bytes("all_to_all"),
             "dropped": f["dropped.fraction"], "measured": led["dropped.fraction"],
             "uniform": fexp.expected_dropped_fraction(q.tokens, q.experts, q.top_k, c),

@@ -48,7 +48,7 @@ from torch import nn
 from shardlab import runtime
 from shardlab.comm import DistributedWorld, Ledger
 from shardlab.core import harness
-from shardlab.core.case import Case, Checks
+from shardlab.core.case import Case, Checks, Step
 from shardlab.core.views import View
 from shardlab.formulas import fsdp as ffsdp
 from shardlab.fsdp import gspmd  # imports torch_xla: fsdp.case is imported after runtime.setup()
@@ -216,14 +216,14 @@ class GspmdCase(Case):
                                        self.rule, device_kind)
         return _step_values(View("formula", detail=s), s)
 
-    def graph(self) -> Iterator[list[torch.Tensor]]:
+    def graphs(self) -> Iterator[Step]:
         """forward: [loss, model output, tanh outputs]; then backward + SGD: [updated parameters, gradients]."""
         gc.collect()  # torch_xla's FSDPv2 wrapper leaves earlier builds in reference cycles: their pending (never
         # synced) graphs would be executed with this step's first program
         model, params, x, y, kept = gspmd.build(self.p, self.wrapper)
         out = gspmd.forward(model, x, y, kept)
-        yield out
-        yield gspmd.backward(out[0], params, LR)
+        yield Step(out)
+        yield Step(gspmd.backward(out[0], params, LR))
 
     def oracle(self) -> tuple[float, list[torch.Tensor]]:
         """The unsharded SGD step on the CPU: (loss, updated parameters)."""
@@ -331,13 +331,13 @@ class UnshardCase(Case):
     def phase(self) -> str:
         return "unshard"
 
-    def graph(self) -> list[torch.Tensor]:
+    def graph(self) -> Step:
         """[the replicated copy] on the current world, NOT synced."""
         n = runtime.current().num_devices
         mesh = runtime.mesh((self.p.world_size, n // self.p.world_size), ("fsdp", "replica"))
         w = torch.arange(math.prod(self.shape), dtype=torch.float32).reshape(self.shape).to(runtime.device())
         xs.mark_sharding(w, mesh, self.spec)
-        return [gspmd.unshard(w, mesh)]
+        return Step([gspmd.unshard(w, mesh)])
 
 
 # ---------------------------------------------------------------------------------------------------- tables

@@ -32,14 +32,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 from torch import nn
 
 from shardlab.comm import Comm, Ledger
 from shardlab.core.case import Case, Checks, Program
-from shardlab.core.views import View
+from shardlab.core.views import LedgerRun, View
 from shardlab.formulas import fsdp as ffsdp
 from shardlab.formulas.zero import zero_memory
 from shardlab.fsdp.flat_param import FlatShardPlan, aligned_numel, module_params, plan_flat_shards_for
@@ -98,6 +98,15 @@ def make_batch(p: FsdpParamsBase, step: int, tied: bool = False) -> tuple[torch.
     model_out = p.layer_sizes[1] if tied else p.layer_sizes[-1]
     y = torch.randn(p.batch, model_out, generator=g)  # [b, d_out]
     return x, y
+
+
+class FlatLedgerRun(LedgerRun, total=False):
+    """A :class:`FlatCase` ledger view's detail: the harness's ledger run, one step's ledger and the flat plans
+    (``ledger_extra``), and with the torch check PyTorch's FSDP1 / FSDP2 runs (``fsdp.case``)."""
+
+    one_step: Ledger  # the first of the ``steps`` steps' collectives
+    plans: dict[str, Any]  # FQN prefix -> the flat parameter's shard plan ("" the root)
+    torch: dict[str, Any]  # FSDP1 / FSDP2 ranks and rows, side by side with ours
 
 
 class RankResult(NamedTuple):
@@ -202,8 +211,8 @@ class FlatCase(Case):
         view.add("memory.per_rank.bytes", round(state), "bytes")
         return view
 
-    def program(self) -> Program:
-        return fsdp_rank_program, (self,)
+    def program(self) -> list[Program]:
+        return [(fsdp_rank_program, (self,))]
 
     def oracle(self) -> tuple[list[torch.Tensor], list[float]]:
         return reference_train(self)
@@ -214,7 +223,7 @@ class FlatCase(Case):
         return {"parity.params_match_unsharded": (err < 1e-5, f"max |FSDP - unsharded| = {err:.2e} after "
                                                   f"{self.p.steps} steps")}
 
-    def ledger_extra(self, view: View, ledger: Ledger, results: list[RankResult]) -> View:
+    def ledger_extra(self, view: View[FlatLedgerRun], ledger: Ledger, results: list[RankResult]) -> View:
         """One step's collectives (the ledger holds ``steps``), the shard tensors each rank keeps, their order."""
         w = self.p.world_size
         one_step = Ledger(list(ledger)[: len(ledger) // self.p.steps])

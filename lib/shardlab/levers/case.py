@@ -50,7 +50,7 @@ import pandas as pd
 
 from shardlab import runtime
 from shardlab.core import harness
-from shardlab.core.case import Case
+from shardlab.core.case import Case, Step
 from shardlab.core.views import View, merge
 from shardlab.levers import programs as P
 from shardlab.levers.params import LeversParams
@@ -155,8 +155,8 @@ class StepCase(LeversCase):
                 "label": f"{self.mode} step{' (big)' if self.big else ''}, combiners "
                          f"{'on' if self.combiners else 'off'}"}
 
-    def graph(self) -> list[Any]:
-        return P.train_step(self.mode, self.layers, self.batch, self.hidden, self.dtype, self.p.seed, self.big)
+    def graph(self) -> Step:
+        return Step(P.train_step(self.mode, self.layers, self.batch, self.hidden, self.dtype, self.p.seed, self.big))
 
     def formula(self) -> View:
         """The algebra of one step on ``devices`` ranks (see the module note)."""
@@ -321,8 +321,8 @@ class OrderToyCase(LeversCase):
     def not_executable(self) -> str | None:
         return "placeholder inputs: compile-only" if self.compile_only else None
 
-    def graph(self) -> list[Any]:
-        return P.order_toy(self.rows, self.cols, self.dtype, self.compile_only)
+    def graph(self) -> Step:
+        return Step(P.order_toy(self.rows, self.cols, self.dtype, self.compile_only))
 
 
 @dataclass(frozen=True)
@@ -349,9 +349,9 @@ class UpdateCase(LeversCase):
     def not_executable(self) -> str | None:
         return "placeholder inputs: compile-only"
 
-    def graph(self) -> list[Any]:
-        return P.weight_update(self.stage, self.p.optimizer, self.p.big_layers, self.p.update_batch,
-                               self.p.update_hidden)
+    def graph(self) -> Step:
+        return Step(P.weight_update(self.stage, self.p.optimizer, self.p.big_layers, self.p.update_batch,
+                               self.p.update_hidden))
 
 
 def update_memory(views: dict[str, View]) -> dict[str, dict[str, int]]:
@@ -393,6 +393,6 @@ class LayoutCase(LeversCase):
         return P.layout_problem(self.data, self.fsdp, self.tensor, self.layout, self.batch, self.p.mlp_hidden,
                                 self.p.mlp_ffn, self.devices)
 
-    def graph(self) -> list[Any]:
-        return P.mlp_layout(self.data, self.fsdp, self.tensor, self.layout, self.batch, self.p.mlp_seq // 8,
-                            self.p.mlp_hidden, self.p.mlp_ffn, self.dtype, self.p.seed)
+    def graph(self) -> Step:
+        return Step(P.mlp_layout(self.data, self.fsdp, self.tensor, self.layout, self.batch, self.p.mlp_seq // 8,
+                            self.p.mlp_hidden, self.p.mlp_ffn, self.dtype, self.p.seed))

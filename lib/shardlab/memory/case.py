@@ -82,8 +82,8 @@ class KernelAttentionCase(Case):
         view.add(f"temp_bytes.{self.kernel}", flash.formula_temp_bytes(self.p, self.kernel), "bytes")
         return view
 
-    def graph(self) -> list[Any]:
-        return flash.attention_graph(self.p, self.kernel)
+    def graph(self) -> Step:
+        return Step(flash.attention_graph(self.p, self.kernel))
 
     def read(self, view: View, module: HloModule) -> View:
         row = flash.memory_row(self.p, self.kernel, view.detail)
@@ -199,7 +199,7 @@ class ReplicatedStepCase(Case):
         runs a step (the graph XLA:CPU executes); see ``memory.xla_step``."""
         return True
 
-    def graph(self) -> Step | list[Any]:
+    def graph(self) -> Step:
         return xla_step.build(self.p, self.schedule(), self.donated())
 
     def compile_options(self) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 Design note
 -----------
 :func:`build` runs ``shardlab.memory.graph.train_step`` at ``p``'s step sizes on this process's XLA world
-(replicated: the per-chip program is the whole step) and returns its outputs ``[loss, *params, *m, *v]``.
+(replicated: the per-chip program is the whole step) and returns its outputs ``Step([loss, *params, *m, *v])``.
 Parameters, Adam moments (zero) and the batch are real seeded tensors on the device. Parameters, moments and the
 batch must stay resident, as in the DAG (not counted), so each updated tensor must be written into its input's
 buffer; two ways, one per compiler:
@@ -40,7 +40,7 @@ def flat_schedule(schedule: Mapping[str, str] | None) -> dict[str, str]:
 
 
 def build(p: MemoryParams, schedule: Mapping[str, str] | None = None, donated: bool = True,
-          barrier: bool = True) -> Step | list[torch.Tensor]:
+          barrier: bool = True) -> Step:
     """The step on this process's world (module note); ``schedule``: parameter or unit -> "eager" | "end"."""
     dev = runtime.device()
     init = build_model(p)  # seeded by p.seed
@@ -66,7 +66,7 @@ def build(p: MemoryParams, schedule: Mapping[str, str] | None = None, donated: b
 
     out = train_step(structure, x, target, params, ms, vs, flat_schedule(schedule), after_block=after_block)
     if not donated:
-        return [*out, *params, *ms, *vs]
+        return Step([*out, *params, *ms, *vs])
     names = param_names(structure)
     donate = {len(out) + j: src for j, src in enumerate([*p_in, *m_in, *v_in])}
     assert len(donate) == 3 * len(names)

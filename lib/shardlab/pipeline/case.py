@@ -37,7 +37,7 @@ notebook runs the per-stage GPipe program on those very layers too (:func:`spmd_
 Example::
 
     case = ScheduleCase(PipelineParams(), "gpipe")
-    harness.record(rec, "pp", *schedule_views(case))
+    harness.record(rec, "pp", *harness.views(case))
 """
 
 from __future__ import annotations
@@ -54,8 +54,7 @@ import torch_xla.distributed.spmd as xs  # imported after runtime.setup() (the n
 
 from shardlab import runtime
 from shardlab.comm import Comm, DistributedWorld, Ledger, SimulatedWorld
-from shardlab.core import harness
-from shardlab.core.case import Case, Checks
+from shardlab.core.case import Case, Checks, Program, Step
 from shardlab.core.views import COMPILERS as COMPILER
 from shardlab.core.views import View
 from shardlab.formulas import pipeline as fpp
@@ -70,8 +69,8 @@ from shardlab.pipeline.torch_ref import torch_orders, torch_pipeline_program
 from shardlab.profile.hlo import HloModule
 
 F32 = 4
-__all__ = ["FsdpCase", "p2p_of_order", "ScheduleCase", "ShiftCase", "compiled", "gloo_runs", "model_and_batch",
-           "schedule_views", "spmd_ledger", "traced_model"]
+__all__ = ["FsdpCase", "p2p_of_order", "ScheduleCase", "ShiftCase", "gloo_runs", "model_and_batch", "spmd_ledger",
+           "traced_model"]
 
 
 # ------------------------------------------------------------------------------------------- the model and its split
@@ -222,11 +221,11 @@ class ScheduleCase(Case):
         return view
 
     # --------------------------------------------------------------------------------------------- ledger
-    def program(self) -> tuple[Any, tuple[Any, ...]]:
+    def program(self) -> list[Program]:
         stages = _auto_stages(self.p, self.p.stages * self.v)
         _, tokens, targets = model_and_batch(self.p)
-        return _run_stages, (self.sched(), copy.deepcopy(stages.modules), stages.param_names, stages.boundary,
-                             tokens, targets)
+        return [(_run_stages, (self.sched(), copy.deepcopy(stages.modules), stages.param_names, stages.boundary,
+                             tokens, targets))]
 
     def oracle(self) -> dict[str, Any]:
         model, tokens, targets = model_and_batch(self.p)
@@ -277,14 +276,14 @@ class ScheduleCase(Case):
         p = self.p
         return spmd.init(p.stages, p.microbatches, self.v, p.rows, p.hidden, seed=p.seed)
 
-    def graph(self) -> list[torch.Tensor]:
+    def graph(self) -> Step:
         x, w = self.spmd_inputs()
         dev, n = runtime.device(), runtime.current().num_devices
         mesh = runtime.mesh((self.p.stages, n // self.p.stages), ("stage", "data"))
         if self.schedule == "1f1b":
-            return spmd_1f1b.one_f_one_b_step(x.to(dev), w.to(dev), mesh, data_axis="data")
-        return spmd.pipeline_step(x.to(dev), w.to(dev), mesh, how="pad" if self.v == 1 else "cat",
-                                  data_axis="data", backward=self.backward)
+            return Step(spmd_1f1b.one_f_one_b_step(x.to(dev), w.to(dev), mesh, data_axis="data"))
+        return Step(spmd.pipeline_step(x.to(dev), w.to(dev), mesh, how="pad" if self.v == 1 else "cat",
+                                  data_axis="data", backward=self.backward))
 
     def read(self, view: View, module: HloModule) -> View:
         src, s, k, p = view.source, self.schedule, self.spmd_key, self.p
@@ -341,16 +340,6 @@ class ScheduleCase(Case):
         return view
 
 
-def compiled(case: ScheduleCase, source: str) -> View:
-    """``harness.hlo`` / ``harness.tpu`` of the case."""
-    return harness.hlo(case) if source == "hlo" else harness.tpu(case)
-
-
-def schedule_views(case: ScheduleCase) -> list[View]:
-    """The four views of a schedule (formula, ledger, hlo, tpu)."""
-    return [harness.formula(case), harness.ledger(case), compiled(case, "hlo"), compiled(case, "tpu")]
-
-
 def spmd_ledger(case: ScheduleCase) -> dict[str, Any]:
     """The per-stage GPipe program (SimulatedWorld) on the SPMD program's own layers: {loss, grads (name "w.r.s"),
     sends, message_bytes} — its sends are the compiled loop's shifts minus the bubble's."""
@@ -386,7 +375,7 @@ def gloo_runs(cases: list[ScheduleCase]) -> tuple[list[Any], list[dict[str, Any]
     time by its own metadata exchange."""
     jobs = []
     for case in cases:
-        _, (sched, modules, names, boundary, tokens, targets) = case.program()
+        ((_, (sched, modules, names, boundary, tokens, targets)),) = case.program()
         jobs.append({"name": case.schedule, "m": case.p.microbatches, "schedule": sched, "modules": modules,
                      "names": names, "boundary": boundary, "tokens": tokens, "targets": targets})
     world = DistributedWorld(cases[0].p.stages)
@@ -440,14 +429,14 @@ class ShiftCase(Case):
         g = torch.Generator().manual_seed(self.p.seed)
         return torch.randn(self.p.stages, self.p.rows, self.p.hidden, generator=g)  # [p, rows, h]
 
-    def graph(self) -> list[torch.Tensor]:
+    def graph(self) -> Step:
         n = runtime.current().num_devices
         mesh = runtime.mesh((self.p.stages, n // self.p.stages), ("stage", "data"))
         state = self.state().to(runtime.device())
         xs.mark_sharding(state, mesh, ("stage", "data", None))
         out = spmd.shift(state, self.how)
         xs.mark_sharding(out, mesh, ("stage", "data", None))  # the result sharded like the state: a shift
-        return [out]
+        return Step([out])
 
     def read(self, view: View, module: HloModule) -> View:
         for op in self.shift_ops:
@@ -520,12 +509,13 @@ class FsdpCase(Case):
     def parity(self, source: str, got: list[torch.Tensor], ref: torch.Tensor) -> Checks:
         return {"spmd.fsdp.parity.hlo": (torch.allclose(got[0], ref, rtol=1e-5, atol=1e-5), "output == dense layers")}
 
-    def graph(self) -> list[torch.Tensor]:
+    def graph(self) -> Step:
         p, n = self.p, runtime.current().num_devices
         x, w = spmd.init(p.stages, p.microbatches, 1, p.rows, p.hidden, seed=p.seed)
         mesh = runtime.mesh((p.stages, n // p.stages), ("stage", "data"))
         dev = runtime.device()
-        return spmd.pipeline_step(x.to(dev), w.to(dev), mesh, how="pad", data_axis="data", fsdp=True, backward=False)
+        return Step(spmd.pipeline_step(x.to(dev), w.to(dev), mesh, how="pad", data_axis="data", fsdp=True,
+                                       backward=False))
 
     def read(self, view: View, module: HloModule) -> View:
         src, ph = view.source, self.phase

@@ -51,7 +51,7 @@ from shardlab import runtime
 from shardlab.blocks import ring
 from shardlab.comm import Ledger
 from shardlab.core import harness
-from shardlab.core.case import Case, Checks, Program
+from shardlab.core.case import Case, Checks, Program, Step
 from shardlab.core.views import View, traffic
 from shardlab.formulas import memory
 from shardlab.formulas import pipeline as fpp
@@ -232,7 +232,7 @@ class DataCase(ValidationCase):
         view.add("param.bytes", self.input_bytes() + int(st.params), "bytes")
         return view
 
-    def graph(self) -> list[torch.Tensor]:
+    def graph(self) -> Step:
         """The weight gradients [dA, dB] (partial sums over each device's tokens, then reduced), NOT synced."""
         n = runtime.current().num_devices
         mesh = runtime.mesh((n // self.p.val_world, self.p.val_world), ("replica", "data"))
@@ -243,7 +243,7 @@ class DataCase(ValidationCase):
             xs.mark_sharding(w, mesh, ("data", None) if self.sharded else (None, None))
             w.requires_grad_(True)
         y = F.gelu(x @ a) @ b  # [T/world, h] @ [h, ffn] @ [ffn, h] -> [T/world, h] per device
-        return list(torch.autograd.grad(loss(y, target), (a, b)))
+        return Step(list(torch.autograd.grad(loss(y, target), (a, b))))
 
     def oracle(self) -> list[torch.Tensor]:
         """The unsharded computation's weight gradients on the CPU."""
@@ -308,8 +308,8 @@ class UnitsCase(ValidationCase):
         view.add("model_state.bytes", state.total, "bytes")
         return view
 
-    def program(self) -> Program:
-        return fsdp_rank_program, (self.flat,)
+    def program(self) -> list[Program]:
+        return [(fsdp_rank_program, (self.flat,))]
 
     def oracle(self) -> float:
         """The full-batch loss before any update (unsharded torch)."""

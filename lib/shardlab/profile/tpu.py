@@ -70,6 +70,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cache
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -419,13 +420,14 @@ def _device_list(name: str) -> tuple[Any, ...]:
 
 
 class Step(NamedTuple):
-    """What a graph builder may return instead of a list: the outputs and which of them update an input in place.
+    """What a graph builder returns (a case's ``graph()`` always): the outputs and which of them update an input in
+    place.
 
     ``donate[i] = x``: output ``i`` is written into input ``x``'s buffer (torch_xla's in-place update of ``x``).
     """
 
     outputs: list[Any]
-    donate: Mapping[int, Any]
+    donate: Mapping[int, Any] = MappingProxyType({})  # none
 
 
 def donation(outputs: list[Any], donate: Mapping[int, Any]) -> dict[int, int]:

@@ -37,9 +37,9 @@ from torch_xla.core.xla_builder import create_placeholder_tensor
 
 from shardlab import models, runtime
 from shardlab.blocks import ring
-from shardlab.comm import DistributedWorld, Ledger
+from shardlab.comm import Ledger
 from shardlab.core import harness
-from shardlab.core.case import Case, Checks, Program
+from shardlab.core.case import Case, Checks, Program, Step
 from shardlab.core.views import COMPILERS, View, merge, traffic
 from shardlab.formulas import tp as ftp
 from shardlab.formulas.common import dtype_bytes
@@ -129,8 +129,8 @@ class TpCase(Case):
         target = torch.randn(p.batch, p.seq, p.hidden, generator=g).to(dt) if self.backward else None
         return dense, x, target
 
-    def program(self) -> Program:
-        return self.step, self.inputs()
+    def program(self) -> list[Program]:
+        return [(self.step, self.inputs())]
 
     def oracle(self) -> dict[str, torch.Tensor]:
         return dense_grads(*self.inputs())
@@ -169,12 +169,12 @@ class TpCase(Case):
     def shard(self, module: torch.nn.Module, mesh: xs.Mesh) -> torch.nn.Module:
         return self.shard_fn(module, mesh)
 
-    def graph(self) -> list[torch.Tensor]:
+    def graph(self) -> Step:
         """The GSPMD step on the current world, NOT synced: [out, (input grad, *parameter grads)]."""
         dense, x, target = self.inputs()
         dev = runtime.device()
         module = self.shard(dense.to(dev), gspmd.tensor_mesh(self.p.tp))  # created on CPU, moved, then annotated
-        return gspmd.step(module, x.to(dev), target.to(dev) if target is not None else None)
+        return Step(gspmd.step(module, x.to(dev), target.to(dev) if target is not None else None))
 
     def read(self, view: View, module: HloModule) -> View:
         src = view.source
@@ -212,8 +212,8 @@ class MlpCase(TpCase):
             return ("all_reduce",)
         return ("all_gather", "reduce_scatter") + (("all_reduce",) if self.backward else ())  # + b2's grad sum
 
-    def program(self) -> Program:
-        return partial(mlp_step, sequence_parallel=self.sequence_parallel), self.inputs()
+    def program(self) -> list[Program]:
+        return [(partial(mlp_step, sequence_parallel=self.sequence_parallel), self.inputs())]
 
     def parity(self, source: str, got: Any, ref: dict[str, torch.Tensor]) -> Checks:
         if source == "ledger" and self.sequence_parallel:  # outputs and input gradients are sequence shards
@@ -233,13 +233,6 @@ class MlpCase(TpCase):
 
     def want_grads(self, ref: dict[str, torch.Tensor], rank: int) -> dict[str, torch.Tensor]:
         return _mlp_slices(ref, "", rank, self.p.ffn // self.p.tp)
-
-
-def gloo_run(case: MlpCase) -> dict[str, Any]:
-    """The ledger's per-rank program in ``tp`` real processes (torch.distributed, gloo): {ledger, ranks}."""
-    world = DistributedWorld(case.p.tp)
-    ranks = world.run(mlp_step, *case.inputs(), sequence_parallel=case.sequence_parallel)
-    return {"ledger": world.ledger, "ranks": ranks}
 
 
 def same_results(a: list[dict[str, Any]], b: list[dict[str, Any]], dtype: str) -> bool:
@@ -416,8 +409,8 @@ class TiedOutputCase(TpCase):
             target[0, 1] = IGNORE_INDEX
         return dense, token_ids(p), target
 
-    def program(self) -> Program:
-        return tied_lm_step, (*self.inputs(), self.label_smoothing, IGNORE_INDEX)
+    def program(self) -> list[Program]:
+        return [(tied_lm_step, (*self.inputs(), self.label_smoothing, IGNORE_INDEX))]
 
     def oracle(self) -> dict[str, torch.Tensor]:
         """The dense tied model on the CPU, in float64: per-token loss and the tied weight's gradient (and its
@@ -532,10 +525,10 @@ class CrossEntropyCase(TpCase):
         loss.sum().backward()
         return {"loss": loss.detach(), "grad": z.grad}
 
-    def program(self) -> Program | None:  # type: ignore[override]
+    def program(self) -> list[Program]:
         if self.placeholders:
-            return None
-        return ce_step, (*self.inputs(), self.method, self.label_smoothing, IGNORE_INDEX, self.backward)
+            return []
+        return [(ce_step, (*self.inputs(), self.method, self.label_smoothing, IGNORE_INDEX, self.backward))]
 
     def not_executable(self) -> str | None:
         return "placeholder logits cannot be executed (compile-only TPU programs)" if self.placeholders else None
@@ -589,7 +582,7 @@ class CrossEntropyCase(TpCase):
                                                                          "the backward is local")
         return view
 
-    def graph(self) -> list[torch.Tensor]:
+    def graph(self) -> Step:
         """The GSPMD loss (+ backward of its sum) on the current world, NOT synced: [loss, (logits grad)]."""
         p, b, s = self.p, self.p.batch, self.p.seq
         mesh = gspmd.tensor_mesh(p.tp)
@@ -606,7 +599,7 @@ class CrossEntropyCase(TpCase):
         else:
             loss = gspmd.vocab_parallel_ce(z, target, self.label_smoothing, IGNORE_INDEX)
         if not self.backward:
-            return [loss]
+            return Step([loss])
         loss.sum().backward()
         # Returned padded to [b, s, p ceil(V/p)] (even shards): measured with libtpu 0.0.21, XLA:TPU returns an
         # UNEVENLY sharded output replicated — an all-gather of the gradient that no training step would issue (the
@@ -614,7 +607,7 @@ class CrossEntropyCase(TpCase):
         pad = p.tp * ftp.shard_width(p.vocab, p.tp) - p.vocab
         grad = F.pad(leaf.grad, (0, pad)) if pad else leaf.grad
         xs.mark_sharding(grad, mesh, (None, None, gspmd.AXIS))  # the gradient stays a vocab shard, like the logits
-        return [loss, grad]
+        return Step([loss, grad])
 
     def read(self, view: View, module: HloModule) -> View:
         view = super().read(self.renamed(view, wire_counted(view, self.op, module)), module)

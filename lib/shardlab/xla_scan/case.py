@@ -55,7 +55,7 @@ import torch_xla.distributed.spmd as xs  # imported after runtime.setup() (the n
 from torch_xla.distributed.spmd.xla_sharding import XLAPatchedLinear, shard_as
 
 from shardlab import runtime
-from shardlab.core.case import Case, Checks
+from shardlab.core.case import Case, Checks, Step
 from shardlab.core.views import COMPILERS, View, collectives_view, traffic
 from shardlab.formulas import scan as FS
 from shardlab.formulas.common import dtype_bytes
@@ -198,7 +198,7 @@ class ScanCase(MeshCase):
         return traffic(view, "grad_fsdp", {red.op: red.count}, {red.op: red.operand_bytes}, "float32", GRAD_OPS)
 
     # ---------------------------------------------------------------------------------------- the program
-    def graph(self) -> list[torch.Tensor]:
+    def graph(self) -> Step:
         """The step on the current world, NOT synced: [out, x.grad, grad of each weight (w_up's, then w_down's)]."""
         model, x = X.prepare(self.p, self.layers, self.mode, self.layout)
         t0 = time.perf_counter()
@@ -206,7 +206,7 @@ class ScanCase(MeshCase):
             out = model(x)  # [b, s, h]
             M.loss_fn(out).backward()
         self.trace["s"] = time.perf_counter() - t0  # Python wall time to build the lazy forward + backward graph
-        return [out, x.grad, *[w.grad for ws in model.weights().values() for w in ws]]  # type: ignore[operator]
+        return Step([out, x.grad, *[w.grad for ws in model.weights().values() for w in ws]])  # type: ignore[operator]
 
     def oracle(self) -> dict[str, torch.Tensor]:
         """The CPU for-loop: output [b, s, h], stacked gradients [L, ...] and the input gradient."""
@@ -414,7 +414,7 @@ class TrapCase(MeshCase):
         view.add(f"{k}.out_tiles", _shape_str(tiles), "tiles")
         return view
 
-    def graph(self) -> list[torch.Tensor]:
+    def graph(self) -> Step:
         """The one product on the current world, NOT synced: [y [b, s, O]]."""
         p = self.p
         mesh = S.make_mesh(p.mesh_fsdp, p.mesh_tensor)
@@ -423,8 +423,8 @@ class TrapCase(MeshCase):
         xs.mark_sharding(x, mesh, ("fsdp", "tensor", None))
         w = torch.randn(p.ffn, p.hidden, generator=g).to(runtime.device())  # [O, h], replicated
         if self.kind == "linear":
-            return [torch.nn.functional.linear(x, w)]  # reshape [b·s, h] · [h, O] -> [b, s, O]
-        return [XLAPatchedLinear.apply(x, w, None)]  # einsum [b,s,h] · [O,h] -> [b,s,O]
+            return Step([torch.nn.functional.linear(x, w)])  # reshape [b·s, h] · [h, O] -> [b, s, O]
+        return Step([XLAPatchedLinear.apply(x, w, None)])  # einsum [b,s,h] · [O,h] -> [b,s,O]
 
     def read(self, view: View, module: HloModule) -> View:
         k, p = self.kind, self.p
@@ -474,12 +474,12 @@ class ShardAsCase(MeshCase):
             if size % n:
                 raise ValueError(f"{name}={size} is not divisible by the mesh axis size {n}")
 
-    def graph(self) -> list[torch.Tensor]:
+    def graph(self) -> Step:
         """[a, a', b'] with ``(a', b') = shard_as(a, b)``; [b] without (b alone: nothing ties it to a)."""
         ones = torch.ones(DEMO_ROWS, DEMO_COLS).to(runtime.device())
         if not self.shard_as:
-            return [ones * 2.0]
+            return Step([ones * 2.0])
         a = torch.arange(DEMO_ROWS * DEMO_COLS, dtype=torch.float32).reshape(DEMO_ROWS, DEMO_COLS)
         a = a.to(runtime.device())  # [rows, cols]
         xs.mark_sharding(a, S.make_mesh(self.p.mesh_fsdp, self.p.mesh_tensor), ("fsdp", "tensor"))
-        return [a, *shard_as(a, ones * 2.0)]
+        return Step([a, *shard_as(a, ones * 2.0)])

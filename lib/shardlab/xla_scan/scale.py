@@ -60,6 +60,7 @@ from torch_xla.experimental.scan import scan
 
 from shardlab import runtime
 from shardlab.core import harness
+from shardlab.core.case import Step
 from shardlab.core.views import View
 from shardlab.formulas import scan as FS
 from shardlab.profile.placeholders import placeholder
@@ -143,7 +144,7 @@ class SeedStepCase(MeshCase):
         out_dim, in_dim = WEIGHTS[weight]
         return getattr(self.p, out_dim), getattr(self.p, in_dim)
 
-    def graph(self) -> list[torch.Tensor]:
+    def graph(self) -> Step:
         """Trace one step of the seed stack on this process's device world; returns ``[loss, *outputs]``.
 
         Outputs are the weight gradients (``update="none"``; stacked ``[L, out, in]`` each, or L per-layer
@@ -178,8 +179,8 @@ class SeedStepCase(MeshCase):
             loss.backward()
         flat = [leaf for name in self.weights for leaf in leaves[name]]
         if self.update == "sgd":
-            return [loss, *[leaf - SGD_LR * leaf.grad for leaf in flat]]
-        return [loss, *[leaf.grad for leaf in flat]]
+            return Step([loss, *[leaf - SGD_LR * leaf.grad for leaf in flat]])
+        return Step([loss, *[leaf.grad for leaf in flat]])
 
 
 def _block(mesh: xs.Mesh, act: tuple[str | None, ...]
