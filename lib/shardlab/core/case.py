@@ -7,8 +7,8 @@ is a small frozen dataclass that holds that object as ``p`` plus the variant it 
 backward, a splitting rule, a schedule), and supplies only what its topic knows::
 
     formula()             the paper's algebra                              -> View("formula")
-    program()             the per-rank function and its arguments          -> [(fn, args)]: one per group of
-                          (run on `ranks` ranks by the harness; [] = no ledger view)     `ranks` ranks
+    program()             the per-rank function and its arguments          -> [(fn, args)], one per group
+                          (the harness runs each on `ranks` simulated ranks, or gloo processes; [] = no ledger)
     oracle()              the dense, unsharded result
     parity(src, got, ref) checks of a per-rank or compiled result against the oracle
     graph()               the sharded torch_xla graph, not synced          -> Step(outputs[, donations])
