@@ -67,6 +67,7 @@ class InspectResult:
     collective_list: list[dict[str, Any]] = field(default_factory=list)  # every logical collective
     nearest: dict[str, Any] | None = None  # the planner's nearest plan that fits
     confirmed: dict[str, Any] | None = None  # that plan inspected (InspectResult.as_dict), with confirm=True
+    optimizer: dict[str, Any] = field(default_factory=dict)  # analysis.optimizer_summary: name, dtype, by_state
 
     @property
     def exit_status(self) -> int:
@@ -239,7 +240,7 @@ def run(cfg: InspectConfig, progress: Progress | None = None, confirm: bool = Fa
         A.largest(compiled), A.collective_summary(coll, plan, cfg, compiled.module is not None), planner,
         {"model": real, "planner": plan.num_params if plan else None,
          "ratio": real / plan.num_params if plan else None}, origins, notes,
-        compiled.oom.message if compiled.oom else "", coll)
+        compiled.oom.message if compiled.oom else "", coll, optimizer=A.optimizer_summary(compiled, cfg))
     if not compiled.fits:
         say("searching the planner for the nearest plan that fits")
         near = A.nearest_fit(cfg)
@@ -255,14 +256,16 @@ def run(cfg: InspectConfig, progress: Progress | None = None, confirm: bool = Fa
 
 
 def inspect(model_or_config: ModelSpec, *, mesh: MeshSpec = "fsdp=8", topology: str = "v6e-8", batch: int = 8,
-            seq: int = 2048, optimizer: str = "adamw", recompute: str = "full", rules: RulesSpec = None,
+            seq: int = 2048, optimizer: str = "adamw", optimizer_dtype: str = "fp32", recompute: str = "full",
+            rules: RulesSpec = None,
             layers: str = "scan", fsdp: str | Sequence[str] | None = "auto", tensor: str | None = "auto",
             strict: bool = False,
             num_layers: int | None = None, overrides: dict[str, Any] | None = None, confirm: bool = False,
             progress: Progress | None = None, **kw: Any) -> InspectResult:
     """Will this HF model's training step fit on ``topology``, and what does it send? (see the package note)"""
     cfg = make_config(model_or_config, mesh=mesh, topology=topology, fsdp=fsdp, tensor=tensor, rules=rules,
-                      batch=batch, seq=seq, optimizer=optimizer, recompute=recompute, layers=layers, strict=strict,
+                      batch=batch, seq=seq, optimizer=optimizer, optimizer_dtype=optimizer_dtype, recompute=recompute,
+                      layers=layers, strict=strict,
                       num_layers=num_layers, overrides=overrides or {}, **kw)
     return run(cfg, progress, confirm)
 

@@ -26,8 +26,10 @@ count) traces, without allocating or executing anything:
     activations forward hooks annotate each decoder layer's output and the embedding output as split over the
                 batch axes; with tensor parallelism, column-parallel and vocabulary outputs on the tensor axis
                 (``mark_sharding_with_gradients``)
-    optimizer   AdamW as ``planner.verdict`` traces it: fp32 master, exp_avg, exp_avg_sq placeholders sharded like
-                the weight, elementwise update, every new value donated into its old buffer (``tpu.Step``)
+    optimizer   ``optimizer.update``: the state ``formulas.optimizers.state_tensors`` lists for the run's optimizer
+                and precision (AdamW fp32: master, exp_avg, exp_avg_sq, as ``planner.verdict`` traces it) as
+                placeholders sharded like the weight, torch.optim's update, every new value donated into its old
+                buffer (``tpu.Step``)
 
 HF's decoder loop (``for layer in self.layers[:n]``, GPT-2's ``for i, block in enumerate(self.h)``) is kept: the
 layer list is replaced by a :class:`LayerStack` whose slice / iteration yields one runner that scans all layers
@@ -35,8 +37,9 @@ layer list is replaced by a :class:`LayerStack` whose slice / iteration yields o
 ``cos, sin``, the mask) travel in the scan's carry unchanged (torchprime's "broadcasted inputs"); other values
 are bound as constants.
 
-Output order (``outputs()``): ``[loss] + [new weight, master, exp_avg, exp_avg_sq]`` per trained tensor in
-``Layout.trained`` order — the analysis reads the kinds from it.
+Output order: ``[loss] + [new weight, *new state]`` per trained tensor in ``Layout.trained`` order (the state in
+``state_tensors`` order: AdamW fp32 ``master, exp_avg, exp_avg_sq``) — the analysis reads the kinds from it
+(:func:`output_kinds`).
 """
 
 from __future__ import annotations
@@ -56,16 +59,16 @@ from torch_xla.experimental.scan_layers import scan_layers
 from torch_xla.utils.checkpoint import checkpoint
 
 from shardlab import runtime
+from shardlab.formulas.optimizers import state_tensors
 from shardlab.inspect import models as M
 from shardlab.inspect import sharding as S
 from shardlab.inspect.attention import register_flash
 from shardlab.inspect.config import InspectConfig, layout
+from shardlab.inspect.optimizer import update
 from shardlab.memory.pallas_tpu import pallas_for_tpu_compile
-from shardlab.planner.verdict import adamw_step, full_recompute_partition
+from shardlab.planner.verdict import full_recompute_partition
 from shardlab.profile import tpu as T
 from shardlab.profile.placeholders import placeholder
-
-KINDS = ("param", "master", "exp_avg", "exp_avg_sq")  # per trained tensor, in output order after the loss
 
 
 def selective_partition(joint_module: Any, _joint_inputs: Any, *, num_fwd_outputs: int,
@@ -87,9 +90,11 @@ def selective_partition(joint_module: Any, _joint_inputs: Any, *, num_fwd_output
 
 
 def output_kinds(cfg: InspectConfig) -> list[tuple[str, str]]:
-    """``(trained tensor name, kind)`` of every output after the loss, in order."""
+    """``(trained tensor name, kind)`` of every output after the loss, in order: ``param`` then the optimizer's
+    state tensors (``master``, ``exp_avg``, ``row_var``, ...)."""
     lay = layout(cfg)
-    return [(name, k) for name, _, _ in lay.trained(cfg.layers == "scan") for k in KINDS]
+    return [(name, k) for name, shape, _ in lay.trained(cfg.layers == "scan")
+            for k in ("param", *(t.name for t in state_tensors(cfg.optimizer, cfg.optimizer_dtype, shape)))]
 
 
 class Runner:
@@ -380,9 +385,10 @@ def build(cfg: InspectConfig) -> Any:
 
     outs: list[torch.Tensor] = [loss]
     donate: dict[int, torch.Tensor] = {}
-    for name, _shape, spec in lay.trained(stacked_mode):  # 07's AdamW step, the same ops and donations
-        adamw_step(outs, donate, raws[name], leaves[name].grad, spec, mesh)
-        if all(a is None for a in spec):  # a whole tensor's updates stay whole (else propagation may split one,
-            for t in outs[-4:]:  # and a donated input cannot alias an output of another size: gpt-oss's biases)
-                xs.mark_sharding(t, mesh, spec)
+    for name, _shape, spec in lay.trained(stacked_mode):  # the optimizer's step: new values donated into the old
+        for _kind, old, new in update(cfg.optimizer, cfg.optimizer_dtype, raws[name], leaves[name].grad, spec, mesh):
+            if all(a is None for a in spec):  # a whole tensor's updates stay whole (else propagation may split one,
+                xs.mark_sharding(new, mesh, (None,) * new.dim())  # and a donated input cannot alias an output of
+            donate[len(outs)] = old  # another size: gpt-oss's biases)
+            outs.append(new)
     return T.Step(outs, donate)
