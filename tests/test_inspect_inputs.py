@@ -60,6 +60,8 @@ BAD = [  # (what, config keywords, message pattern)
     ("an unknown attention kernel", dict(attention="xformers"), r"attention='xformers' must be one of"),
     ("flash with a sequence its blocks do not tile", dict(attention="flash", seq=384),
      r"attention='flash': seq=384 is not tiled by the kernel's blocks"),
+    ("host offload in HF's loop", dict(recompute="offload", layers="loop"),
+     r"recompute='offload' moves the layer inputs .* use layers='scan'"),
     ("an unknown optimizer", dict(optimizer="lion"), r"optimizer='lion' must be one of \('adamw', 'adafactor'"),
     ("an optimizer spelt as its class", dict(optimizer="AdamW"), r"optimizer='AdamW' must be one of"),
     ("an optimizer dtype other than fp32 / bf16", dict(optimizer_dtype="fp16"),
@@ -239,5 +241,5 @@ def test_help_names_exit_codes_kernel_dtypes_and_what_is_measured(capfd) -> None
     text = capfd.readouterr().out
     for words in ("0  the step fits", "1  it does not fit", "2  bad input", "3  inspect itself failed",
                   "eager", "bf16", "fp32", "int64", "measured =", "derived  =", "--optimizer-dtype bf16: no master",
-                  "adafactor", "sgd-momentum", "row_var + col_var"):
+                  "adafactor", "sgd-momentum", "row_var + col_var", "--recompute offload", "S(5)"):
         assert words in text, words

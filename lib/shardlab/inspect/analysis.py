@@ -325,13 +325,58 @@ def largest(compiled: tpu.TpuCompile, n: int = 8) -> list[dict[str, Any]]:
     return out
 
 
+# ------------------------------------------------------------------------------------------------- host memory
+
+HOST_SPACE = "S(5)"  # XLA:TPU's host memory space in a layout (``{...:T(8,128)(2,1)S(5)}``)
+
+
+def host_offload(compiled: tpu.TpuCompile) -> dict[str, Any] | None:
+    """What the compiled program keeps in host memory and moves across, read from its own instructions: the arrays
+    in memory space ``S(5)`` (shape and per-chip bytes), the asynchronous transfers (``dynamic-update-slice-start``
+    into a host buffer: device -> host; ``dynamic-slice-start`` out of one: host -> device; ``copy-start``), each
+    with its runs per step (a transfer in a scanned layer body runs L times) and bytes per step, and the compiler's
+    host temporaries (``host_temp_size_in_bytes``). None when nothing is in host memory (or no program)."""
+    if compiled.hlo_text is None or compiled.module is None or HOST_SPACE not in compiled.hlo_text:
+        return None
+    m = compiled.module
+    arrays = sorted(set(re.findall(r"(\w+\[[\d,]*\])\{[^}]*" + re.escape(HOST_SPACE) + r"\}", compiled.hlo_text)))
+    transfers: dict[str, dict[str, int]] = {}
+    for line in compiled.hlo_text.splitlines():
+        if HOST_SPACE not in line:
+            continue
+        name = re.match(r"\s*(?:ROOT\s+)?%?([^\s=]+)\s*=", line)
+        ins = m.instructions.get(name.group(1)) if name else None
+        if ins is None or ins.opcode not in ("dynamic-update-slice-start", "dynamic-slice-start", "copy-start"):
+            continue
+        runs = m.runs(ins.computation) or 1
+        if ins.opcode == "dynamic-update-slice-start":  # the update (operand 1) goes into the host buffer
+            moved = m.instructions[ins.operands[1]].nbytes if len(ins.operands) > 1 and \
+                ins.operands[1] in m.instructions else 0
+            way = "device -> host"
+        elif ins.opcode == "dynamic-slice-start":  # the slice (the start's second-to-last tuple element)
+            moved = ins.shape[-2].nbytes if len(ins.shape) >= 2 else 0
+            way = "host -> device"
+        else:
+            moved = ins.shape[-2].nbytes if len(ins.shape) >= 2 else 0
+            way = "copy (host memory space)"
+        t = transfers.setdefault(f"{ins.opcode} ({way})", {"instructions": 0, "per_step": 0, "bytes_per_step": 0})
+        t["instructions"] += 1
+        t["per_step"] += runs
+        t["bytes_per_step"] += moved * runs
+    host = [(a, parse_shape(a)[0].nbytes) for a in arrays]
+    return {"arrays": [{"shape": a, "bytes": b} for a, b in host], "transfers": transfers,
+            "host_temp": compiled.memory.host_temp if compiled.memory is not None else None,
+            "space": HOST_SPACE}
+
+
 # ------------------------------------------------------------------------------------------------------ planner
 
 def plan_config(cfg: InspectConfig, **changes: Any) -> Any:
     """The planner's configuration of this run (flash attention as traced: only ``attention='flash'``)."""
     d, f, t = cfg.degrees
     model, _ = planner_model(cfg.hf_config(), cfg.model_name)
-    kw = {"data": d, "fsdp": f, "tensor": t, "recompute": cfg.recompute, "global_batch": cfg.batch, "seq": cfg.seq,
+    kw = {"data": d, "fsdp": f, "tensor": t, "recompute": "full" if cfg.recompute == "offload" else cfg.recompute,
+          "offload": cfg.recompute == "offload", "global_batch": cfg.batch, "seq": cfg.seq,
           "flash_attention": cfg.attention == "flash", "fit_margin": cfg.fit_margin, "optimizer_k": optimizer_k(cfg),
           **changes}
     return P.PlanConfig(model, kw.pop("topology", cfg.topology), **kw)

@@ -68,6 +68,7 @@ class InspectResult:
     nearest: dict[str, Any] | None = None  # the planner's nearest plan that fits
     confirmed: dict[str, Any] | None = None  # that plan inspected (InspectResult.as_dict), with confirm=True
     optimizer: dict[str, Any] = field(default_factory=dict)  # analysis.optimizer_summary: name, dtype, by_state
+    host: dict[str, Any] | None = None  # analysis.host_offload: host-memory arrays and transfers (offload)
 
     @property
     def exit_status(self) -> int:
@@ -120,6 +121,12 @@ class _Compiled:
     oom: Any
     memory: Any = None
     module: Any = None
+
+
+def human_bytes(x: float | None) -> str:
+    from shardlab.inspect.output import human
+
+    return human(x)
 
 
 def planner_summary(plan: Plan | None, fits: bool, cfg: InspectConfig) -> dict[str, Any] | None:
@@ -240,7 +247,19 @@ def run(cfg: InspectConfig, progress: Progress | None = None, confirm: bool = Fa
         A.largest(compiled), A.collective_summary(coll, plan, cfg, compiled.module is not None), planner,
         {"model": real, "planner": plan.num_params if plan else None,
          "ratio": real / plan.num_params if plan else None}, origins, notes,
-        compiled.oom.message if compiled.oom else "", coll, optimizer=A.optimizer_summary(compiled, cfg))
+        compiled.oom.message if compiled.oom else "", coll, optimizer=A.optimizer_summary(compiled, cfg),
+        host=A.host_offload(compiled))
+    if cfg.recompute == "offload":
+        h = result.host
+        result.notes.append(
+            "recompute offload: full recompute with each layer's hidden-state input kept in host memory (torch_xla's "
+            "place_to_host / place_to_device around the scan's saved input); " + (
+                f"the program holds {', '.join(a['shape'] for a in h['arrays'])} in host memory space "
+                f"{h['space']} ({human_bytes(h['host_temp'])} host temporaries per chip, measured) and moves it by "
+                + "; ".join(f"{v['per_step']} x {k}" for k, v in h['transfers'].items()) + " per step; the planner "
+                "counts no layer inputs in HBM" if h else
+                "out of memory: no program to read the host placement from" if not compiled.fits else
+                "the compiled program holds nothing in host memory (the compiler dropped the placement)"))
     if not compiled.fits:
         say("searching the planner for the nearest plan that fits")
         near = A.nearest_fit(cfg)

@@ -61,6 +61,15 @@ what is traced:
   exist in the program (the planner's no-flash prediction is compared); flash is torch_xla's Pallas
   FlashAttention kernel compiled compile-only (no [s, s] array; the planner's flash prediction is compared).
 
+host offload (--recompute offload, layers scan / scan_layers):
+  torch_xla's place_to_host / place_to_device around the hidden-state input each scanned layer keeps for its
+  backward. Compiled compile-only, XLA:TPU keeps the scan's stacked [L, b, s, h] residual in host memory
+  (memory space S(5)), written by L async dynamic-update-slices (device -> host) in the forward loop and read
+  by L async dynamic-slices (host -> device) in the backward loop; the HBM temporaries drop by at least its
+  size. Printed (measured): the host arrays, the compiler's host temporaries, the transfers per step.
+  The rotary tables and weight slices the layer also keeps stay in HBM (offloading the rotary tables too
+  fails XLA:TPU's verifier with libtpu 0.0.21). HF's loop (--layers loop) cannot offload: exit 2.
+
 measured vs derived (labelled in every output):
   measured = read from the compiled XLA:TPU program: fits, total, arguments, temporaries, parameters and
   optimizer state (the entry parameters the donation names; the state also per tensor: master, exp_avg, ...),
@@ -93,7 +102,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                     "rules")
     ip.add_argument("--batch", type=int, default=8, help="global batch (sequences per step)")
     ip.add_argument("--seq", type=int, default=2048, help="tokens per sequence")
-    ip.add_argument("--recompute", default="full", choices=RECOMPUTE)
+    ip.add_argument("--recompute", default="full", choices=RECOMPUTE,
+                    help="full: each layer recomputed in the backward (its input kept); selective: the projections' "
+                         "outputs kept (scans); none; offload: full, with each layer's hidden-state input kept in "
+                         "host memory (scans; see below)")
     ip.add_argument("--attention", default="eager", choices=ATTENTION,
                     help="eager / sdpa: HF's implementations (the [b, heads, s, s] scores exist); flash: torch_xla's "
                          "Pallas FlashAttention kernel, traced for the TPU compile-only (causal; refused for sliding "

@@ -80,6 +80,20 @@ def optimizer_line(r: InspectResult) -> str:
             f"({o['source']}): {parts}; planner: {o['planner_bytes_per_param']:.4g} bytes per parameter")
 
 
+def host_lines(r: InspectResult) -> list[str]:
+    """The program's host memory (``recompute='offload'``): arrays in the host memory space and the transfers,
+    measured (read from the compiled program's instructions and memory statistics)."""
+    h = r.host
+    if not h:
+        return []
+    out = [f"host memory (measured: the program's arrays in memory space {h['space']}; not in the HBM total): "
+           f"{human(h['host_temp'])} host temporaries per chip"]
+    out += [f"  {human(a['bytes']):>10}  {a['shape']}" for a in h["arrays"]]
+    out += [f"  {v['per_step']} x {k} per step ({v['instructions']} instructions), {human(v['bytes_per_step'])} "
+            "per step" for k, v in h["transfers"].items()]
+    return out
+
+
 def verdict_line(r: InspectResult) -> str:
     if r.fits:
         t = r.totals
@@ -129,6 +143,7 @@ def text(r: InspectResult) -> str:
                  "the program's temporaries minus it")
     if r.optimizer:
         parts.append(optimizer_line(r))
+    parts += host_lines(r)
     p = r.params
     parts.append(f"parameters: {p['model']:,} in the model, {p['planner'] or 0:,} by the planner's sizes "
                  f"(ratio {ratio(p['ratio'])}); rules: " + ", ".join(f"{k} {v}" for k, v in sorted(r.rules.items())))
@@ -218,6 +233,7 @@ def _body(r: InspectResult, chart: str) -> list[str]:
             "arithmetic (the gradients: bf16, sharded like their weights) or the program's temporaries minus it "
             "(activations + other temporaries)</p>",
             f"<p class='muted'>{esc(optimizer_line(r))}</p>" if r.optimizer else "",
+            "<pre>" + esc("\n".join(host_lines(r))) + "</pre>" if r.host else "",
             f"<p class='muted'>parameters: {r.params['model']:,} in the model, {r.params['planner'] or 0:,} by the "
             f"planner's sizes; rules: {esc(', '.join(f'{k} {v}' for k, v in sorted(r.rules.items())))}</p>",
             "<h2>Largest buffers</h2>",
