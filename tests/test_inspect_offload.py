@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from shardlab.inspect import output
 from shardlab.inspect.api import run
 from shardlab.inspect.config import make_config
 
@@ -49,3 +50,7 @@ def test_offload_moves_the_layer_inputs_to_host_and_the_peak_drops(layers: str, 
     # the planner prices the same: its kept layer inputs leave HBM
     assert full.planner["memory"]["activations"] - off.planner["memory"]["activations"] == offloaded
     assert any("recompute offload" in n and "S(5)" in n for n in off.notes)
+    # terminal and HTML say what is in host memory and that it was read from the program
+    for text in (output.text(off), output.html_fragment(off)):
+        assert f"bf16[{L},{B // CHIPS},{S},{H}]" in text and "host memory (measured" in text
+    assert "host memory" not in output.text(full)
