@@ -249,6 +249,10 @@ def run(cfg: InspectConfig, progress: Progress | None = None, confirm: bool = Fa
          "ratio": real / plan.num_params if plan else None}, origins, notes,
         compiled.oom.message if compiled.oom else "", coll, optimizer=A.optimizer_summary(compiled, cfg),
         host=A.host_offload(compiled))
+    if cfg.optimizer == "adafactor":
+        result.notes.append("optimizer: Adafactor's factors are reduced over one dimension of the weight, so a factor "
+                            "is split only along the weight's other dimension (FSDP splits dim 0: each chip holds "
+                            "the whole column factor); the planner divides every byte of state by the FSDP degree")
     if cfg.recompute == "offload":
         h = result.host
         result.notes.append(
