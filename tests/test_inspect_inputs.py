@@ -60,6 +60,12 @@ BAD = [  # (what, config keywords, message pattern)
     ("an unknown attention kernel", dict(attention="xformers"), r"attention='xformers' must be one of"),
     ("flash with a sequence its blocks do not tile", dict(attention="flash", seq=384),
      r"attention='flash': seq=384 is not tiled by the kernel's blocks"),
+    ("host offload in HF's loop", dict(recompute="offload", layers="loop"),
+     r"recompute='offload' moves the layer inputs .* use layers='scan'"),
+    ("an unknown optimizer", dict(optimizer="lion"), r"optimizer='lion' must be one of \('adamw', 'adafactor'"),
+    ("an optimizer spelt as its class", dict(optimizer="AdamW"), r"optimizer='AdamW' must be one of"),
+    ("an optimizer dtype other than fp32 / bf16", dict(optimizer_dtype="fp16"),
+     r"optimizer_dtype='fp16' must be one of \('fp32', 'bf16'\)"),
 ]
 
 
@@ -195,6 +201,16 @@ def test_cli_rejects_an_unknown_optimizer_and_names_the_choices(capfd) -> None: 
     assert exc.value.code == 2 and "invalid choice: 'lion'" in capfd.readouterr().err
 
 
+@pytest.mark.parametrize("argv,words", [(["--optimizer-dtype", "fp16"], "invalid choice: 'fp16'"),
+                                        (["--optimizer", "adam"], "invalid choice: 'adam'")])
+def test_cli_rejects_an_unknown_optimizer_dtype(argv: list[str], words: str, capfd) -> None:  # type: ignore
+    from shardlab.__main__ import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["inspect", "gpt2", *argv])
+    assert exc.value.code == 2 and words in capfd.readouterr().err
+
+
 def test_cli_internal_error_exits_3_with_the_traceback_in_a_file(capfd, monkeypatch) -> None:  # type: ignore
     """A failure of inspect itself (here: validation raising something that is not bad input) is exit 3, one line
     on the terminal and the whole traceback in a file whose path is printed."""
@@ -224,5 +240,6 @@ def test_help_names_exit_codes_kernel_dtypes_and_what_is_measured(capfd) -> None
         main(["inspect", "--help"])
     text = capfd.readouterr().out
     for words in ("0  the step fits", "1  it does not fit", "2  bad input", "3  inspect itself failed",
-                  "eager", "bf16", "fp32", "int64", "measured =", "derived  ="):
+                  "eager", "bf16", "fp32", "int64", "measured =", "derived  =", "--optimizer-dtype bf16: no master",
+                  "adafactor", "sgd-momentum", "row_var + col_var", "--recompute offload", "S(5)"):
         assert words in text, words

@@ -5,10 +5,11 @@ Design note
 Pure functions of a :class:`shardlab.profile.tpu.TpuCompile` (or its out-of-memory message), the run's
 :class:`~shardlab.inspect.config.InspectConfig` and the planner's :class:`~shardlab.planner.Plan`:
 
-memory      the entry arguments are classified exactly: the step's outputs are ``[loss] + [weight, master,
-            exp_avg, exp_avg_sq]`` per trained tensor and each is donated into its input, so the compiler's
-            ``input_output_alias`` (``TpuCompile.options["donated"]``) names the kind of every donated entry
-            parameter; its per-chip bytes come from the program's ``entry_computation_layout``. The rest are the
+memory      the entry arguments are classified exactly: the step's outputs are ``[loss] + [weight, *state]`` per
+            trained tensor (the optimizer's state tensors: ``step.output_kinds``) and each is donated into its
+            input, so the compiler's ``input_output_alias`` (``TpuCompile.options["donated"]``) names the kind of
+            every donated entry parameter; its per-chip bytes come from the program's ``entry_computation_layout``
+            (the optimizer state also per state tensor: ``master``, ``exp_avg``, ``row_var``, ...). The rest are the
             inputs (tokens, labels, buffers). The compiler reports its temporaries as one number (the HBM the
             capacity check counts, ``TpuMemory.checked_temp``): the gradients' share is **derived** from the plan's
             layout (bf16, sharded like their weights: what donation turns into temporaries), the rest is
@@ -39,6 +40,7 @@ import numpy as np
 
 from shardlab import planner as P
 from shardlab.formulas import hardware
+from shardlab.formulas.optimizers import bytes_per_param, describe, state_tensors
 from shardlab.inspect import sharding as S
 from shardlab.inspect.config import InspectConfig, layout
 from shardlab.inspect.models import planner_model
@@ -48,7 +50,7 @@ from shardlab.profile.hlo import HloModule
 from shardlab.profile.hlo_text import parse_shape
 
 GIB = 1024**3
-PARAM_BYTES, STATE_BYTES = 2, 4  # bf16 weights (and gradients), fp32 AdamW state
+PARAM_BYTES = 2  # bf16 weights (and gradients)
 
 
 # ------------------------------------------------------------------------------------------------- mesh axes
@@ -172,13 +174,40 @@ def layout_bytes(cfg: InspectConfig) -> dict[str, int]:
         n = math.prod(S.local_shape(shape, spec, cfg.mesh_dict))
         out["params"] += n * PARAM_BYTES
         out["grads"] += n * PARAM_BYTES
-        out["optimizer"] += 3 * n * STATE_BYTES
+    out["optimizer"] = sum(layout_state_bytes(cfg).values())
     out["inputs"] = 2 * (cfg.batch // cfg.batch_degree) * cfg.seq * 8  # tokens, labels: int64 [B/batch, S]
     return out
 
 
+def layout_state_bytes(cfg: InspectConfig) -> dict[str, int]:
+    """Per-chip optimizer-state bytes per state tensor kind (``master``, ``exp_avg``, ``row_var``, ...) from the
+    layout: each state tensor sharded like its weight, an Adafactor factor's reduced dimension unsplit."""
+    out: dict[str, int] = {}
+    for _, shape, spec in layout(cfg).trained(cfg.layers == "scan"):
+        for t in state_tensors(cfg.optimizer, cfg.optimizer_dtype, shape):
+            local = S.local_shape(t.shape, tuple(None if i == t.reduced else a for i, a in enumerate(spec)),
+                                  cfg.mesh_dict)
+            out[t.name] = out.get(t.name, 0) + math.prod(local) * (4 if t.dtype == "fp32" else 2)
+    return out
+
+
+def optimizer_summary(compiled: tpu.TpuCompile, cfg: InspectConfig) -> dict[str, Any]:
+    """Which optimizer and precision was traced, its state per tensor kind (measured: the donated entry
+    parameters of the program; out of memory: the layout's arithmetic, derived) and the planner's bytes/parameter."""
+    measured = bool(compiled.fits and compiled.memory is not None)
+    if measured:
+        by = {k.split(".", 1)[1]: v for k, v in argument_kinds(compiled, cfg).items() if k.startswith("optimizer.")}
+    else:
+        by = layout_state_bytes(cfg)
+    return {"optimizer": cfg.optimizer, "dtype": cfg.optimizer_dtype,
+            "what": describe(cfg.optimizer, cfg.optimizer_dtype), "by_state": by, "measured": measured,
+            "source": "compiler (donated entry parameters)" if measured else "layout (derived: out of memory)",
+            "planner_bytes_per_param": optimizer_k(cfg)}
+
+
 def argument_kinds(compiled: tpu.TpuCompile, cfg: InspectConfig) -> dict[str, int]:
-    """Per-chip argument bytes by kind, read from the compiled program (donation names each parameter)."""
+    """Per-chip argument bytes by kind, read from the compiled program (donation names each parameter):
+    ``params``, ``optimizer``, ``inputs``, and ``optimizer.<state tensor>`` (``optimizer.master``, ...)."""
     params = entry_parameters(compiled.hlo_text)
     kinds = output_kinds(cfg)
     out = {"params": 0, "optimizer": 0, "inputs": 0}
@@ -187,9 +216,18 @@ def argument_kinds(compiled: tpu.TpuCompile, cfg: InspectConfig) -> dict[str, in
         if k in donated:
             kind = kinds[donated[k] - 1][1]
             out["params" if kind == "param" else "optimizer"] += arr.nbytes
+            if kind != "param":
+                out[f"optimizer.{kind}"] = out.get(f"optimizer.{kind}", 0) + arr.nbytes
         else:
             out["inputs"] += arr.nbytes
     return out
+
+
+def optimizer_k(cfg: InspectConfig) -> float:
+    """The planner's optimizer bytes per parameter for this run (``formulas.optimizers``; Adafactor's factored
+    average over the model's weight shapes, unsharded)."""
+    shapes = [shape for _, shape, _ in layout(cfg).trained(cfg.layers == "scan")]
+    return bytes_per_param(cfg.optimizer, cfg.optimizer_dtype, shapes)
 
 
 def memory_rows(compiled: tpu.TpuCompile, cfg: InspectConfig,
@@ -228,6 +266,9 @@ def memory_rows(compiled: tpu.TpuCompile, cfg: InspectConfig,
     rows = [{"kind": kind, "compiler": value, "source": source, "measured": measured(kind, compiled.fits),
              **planner_cell(kind, value, plan)}
             for (kind, _), (value, source) in zip(PLANNER_TERMS, values, strict=True)]
+    for r in rows:  # which optimizer and precision the state row holds
+        if r["kind"] == "optimizer state":
+            r["what"] = describe(cfg.optimizer, cfg.optimizer_dtype)
     return rows, totals
 
 
@@ -284,14 +325,60 @@ def largest(compiled: tpu.TpuCompile, n: int = 8) -> list[dict[str, Any]]:
     return out
 
 
+# ------------------------------------------------------------------------------------------------- host memory
+
+HOST_SPACE = "S(5)"  # XLA:TPU's host memory space in a layout (``{...:T(8,128)(2,1)S(5)}``)
+
+
+def host_offload(compiled: tpu.TpuCompile) -> dict[str, Any] | None:
+    """What the compiled program keeps in host memory and moves across, read from its own instructions: the arrays
+    in memory space ``S(5)`` (shape and per-chip bytes), the asynchronous transfers (``dynamic-update-slice-start``
+    into a host buffer: device -> host; ``dynamic-slice-start`` out of one: host -> device; ``copy-start``), each
+    with its runs per step (a transfer in a scanned layer body runs L times) and bytes per step, and the compiler's
+    host temporaries (``host_temp_size_in_bytes``). None when nothing is in host memory (or no program)."""
+    if compiled.hlo_text is None or compiled.module is None or HOST_SPACE not in compiled.hlo_text:
+        return None
+    m = compiled.module
+    arrays = sorted(set(re.findall(r"(\w+\[[\d,]*\])\{[^}]*" + re.escape(HOST_SPACE) + r"\}", compiled.hlo_text)))
+    transfers: dict[str, dict[str, int]] = {}
+    for line in compiled.hlo_text.splitlines():
+        if HOST_SPACE not in line:
+            continue
+        name = re.match(r"\s*(?:ROOT\s+)?%?([^\s=]+)\s*=", line)
+        ins = m.instructions.get(name.group(1)) if name else None
+        if ins is None or ins.opcode not in ("dynamic-update-slice-start", "dynamic-slice-start", "copy-start"):
+            continue
+        runs = m.runs(ins.computation) or 1
+        if ins.opcode == "dynamic-update-slice-start":  # the update (operand 1) goes into the host buffer
+            moved = m.instructions[ins.operands[1]].nbytes if len(ins.operands) > 1 and \
+                ins.operands[1] in m.instructions else 0
+            way = "device -> host"
+        elif ins.opcode == "dynamic-slice-start":  # the slice (the start's second-to-last tuple element)
+            moved = ins.shape[-2].nbytes if len(ins.shape) >= 2 else 0
+            way = "host -> device"
+        else:
+            moved = ins.shape[-2].nbytes if len(ins.shape) >= 2 else 0
+            way = "copy (host memory space)"
+        t = transfers.setdefault(f"{ins.opcode} ({way})", {"instructions": 0, "per_step": 0, "bytes_per_step": 0})
+        t["instructions"] += 1
+        t["per_step"] += runs
+        t["bytes_per_step"] += moved * runs
+    host = [(a, parse_shape(a)[0].nbytes) for a in arrays]
+    return {"arrays": [{"shape": a, "bytes": b} for a, b in host], "transfers": transfers,
+            "host_temp": compiled.memory.host_temp if compiled.memory is not None else None,
+            "space": HOST_SPACE}
+
+
 # ------------------------------------------------------------------------------------------------------ planner
 
 def plan_config(cfg: InspectConfig, **changes: Any) -> Any:
     """The planner's configuration of this run (flash attention as traced: only ``attention='flash'``)."""
     d, f, t = cfg.degrees
     model, _ = planner_model(cfg.hf_config(), cfg.model_name)
-    kw = {"data": d, "fsdp": f, "tensor": t, "recompute": cfg.recompute, "global_batch": cfg.batch, "seq": cfg.seq,
-          "flash_attention": cfg.attention == "flash", "fit_margin": cfg.fit_margin, **changes}
+    kw = {"data": d, "fsdp": f, "tensor": t, "recompute": "full" if cfg.recompute == "offload" else cfg.recompute,
+          "offload": cfg.recompute == "offload", "global_batch": cfg.batch, "seq": cfg.seq,
+          "flash_attention": cfg.attention == "flash", "fit_margin": cfg.fit_margin, "optimizer_k": optimizer_k(cfg),
+          **changes}
     return P.PlanConfig(model, kw.pop("topology", cfg.topology), **kw)
 
 

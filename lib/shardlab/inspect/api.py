@@ -67,6 +67,8 @@ class InspectResult:
     collective_list: list[dict[str, Any]] = field(default_factory=list)  # every logical collective
     nearest: dict[str, Any] | None = None  # the planner's nearest plan that fits
     confirmed: dict[str, Any] | None = None  # that plan inspected (InspectResult.as_dict), with confirm=True
+    optimizer: dict[str, Any] = field(default_factory=dict)  # analysis.optimizer_summary: name, dtype, by_state
+    host: dict[str, Any] | None = None  # analysis.host_offload: host-memory arrays and transfers (offload)
 
     @property
     def exit_status(self) -> int:
@@ -119,6 +121,12 @@ class _Compiled:
     oom: Any
     memory: Any = None
     module: Any = None
+
+
+def human_bytes(x: float | None) -> str:
+    from shardlab.inspect.output import human
+
+    return human(x)
 
 
 def planner_summary(plan: Plan | None, fits: bool, cfg: InspectConfig) -> dict[str, Any] | None:
@@ -239,7 +247,23 @@ def run(cfg: InspectConfig, progress: Progress | None = None, confirm: bool = Fa
         A.largest(compiled), A.collective_summary(coll, plan, cfg, compiled.module is not None), planner,
         {"model": real, "planner": plan.num_params if plan else None,
          "ratio": real / plan.num_params if plan else None}, origins, notes,
-        compiled.oom.message if compiled.oom else "", coll)
+        compiled.oom.message if compiled.oom else "", coll, optimizer=A.optimizer_summary(compiled, cfg),
+        host=A.host_offload(compiled))
+    if cfg.optimizer == "adafactor":
+        result.notes.append("optimizer: Adafactor's factors are reduced over one dimension of the weight, so a factor "
+                            "is split only along the weight's other dimension (FSDP splits dim 0: each chip holds "
+                            "the whole column factor); the planner divides every byte of state by the FSDP degree")
+    if cfg.recompute == "offload":
+        h = result.host
+        result.notes.append(
+            "recompute offload: full recompute with each layer's hidden-state input kept in host memory (torch_xla's "
+            "place_to_host / place_to_device around the scan's saved input); " + (
+                f"the program holds {', '.join(a['shape'] for a in h['arrays'])} in host memory space "
+                f"{h['space']} ({human_bytes(h['host_temp'])} host temporaries per chip, measured) and moves it by "
+                + "; ".join(f"{v['per_step']} x {k}" for k, v in h['transfers'].items()) + " per step; the planner "
+                "counts no layer inputs in HBM" if h else
+                "out of memory: no program to read the host placement from" if not compiled.fits else
+                "the compiled program holds nothing in host memory (the compiler dropped the placement)"))
     if not compiled.fits:
         say("searching the planner for the nearest plan that fits")
         near = A.nearest_fit(cfg)
@@ -255,14 +279,16 @@ def run(cfg: InspectConfig, progress: Progress | None = None, confirm: bool = Fa
 
 
 def inspect(model_or_config: ModelSpec, *, mesh: MeshSpec = "fsdp=8", topology: str = "v6e-8", batch: int = 8,
-            seq: int = 2048, optimizer: str = "adamw", recompute: str = "full", rules: RulesSpec = None,
+            seq: int = 2048, optimizer: str = "adamw", optimizer_dtype: str = "fp32", recompute: str = "full",
+            rules: RulesSpec = None,
             layers: str = "scan", fsdp: str | Sequence[str] | None = "auto", tensor: str | None = "auto",
             strict: bool = False,
             num_layers: int | None = None, overrides: dict[str, Any] | None = None, confirm: bool = False,
             progress: Progress | None = None, **kw: Any) -> InspectResult:
     """Will this HF model's training step fit on ``topology``, and what does it send? (see the package note)"""
     cfg = make_config(model_or_config, mesh=mesh, topology=topology, fsdp=fsdp, tensor=tensor, rules=rules,
-                      batch=batch, seq=seq, optimizer=optimizer, recompute=recompute, layers=layers, strict=strict,
+                      batch=batch, seq=seq, optimizer=optimizer, optimizer_dtype=optimizer_dtype, recompute=recompute,
+                      layers=layers, strict=strict,
                       num_layers=num_layers, overrides=overrides or {}, **kw)
     return run(cfg, progress, confirm)
 

@@ -31,9 +31,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from shardlab import runtime
+from shardlab.formulas.optimizers import OPTIMIZERS, PRECISIONS
 from shardlab.inspect import output
 from shardlab.inspect.attention import ATTENTION
-from shardlab.inspect.config import LAYER_MODES, OPTIMIZERS, RECOMPUTE, InspectInputError, make_config
+from shardlab.inspect.config import LAYER_MODES, RECOMPUTE, InspectInputError, make_config
 from shardlab.profile.tpu import quiet_libtpu
 
 EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
@@ -47,14 +48,32 @@ exit status:
 
 what is traced:
   weights bf16 (placeholders, nothing allocated), tokens and labels int64, HF's loss on fp32 logits;
-  AdamW state fp32 (master weights, exp_avg, exp_avg_sq) sharded like each weight and donated into its update.
+  the optimizer (--optimizer, --optimizer-dtype) updates every weight inside the traced step, its state
+  sharded like the weight and donated into its update (torch.optim's state layout, step counters left out):
+    --optimizer-dtype fp32 (default): an fp32 master copy of each weight + fp32 state (mixed precision)
+    --optimizer-dtype bf16: no master, the bf16 weights updated directly, state in bf16
+    adamw         exp_avg, exp_avg_sq                          12 | 4 bytes per parameter (fp32 | bf16)
+    adafactor     row_var + col_var (factored second moments over the last two dims, no first moment;
+                  1-D weights: variance)                       4 + ~0 | ~0
+    sgd           no state                                      4 | 0
+    sgd-momentum  momentum_buffer                               8 | 2
   attention (--attention): eager (default) and sdpa are HF's implementations: the [b, heads, s, s] scores
   exist in the program (the planner's no-flash prediction is compared); flash is torch_xla's Pallas
   FlashAttention kernel compiled compile-only (no [s, s] array; the planner's flash prediction is compared).
 
+host offload (--recompute offload, layers scan / scan_layers):
+  torch_xla's place_to_host / place_to_device around the hidden-state input each scanned layer keeps for its
+  backward. Compiled compile-only, XLA:TPU keeps the scan's stacked [L, b, s, h] residual in host memory
+  (memory space S(5)), written by L async dynamic-update-slices (device -> host) in the forward loop and read
+  by L async dynamic-slices (host -> device) in the backward loop; the HBM temporaries drop by at least its
+  size. Printed (measured): the host arrays, the compiler's host temporaries, the transfers per step.
+  The rotary tables and weight slices the layer also keeps stay in HBM (offloading the rotary tables too
+  fails XLA:TPU's verifier with libtpu 0.0.21). HF's loop (--layers loop) cannot offload: exit 2.
+
 measured vs derived (labelled in every output):
   measured = read from the compiled XLA:TPU program: fits, total, arguments, temporaries, parameters and
-  optimizer state (the entry parameters the donation names), collectives and their mesh axes, largest buffers.
+  optimizer state (the entry parameters the donation names; the state also per tensor: master, exp_avg, ...),
+  collectives and their mesh axes, largest buffers. Out of memory, parameters and state are derived (layout).
   derived  = layout arithmetic, not read from the program: the gradients (bf16, sharded like their weights,
   inside the temporaries) and "activations + other temporaries" = temporaries - gradients.
 """
@@ -83,7 +102,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                     "rules")
     ip.add_argument("--batch", type=int, default=8, help="global batch (sequences per step)")
     ip.add_argument("--seq", type=int, default=2048, help="tokens per sequence")
-    ip.add_argument("--recompute", default="full", choices=RECOMPUTE)
+    ip.add_argument("--recompute", default="full", choices=RECOMPUTE,
+                    help="full: each layer recomputed in the backward (its input kept); selective: the projections' "
+                         "outputs kept (scans); none; offload: full, with each layer's hidden-state input kept in "
+                         "host memory (scans; see below)")
     ip.add_argument("--attention", default="eager", choices=ATTENTION,
                     help="eager / sdpa: HF's implementations (the [b, heads, s, s] scores exist); flash: torch_xla's "
                          "Pallas FlashAttention kernel, traced for the TPU compile-only (causal; refused for sliding "
@@ -94,7 +116,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     ip.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="override a config field (JSON value), e.g. --set hidden_size=256")
     ip.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS,
-                    help="adamw: fp32 master weights, exp_avg, exp_avg_sq per parameter")
+                    help="adamw | adafactor (torch.optim.Adafactor: factored second moments) | sgd | sgd-momentum "
+                         "(state per parameter: see below)")
+    ip.add_argument("--optimizer-dtype", default="fp32", choices=PRECISIONS,
+                    help="fp32: fp32 master weights + fp32 state (mixed precision); bf16: no master, bf16 state "
+                         "(the bf16 weights updated directly, as torch.optim does on bf16 parameters)")
     ip.add_argument("--no-donate", dest="donate", action="store_false",
                     help="compile without aliasing the updated state to its inputs")
     ip.add_argument("--confirm", action="store_true", help="when it does not fit, compile the planner's nearest plan "
@@ -196,7 +222,8 @@ def main(args: argparse.Namespace) -> int:
         fsdp = None if args.fsdp == "none" else args.fsdp if args.fsdp == "auto" else tuple(args.fsdp.split("+"))
         tensor = None if args.tensor == "none" else args.tensor
         cfg = make_config(args.model, mesh=args.mesh, topology=args.topology, fsdp=fsdp, tensor=tensor, rules=rules,
-                          batch=args.batch, seq=args.seq, optimizer=args.optimizer, recompute=args.recompute,
+                          batch=args.batch, seq=args.seq, optimizer=args.optimizer,
+                          optimizer_dtype=args.optimizer_dtype, recompute=args.recompute,
                           layers=args.layers, attention=args.attention, strict=args.strict,
                           num_layers=args.num_layers, overrides=overrides,
                           donate=args.donate)

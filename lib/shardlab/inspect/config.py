@@ -37,13 +37,13 @@ from pathlib import Path
 from typing import Any, TypeAlias
 
 from shardlab.formulas import hardware
+from shardlab.formulas.optimizers import OPTIMIZERS, PRECISIONS
 from shardlab.inspect import models as M
 from shardlab.inspect import sharding as S
 from shardlab.inspect.attention import ATTENTION, flash_refusal, flash_seq_refusal
 from shardlab.profile import tpu
 
-OPTIMIZERS = ("adamw",)
-RECOMPUTE = ("full", "selective", "none")
+RECOMPUTE = ("full", "selective", "none", "offload")
 LAYER_MODES = ("scan", "scan_layers", "loop")
 AUTO = "auto"
 # a mesh as a user writes it: "data=2,fsdp=4", {"data": 2, "fsdp": 4} or pairs
@@ -67,9 +67,11 @@ class InspectConfig:
     strict: bool = False  # every parameter must match one of your rules or a Megatron rule
     batch: int = 8  # global batch: sequences per step, split over every mesh axis except the tensor axis
     seq: int = 2048  # tokens per sequence
-    optimizer: str = "adamw"  # AdamW: fp32 master weights, exp_avg, exp_avg_sq, updated in place (donated)
+    optimizer: str = "adamw"  # adamw | adafactor | sgd | sgd-momentum (formulas.optimizers: the state each keeps)
+    optimizer_dtype: str = "fp32"  # fp32: fp32 master + fp32 state | bf16: no master, bf16 state; updated in place
     recompute: str = "full"  # full: each layer recomputed in the backward (saves its input only) | selective:
-    # the projections' outputs kept, the attention core and elementwise ops recomputed (scans only) | none
+    # the projections' outputs kept, the attention core and elementwise ops recomputed (scans only) | none |
+    # offload: full, the kept layer inputs placed in host memory (scans only; step.OffloadPartition)
     layers: str = "scan"  # decoder layers: scan (stacked weights) | scan_layers (torch_xla's) | loop (HF's own)
     attention: str = "eager"  # eager | sdpa (HF's; [b, a, s, s] scores exist) | flash (torch_xla's Pallas kernel)
     num_layers: int | None = None  # override the config's layer count (quick checks); None = as published
@@ -125,8 +127,9 @@ class InspectConfig:
         """Every rule, before any trace; returns self. Errors: :class:`InspectInputError` naming value and rule.
         ``model=False``: only the rules that need no model build (slice, mesh, axes, batch; no torch import)."""
         chips = check_slice(self.topology)
-        for name, value, allowed in (("optimizer", self.optimizer, OPTIMIZERS), ("recompute", self.recompute,
-                                     RECOMPUTE), ("layers", self.layers, LAYER_MODES),
+        for name, value, allowed in (("optimizer", self.optimizer, OPTIMIZERS),
+                                     ("optimizer_dtype", self.optimizer_dtype, PRECISIONS),
+                                     ("recompute", self.recompute, RECOMPUTE), ("layers", self.layers, LAYER_MODES),
                                      ("attention", self.attention, ATTENTION)):
             if value not in allowed:
                 raise InspectInputError(f"{name}={value!r} must be one of {allowed}")
@@ -161,6 +164,10 @@ class InspectConfig:
             raise InspectInputError(f"num_layers={self.num_layers!r} must be None or an integer >= 1")
         if not 0 <= self.fit_margin < 1:
             raise InspectInputError(f"fit_margin={self.fit_margin!r} must be in [0, 1)")
+        if self.recompute == "offload" and self.layers == "loop":
+            raise InspectInputError("recompute='offload' moves the layer inputs a scan keeps for its backward to host "
+                                    "memory (a partition of the scanned layer); HF's loop under torch_xla's "
+                                    "checkpoint has no such partition: use layers='scan' or 'scan_layers'")
         if self.recompute == "selective" and self.layers == "loop":
             raise InspectInputError("recompute='selective' needs a partition of each layer's forward and backward, "
                                     "which HF's loop under torch_xla's checkpoint does not take: use layers='scan' "

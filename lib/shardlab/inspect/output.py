@@ -65,6 +65,35 @@ def how(m: dict[str, Any], fits: bool = True) -> str:
     return "measured" if is_measured(m, fits) else "derived"
 
 
+def kind_label(m: dict[str, Any]) -> str:
+    """A memory row's kind, with what it holds when the row says (the optimizer state: optimizer and dtype)."""
+    return f"{m['kind']} ({m['what'].split(':')[0]})" if m.get("what") else m["kind"]
+
+
+def optimizer_line(r: InspectResult) -> str:
+    """Which optimizer was traced, its state per tensor kind, measured or derived, and the planner's K."""
+    o = r.optimizer
+    if not o:
+        return ""
+    parts = ", ".join(f"{k} {human(v)}" for k, v in o["by_state"].items()) or "none"
+    return (f"optimizer: {o['what']}; state per chip by tensor, {'measured' if o['measured'] else 'derived'} "
+            f"({o['source']}): {parts}; planner: {o['planner_bytes_per_param']:.4g} bytes per parameter")
+
+
+def host_lines(r: InspectResult) -> list[str]:
+    """The program's host memory (``recompute='offload'``): arrays in the host memory space and the transfers,
+    measured (read from the compiled program's instructions and memory statistics)."""
+    h = r.host
+    if not h:
+        return []
+    out = [f"host memory (measured: the program's arrays in memory space {h['space']}; not in the HBM total): "
+           f"{human(h['host_temp'])} host temporaries per chip"]
+    out += [f"  {human(a['bytes']):>10}  {a['shape']}" for a in h["arrays"]]
+    out += [f"  {v['per_step']} x {k} per step ({v['instructions']} instructions), {human(v['bytes_per_step'])} "
+            "per step" for k, v in h["transfers"].items()]
+    return out
+
+
 def verdict_line(r: InspectResult) -> str:
     if r.fits:
         t = r.totals
@@ -107,11 +136,14 @@ def text(r: InspectResult) -> str:
     parts = [f"inspect {r.label}", f"compiled for {r.topology} by XLA:TPU (compile-only) in {r.compile_s:.1f} s "
              f"({where})", verdict_line(r), planner_line(r), ""]
     u = memory_unit(r)
-    rows = [[m["kind"], size(m["compiler"], u), how(m, r.fits), m["source"], size(m["planner"], u), ratio(m["ratio"])]
-            for m in r.memory]
+    rows = [[kind_label(m), size(m["compiler"], u), how(m, r.fits), m["source"], size(m["planner"], u),
+             ratio(m["ratio"])] for m in r.memory]
     parts.append(_table(["per chip", f"inspect {u[0]}", "how", "source", f"planner {u[0]}", "ratio"], rows))
     parts.append("how: measured = read from the compiled program; derived = layout arithmetic (gradients) or "
                  "the program's temporaries minus it")
+    if r.optimizer:
+        parts.append(optimizer_line(r))
+    parts += host_lines(r)
     p = r.params
     parts.append(f"parameters: {p['model']:,} in the model, {p['planner'] or 0:,} by the planner's sizes "
                  f"(ratio {ratio(p['ratio'])}); rules: " + ", ".join(f"{k} {v}" for k, v in sorted(r.rules.items())))
@@ -195,11 +227,13 @@ def _body(r: InspectResult, chart: str) -> list[str]:
             f"<p>{esc(verdict_line(r))}</p><p>{esc(planner_line(r))}</p>", chart,
             "<h2>Memory per chip</h2>",
             table(["kind", f"inspect {mu[0]}", "how", "source", f"planner {mu[0]}", "ratio"],
-                  [[esc(m["kind"]), size(m["compiler"], mu), how(m, r.fits), esc(m["source"]),
+                  [[esc(kind_label(m)), size(m["compiler"], mu), how(m, r.fits), esc(m["source"]),
                     size(m["planner"], mu), ratio(m["ratio"])] for m in r.memory]),
             "<p class='muted'>how: <b>measured</b> = read from the compiled program; <b>derived</b> = layout "
             "arithmetic (the gradients: bf16, sharded like their weights) or the program's temporaries minus it "
             "(activations + other temporaries)</p>",
+            f"<p class='muted'>{esc(optimizer_line(r))}</p>" if r.optimizer else "",
+            "<pre>" + esc("\n".join(host_lines(r))) + "</pre>" if r.host else "",
             f"<p class='muted'>parameters: {r.params['model']:,} in the model, {r.params['planner'] or 0:,} by the "
             f"planner's sizes; rules: {esc(', '.join(f'{k} {v}' for k, v in sorted(r.rules.items())))}</p>",
             "<h2>Largest buffers</h2>",

@@ -17,7 +17,8 @@ count) traces, without allocating or executing anything:
                 layers (it stacks the per-layer weights inside the step); ``loop``: HF's Python loop (L copies)
     recompute   ``full``: scan / scan_layers with the partition that saves only the layer inputs
                 (``planner.verdict.full_recompute_partition``); loop: ``torch_xla.utils.checkpoint`` per layer;
-                ``selective``: :func:`selective_partition` (the projections' outputs kept; scans only)
+                ``selective``: :func:`selective_partition` (the projections' outputs kept; scans only);
+                ``offload``: full, with the kept layer inputs in host memory (:class:`OffloadPartition`; scans)
     attention   HF's ``eager`` or ``sdpa``, or torch_xla's Pallas flash kernel (``attention.register_flash``,
                 traced inside ``memory.pallas_tpu.pallas_for_tpu_compile``)
     masks       HF's loop picks each layer's mask by ``decoder_layer.attention_type``: the runners HF calls carry
@@ -26,8 +27,10 @@ count) traces, without allocating or executing anything:
     activations forward hooks annotate each decoder layer's output and the embedding output as split over the
                 batch axes; with tensor parallelism, column-parallel and vocabulary outputs on the tensor axis
                 (``mark_sharding_with_gradients``)
-    optimizer   AdamW as ``planner.verdict`` traces it: fp32 master, exp_avg, exp_avg_sq placeholders sharded like
-                the weight, elementwise update, every new value donated into its old buffer (``tpu.Step``)
+    optimizer   ``optimizer.update``: the state ``formulas.optimizers.state_tensors`` lists for the run's optimizer
+                and precision (AdamW fp32: master, exp_avg, exp_avg_sq, as ``planner.verdict`` traces it) as
+                placeholders sharded like the weight, torch.optim's update, every new value donated into its old
+                buffer (``tpu.Step``)
 
 HF's decoder loop (``for layer in self.layers[:n]``, GPT-2's ``for i, block in enumerate(self.h)``) is kept: the
 layer list is replaced by a :class:`LayerStack` whose slice / iteration yields one runner that scans all layers
@@ -35,8 +38,9 @@ layer list is replaced by a :class:`LayerStack` whose slice / iteration yields o
 ``cos, sin``, the mask) travel in the scan's carry unchanged (torchprime's "broadcasted inputs"); other values
 are bound as constants.
 
-Output order (``outputs()``): ``[loss] + [new weight, master, exp_avg, exp_avg_sq]`` per trained tensor in
-``Layout.trained`` order — the analysis reads the kinds from it.
+Output order: ``[loss] + [new weight, *new state]`` per trained tensor in ``Layout.trained`` order (the state in
+``state_tensors`` order: AdamW fp32 ``master, exp_avg, exp_avg_sq``) — the analysis reads the kinds from it
+(:func:`output_kinds`).
 """
 
 from __future__ import annotations
@@ -56,16 +60,16 @@ from torch_xla.experimental.scan_layers import scan_layers
 from torch_xla.utils.checkpoint import checkpoint
 
 from shardlab import runtime
+from shardlab.formulas.optimizers import state_tensors
 from shardlab.inspect import models as M
 from shardlab.inspect import sharding as S
 from shardlab.inspect.attention import register_flash
 from shardlab.inspect.config import InspectConfig, layout
+from shardlab.inspect.optimizer import update
 from shardlab.memory.pallas_tpu import pallas_for_tpu_compile
-from shardlab.planner.verdict import adamw_step, full_recompute_partition
+from shardlab.planner.verdict import full_recompute_partition
 from shardlab.profile import tpu as T
 from shardlab.profile.placeholders import placeholder
-
-KINDS = ("param", "master", "exp_avg", "exp_avg_sq")  # per trained tensor, in output order after the loss
 
 
 def selective_partition(joint_module: Any, _joint_inputs: Any, *, num_fwd_outputs: int,
@@ -86,10 +90,61 @@ def selective_partition(joint_module: Any, _joint_inputs: Any, *, num_fwd_output
     return P._extract_fwd_bwd_modules(joint_module, saved, [], num_fwd_outputs=num_fwd_outputs)
 
 
+class OffloadPartition:
+    """AOTAutograd partition for ``recompute='offload'``: full recompute (the backward keeps only the layer's
+    inputs, :func:`full_recompute_partition`) with the layer's hidden-state input (the scan carry's first leaf)
+    placed in host memory:
+    the forward returns ``place_to_host(x)`` for each (torch_xla's ``annotate_device_placement`` custom call,
+    ``_xla_buffer_placement="pinned_host"``) and the backward starts with ``place_to_device`` of it. XLA's host
+    offloader then keeps the scan's stacked ``[L, ...]`` residual buffer in host memory space ``S(5)``, written and
+    read by asynchronous dynamic-update-slice / dynamic-slice (torchprime's and MaxText's offloaded remat).
+    ``carry``: the number of carry leaves, set by the runner before each scan; ``offloaded``: the saved inputs
+    moved, by name, for the record. The other kept inputs (rotary tables, per-layer weights' slices) stay."""
+
+    def __init__(self) -> None:
+        self.carry = 1
+        self.offloaded: list[str] = []
+
+    def __call__(self, joint_module: Any, joint_inputs: Any, *, num_fwd_outputs: int, **kw: Any) -> tuple[Any, Any]:
+        import torch._functorch.partitioners as P
+        import torch_xla.experimental.stablehlo_custom_call  # noqa: F401  (registers torch.ops.xla.place_to_*)
+
+        primals = [n for n in joint_module.graph.nodes if P._is_primal(n)]
+        # the hidden state only: offloading the carried rotary tables as well ([1, s, head_dim], replicated) makes
+        # XLA:TPU fail its own verifier ("INTERNAL: ... The async-start expects the shape of operand 0 to match
+        # the async shape ... vs ...S(5)"), measured with libtpu 0.0.21
+        carried = {n.name for n in primals[:1]
+                   if n.users and isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].is_floating_point()}
+        fwd, bwd = full_recompute_partition(joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs)
+        out = next(n for n in fwd.graph.nodes if n.op == "output")
+        outs, moved = list(out.args[0]), []
+        for i in range(num_fwd_outputs, len(outs)):
+            n = outs[i]
+            if isinstance(n, torch.fx.Node) and n.name in carried:
+                with fwd.graph.inserting_before(out):
+                    host = fwd.graph.call_function(torch.ops.xla.place_to_host.default, (n,))
+                host.meta["val"] = n.meta["val"]
+                outs[i] = host
+                moved.append(n.name)
+        out.args = (tuple(outs),)
+        for p in [n for n in bwd.graph.nodes if n.op == "placeholder" and n.name in moved]:
+            with bwd.graph.inserting_after(p):
+                dev = bwd.graph.call_function(torch.ops.xla.place_to_device.default, (p,))
+            dev.meta["val"] = p.meta["val"]
+            p.replace_all_uses_with(dev, delete_user_cb=lambda u, d=dev: u is not d)
+        for g in (fwd, bwd):
+            g.graph.lint()
+            g.recompile()
+        self.offloaded = moved
+        return fwd, bwd
+
+
 def output_kinds(cfg: InspectConfig) -> list[tuple[str, str]]:
-    """``(trained tensor name, kind)`` of every output after the loss, in order."""
+    """``(trained tensor name, kind)`` of every output after the loss, in order: ``param`` then the optimizer's
+    state tensors (``master``, ``exp_avg``, ``row_var``, ...)."""
     lay = layout(cfg)
-    return [(name, k) for name, _, _ in lay.trained(cfg.layers == "scan") for k in KINDS]
+    return [(name, k) for name, shape, _ in lay.trained(cfg.layers == "scan")
+            for k in ("param", *(t.name for t in state_tensors(cfg.optimizer, cfg.optimizer_dtype, shape)))]
 
 
 class Runner:
@@ -241,6 +296,8 @@ def _scan_runner(template: nn.Module, stacked: dict[str, torch.Tensor], partitio
             tuple_out.append(isinstance(out, tuple))
             return (out[0] if isinstance(out, tuple) else out, *ts), None
 
+        if isinstance(partition, OffloadPartition):
+            partition.carry = 1 + len(call.carried)
         carry, _ = scan(body, (hidden, *call.carried), xs, partition_fn=partition)
         return (carry[0],) if tuple_out and tuple_out[0] else carry[0]
 
@@ -258,6 +315,8 @@ def _scan_layers_runner(layers: list[nn.Module], partition: Callable[..., Any] |
         call = _Call(args, kwargs, seq, window, hidden.device)
         for i, w in enumerate(wrapped):
             w.set_call(call, None if per_layer is None else per_layer[i])
+        if isinstance(partition, OffloadPartition):
+            partition.carry = 1 + len(call.carried)
         carry = scan_layers(wrapped, (hidden, *call.carried), partition_fn=partition)
         return (carry[0],) if seen.tuple_out else carry[0]
 
@@ -353,7 +412,7 @@ def build(cfg: InspectConfig) -> Any:
     partition = None
     if cfg.layers != "loop":
         partition = {"full": full_recompute_partition, "selective": selective_partition,
-                     "none": default_partition}[cfg.recompute]
+                     "none": default_partition, "offload": OffloadPartition()}[cfg.recompute]
     windows = M.layer_windows(lay.hf_config, lay.num_layers)
     if stacked_mode:
         template = layers[0]
@@ -380,9 +439,10 @@ def build(cfg: InspectConfig) -> Any:
 
     outs: list[torch.Tensor] = [loss]
     donate: dict[int, torch.Tensor] = {}
-    for name, _shape, spec in lay.trained(stacked_mode):  # 07's AdamW step, the same ops and donations
-        adamw_step(outs, donate, raws[name], leaves[name].grad, spec, mesh)
-        if all(a is None for a in spec):  # a whole tensor's updates stay whole (else propagation may split one,
-            for t in outs[-4:]:  # and a donated input cannot alias an output of another size: gpt-oss's biases)
-                xs.mark_sharding(t, mesh, spec)
+    for name, _shape, spec in lay.trained(stacked_mode):  # the optimizer's step: new values donated into the old
+        for _kind, old, new in update(cfg.optimizer, cfg.optimizer_dtype, raws[name], leaves[name].grad, spec, mesh):
+            if all(a is None for a in spec):  # a whole tensor's updates stay whole (else propagation may split one,
+                xs.mark_sharding(new, mesh, (None,) * new.dim())  # and a donated input cannot alias an output of
+            donate[len(outs)] = old  # another size: gpt-oss's biases)
+            outs.append(new)
     return T.Step(outs, donate)

@@ -105,6 +105,7 @@ class PlanConfig:
     act_dtype: str = "bfloat16"  # activations on the wire (the TP, pipeline, context and expert collectives)
     logits_bytes: int = 4  # bytes per logit for the loss (fp32)
     fit_margin: float = 0.10  # "fits" only under (1 - fit_margin) x usable HBM: the compiler's heap packing
+    offload: bool = False  # with recompute="full": the kept layer inputs live in host memory, none in HBM
     fsdp_rule: str = "gspmd"  # FSDP comm: gspmd (per parameter, as XLA:TPU compiles it) | fsdp1 (PyTorch flat units)
     pipeline: int = 1  # pipeline stages (the `pipeline` mesh axis); the model's layers split evenly over them
     microbatches: int = 1  # microbatches per step (each data replica's batch split m ways)
@@ -195,6 +196,9 @@ def _validate(cfg: PlanConfig, m: ModelConfig, chips: int | None) -> int:
     for name in (*MESH_AXES, "global_batch", "seq", "param_bytes", "grad_bytes", "logits_bytes", "microbatches",
                  "virtual"):
         _int(name, getattr(cfg, name))
+    if cfg.offload is not False and (cfg.offload is not True or cfg.recompute != "full"):
+        raise ValueError(f"offload={cfg.offload!r} must be True or False, and True only with recompute='full' "
+                         f"(not {cfg.recompute!r}): it moves the layer inputs full recompute keeps to host memory")
     for name, v in (("sequence_parallel", cfg.sequence_parallel), ("flash_attention", cfg.flash_attention)):
         if not isinstance(v, bool):
             raise ValueError(f"{name}={v!r} must be True or False")
@@ -485,6 +489,8 @@ def _stage_memory(cfg: PlanConfig, m: ModelConfig, z: _Sizes, zero: int, which: 
 
     chunk = z.layers // (cfg.virtual if cfg.schedule == "interleaved" else 1)  # layers of one in-flight item
     kept = z.inflight[which] * chunk * layer_act(cfg.recompute)  # kept for the backward
+    if cfg.offload:  # full recompute's kept layer inputs are in host memory (an offloaded scan residual)
+        kept = 0.0
     # Two transient phases that do not overlap; the peak holds the larger (measured with XLA:TPU: at the
     # recomputed layer's attention backward the logits are gone):
     #   layer backward: the layer being recomputed holds its activations once (selective: its attention core),

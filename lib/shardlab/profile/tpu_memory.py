@@ -68,12 +68,13 @@ class TpuMemory:
     generated_code: int
     capacity: int | None  # usable HBM per chip the compiler checks against
     peak: int = 0  # peak_memory_in_bytes: arguments + outputs - aliased + HBM temporaries, live at once
+    host_temp: int = 0  # host_temp_size_in_bytes: temporaries in host memory (offloaded activations, S(5))
 
     @classmethod
     def from_stats(cls, stats: Any, capacity: int | None) -> TpuMemory:
         return cls(stats.argument_size_in_bytes, stats.output_size_in_bytes, stats.temp_size_in_bytes,
                    stats.alias_size_in_bytes, stats.generated_code_size_in_bytes, capacity,
-                   stats.peak_memory_in_bytes)
+                   stats.peak_memory_in_bytes, getattr(stats, "host_temp_size_in_bytes", 0))
 
     @property
     def checked_temp(self) -> int:
