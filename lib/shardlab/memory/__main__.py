@@ -1,6 +1,7 @@
-"""``python -m shardlab.memory flash|roam|verdict|verdict-70b``: measure notebook 08b's full-size results and write their cache
-(``shardlab.memory.full_size``), in a world of the devices each needs (flash, roam: one; verdict: notebook 07's
-8-chip step, verdict-70b: its 64-chip 70B step) so that every full-size program compiles in this process."""
+"""``python -m shardlab.memory flash|roam|verdict|verdict-70b``: measure notebook 08b's full-size results and write
+their cache (``shardlab.memory.full_size``), in a world of the devices each needs (flash, roam: one; verdict:
+notebook 07's 8-chip step, verdict-70b: its 64-chip 70B step)
+so that every full-size program compiles in this process."""
 
 from __future__ import annotations
 

@@ -141,7 +141,7 @@ def pod_frame(results: dict[str, PodCheck]) -> pd.DataFrame:
     """One row per slice: chips, mesh, the compiler's per-chip bytes (arguments, outputs, temporaries, peak) and
     verdict, the planner's total and verdict (no flash: the traced attention), and what the compile cost."""
     rows = []
-    for key, r in results.items():
+    for r in results.values():
         c = r.compiler
         planner = sum(r.planner_no_flash.values())
         rows.append({
