@@ -161,5 +161,20 @@ def pod_frame(results: dict[str, PodCheck]) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("slice")
 
 
+def pod_text(results: dict[str, PodCheck]) -> str:
+    """One line per slice (Markdown, from the data): the two verdicts, the totals and what the verdict rests on."""
+    lines = []
+    for r in results.values():
+        planner = sum(r.planner_no_flash.values())
+        at_least = "" if r.arguments_evaluated else "≥ "
+        ratio = f", compiler / planner {r.total / planner:.3f}" if r.total and r.arguments_evaluated else ""
+        lines.append(f"- **{r.topology}** ({tpu.get_topology(r.topology).chips} chips, mesh {tuple(r.target_mesh)}): "
+                     f"compiler {'fits' if r.compiler_fits else 'out of memory'} at {at_least}{_g(r.total)} of "
+                     f"{_g(r.capacity_bytes)} GiB ({r.verdict_rests_on}); planner (no flash) "
+                     f"{'fits' if r.planner_no_flash_fits else 'no'} at {_g(planner)} GiB{ratio} — "
+                     f"{'agree' if r.agrees() else 'DISAGREE'}.")
+    return "\n".join(lines)
+
+
 def _g(x: float | None) -> str:
     return "–" if x is None else f"{x / GIB:.2f}"
