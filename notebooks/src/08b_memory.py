@@ -292,6 +292,8 @@ print(f"Without flash: the planner's term (6·a·s² bytes) gives {planner_s:,};
 # %%
 checks07 = {**load_matrix()[0], **load_holdout()[0]}
 flash07, src07 = FS.load_verdicts()
+if p.full_size:  # 07's 70B step with flash on v6e-64, compiled now (traced on 64 CPU devices in a helper process)
+    flash07 = {**flash07, "llama-3-70b.v6e-64": FS.flash_verdict(FS.VERDICT_70B_PLAN)}
 verdicts = pd.DataFrame(FS.flash_verdicts(checks07, flash07))
 known = verdicts[verdicts["status"] != "unchecked"]
 v8 = flash07["llama-3-8b.v6e-8"]
