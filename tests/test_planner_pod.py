@@ -76,17 +76,35 @@ def test_compiler_state_bytes_are_the_parameter_arithmetic(pod) -> None:  # type
 
 
 def test_planner_verdict_and_total_against_the_compiler(pod) -> None:  # type: ignore[no-untyped-def]
-    """The planner's no-flash verdict (the traced attention) is the compiler's on every row; where the compiler
-    evaluated the arguments, the totals agree within the planner's fit margin."""
+    """On v6e (the generation the planner's terms were fitted to) the planner's no-flash verdict is the compiler's
+    and its total within the fit margin. Wherever the verdicts disagree, the planner is optimistic by more than the
+    margin (the compiler holds bytes the planner does not count), never a near miss."""
     results, _ = pod
     for key, r in results.items():
         planner = sum(r.planner_no_flash.values())
-        assert r.agrees(), (key, r.compiler_fits, r.planner_no_flash_fits, r.total, planner, r.message)
-        if r.arguments_evaluated and r.total:
-            margin = r.config["fit_margin"]
+        margin = r.config["fit_margin"]
+        if r.topology.startswith("v6e"):
+            assert r.agrees() and r.arguments_evaluated, key
             assert abs(r.total / planner - 1) <= margin, (key, r.total / planner)
-        else:
+        if not r.agrees():
+            assert r.planner_no_flash_fits and not r.compiler_fits, key
+            assert r.total / planner - 1 > margin, (key, r.total / planner)
+        if not r.arguments_evaluated:
             assert r.total > r.capacity_bytes, key  # a lower bound already over: the verdict does not hang on it
+
+
+def test_out_of_memory_rows_list_the_traced_attention_scores(pod) -> None:  # type: ignore[no-untyped-def]
+    """The largest buffers of each out-of-memory row are the no-flash attention's [a/t, s, s] score arrays of one
+    sequence (heads over tensor), fp32 and bf16 — shapes from the model's sizes, not from the compile."""
+    results, _ = pod
+    rows = [r for r in results.values() if not r.compiler_fits]
+    assert rows
+    for r in rows:
+        m = model_from(r.config["model"])
+        scores = f"[{m.heads // r.config['tensor']},{r.config['seq']},{r.config['seq']}]"
+        shapes = [shape for _, shape, _ in r.largest]
+        assert shapes[0].startswith("f32" + scores), shapes
+        assert all(scores in s for s in shapes[:2]), shapes
 
 
 def test_frame_and_records(pod) -> None:  # type: ignore[no-untyped-def]
@@ -100,7 +118,11 @@ def test_frame_and_records(pod) -> None:  # type: ignore[no-untyped-def]
     assert set(got) == set(results) and "tools/retarget_full_size.py" in about
     names = {m["name"] for m in rec.data["measurements"]}
     assert {f"planner.pod.{k}.per_chip.bytes" for k in results} <= names
-    assert all(c["ok"] for c in rec.data["checks"]) and len(rec.data["checks"]) == len(results)
+    assert all(c["ok"] for c in rec.data["checks"]), [c for c in rec.data["checks"] if not c["ok"]]
+    disagree = [k for k, r in results.items() if not r.agrees()]
+    fitting = [k for k, r in results.items() if r.compiler_fits]
+    v6e = [k for k, r in results.items() if r.topology.startswith("v6e")]
+    assert len(rec.data["checks"]) == len(disagree) + len(fitting) + len(v6e)
 
 
 def test_trace_case_keeps_the_global_step() -> None:

@@ -17,6 +17,7 @@ Usage::
     python tools/retarget_full_size.py pod --chips 256    # one slice only (merged into the cache)
     python tools/retarget_full_size.py planner            # 07's pod verdicts: Llama 3 70B on v6e/v5e/v5p/v4 (4)
     python tools/retarget_full_size.py planner-one llama-3-70b.v4-256   # one row, in this process (merged)
+    python tools/retarget_full_size.py planner-control    # the v4 row's 128-chip program compiled for v6e-128
 
 ``planner`` compiles :data:`shardlab.planner.pod.POD` (notebook 07's verdict step traced on 8 devices, mesh
 (1, 2, 4), compiled for 128 or 256 chips), each row in a fresh process, into ``data/scale/planner_pod.json``.
@@ -181,6 +182,26 @@ def planner_one(key: str) -> None:
                       "process_s": round(time.time() - started, 1)}), flush=True)
 
 
+def planner_control() -> None:
+    """The control compile of ``shardlab.planner.pod.CONTROL`` in this process, with its cost."""
+    started = time.time()
+    from shardlab import runtime
+
+    runtime.setup(num_devices=8)
+    from shardlab.planner import pod as PP
+    from shardlab.profile.result_files import save_results
+
+    r = PP.compile_control()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    key = f"{PP.CONTROL[0].rsplit('.', 1)[0]}.{PP.CONTROL[1]}"
+    save_results({key: r}, PP.CONTROL_FILE, command="python tools/retarget_full_size.py planner-control",
+                 measured=time.strftime("%Y-%m-%d %H:%M", time.localtime(started)),
+                 wall_s=round(time.time() - started, 1), versions=_versions(), cpus=os.cpu_count(),
+                 load_avg_at_end=[round(x, 2) for x in os.getloadavg()], machine=platform.machine(),
+                 host_peak_bytes=peak, trace=f"the step of {PP.CONTROL[0]}, traced on 8 CPU devices")
+    print(json.dumps({"row": key, **r.as_dict(), "host_peak_bytes": peak}, default=str), flush=True)
+
+
 def planner(keys: list[str]) -> None:
     from shardlab.planner.pod import POD
 
@@ -195,7 +216,8 @@ def planner(keys: list[str]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("what", choices=("compare", "pod", "pod-one", "planner", "planner-one"))
+    ap.add_argument("what", choices=("compare", "pod", "pod-one", "planner", "planner-one",
+                                            "planner-control"))
     ap.add_argument("args", nargs="*")
     ap.add_argument("--inspect", action="store_true", help="compare: 12's Llama 3 8B step instead of 06's seed")
     ap.add_argument("--chips", nargs="*", type=int, default=[64, 128, 256], help="pod: slices (v6e-N chips)")
@@ -208,6 +230,8 @@ def main() -> None:
         planner(a.args)
     elif a.what == "planner-one":
         planner_one(a.args[0])
+    elif a.what == "planner-control":
+        planner_control()
     else:
         pod_one(int(a.args[0]), bool(int(a.args[1])))
 
