@@ -170,3 +170,21 @@ def test_cached_pod_row_is_what_a_live_compile_gives(xla_world) -> None:  # type
     live = PP.compile_retargeted(PP.pod_cases()[key])
     cached, _ = PP.load_pod()
     assert pv.compile_differences(live, cached[key]) == {}
+
+
+def test_control_same_program_on_v6e(pod) -> None:  # type: ignore[no-untyped-def]
+    """The control (``tools/retarget_full_size.py planner-control``): the v4 / v5p rows' program — the same trace and
+    mesh, 128 chips — compiled for 128 v6e chips. Its model state is the v5p compile's to the byte; its total is the
+    planner's within the fit margin, as on v6e-256; so the v4 / v5p excess comes with the chip generation, not the
+    chip count."""
+    results, _ = pod
+    control, source = PP.load_control()
+    assert source["command"] == "python tools/retarget_full_size.py planner-control"
+    c = control[f"{PP.MODEL}.{PP.CONTROL[1]}"]
+    row = results[PP.CONTROL[0]]
+    v5p = next(r for r in results.values() if r.topology.startswith("v5p"))
+    assert c.config["mesh"] == row.target_mesh == v5p.target_mesh and c.topology == "v6e-128" and c.fits
+    assert c.argument_bytes == v5p.compiler["arguments"]
+    planner = sum(row.planner_no_flash.values())
+    assert abs(c.per_chip_bytes / planner - 1) <= row.config["fit_margin"]
+    assert v5p.total / c.per_chip_bytes - 1 > row.config["fit_margin"]

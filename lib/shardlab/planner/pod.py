@@ -212,8 +212,9 @@ def pod_frame(results: dict[str, PodCheck]) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("slice")
 
 
-def pod_text(results: dict[str, PodCheck]) -> str:
-    """One line per slice (Markdown, from the data): the two verdicts, the totals and what the verdict rests on."""
+def pod_text(results: dict[str, PodCheck], control: dict[str, CompileResult] | None = None) -> str:
+    """One line per slice (Markdown, from the data): the two verdicts, the totals and what the verdict rests on; and
+    the ``control`` compiles (:data:`CONTROL`) beside the row whose program they compiled for another chip."""
     lines = []
     for r in results.values():
         planner = sum(r.planner_no_flash.values())
@@ -224,6 +225,14 @@ def pod_text(results: dict[str, PodCheck]) -> str:
                      f"{_g(r.capacity_bytes)} GiB ({r.verdict_rests_on}); planner (no flash) "
                      f"{'fits' if r.planner_no_flash_fits else 'no'} at {_g(planner)} GiB{ratio} — "
                      f"{'agree' if r.agrees() else 'DISAGREE'}.")
+    for key, c in (control or {}).items():
+        same = [r for r in results.values() if r.target_mesh == c.config["mesh"]]
+        held = "; ".join(f"{r.topology} {'fits at' if r.compiler_fits else 'out of memory at'} "
+                         f"{'' if r.arguments_evaluated else '≥ '}{_g(r.total)} GiB" for r in same)
+        lines.append(f"- Control **{key}**: the same program (mesh {tuple(c.config['mesh'])}) compiled for "
+                     f"{c.topology} ({tpu.get_topology(c.topology).chips} chips): "
+                     f"{'fits at' if c.fits else 'out of memory at'} {_g(c.per_chip_bytes)} of {_g(c.capacity_bytes)} "
+                     f"GiB (temporaries {_g(c.temp_bytes if c.fits else c.program_bytes)}); {held}.")
     return "\n".join(lines)
 
 
