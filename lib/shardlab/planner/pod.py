@@ -14,8 +14,10 @@ chips, program text included). :func:`trace_case` is that trace: the plan with `
 The rows (:data:`POD`): Llama 3 70B, 2-D mesh (fsdp = chips / 4, tensor 4), one 8192-token sequence per fsdp
 rank, full recompute — the per-chip work of 07's 70B v6e-64 row, on 256 v6e chips, 256 v5e chips, and 128 chips of
 v5p and v4 (``v5p-256`` and ``v4-256`` count TensorCores: 128 chips each). The planner's no-flash verdicts differ
-between them (v5e's 16 GB does not hold the plan, v4's 32 GB holds it within a few GB), so the four compiles test
-the verdict, not one answer four times.
+between them (v5e's 16 GB chip cannot hold the plan; on v4's 30.75 GiB it fits with room to spare), so the four
+compiles test the verdict, not one answer four times. Measured: the v4 verdict is the one they disagree on — the
+v4 / v5p compiler keeps more of the traced attention's ``[a/t, s, s]`` arrays than the planner's terms, fitted to
+v5e / v6e compiles, count; :data:`CONTROL` compiles the same 128-chip program for v6e, where the planner is right.
 
 Cached in ``data/scale/planner_pod.json`` (``tools/retarget_full_size.py planner``: each compile in its own process,
 its trace and compile seconds and peak host memory recorded); notebook 07 reads the cache unless ``full_size``.
