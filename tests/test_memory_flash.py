@@ -230,3 +230,31 @@ def test_cached_full_size_results_obey_the_notebooks_rules() -> None:
     check = big["fit_check.flash"]
     assert check.peaks[check.seq] > cap > big["fit.flash"].peaks[big["fit.flash"].seq]
     assert all(r.holds == (r.fits and r.peak <= cap) for r in (*flash.values(), *plain.values()))
+
+
+def test_cached_70b_flash_verdict_on_v6e_64() -> None:
+    """Notebook 07's Llama 3 70B step on v6e-64 (fsdp 16 × tensor 4, 16 × 8192 tokens) compiled with the flash
+    kernel (cached: ``python -m shardlab.memory verdict-70b``, traced on 64 CPU devices). Oracles: the model's sizes
+    (its parameters and AdamW state on a chip: 14 bytes per parameter, written out here), the capacity check's own
+    rule (arguments + temporaries against the capacity), and the kernel's four custom calls (as the 8B step)."""
+    from shardlab.planner import model_from
+    from shardlab.planner.verdict import load_holdout, load_matrix
+
+    compiled, source = FS.load_verdicts()
+    v = compiled["llama-3-70b.v6e-64"]
+    assert (v.model, v.topology, v.mesh, v.global_batch, v.seq, v.recompute) == (
+        "llama-3-70b", "v6e-64", [1, 16, 4], 16, 8192, "full")
+    assert any(a["rows"] == ["llama-3-70b.v6e-64"] and a["command"].endswith("verdict-70b") for a in source["added"])
+    m = model_from("llama-3-70b")
+    h, f, L, kv = m.hidden, m.ffn, m.layers, m.kv_heads * (m.hidden // m.heads)
+    vocab = -(-m.vocab // (128 * 4)) * 128 * 4
+    per_chip = (L * (2 * h * h + 2 * kv * h + 3 * h * f) + 2 * vocab * h) // 64 + (2 * L + 1) * h // 16
+    assert v.fits is (v.total <= v.capacity)
+    if v.fits:
+        assert v.custom_calls == 4 and v.total == v.arguments + v.temp
+        tokens = 2 * 8192 * 8  # tokens and labels, one int64 sequence per fsdp rank
+        assert 14 * per_chip + tokens <= v.arguments < 14 * per_chip + tokens + 2**20  # + torch_xla's scalars
+    # notebook 08b's table: the row is now checked by a compile, no longer open
+    rows = {r["configuration"]: r for r in FS.flash_verdicts({**load_matrix()[0], **load_holdout()[0]}, compiled)}
+    assert rows["llama-3-70b.v6e-64"]["status"] == "checked"
+    assert rows["llama-3-70b.v6e-64"]["compiler with flash"] == ("fits" if v.fits else "no")

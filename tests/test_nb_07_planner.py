@@ -73,6 +73,13 @@ def test_notebook_07_defaults(run_notebook) -> None:  # type: ignore[no-untyped-
         assert (f"planner.compiler.{key}.per_chip.bytes", "tpu") not in by
     agree = [c for c in record["checks"] if c["name"].startswith("planner.compiler.") and "agrees" in c["name"]]
     assert len(agree) == 7 and all(c["ok"] for c in agree)
+    # the pod-scale verdicts (one per generation, 128 or 256 chips): the planner's side recorded, the cached compiles
+    # checked against it (shardlab.planner.pod.record_pod)
+    for key in ("llama-3-70b.v6e-256", "llama-3-70b.v5e-256", "llama-3-70b.v5p-256", "llama-3-70b.v4-256"):
+        assert (f"planner.pod.{key}.per_chip.bytes", "formula") in by
+    pod = {c["name"]: c["ok"] for c in record["checks"] if c["name"].startswith("planner.pod.")}
+    assert pod and all(pod.values()), pod
+    assert any(n.startswith("planner.pod.llama-3-70b.v6e-256: on v6e") for n in pod)  # the fitted generation agrees
 
 
 @pytest.mark.notebook

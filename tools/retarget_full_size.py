@@ -15,6 +15,12 @@ Usage::
     python tools/retarget_full_size.py compare --inspect  # 12's Llama 3 8B step at v6e-64: direct vs from 8
     python tools/retarget_full_size.py pod                # the seed, shard_as off/on, v6e-64/128/256 (6 processes)
     python tools/retarget_full_size.py pod --chips 256    # one slice only (merged into the cache)
+    python tools/retarget_full_size.py planner            # 07's pod verdicts: Llama 3 70B on v6e/v5e/v5p/v4 (4)
+    python tools/retarget_full_size.py planner-one llama-3-70b.v4-256   # one row, in this process (merged)
+    python tools/retarget_full_size.py planner-control    # the v4 row's 128-chip program compiled for v6e-128
+
+``planner`` compiles :data:`shardlab.planner.pod.POD` (notebook 07's verdict step traced on 8 devices, mesh
+(1, 2, 4), compiled for 128 or 256 chips), each row in a fresh process, into ``data/scale/planner_pod.json``.
 """
 
 from __future__ import annotations
@@ -143,9 +149,75 @@ def pod(chips_list: list[int]) -> None:
     POD_FILE.write_text(json.dumps({"_source": source, "results": dict(sorted(cached.items()))}, indent=1) + "\n")
 
 
+def planner_one(key: str) -> None:
+    """One pod-scale planner compile in this fresh process, merged into the cache; its numbers as one JSON line."""
+    started = time.time()
+    from shardlab import runtime
+
+    runtime.setup(num_devices=8)
+    from shardlab.planner import pod as PP
+    from shardlab.profile.result_files import save_results
+
+    cases = PP.pod_cases()
+    if key not in cases:
+        raise SystemExit(f"planner-one {key!r}: not a row of shardlab.planner.pod.POD {sorted(cases)}")
+    r = PP.compile_retargeted(cases[key])
+    r.host_peak_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    cached, old = PP.load_pod() if PP.POD_FILE.exists() else ({}, {})
+    cmd = f"python tools/retarget_full_size.py planner-one {key}"
+    row_source = {"rows": [key], "command": cmd, "measured": time.strftime("%Y-%m-%d %H:%M", time.localtime(started)),
+                  "wall_s": round(time.time() - started, 1), "versions": _versions(), "cpus": os.cpu_count(),
+                  "load_avg_at_end": [round(x, 2) for x in os.getloadavg()], "machine": platform.machine()}
+    added = [a for a in old.get("added", []) if key not in a["rows"]] + [row_source]
+    source = {"command": "python tools/retarget_full_size.py planner (each row: planner-one <row>, listed under "
+                         "'added')", "measured": max(a["measured"] for a in added), "versions": _versions(),
+              "trace": "8 CPU devices, mesh (data 1, fsdp 2, tensor 4), shardings rewritten to (1, chips / 4, 4)",
+              "added": added}
+    save_results(dict(sorted({**cached, key: r}.items())), PP.POD_FILE, **source)
+    s = r.compiler
+    print(json.dumps({"row": key, "compiler_fits": r.compiler_fits, "planner_no_flash_fits": r.planner_no_flash_fits,
+                      "total": r.total, "arguments": s.get("arguments"), "outputs": s.get("outputs"),
+                      "temp": s.get("temp"), "peak": s.get("peak"), "message": r.message, "compile_s": r.compile_s,
+                      "trace_s": r.trace_s, "host_peak_bytes": r.host_peak_bytes,
+                      "process_s": round(time.time() - started, 1)}), flush=True)
+
+
+def planner_control() -> None:
+    """The control compile of ``shardlab.planner.pod.CONTROL`` in this process, with its cost."""
+    started = time.time()
+    from shardlab import runtime
+
+    runtime.setup(num_devices=8)
+    from shardlab.planner import pod as PP
+    from shardlab.profile.result_files import save_results
+
+    r = PP.compile_control()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    key = f"{PP.CONTROL[0].rsplit('.', 1)[0]}.{PP.CONTROL[1]}"
+    save_results({key: r}, PP.CONTROL_FILE, command="python tools/retarget_full_size.py planner-control",
+                 measured=time.strftime("%Y-%m-%d %H:%M", time.localtime(started)),
+                 wall_s=round(time.time() - started, 1), versions=_versions(), cpus=os.cpu_count(),
+                 load_avg_at_end=[round(x, 2) for x in os.getloadavg()], machine=platform.machine(),
+                 host_peak_bytes=peak, trace=f"the step of {PP.CONTROL[0]}, traced on 8 CPU devices")
+    print(json.dumps({"row": key, **r.as_dict(), "host_peak_bytes": peak}, default=str), flush=True)
+
+
+def planner(keys: list[str]) -> None:
+    from shardlab.planner.pod import POD
+
+    for key in keys or list(POD):
+        out = subprocess.run([sys.executable, __file__, "planner-one", key], capture_output=True, text=True,
+                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+        lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+        if out.returncode or not lines:
+            raise SystemExit(f"{key} failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
+        print(lines[-1], flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("what", choices=("compare", "pod", "pod-one"))
+    ap.add_argument("what", choices=("compare", "pod", "pod-one", "planner", "planner-one",
+                                            "planner-control"))
     ap.add_argument("args", nargs="*")
     ap.add_argument("--inspect", action="store_true", help="compare: 12's Llama 3 8B step instead of 06's seed")
     ap.add_argument("--chips", nargs="*", type=int, default=[64, 128, 256], help="pod: slices (v6e-N chips)")
@@ -154,6 +226,12 @@ def main() -> None:
         compare(a.inspect)
     elif a.what == "pod":
         pod(a.chips)
+    elif a.what == "planner":
+        planner(a.args)
+    elif a.what == "planner-one":
+        planner_one(a.args[0])
+    elif a.what == "planner-control":
+        planner_control()
     else:
         pod_one(int(a.args[0]), bool(int(a.args[1])))
 

@@ -172,6 +172,13 @@ class Case:
         ``programs`` gets ``{program: HloModule}``."""
         return view
 
+    def small_trace(self) -> tuple[Case, tuple[int, ...], tuple[int, ...]] | None:
+        """How this case's graph is traced on a few devices and compiled at its own size (trace small, compile big,
+        :mod:`shardlab.profile.retarget`): ``(the case on the trace mesh — the same global shapes —, trace mesh,
+        target mesh)``, both meshes in the graph's axis order; None (the default): the graph may depend on the
+        mesh beyond its annotations, so its TPU view needs one CPU device per chip."""
+        return None
+
 
 def build_graph(case: Case) -> Step:
     """``case.graph()`` — the module-level builder the TPU compile pickles into a helper process."""

@@ -40,6 +40,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -63,7 +64,15 @@ from shardlab.profile.capture import Capture, capture_hlo
 from shardlab.profile.hlo import HloModule
 from shardlab.profile.record import Recorder, values_equal
 from shardlab.profile.timer import xla_sync
-from shardlab.profile.tpu import Step, TpuCompile, compile_program, default_generation, view_topology
+from shardlab.profile.tpu import (
+    NOT_INSTALLED,
+    Step,
+    TpuCompile,
+    compile_program,
+    default_generation,
+    topology_for,
+    view_topology,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -197,23 +206,36 @@ def tpu_topology(case: Case, generation: str | None = None) -> tuple[str | None,
     return topology, how
 
 
-def tpu(case: Case, generation: str | None = None, **options: Any) -> TpuView:
+def tpu(case: Case, generation: str | None = None, small_trace: bool | None = None, **options: Any) -> TpuView:
     """XLA:TPU's per-chip program of ``case.graph()`` (compile-only), or a skip with the reason.
 
+    ``small_trace``: build the graph from :meth:`Case.small_trace` on its few devices and compile it with its
+    shardings rewritten to the case's mesh — None: only where a direct trace cannot (more chips than a process has
+    CPU devices) and the case declares one; True: whenever it declares one (the tests compare both routes).
     ``options`` override ``case.compile_options()`` (``disable_passes``, ``debug_options``, ``donate``, ...)."""
     skipped = _unavailable(case, "tpu")
     if skipped is not None:
         return skipped
     topology, how = tpu_topology(case, generation)
+    traced, small = case, case.small_trace() if small_trace is not False else None
+    if small is not None and (small_trace or (topology is None and case.devices > runtime.MAX_CPU_DEVICES
+                                              and how != NOT_INSTALLED)):
+        try:
+            topology = topology_for(case.devices, generation or default_generation())
+        except ValueError as exc:
+            return View.skip("tpu", str(exc))
+        traced, trace_mesh, target_mesh = small
+        options = {**options, "retarget": (tuple(trace_mesh), tuple(target_mesh))}
+        how = f"traced on {math.prod(trace_mesh)} devices, mesh {tuple(trace_mesh)} rewritten to {tuple(target_mesh)}"
     if topology is None:
         return View.skip("tpu", how)
     opts = {**case.compile_options(), **options}
     comps: list[TpuCompile]
     if case.programs:
-        comps = [compile_program(build_program, (case, i), topology, **{"label": f"{case.phase} {name}", **opts})
+        comps = [compile_program(build_program, (traced, i), topology, **{"label": f"{case.phase} {name}", **opts})
                  for i, name in enumerate(case.programs)]
     else:
-        comps = [compile_program(build_graph, case, topology, **{"label": case.phase, **opts})]
+        comps = [compile_program(build_graph, traced, topology, **{"label": case.phase, **opts})]
     oom = next((c.oom for c in comps if not c.fits), None)
     if oom is not None:
         view: TpuView = View("tpu", {"fits": 0}, {"fits": "bool"}, detail=comps[-1], parts=comps)

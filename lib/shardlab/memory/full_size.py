@@ -16,6 +16,8 @@ Usage (run from the repository; writes the cache, prints one line per result; ``
 
     python -m shardlab.memory verdict           # notebook 07's Llama 3 8B step on v6e-8 with the flash kernel
                                                  # (8 devices; ~17 minutes of XLA:TPU on 2 cores)
+    python -m shardlab.memory verdict-70b       # notebook 07's Llama 3 70B step on v6e-64 with the flash kernel
+                                                 # (64 devices: a Pallas kernel cannot be traced small; merged)
 
 ``verdict`` compiles :class:`FlashVerdictCase` — notebook 07's ``planner.verdict.VerdictCase`` step with torch_xla's
 flash kernel in place of its softmax attention — and writes ``data/memory/verdict_flash.json``.
@@ -321,6 +323,11 @@ class FlashVerdictCase(VerdictCase):
 
 
 VERDICT_PLAN = PlanConfig("llama-3-8b", "v6e-8", fsdp=8, global_batch=8, seq=8192)  # 07's matrix row, full recompute
+# 07's 70B row on v6e-64 (fsdp 16 x tensor 4, 16 x 8192 tokens): the planner says "at risk" with flash and the compiler
+# without flash is out of memory. The Pallas kernel is traced for per-device blocks, so the step cannot be traced on
+# a few devices and retargeted (``profile.retarget`` refuses ``tpu_custom_call``): traced on 64 CPU devices.
+VERDICT_70B_PLAN = PlanConfig("llama-3-70b", "v6e-64", fsdp=16, tensor=4, global_batch=16, seq=8192)
+VERDICT_PLANS = {f"{p.model}.{p.topology}": p for p in (VERDICT_PLAN, VERDICT_70B_PLAN)}
 
 
 def flash_verdict(p: PlanConfig = VERDICT_PLAN) -> FlashVerdict:
@@ -394,7 +401,7 @@ def flash_verdicts(checks: dict[str, PlannerCheck], compiled: dict[str, FlashVer
 
 
 # ------------------------------------------------------------------------------------------------------- tool
-WHAT = {"flash": 1, "roam": 1, "verdict": 8}  # what `python -m shardlab.memory` measures -> the devices it needs
+WHAT = {"flash": 1, "roam": 1, "verdict": 8, "verdict-70b": 64}  # what `python -m shardlab.memory` measures -> devices
 
 
 def write(what: str) -> Path:
@@ -405,8 +412,10 @@ def write(what: str) -> Path:
         results, path = flash_results(p), FLASH_FILE
     elif what == "roam":
         results, path = roam_results(p), ROAM_FILE
-    elif what == "verdict":
-        results, path = {f"{VERDICT_PLAN.model}.{VERDICT_PLAN.topology}": flash_verdict()}, VERDICT_FILE
+    elif what in ("verdict", "verdict-70b"):
+        plan_ = VERDICT_PLAN if what == "verdict" else VERDICT_70B_PLAN
+        key = f"{plan_.model}.{plan_.topology}"
+        results, path = {key: flash_verdict(plan_)}, VERDICT_FILE
     else:
         raise ValueError(f"what={what!r} must be one of {WHAT}")
     for k, r in results.items():
@@ -416,5 +425,10 @@ def write(what: str) -> Path:
               "wall_s": round(time.time() - started, 1), "versions": tpu.check_backend(), "cpus": os.cpu_count(),
               "load_avg_at_end": [round(x, 2) for x in os.getloadavg()], "machine": platform.machine(),
               "num_devices": p.num_devices}
+    if what.startswith("verdict") and path.exists():  # one row per command: merged, the first row's source kept
+        cached, first = load_verdicts(path)
+        added = [a for a in first.get("added", []) if not set(a["rows"]) & set(results)]
+        source = {**first, "added": [*added, {"rows": sorted(results), **source}]}
+        results = dict(sorted({**cached, **results}.items()))
     save_results(results, path, **source)
     return path

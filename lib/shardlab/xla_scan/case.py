@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from types import SimpleNamespace
 from typing import ClassVar
@@ -153,6 +153,15 @@ class ScanCase(MeshCase):
     @property
     def weight_shapes(self) -> dict[str, tuple[int, int]]:
         return M.weight_shapes(self.p.hidden, self.p.ffn)
+
+    def small_trace(self) -> tuple[ScanCase, tuple[int, int], tuple[int, int]] | None:
+        """Trace small, compile big: the same step on mesh (fsdp 2, tensor) — its tensors have global shapes that
+        no mesh size enters — compiled for (fsdp, tensor) with the shardings rewritten (``harness.tpu``; exact at
+        8 chips, tested). None when fsdp is already 2 or odd (2 does not tile it)."""
+        f, t = self.p.mesh_fsdp, self.p.mesh_tensor
+        if f <= 2 or f % 2:
+            return None
+        return replace(self, p=replace(self.p, mesh_fsdp=2)), (2, t), (f, t)
 
     def expected_grad_shapes(self) -> dict[str, tuple[int, ...]]:
         """Per-device shape of each stacked gradient: like the weight (on) or all-reduced over fsdp (off)."""
