@@ -34,6 +34,7 @@ from shardlab.inspect.config import (
     with_mesh,
 )
 from shardlab.inspect.models import ModelSpec, planner_model
+from shardlab.inspect.timing import time_summary
 from shardlab.planner import Plan
 from shardlab.profile import retarget as R
 from shardlab.profile import tpu
@@ -67,6 +68,7 @@ class InspectResult:
     collective_list: list[dict[str, Any]] = field(default_factory=list)  # every logical collective
     nearest: dict[str, Any] | None = None  # the planner's nearest plan that fits
     confirmed: dict[str, Any] | None = None  # that plan inspected (InspectResult.as_dict), with confirm=True
+    time: dict[str, Any] | None = None  # step time / MFU / bound, compiler and planner (inspect.timing)
 
     @property
     def exit_status(self) -> int:
@@ -240,6 +242,7 @@ def run(cfg: InspectConfig, progress: Progress | None = None, confirm: bool = Fa
         {"model": real, "planner": plan.num_params if plan else None,
          "ratio": real / plan.num_params if plan else None}, origins, notes,
         compiled.oom.message if compiled.oom else "", coll)
+    result.time = time_summary(compiled.module, cfg, plan, lay)
     if not compiled.fits:
         say("searching the planner for the nearest plan that fits")
         near = A.nearest_fit(cfg)
