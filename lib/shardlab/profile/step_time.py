@@ -168,7 +168,21 @@ def _dot_flops(ins: Any, module: HloModule) -> int:
         raise ValueError(f"convolution {ins.name}: cannot read its kernel shape or dim_labels={labels!r}")
     kernel_labels = labels.split("->")[0].split("_")[1]
     kernel = rhs.shape[0].dims
-    return 2 * out * math.prod(kernel) // kernel[kernel_labels.index("o")]  # grouped: the kernel's i is already i/g
+    taps = math.prod(kernel) // kernel[kernel_labels.index("o")]  # grouped: the kernel's i is already i/g
+    # XLA:TPU writes batched and per-head matmuls as convolutions whose window meets only one real input element:
+    # a window of s taps over a spatial input of n elements dilated d times meets at most min(ceil(s / d), n).
+    window = ins.attrs.get("window", "")
+    size = re.search(r"size=([\dx]+)", window)
+    if size:
+        dilate = re.search(r"lhs_dilate=([\dx]+)", window)
+        sizes = [int(x) for x in size.group(1).split("x")]
+        dilations = [int(x) for x in dilate.group(1).split("x")] if dilate else [1] * len(sizes)
+        lhs = module.instructions.get(ins.operands[0])
+        lhs_labels = labels.split("->")[0].split("_")[0]
+        for i, (s, d) in enumerate(zip(sizes, dilations, strict=True)):
+            n = lhs.shape[0].dims[lhs_labels.index(str(i))] if lhs is not None and lhs.shape else s
+            taps = taps // s * min(-(-s // d), n)
+    return 2 * out * taps
 
 
 def kernel_estimates(module: HloModule) -> tuple[list[Kernel], list[str]]:

@@ -29,6 +29,7 @@ class TimingParams(NotebookParams):
     NOTEBOOK: ClassVar[str] = "13_step_time"
     POSITIVE: ClassVar[tuple[str, ...]] = ("chips", "hidden", "ffn")
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"generation": GENERATIONS}
+    FLAGS: ClassVar[tuple[str, ...]] = ("full_size",)
 
     generation: str = "v5e"  # TPU generation the programs are compiled for: "v5e" or "v6e"
     chips: int = 8  # chips of the slice (one mesh axis over all of them)
@@ -36,6 +37,7 @@ class TimingParams(NotebookParams):
     ffn: int = 8192  # f: its inner width (fsdp / data sweeps)
     tokens: tuple = (256, 1024, 4096)  # tokens per chip swept for the fsdp axis (ascending)
     ffns: tuple = (2048, 8192, 32768)  # inner widths swept for the tensor axis (ascending)
+    full_size: bool = False  # compile the published v5e-256 runs live (tens of minutes); False: their cached results
 
     def checks(self) -> None:
         c = self.chips
