@@ -85,3 +85,14 @@ def test_no_clock_says_so(xla_world) -> None:  # type: ignore[no-untyped-def]
     shown = replace(r, time=tm)
     step_line = next(line for line in output.text(shown).splitlines() if line.startswith("step "))
     assert "no clock" in step_line
+
+
+def test_flash_kernels_are_named_unpriced(xla_world) -> None:  # type: ignore[no-untyped-def]
+    """XLA:TPU gives a Pallas kernel no estimate: the output says its time is missing instead of pricing it at 0."""
+    cfg = make_config("llama-3-8b", mesh="fsdp=8", topology="v5e-8", batch=B, seq=512, num_layers=L,
+                      attention="flash", overrides={"hidden_size": H, "intermediate_size": F,
+                                                    "num_attention_heads": HEADS, "num_key_value_heads": KV,
+                                                    "vocab_size": V})
+    r = run(cfg)
+    assert r.fits and r.time["compiler"]["unpriced"]  # forward and backward kernels of each layer's flash call
+    assert any("Pallas" in w for w in r.time["why"]) and "Pallas" in output.text(r)
