@@ -34,6 +34,7 @@ def main() -> None:
                     help="re-price the cached results from their kept programs (no compile), then compile RUNS")
     ap.add_argument("--layers", nargs="*", type=int, default=None,
                     help="compile at these layer counts (scan) instead of the published one")
+    ap.add_argument("--batch", type=int, default=None, help="sequences per chip instead of the published number")
     ap.add_argument("--keep-hlo", type=Path, default=None, help="directory for the compiled programs (gzip)")
     ap.add_argument("--out", type=Path, default=None, help="results file (default: the notebook's cache)")
     a = ap.parse_args()
@@ -46,14 +47,15 @@ def main() -> None:
     for key in a.runs:
         for layers in a.layers or [None]:
             started = time.time()
-            res, hlo = P.compile_run(key, num_layers=layers)
+            res, hlo = P.compile_run(key, num_layers=layers, per_device_batch=a.batch)
             res["_source"] = {
-                "command": f"python tools/published_runs.py {key}" + (f" --layers {layers}" if layers else ""),
+                "command": f"python tools/published_runs.py {key}" + (f" --layers {layers}" if layers else "")
+                + (f" --batch {a.batch}" if a.batch else ""),
                 "measured": time.strftime("%Y-%m-%d %H:%M", time.localtime(started)),
                 "wall_s": round(time.time() - started, 1), "versions": tpu.check_backend(),
                 "cpus": os.cpu_count(), "load_avg_at_end": [round(x, 2) for x in os.getloadavg()],
                 "machine": platform.machine()}
-            name = P.result_key(key, layers)
+            name = P.result_key(key, layers, a.batch)
             print(json.dumps({name: {k: v for k, v in res.items() if k != "kernels_top"}}, indent=1), flush=True)
             P.store(name, res, out)
             if a.keep_hlo is not None and hlo is not None:

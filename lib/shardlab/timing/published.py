@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,13 +131,27 @@ def chips(key: str) -> int:
     return math.prod(n for _, n in RUNS[key].mesh)
 
 
-def result_key(key: str, layers: int | None) -> str:
-    return key if layers is None else f"{key}.L{layers}"
+def result_key(key: str, layers: int | None, batch: int | None = None) -> str:
+    """Cache names: ``16b`` (as published), ``16b.L2`` (2 layers), ``32b.L2.b2`` (2 layers, 2 sequences per chip)."""
+    name = key if layers is None else f"{key}.L{layers}"
+    return name if batch is None or batch == RUNS[key].per_device_batch else f"{name}.b{batch}"
 
 
-def compile_run(key: str, num_layers: int | None = None) -> tuple[dict[str, Any], str | None]:
-    """Compile run ``key`` for its slice through ``inspect``'s step (trace small, compile big) and price it.
-    Returns (result dict, the compiled per-chip program text or None when it does not fit)."""
+def entries(cache: dict[str, Any], key: str) -> dict[tuple[int, int], dict[str, Any]]:
+    """The cached shallow compiles of run ``key`` that fit: (layers, per-chip batch) -> result."""
+    out = {}
+    for name, v in cache.items():
+        m = re.fullmatch(rf"{re.escape(key)}\.L(\d+)(?:\.b(\d+))?", name)
+        if m and v.get("step"):
+            out[(int(m.group(1)), int(m.group(2) or RUNS[key].per_device_batch))] = v
+    return out
+
+
+def compile_run(key: str, num_layers: int | None = None, per_device_batch: int | None = None
+                ) -> tuple[dict[str, Any], str | None]:
+    """Compile run ``key`` for its slice through ``inspect``'s step (trace small, compile big) and price it, at
+    ``num_layers`` / ``per_device_batch`` instead of the published ones when given. Returns (result dict, the
+    compiled per-chip program text or None when it does not fit)."""
     from shardlab.inspect import step
     from shardlab.inspect.api import trace_config
     from shardlab.inspect.config import make_config
@@ -144,8 +159,8 @@ def compile_run(key: str, num_layers: int | None = None) -> tuple[dict[str, Any]
 
     run = RUNS[key]
     cfg = make_config(hf_config(key), model_name=f"maxtext-{key}", mesh=dict(run.mesh), topology=run.topology,
-                      batch=run.per_device_batch * chips(key), seq=SEQ, recompute="full", layers="scan",
-                      attention="eager", num_layers=num_layers)
+                      batch=(per_device_batch or run.per_device_batch) * chips(key), seq=SEQ, recompute="full",
+                      layers="scan", attention="eager", num_layers=num_layers)
     cfg.validate()
     small = trace_config(cfg)
     t0 = time.time()
@@ -156,6 +171,7 @@ def compile_run(key: str, num_layers: int | None = None) -> tuple[dict[str, Any]
                                        label=f"maxtext-{key}", retarget=small[1])
     wall = time.time() - t0
     out: dict[str, Any] = {"run": key, "topology": run.topology, "mesh": dict(run.mesh), "layers": num_layers,
+                           "per_device_batch": per_device_batch or run.per_device_batch,
                            "fits": compiled.fits, "compile_s": compiled.compile_s, "wall_s": wall,
                            "oom": compiled.oom.first_line if compiled.oom else "",
                            "oom_message": compiled.oom.message[:3000] if compiled.oom else ""}
@@ -231,22 +247,49 @@ def store(name: str, result: dict[str, Any], path: Path = CACHE_FILE) -> None:
 TIME_FIELDS = ("compute_s", "comm_s", "exposed_comm_s", "step_s")
 
 
-def full_or_extrapolated(cache: dict[str, Any], key: str) -> tuple[dict[str, float], str] | None:
-    """The run's step terms (seconds per chip): compiled at full depth when cached, else extrapolated from two
-    shallower scanned compiles (``<key>.L<a>`` and ``<key>.L<b>``) by the linearity of the scanned layer body —
-    every term is affine in the layer count, so two depths give the line. None when neither is cached."""
-    full = cache.get(key)
-    if full and full.get("step"):
-        return {f: full["step"][f] for f in TIME_FIELDS}, f"compiled at {maxtext_widths(RUNS[key].scale)['layers']} " \
-            "layers"
-    depths = sorted(int(k.split(".L")[1]) for k, v in cache.items() if k.startswith(f"{key}.L") and v.get("step"))
+def _along_layers(e: dict[tuple[int, int], dict[str, Any]], batch: int, layers: int
+                  ) -> tuple[dict[str, float], tuple[int, int]] | None:
+    depths = sorted(d for d, b in e if b == batch)
     if len(depths) < 2:
         return None
-    a, b = depths[0], depths[-1]
-    lo, hi = cache[f"{key}.L{a}"]["step"], cache[f"{key}.L{b}"]["step"]
-    layers = maxtext_widths(RUNS[key].scale)["layers"]
-    terms = {f: lo[f] + (hi[f] - lo[f]) * (layers - a) / (b - a) for f in TIME_FIELDS}
-    return terms, f"extrapolated from {a} and {b} layers (scan)"
+    a, c = depths[0], depths[-1]
+    lo, hi = e[(a, batch)], e[(c, batch)]
+    attn = "attention [s, s]"
+    values = {f: (lo["step"][f], hi["step"][f]) for f in TIME_FIELDS}
+    if lo.get("body_split") and hi.get("body_split"):  # per layer: the same at both depths
+        values["attention_per_layer_s"] = (lo["body_split"][attn]["estimate_s"], hi["body_split"][attn]["estimate_s"])
+    out = {f: v[0] + (v[1] - v[0]) * (layers - a) / (c - a) for f, v in values.items()}
+    if "attention_per_layer_s" in values:
+        out["attention_per_layer_s"] = values["attention_per_layer_s"][1]
+    return out, (a, c)
+
+
+def full_or_extrapolated(cache: dict[str, Any], key: str) -> tuple[dict[str, float], str] | None:
+    """The run's step terms (seconds per chip): compiled as published when cached; else extrapolated from shallower
+    scanned compiles by the linearity of the scanned layer body — every term affine in the layer count, two depths
+    give the line; and when the published per-chip batch does not fit even at 2 layers (eager attention's [s, s]
+    tensors), along a second line through two smaller per-chip batches (every kernel's work grows with the tokens;
+    FSDP's collectives do not). None when none of it is cached."""
+    run = RUNS[key]
+    layers = maxtext_widths(run.scale)["layers"]
+    full = cache.get(key)
+    if full and full.get("step"):
+        return {f: full["step"][f] for f in TIME_FIELDS}, f"compiled at {layers} layers"
+    e = entries(cache, key)
+    got = _along_layers(e, run.per_device_batch, layers)
+    if got is not None:
+        return got[0], f"extrapolated from {got[1][0]} and {got[1][1]} layers (scan)"
+    lines = {b: _along_layers(e, b, layers) for b in sorted({b for _, b in e})}
+    lines = {b: v for b, v in lines.items() if v is not None}
+    if len(lines) < 2:
+        return None
+    b0, b1 = min(lines), max(lines)
+    t0, t1 = lines[b0][0], lines[b1][0]
+    terms = {f: t0[f] + (t1[f] - t0[f]) * (run.per_device_batch - b0) / (b1 - b0) for f in t0 if f in t1}
+    terms["exposed_comm_s"] = max(0.0, terms["exposed_comm_s"])
+    terms["step_s"] = terms["compute_s"] + terms["exposed_comm_s"]
+    return terms, (f"extrapolated from {lines[b0][1][0]} and {lines[b0][1][1]} layers (scan) at {b0} and {b1} "
+                   f"sequences per chip ({run.per_device_batch} needs more HBM than a chip has, even at 2 layers)")
 
 
 def causal_attention_s(key: str) -> float:
@@ -261,16 +304,9 @@ def causal_attention_s(key: str) -> float:
 
 
 def _deepest(cache: dict[str, Any], key: str) -> dict[str, Any]:
-    names = sorted((k for k in cache if k.startswith(f"{key}.L") and cache[k].get("step")),
-                   key=lambda k: int(k.split(".L")[1]))
-    return cache[names[-1]] if names else {}
-
-
-def _body_split(cache: dict[str, Any], key: str) -> dict[str, Any] | None:
-    for name in (key, *sorted(k for k in cache if k.startswith(f"{key}.L"))):
-        if cache.get(name, {}).get("body_split"):
-            return cache[name]["body_split"]
-    return None
+    """The deepest, largest-batch shallow compile of ``key`` (its bound stands for the run's)."""
+    e = entries(cache, key)
+    return e[max(e, key=lambda lb: (lb[1], lb[0]))] if e else {}
 
 
 def table_rows(cache: dict[str, Any]) -> list[dict[str, Any]]:
@@ -296,12 +332,10 @@ def table_rows(cache: dict[str, Any]) -> list[dict[str, Any]]:
                         "predicted MFU": mf / (terms["step_s"] * n * chip.bf16_peak_flops_per_s),
                         "bound": (full or _deepest(cache, key)).get("bound")})
             row["ratio"] = row["predicted MFU"] / run.mfu
-            split = _body_split(cache, key)
-            if split is not None:  # what-if: the eager [s, s] kernels replaced by a causal kernel at its roofline
+            if "attention_per_layer_s" in terms:  # what-if: the eager [s, s] kernels as a causal kernel at roofline
                 w = maxtext_widths(run.scale)
-                causal = causal_attention_s(key)
-                step = terms["step_s"] - w["layers"] * (split["attention [s, s]"]["estimate_s"] - causal)
-                row["attention [s, s] per layer (s)"] = split["attention [s, s]"]["estimate_s"]
+                step = terms["step_s"] - w["layers"] * (terms["attention_per_layer_s"] - causal_attention_s(key))
+                row["attention [s, s] per layer (s)"] = terms["attention_per_layer_s"]
                 row["step, causal attention at roofline (s)"] = step
                 row["ratio, causal attention at roofline"] = mf / (step * n * chip.bf16_peak_flops_per_s) / run.mfu
         rows.append(row)
@@ -309,13 +343,17 @@ def table_rows(cache: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def linearity(cache: dict[str, Any]) -> dict[str, tuple[float, float]]:
-    """Per run compiled at two depths a < b: (compute(b) − compute(a), (b − a) × one execution of the scanned
-    body(ies)). Nearly equal: the depth also changes work outside the loop — the optimizer's update of the stacked
-    [L, ...] weights — which the line through the two depths carries too (measured: 0.17 % on 16B)."""
+    """Per run and per-chip batch compiled at two depths a < b: (compute(b) − compute(a), (b − a) × one execution
+    of the scanned body(ies)). Nearly equal: the depth also changes work outside the loop — the optimizer's update
+    of the stacked [L, ...] weights — which the line through the two depths carries too (measured: 0.17 % on 16B)."""
     out = {}
     for key in RUNS:
-        depths = sorted(int(k.split(".L")[1]) for k, v in cache.items() if k.startswith(f"{key}.L") and v.get("step"))
-        if len(depths) >= 2:
-            lo, hi = cache[f"{key}.L{depths[0]}"], cache[f"{key}.L{depths[-1]}"]
-            out[key] = (hi["step"]["compute_s"] - lo["step"]["compute_s"], (depths[-1] - depths[0]) * lo["loop_body_s"])
+        e = entries(cache, key)
+        for batch in sorted({b for _, b in e}):
+            depths = sorted(d for d, b in e if b == batch)
+            if len(depths) >= 2:
+                lo, hi = e[(depths[0], batch)], e[(depths[-1], batch)]
+                name = key if batch == RUNS[key].per_device_batch else f"{key}.b{batch}"
+                out[name] = (hi["step"]["compute_s"] - lo["step"]["compute_s"],
+                             (depths[-1] - depths[0]) * lo["loop_body_s"])
     return out
