@@ -26,8 +26,7 @@ from shardlab.formulas import hardware
 from shardlab.profile import step_time as st
 from shardlab.report.html import esc, table
 
-if TYPE_CHECKING:
-    from shardlab.inspect.api import InspectResult
+if TYPE_CHECKING:  # (the result type is api's InspectResult; api imports this module, so it is not named here)
     from shardlab.inspect.config import InspectConfig, Layout
 
 CONVENTION = ("MFU = model FLOPs / (step x chips x bf16 peak); model FLOPs: MaxText's convention, 6 x matmul "
@@ -117,7 +116,7 @@ def _rows(tm: dict[str, Any]) -> list[list[str]]:
 HEADERS = ["per step, per chip", "compiler", "planner", "ratio"]
 
 
-def text_lines(r: InspectResult, _table: Callable[[list[str], list[list[str]]], str]) -> list[str]:
+def text_lines(r: Any, _table: Callable[[list[str], list[list[str]]], str]) -> list[str]:
     """The terminal section (empty when the result carries no time entry), tables drawn by ``_table``."""
     tm = getattr(r, "time", None)
     if not tm:
@@ -128,7 +127,7 @@ def text_lines(r: InspectResult, _table: Callable[[list[str], list[list[str]]], 
     return lines
 
 
-def html_section(r: InspectResult) -> list[str]:
+def html_section(r: Any) -> list[str]:
     tm = getattr(r, "time", None)
     if not tm:
         return []
