@@ -261,6 +261,8 @@ def _along_layers(e: dict[tuple[int, int], dict[str, Any]], batch: int, layers: 
     out = {f: v[0] + (v[1] - v[0]) * (layers - a) / (c - a) for f, v in values.items()}
     if "attention_per_layer_s" in values:
         out["attention_per_layer_s"] = values["attention_per_layer_s"][1]
+        mm = hi["body_split"]["matmul"]
+        out["matmul_efficiency"] = mm["roofline_s"] / mm["estimate_s"]  # roofline / the compiler's estimate
     return out, (a, c)
 
 
@@ -286,6 +288,8 @@ def full_or_extrapolated(cache: dict[str, Any], key: str) -> tuple[dict[str, flo
     b0, b1 = min(lines), max(lines)
     t0, t1 = lines[b0][0], lines[b1][0]
     terms = {f: t0[f] + (t1[f] - t0[f]) * (run.per_device_batch - b0) / (b1 - b0) for f in t0 if f in t1}
+    if "matmul_efficiency" in t1:  # a ratio, not a time: the larger batch's
+        terms["matmul_efficiency"] = t1["matmul_efficiency"]
     terms["exposed_comm_s"] = max(0.0, terms["exposed_comm_s"])
     terms["step_s"] = terms["compute_s"] + terms["exposed_comm_s"]
     return terms, (f"extrapolated from {lines[b0][1][0]} and {lines[b0][1][1]} layers (scan) at {b0} and {b1} "
@@ -309,6 +313,15 @@ def _deepest(cache: dict[str, Any], key: str) -> dict[str, Any]:
     return e[max(e, key=lambda lb: (lb[1], lb[0]))] if e else {}
 
 
+def _oom_short(message: str) -> str:
+    """The compiler's out-of-memory line, shortened: "Used 24.83G of 15.75G hbm" or the allocation it refused."""
+    m = re.search(r"Used [\d.]+\w? of [\d.]+\w? hbm", message) or re.search(
+        r"Allocation \(size=(\d+)\).*?shape = '([^']+)'", message)
+    if m is None:
+        return message[:80]
+    return m.group(0) if m.lastindex is None else f"one {m.group(2)} of {int(m.group(1)) / 2**30:.0f} GiB"
+
+
 def table_rows(cache: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per published run: predicted step, tokens/s/chip, MFU beside the published MFU and their ratio."""
     rows = []
@@ -322,7 +335,11 @@ def table_rows(cache: dict[str, Any]) -> list[dict[str, Any]]:
                                "batch / chip": run.per_device_batch, "published MFU": run.mfu,
                                "published step (s)": published_step}
         if got is None:
-            row.update({"how": "not compiled", "predicted step (s)": None, "predicted MFU": None, "ratio": None})
+            failed = [(name, v) for name, v in sorted(cache.items()) if v.get("run") == key and not v.get("fits")]
+            how = "not compiled" if not failed else "does not fit: " + "; ".join(
+                f"{v.get('layers') or 'all'} layers, {v.get('per_device_batch', run.per_device_batch)} per chip: "
+                f"{_oom_short(v.get('oom', ''))}" for _, v in failed)
+            row.update({"how": how, "predicted step (s)": None, "predicted MFU": None, "ratio": None})
         else:
             terms, how = got
             full = cache.get(key) if (cache.get(key) or {}).get("step") else None
@@ -338,6 +355,12 @@ def table_rows(cache: dict[str, Any]) -> list[dict[str, Any]]:
                 row["attention [s, s] per layer (s)"] = terms["attention_per_layer_s"]
                 row["step, causal attention at roofline (s)"] = step
                 row["ratio, causal attention at roofline"] = mf / (step * n * chip.bf16_peak_flops_per_s) / run.mfu
+                row["why"] = (f"eager [s, s] kernels {w['layers'] * terms['attention_per_layer_s']:.1f} s of the step "
+                              f"(a causal kernel at its FLOP roofline: {w['layers'] * causal_attention_s(key):.1f} s); "
+                              f"exposed communication {terms['exposed_comm_s']:.2f} s (the gradients' all-reduces run "
+                              "synchronously in the layer loop); the matmul kernels at "
+                              f"{100 * terms.get('matmul_efficiency', float('nan')):.0f} % of peak by the compiler's "
+                              "estimate")
         rows.append(row)
     return rows
 
