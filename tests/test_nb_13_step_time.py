@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 # published per-chip figures (Cloud TPU documentation): bf16 FLOP/s, bidirectional ICI bytes/s, torus links per chip
-CHIPS = {"v5e": (197e12, 400e9, 4), "v6e": (918e12, 800e9, 4)}
+CHIPS = {"v5e": (197e12, 400e9, 4), "v6e": (918e12, 800e9, 4), "v5p": (459e12, 1200e9, 6)}
 
 
 def _by(record):  # type: ignore[no-untyped-def]
@@ -16,9 +16,11 @@ def _by(record):  # type: ignore[no-untyped-def]
 
 
 def _egress(gen: str, chips: int) -> float:
-    """A group of all chips of a 2-D torus slice spans both axes once it has more than 2 chips (2x1: one axis)."""
+    """A group of all chips of a 2-D torus slice spans both axes once it has more than 2 chips (2x1: one axis); a
+    v5p slice of 4 chips is 2x2x1 (two axes), of 8 or more 2x2x2 and up (all three). Each axis: two links, one way
+    each, of a link's bidirectional share (published / links)."""
     _, ici, links = CHIPS[gen]
-    axes = 1 if chips == 2 else 2
+    axes = (2 if chips == 4 else 3) if gen == "v5p" else (1 if chips == 2 else 2)
     return axes * ici / links
 
 
@@ -57,3 +59,10 @@ def test_notebook_13_v6e_four_chips(run_notebook) -> None:  # type: ignore[no-un
 def test_notebook_13_one_device(run_notebook) -> None:  # type: ignore[no-untyped-def]
     record = run_notebook("13_step_time", num_devices=1, chips=2, tokens=[1024, 8192], ffns=[4096, 16384])
     _expect(record, "v5e", 2, 2048, 8192)
+
+
+@pytest.mark.notebook
+def test_notebook_13_v5p_four_chips(run_notebook) -> None:  # type: ignore[no-untyped-def]
+    record = run_notebook("13_step_time", num_devices=4, generation="v5p", chips=4, hidden=1024, ffn=4096,
+                          tokens=[512, 4096], ffns=[1024, 8192])
+    _expect(record, "v5p", 4, 1024, 4096)

@@ -34,6 +34,7 @@ from shardlab.inspect.config import (
     with_mesh,
 )
 from shardlab.inspect.models import ModelSpec, planner_model
+from shardlab.inspect.timing import time_summary
 from shardlab.planner import Plan
 from shardlab.profile import retarget as R
 from shardlab.profile import tpu
@@ -69,6 +70,7 @@ class InspectResult:
     confirmed: dict[str, Any] | None = None  # that plan inspected (InspectResult.as_dict), with confirm=True
     optimizer: dict[str, Any] = field(default_factory=dict)  # analysis.optimizer_summary: name, dtype, by_state
     host: dict[str, Any] | None = None  # analysis.host_offload: host-memory arrays and transfers (offload)
+    time: dict[str, Any] | None = None  # step time / MFU / bound, compiler and planner (inspect.timing)
 
     @property
     def exit_status(self) -> int:
@@ -264,6 +266,7 @@ def run(cfg: InspectConfig, progress: Progress | None = None, confirm: bool = Fa
                 "counts no layer inputs in HBM" if h else
                 "out of memory: no program to read the host placement from" if not compiled.fits else
                 "the compiled program holds nothing in host memory (the compiler dropped the placement)"))
+    result.time = time_summary(compiled.module, cfg, plan, lay)
     if not compiled.fits:
         say("searching the planner for the nearest plan that fits")
         near = A.nearest_fit(cfg)

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
+from shardlab.inspect.timing import html_section as time_section
+from shardlab.inspect.timing import text_lines as time_lines
 from shardlab.report.html import CSS, esc, figure, table
 
 if TYPE_CHECKING:
@@ -172,6 +174,7 @@ def text(r: InspectResult) -> str:
                          f" ({human(c['totals'].get('checked'))}, compiled in {c['compile_s']:.1f} s)")
     elif not r.fits:
         parts += ["", "nearest plan that fits: the planner finds none on this slice or a larger one of its generation"]
+    parts += time_lines(r, _table)
     if r.notes:
         parts += ["", "notes:"] + [f"  - {n}" for n in r.notes]
     return "\n".join(parts)
@@ -248,6 +251,7 @@ def _body(r: InspectResult, chart: str) -> list[str]:
                          size(c["bytes_per_step"], cu, 3), str(c.get("planner_count", "–")),
                          size(c.get("planner_bytes"), cu, 3), ratio(c.get("ratio")),
                          esc("; ".join(c.get("planner_what", [])))] for c in r.collectives])]
+    body += time_section(r)
     if r.nearest:
         n = r.nearest
         body.append(f"<h2>Nearest plan that fits</h2><p>{esc(n['topology'])}: data={n['data']} fsdp={n['fsdp']} "

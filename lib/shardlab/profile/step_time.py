@@ -110,6 +110,7 @@ class StepTime:
     kernels: list[Kernel] = field(default_factory=list)
     collectives: list[CommTime] = field(default_factory=list)
     unknown_runs: list[str] = field(default_factory=list)  # computations whose trip count could not be read
+    unpriced: list[str] = field(default_factory=list)  # Pallas kernels (tpu_custom_call): no estimate, not in compute
 
     @property
     def overlap_bound_s(self) -> float:  # perfect overlap
@@ -142,7 +143,7 @@ class StepTime:
                 "roofline_compute_s": self.roofline_compute_s, "comm_s": self.comm_s,
                 "exposed_comm_s": self.exposed_comm_s, "step_s": self.step_s, "comm_by_axis": self.comm_by_axis,
                 "kernels": len(self.kernels), "collectives": len(self.collectives),
-                "unknown_runs": self.unknown_runs}
+                "unknown_runs": self.unknown_runs, "unpriced": self.unpriced}
 
 
 # ------------------------------------------------------------------------------------------------ kernels
@@ -168,7 +169,21 @@ def _dot_flops(ins: Any, module: HloModule) -> int:
         raise ValueError(f"convolution {ins.name}: cannot read its kernel shape or dim_labels={labels!r}")
     kernel_labels = labels.split("->")[0].split("_")[1]
     kernel = rhs.shape[0].dims
-    return 2 * out * math.prod(kernel) // kernel[kernel_labels.index("o")]  # grouped: the kernel's i is already i/g
+    taps = math.prod(kernel) // kernel[kernel_labels.index("o")]  # grouped: the kernel's i is already i/g
+    # XLA:TPU writes batched and per-head matmuls as convolutions whose window meets only one real input element:
+    # a window of s taps over a spatial input of n elements dilated d times meets at most min(ceil(s / d), n).
+    window = ins.attrs.get("window", "")
+    size = re.search(r"size=([\dx]+)", window)
+    if size:
+        dilate = re.search(r"lhs_dilate=([\dx]+)", window)
+        sizes = [int(x) for x in size.group(1).split("x")]
+        dilations = [int(x) for x in dilate.group(1).split("x")] if dilate else [1] * len(sizes)
+        lhs = module.instructions.get(ins.operands[0])
+        lhs_labels = labels.split("->")[0].split("_")[0]
+        for i, (s, d) in enumerate(zip(sizes, dilations, strict=True)):
+            n = lhs.shape[0].dims[lhs_labels.index(str(i))] if lhs is not None and lhs.shape else s
+            taps = taps // s * min(-(-s // d), n)
+    return 2 * out * taps
 
 
 def kernel_estimates(module: HloModule) -> tuple[list[Kernel], list[str]]:
@@ -190,6 +205,15 @@ def kernel_estimates(module: HloModule) -> tuple[list[Kernel], list[str]]:
             operand_bytes = sum(module.instructions[o].nbytes for o in ins.operands if o in module.instructions)
             out.append(Kernel(ins.name, comp, estimated_cycles(ins) or 0, runs, flops, operand_bytes + ins.nbytes))
     return out, unknown
+
+
+def unpriced_kernels(module: HloModule) -> list[str]:
+    """Pallas kernels (``tpu_custom_call``: flash attention, …) of the scheduled program: XLA:TPU gives them no
+    ``estimated_cycles`` (measured with torch_xla's flash kernel), so their time is missing from ``compute_s``."""
+    return [n for names in module.computations.values() for n in names
+            if module.instructions[n].opcode == "custom-call"
+            and "tpu_custom_call" in module.instructions[n].attrs.get("custom_call_target", "")
+            and estimated_cycles(module.instructions[n]) is None]
 
 
 # ------------------------------------------------------------------------------------------------ collectives
@@ -272,7 +296,7 @@ def step_time(module: HloModule, topology: str, mesh: dict[str, int] | None = No
     compute = sum(k.seconds(clock) for k in kernels)
     exposed = sum(t.exposed_s for t in comms)
     return StepTime(topology, clock, compute, sum(k.roofline_s(chip) for k in kernels), sum(t.seconds for t in comms),
-                    exposed, compute + exposed, by_axis, kernels, comms, unknown)
+                    exposed, compute + exposed, by_axis, kernels, comms, unknown, unpriced_kernels(module))
 
 
 def model_flops(num_params: int, tokens: int, *, layers: int = 0, seq: int = 0, attn_dim: int = 0,
