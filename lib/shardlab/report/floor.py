@@ -30,6 +30,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from shardlab.report.execute import KERNEL_ENV
+
 PROBE_CODE = "import torch_xla"
 PROBE_TIMEOUT_S = 300.0
 
@@ -116,8 +118,6 @@ def probe(code: str = PROBE_CODE, timeout_s: float = PROBE_TIMEOUT_S) -> Probe:
 def run_probe(env: dict[str, str] | None = None, timeout_s: float = PROBE_TIMEOUT_S) -> Probe:
     """One probe in a process of its own, with a notebook kernel's environment (``execute.KERNEL_ENV``, a
     ``TMPDIR`` of its own, ``env``); raises RuntimeError with the process's output when it fails."""
-    from shardlab.report.execute import KERNEL_ENV
-
     tmp = tempfile.mkdtemp(prefix="shardlab-floor-")
     try:
         run = subprocess.run([sys.executable, "-m", "shardlab.report.floor"], capture_output=True, text=True,
