@@ -129,7 +129,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     for r in report.results:
         wall = f"{r.execution.wall_s:6.1f} s" if r.execution else "     — "
         comp = f"compile {r.compile_s:5.1f} s" if r.compile_s is not None else ""
-        print(f"  {r.status:9s} {wall} {comp:16s} {r.stem}  {'; '.join(r.reasons)}")
+        tpu = f"tpu {r.tpu_compile_s:5.1f} s" if r.tpu_compile_s is not None else ""
+        cpu = f"cpu {r.cpu_s:5.1f} s" if r.cpu_s is not None else ""
+        print(f"  {r.status:9s} {wall} {comp:16s} {tpu:12s} {cpu:12s} {r.stem}  {'; '.join(r.reasons)}")
     print(f"baseline {report.baseline_state}: {report.baseline_path}")
     print(f"report {report.floor_line()}")
     for note in report.notes:

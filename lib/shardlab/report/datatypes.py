@@ -78,6 +78,18 @@ class NotebookResult:
         ct = self.xla.get("CompileTime")
         return float(ct["total_s"]) if ct else None
 
+    @property
+    def tpu_compile_s(self) -> float | None:
+        """Seconds of XLA:TPU compiles (compile-only, cache hits excluded) in the notebook."""
+        ct = self.xla.get("TpuCompileTime")
+        return float(ct["total_s"]) if ct else None
+
+    @property
+    def cpu_s(self) -> float | None:
+        """CPU seconds of the notebook's kernel and the children it reaped (gloo ranks, TPU workers)."""
+        cpu = self.xla.get("ProcessCpu")
+        return float(cpu["self_s"] + cpu["children_s"]) if cpu else None
+
     def runner_timings(self, device: str) -> dict[str, dict[str, Any]]:
         """Wall and compile time of this notebook as baseline timing rows (single samples)."""
         out: dict[str, dict[str, Any]] = {}
