@@ -298,3 +298,70 @@ def test_exit_status_and_charts_from_records(tmp_path: Path) -> None:
     chart, missing = report_charts([rec], (spec, ChartSpec("none", "09_nope", r"x(?P<x>\d)", "B")))
     assert [list(t.x) for t in chart.figure.data] == [[1.0, 2.0], [2.0]]   # formula at x = 1, 2; hlo at 2
     assert missing.figure is None and "did not run" in missing.note
+
+
+# -- the floor: kernel start + import torch_xla, measured in the same run ------------------------------------------
+def test_floor_arithmetic() -> None:
+    from shardlab.report.floor import Floor, Probe, default_probes
+
+    probes = (Probe(0.5, 2.5), Probe(1.0, 3.0), Probe(0.25, 9.75))       # totals 3, 4, 10: median 4
+    f = Floor(16, 2, probes)
+    assert f.per_notebook_s == 4.0 and f.floor_s == 16 * 4.0 / 2
+    assert f.ratio(96.0) == 96.0 / 32.0
+    assert f.summary(96.0) == "wall 96.0 s, floor 32.0 s (16 notebooks × 4.00 s ÷ 2), ratio 3.00"
+    assert Floor(1, 4, probes).floor_s == 4.0                             # one notebook: no faster than one kernel
+    assert [default_probes(j) for j in (1, 2, 3)] == [2, 2, 3]
+    with pytest.raises(ValueError, match="at least one probe"):
+        Floor(16, 2, ())
+
+
+def test_page_and_terminal_state_wall_and_floor_of_the_same_run(nbs: Path, tmp_path: Path, capsys: Any,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fake probes (no timing): k = median(3, 4) = 3.5 s, 2 notebooks, 2 jobs -> floor 3.5 s; the wall is the run's
+    own, printed by the terminal and the page alike, and the probes run before any notebook."""
+    import re
+
+    from shardlab.report import runner
+    from shardlab.report.floor import Probe
+
+    events: list[str] = []
+    fakes = iter([Probe(0.5, 2.5), Probe(1.0, 3.0)])
+    real_run = runner.run
+
+    def fake_probe(env: dict[str, str]) -> Probe:
+        events.append("probe")
+        return next(fakes)
+
+    def logged_run(*args: Any, **kwargs: Any) -> Any:
+        events.append("notebook")
+        return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "run_probe", fake_probe)
+    monkeypatch.setattr(runner, "run", logged_run)
+    out = tmp_path / "out"
+    assert report(nbs, out, tmp_path / "base", "--jobs", "2") == 0
+    terminal = capsys.readouterr().out
+    assert events[:2] == ["probe", "probe"] and events.count("notebook") == 2
+    wall = re.search(r"index\.html {2}\((\d+\.\d) s\)", terminal).group(1)
+    found = re.search(rf"report (wall {wall} s, floor 3\.5 s \(2 notebooks × 3\.50 s ÷ 2\), ratio (\d+\.\d\d))\n",
+                      terminal)
+    assert found, terminal
+    assert abs(float(found.group(2)) - float(wall) / 3.5) <= 0.05 / 3.5 + 0.005   # wall printed to 0.1 s
+    assert found.group(1) in (out / "index.html").read_text()                        # the same line, same run
+    floor = json.loads((out / "run.json").read_text())["floor"]
+    assert floor["floor_s"] == 3.5 and floor["per_notebook_s"] == 3.5 and len(floor["probes"]) == 2
+
+
+def test_a_failed_probe_costs_the_floor_not_the_report(nbs: Path, tmp_path: Path, capsys: Any,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from shardlab.report import runner
+
+    def broken(env: dict[str, str]) -> Any:
+        raise RuntimeError("no kernel here")
+
+    monkeypatch.setattr(runner, "run_probe", broken)
+    out = tmp_path / "out"
+    assert report(nbs, out, tmp_path / "base", "--only", "01") == 0
+    terminal = capsys.readouterr().out
+    assert "floor not measured: no kernel here" in terminal and "floor not measured" in (out / "index.html").read_text()
+    assert report(nbs, tmp_path / "out2", tmp_path / "base", "--floor-probes", "-1") == 2

@@ -72,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "verdict on real presets): tens of minutes of XLA:TPU compiles; baseline profiles "
                          "<profile>-full")
     rp.add_argument("--jobs", type=int, default=1, help="notebooks (kernels) at a time (default 1)")
+    rp.add_argument("--floor-probes", type=int, default=None,
+                    help="bare kernels timed (start + import torch_xla) for the floor the wall is compared with; "
+                         "0 skips them (default: one per job, at least 2)")
     rp.add_argument("--force", "--overwrite", dest="force", action="store_true",
                     help="replace an existing report in --out")
     rp.add_argument("--tpu-generation", default="v5e",
@@ -116,7 +119,7 @@ def cmd_report(args: argparse.Namespace) -> int:
                          params=_params(args.param, single=True),
                          timeout_s=args.timeout or (3600.0 if args.full_size else 600.0), jobs=args.jobs,
                          force=args.force, update_baseline=args.update_baseline, full_size=args.full_size,
-                         tpu_generation=args.tpu_generation)
+                         tpu_generation=args.tpu_generation, floor_probes=args.floor_probes)
     if args.baseline_dir is not None:
         opts.baseline_dir = args.baseline_dir
     if args.notebooks_dir is not None:
@@ -126,8 +129,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     for r in report.results:
         wall = f"{r.execution.wall_s:6.1f} s" if r.execution else "     — "
         comp = f"compile {r.compile_s:5.1f} s" if r.compile_s is not None else ""
-        print(f"  {r.status:9s} {wall} {comp:16s} {r.stem}  {'; '.join(r.reasons)}")
+        tpu = f"tpu {r.tpu_compile_s:5.1f} s" if r.tpu_compile_s is not None else ""
+        cpu = f"cpu {r.cpu_s:5.1f} s" if r.cpu_s is not None else ""
+        print(f"  {r.status:9s} {wall} {comp:16s} {tpu:12s} {cpu:12s} {r.stem}  {'; '.join(r.reasons)}")
     print(f"baseline {report.baseline_state}: {report.baseline_path}")
+    print(f"report {report.floor_line()}")
     for note in report.notes:
         print(f"  note: {note}")
     return report.exit_status

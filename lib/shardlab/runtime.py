@@ -33,12 +33,15 @@ Example::
 from __future__ import annotations
 
 import atexit
+import contextlib
+import gc
 import importlib.metadata
 import math
 import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -155,9 +158,10 @@ def setup(num_devices: int | None = 8, device: str | None = None, spmd: bool = T
             f"--xla_dump_hlo_module_re={DUMP_MODULE_RE}"
         ).strip()
 
-    import torch
-    import torch_xla  # noqa: F401
-    import torch_xla.runtime as xr
+    with _gc_paused():
+        import torch
+        import torch_xla  # noqa: F401
+        import torch_xla.runtime as xr
 
     # The suite's CPU tensors are tiny (oracles, per-rank ledger programs in threads): with torch's default of one
     # OpenMP thread per core the threads spin, measured on the 2-core reference machine under load: a 64k-element
@@ -177,7 +181,24 @@ def setup(num_devices: int | None = 8, device: str | None = None, spmd: bool = T
             "on TPU use num_devices=None or the chip count"
         )
     _WORLD = World(kind=kind, num_devices=count, spmd=spmd, dump_dir=dump_dir, versions=_versions())
+    gc.freeze()  # what the imports built lives as long as the process: later collections skip it (see _gc_paused)
     return _WORLD
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while torch / torch_xla import. Their import allocates millions of
+    long-lived objects and triggers ~100 collections that each walk them all (measured on the 2-core machine:
+    0.8 s of the import's 3.9 s of CPU); the import leaves almost no cyclic garbage. :func:`setup` then freezes
+    what exists (``gc.freeze``), so the notebook's own collections stop re-walking the imported modules (measured:
+    0.26 -> 0.07 s of GC in three TPU compiles). Tensors and graphs built afterwards are collected as usual."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _quiet_absl() -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -181,11 +182,18 @@ class Recorder:
 
 def xla_totals() -> dict[str, Any]:
     """torch_xla's compile / execute totals of this process (``{}`` when torch_xla was never imported):
-    ``{"CompileTime": {"count", "total_s"}, "ExecuteTime": {...}, "CachedCompile", "UncachedCompile"}``."""
+    ``{"CompileTime": {"count", "total_s"}, "ExecuteTime": {...}, "CachedCompile", "UncachedCompile"}``, plus
+    ``TpuCompileTime`` (the XLA:TPU compiles of :mod:`shardlab.profile.tpu`, cache hits excluded) and
+    ``ProcessCpu`` (CPU seconds of this process and of its reaped children) — where a notebook's time went."""
     metrics = sys.modules.get("torch_xla.debug.metrics")
     if metrics is None:
         return {}
     out: dict[str, Any] = {}
+    tpu = sys.modules.get("shardlab.profile.tpu")
+    if tpu is not None:
+        out["TpuCompileTime"] = {"count": tpu.COMPILES, "total_s": tpu.COMPILE_S}
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    out["ProcessCpu"] = {"self_s": own.ru_utime + own.ru_stime, "children_s": children.ru_utime + children.ru_stime}
     for name in ("CompileTime", "ExecuteTime"):
         data = metrics.metric_data(name)
         out[name] = {"count": int(data[0]), "total_s": data[1] / 1e9} if data else {"count": 0, "total_s": 0.0}

@@ -592,6 +592,10 @@ _LOCK = threading.Lock()
 # Compiles served from a cache (this process's or a worker's) since import: the report's shared sweep kernels
 # accept a point only if it compiled everything itself (a cached compile takes no time and proves nothing new).
 CACHE_HITS = 0
+# Compiles this process ran or had a worker run (cache hits excluded), and their seconds: the record's
+# ``xla.TpuCompileTime`` (where a notebook's time goes).
+COMPILES = 0
+COMPILE_S = 0.0
 
 
 def compile_tensors(outputs: list[Any], topology: str = DEFAULT_TOPOLOGY, *, disable_passes: tuple[str, ...] = (),
@@ -678,7 +682,15 @@ def compile_tensors(outputs: list[Any], topology: str = DEFAULT_TOPOLOGY, *, dis
             result = TpuCompile(topology, topo.chips, True, compile_s, text, parse_hlo(text), memory, None,
                                 _cost(exe), options, False, label)
         _CACHE[key] = result
+        _count_compile(result)
         return result
+
+
+def _count_compile(result: TpuCompile) -> None:
+    global COMPILES, COMPILE_S
+    if not result.cached:
+        COMPILES += 1
+        COMPILE_S += result.compile_s
 
 
 def compile_built(built: list[Any] | Step, topology: str, donate: bool = True, **opts: Any) -> TpuCompile:
@@ -721,4 +733,5 @@ def compile_program(build: Callable[[Any], list[Any] | Step], cfg: Any, topology
     global CACHE_HITS
     result = worker_for(chips).compile(build, cfg, topology, opts)
     CACHE_HITS += int(result.cached)  # served from the worker's cache
+    _count_compile(result)
     return result

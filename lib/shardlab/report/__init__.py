@@ -4,6 +4,7 @@ Modules, from the bottom of the import graph up (each imports only modules above
 
 ``notebooks``      find notebooks, read their parameters cell (the one parser), refuse runner-owned ``-p``
 ``execute``        one execution: papermill in a process of its own, a timeout, the failure read back
+``floor``          the run's floor: bare kernels (start + ``import torch_xla``) timed in the notebooks' pool
 ``baseline``       structural exact / timing band comparison with ``data/baselines/<profile>.json``
 ``charts``         the report's curves drawn from the records; a sweep table's charts
 ``datatypes``      options, per-notebook results, the report, ``EXIT_*``

@@ -18,6 +18,7 @@ from typing import Any
 
 from shardlab.report.baseline import Diff
 from shardlab.report.execute import Execution
+from shardlab.report.floor import Floor
 
 EXIT_OK, EXIT_FAILED, EXIT_RUNNER = 0, 1, 2
 ROOT = Path(__file__).resolve().parents[3]     # the repository: notebooks/, data/, out/
@@ -40,6 +41,7 @@ class ReportOptions:
     baseline_dir: Path = ROOT / "data" / "baselines"
     full_size: bool = False                    # full_size=True in every notebook declaring it (minutes of TPU compiles)
     tpu_generation: str = "v5e"                # every notebook's compile-only TPU view compiles for this generation
+    floor_probes: int | None = None            # bare kernels timed for the floor; None: floor.default_probes(jobs)
 
     @property
     def profile(self) -> str:
@@ -76,6 +78,18 @@ class NotebookResult:
         ct = self.xla.get("CompileTime")
         return float(ct["total_s"]) if ct else None
 
+    @property
+    def tpu_compile_s(self) -> float | None:
+        """Seconds of XLA:TPU compiles (compile-only, cache hits excluded) in the notebook."""
+        ct = self.xla.get("TpuCompileTime")
+        return float(ct["total_s"]) if ct else None
+
+    @property
+    def cpu_s(self) -> float | None:
+        """CPU seconds of the notebook's kernel and the children it reaped (gloo ranks, TPU workers)."""
+        cpu = self.xla.get("ProcessCpu")
+        return float(cpu["self_s"] + cpu["children_s"]) if cpu else None
+
     def runner_timings(self, device: str) -> dict[str, dict[str, Any]]:
         """Wall and compile time of this notebook as baseline timing rows (single samples)."""
         out: dict[str, dict[str, Any]] = {}
@@ -101,6 +115,21 @@ class Report:
     env: dict[str, Any]
     notes: list[str] = field(default_factory=list)
     charts: list[Any] = field(default_factory=list)   # report.charts.Chart: curves drawn from the records
+    floor: Floor | None = None                 # kernel start + import torch_xla, measured in this run
+
+    @property
+    def wall_s(self) -> float:
+        """The run's wall time up to the results (``finished`` as the page is written; the page and the terminal
+        state this same number)."""
+        return self.finished - self.started
+
+    def floor_summary(self) -> dict[str, Any] | None:
+        """The floor and the ratio of this run's wall to it (None when not measured)."""
+        return None if self.floor is None else self.floor.as_dict(self.wall_s)
+
+    def floor_line(self) -> str:
+        """``wall W s, floor F s (N notebooks × k s ÷ jobs), ratio R``, or the wall alone without a floor."""
+        return self.floor.summary(self.wall_s) if self.floor else f"wall {self.wall_s:.1f} s, floor not measured"
 
     @property
     def exit_status(self) -> int:

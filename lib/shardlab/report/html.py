@@ -99,9 +99,16 @@ def summary(report: Report) -> str:
     total = sum(r.execution.wall_s for r in report.results if r.execution)
     n_comp = sum(r.compile_s or 0.0 for r in report.results)
     rows.append(["<b>total</b>", "", "", "", "", f"<b>{total:.1f}</b>", f"<b>{n_comp:.1f}</b>", "",
-                 f"report wall time {report.finished - report.started:.1f} s"])
-    return table(["notebook", "status", "checks ok", "regressions", "new / missing", "wall s",
-                  "XLA compile s (count)", "HTML", "notes"], rows)
+                 f"report wall time {report.wall_s:.1f} s"])
+    return floor_paragraph(report) + table(["notebook", "status", "checks ok", "regressions", "new / missing",
+                                            "wall s", "XLA compile s (count)", "HTML", "notes"], rows)
+
+
+def floor_paragraph(report: Report) -> str:
+    """The run's wall beside its floor, both measured in this run (:mod:`shardlab.report.floor`)."""
+    how = ("floor = notebooks × (kernel start + <code>import torch_xla</code>, the median of bare kernels timed "
+           "in the same pool before the first notebook) ÷ jobs; the wall includes those probes")
+    return f"<p id='floor'><b>{esc(report.floor_line())}</b><br><span class='muted'>{how}</span></p>"
 
 
 def wall_chart(report: Report) -> str:

@@ -55,10 +55,11 @@ def host_env(options: ReportOptions) -> dict[str, Any]:
 
 
 def write_manifest(out: Path, options: ReportOptions, started: float, results: list[NotebookResult] | None,
-                   exit_status: int | None) -> None:
+                   exit_status: int | None, floor: dict[str, Any] | None = None) -> None:
     data = {"schema": RUN_SCHEMA, "started": started, "finished": time.time() if results is not None else None,
-            "argv": sys.argv, "profile": options.profile, "exit_status": exit_status,
+            "argv": sys.argv, "profile": options.profile, "exit_status": exit_status, "floor": floor,
             "notebooks": [{"stem": r.stem, "status": r.status, "reasons": r.reasons,
                            "wall_s": r.execution.wall_s if r.execution else None, "compile_s": r.compile_s,
+                           "tpu_compile_s": r.tpu_compile_s, "cpu_s": r.cpu_s,
                            "html": r.html} for r in (results or [])]}
     (out / "run.json").write_text(json.dumps(data, indent=1))

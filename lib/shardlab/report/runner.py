@@ -35,6 +35,7 @@ from shardlab.report import nbhtml
 from shardlab.report.charts import report_charts
 from shardlab.report.datatypes import ROOT, RUNNER_WALL, NotebookResult, Report, ReportOptions
 from shardlab.report.execute import Execution, run
+from shardlab.report.floor import Floor, Probe, default_probes, run_probe
 from shardlab.report.html import write_report
 from shardlab.report.notebooks import (
     REQUIRED_PARAMETERS,
@@ -59,6 +60,8 @@ def validate_inputs(options: ReportOptions) -> list[NotebookInfo]:
     for name, value in (("--num-devices", options.num_devices), ("--jobs", options.jobs)):
         if value < 1:
             raise ReportInputError(f"{name} {value} must be >= 1")
+    if options.floor_probes is not None and options.floor_probes < 0:
+        raise ReportInputError(f"--floor-probes {options.floor_probes} must be >= 0 (0 skips the floor)")
     generations = sorted({t.generation for t in TOPOLOGIES.values()})
     if options.tpu_generation not in generations:
         raise ReportInputError(f"--tpu-generation {options.tpu_generation!r} must be one of {generations}")
@@ -131,8 +134,10 @@ def longest_first(options: ReportOptions, chosen: list[NotebookInfo]) -> list[No
     return sorted(chosen, key=lambda nb: float((timing.get(nb.stem) or {"median": "inf"})["median"]), reverse=True)
 
 
-def execute_all(options: ReportOptions, chosen: list[NotebookInfo], out: Path) -> list[NotebookResult]:
-    """Run every chosen notebook, ``options.jobs`` at a time; results in suite order."""
+def execute_all(options: ReportOptions, chosen: list[NotebookInfo], out: Path, notes: list[str] | None = None
+                ) -> tuple[list[NotebookResult], Floor | None]:
+    """Run every chosen notebook, ``options.jobs`` at a time, after the floor's probes in the same pool; results in
+    suite order, and the floor (None when no probe ran or one failed: the reason goes to ``notes``)."""
     records_dir, nb_dir = out / "records", out / "notebooks"
     records_dir.mkdir(parents=True, exist_ok=True)
     plotly_js = nbhtml.write_plotly_js(nb_dir / "plotly.min.js")
@@ -152,8 +157,10 @@ def execute_all(options: ReportOptions, chosen: list[NotebookInfo], out: Path) -
             results[nb.stem] = NotebookResult(nb.stem, "failed", [why], None, None, None)
         else:
             runnable.append(nb)
+    n_probes = default_probes(options.jobs) if options.floor_probes is None else options.floor_probes
     with ThreadPoolExecutor(options.jobs) as pool, ThreadPoolExecutor(1) as renderer, \
             tqdm(total=len(runnable), desc="report", unit="nb") as bar:
+        probes = [pool.submit(run_probe, env) for _ in range(n_probes if runnable else 0)]  # first: the pool's FIFO
         futures = {pool.submit(one, nb): nb for nb in runnable}
         for future in as_completed(futures):
             nb, ex = futures[future], future.result()
@@ -171,7 +178,19 @@ def execute_all(options: ReportOptions, chosen: list[NotebookInfo], out: Path) -
                 results[stem].html = f"notebooks/{stem}.html"
             except Exception as exc:  # noqa: BLE001 - a broken render must not hide the results
                 results[stem].reasons.append(f"HTML rendering failed: {exc}")
-    return [results[nb.stem] for nb in chosen]
+    return [results[nb.stem] for nb in chosen], floor_of(probes, len(runnable), options.jobs, notes)
+
+
+def floor_of(probes: list[Future[Probe]], notebooks: int, jobs: int, notes: list[str] | None) -> Floor | None:
+    """The floor from the finished probes, or None (with the reason in ``notes``) when none ran or one failed."""
+    if not probes:
+        return None
+    try:
+        return Floor(notebooks, jobs, tuple(f.result() for f in probes))
+    except Exception as exc:  # noqa: BLE001 - a failed probe costs the floor line, never the report
+        if notes is not None:
+            notes.append(f"floor not measured: {exc}")
+        return None
 
 
 def _split(record: dict[str, Any], tpu: bool) -> dict[str, Any]:
@@ -237,17 +256,16 @@ def run_report(options: ReportOptions) -> Report:
     started = time.time()
     write_manifest(out, options, started, None, None)
     env = host_env(options)
-    results = execute_all(options, chosen, out)
+    notes: list[str] = []
+    results, floor = execute_all(options, chosen, out, notes)
     for r in results:
         if r.record and r.record.get("env"):
             env.setdefault("notebook_env", r.record["env"])
-    notes: list[str] = []
     path, state = apply_baseline(options, results, env, notes)
     report = Report(options, out, started, time.time(), results, path, state, env, notes=notes,
-                    charts=report_charts([r.record for r in results if r.record is not None]))
-    write_report(report, out / "index.html")
-    report.finished = time.time()
-    write_manifest(out, options, started, results, report.exit_status)
+                    charts=report_charts([r.record for r in results if r.record is not None]), floor=floor)
+    write_report(report, out / "index.html")  # report.finished stays: the page and the terminal state one wall
+    write_manifest(out, options, started, results, report.exit_status, report.floor_summary())
     if options.out is None:
         latest = out.parent / "latest"
         if latest.is_symlink() or not latest.exists():
