@@ -126,9 +126,8 @@ class _Compiled:
 
 
 def human_bytes(x: float | None) -> str:
-    from shardlab.inspect.output import human
-
-    return human(x)
+    """``0.25 MiB`` (notes; the tables use ``output``'s units)."""
+    return "–" if x is None else f"{x / 2**30:.2f} GiB" if x >= 2**30 / 10 else f"{x / 2**20:.2f} MiB"
 
 
 def planner_summary(plan: Plan | None, fits: bool, cfg: InspectConfig) -> dict[str, Any] | None:
