@@ -312,6 +312,14 @@ for r in runs:
           f"a causal kernel at its FLOP roofline: {r['step, causal attention at roofline (s)']:.2f} s, ratio "
           f"{r['ratio, causal attention at roofline']:.2f}")
 
+# %%
+line = pub.batch_line_check(cache)  # the batch line, tested on 16B at 2 layers where its batch of 6 fits
+if line is not None:
+    rec.measure("time.published.batch_line.step_error", line["step error"], "1", "tpu")
+    print(f"batch line: 16B at 2 layers from {line['from batches']} sequences per chip to {line['to batch']}: "
+          f"{line['step_s (line)']:.3f} s against {line['step_s (compiled)']:.3f} s compiled "
+          f"({100 * line['step error']:+.1f} %)")
+
 # %% [markdown]
 # PUBLISHED_PROSE
 

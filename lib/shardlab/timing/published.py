@@ -380,3 +380,21 @@ def linearity(cache: dict[str, Any]) -> dict[str, tuple[float, float]]:
                 out[name] = (hi["step"]["compute_s"] - lo["step"]["compute_s"],
                              (depths[-1] - depths[0]) * lo["loop_body_s"])
     return out
+
+
+def batch_line_check(cache: dict[str, Any], key: str = "16b", layers: int = 2) -> dict[str, Any] | None:
+    """The batch line tested where the published batch does fit: run ``key`` at ``layers`` compiled at two smaller
+    per-chip batches, each term extrapolated to the published batch, beside the compile at that batch. None until
+    the three compiles are cached."""
+    e, run = entries(cache, key), RUNS[key]
+    small = sorted(b for d, b in e if d == layers and b < run.per_device_batch)
+    if len(small) < 2 or (layers, run.per_device_batch) not in e:
+        return None
+    b0, b1 = small[0], small[-1]
+    lo, hi, real = (e[(layers, b)]["step"] for b in (b0, b1, run.per_device_batch))
+    line = {f: lo[f] + (hi[f] - lo[f]) * (run.per_device_batch - b0) / (b1 - b0) for f in TIME_FIELDS}
+    line["exposed_comm_s"] = max(0.0, line["exposed_comm_s"])
+    line["step_s"] = line["compute_s"] + line["exposed_comm_s"]
+    return {"run": key, "layers": layers, "from batches": (b0, b1), "to batch": run.per_device_batch,
+            **{f"{f} (line)": line[f] for f in TIME_FIELDS}, **{f"{f} (compiled)": real[f] for f in TIME_FIELDS},
+            "step error": line["step_s"] / real["step_s"] - 1}
