@@ -28,7 +28,15 @@ MFU uses MaxText's own convention (``calculate_tflops_training_per_device``): 6 
 output projection; not the input embedding) x tokens, plus causal attention 6·s·heads·head_dim per token and
 layer, over (step time x peak) — :func:`maxtext_model_flops`.
 
-The full-size compiles take minutes each: ``tools/published_runs.py`` stores their results in
+**Depth and batch.** With eager attention the published steps do not fit a v5e chip (16B at 32 layers: 16.27 of
+15.75 GiB). Each run is compiled at 2 and 4 layers (scan) and every term extrapolated along the line through the
+two (:func:`full_or_extrapolated`; :func:`linearity` checks the 2 → 4 difference against the scanned body's own
+estimate). Where even 2 layers do not fit at the published batch (32B: four f32 [256, 2048, 2048] score tensors),
+the layer lines at 1 and 2 sequences per chip are extrapolated to the published batch along a second line — tested
+on 16B, whose batch fits at 2 layers (:func:`batch_line_check`). A run that does not compile either way (128B) has
+no prediction and says why.
+
+The compiles take minutes each: ``tools/published_runs.py`` stores their results in
 ``data/time/published_runs.json``; notebook 13 reads that file unless ``full_size=True``.
 """
 
