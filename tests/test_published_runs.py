@@ -67,3 +67,11 @@ def test_scan_linearity_of_the_cached_compiles() -> None:
     assert lin
     for key, (delta, body) in lin.items():  # the rest: work outside the loop that grows with the layers (the
         assert delta == pytest.approx(body, rel=0.01), key  # optimizer's update of the stacked weights)
+
+
+def test_batch_line_keeps_fsdp_wire() -> None:
+    """FSDP moves the weights, not the activations: the wire time of 16B's 2-layer step is the same at 1, 2 and 6
+    sequences per chip, so the batch line's wire equals the compiled one exactly; its step is reported, not checked."""
+    check = P.batch_line_check(P.load())
+    assert check is not None and check["from batches"] == (1, 2) and check["to batch"] == 6
+    assert check["comm_s (line)"] == pytest.approx(check["comm_s (compiled)"], rel=1e-9)

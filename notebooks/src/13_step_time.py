@@ -336,6 +336,13 @@ if line is not None:
 # exposed), where the scripts' libtpu flags (async collective fusion, the data-parallel all-reduce optimisation),
 # not set here, would overlap them. No calibration factor is fitted: three rows, all with the same substitution,
 # leave nothing to hold out.
+#
+# **The batch line overestimates.** Tested on 16B at 2 layers, the line through 1 and 2 sequences per chip puts the
+# step at 6 sequences 15 % above the compiled one (1.25 s against 1.09 s: the wire time is the same, as FSDP's
+# collectives do not grow with the batch, but a kernel's time per token falls as its matrices grow). 32B's row comes
+# from the same kind of line (1 and 2 → 4), so its step is likely overestimated by up to that much, and its ratio
+# (0.62) underestimated. The 16B step at 3 and 4 sequences per chip does not fit at 2 layers (18.00 and 23.67 GiB)
+# although 6 does: the compiler's memory is not monotonic in the batch.
 
 # %% [markdown]
 # ## Exercises

@@ -33,7 +33,9 @@ layer, over (step time x peak) — :func:`maxtext_model_flops`.
 two (:func:`full_or_extrapolated`; :func:`linearity` checks the 2 → 4 difference against the scanned body's own
 estimate). Where even 2 layers do not fit at the published batch (32B: four f32 [256, 2048, 2048] score tensors),
 the layer lines at 1 and 2 sequences per chip are extrapolated to the published batch along a second line — tested
-on 16B, whose batch fits at 2 layers (:func:`batch_line_check`). A run that does not compile either way (128B) has
+on 16B, whose batch of 6 fits at 2 layers, from its compiles at 1 and 2 (:func:`batch_line_check`; at 3 and 4
+sequences per chip the same 2-layer step does not fit: 18.00 and 23.67 GiB — the compiler's memory is not
+monotonic in the batch). A run that does not compile either way (128B) has
 no prediction and says why.
 
 The compiles take minutes each: ``tools/published_runs.py`` stores their results in
@@ -214,10 +216,17 @@ def price(module: Any, key: str) -> dict[str, Any]:
         split[part][1] += k.roofline_s(chip) / k.runs
     out["body_split"] = {name: {"estimate_s": v[0], "roofline_s": v[1]} for name, v in split.items()}
     out["kernels_top"] = [{"name": k.name, "s": k.seconds(t.clock_hz), "runs": k.runs, "flops": k.flops,
-                           "bytes": k.bytes} for k in sorted(t.kernels, key=lambda k: -k.seconds(t.clock_hz))[:20]]
-    out["collectives"] = [{"op": c.op, "group": c.group_size, "axes": c.mesh_axes, "wire_bytes": c.wire_bytes,
-                           "runs": c.runs, "s": c.seconds, "exposed_s": c.exposed_s, "async": c.async_}
-                          for c in t.collectives]
+                           "bytes": k.bytes} for k in sorted(t.kernels, key=lambda k: -k.seconds(t.clock_hz))[:8]]
+    groups: dict[tuple[Any, ...], dict[str, Any]] = {}  # the collectives, by (op, axes, group, runs, async)
+    for c in t.collectives:
+        g = groups.setdefault((c.op, c.mesh_axes, c.group_size, c.runs, c.async_), {
+            "op": c.op, "axes": c.mesh_axes, "group": c.group_size, "runs": c.runs, "async": c.async_,
+            "count": 0, "wire_bytes": 0, "s": 0.0, "exposed_s": 0.0})
+        g["count"] += 1
+        g["wire_bytes"] += c.wire_bytes
+        g["s"] += c.seconds
+        g["exposed_s"] += c.exposed_s
+    out["collectives"] = list(groups.values())
     return out
 
 
