@@ -4,8 +4,9 @@ Oracles written here, not read from the code under test: the model widths of eac
 MaxText's scripts (global_parameter_scale over base.yml's emb 2048, 16 heads, MLP 7168, 16 layers); the published
 MFU against the published TFLOP/s/chip over v5e's 197 TFLOP/s (Cloud TPU documentation); each cached prediction's
 MFU recomputed from hand-counted model FLOPs (MaxText's convention) and the cached step time; the scan's linearity
-(the 2 → 4 layer difference in compute is 2 × the scanned body's estimate, both read from the program, plus the
-optimizer's update of the two extra layers, under 1 %).
+(the 2 → 4 layer difference in compute is 2 × the scanned body's estimate, both read from the program, within 1 %:
+the rest is work outside the loop that also grows with the layers, such as the optimizer's update of the stacked
+weights).
 """
 
 from __future__ import annotations
@@ -64,5 +65,13 @@ def test_cached_predictions() -> None:
 def test_scan_linearity_of_the_cached_compiles() -> None:
     lin = P.linearity(P.load())
     assert lin
-    for key, (delta, body) in lin.items():  # the rest: the optimizer's update of the extra layers' stacked weights
-        assert body <= delta <= 1.01 * body, key
+    for key, (delta, body) in lin.items():  # the rest: work outside the loop that grows with the layers (the
+        assert delta == pytest.approx(body, rel=0.01), key  # optimizer's update of the stacked weights)
+
+
+def test_batch_line_keeps_fsdp_wire() -> None:
+    """FSDP moves the weights, not the activations: the wire time of 16B's 2-layer step is the same at 1, 2 and 6
+    sequences per chip, so the batch line's wire equals the compiled one exactly; its step is reported, not checked."""
+    check = P.batch_line_check(P.load())
+    assert check is not None and check["from batches"] == (1, 2) and check["to batch"] == 6
+    assert check["comm_s (line)"] == pytest.approx(check["comm_s (compiled)"], rel=1e-9)

@@ -28,7 +28,17 @@ MFU uses MaxText's own convention (``calculate_tflops_training_per_device``): 6 
 output projection; not the input embedding) x tokens, plus causal attention 6·s·heads·head_dim per token and
 layer, over (step time x peak) — :func:`maxtext_model_flops`.
 
-The full-size compiles take minutes each: ``tools/published_runs.py`` stores their results in
+**Depth and batch.** With eager attention the published steps do not fit a v5e chip (16B at 32 layers: 16.27 of
+15.75 GiB). Each run is compiled at 2 and 4 layers (scan) and every term extrapolated along the line through the
+two (:func:`full_or_extrapolated`; :func:`linearity` checks the 2 → 4 difference against the scanned body's own
+estimate). Where even 2 layers do not fit at the published batch (32B: four f32 [256, 2048, 2048] score tensors),
+the layer lines at 1 and 2 sequences per chip are extrapolated to the published batch along a second line — tested
+on 16B, whose batch of 6 fits at 2 layers, from its compiles at 1 and 2 (:func:`batch_line_check`; at 3 and 4
+sequences per chip the same 2-layer step does not fit: 18.00 and 23.67 GiB — the compiler's memory is not
+monotonic in the batch). A run that does not compile either way (128B) has
+no prediction and says why.
+
+The compiles take minutes each: ``tools/published_runs.py`` stores their results in
 ``data/time/published_runs.json``; notebook 13 reads that file unless ``full_size=True``.
 """
 
@@ -206,10 +216,17 @@ def price(module: Any, key: str) -> dict[str, Any]:
         split[part][1] += k.roofline_s(chip) / k.runs
     out["body_split"] = {name: {"estimate_s": v[0], "roofline_s": v[1]} for name, v in split.items()}
     out["kernels_top"] = [{"name": k.name, "s": k.seconds(t.clock_hz), "runs": k.runs, "flops": k.flops,
-                           "bytes": k.bytes} for k in sorted(t.kernels, key=lambda k: -k.seconds(t.clock_hz))[:20]]
-    out["collectives"] = [{"op": c.op, "group": c.group_size, "axes": c.mesh_axes, "wire_bytes": c.wire_bytes,
-                           "runs": c.runs, "s": c.seconds, "exposed_s": c.exposed_s, "async": c.async_}
-                          for c in t.collectives]
+                           "bytes": k.bytes} for k in sorted(t.kernels, key=lambda k: -k.seconds(t.clock_hz))[:8]]
+    groups: dict[tuple[Any, ...], dict[str, Any]] = {}  # the collectives, by (op, axes, group, runs, async)
+    for c in t.collectives:
+        g = groups.setdefault((c.op, c.mesh_axes, c.group_size, c.runs, c.async_), {
+            "op": c.op, "axes": c.mesh_axes, "group": c.group_size, "runs": c.runs, "async": c.async_,
+            "count": 0, "wire_bytes": 0, "s": 0.0, "exposed_s": 0.0})
+        g["count"] += 1
+        g["wire_bytes"] += c.wire_bytes
+        g["s"] += c.seconds
+        g["exposed_s"] += c.exposed_s
+    out["collectives"] = list(groups.values())
     return out
 
 
@@ -380,3 +397,21 @@ def linearity(cache: dict[str, Any]) -> dict[str, tuple[float, float]]:
                 out[name] = (hi["step"]["compute_s"] - lo["step"]["compute_s"],
                              (depths[-1] - depths[0]) * lo["loop_body_s"])
     return out
+
+
+def batch_line_check(cache: dict[str, Any], key: str = "16b", layers: int = 2) -> dict[str, Any] | None:
+    """The batch line tested where the published batch does fit: run ``key`` at ``layers`` compiled at two smaller
+    per-chip batches, each term extrapolated to the published batch, beside the compile at that batch. None until
+    the three compiles are cached."""
+    e, run = entries(cache, key), RUNS[key]
+    small = sorted(b for d, b in e if d == layers and b < run.per_device_batch)
+    if len(small) < 2 or (layers, run.per_device_batch) not in e:
+        return None
+    b0, b1 = small[0], small[-1]
+    lo, hi, real = (e[(layers, b)]["step"] for b in (b0, b1, run.per_device_batch))
+    line = {f: lo[f] + (hi[f] - lo[f]) * (run.per_device_batch - b0) / (b1 - b0) for f in TIME_FIELDS}
+    line["exposed_comm_s"] = max(0.0, line["exposed_comm_s"])
+    line["step_s"] = line["compute_s"] + line["exposed_comm_s"]
+    return {"run": key, "layers": layers, "from batches": (b0, b1), "to batch": run.per_device_batch,
+            **{f"{f} (line)": line[f] for f in TIME_FIELDS}, **{f"{f} (compiled)": real[f] for f in TIME_FIELDS},
+            "step error": line["step_s"] / real["step_s"] - 1}
