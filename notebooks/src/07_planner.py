@@ -19,6 +19,7 @@ optimizer_k = 12  # ZeRO's K, optimizer bytes per parameter: fp32 master + Adam 
 act_dtype = "bfloat16"  # activations on the wire (the TP, pipeline, context and expert collectives)
 logits_bytes = 4  # bytes per logit for the loss (fp32)
 fit_margin = 0.1  # "fits" only under (1 - fit_margin) x usable HBM: the compiler's heap packing
+offload = False  # with recompute="full": the kept layer inputs live in host memory, none in HBM
 fsdp_rule = "gspmd"  # FSDP comm: gspmd (per parameter, as XLA:TPU compiles it) | fsdp1 (PyTorch flat units)
 pipeline = 1  # pipeline stages (the `pipeline` mesh axis); the model's layers split evenly over them
 microbatches = 1  # microbatches per step (each data replica's batch split m ways)
