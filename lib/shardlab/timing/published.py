@@ -499,7 +499,6 @@ def compile_v6e(key: str) -> dict[str, Any]:
     from shardlab.inspect.api import run as inspect_run
     from shardlab.inspect.config import make_config
     from shardlab.profile import tpu
-    from shardlab.profile.step_time import step_time
 
     cfg = make_config("llama-3-8b", mesh=dict(run.mesh), topology=run.topology, batch=run.batch, seq=run.seq,
                       attention="flash", layers="scan", recompute=run.recompute, optimizer=run.optimizer,
@@ -507,16 +506,29 @@ def compile_v6e(key: str) -> dict[str, Any]:
     t0 = time.time()
     with tpu.quiet_libtpu():
         r = inspect_run(cfg)
-    out: dict[str, Any] = {"run": key, "topology": run.topology, "mesh": dict(run.mesh), "fits": r.fits,
-                           "checked_gib": r.totals["checked"] / 2**30, "capacity_gib": r.totals["capacity"] / 2**30,
-                           "compile_s": r.compile_s, "oom": r.oom_message[:3000] if not r.fits else ""}
+    module = None
     if r.fits:
         with tpu.quiet_libtpu():
-            c = tpu.compile_built(step.build(cfg), cfg.topology, label=key)  # served from the compile cache
-        chip = hardware.slice_chips(run.topology)[0]
-        t = step_time(c.module, run.topology, dict(run.mesh))
-        out.update({"step": t.as_dict(), "hbm_bound_s": t.hbm_bound_s(chip), "bound": t.bound(chip)})
+            module = tpu.compile_built(step.build(cfg), cfg.topology, label=key).module  # the compile cache's
+    out = v6e_result(key, r.fits, r.totals, r.compile_s, r.oom_message, module)
     out["wall_s"] = time.time() - t0
+    return out
+
+
+def v6e_result(key: str, fits: bool, totals: dict[str, int], compile_s: float, oom_message: str,
+               module: Any | None) -> dict[str, Any]:
+    """The cached result of run ``key`` from inspect's memory totals and the compiled per-chip program (priced by
+    :func:`shardlab.profile.step_time.step_time`; None when it does not fit)."""
+    from shardlab.profile.step_time import step_time
+
+    run = V6E_RUNS[key]
+    out: dict[str, Any] = {"run": key, "topology": run.topology, "mesh": dict(run.mesh), "fits": fits,
+                           "checked_gib": totals["checked"] / 2**30, "capacity_gib": totals["capacity"] / 2**30,
+                           "compile_s": compile_s, "oom": oom_message[:3000] if not fits else ""}
+    if module is not None:
+        chip = hardware.slice_chips(run.topology)[0]
+        t = step_time(module, run.topology, dict(run.mesh))
+        out.update({"step": t.as_dict(), "hbm_bound_s": t.hbm_bound_s(chip), "bound": t.bound(chip)})
     return out
 
 
