@@ -465,9 +465,10 @@ V6E_RUNS: dict[str, PublishedV6eRun] = {
         "maxtext_8b_v6e8", "tpu-recipes training/trillium/Llama3.1-8B-MaxText/v6e-8/README.md (step, MFU)",
         "v6e-8", (("fsdp", 8),), 24, 8192, "adamw", "fp32", "offload", 3.443, 0.450,
         "MaxText (JAX) keeps fp32 weights and AdamW state (its default weight_dtype is float32; the recipe's own "
-        "override, if any, not checked); inspect keeps bf16 weights, an fp32 master and fp32 state. The recipe's remat offloads more of each layer's activations "
-        "to host; inspect's offload keeps only the layer inputs on host and recomputes the rest. MaxText's own "
-        "kernels, sharding annotations and libtpu flags are not reproduced"),
+        "override, if any, not checked); inspect keeps bf16 weights, an fp32 master and fp32 state. "
+        "The recipe's remat offloads more of each layer's activations to host; inspect's offload keeps only the "
+        "layer inputs on host and recomputes the rest. MaxText's own kernels, sharding annotations and libtpu "
+        "flags are not reproduced"),
 }
 
 
