@@ -75,3 +75,49 @@ def test_batch_line_keeps_fsdp_wire() -> None:
     check = P.batch_line_check(P.load())
     assert check is not None and check["from batches"] == (1, 2) and check["to batch"] == 6
     assert check["comm_s (line)"] == pytest.approx(check["comm_s (compiled)"], rel=1e-9)
+
+
+# ------------------------------------------------------------------------------------------------ v6e runs
+# Published figures typed from the sources: torchprime e2e_testing/step_time_bounds.yaml (llama-3-8b on v6e-4,
+# mean step), tpu-recipes training/trillium/Llama3.1-8B-MaxText/v6e-8/README.md (step and MFU).
+V6E_PEAK, V6E_HBM_GIB = 918e12, 31.25  # Cloud TPU documentation: 918 TFLOP/s bf16, 32 GB HBM (31.25 GiB usable)
+PUBLISHED_V6E = {"torchprime_8b_v6e4": (2.7352, 4, 8), "maxtext_8b_v6e8": (3.443, 8, 24)}  # step, chips, batch
+S8, L8, H8, D8 = 8192, 32, 32, 128
+# Llama 3 8B by hand: q and o 4096 x 4096, k and v 4096 x 1024 (8 kv heads of 128), MLP 3 x 4096 x 14336, output
+# projection 4096 x 128256
+N8 = L8 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336) + 4096 * 128256
+
+
+def test_v6e_settings() -> None:
+    assert P.llama8b_matmul_params() == N8 == 7_504_658_432
+    for key, (step, chips, batch) in PUBLISHED_V6E.items():
+        run = P.V6E_RUNS[key]
+        assert (run.published_step_s, run.chips, run.batch, run.seq) == (step, chips, batch, S8)
+    # MaxText's published MFU is its step under the non-causal attention count (12·L·s·q_dim per token)
+    tokens = 24 * S8
+    flops = 6 * N8 * tokens + 12 * L8 * S8 * H8 * D8 * tokens
+    assert P.V6E_RUNS["maxtext_8b_v6e8"].published_mfu == pytest.approx(flops / (3.443 * 8 * V6E_PEAK), abs=0.005)
+    assert P.v6e_model_flops("maxtext_8b_v6e8", causal=False) == pytest.approx(flops, rel=1e-12)
+
+
+def test_cached_v6e_rows() -> None:
+    """Each cached v6e row: predicted = measured compute + exposed communication + the flash kernels at their FLOP
+    roofline, that last term recounted by hand from the shapes; the ratio against the published step typed above."""
+    cache = P.load()
+    rows = {r["run"]: r for r in P.v6e_rows(cache)}
+    assert set(rows) == set(PUBLISHED_V6E)
+    priced = [k for k, r in rows.items() if r["predicted step (s)"] is not None]
+    assert priced, "no v6e run priced in the cache"
+    for key in priced:
+        r, res = rows[key], cache[key]
+        step, chips, batch = PUBLISHED_V6E[key]
+        b = batch // chips  # sequences per chip; kv heads repeated to 32 query heads before the kernel
+        # per layer: forward 2 matmuls, recomputed in the backward (2), dq 3, dk/dv 4; each 2·b·h·s²·d, halved
+        flash = L8 * (2 + 2 + 3 + 4) * 2 * b * H8 * S8 * S8 * D8 / 2 / V6E_PEAK
+        assert r["flash, derived roofline (s)"] == pytest.approx(flash, rel=1e-9)
+        assert res["step"]["unpriced_flash"] == {"forward": 2 * L8, "dq": L8, "dkv": L8}
+        assert r["predicted step (s)"] == pytest.approx(r["compute (s)"] + r["exposed (s)"] + flash, rel=1e-9)
+        assert r["ratio"] == pytest.approx(step / r["predicted step (s)"], rel=1e-12)
+        # no kernel beats the MXU: the compiler's compute holds at least the 6·N·tokens weight FLOPs at peak
+        assert r["compute (s)"] >= 6 * N8 * batch * S8 / (chips * V6E_PEAK)
+        assert res["fits"] and res["checked_gib"] <= res["capacity_gib"] == pytest.approx(V6E_HBM_GIB)

@@ -131,3 +131,39 @@ def test_parse_schedule_reads_the_entry_block() -> None:
     assert s.exposed_comm_s == pytest.approx(3e-6) and s.total_s == pytest.approx(4e-6)
     with pytest.raises(ValueError, match="scheduler_statistics"):
         parse_schedule("nothing")
+
+
+def test_flash_kernels_get_a_derived_roofline(env) -> None:  # type: ignore[no-untyped-def]
+    """torch_xla's Pallas flash kernels carry no estimate: each gets causal FLOPs / bf16 peak, apart from compute.
+    Oracle, by hand: per layer a causal forward is 2 matmuls (q·kᵀ, p·v) of 2·b·h·s²·d, halved by the mask —
+    4·b·h·s²·d/2 — run twice under full recompute (forward, then again in the backward), the dq kernel 3 matmuls
+    (6·b·h·s²·d/2) and the dk/dv kernel 4 (8·b·h·s²·d/2); kv heads repeated to the query heads; v6e 918 TFLOP/s."""
+    from shardlab.inspect import step
+    from shardlab.inspect.config import make_config
+
+    _, _, _, st, tpu = env
+    layers, batch, s, heads, d = 2, 8, 512, 4, 32
+    cfg = make_config("llama-3-8b", mesh="fsdp=8", topology="v6e-8", batch=batch, seq=s, num_layers=layers,
+                      attention="flash", overrides={"hidden_size": heads * d, "intermediate_size": 256,
+                                                    "num_attention_heads": heads, "num_key_value_heads": 2,
+                                                    "vocab_size": 512}).validate()
+    with tpu.quiet_libtpu():
+        c = tpu.compile_built(step.build(cfg), "v6e-8", donate=True, label="flash")
+    t = st.step_time(c.module, "v6e-8", {"fsdp": 8})
+    b = batch // 8  # per chip
+    per_layer = (2 * 4 + 6 + 8) * b * heads * s * s * d / 2
+    assert len(t.unpriced) == 4 and t.unpriced_flash == {"forward": 2 * layers, "dq": layers, "dkv": layers}
+    assert t.unpriced_roofline_s == pytest.approx(layers * per_layer / 918e12, rel=1e-12)
+    assert t.predicted_s == pytest.approx(t.step_s + t.unpriced_roofline_s) and t.step_s == t.compute_s + \
+        t.exposed_comm_s  # the derived term is not mixed into the measured compute
+
+
+def test_flash_kind_from_shapes() -> None:
+    from shardlab.profile.hlo_text import Array
+    from shardlab.profile.step_time import flash_kind
+
+    q, st_ = Array("bf16", (2, 32, 8192, 128)), Array("f32", (2, 32, 8192, 128))
+    assert flash_kind([q, q, q], [q, st_, st_]) == "forward"
+    assert flash_kind([q, q, q, st_, st_, q, st_], [q]) == "dq"
+    assert flash_kind([q, q, q, st_, st_, q, st_], [q, q]) == "dkv"
+    assert flash_kind([Array("f32", (8,))], [q]) is None

@@ -12,6 +12,7 @@ can be re-applied without recompiling.
 Usage::
 
     nice -n 10 python tools/published_runs.py 16b                 # ~minutes of XLA:TPU compile per run
+    nice -n 10 python tools/published_runs.py maxtext_8b_v6e8    # a v6e Llama 8B row (one per process)
     nice -n 10 python tools/published_runs.py 16b 32b --layers 2 4  # the scan-linearity route (see published)
     python tools/published_runs.py --reprice DIR                    # today's pricing on the kept programs
 """
@@ -42,9 +43,21 @@ def main() -> None:
     from shardlab.timing import published as P
 
     out = a.out or P.CACHE_FILE
+    v6e = [k for k in a.runs if k in P.V6E_RUNS]
+    if v6e and (len(a.runs) > 1 or a.reprice is not None):
+        ap.error(f"{v6e[0]}: a v6e run is compiled alone (its process holds one CPU device per chip)")
     if a.reprice is not None:
         print("re-priced:", ", ".join(P.reprice(a.reprice, out)), flush=True)
     for key in a.runs:
+        if key in P.V6E_RUNS:  # compiled as published (flash kept), priced, numbers only
+            started = time.time()
+            res = P.compile_v6e(key)
+            res["_source"] = {"command": f"python tools/published_runs.py {key}",
+                              "measured": time.strftime("%Y-%m-%d %H:%M", time.localtime(started)),
+                              "versions": tpu.check_backend(), "cpus": os.cpu_count(), "machine": platform.machine()}
+            print(json.dumps({key: res}, indent=1), flush=True)
+            P.store(key, res, out)
+            continue
         for layers in a.layers or [None]:
             started = time.time()
             res, hlo = P.compile_run(key, num_layers=layers, per_device_batch=a.batch)

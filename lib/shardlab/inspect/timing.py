@@ -75,10 +75,13 @@ def time_summary(module: Any, cfg: InspectConfig, plan: Any, lay: Layout) -> dic
                                "hbm_bound_s": t.hbm_bound_s(chip), "roofline_compute_s": t.roofline_compute_s,
                                "tokens_per_s_per_chip": tokens / (t.step_s * chips),
                                "mfu": t.mfu(mf, chips, chip), "bound": t.bound(chip),
-                               "unknown_runs": t.unknown_runs, "unpriced": t.unpriced}
+                               "unknown_runs": t.unknown_runs, "unpriced": t.unpriced,
+                               "unpriced_roofline_s": t.unpriced_roofline_s}
             if t.unpriced:
                 out["why"].append(f"compiler: {len(t.unpriced)} Pallas kernel(s) (flash attention) carry no estimate "
-                                  "from XLA:TPU: their time is missing from compute and step (a lower bound)")
+                                  "from XLA:TPU: their time is missing from compute and step (a lower bound); "
+                                  f"derived (roofline) for the flash kernels: +{t.unpriced_roofline_s:.4g} s "
+                                  "(causal FLOPs / bf16 peak)")
     if plan is None:
         out["why"].append("planner: cannot model this run")
     else:

@@ -38,6 +38,13 @@ sequences per chip the same 2-layer step does not fit: 18.00 and 23.67 GiB — t
 monotonic in the batch). A run that does not compile either way (128B) has
 no prediction and says why.
 
+**Two v6e runs, flash kept** (:data:`V6E_RUNS`): torchprime's Llama 3 8B on a v6e-4 and MaxText's Llama 3.1 8B on
+a v6e-8 (tpu-recipes). Small slices compile without the retarget, so torch_xla's Pallas flash kernel stays in the
+program; it carries no compiler estimate, and each row's prediction adds its derived roofline
+(:attr:`shardlab.profile.step_time.StepTime.unpriced_roofline_s`) to the measured compute and exposed
+communication, kept as a separate column (:func:`v6e_rows`). What each program does not reproduce is stated in the
+run's ``differs``.
+
 The compiles take minutes each: ``tools/published_runs.py`` stores their results in
 ``data/time/published_runs.json``; notebook 13 reads that file unless ``full_size=True``.
 """
@@ -415,3 +422,145 @@ def batch_line_check(cache: dict[str, Any], key: str = "16b", layers: int = 2) -
     return {"run": key, "layers": layers, "from batches": (b0, b1), "to batch": run.per_device_batch,
             **{f"{f} (line)": line[f] for f in TIME_FIELDS}, **{f"{f} (compiled)": real[f] for f in TIME_FIELDS},
             "step error": line["step_s"] / real["step_s"] - 1}
+
+
+# ------------------------------------------------------------------------------------------------ v6e runs
+# Two published Llama 8B runs on Trillium (v6e) slices small enough to compile as published (no retarget), so the
+# Pallas flash kernel is kept. XLA:TPU gives it no estimate: each row's predicted step adds the kernels' derived
+# roofline (``StepTime.unpriced_roofline_s``: causal attention FLOPs / bf16 peak, a lower bound) to the measured
+# compute and the exposed communication — the three terms are kept apart in the row.
+LLAMA_8B = {"layers": 32, "hidden": 4096, "ffn": 14336, "heads": 32, "kv_heads": 8, "head_dim": 128,
+            "vocab": 128256}  # Llama 3 / 3.1 8B (config.json; 3.1 differs only in rope scaling and context length)
+
+
+@dataclass(frozen=True)
+class PublishedV6eRun:
+    """One published Llama 8B training step on a v6e slice, and inspect's settings for it."""
+
+    key: str
+    source: str
+    topology: str
+    mesh: tuple[tuple[str, int], ...]
+    batch: int  # global sequences per step
+    seq: int
+    optimizer: str  # inspect's --optimizer
+    optimizer_dtype: str  # inspect's --optimizer-dtype
+    recompute: str  # inspect's --recompute
+    published_step_s: float
+    published_mfu: float | None  # as published (None: not published)
+    differs: str  # what inspect's program does not reproduce
+
+    @property
+    def chips(self) -> int:
+        return math.prod(n for _, n in self.mesh)
+
+
+V6E_RUNS: dict[str, PublishedV6eRun] = {
+    "torchprime_8b_v6e4": PublishedV6eRun(
+        "torchprime_8b_v6e4", "torchprime e2e_testing/step_time_bounds.yaml (llama-3-8b, v6e-4: mean step)",
+        "v6e-4", (("fsdp", 4),), 8, 8192, "adafactor", "bf16", "full", 2.7352, None,
+        "the same program family (torch_xla, flash, scan, full remat, Adafactor on bf16 weights); torchprime's "
+        "libtpu flags and its own scan / remat wrappers are not reproduced"),
+    "maxtext_8b_v6e8": PublishedV6eRun(
+        "maxtext_8b_v6e8", "tpu-recipes training/trillium/Llama3.1-8B-MaxText/v6e-8/README.md (step, MFU)",
+        "v6e-8", (("fsdp", 8),), 24, 8192, "adamw", "fp32", "offload", 3.443, 0.450,
+        "MaxText (JAX) keeps fp32 weights and AdamW state (its default weight_dtype is float32; the recipe's own "
+        "override, if any, not checked); inspect keeps bf16 weights, an fp32 master and fp32 state. "
+        "The recipe's remat offloads more of each layer's activations to host; inspect's offload keeps only the "
+        "layer inputs on host and recomputes the rest. MaxText's own kernels, sharding annotations and libtpu "
+        "flags are not reproduced"),
+}
+
+
+def llama8b_matmul_params() -> int:
+    """Weights the 6·N convention counts: every layer's q, k, v, o and MLP matrices, plus the output projection."""
+    w = LLAMA_8B
+    attn = w["hidden"] * w["head_dim"] * (2 * w["heads"] + 2 * w["kv_heads"])
+    return w["layers"] * (attn + 3 * w["hidden"] * w["ffn"]) + w["hidden"] * w["vocab"]
+
+
+def v6e_model_flops(key: str, causal: bool = True) -> float:
+    """Training FLOPs of one global step of run ``key`` (6·N·tokens + attention; see ``step_time.model_flops``)."""
+    from shardlab.profile.step_time import model_flops
+
+    run, w = V6E_RUNS[key], LLAMA_8B
+    return model_flops(llama8b_matmul_params(), run.batch * run.seq, layers=w["layers"], seq=run.seq,
+                       attn_dim=w["heads"] * w["head_dim"], causal=causal)
+
+
+def compile_v6e(key: str) -> dict[str, Any]:
+    """Compile run ``key`` with ``inspect`` as published (Llama 3 8B preset, flash attention, scanned layers) and
+    price it: the result stored in the cache (numbers only, no program). Sets up this process's device world with
+    one CPU device per chip (so one v6e run per process)."""
+    from shardlab import runtime
+
+    run = V6E_RUNS[key]
+    runtime.setup(num_devices=run.chips)
+    from shardlab.inspect import step
+    from shardlab.inspect.api import run as inspect_run
+    from shardlab.inspect.config import make_config
+    from shardlab.profile import tpu
+
+    cfg = make_config("llama-3-8b", mesh=dict(run.mesh), topology=run.topology, batch=run.batch, seq=run.seq,
+                      attention="flash", layers="scan", recompute=run.recompute, optimizer=run.optimizer,
+                      optimizer_dtype=run.optimizer_dtype)
+    t0 = time.time()
+    with tpu.quiet_libtpu():
+        r = inspect_run(cfg)
+    module = None
+    if r.fits:
+        with tpu.quiet_libtpu():
+            module = tpu.compile_built(step.build(cfg), cfg.topology, label=key).module  # the compile cache's
+    out = v6e_result(key, r.fits, r.totals, r.compile_s, r.oom_message, module)
+    out["wall_s"] = time.time() - t0
+    return out
+
+
+def v6e_result(key: str, fits: bool, totals: dict[str, int], compile_s: float, oom_message: str,
+               module: Any | None) -> dict[str, Any]:
+    """The cached result of run ``key`` from inspect's memory totals and the compiled per-chip program (priced by
+    :func:`shardlab.profile.step_time.step_time`; None when it does not fit)."""
+    from shardlab.profile.step_time import step_time
+
+    run = V6E_RUNS[key]
+    out: dict[str, Any] = {"run": key, "topology": run.topology, "mesh": dict(run.mesh), "fits": fits,
+                           "checked_gib": totals["checked"] / 2**30, "capacity_gib": totals["capacity"] / 2**30,
+                           "compile_s": compile_s, "oom": oom_message[:3000] if not fits else ""}
+    if module is not None:
+        chip = hardware.slice_chips(run.topology)[0]
+        t = step_time(module, run.topology, dict(run.mesh))
+        out.update({"step": t.as_dict(), "hbm_bound_s": t.hbm_bound_s(chip), "bound": t.bound(chip)})
+    return out
+
+
+def v6e_rows(cache: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per published v6e run: measured compute + exposed communication + the flash kernels' derived
+    roofline = predicted step, beside the published step; ratio = published / predicted (= predicted MFU over
+    published MFU, as the v5e rows)."""
+    rows = []
+    for key, run in V6E_RUNS.items():
+        chip, n = hardware.slice_chips(run.topology)
+        row: dict[str, Any] = {"run": key, "slice": run.topology,
+                               "mesh": " x ".join(f"{a} {k}" for a, k in run.mesh),
+                               "batch / chip": run.batch / n, "published step (s)": run.published_step_s,
+                               "published MFU": run.published_mfu}
+        res = cache.get(key)
+        if not res or not res.get("fits") or not res.get("step"):
+            how = "not compiled" if not res else f"does not fit: {_oom_short(res.get('oom', ''))}"
+            row.update({"how": how, "predicted step (s)": None, "ratio": None, "why": run.differs})
+            rows.append(row)
+            continue
+        st = res["step"]
+        predicted = st["step_s"] + st["unpriced_roofline_s"]
+        mf = v6e_model_flops(key)
+        row.update({"how": "compiled as published", "compute (s)": st["compute_s"],
+                    "exposed (s)": st["exposed_comm_s"], "flash, derived roofline (s)": st["unpriced_roofline_s"],
+                    "predicted step (s)": predicted, "ratio": run.published_step_s / predicted,
+                    "predicted MFU": mf / (predicted * n * chip.bf16_peak_flops_per_s),
+                    "bound": res.get("bound"), "HBM (GiB)": f"{res['checked_gib']:.2f} of {res['capacity_gib']:.2f}"})
+        row["why"] = (f"compiler's kernels {st['compute_s']:.2f} s ({res.get('hbm_bound_s', float('nan')):.2f} s "
+                      f"of it in HBM-bound kernels), exposed communication {st['exposed_comm_s']:.3f} s, flash "
+                      f"kernels {st['unpriced_roofline_s']:.2f} s at their FLOP roofline (a lower bound: the "
+                      f"compiler gives no estimate); {run.differs}")
+        rows.append(row)
+    return rows
