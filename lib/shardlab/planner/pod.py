@@ -38,7 +38,7 @@ import pandas as pd
 
 from shardlab.core.case import build_graph
 from shardlab.planner import PlanConfig
-from shardlab.planner.verdict import MATRIX_FILE, PlannerCheck, VerdictCase, compiler_side
+from shardlab.planner.verdict import MATRIX_FILE, PlannerCheck, VerdictCase, compiler_side, measure_verdict
 from shardlab.profile import tpu
 from shardlab.profile.record import Recorder
 from shardlab.profile.result_files import CompileResult, load_results
@@ -170,13 +170,7 @@ def record_pod(rec: Recorder, results: dict[str, PodCheck], live: bool) -> None:
     to, the totals agree within the margin."""
     for key, r in results.items():
         name = f"planner.pod.{key}"
-        rec.measure(f"{name}.per_chip.bytes", sum(r.planner_no_flash.values()), "bytes", "formula")
-        rec.measure(f"{name}.fits", int(r.planner_no_flash_fits), "1", "formula")
-        if live:
-            if r.total is not None:
-                rec.measure(f"{name}.per_chip.bytes", r.total, "bytes", "tpu")
-            rec.measure(f"{name}.fits", int(r.compiler_fits), "1", "tpu")
-            rec.measure(f"{name}.compile_s", r.compile_s, "s", "tpu", kind="timing")
+        measure_verdict(rec, name, r, live)
         if r.compiler_fits:
             state = {k: r.compiler[k] / r.planner[k] for k in ("params", "optimizer")}
             rec.check(f"{name}: the compiler's parameters and AdamW state are the planner's (within 1 %)",

@@ -466,19 +466,25 @@ def terms_frame(r: PlannerCheck) -> pd.DataFrame:
     return pd.DataFrame(rows[:4] + parts + rows[4:]).set_index("term")
 
 
+def measure_verdict(rec: Recorder, name: str, r: PlannerCheck, live: bool) -> None:
+    """``<name>.{per_chip.bytes,fits}`` from the planner (formula, no flash: the attention traced) always, and from
+    the compiler (tpu, with its compile seconds) when ``live``."""
+    rec.measure(f"{name}.per_chip.bytes", sum(r.planner_no_flash.values()), "bytes", "formula")
+    rec.measure(f"{name}.fits", int(r.planner_no_flash_fits), "1", "formula")
+    if live:
+        if r.total is not None:
+            rec.measure(f"{name}.per_chip.bytes", r.total, "bytes", "tpu")
+        rec.measure(f"{name}.fits", int(r.compiler_fits), "1", "tpu")
+        rec.measure(f"{name}.compile_s", r.compile_s, "s", "tpu", kind="timing")
+
+
 def record_matrix(rec: Recorder, results: dict[str, PlannerCheck], live: bool,
                   prefix: str = "planner.compiler") -> None:
     """``<prefix>.<preset>.<slice>.{per_chip.bytes,fits}`` from the planner (formula, no flash: the attention
     traced) always, and from the compiler (tpu) when ``live``; checks that the verdicts agree."""
     for key, r in results.items():
         name = f"{prefix}.{key}"
-        rec.measure(f"{name}.per_chip.bytes", sum(r.planner_no_flash.values()), "bytes", "formula")
-        rec.measure(f"{name}.fits", int(r.planner_no_flash_fits), "1", "formula")
-        if live:
-            if r.total is not None:
-                rec.measure(f"{name}.per_chip.bytes", r.total, "bytes", "tpu")
-            rec.measure(f"{name}.fits", int(r.compiler_fits), "1", "tpu")
-            rec.measure(f"{name}.compile_s", r.compile_s, "s", "tpu", kind="timing")
+        measure_verdict(rec, name, r, live)
         rec.check(f"{name}: the planner's verdict (no flash, as traced) agrees with the compiler's", r.agrees(),
                   f"planner {'fits' if r.planner_no_flash_fits else 'no'} "
                   f"({sum(r.planner_no_flash.values()) / GIB:.2f} GiB), compiler "
