@@ -121,3 +121,5 @@ def test_cached_v6e_rows() -> None:
         # no kernel beats the MXU: the compiler's compute holds at least the 6·N·tokens weight FLOPs at peak
         assert r["compute (s)"] >= 6 * N8 * batch * S8 / (chips * V6E_PEAK)
         assert res["fits"] and res["checked_gib"] <= res["capacity_gib"] == pytest.approx(V6E_HBM_GIB)
+        # "fits" rests on the peak (arguments + outputs not donated + temporaries), at least the checked bytes
+        assert res["checked_gib"] <= res["peak_gib"] <= res["capacity_gib"]

@@ -369,22 +369,23 @@ pd.DataFrame(v6e).set_index("run").drop(columns=["why"])
 # %%
 for r in v6e:
     print(f"{r['run']}: " + (f"predicted {r['predicted step (s)']:.2f} s vs published {r['published step (s)']:.3f} s "
-                             f"(ratio {r['ratio']:.2f}, bound {r['bound']}, HBM {r['HBM (GiB)']} GiB): {r['why']}"
+                             f"(ratio {r['ratio']:.2f}, bound {r['bound']}, HBM peak / checked {r['HBM peak / checked (GiB)']} GiB): {r['why']}"
                              if r["ratio"] is not None else f"{r['how']}: {r['why']}"))
 
 # %% [markdown]
 # **What the v6e rows say** (libtpu 0.0.21). torchprime's v6e-4 step is predicted at 3.08 s against
 # 2.74 s published (ratio 0.89): the compiler's kernels 2.83 s, exposed FSDP wire 0.04 s, the flash kernels 0.21 s
-# at their FLOP roofline; 16.3 of 31.25 GiB. The flash term is a lower bound and the compiler's matmul estimates sit
-# ~20 % above their roofline (§1), so the step is overestimated by more than the flash kernels can explain —
-# torchprime's own libtpu flags and scan / remat wrappers are not reproduced.
+# at their FLOP roofline; a per-chip peak of 16.3 of 31.25 GiB (arguments + temporaries; the step's outputs are
+# donated). Without the flash kernels the compiler's price (2.87 s) is already above the published step, and the
+# flash term is a lower bound, so the overestimate is not the flash kernels; the compiler's matmul estimates sit
+# ~20 % above their roofline (§1). torchprime's own libtpu flags and scan / remat wrappers are not reproduced.
 #
 # MaxText's v6e-8 step is predicted at 6.71 s against 3.44 s published (ratio 0.51): compute 6.38 s, of which
 # 4.23 s sits in HBM-bound kernels — layout copies and broadcasts of the [3, 8192, 14336] MLP activations among
-# them — wire 0.02 s exposed, flash 0.32 s derived; 26.7 of 31.25 GiB. This is not MaxText's program: inspect keeps
-# bf16 weights with an fp32 master (MaxText: fp32 weights, cast for the matmuls), offloads only each layer's input
-# and recomputes the rest where the recipe offloads more, and none of MaxText's sharding annotations or libtpu
-# flags are set. Two rows from two frameworks: no calibration factor is fitted.
+# them — wire 0.02 s exposed, flash 0.32 s derived; a per-chip peak of 26.7 of 31.25 GiB. This is not MaxText's
+# program: inspect keeps bf16 weights with an fp32 master (MaxText's default weight dtype is fp32, cast for the
+# matmuls; whether the recipe overrides it was not checked), offloads only each layer's input and recomputes the
+# rest where the recipe offloads more, and none of MaxText's sharding annotations or libtpu flags are set. Two rows from two frameworks: no calibration factor is fitted.
 
 # %% [markdown]
 # ## Exercises
