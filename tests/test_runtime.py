@@ -59,3 +59,17 @@ def test_torch_xla_imported_first_is_refused() -> None:
         "try:\n    runtime.setup(num_devices=8)\nexcept RuntimeError as e:\n    print(e)\n"
     )
     assert "torch_xla was imported before shardlab.runtime.setup()" in out.stdout, out.stderr
+
+
+def test_world_hides_the_slow_optional_import_and_figures_still_render() -> None:
+    """A world's process never builds rfc3987_syntax's grammars (what plotly's first figure would pull in through
+    nbformat → jsonschema), and nbformat still validates and plotly still renders a figure without it."""
+    out = _run(
+        "import sys\nfrom shardlab import runtime\nruntime.setup(num_devices=2)\n"
+        "import plotly.graph_objects as go, plotly.io as pio, nbformat\n"
+        "bundle = pio.renderers['plotly_mimetype'].to_mimebundle(go.Figure(go.Bar(y=[1, 2])).to_dict())\n"
+        "nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell('1')])\nnbformat.validate(nb)\n"
+        "print(sorted(bundle), 'rfc3987_syntax' in sys.modules and sys.modules['rfc3987_syntax'] is not None)\n"
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "['application/vnd.plotly.v1+json'] False", out.stdout

@@ -28,10 +28,9 @@ from shardlab.inspect.cli import add_parser as add_inspect
 from shardlab.inspect.cli import main as inspect_main
 from shardlab.report.baseline import BaselineError
 from shardlab.report.datatypes import EXIT_FAILED, EXIT_OK, EXIT_RUNNER, ROOT
-from shardlab.report.execute import hide_slow_modules
 from shardlab.report.hosted import badge_table
 from shardlab.report.notebooks import ReportInputError, find_notebooks, parse_value, resolve_name
-from shardlab.runtime import tpu_present
+from shardlab.runtime import hide_slow_modules, tpu_present
 
 # report.runner / sweep / charts are imported in the commands that use them, after main() has called
 # hide_slow_modules(): the runner imports nbformat, 3.7 s slower before it (execute.py), and sweep imports pandas.

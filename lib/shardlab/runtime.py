@@ -58,6 +58,18 @@ if TYPE_CHECKING:
 # 2-core reference machine spends minutes per compile. TPU counts are whatever the host has.
 MAX_CPU_DEVICES = 64
 DUMP_MODULE_RE = "SyncTensorsGraph"
+# `import nbformat` (papermill's, and plotly's the first time a figure is shown in a kernel) pulls jsonschema's
+# optional rfc3987_syntax, which builds ~40 lark grammars at import time: measured 1.7-1.8 s of CPU per process
+# here (3.7 s of papermill's 4.8 s import on a slower machine). Neither nbformat nor plotly validates IRI formats,
+# so the report's processes and every world's kernel hide that module (jsonschema skips the format check when
+# the import fails).
+SLOW_OPTIONAL_MODULES = ("rfc3987_syntax",)
+
+
+def hide_slow_modules() -> None:
+    """Make :data:`SLOW_OPTIONAL_MODULES` unimportable in this process (no effect on one already imported)."""
+    for name in SLOW_OPTIONAL_MODULES:
+        sys.modules.setdefault(name, None)  # type: ignore[assignment]
 FAST_CPU_COMPILE = "--xla_backend_optimization_level=0"
 
 
@@ -133,6 +145,7 @@ def setup(num_devices: int | None = 8, device: str | None = None, spmd: bool = T
                 f"(CPU_NUM_DEVICES={have}, wanted {num_devices}): restart the kernel and call setup() first"
             )
 
+    hide_slow_modules()  # before the notebook's first figure imports nbformat
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.environ["PJRT_DEVICE"] = kind.upper()
     if kind == "cpu":

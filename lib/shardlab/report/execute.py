@@ -38,21 +38,11 @@ from typing import Any
 
 import psutil
 
+from shardlab.runtime import hide_slow_modules
+
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 KILL_GRACE_S = 5.0          # after SIGTERM, how long the tree gets before SIGKILL
 KERNEL_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "PLOTLY_RENDERER": "plotly_mimetype", "PYDEVD_DISABLE_FILE_VALIDATION": "1"}
-# `import nbformat` pulls jsonschema's optional rfc3987_syntax, which builds a lark grammar at import time
-# (measured 3.7 s of papermill's 4.8 s import here). nbformat never validates IRI formats, so the runner's
-# processes hide that module (jsonschema skips the format when the import fails).
-SLOW_OPTIONAL_MODULES = ("rfc3987_syntax",)
-
-
-def hide_slow_modules() -> None:
-    """Make :data:`SLOW_OPTIONAL_MODULES` unimportable in this process (call before importing nbformat)."""
-    for name in SLOW_OPTIONAL_MODULES:
-        sys.modules.setdefault(name, None)  # type: ignore[assignment]
-
-
 @dataclass
 class Failure:
     kind: str                 # "error" | "timeout" | "crash"
