@@ -1,4 +1,5 @@
-"""Graphs whose step time notebook 13 prices: a matmul, and an MLP block's training step split along one axis.
+"""Graphs whose step time notebook 13 prices: a matmul, an MLP block's training step split along one axis, and
+(for the crossover table) an attention core split along the sequence and a MoE layer split by experts.
 
 Design
 ------
@@ -14,6 +15,10 @@ FLOPs for P = 2·d·f parameters. Split three ways (one mesh axis of ``n`` devic
   (g, after W2) and one backward (f, of x's gradient) — 2 · 2(n−1)/n · T·d·2 bytes against 6·T·2·d·f/n FLOPs, so
   the ratio does not depend on T but falls as f/n grows;
 - ``data``: x on dim 0, weights replicated: one all-reduce of each gradient, 2(n−1)/n · 2·d·f·2 bytes.
+
+:class:`AttentionStep` and :class:`MoeStep` reuse the context and expert topics' own GSPMD graphs
+(:func:`shardlab.context.gspmd.allgather_attention`, :func:`shardlab.expert.gspmd.gshard_moe`) with bf16 leaves; their
+FLOP and wire counts are in their docstrings.
 
 Builders are module-level functions of a frozen config so ``shardlab.profile.tpu.compile_program`` can run them in a
 helper process with the slice's device count.
