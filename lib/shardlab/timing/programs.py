@@ -1,4 +1,5 @@
-"""Graphs whose step time notebook 13 prices: a matmul, and an MLP block's training step split along one axis.
+"""Graphs whose step time notebook 13 prices: a matmul, an MLP block's training step split along one axis, and
+(for the crossover table) an attention core split along the sequence and a MoE layer split by experts.
 
 Design
 ------
@@ -15,6 +16,10 @@ FLOPs for P = 2·d·f parameters. Split three ways (one mesh axis of ``n`` devic
   the ratio does not depend on T but falls as f/n grows;
 - ``data``: x on dim 0, weights replicated: one all-reduce of each gradient, 2(n−1)/n · 2·d·f·2 bytes.
 
+:class:`AttentionStep` and :class:`MoeStep` reuse the context and expert topics' own GSPMD graphs
+(:func:`shardlab.context.gspmd.allgather_attention`, :func:`shardlab.expert.gspmd.gshard_moe`) with bf16 leaves; their
+FLOP and wire counts are in their docstrings.
+
 Builders are module-level functions of a frozen config so ``shardlab.profile.tpu.compile_program`` can run them in a
 helper process with the slice's device count.
 """
@@ -26,6 +31,8 @@ from dataclasses import dataclass
 import torch
 
 from shardlab import runtime
+from shardlab.expert.params import ExpertParams
+from shardlab.formulas import expert as fexp
 
 AXES = ("fsdp", "tensor", "data")
 
@@ -122,3 +129,150 @@ def matmul(cfg: Matmul) -> list[torch.Tensor]:
     b = torch.zeros(cfg.k, cfg.n, dtype=torch.bfloat16).to(runtime.device())
     xs.mark_sharding(b, mesh, (None, None))
     return [a @ b]
+
+
+# ------------------------------------------------------------------------------------------ context and expert axes
+@dataclass(frozen=True)
+class AttentionStep:
+    """One attention core's training step with the sequence split over a ``context`` axis of ``devices`` chips.
+
+    q [b, s, hq, dh], k and v [b, s, hkv, dh] (bf16, s = ``seq`` · devices) are the step's leaves, sequence-sharded;
+    the graph is :func:`shardlab.context.gspmd.allgather_attention` (no mask: under SPMD a causal mask computes
+    every block anyway), the loss ½‖out‖² / s, and the gradients of q, k, v. Per chip, L = ``seq``:
+
+    - FLOPs: scores and scores·V, 2·2·b·hq·L·s·dh forward, twice that backward: 12·b·hq·L·s·dh;
+    - wire: all-gather of K and of V forward, reduce-scatter of dK and of dV backward, each (n−1)/n · b·s·hkv·dh·2
+      bytes: 4 · (n−1) · b·L·hkv·dh·2 bytes.
+    """
+
+    devices: int = 8  # size of the context axis (= chips of the slice)
+    seq: int = 1024  # L: sequence positions per chip (s = L · devices)
+    batch: int = 1  # b
+    heads: int = 8  # hq
+    kv_heads: int = 8  # hkv (hq must be a multiple)
+    head_dim: int = 128  # dh
+    axis: str = "context"
+
+    def __post_init__(self) -> None:
+        for name in ("devices", "seq", "batch", "heads", "kv_heads", "head_dim"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}={v!r} must be a positive int")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads={self.heads} must be a multiple of kv_heads={self.kv_heads} (grouped queries)")
+
+    @property
+    def flops_per_chip(self) -> int:
+        """Attention matmul FLOPs per chip: 12 · b · hq · L · s · dh (forward 4, backward 8)."""
+        return 12 * self.batch * self.heads * self.seq * self.seq * self.devices * self.head_dim
+
+    @property
+    def wire_bytes(self) -> float:
+        """Per chip: all-gather of K and V, reduce-scatter of dK and dV (bf16), each (n−1)/n of the full [b, s, hkv,
+        dh] tensor."""
+        n = self.devices
+        return 4 * (n - 1) / n * self.batch * self.seq * n * self.kv_heads * self.head_dim * 2
+
+
+def attention_step(cfg: AttentionStep) -> list[torch.Tensor]:
+    """The gradients of q, k and v (sequence-sharded), traced, not run."""
+    from shardlab.context.gspmd import SEQ, allgather_attention, mark  # needs the world: imported after setup
+
+    mesh = runtime.mesh((cfg.devices,), (cfg.axis,))
+    s = cfg.seq * cfg.devices
+
+    def leaf(h: int) -> torch.Tensor:
+        x = torch.zeros(cfg.batch, s, h, cfg.head_dim, dtype=torch.bfloat16).to(runtime.device())
+        return mark(x, mesh, SEQ).requires_grad_()  # [b, s, h, dh], positions split over the axis
+
+    q, k, v = leaf(cfg.heads), leaf(cfg.kv_heads), leaf(cfg.kv_heads)
+    out = allgather_attention(q, k, v, mesh, None, None)  # [b, s, hq, dh]
+    loss = 0.5 * (out.float() ** 2).sum() / s
+    grads = torch.autograd.grad(loss, (q, k, v))
+    return [mark(g, mesh, SEQ) for g in grads]
+
+
+@dataclass(frozen=True)
+class MoeStep:
+    """One MoE layer's training step (GShard's capacity-factor layer) with the experts split over an ``expert``
+    axis of ``devices`` chips, one routing group of ``tokens`` tokens per chip, bf16.
+
+    The graph is :func:`shardlab.expert.gspmd.gshard_moe` (dispatch einsum, all-to-all to the experts, SwiGLU per
+    expert, all-to-all back, combine), the loss ½‖y‖² / tokens, and the gradients of x, the router and the expert
+    weights. With E experts, top-k, capacity C = ceil(cf · k · S / E) slots per expert and group, n = devices
+    groups, per chip:
+
+    - expert FLOPs: E/n experts, each n·C slots through three [h, f] matmuls, forward 6·E·C·h·f, training
+      18·E·C·h·f;
+    - wire: four all-to-alls (dispatch and combine, forward and backward) of the chip's [E, 1, C, h] block, each
+      (n−1)/n · E·C·h·2 bytes, plus the all-reduce of the replicated router's gradient [h, E].
+    """
+
+    devices: int = 8  # size of the expert axis (= chips of the slice)
+    tokens: int = 1024  # S: tokens routed per chip
+    hidden: int = 1024  # h
+    ffn: int = 1024  # f: each expert's inner width
+    experts: int = 8  # E
+    top_k: int = 2
+    capacity_factor: float = 1.25
+    axis: str = "expert"
+
+    def __post_init__(self) -> None:
+        for name in ("devices", "tokens", "hidden", "ffn", "experts", "top_k"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}={v!r} must be a positive int")
+        if self.experts % self.devices:
+            raise ValueError(f"experts={self.experts} is not divisible by devices={self.devices} (whole experts "
+                             "per chip)")
+
+    @property
+    def params(self) -> ExpertParams:
+        """Notebook 11's parameters for this layer (what :func:`shardlab.expert.gspmd.gshard_moe` routes by)."""
+        return ExpertParams(ep=self.devices, tokens=self.tokens, hidden=self.hidden, ffn=self.ffn,
+                            experts=self.experts, top_k=self.top_k, capacity_factor=self.capacity_factor)
+
+    @property
+    def capacity(self) -> int:
+        return fexp.capacity(self.tokens, self.experts, self.top_k, self.capacity_factor)
+
+    @property
+    def flops_per_chip(self) -> int:
+        """Expert-MLP matmul FLOPs per chip: 18 · E · C · h · f (the dispatch / combine einsums not counted)."""
+        return 18 * self.experts * self.capacity * self.hidden * self.ffn
+
+    @property
+    def wire_bytes(self) -> float:
+        """Per chip: the four all-to-alls of the [E, 1, C, h] block (bf16); the router's all-reduce is left out
+        (the book's count: tokens to experts and back)."""
+        n = self.devices
+        return 4 * (n - 1) / n * self.experts * self.capacity * self.hidden * 2
+
+
+def moe_step(cfg: MoeStep) -> list[torch.Tensor]:
+    """The gradients of x, the router, W1, W3 and W2 (each sharded like its tensor), traced, not run."""
+    import torch_xla.distributed.spmd as xs
+
+    from shardlab.expert.gspmd import AXIS, TOKENS, expert_mesh, gshard_moe  # needs the world: after setup
+
+    p = cfg.params
+    mesh = expert_mesh(cfg.devices)  # (data, expert) = (n / ep, ep): data is 1 when the world is the slice
+    dev = runtime.device()
+
+    def leaf(shape: tuple[int, ...], spec: tuple) -> torch.Tensor:
+        x = torch.zeros(*shape, dtype=torch.bfloat16).to(dev)
+        xs.mark_sharding(x, mesh, spec)
+        return x.requires_grad_()
+
+    h, f, e = cfg.hidden, cfg.ffn, cfg.experts
+    x = leaf((cfg.tokens * cfg.devices, h), TOKENS)  # [G·S, h]: one group per chip
+    router = leaf((h, e), (None, None))  # [h, E] replicated
+    w1, w3 = leaf((e, h, f), (AXIS, None, None)), leaf((e, h, f), (AXIS, None, None))  # [E, h, f]
+    w2 = leaf((e, f, h), (AXIS, None, None))  # [E, f, h]
+    y = gshard_moe(x, router, w1, w3, w2, p, mesh)  # [G·S, h]
+    loss = 0.5 * (y.float() ** 2).sum() / cfg.tokens
+    grads = torch.autograd.grad(loss, (x, router, w1, w3, w2))
+    for g, spec in zip(grads, (TOKENS, (None, None), (AXIS, None, None), (AXIS, None, None), (AXIS, None, None)),
+                       strict=True):
+        xs.mark_sharding(g, mesh, spec)
+    return list(grads)

@@ -13,7 +13,15 @@ torus axes that axis spans):
   ``T* = (2/3)·(n−1)/n · C/W`` tokens per chip;
 - tensor: an all-reduce of [T, d] forward and one backward: wire 2·2(n−1)/n·2·T·d against 6·T·P/n →
   ``f* = (2/3)·(n−1) · C/W`` (independent of T);
-- data: one all-reduce of each gradient: wire 2(n−1)/n·2P against 6·T·P →  ``T* = (2/3)·(n−1)/n · C/W``.
+- data: one all-reduce of each gradient: wire 2(n−1)/n·2P against 6·T·P →  ``T* = (2/3)·(n−1)/n · C/W``;
+- context (:class:`~shardlab.timing.programs.AttentionStep`, L positions per chip, s = n·L, hq query and hkv K/V
+  heads of width dh): K and V all-gathered forward, their gradients reduce-scattered backward, 4·(n−1)·b·L·hkv·dh·2
+  bytes, against 12·b·hq·L·s·dh attention FLOPs: the ratio FLOPs / bytes = (3/2)·(hq/hkv)·n/(n−1)·L grows with
+  L, so ``L* = (2/3)·(hkv/hq)·(n−1)/n · C/W`` positions per chip;
+- expert (:class:`~shardlab.timing.programs.MoeStep`, E experts, capacity C slots per expert and group, width h,
+  expert width f): four all-to-alls of the chip's [E, 1, C, h] block, 4·(n−1)/n·E·C·h·2 bytes, against
+  18·E·C·h·f expert-MLP FLOPs: tokens (through C) cancel, the ratio is (9/4)·n/(n−1)·f, so
+  ``f* = (4/9)·(n−1)/n · C/W`` (the expert's inner width).
 
 The compiler's side (:func:`price`): each point compiled for the slice and priced by
 :func:`shardlab.profile.step_time.step_time` — compute from the kernels' estimates, wire time from the program's
@@ -29,7 +37,7 @@ from dataclasses import dataclass, replace
 from shardlab.formulas import hardware
 from shardlab.profile import step_time as st
 from shardlab.profile import tpu
-from shardlab.timing.programs import MlpStep, mlp_step
+from shardlab.timing.programs import AttentionStep, MlpStep, MoeStep, attention_step, mlp_step, moe_step
 
 EXPOSED_SHARE = 0.10  # "communication hidden": exposed comm at most this share of the step
 
@@ -38,7 +46,7 @@ EXPOSED_SHARE = 0.10  # "communication hidden": exposed comm at most this share 
 class TimingPoint:
     """One swept configuration, priced."""
 
-    cfg: MlpStep
+    cfg: MlpStep | AttentionStep | MoeStep
     topology: str
     compute_s: float
     comm_s: float  # wire time of the program's collectives
@@ -48,6 +56,7 @@ class TimingPoint:
     formula_comm_s: float  # the collectives the formula assumes, at the same egress
     collectives: dict[str, int]  # op -> executions per step in the program
     flops: int  # matmul FLOPs per chip read from the program (dots x loop trips)
+    wire_bytes: int = 0  # per chip, every collective of the program (one execution x runs)
 
     @property
     def ratio(self) -> float:  # comm / compute, compiler
@@ -65,8 +74,10 @@ def egress(topology: str) -> float:
     return chip.ici_egress_for(axes) if axes else float("inf")
 
 
-def formula_comm_bytes(cfg: MlpStep) -> float:
+def formula_comm_bytes(cfg: MlpStep | AttentionStep | MoeStep) -> float:
     """Wire bytes per chip of the collectives the formula assumes (module note)."""
+    if isinstance(cfg, AttentionStep | MoeStep):
+        return cfg.wire_bytes
     n, p = cfg.devices, cfg.params
     if cfg.axis == "fsdp":
         return 2 * (n - 1) / n * 2 * p
@@ -75,20 +86,33 @@ def formula_comm_bytes(cfg: MlpStep) -> float:
     return 2 * (n - 1) / n * 2 * p
 
 
-def critical(cfg: MlpStep, topology: str) -> float:
-    """The scaling book's crossover for ``cfg.axis``: tokens per chip (fsdp, data) or ffn (tensor)."""
+def critical(cfg: MlpStep | AttentionStep | MoeStep, topology: str) -> float:
+    """The scaling book's crossover for ``cfg.axis``: tokens per chip (fsdp, data), ffn (tensor), sequence
+    positions per chip (context) or the expert's inner width (expert)."""
     chip, _ = hardware.slice_chips(topology)
     c_over_w = chip.bf16_peak_flops_per_s / egress(topology)
     n = cfg.devices
+    if isinstance(cfg, AttentionStep):
+        return 2 / 3 * cfg.kv_heads / cfg.heads * (n - 1) / n * c_over_w
+    if isinstance(cfg, MoeStep):
+        return 4 / 9 * (n - 1) / n * c_over_w
     return 2 / 3 * (n - 1) * c_over_w if cfg.axis == "tensor" else 2 / 3 * (n - 1) / n * c_over_w
 
 
-def price(cfg: MlpStep, topology: str) -> TimingPoint:
+SWEPT = {MlpStep: "tokens", AttentionStep: "seq", MoeStep: "ffn"}  # the field each program's label names
+
+
+def price(cfg: MlpStep | AttentionStep | MoeStep, topology: str) -> TimingPoint:
     """Compile ``cfg``'s step for ``topology`` (compile-only) and price it."""
     chip, n = hardware.slice_chips(topology)
     if n != cfg.devices:
         raise ValueError(f"topology={topology!r} has {n} chips but the step's axis has devices={cfg.devices}")
-    compiled = tpu.compile_program(mlp_step, cfg, topology, label=f"timing {cfg.axis} T{cfg.tokens} f{cfg.ffn}")
+    if isinstance(cfg, MlpStep):
+        build, label = mlp_step, f"timing {cfg.axis} T{cfg.tokens} f{cfg.ffn}"
+    else:
+        build = attention_step if isinstance(cfg, AttentionStep) else moe_step
+        label = f"timing {cfg.axis} {SWEPT[type(cfg)]} {getattr(cfg, SWEPT[type(cfg)])}"
+    compiled = tpu.compile_program(build, cfg, topology, label=label)
     if compiled.module is None:
         raise ValueError(f"{cfg} does not fit {topology}: {compiled.oom.first_line if compiled.oom else ''}")
     t = st.step_time(compiled.module, topology, {cfg.axis: cfg.devices})
@@ -97,10 +121,11 @@ def price(cfg: MlpStep, topology: str) -> TimingPoint:
         counts[c.op] = counts.get(c.op, 0) + (compiled.module.runs(c.computation) or 1)
     return TimingPoint(cfg, topology, t.compute_s, t.comm_s, t.exposed_comm_s, t.step_s,
                  cfg.flops_per_chip / chip.bf16_peak_flops_per_s, formula_comm_bytes(cfg) / egress(topology), counts,
-                 sum(k.flops * k.runs for k in t.kernels))
+                 sum(k.flops * k.runs for k in t.kernels), sum(c.wire_bytes * c.runs for c in t.collectives))
 
 
-def sweep(base: MlpStep, topology: str, values: tuple[int, ...], field: str = "tokens") -> list[TimingPoint]:
+def sweep(base: MlpStep | AttentionStep | MoeStep, topology: str, values: tuple[int, ...],
+          field: str = "tokens") -> list[TimingPoint]:
     """``base`` with ``field`` set to each of ``values``, priced."""
     return [price(replace(base, **{field: v}), topology) for v in values]
 
