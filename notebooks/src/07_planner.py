@@ -359,6 +359,26 @@ display(Markdown(pod_verdicts.pod_text(pod, control)))
 # check its no-flash verdict only.
 
 # %% [markdown]
+# ### Step time: the planner against the compiler
+# The planner's step time is a roofline: its FLOPs over the chip's bf16 peak, each collective's wire bytes over the
+# ICI links its group spans, and the larger of the two (perfect overlap). The same verdict step, compiled for the
+# slice, is priced by the compiler's own per-kernel estimates (times the scan's trip count) plus what its schedule
+# leaves of each collective exposed (`shardlab.profile.step_time`, notebook 13). Rows: Llama 3 8B on 64 chips of
+# v6e and of v5e (fsdp 16 × tensor 4: the verdict matrix's 8B row that fits with traced attention), Llama 3 70B on
+# the pod rows above (v6e-256, v5p-256), and Llama 3.1 405B on v6e-256 with the seed's fsdp 64 × tensor 4 (its full
+# depth does not fit with traced attention: compiled at 2 and 4 layers and extrapolated along the line, as
+# notebook 13 does). MFU of both from the planner's model FLOPs; ratio = compiler step / planner step. Cached
+# (`tools/planner_presets_time.py all`); `full_size=True` compiles them again.
+
+# %%
+from shardlab.planner import time_check as ptime
+
+time_rows, time_about = ptime.compiled_or_cached(rec, p.full_size)
+print(time_about)
+display(ptime.frame(time_rows))
+display(Markdown("\n".join(f"- {ptime.why(r)}" for r in time_rows)))
+
+# %% [markdown]
 # ### Which FSDP rule the compiler's bytes follow
 # The same step for a 4-layer Llama (h 1024, ffn 2048, V 4096, fsdp 8 on v5e-8, 8 × 64 tokens), its collectives
 # summed per chip over the step (each times its loop's trip count; an all-reduce feeding a dynamic-slice counted as
