@@ -57,6 +57,13 @@ def test_planner_time_is_the_hand_count(key: str) -> None:
     assert math.isclose(pl["mfu"], model / (pl["step_s"] * chips * peak), rel_tol=1e-12)
 
 
+def test_pod_rows_are_notebook_07s() -> None:
+    from shardlab.planner.pod import POD
+
+    for key in ("llama-3-70b.v6e-256", "llama-3-70b.v5p-256"):
+        assert T.ROWS[key] == POD[key]
+
+
 def test_stand_in_compiled_now_equals_the_cache(data) -> None:  # type: ignore[no-untyped-def]
     key = next(iter(T.STAND_IN))
     cached = data["compiles"][key]["full"]

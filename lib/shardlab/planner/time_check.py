@@ -52,7 +52,6 @@ from typing import Any
 
 from shardlab.formulas import hardware as hw
 from shardlab.planner import MESH_AXES, Plan, PlanConfig, comm_seconds, plan
-from shardlab.planner.pod import POD
 
 CACHE_FILE = Path(__file__).resolve().parents[3] / "data" / "time" / "planner_presets.json"
 TRACE_DEVICES = 8
@@ -61,8 +60,11 @@ MESH = ("data", "fsdp", "tensor")  # the verdict step's device mesh, row-major
 ROWS: dict[str, dict[str, Any]] = {
     "llama-3-8b.v6e-64": dict(model="llama-3-8b", topology="v6e-64", fsdp=16, tensor=4, global_batch=16, seq=8192),
     "llama-3-8b.v5e-64": dict(model="llama-3-8b", topology="v5e-64", fsdp=16, tensor=4, global_batch=16, seq=8192),
-    "llama-3-70b.v6e-256": POD["llama-3-70b.v6e-256"],
-    "llama-3-70b.v5p-256": POD["llama-3-70b.v5p-256"],
+    # planner.pod's rows (the same dicts; not imported: that module imports torch_xla)
+    "llama-3-70b.v6e-256": dict(model="llama-3-70b", topology="v6e-256", fsdp=64, tensor=4, global_batch=64,
+                                seq=8192),
+    "llama-3-70b.v5p-256": dict(model="llama-3-70b", topology="v5p-256", fsdp=32, tensor=4, global_batch=32,
+                                seq=8192),
     "llama-3.1-405b.v6e-256": dict(model="llama-3.1-405b", topology="v6e-256", fsdp=64, tensor=4, global_batch=64,
                                    seq=8192),
 }
@@ -94,7 +96,10 @@ def planner_terms(p: Plan) -> dict[str, Any]:
     return {"compute_s": p.roofline.compute_s, "comm_s": p.roofline.comm_s, "comm_by_axis": by_axis,
             "step_s": p.roofline.step_s, "mfu": p.mfu, "model_flops": p.flops.model,
             "hardware_flops": p.flops.hardware, "chips": p.chips, "peak_flops_per_s": chip.bf16_peak_flops_per_s,
-            "bound": p.roofline.bound}
+            "bound": p.roofline.bound,
+            # the [s, s] score and value matmuls' share of the compute (forward, backward, and the recomputed forward)
+            "attention_s": p.flops.attention * (4 / 3 if p.config.recompute == "full" else 1) / p.chips
+            / chip.bf16_peak_flops_per_s}
 
 
 # ------------------------------------------------------------------------------------------------ the compiler
@@ -130,7 +135,26 @@ def compile_row(key: str, layers: int | None = None) -> dict[str, Any]:
     body = [k for k in t.kernels if k.runs > 1]
     out.update({"step": t.as_dict(), "hbm_bound_s": t.hbm_bound_s(chip), "bound": t.bound(chip),
                 "loop_body_s": sum(k.cycles for k in body) / t.clock_hz, "program_flops": c.cost.get("flops"),
-                "exposed_by_axis": _exposed_by_axis(t)})
+                "exposed_by_axis": _exposed_by_axis(t), "compute_split": compute_split(t, c.module, cfg.seq, chip),
+                "kernels_top": [{"name": k.name, "s": k.seconds(t.clock_hz), "runs": k.runs, "flops": k.flops,
+                                 "bytes": k.bytes}
+                                for k in sorted(t.kernels, key=lambda k: -k.seconds(t.clock_hz))[:8]]})
+    return out
+
+
+def compute_split(t: Any, module: Any, seq: int, chip: hw.ChipProfile) -> dict[str, dict[str, float]]:
+    """The compiler's compute by kind of kernel, all runs: ``attention [s, s]`` (a kernel touching an array whose
+    last two dims are [seq, seq]: the traced attention's scores, probabilities and their gradients), ``matmul``
+    (the other kernels whose FLOP roofline exceeds their HBM roofline) and ``other`` (elementwise, norms, copies,
+    the optimizer) — each with the compiler's estimate, its roofline and its dot FLOPs."""
+    out = {p: {"estimate_s": 0.0, "roofline_s": 0.0, "flops": 0.0} for p in ("matmul", "attention [s, s]", "other")}
+    for k in t.kernels:
+        square = any(i.shape and len(i.shape[0].dims) >= 2 and tuple(i.shape[0].dims[-2:]) == (seq, seq)
+                     for i in module.executed(k.name))
+        part = "attention [s, s]" if square else "matmul" if k.bound(chip) == "compute" else "other"
+        out[part]["estimate_s"] += k.seconds(t.clock_hz)
+        out[part]["roofline_s"] += k.roofline_s(chip)
+        out[part]["flops"] += float(k.flops * k.runs)
     return out
 
 
@@ -153,7 +177,8 @@ def compiler_terms(entries: dict[str, dict[str, Any]], layers: int) -> tuple[dic
     if full and full.get("step"):
         st = full["step"]
         return ({**{f: st[f] for f in TERMS}, "comm_by_axis": dict(st["comm_by_axis"]),
-                 "exposed_by_axis": dict(full["exposed_by_axis"]), "bound": full["bound"]},
+                 "exposed_by_axis": dict(full["exposed_by_axis"]), "bound": full["bound"],
+                 "split": {k: v["estimate_s"] for k, v in full.get("compute_split", {}).items()}},
                 f"compiled at {layers} layers")
     a, b = (entries.get(f"L{d}") for d in DEPTHS)
     if not (a and b and a.get("step") and b.get("step")):
@@ -169,6 +194,8 @@ def compiler_terms(entries: dict[str, dict[str, Any]], layers: int) -> tuple[dic
         src_b = b["step"][part] if part == "comm_by_axis" else b[part]
         out[part] = {k: line(src_a.get(k, 0.0), src_b.get(k, 0.0)) for k in sorted(set(src_a) | set(src_b))}
     out["bound"] = b["bound"]
+    sa, sb = a.get("compute_split", {}), b.get("compute_split", {})
+    out["split"] = {k: line(sa[k]["estimate_s"], sb[k]["estimate_s"]) for k in sa if k in sb}
     return out, f"extrapolated from {d0} and {d1} layers (scan; the full depth does not fit with traced attention)"
 
 
@@ -225,9 +252,11 @@ def frame(rs: list[dict[str, Any]]) -> Any:
         axes = sorted(set(pl["comm_by_axis"]) | set(co.get("comm_by_axis", {})))
         lines.append({
             "row": r["row"], "how": r["how"],
-            "planner compute s": pl["compute_s"], "compiler compute s": co.get("compute_s"),
+            "planner compute s": pl["compute_s"], "of it attention s": pl["attention_s"],
+            "compiler compute s": co.get("compute_s"),
+            **{f"compiler {k} s": v for k, v in co.get("split", {}).items()},
             "planner wire s": "; ".join(f"{a} {pl['comm_by_axis'].get(a, 0):.3f}" for a in axes),
-            "compiler wire s": "; ".join(f"{a} {co.get('comm_by_axis', {}).get(a, 0):.3f}" for a in axes),
+            "compiler wire s": "; ".join(f"{a} {co['comm_by_axis'].get(a, 0):.3f}" for a in axes) if co else "–",
             "compiler exposed s": "; ".join(f"{a} {v:.3f}" for a, v in co.get("exposed_by_axis", {}).items()),
             "planner step s": pl["step_s"], "compiler step s": co.get("step_s"),
             "planner MFU": pl["mfu"], "compiler MFU": co.get("mfu"),
@@ -243,8 +272,14 @@ def why(r: dict[str, Any]) -> str:
         return f"{r['row']}: not compiled"
     comm = ", ".join(f"{a} {co['comm_by_axis'].get(a, 0.0):.3f} vs {pl['comm_by_axis'].get(a, 0.0):.3f} s"
                      for a in sorted(set(pl["comm_by_axis"]) | set(co["comm_by_axis"])))
+    sp = co.get("split", {})
+    parts = (f" — matmul kernels {sp['matmul']:.2f} s vs the planner's {pl['compute_s'] - pl['attention_s']:.2f} s "
+             f"for the weights' FLOPs; the traced attention's [s, s] kernels {sp['attention [s, s]']:.2f} s vs its "
+             f"{pl['attention_s']:.2f} s of attention FLOPs at peak; other kernels (elementwise, norms, copies, the "
+             f"optimizer) {sp['other']:.2f} s, which the planner does not count" if sp else "")
     return (f"**{r['row']}** ({r['how']}): compute {co['compute_s']:.2f} s vs the planner's FLOP roofline "
-            f"{pl['compute_s']:.2f} s ({co['compute_s'] / pl['compute_s']:.2f}×); wire per axis, compiler vs planner: "
+            f"{pl['compute_s']:.2f} s ({co['compute_s'] / pl['compute_s']:.2f}×){parts}; wire per axis, compiler vs "
+            "planner: "
             f"{comm}; exposed {co['exposed_comm_s']:.3f} s (the planner assumes full overlap); step "
             f"{co['step_s']:.2f} vs {pl['step_s']:.2f} s — ratio {r['ratio']:.2f}, MFU {co['mfu']:.3f} vs "
             f"{pl['mfu']:.3f}; the compiler's bound: {co['bound']}.")
