@@ -83,10 +83,12 @@ def test_cached_rows_follow_from_their_own_terms(data) -> None:  # type: ignore[
         pl, co = r["planner"], r["compiler"]
         assert co is not None, key
         gens.add(T.ALL[key]["topology"].split("-")[0])
-        assert math.isclose(r["ratio"], co["step_s"] / pl["step_s"], rel_tol=1e-12), key
-        assert math.isclose(co["mfu"], pl["model_flops"] / (co["step_s"] * pl["chips"] * pl["peak_flops_per_s"]),
+        assert math.isclose(r["ratio"], co["predicted_s"] / pl["step_s"], rel_tol=1e-12), key
+        assert math.isclose(co["mfu"], pl["model_flops"] / (co["predicted_s"] * pl["chips"] * pl["peak_flops_per_s"]),
                             rel_tol=1e-12), key
         assert math.isclose(co["step_s"], co["compute_s"] + co["exposed_comm_s"], rel_tol=1e-9), key
+        assert math.isclose(co["predicted_s"], co["step_s"] + co["derived_s"], rel_tol=1e-9) and co["derived_s"] >= 0
+        assert co["compute_s"] < 1e3 * pl["compute_s"], f"{key}: an estimate left in compute that is not a time"
         assert math.isclose(co["comm_s"], sum(co["comm_by_axis"].values()), rel_tol=1e-9), key
         assert 0 <= co["exposed_comm_s"] <= co["comm_s"] * (1 + 1e-9), key
         assert T.row(key, data["compiles"][key])["planner"] == pl, f"{key}: the planner changed since the cache"
@@ -101,6 +103,9 @@ def test_extrapolated_rows_are_the_line_through_their_compiles(data) -> None:  #
         co = data["rows"][key]["compiler"]
         for f in ("compute_s", "comm_s", "exposed_comm_s", "step_s"):
             assert math.isclose(co[f], a[f] + (b[f] - a[f]) * (L - 2) / 2, rel_tol=1e-12), (key, f)
+        ad = a.get("unpriced_roofline_s", 0) + a.get("saturated_roofline_s", 0)
+        bd = b.get("unpriced_roofline_s", 0) + b.get("saturated_roofline_s", 0)
+        assert math.isclose(co["derived_s"], ad + (bd - ad) * (L - 2) / 2, rel_tol=1e-9, abs_tol=1e-15), key
         # the line's premise: 2 more layers cost 2 executions of the scanned body (1 %: the optimizer's update of
         # the stacked weights grows with the depth too, outside the loop)
         d, body = b["compute_s"] - a["compute_s"], 2 * comp["L2"]["loop_body_s"]

@@ -12,6 +12,8 @@ Usage::
     python tools/planner_presets_time.py one llama-3-70b.v6e-256 full      # one compile in this process
     python tools/planner_presets_time.py one llama-3.1-405b.v6e-256 2      # at 2 layers
     python tools/planner_presets_time.py one tiny.v5e-8 full               # the tests' stand-in (seconds)
+    SHARDLAB_KEEP_HLO=DIR ... one ROW DEPTH                                # also keep the program (gzip) in DIR
+    python tools/planner_presets_time.py reprice DIR                       # today's pricing on the kept programs
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 
 def one(key: str, depth: str) -> dict:
@@ -34,7 +37,8 @@ def one(key: str, depth: str) -> dict:
     from shardlab.profile import tpu
 
     started = time.time()
-    res = T.compile_row(key, None if depth == "full" else int(depth))
+    keep = os.environ.get("SHARDLAB_KEEP_HLO")  # a directory for the compiled program (gzip), to re-read it
+    res = T.compile_row(key, None if depth == "full" else int(depth), Path(keep) if keep else None)
     source = {"command": f"python tools/planner_presets_time.py one {key} {depth}",
               "measured": time.strftime("%Y-%m-%d %H:%M", time.gmtime(started)) + " UTC",
               "versions": tpu.check_backend(), "cpus": os.cpu_count(), "machine": platform.machine(),
@@ -52,9 +56,16 @@ def main() -> None:
     a1 = sub.add_parser("one")
     a1.add_argument("row")
     a1.add_argument("depth", help="full, or a layer count (scan)")
+    a3 = sub.add_parser("reprice", help="today's pricing on kept programs (SHARDLAB_KEEP_HLO's files), no compile")
+    a3.add_argument("hlo_dir", type=Path)
     a2 = sub.add_parser("all")
     a2.add_argument("--rows", nargs="*", default=None)
     a = ap.parse_args()
+    if a.cmd == "reprice":
+        from shardlab.planner import time_check as T
+
+        print("re-priced:", ", ".join(T.reprice(a.hlo_dir)), flush=True)
+        return
     if a.cmd == "one":
         if a.depth != "full" and not a.depth.isdigit():
             ap.error(f"depth={a.depth!r} must be 'full' or a positive layer count")

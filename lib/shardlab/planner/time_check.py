@@ -29,7 +29,9 @@ The rows (:data:`ROWS`), the planner's own settings, two generations or more per
 extrapolated along the line through the two (``timing.published``'s route, validated there: the 2 → 4 difference
 is 2 × the scanned body's estimate within 1 %). ``how`` says which.
 
-**What the ratio compares.** ratio = compiler step / planner step (> 1: the planner is optimistic); MFU for both
+**What the ratio compares.** ratio = compiler step / planner step (the compiler's step: its kernels' estimates +
+exposed communication, + the roofline of any kernel it gave no estimate — ``StepTime.saturated``, kept as a
+separate derived column) (> 1: the planner is optimistic); MFU for both
 from the planner's model FLOPs, so the MFU ratio is its inverse. Term by term: the compiler's compute against the
 planner's FLOP roofline (the difference is kernel efficiency and the elementwise / HBM-bound kernels the planner
 does not count), and each mesh axis' wire time from the program's collectives against the planner's comm terms of
@@ -103,14 +105,13 @@ def planner_terms(p: Plan) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------------ the compiler
-def compile_row(key: str, layers: int | None = None) -> dict[str, Any]:
+def compile_row(key: str, layers: int | None = None, keep_hlo: Path | None = None) -> dict[str, Any]:
     """Compile row ``key``'s verdict step (at ``layers`` instead of the model's when given) for its slice, traced on
     this process's 8 devices (retargeted when the slice has more), and price it. Numbers only."""
     from shardlab.core.case import build_graph
     from shardlab.planner.pod import meshes, trace_case
     from shardlab.planner.verdict import VerdictCase
     from shardlab.profile import tpu
-    from shardlab.profile.step_time import step_time
 
     cfg = config(key)
     case = VerdictCase(cfg, layers)
@@ -130,16 +131,52 @@ def compile_row(key: str, layers: int | None = None) -> dict[str, Any]:
                            "oom": c.oom.first_line if c.oom else ""}
     if c.module is None:
         return out
-    chip = hw.slice_chips(cfg.topology)[0]
-    t = step_time(c.module, cfg.topology, mesh(cfg))
-    body = [k for k in t.kernels if k.runs > 1]
-    out.update({"step": t.as_dict(), "hbm_bound_s": t.hbm_bound_s(chip), "bound": t.bound(chip),
-                "loop_body_s": sum(k.cycles for k in body) / t.clock_hz, "program_flops": c.cost.get("flops"),
-                "exposed_by_axis": _exposed_by_axis(t), "compute_split": compute_split(t, c.module, cfg.seq, chip),
-                "kernels_top": [{"name": k.name, "s": k.seconds(t.clock_hz), "runs": k.runs, "flops": k.flops,
-                                 "bytes": k.bytes}
-                                for k in sorted(t.kernels, key=lambda k: -k.seconds(t.clock_hz))[:8]]})
+    if keep_hlo is not None and c.hlo_text:  # the per-chip program, to re-read without a compile
+        import gzip
+
+        keep_hlo.mkdir(parents=True, exist_ok=True)
+        with gzip.open(keep_hlo / f"{key}.{layers or 'full'}.hlo.txt.gz", "wt") as fh:
+            fh.write(c.hlo_text)
+    out.update(price(key, c.module))
+    out["program_flops"] = c.cost.get("flops")
     return out
+
+
+def price(key: str, module: Any) -> dict[str, Any]:
+    """Row ``key``'s compiled per-chip program priced: the step's terms, its bound, one execution of the scanned
+    body, the exposed wire per axis, the compute split by kernel kind, the costliest kernels."""
+    from shardlab.profile.step_time import step_time
+
+    cfg = config(key)
+    chip = hw.slice_chips(cfg.topology)[0]
+    t = step_time(module, cfg.topology, mesh(cfg))
+    body = [k for k in t.kernels if k.runs > 1]
+    return {"step": t.as_dict(), "hbm_bound_s": t.hbm_bound_s(chip), "bound": t.bound(chip),
+            "loop_body_s": sum(k.cycles for k in body) / t.clock_hz,
+            "exposed_by_axis": _exposed_by_axis(t), "compute_split": compute_split(t, module, cfg.seq, chip),
+            "kernels_top": [{"name": k.name, "s": k.seconds(t.clock_hz), "runs": k.runs, "flops": k.flops,
+                             "bytes": k.bytes} for k in sorted(t.kernels, key=lambda k: -k.seconds(t.clock_hz))[:8]]}
+
+
+def reprice(hlo_dir: Path, path: Path = CACHE_FILE) -> list[str]:
+    """Re-price every cached compile whose program was kept (``<row>.<layers|full>.hlo.txt.gz`` in ``hlo_dir``)
+    with today's :func:`price`, without a compile; rebuild the rows. Returns what was updated."""
+    import gzip
+
+    from shardlab.profile.hlo import parse_hlo
+
+    data, done = load(path), []
+    for key, comps in data.get("compiles", {}).items():
+        for depth, res in comps.items():
+            f = hlo_dir / f"{key}.{'full' if depth == 'full' else depth[1:]}.hlo.txt.gz"
+            if res.get("fits") and f.exists():
+                with gzip.open(f, "rt") as fh:
+                    res.update(price(key, parse_hlo(fh.read())))
+                res.setdefault("_source", {})["repriced"] = f"today's pricing on the kept program {f.name}"
+                done.append(f"{key}.{depth}")
+        data["rows"][key] = row(key, comps)
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    return done
 
 
 def compute_split(t: Any, module: Any, seq: int, chip: hw.ChipProfile) -> dict[str, dict[str, float]]:
@@ -167,7 +204,15 @@ def _exposed_by_axis(t: Any) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------------------------------------ the row
-TERMS = ("compute_s", "comm_s", "exposed_comm_s", "step_s")
+TERMS = ("compute_s", "comm_s", "exposed_comm_s", "step_s", "derived_s", "predicted_s")
+
+
+def _terms(st: dict[str, Any]) -> dict[str, float]:
+    """A priced program's time terms; ``derived_s``: the roofline of the kernels it gave no estimate
+    (``StepTime.saturated_roofline_s`` + ``unpriced_roofline_s``), ``predicted_s`` = ``step_s`` + that."""
+    derived = st.get("unpriced_roofline_s", 0.0) + st.get("saturated_roofline_s", 0.0)
+    return {"compute_s": st["compute_s"], "comm_s": st["comm_s"], "exposed_comm_s": st["exposed_comm_s"],
+            "step_s": st["step_s"], "derived_s": derived, "predicted_s": st["step_s"] + derived}
 
 
 def compiler_terms(entries: dict[str, dict[str, Any]], layers: int) -> tuple[dict[str, Any], str] | None:
@@ -176,7 +221,7 @@ def compiler_terms(entries: dict[str, dict[str, Any]], layers: int) -> tuple[dic
     full = entries.get("full")
     if full and full.get("step"):
         st = full["step"]
-        return ({**{f: st[f] for f in TERMS}, "comm_by_axis": dict(st["comm_by_axis"]),
+        return ({**_terms(st), "comm_by_axis": dict(st["comm_by_axis"]),
                  "exposed_by_axis": dict(full["exposed_by_axis"]), "bound": full["bound"],
                  "split": {k: v["estimate_s"] for k, v in full.get("compute_split", {}).items()}},
                 f"compiled at {layers} layers")
@@ -188,7 +233,8 @@ def compiler_terms(entries: dict[str, dict[str, Any]], layers: int) -> tuple[dic
     def line(x: float, y: float) -> float:
         return x + (y - x) * (layers - d0) / (d1 - d0)
 
-    out: dict[str, Any] = {f: line(a["step"][f], b["step"][f]) for f in TERMS}
+    ta, tb = _terms(a["step"]), _terms(b["step"])
+    out: dict[str, Any] = {f: line(ta[f], tb[f]) for f in TERMS}
     for part in ("comm_by_axis", "exposed_by_axis"):
         src_a = a["step"][part] if part == "comm_by_axis" else a[part]
         src_b = b["step"][part] if part == "comm_by_axis" else b[part]
@@ -209,8 +255,8 @@ def row(key: str, entries: dict[str, dict[str, Any]]) -> dict[str, Any]:
         out.update({"compiler": None, "how": "not compiled", "ratio": None})
         return out
     co, how = got
-    co["mfu"] = pl["model_flops"] / (co["step_s"] * pl["chips"] * pl["peak_flops_per_s"])
-    out.update({"compiler": co, "how": how, "ratio": co["step_s"] / pl["step_s"]})
+    co["mfu"] = pl["model_flops"] / (co["predicted_s"] * pl["chips"] * pl["peak_flops_per_s"])
+    out.update({"compiler": co, "how": how, "ratio": co["predicted_s"] / pl["step_s"]})
     return out
 
 
@@ -258,7 +304,8 @@ def frame(rs: list[dict[str, Any]]) -> Any:
             "planner wire s": "; ".join(f"{a} {pl['comm_by_axis'].get(a, 0):.3f}" for a in axes),
             "compiler wire s": "; ".join(f"{a} {co['comm_by_axis'].get(a, 0):.3f}" for a in axes) if co else "–",
             "compiler exposed s": "; ".join(f"{a} {v:.3f}" for a, v in co.get("exposed_by_axis", {}).items()),
-            "planner step s": pl["step_s"], "compiler step s": co.get("step_s"),
+            "compiler derived s": co.get("derived_s"),
+            "planner step s": pl["step_s"], "compiler step s": co.get("predicted_s"),
             "planner MFU": pl["mfu"], "compiler MFU": co.get("mfu"),
             "ratio (compiler / planner)": r["ratio"], "compiler bound": co.get("bound"),
         })
@@ -280,9 +327,11 @@ def why(r: dict[str, Any]) -> str:
     return (f"**{r['row']}** ({r['how']}): compute {co['compute_s']:.2f} s vs the planner's FLOP roofline "
             f"{pl['compute_s']:.2f} s ({co['compute_s'] / pl['compute_s']:.2f}×){parts}; wire per axis, compiler vs "
             "planner: "
-            f"{comm}; exposed {co['exposed_comm_s']:.3f} s (the planner assumes full overlap); step "
-            f"{co['step_s']:.2f} vs {pl['step_s']:.2f} s — ratio {r['ratio']:.2f}, MFU {co['mfu']:.3f} vs "
-            f"{pl['mfu']:.3f}; the compiler's bound: {co['bound']}.")
+            f"{comm}; exposed {co['exposed_comm_s']:.3f} s (the planner assumes full overlap)"
+            + (f"; kernels the compiler gave no estimate, at their roofline (derived): {co['derived_s']:.3f} s"
+               if co["derived_s"] else "")
+            + f"; step {co['predicted_s']:.2f} vs {pl['step_s']:.2f} s — ratio {r['ratio']:.2f}, MFU "
+            f"{co['mfu']:.3f} vs {pl['mfu']:.3f}; the compiler's bound: {co['bound']}.")
 
 
 def compiled_or_cached(rec: Any, live: bool) -> tuple[list[dict[str, Any]], str]:
@@ -308,22 +357,24 @@ def compiled_or_cached(rec: Any, live: bool) -> tuple[list[dict[str, Any]], str]
         rec.measure(f"{name}.step_s", r["planner"]["step_s"], "s", "formula")
         if r["compiler"] is None:
             continue
-        rec.measure(f"{name}.step_s", r["compiler"]["step_s"], "s", "tpu")
+        rec.measure(f"{name}.step_s", r["compiler"]["predicted_s"], "s", "tpu")
         rec.measure(f"{name}.ratio", r["ratio"], "1", "tpu")
         rec.check(f"{name}: the ratio is the compiler's step over the planner's, MFU their inverse ratio",
                   check_ratio(r) and math.isclose(r["planner"]["mfu"] / r["compiler"]["mfu"], r["ratio"],
                                                   rel_tol=1e-9), f"ratio {r['ratio']:.4f}")
-        rec.check(f"{name}: the compiler's step is its compute plus its exposed wire, each >= 0",
-                  math.isclose(r["compiler"]["step_s"], r["compiler"]["compute_s"] + r["compiler"]["exposed_comm_s"],
-                               rel_tol=1e-9) and r["compiler"]["exposed_comm_s"] >= 0, "")
+        co = r["compiler"]
+        rec.check(f"{name}: the compiler's step is its compute + its exposed wire (+ a derived term), each >= 0",
+                  math.isclose(co["predicted_s"], co["compute_s"] + co["exposed_comm_s"] + co["derived_s"],
+                               rel_tol=1e-9) and min(co["exposed_comm_s"], co["derived_s"]) >= 0, "")
     return rs, about
 
 
 def check_ratio(r: dict[str, Any]) -> bool:
     """The stored ratio is the compiler's step over the planner's, of the row's own terms."""
-    return r["compiler"] is not None and math.isclose(r["ratio"], r["compiler"]["step_s"] / r["planner"]["step_s"],
-                                                      rel_tol=1e-12)
+    co = r["compiler"]
+    return co is not None and math.isclose(r["ratio"], co["predicted_s"] / r["planner"]["step_s"], rel_tol=1e-12)
 
 
 __all__ = ["ALL", "CACHE_FILE", "ROWS", "STAND_IN", "check_ratio", "compile_row", "compiler_terms", "config",
-           "compiled_or_cached", "frame", "load", "planner_terms", "row", "rows", "store_compile", "why"]
+           "price", "reprice", "compiled_or_cached", "frame", "load", "planner_terms", "row", "rows", "store_compile",
+           "why"]
