@@ -153,7 +153,7 @@ def price(key: str, module: Any) -> dict[str, Any]:
     body = [k for k in t.kernels if k.runs > 1]
     return {"step": t.as_dict(), "hbm_bound_s": t.hbm_bound_s(chip), "bound": t.bound(chip),
             "loop_body_s": sum(k.cycles for k in body) / t.clock_hz,
-            "exposed_by_axis": _exposed_by_axis(t), "compute_split": compute_split(t, module, cfg.seq, chip),
+            "exposed_by_axis": _exposed_by_axis(t), "compute_split": compute_split(t, module, cfg, chip),
             "kernels_top": [{"name": k.name, "s": k.seconds(t.clock_hz), "runs": k.runs, "flops": k.flops,
                              "bytes": k.bytes} for k in sorted(t.kernels, key=lambda k: -k.seconds(t.clock_hz))[:8]]}
 
@@ -179,16 +179,21 @@ def reprice(hlo_dir: Path, path: Path = CACHE_FILE) -> list[str]:
     return done
 
 
-def compute_split(t: Any, module: Any, seq: int, chip: hw.ChipProfile) -> dict[str, dict[str, float]]:
-    """The compiler's compute by kind of kernel, all runs: ``attention [s, s]`` (a kernel touching an array whose
-    last two dims are [seq, seq]: the traced attention's scores, probabilities and their gradients), ``matmul``
-    (the other kernels whose FLOP roofline exceeds their HBM roofline) and ``other`` (elementwise, norms, copies,
-    the optimizer) — each with the compiler's estimate, its roofline and its dot FLOPs."""
+def compute_split(t: Any, module: Any, cfg: PlanConfig, chip: hw.ChipProfile) -> dict[str, dict[str, float]]:
+    """The compiler's compute by kind of kernel, all runs: ``attention [s, s]`` (a kernel touching the traced
+    attention's per-chip scores, probabilities or their gradients: an array [..., s, s] whose leading dims hold
+    this chip's b · a / t sequences × heads — not a [h, h] weight when h = s), ``matmul`` (the other kernels with
+    dot FLOPs, their fused elementwise work included) and ``other`` (elementwise, norms, copies, the optimizer) —
+    each with the compiler's estimate, its roofline and its dot FLOPs."""
+    from shardlab.planner import model_from
+
+    m, s = model_from(cfg.model), cfg.seq
+    lead = cfg.global_batch // (cfg.data * cfg.fsdp) * m.heads // cfg.tensor  # [b, a/t] per chip
     out = {p: {"estimate_s": 0.0, "roofline_s": 0.0, "flops": 0.0} for p in ("matmul", "attention [s, s]", "other")}
     for k in t.kernels:
-        square = any(i.shape and len(i.shape[0].dims) >= 2 and tuple(i.shape[0].dims[-2:]) == (seq, seq)
-                     for i in module.executed(k.name))
-        part = "attention [s, s]" if square else "matmul" if k.bound(chip) == "compute" else "other"
+        square = any(i.shape and len(i.shape[0].dims) >= 3 and tuple(i.shape[0].dims[-2:]) == (s, s)
+                     and math.prod(i.shape[0].dims[:-2]) == lead for i in module.executed(k.name))
+        part = "attention [s, s]" if square else "matmul" if k.flops else "other"
         out[part]["estimate_s"] += k.seconds(t.clock_hz)
         out[part]["roofline_s"] += k.roofline_s(chip)
         out[part]["flops"] += float(k.flops * k.runs)
@@ -320,10 +325,11 @@ def why(r: dict[str, Any]) -> str:
     comm = ", ".join(f"{a} {co['comm_by_axis'].get(a, 0.0):.3f} vs {pl['comm_by_axis'].get(a, 0.0):.3f} s"
                      for a in sorted(set(pl["comm_by_axis"]) | set(co["comm_by_axis"])))
     sp = co.get("split", {})
-    parts = (f" — matmul kernels {sp['matmul']:.2f} s vs the planner's {pl['compute_s'] - pl['attention_s']:.2f} s "
-             f"for the weights' FLOPs; the traced attention's [s, s] kernels {sp['attention [s, s]']:.2f} s vs its "
-             f"{pl['attention_s']:.2f} s of attention FLOPs at peak; other kernels (elementwise, norms, copies, the "
-             f"optimizer) {sp['other']:.2f} s, which the planner does not count" if sp else "")
+    parts = (f" — matmul kernels (with what is fused into them) {sp['matmul']:.2f} s vs the planner's "
+             f"{pl['compute_s'] - pl['attention_s']:.2f} s for the weights' FLOPs; the traced attention's [s, s] "
+             f"kernels {sp['attention [s, s]']:.2f} s vs its {pl['attention_s']:.2f} s of attention FLOPs at peak; "
+             f"other kernels (elementwise, norms, copies, the optimizer) {sp['other']:.2f} s, which the planner does "
+             "not count" if sp else "")
     return (f"**{r['row']}** ({r['how']}): compute {co['compute_s']:.2f} s vs the planner's FLOP roofline "
             f"{pl['compute_s']:.2f} s ({co['compute_s'] / pl['compute_s']:.2f}×){parts}; wire per axis, compiler vs "
             "planner: "
