@@ -92,6 +92,12 @@ def test_cached_rows_follow_from_their_own_terms(data) -> None:  # type: ignore[
         assert math.isclose(co["comm_s"], sum(co["comm_by_axis"].values()), rel_tol=1e-9), key
         assert 0 <= co["exposed_comm_s"] <= co["comm_s"] * (1 + 1e-9), key
         assert T.row(key, data["compiles"][key])["planner"] == pl, f"{key}: the planner changed since the cache"
+        for depth, res in data["compiles"][key].items():  # the split partitions the kernels: its parts sum up
+            sp, st = res.get("compute_split"), res["step"]
+            if sp:
+                assert math.isclose(sum(v["estimate_s"] for v in sp.values()), st["compute_s"], rel_tol=1e-9)
+                assert math.isclose(sum(v["derived_s"] for v in sp.values()), st.get("saturated_roofline_s", 0.0),
+                                    rel_tol=1e-9, abs_tol=1e-15), (key, depth)
     assert len(gens - {"v5e"}) >= 2 and len(T.ROWS) >= 4  # ≥ 4 rows over ≥ 2 generations (+ the stand-in's)
 
 

@@ -44,7 +44,7 @@ def one(key: str, depth: str) -> dict:
               "versions": tpu.check_backend(), "cpus": os.cpu_count(), "machine": platform.machine(),
               "load_avg_at_end": [round(x, 2) for x in os.getloadavg()],
               "host_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
-    r = T.store_compile(key, depth, res, source)
+    r = T.store_compile(key, depth if depth == "full" else f"L{depth}", res, source)
     print(json.dumps({"compile": {k: v for k, v in res.items() if k != "step"}, "row": r}, indent=1, default=str),
           flush=True)
     return res

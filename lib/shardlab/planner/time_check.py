@@ -184,19 +184,28 @@ def compute_split(t: Any, module: Any, cfg: PlanConfig, chip: hw.ChipProfile) ->
     attention's per-chip scores, probabilities or their gradients: an array [..., s, s] whose leading dims hold
     this chip's b · a / t sequences × heads — not a [h, h] weight when h = s), ``matmul`` (the other kernels with
     dot FLOPs, their fused elementwise work included) and ``other`` (elementwise, norms, copies, the optimizer) —
-    each with the compiler's estimate, its roofline and its dot FLOPs."""
+    each with the compiler's estimate, its roofline and its dot FLOPs; ``derived_s``: the roofline of that kind's
+    kernels the compiler gave no estimate (``StepTime.saturated``)."""
     from shardlab.planner import model_from
+    from shardlab.profile.step_time import kernel_estimates
 
     m, s = model_from(cfg.model), cfg.seq
     lead = cfg.global_batch // (cfg.data * cfg.fsdp) * m.heads // cfg.tensor  # [b, a/t] per chip
-    out = {p: {"estimate_s": 0.0, "roofline_s": 0.0, "flops": 0.0} for p in ("matmul", "attention [s, s]", "other")}
-    for k in t.kernels:
+    out = {p: {"estimate_s": 0.0, "roofline_s": 0.0, "flops": 0.0, "derived_s": 0.0}
+           for p in ("matmul", "attention [s, s]", "other")}
+
+    def kind(k: Any) -> str:
         square = any(i.shape and len(i.shape[0].dims) >= 3 and tuple(i.shape[0].dims[-2:]) == (s, s)
                      and math.prod(i.shape[0].dims[:-2]) == lead for i in module.executed(k.name))
-        part = "attention [s, s]" if square else "matmul" if k.flops else "other"
-        out[part]["estimate_s"] += k.seconds(t.clock_hz)
-        out[part]["roofline_s"] += k.roofline_s(chip)
-        out[part]["flops"] += float(k.flops * k.runs)
+        return "attention [s, s]" if square else "matmul" if k.flops else "other"
+
+    for k in t.kernels:
+        part = out[kind(k)]
+        part["estimate_s"] += k.seconds(t.clock_hz)
+        part["roofline_s"] += k.roofline_s(chip)
+        part["flops"] += float(k.flops * k.runs)
+    for k in kernel_estimates(module, saturated=True)[0]:
+        out[kind(k)]["derived_s"] += k.roofline_s(chip)
     return out
 
 
@@ -228,7 +237,7 @@ def compiler_terms(entries: dict[str, dict[str, Any]], layers: int) -> tuple[dic
         st = full["step"]
         return ({**_terms(st), "comm_by_axis": dict(st["comm_by_axis"]),
                  "exposed_by_axis": dict(full["exposed_by_axis"]), "bound": full["bound"],
-                 "split": {k: v["estimate_s"] for k, v in full.get("compute_split", {}).items()}},
+                 "split": _split(full)},
                 f"compiled at {layers} layers")
     a, b = (entries.get(f"L{d}") for d in DEPTHS)
     if not (a and b and a.get("step") and b.get("step")):
@@ -245,9 +254,18 @@ def compiler_terms(entries: dict[str, dict[str, Any]], layers: int) -> tuple[dic
         src_b = b["step"][part] if part == "comm_by_axis" else b[part]
         out[part] = {k: line(src_a.get(k, 0.0), src_b.get(k, 0.0)) for k in sorted(set(src_a) | set(src_b))}
     out["bound"] = b["bound"]
-    sa, sb = a.get("compute_split", {}), b.get("compute_split", {})
-    out["split"] = {k: line(sa[k]["estimate_s"], sb[k]["estimate_s"]) for k in sa if k in sb}
+    sa, sb = _split(a), _split(b)
+    out["split"] = {k: line(sa[k], sb[k]) for k in sa if k in sb}
     return out, f"extrapolated from {d0} and {d1} layers (scan; the full depth does not fit with traced attention)"
+
+
+def _split(res: dict[str, Any]) -> dict[str, float]:
+    """A compile's compute split: seconds per kind, and ``attention derived`` (its unestimated kernels' roofline)."""
+    sp = res.get("compute_split", {})
+    out = {k: v["estimate_s"] for k, v in sp.items()}
+    if sp:
+        out["attention derived"] = sp["attention [s, s]"].get("derived_s", 0.0)
+    return out
 
 
 def row(key: str, entries: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -262,6 +280,11 @@ def row(key: str, entries: dict[str, dict[str, Any]]) -> dict[str, Any]:
     co, how = got
     co["mfu"] = pl["model_flops"] / (co["predicted_s"] * pl["chips"] * pl["peak_flops_per_s"])
     out.update({"compiler": co, "how": how, "ratio": co["predicted_s"] / pl["step_s"]})
+    sp = co.get("split") or {}
+    if sp:  # what-if, not a measurement: the traced attention's kernels replaced by its FLOPs at the bf16 peak
+        co["attention_at_roofline_s"] = (co["predicted_s"] - sp["attention [s, s]"] - sp["attention derived"]
+                                         + pl["attention_s"])
+        out["ratio_attention_at_roofline"] = co["attention_at_roofline_s"] / pl["step_s"]
     return out
 
 
@@ -312,7 +335,9 @@ def frame(rs: list[dict[str, Any]]) -> Any:
             "compiler derived s": co.get("derived_s"),
             "planner step s": pl["step_s"], "compiler step s": co.get("predicted_s"),
             "planner MFU": pl["mfu"], "compiler MFU": co.get("mfu"),
-            "ratio (compiler / planner)": r["ratio"], "compiler bound": co.get("bound"),
+            "ratio (compiler / planner)": r["ratio"],
+            "ratio, attention at its FLOP roofline (what-if)": r.get("ratio_attention_at_roofline"),
+            "compiler bound": co.get("bound"),
         })
     return pd.DataFrame(lines).set_index("row")
 
@@ -327,7 +352,9 @@ def why(r: dict[str, Any]) -> str:
     sp = co.get("split", {})
     parts = (f" — matmul kernels (with what is fused into them) {sp['matmul']:.2f} s vs the planner's "
              f"{pl['compute_s'] - pl['attention_s']:.2f} s for the weights' FLOPs; the traced attention's [s, s] "
-             f"kernels {sp['attention [s, s]']:.2f} s vs its {pl['attention_s']:.2f} s of attention FLOPs at peak; "
+             f"kernels {sp['attention [s, s]']:.2f} s"
+             + (f" (+ {sp['attention derived']:.2f} s derived)" if sp.get("attention derived") else "")
+             + f" vs its {pl['attention_s']:.2f} s of attention FLOPs at peak; "
              f"other kernels (elementwise, norms, copies, the optimizer) {sp['other']:.2f} s, which the planner does "
              "not count" if sp else "")
     return (f"**{r['row']}** ({r['how']}): compute {co['compute_s']:.2f} s vs the planner's FLOP roofline "
@@ -337,7 +364,9 @@ def why(r: dict[str, Any]) -> str:
             + (f"; kernels the compiler gave no estimate, at their roofline (derived): {co['derived_s']:.3f} s"
                if co["derived_s"] else "")
             + f"; step {co['predicted_s']:.2f} vs {pl['step_s']:.2f} s — ratio {r['ratio']:.2f}, MFU "
-            f"{co['mfu']:.3f} vs {pl['mfu']:.3f}; the compiler's bound: {co['bound']}.")
+            f"{co['mfu']:.3f} vs {pl['mfu']:.3f}; the compiler's bound: {co['bound']}"
+            + (f"; with the attention kernels replaced by their FLOPs at peak (a what-if) the ratio would be "
+               f"{r['ratio_attention_at_roofline']:.2f}" if "ratio_attention_at_roofline" in r else "") + ".")
 
 
 def compiled_or_cached(rec: Any, live: bool) -> tuple[list[dict[str, Any]], str]:
