@@ -112,7 +112,7 @@ def test_extrapolated_rows_are_the_line_through_their_compiles(data) -> None:  #
         ad = a.get("unpriced_roofline_s", 0) + a.get("saturated_roofline_s", 0)
         bd = b.get("unpriced_roofline_s", 0) + b.get("saturated_roofline_s", 0)
         assert math.isclose(co["derived_s"], ad + (bd - ad) * (L - 2) / 2, rel_tol=1e-9, abs_tol=1e-15), key
-        # the line's premise: 2 more layers cost 2 executions of the scanned body (1 %: the optimizer's update of
-        # the stacked weights grows with the depth too, outside the loop)
+        # the line's premise: 2 more layers cost 2 executions of the scanned body, plus the AdamW update of their
+        # stacked weights outside the loop (elementwise over 2 layers' parameters: more, and a few % at most)
         d, body = b["compute_s"] - a["compute_s"], 2 * comp["L2"]["loop_body_s"]
-        assert abs(d - body) <= 0.01 * body, (key, d, body)
+        assert 0 <= d - body <= 0.02 * body, (key, d, body)
