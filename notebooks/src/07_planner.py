@@ -383,9 +383,10 @@ display(Markdown("\n".join(f"- {ptime.why(r)}" for r in time_rows)))
 # compiler's own estimates say where the time goes. Most of it is the traced attention. Without a flash kernel, the
 # scores, mask, softmax and their gradients are HBM-bound kernels over `[b, a/t, s, s]` arrays, and they cost seconds.
 # The planner prices attention as its FLOPs at peak: tenths of a second. Priced that way instead (a what-if, not a
-# measurement), the ratios fall to about 2. Three things remain:
-# - the matmul kernels, at 1.3–1.6 times the planner's FLOP roofline: they carry the fused elementwise work, and the
-#   compiler puts bf16 matmuls above their roofline (notebook 13);
+# measurement), the ratios fall to 1.7–3.7. Three things remain:
+# - the matmul kernels, at 1.3–2.2 times the planner's FLOP roofline: they carry the fused elementwise work, and the
+#   compiler puts bf16 matmuls above their roofline (notebook 13). The worst is 8B on v6e, whose per-chip matmuls
+#   are the smallest of the rows;
 # - the elementwise kernels and the AdamW update, which the planner does not count;
 # - exposed communication, which the planner's perfect overlap leaves out. The tensor axis' all-reduces are
 #   synchronous, so they are exposed in full. FSDP's gathers are partly hidden.
