@@ -382,7 +382,7 @@ def compiled_or_cached(rec: Any, live: bool) -> tuple[list[dict[str, Any]], str]
             depths = [str(d) for d in DEPTHS] if key in EXTRAPOLATED else ["full"]
             for depth in depths:
                 res = compile_row(key, None if depth == "full" else int(depth))
-                data.setdefault("compiles", {}).setdefault(key, {})[depth] = res
+                data.setdefault("compiles", {}).setdefault(key, {})[depth if depth == "full" else f"L{depth}"] = res
         about = "compiled now"
     else:
         srcs = [c.get("_source", {}) for r in data.get("compiles", {}).values() for c in r.values()]
