@@ -80,6 +80,16 @@ def test_notebook_07_defaults(run_notebook) -> None:  # type: ignore[no-untyped-
     pod = {c["name"]: c["ok"] for c in record["checks"] if c["name"].startswith("planner.pod.")}
     assert pod and all(pod.values()), pod
     assert any(n.startswith("planner.pod.llama-3-70b.v6e-256: on v6e") for n in pod)  # the fitted generation agrees
+    # step time on the presets: the planner's (formula) and the cached compiler's (tpu) per row, the ratio of the two
+    # (tests/test_planner_time.py checks the cache against a hand count and a live stand-in compile)
+    from shardlab.planner.time_check import ROWS
+
+    for key in ROWS:
+        step = by[(f"planner.time.{key}.step_s", "tpu")]
+        assert by[(f"planner.time.{key}.ratio", "tpu")] == pytest.approx(
+            step / by[(f"planner.time.{key}.step_s", "formula")], rel=1e-12)
+    timed = [c for c in record["checks"] if c["name"].startswith("planner.time")]
+    assert len(timed) == 2 * len(ROWS) + 2 and all(c["ok"] for c in timed)
 
 
 @pytest.mark.notebook

@@ -359,6 +359,45 @@ display(Markdown(pod_verdicts.pod_text(pod, control)))
 # check its no-flash verdict only.
 
 # %% [markdown]
+# ### Step time: the planner against the compiler
+# The planner's step time is a roofline: its FLOPs over the chip's bf16 peak, each collective's wire bytes over the
+# ICI links its group spans, and the larger of the two (perfect overlap). The same verdict step, compiled for the
+# slice, is priced by the compiler's own per-kernel estimates (times the scan's trip count) plus what its schedule
+# leaves of each collective exposed (`shardlab.profile.step_time`, notebook 13). Rows: Llama 3 8B on 64 chips of
+# v6e and of v5e (fsdp 16 × tensor 4: the verdict matrix's 8B row that fits with traced attention), Llama 3 70B on
+# the pod rows above (v6e-256, v5p-256), and Llama 3.1 405B on v6e-256 with the seed's fsdp 64 × tensor 4 (its
+# no-flash plan needs 2.3 times the chip's HBM, so it is compiled at 2 and 4 layers and extrapolated along the line,
+# as notebook 13 does). MFU of both from the planner's model FLOPs; ratio = compiler step / planner step. Cached
+# (`tools/planner_presets_time.py all`); `full_size=True` compiles them again.
+
+# %%
+from shardlab.planner import time_check as ptime
+
+time_rows, time_about = ptime.compiled_or_cached(rec, p.full_size)
+print(time_about)
+display(ptime.frame(time_rows))
+display(Markdown("\n".join(f"- {ptime.why(r)}" for r in time_rows)))
+
+# %% [markdown]
+# **Reading the step times.** The planner is optimistic on every row, by a factor of about 3 to 7.5, and the
+# compiler's own estimates say where the time goes. Most of it is the traced attention. Without a flash kernel, the
+# scores, mask, softmax and their gradients are HBM-bound kernels over `[b, a/t, s, s]` arrays, and they cost seconds.
+# The planner prices attention as its FLOPs at peak: tenths of a second. Priced that way instead (a what-if, not a
+# measurement), the ratios fall to 1.7–3.7. Three things remain:
+# - the matmul kernels, at 1.3–2.2 times the planner's FLOP roofline: they carry the fused elementwise work, and the
+#   compiler puts bf16 matmuls above their roofline (notebook 13). The worst is 8B on v6e, whose per-chip matmuls
+#   are the smallest of the rows;
+# - the elementwise kernels and the AdamW update, which the planner does not count;
+# - exposed communication, which the planner's perfect overlap leaves out. The tensor axis' all-reduces are
+#   synchronous, so they are exposed in full. FSDP's gathers are partly hidden.
+#
+# Per axis, the program's tensor-axis wire time is about 0.83 of the planner's on every row. Its FSDP all-gathers
+# are 0.4 to 1.2 times the planner's: the compiler moves part of the weight shards with collective-permutes whose
+# groups span both axes (`fsdp+tensor`), priced one link one way. On v5e and v5p, one attention kernel
+# per layer carries the compiler's "no estimate" (2⁶³ − 1 cycles). It is priced at its roofline, in a column of its
+# own (derived).
+
+# %% [markdown]
 # ### Which FSDP rule the compiler's bytes follow
 # The same step for a 4-layer Llama (h 1024, ffn 2048, V 4096, fsdp 8 on v5e-8, 8 × 64 tokens), its collectives
 # summed per chip over the step (each times its loop's trip count; an all-reduce feeding a dynamic-slice counted as

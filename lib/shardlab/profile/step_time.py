@@ -40,6 +40,12 @@ kernel (``q·kᵀ``, ``dO·vᵀ``, ``pᵀ·dO``, ``dSᵀ·q``: 4); with them and
 (per chip), halved for the causal mask (the kernel skips blocks above the diagonal). Any other Pallas kernel
 stays in ``unpriced`` with no figure.
 
+**Saturated estimates.** Some kernels carry ``estimated_cycles`` = 2⁶³ − 1 (measured: one kernel of the scanned
+layer body of a Llama 3 8B step compiled for v5e-64 — the compiler's "no estimate", not a time). Such a kernel is
+left out of ``compute_s``, named in ``StepTime.saturated``, and given its roofline
+(``max(FLOPs / peak, bytes / HBM bandwidth)`` × runs) as a *derived* figure, ``saturated_roofline_s``, which
+``predicted_s`` adds beside the flash term.
+
 MFU follows MaxText's convention (``calculate_tflops_training_per_device``): model FLOPs = 6 · parameters · tokens
 plus the attention score and value matmuls (12 · layers · seq² · q_heads·head_dim / 2 for causal masking, per
 sequence), over step time × chips × bf16 peak — counted from the model, not read from the program, so
@@ -65,6 +71,7 @@ from shardlab.formulas import hardware
 from shardlab.profile.hlo import Collective, HloModule
 
 _CYCLES = re.compile(r'"estimated_cycles"\s*:\s*"?(\d+)"?')
+SATURATED = 2**63 - 1  # estimated_cycles of a kernel the compiler did not price (INT64_MAX): no estimate
 _MATMUL_OPS = ("dot", "convolution")
 
 
@@ -125,11 +132,13 @@ class StepTime:
     # derived (roofline), the compiler gives no estimate: Σ flash kernels' causal FLOPs x runs / bf16 peak
     unpriced_roofline_s: float = 0.0
     unpriced_flash: dict[str, int] = field(default_factory=dict)  # kernel kind -> kernels x runs given that figure
+    saturated: list[str] = field(default_factory=list)  # kernels with estimated_cycles = SATURATED: not in compute
+    saturated_roofline_s: float = 0.0  # derived (roofline) for those: Σ max(FLOPs / peak, bytes / HBM) x runs
 
     @property
     def predicted_s(self) -> float:
-        """``step_s`` plus the derived roofline of the Pallas kernels the compiler left unpriced."""
-        return self.step_s + self.unpriced_roofline_s
+        """``step_s`` plus the derived roofline of the kernels the compiler left unpriced (Pallas, saturated)."""
+        return self.step_s + self.unpriced_roofline_s + self.saturated_roofline_s
 
     @property
     def overlap_bound_s(self) -> float:  # perfect overlap
@@ -164,6 +173,7 @@ class StepTime:
                 "kernels": len(self.kernels), "collectives": len(self.collectives),
                 "unknown_runs": self.unknown_runs, "unpriced": self.unpriced,
                 "unpriced_roofline_s": self.unpriced_roofline_s, "unpriced_flash": self.unpriced_flash,
+                "saturated": self.saturated, "saturated_roofline_s": self.saturated_roofline_s,
                 "predicted_s": self.predicted_s}
 
 
@@ -207,14 +217,16 @@ def _dot_flops(ins: Any, module: HloModule) -> int:
     return 2 * out * taps
 
 
-def kernel_estimates(module: HloModule) -> tuple[list[Kernel], list[str]]:
+def kernel_estimates(module: HloModule, saturated: bool = False) -> tuple[list[Kernel], list[str]]:
     """Every scheduled instruction with ``estimated_cycles`` (entry and loop bodies), with its runs per step,
-    FLOPs and bytes. Second value: computations holding estimated kernels whose runs could not be read (their
-    kernels are counted once and listed, never silently)."""
+    FLOPs and bytes — except those whose estimate is :data:`SATURATED` (``saturated=True``: only those). Second
+    value: computations holding estimated kernels whose runs could not be read (their kernels are counted once and
+    listed, never silently)."""
     out: list[Kernel] = []
     unknown: list[str] = []
     for comp, names in module.computations.items():
-        estimated = [module.instructions[n] for n in names if estimated_cycles(module.instructions[n]) is not None]
+        estimated = [module.instructions[n] for n in names if estimated_cycles(module.instructions[n]) is not None
+                     and (estimated_cycles(module.instructions[n]) == SATURATED) == saturated]
         if not estimated:
             continue
         runs = module.runs(comp)
@@ -359,9 +371,10 @@ def step_time(module: HloModule, topology: str, mesh: dict[str, int] | None = No
     compute = sum(k.seconds(clock) for k in kernels)
     exposed = sum(t.exposed_s for t in comms)
     flash_s, flash_counts = flash_roofline(module, topology)  # the suite's flash attention is causal
+    sat, _ = kernel_estimates(module, saturated=True)
     return StepTime(topology, clock, compute, sum(k.roofline_s(chip) for k in kernels), sum(t.seconds for t in comms),
                     exposed, compute + exposed, by_axis, kernels, comms, unknown, unpriced_kernels(module),
-                    flash_s, flash_counts)
+                    flash_s, flash_counts, [k.name for k in sat], sum(k.roofline_s(chip) for k in sat))
 
 
 def model_flops(num_params: int, tokens: int, *, layers: int = 0, seq: int = 0, attn_dim: int = 0,
