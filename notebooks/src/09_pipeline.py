@@ -558,8 +558,10 @@ else:
 # is the formula's while m ≥ p, larger below. A combination neither can run is reported, not raised.
 
 # %%
+from shardlab.core.explorer import explorer_for
+
 msg = p.batch // M * p.seq * p.hidden * 4
-ui, update = vpp.explorer(P, M, V, message_bytes=msg)
+ui, update = explorer_for(p, p=P, m=M, v=V, message_bytes=msg)
 shown = update()  # what a slider move does; run here so a headless run exercises it too
 rec.check("pp.explorer.update", shown["ok"], f"p={shown['p']} m={shown['m']} v={shown['v']}: timed = formula")
 theirs = update(m=P + 1)  # not a multiple of p, but one round: PyTorch's order runs
