@@ -213,7 +213,7 @@ class Live:
         raw = {name: given.get(name, w.value) for name, w in self.controls.items()}
         self.out.outputs = ()  # no `with out:` capture (module note)
         try:
-            values = {name: c.parse(raw[name]) if isinstance(c, Text) else raw[name]
+            values = {name: c.parse(c.text(raw[name])) if isinstance(c, Text) else raw[name]
                       for name, c in self.spec.controls.items()}
             base = replace(self.base, **values) if self.spec.fields else self.base
             result = dict(self.spec.evaluate(base, {**values, **self.fixed}))
