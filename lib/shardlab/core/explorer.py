@@ -17,9 +17,10 @@ notebook's parameter object, found through the registry (:func:`shardlab.core.to
 
 ``update(**values)`` is what a control change runs (headless runs call it: no browser is needed); it returns
 ``{"ok", **evaluate's result, **values}`` — or ``{"ok": False, "error": message, **values}`` when ``evaluate``
-raised one of the declared ``errors``. A control's initial value is the call's keyword, else (a declaration over
-the parameter dataclass's own ``fields``) the parameter object's field, else the declaration's ``initial(p)``,
-else the control's ``default`` (a choice: its first option). Keywords that name no control are fixed settings
+raised one of the declared ``errors``. A control's initial value is the call's keyword, else the declaration's
+``initial(p)``, else (a declaration over the parameter dataclass's own ``fields``, which ``evaluate`` then gets
+with the controls' values in them) the parameter object's field, else the control's ``default`` (a choice: its
+first option). Keywords that name no control are fixed settings
 handed to ``evaluate`` with the values.
 
 Widget output is set directly (``Output.outputs = ()``, ``append_display_data``), never captured with
@@ -31,7 +32,7 @@ the third update).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, fields, is_dataclass, replace
+from dataclasses import dataclass, fields, is_dataclass, replace
 from typing import Any
 
 import ipywidgets as widgets
@@ -123,14 +124,13 @@ Control = Slider | Choice | Toggle | Number | Text
 # ------------------------------------------------------------------------------------------------ declaration
 @dataclass(frozen=True)
 class Shown:
-    """What one evaluation shows: ``ok`` (the numbers agree), the status line and a table (HTML) and / or a figure;
-    ``values`` are returned by ``update`` beside the evaluation's result."""
+    """What one evaluation shows: ``ok`` (the numbers agree), the status line (HTML) and a table (HTML) and / or a
+    figure (plotly; ``update`` returns it as ``"figure"``)."""
 
     ok: bool
     status: str
     table: str = ""
     figure: Any = None
-    values: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -227,7 +227,7 @@ class Live:
         if shown.figure is not None:
             self.out.append_display_data(shown.figure)
             result["figure"] = shown.figure
-        self.result = {"ok": shown.ok, **result, **shown.values, **raw}
+        self.result = {"ok": shown.ok, **result, **raw}
         return self.result
 
 
