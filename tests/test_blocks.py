@@ -7,6 +7,8 @@ from shardlab import blocks
 from shardlab.blocks import collective_figures as vc
 from shardlab.blocks import figures as vb
 from shardlab.blocks import rank_arithmetic, ring
+from shardlab.blocks.params import BlocksParams
+from shardlab.core.explorer import explorer_for
 
 
 @pytest.mark.parametrize("m,k,n,parts", [(8, 12, 6, 3), (5, 7, 9, 4), (3, 5, 2, 1), (6, 6, 6, 6)])
@@ -74,7 +76,7 @@ def test_viz_owner_maps_and_explorer_headless() -> None:
     assert all(v == -1 for row in own["y"] for v in row)  # after the all-reduce every device holds all of y
     own = vb.owners(4, 6, 8, 2, "column")
     assert own["W"][0] == [0] * 4 + [1] * 4 and all(v == -1 for row in own["x"] for v in row)
-    _ui, update = vb.explorer(m=6, k=8, n=4, parts=4, kind="grid")
+    _ui, update = explorer_for(BlocksParams(), m=6, k=8, n=4, parts=4, kind="grid")
     shown = update()
     assert shown["ok"] and shown["max_abs_err"] < 1e-12
     bad = update(parts=3)  # odd parts cannot form a (2 x parts/2) grid

@@ -47,9 +47,10 @@ def test_figures_build() -> None:
 
 def test_explorer_headless() -> None:
     """The explorer's update (what a slider move runs): a small ring matches its formula; a bad split is shown."""
-    from shardlab.context.figures import explorer
+    from shardlab.context.params import ContextParams
+    from shardlab.core.explorer import explorer_for
 
-    ui, update = explorer(cp=2, seq=16, kv_heads=1, head_dim=4, layout="zigzag")
+    ui, update = explorer_for(ContextParams(), cp=2, seq=16, kv_heads=1, head_dim=4, layout="zigzag")
     shown = update()
     # forward 2(cp - 1) = 2 blocks, the ring backward 2(cp - 1) + 2cp = 6; a block is 1·(16/2)·1·4 float32 = 128 B
     assert shown["ok"] and shown["ledger"] == {"count": 2 + 6, "bytes": 8 * 128}

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from shardlab.fsdp.figures import explorer, flat_buffer_figure, parse_sizes, pieces
+from shardlab.core.explorer import explorer_for
+from shardlab.fsdp.figures import flat_buffer_figure, parse_sizes, pieces
 from shardlab.fsdp.flat_param import plan_flat_shards
+from shardlab.fsdp.params import FsdpParams
 
 
 @pytest.mark.parametrize(("numels", "w", "align"), [([10], 4, 0), ([6], 4, 0), ([5, 3, 10], 4, 4), ([7, 1, 9], 3, 4)])
@@ -26,7 +28,7 @@ def test_pieces_tile_the_padded_buffer(numels: list[int], w: int, align: int) ->
 
 
 def test_explorer_headless_and_errors() -> None:
-    ui, update = explorer((4, 6, 2), 3, False)
+    ui, update = explorer_for(FsdpParams(), layer_sizes=(4, 6, 2), world_size=3, use_orig_params=False)
     shown = update(world_size=5, use_orig_params=True)
     assert shown["ok"] and shown["plan"].world_size == 5 and shown["plan"].align == 4
     assert update(layer_sizes="4, x")["ok"] is False

@@ -202,3 +202,50 @@ def test_p2p_rows_tell_the_schedules_apart(xla_world) -> None:
         for ref in ("gpipe", "1f1b"):
             want = p2p_of_order(torch_orders(ref, p, m), p, sched.device_of)
             assert (got == want) == (name == ref)
+
+
+# ---- the harness: several schedules and PyTorch's pipelining in one gloo start-up ------------------------------
+@pytest.mark.slow  # one start-up of two gloo processes, three schedules, ours and PyTorch's (~10-20 s)
+def test_harness_runs_every_schedule_and_pytorchs_in_one_gloo_start_up() -> None:
+    """``harness.gloo_runs`` (one start-up): per schedule, every rank's ledger equals the SimulatedWorld's rank by
+    rank — numbered from 0, as if the schedule ran alone — and its sends are the schedule's (formula's count and
+    bytes); ours and PyTorch's pipelining (the case's reference program) both equal the unsplit model, and
+    PyTorch's point-to-point ops are ours."""
+    from shardlab.core import harness
+    from shardlab.pipeline.case import ScheduleCase
+    from shardlab.pipeline.params import PipelineParams
+
+    p = PipelineParams(stages=2, microbatches=4, virtual=2, batch=4, seq=8, hidden=32, heads=2, ffn=64, layers=4,
+                       vocab=256, fsdp=False, run_gloo=True).validate()
+    cases = [ScheduleCase(p, s) for s in ("gpipe", "1f1b", "interleaved")]
+    runs = harness.gloo_runs(cases)
+    for case, run in zip(cases, runs, strict=True):
+        ((fn, args),) = case.program()
+        sim = SimulatedWorld(case.ranks)
+        sim.run(fn, *args)
+        assert run["ledgers"] == sim.ledgers and run["ledger"] == sim.ledgers[0], case.schedule
+        f = case.formula()
+        sends = [e.payload_bytes for lg in run["ledgers"] for e in lg if e.op == "send"]
+        assert (len(sends), sum(sends)) == (f[f"{case.schedule}.p2p.count"], f[f"{case.schedule}.p2p.bytes"])
+        ref = case.oracle()
+        _assert_parity(*merge_results(run["ranks"]), ref["loss"], ref["grads"])
+        theirs = run["reference"]
+        loss = next(r["loss"] for r in theirs if r["loss"] is not None)
+        _assert_parity(loss, {k: g for r in theirs for k, g in r["grads"].items()}, ref["loss"], ref["grads"])
+        for r in range(case.ranks):  # PyTorch batches its ops differently: the multiset of (op, peer, shape, dtype)
+            key = sorted((e.op, e.peer, e.shape, e.dtype) for e in Ledger.from_records(theirs[r]["p2p"]))
+            assert key == sorted((e.op, e.peer, e.shape, e.dtype) for e in run["ledgers"][r]), (case.schedule, r)
+
+
+def test_one_gloo_start_up_needs_one_world_size() -> None:
+    from shardlab.core import harness
+    from shardlab.pipeline.case import ScheduleCase
+    from shardlab.pipeline.params import PipelineParams
+
+    a = ScheduleCase(PipelineParams(stages=2, microbatches=4, layers=4), "gpipe")
+    b = ScheduleCase(PipelineParams(stages=4, microbatches=4, layers=8), "gpipe")
+    rule = r"same number of ranks \(one process group\): ScheduleCase\(gpipe\) on 2, ScheduleCase\(gpipe\) on 4"
+    with pytest.raises(ValueError, match=rule):
+        harness.gloo_runs([a, b])
+    with pytest.raises(ValueError, match="at least one case"):
+        harness.gloo_runs([])

@@ -35,9 +35,10 @@ def test_figure_has_one_bar_per_action_and_per_idle_interval() -> None:
 
 
 def test_explorer_update_reports_a_bad_combination_instead_of_raising() -> None:
-    from shardlab.pipeline.figures import explorer
+    from shardlab.core.explorer import explorer_for
+    from shardlab.pipeline.params import PipelineParams
 
-    ui, update = explorer(4, 8, 2, message_bytes=100)
+    ui, update = explorer_for(PipelineParams(), p=4, m=8, v=2, message_bytes=100)
     good = update()
     assert good["ok"] and not good["errors"]
     rows = {r["schedule"]: r for r in good["rows"]}

@@ -167,18 +167,21 @@ def test_fit_margin_and_at_risk():
 
 def test_viz_headless():
     # the figure has one stacked trace per memory category (+ the HBM marker); the explorer reports bad degrees
-    from shardlab.planner.figures import CATEGORY_ORDER, PlannerExplorer, memory_figure, summary_frame
+    from shardlab.core.explorer import build
+    from shardlab.planner.explorers import EXPLORERS
+    from shardlab.planner.figures import CATEGORY_ORDER, memory_figure, summary_frame
 
     p = P.plan(P.PlanConfig("llama-3-8b", "v6e-8"))
     fig = memory_figure([p, p])
     assert [t.name for t in fig.data] == [*CATEGORY_ORDER, "usable HBM per chip"]
     assert sum(t.y[0] for t in fig.data[:-1]) == pytest.approx(p.memory_total / 1e9)
     assert summary_frame(p)["verdict"][0] == p.verdict
-    ex = PlannerExplorer(P.PlanConfig("llama-3-8b", "v6e-8"))
-    assert ex.update().memory_total == p.memory_total and ex.error is None
-    kinds = [o["output_type"] for o in ex.out.outputs]  # verdict text, summary table, stacked-bar figure
-    assert kinds == ["stream", "display_data", "display_data"]
-    assert "application/vnd.plotly.v1+json" in ex.out.outputs[2]["data"]
+    ex = build(EXPLORERS["07_planner"], P.PlanConfig("llama-3-8b", "v6e-8"))
+    assert ex.update()["plan"].memory_total == p.memory_total and ex.error is None
+    # the verdict in the status line, the summary row as the table, the stacked bars as the one figure
+    assert ex.status.value == p.verdict and ex.table.value == summary_frame(p).to_html()
+    assert [o["output_type"] for o in ex.out.outputs] == ["display_data"]
+    assert ex.figure.to_dict() == memory_figure(p).to_dict()
     ex.pipeline.value = 2  # the other degrees are widgets too: 1 × 8 × 1 × 2 != 8 chips
     assert ex.plan is None and "pipeline=2" in ex.error
     ex.pipeline.value = 1
@@ -196,11 +199,12 @@ def test_custom_model_dict():
         P.model_from({"layers": 2, "hiden": 512, "hidden": 512, "ffn": 2048, "heads": 8, "kv_heads": 8})
     with pytest.raises(ValueError, match=r"custom model: layers=0 must be a positive int"):
         P.model_from({"layers": 0, "hidden": 512, "ffn": 2048, "heads": 8, "kv_heads": 8, "vocab": 10})
-    from shardlab.planner.figures import PlannerExplorer
+    from shardlab.core.explorer import build
+    from shardlab.planner.explorers import EXPLORERS
 
-    ex = PlannerExplorer(P.PlanConfig({"layers": 2, "hidden": 512, "ffn": 2048, "heads": 8, "kv_heads": 8,
-                                       "vocab": 32000}, "v5e-8"))
-    assert ex.update().model == m and "custom" in ex.model.options
+    ex = build(EXPLORERS["07_planner"], P.PlanConfig({"layers": 2, "hidden": 512, "ffn": 2048, "heads": 8,
+                                                      "kv_heads": 8, "vocab": 32000}, "v5e-8"))
+    assert ex.update()["plan"].model == m and "custom" in [label for label, _ in ex.model.options]
 
 
 def test_step_comm_is_the_plans_comm_without_the_slice():
@@ -220,7 +224,7 @@ def test_the_notebook_parameters_are_the_plan_configuration():
     # notebook 07's parameters extend PlanConfig (declared once): planning them is planning the same PlanConfig
     from dataclasses import fields, replace
 
-    from shardlab.planner.figures import PlannerExplorer
+    from shardlab.core.explorer import explorer_for
     from shardlab.planner.params import PlannerParams
 
     nb = PlannerParams(topology="v5e-8", fsdp=4, data=2, recompute="selective", sequence_parallel=True).validate()
@@ -228,7 +232,7 @@ def test_the_notebook_parameters_are_the_plan_configuration():
     plain = P.PlanConfig(**{f.name: getattr(nb, f.name) for f in fields(P.PlanConfig)})
     assert P.plan(nb).memory == P.plan(plain).memory and P.plan(nb).comm == P.plan(plain).comm
     assert P.plan(nb).as_dict()["config"] == P.plan(plain).as_dict()["config"]  # the plan's fields only
-    ex = PlannerExplorer(nb)
+    ex = explorer_for(nb)
     ex.tensor.value = 2  # the widgets change the degrees and keep the rest (sequence parallelism here)
     ex.fsdp.value = 2
     assert ex.error is None and ex.plan.config.sequence_parallel

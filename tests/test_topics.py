@@ -107,6 +107,12 @@ from shardlab.core.topics import Solution
 
 SOLUTIONS = {"99_throwaway": {1: Solution(lambda size=None: 4 * size, "four bytes per element")}}
 '''
+EXPLORERS = '''
+from shardlab.core.explorer import Explorer, Shown, Slider
+
+EXPLORERS = {"99_throwaway": Explorer({"size": Slider(1, 64)}, lambda p, v: {"bytes": 4 * p.size},
+                                      lambda res, v: Shown(True, f"{res['bytes']} B"), fields=True)}
+'''
 TOPIC = '''
 from pathlib import Path
 
@@ -139,7 +145,8 @@ def throwaway(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     notebook, source, answer key and test file under a root of its own."""
     pkg = tmp_path / "topics" / "throwaway"
     pkg.mkdir(parents=True)
-    for name, text in (("__init__", ""), ("params", PARAMS), ("solutions", SOLUTIONS), ("topic", TOPIC)):
+    for name, text in (("__init__", ""), ("params", PARAMS), ("solutions", SOLUTIONS), ("explorers", EXPLORERS),
+                       ("topic", TOPIC)):
         (pkg / f"{name}.py").write_text(text)
     root = tmp_path / "root"
     (root / "data" / "answers").mkdir(parents=True)
@@ -180,6 +187,11 @@ def test_a_new_topic_needs_no_shared_edit(throwaway: Path, tmp_path: Path) -> No
 
     assert load_key("99_throwaway") == {"1": 16}
     assert Exercises("99_throwaway").grade(1, 16, size=4) == "exercise 1: right"
+    # the explorer: the topic's own declaration, built over its parameters by the shared hook
+    from shardlab.core.explorer import explorer_for
+
+    live = explorer_for(lesson.params())
+    assert live.controls["size"].value == 4 and live.update(size=8)["bytes"] == 32 and live.status.value == "32 B"
     # the report: found through the registry (no --notebooks-dir), key injected, chart drawn from the record
     out = tmp_path / "out"
     assert main(["report", "--only", "99_throwaway", "--out", str(out), "--baseline-dir", str(tmp_path / "base"),

@@ -5,9 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from shardlab.core.explorer import explorer_for
 from shardlab.tp import figures as vtp
 from shardlab.tp import vocab_range
 from shardlab.tp.case import explore
+from shardlab.tp.params import AttentionParams, MlpParams, VocabParams
 
 
 def test_mlp_and_attention_panels_follow_the_split() -> None:
@@ -33,7 +35,8 @@ def test_explorer_headless_update_and_bad_input() -> None:
     pytest.importorskip("ipywidgets")
     for kind, bad in [("mlp", dict(tp=3, hidden=16)), ("attention", dict(tp=4, heads=6, hidden=24)),
                       ("embedding_ce", dict(tp=8, vocab=4))]:
-        ui, update = vtp.explorer(kind, tp=2, batch=1, seq=4, hidden=16, heads=4, vocab=50)
+        params = {"mlp": MlpParams, "attention": AttentionParams, "embedding_ce": VocabParams}[kind]()
+        ui, update = explorer_for(params, tp=2, batch=1, seq=4, hidden=16, heads=4, vocab=50)
         shown = update()
         assert shown["ok"] and shown["formula"] == shown["ledger"]
         failed = update(**bad)

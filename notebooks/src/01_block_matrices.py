@@ -85,7 +85,9 @@ vb.split_figure(p.m, p.k, p.n, p.parts, "row").show()
 # impossible split (more parts than columns, an odd grid) is reported, not raised.
 
 # %%
-ui, update = vb.explorer(m=min(p.m, 32), k=min(p.k, 32), n=min(p.n, 32), parts=min(p.parts, 8), kind="row")
+from shardlab.core.explorer import explorer_for
+
+ui, update = explorer_for(p, m=min(p.m, 32), k=min(p.k, 32), n=min(p.n, 32), parts=min(p.parts, 8), kind="row")
 shown = update()  # what a slider move does; run here so a headless run exercises it too
 rec.check("blocks.explorer.update", shown["ok"], f"max abs err {shown.get('max_abs_err')}")
 rec.check("blocks.explorer.rejects_bad_split", not update(parts=33, k=8)["ok"], "parts > k is reported")

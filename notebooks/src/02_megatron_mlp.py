@@ -215,7 +215,9 @@ else:
 # compares formula and ledger. An impossible split (ffn = 4·hidden not divisible by tp) is reported, not raised.
 
 # %%
-ui, update = vtp.explorer("mlp", tp=min(p.tp, 4), batch=p.batch, seq=min(p.seq, 16), hidden=min(p.hidden, 32))
+from shardlab.core.explorer import explorer_for
+
+ui, update = explorer_for(p, tp=min(p.tp, 4), batch=p.batch, seq=min(p.seq, 16), hidden=min(p.hidden, 32))
 shown = update()  # what a slider move does; run here so a headless run exercises it too
 rec.check("mlp.explorer.update", shown["ok"], f"{shown.get('formula')} vs {shown.get('ledger')}")
 rec.check("mlp.explorer.rejects_bad_split", not update(tp=3, hidden=16)["ok"], "ffn=64 over tp=3 is reported")

@@ -171,8 +171,10 @@ vtp.ledger_timeline(layer_views[1].detail["ledger"],
 # not divisible by tp, or hidden not divisible by heads, are reported, not raised.
 
 # %%
-ui, update = vtp.explorer("attention", tp=min(p.tp, 4), batch=p.batch, seq=min(p.seq, 16), hidden=min(p.hidden, 32),
-                          heads=min(p.heads, 8) if min(p.hidden, 32) % min(p.heads, 8) == 0 else 4)
+from shardlab.core.explorer import explorer_for
+
+ui, update = explorer_for(p, tp=min(p.tp, 4), batch=p.batch, seq=min(p.seq, 16), hidden=min(p.hidden, 32),
+                            heads=min(p.heads, 8) if min(p.hidden, 32) % min(p.heads, 8) == 0 else 4)
 shown = update()  # what a slider move does; run here so a headless run exercises it too
 rec.check("attention.explorer.update", shown["ok"], f"{shown.get('formula')} vs {shown.get('ledger')}")
 rec.check("attention.explorer.rejects_bad_heads", not update(tp=4, heads=6, hidden=24)["ok"],

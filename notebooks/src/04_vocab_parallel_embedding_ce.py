@@ -256,8 +256,10 @@ else:
 # compared with the formula, and the gathered-logits bytes are shown for contrast.
 
 # %%
-ui, update = vtp.explorer("embedding_ce", tp=min(p.tp, 4), batch=p.batch, seq=min(p.seq, 8), hidden=min(p.hidden, 32),
-                          vocab=min(p.vocab, 1003))
+from shardlab.core.explorer import explorer_for
+
+ui, update = explorer_for(p, tp=min(p.tp, 4), batch=p.batch, seq=min(p.seq, 8), hidden=min(p.hidden, 32),
+                            vocab=min(p.vocab, 1003))
 shown = update()  # what a slider move does; run here so a headless run exercises it too
 rec.check("embedding_ce.explorer.update", shown["ok"], f"{shown.get('formula')} vs {shown.get('ledger')}")
 rec.check("embedding_ce.explorer.rejects_tiny_vocab", not update(tp=8, vocab=4)["ok"], "vocab=4 < tp=8 is reported")

@@ -103,9 +103,10 @@ vf.flat_buffer_figure(plan, names).show()
 # (Executed headless below with one programmatic update so the code path is tested.)
 
 # %%
+from shardlab.core.explorer import explorer_for
 from shardlab.formulas.fsdp import flat_numel
 
-ui, update = vf.explorer(p.layer_sizes, p.world_size, p.align)
+ui, update = explorer_for(p, layer_sizes=p.layer_sizes, world_size=p.world_size, use_orig_params=p.align)
 w = max(1, p.world_size - 1)  # move two widgets; the drawn plan must be that configuration's (formula by hand)
 shown = update(world_size=w, use_orig_params=not p.align)
 n = flat_numel(list(plan.numels), w, align=0 if p.align else 4)

@@ -82,7 +82,7 @@ rows
 # threshold; `hlo_instructions` counts such a call once (`hlo_instructions_raw` counts everything).
 
 # %%
-from shardlab.xla_scan.figures import bytes_vs_layers, compile_curves, explorer, tiling_figure
+from shardlab.xla_scan.figures import bytes_vs_layers, compile_curves, tiling_figure
 from shardlab.xla_scan.sharding import layer_spec
 
 if rows is not None:
@@ -407,9 +407,9 @@ C.record_trace(rec, p)
 
 # %%
 if rows is not None:
-    widget, update = explorer(lambda f, t, n, h: C.explore(p, f, t, n, h),
-                              [(p.mesh_fsdp, p.mesh_tensor), (p.mesh_tensor, p.mesh_fsdp)],
-                              sorted({p.layers, max(p.layers_sweep)}), [p.hidden, 2 * p.hidden])
+    from shardlab.core.explorer import explorer_for
+
+    widget, update = explorer_for(p)  # mesh, L and hidden among the notebook's own sizes
     display(widget)
     probe = update()  # headless: exercise the code path once (the default choice is already compiled)
     rec.check("explorer.runs", probe["off"]["stacked grads B"] > probe["on"]["stacked grads B"], str(probe))

@@ -143,7 +143,7 @@ rec.check("planner.stacked_grad: model state + 1-D gradient exceeds v6e's usable
 # ## 3 · Your plan
 
 # %%
-from shardlab.planner.figures import PlannerExplorer, memory_figure, summary_frame
+from shardlab.planner.figures import memory_figure, summary_frame
 
 my_plan = P.plan(p)  # the notebook's parameters are the plan's configuration
 print(my_plan.verdict)
@@ -218,7 +218,9 @@ rec.check("planner.axes: 1F1B holds fewer activations than GPipe on the first st
 # numbers) instead of a plot. Run headless, the cell sets two widgets and checks the plan shown is theirs.
 
 # %%
-explorer = PlannerExplorer(p)
+from shardlab.core.explorer import explorer_for
+
+explorer = explorer_for(p)
 display(explorer.widget)
 moves = [(p.fsdp // 2, p.data * 2)] if p.fsdp % 2 == 0 else [(p.fsdp * 2, p.data // 2)] if p.data % 2 == 0 else []
 if moves:  # a factor 2 moved between fsdp and data; each widget change re-plans (the first one's mesh is off)

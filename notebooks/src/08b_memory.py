@@ -527,7 +527,9 @@ pd.DataFrame({"notebook 08 (XLA:TPU, fused vs separate)": {"fused: update in the
 # the heads of a GPT-2 block) is reported in the status line.
 
 # %%
-ui, update = V.explorer(p)
+from shardlab.core.explorer import explorer_for
+
+ui, update = explorer_for(p)
 shown = update()  # what a slider move does; run here so a headless run exercises it too
 rec.check("levers.explorer.update", shown["ok"], f"best {shown.get('best')} <= eager {shown.get('eager')}, "
           f"end {shown.get('end')}")

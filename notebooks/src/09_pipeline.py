@@ -312,22 +312,20 @@ pd.DataFrame({s: {k.split(".", 1)[1]: x for k, x in v.values.items()} for s, v i
 # %%
 if p.run_gloo:
     from shardlab.comm import Ledger
-    from shardlab.pipeline.case import gloo_runs
     from shardlab.pipeline.programs import merge_results
 
-    gloo_ledgers, gloo = gloo_runs(list(cases.values()))
+    gloo = dict(zip(cases, harness.gloo_runs(list(cases.values())), strict=True))  # one start-up for all
     for s in SCHEDULES:
-        ours = [r[s]["ours"] for r in gloo]
+        ours = gloo[s]["ranks"]
         loss, grads = merge_results(ours)
         ref = cases[s].oracle()
         sim_sends = [b for r in led[s].detail["ranks"] for b in r["sends"]]
-        gl_sends = [e.payload_bytes for r, lg in zip(gloo, gloo_ledgers, strict=True)
-                    for e in list(lg)[slice(*r[s]["rows"])] if e.op == "send"]
+        gl_sends = [e.payload_bytes for lg in gloo[s]["ledgers"] for e in lg if e.op == "send"]
         rec.check(f"pp.{s}.gloo.same_sends", sorted(gl_sends) == sorted(sim_sends),
                   f"{len(gl_sends)} sends, {sum(gl_sends)} bytes in gloo = the simulated world's")
         rec.check(f"pp.{s}.gloo.parity", torch.allclose(loss, ref["loss"], rtol=1e-6) and
                   cases[s].parity("ledger", ours, ref)[f"{s}.parity.ledger.grads"][0], "loss and gradients")
-        theirs = [r[s]["torch"] for r in gloo]
+        theirs = gloo[s]["reference"]  # PyTorch's pipelining, run after ours in the same processes
         t_loss = next(r["loss"] for r in theirs if r["loss"] is not None)
         t_grads = {k: g for r in theirs for k, g in r["grads"].items()}
         scale = max(g.abs().max().item() for g in ref["grads"].values())
@@ -335,8 +333,7 @@ if p.run_gloo:
             torch.allclose(t_grads[k], g, rtol=1e-5, atol=1e-5 * scale) for k, g in ref["grads"].items()),
                   "PyTorch's pipelining: loss and gradients == the unsplit model's")
         key = [sorted((e.op, e.peer, e.shape) for e in Ledger.from_records(r["p2p"])) for r in theirs]
-        mine = [sorted((e.op, e.peer, e.shape) for e in list(lg)[slice(*r[s]["rows"])])
-                for r, lg in zip(gloo, gloo_ledgers, strict=True)]
+        mine = [sorted((e.op, e.peer, e.shape) for e in lg) for lg in gloo[s]["ledgers"]]
         rec.check(f"pp.{s}.torch.same_p2p", key == mine, "PyTorch's isend / irecv ops == our sends / recvs, per rank")
 else:
     print("gloo runs skipped (run_gloo=False): ours and PyTorch's pipelining in real processes take ~10-30 s")
@@ -558,8 +555,10 @@ else:
 # is the formula's while m ≥ p, larger below. A combination neither can run is reported, not raised.
 
 # %%
+from shardlab.core.explorer import explorer_for
+
 msg = p.batch // M * p.seq * p.hidden * 4
-ui, update = vpp.explorer(P, M, V, message_bytes=msg)
+ui, update = explorer_for(p, p=P, m=M, v=V, message_bytes=msg)
 shown = update()  # what a slider move does; run here so a headless run exercises it too
 rec.check("pp.explorer.update", shown["ok"], f"p={shown['p']} m={shown['m']} v={shown['v']}: timed = formula")
 theirs = update(m=P + 1)  # not a multiple of p, but one round: PyTorch's order runs

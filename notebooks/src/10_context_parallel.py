@@ -317,7 +317,9 @@ if p.ulysses:
 # split (seq not divisible by the layout's chunks) is reported, not raised.
 
 # %%
-ui, update = vcp.explorer(cp=min(p.cp, 4), seq=32, kv_heads=min(p.kv_heads, 4), layout=p.layout, causal=True)
+from shardlab.core.explorer import explorer_for
+
+ui, update = explorer_for(p, cp=min(p.cp, 4), seq=32, kv_heads=min(p.kv_heads, 4), layout=p.layout, causal=True)
 shown = update()  # what a slider move does; run here so a headless run exercises it too
 rec.check("cp.explorer.update", shown["ok"], f"{shown.get('formula')} vs {shown.get('ledger')}")
 rec.check("cp.explorer.rejects_bad_split", not update(cp=3, seq=32, layout="zigzag")["ok"],

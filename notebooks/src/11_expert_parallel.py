@@ -64,7 +64,6 @@ from shardlab.expert.case import (
     collective_frame,
     compiler_story,
     drops,
-    explore,
     identical,
 )
 from shardlab.expert.moe import moe_reference
@@ -435,7 +434,9 @@ pd.DataFrame({"this notebook's layer (f32)": cost_here, "Mixtral-sized, S = 4096
 # k > E) is reported, not raised.
 
 # %%
-ui, update = vexp.explorer(replace(p, hidden=min(p.hidden, 32), ffn=min(p.ffn, 64)), explore)
+from shardlab.core.explorer import explorer_for
+
+ui, update = explorer_for(replace(p, hidden=min(p.hidden, 32), ffn=min(p.ffn, 64)))
 shown = update()  # what a slider move does; run here so a headless run exercises it too
 rec.check("ep.explorer.update", shown["ok"], f"formula {shown.get('formula')} B vs ledger {shown.get('ledger')} B")
 bad_ep = next(e for e in range(2, p.experts + 2) if p.experts % e)  # the smallest ep that does not divide E

@@ -277,7 +277,9 @@ bad
 # combination that is not legal shows the error in the status line instead of raising.
 
 # %%
-ui, update = nb.explorer_from(cfg)
+from shardlab.core.explorer import explorer_for
+
+ui, update = explorer_for(p, **nb.explorer_values(cfg))
 shown = update()
 rec.check("inspect.explorer.update", shown["ok"], shown.get("error") or shown["verdict"])
 rec.check("inspect.explorer.rejects_bad_mesh", not update(tensor=3)["ok"], "tensor=3 is reported, not raised")

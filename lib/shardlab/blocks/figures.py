@@ -1,17 +1,12 @@
-"""Pictures for notebook 01: which device holds which block of x, W and y, and an explorer that redraws.
+"""Pictures for notebook 01: which device holds which block of x, W and y.
 
 ``split_figure`` draws three heatmaps of owner ids (device colours from :mod:`shardlab.viz.common`, grey =
-replicated). ``explorer`` builds ipywidgets sliders (m, k, n, parts, split kind) that redraw the figure and
-recompute the block product against the dense one; it returns ``(ui, update)`` so a headless run (papermill)
-can call ``update(...)`` directly and exercise the same code path a learner's slider does.
+replicated); ``block_check`` is the blocked product's error against the dense one. The explorer that redraws both
+is declared in :mod:`shardlab.blocks.explorers`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
-import ipywidgets as widgets
 import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
@@ -80,36 +75,3 @@ def block_check(m: int, k: int, n: int, parts: int, kind: str, seed: int = 0) ->
     else:
         bp = blocks.grid_parallel(x, w, _grid_shape(parts), k_parts=_grid_shape(parts)[1])
     return float((bp.result - x @ w).abs().max())
-
-
-def explorer(m: int = 8, k: int = 16, n: int = 12, parts: int = 4, kind: str = "row"
-             ) -> tuple[widgets.VBox, Callable[..., dict[str, Any]]]:
-    """Sliders for (m, k, n, parts, kind); returns ``(ui, update)``; ``update`` returns what it showed."""
-    sliders = {
-        "m": widgets.IntSlider(value=m, min=1, max=32, description="m (rows of x)"),
-        "k": widgets.IntSlider(value=k, min=1, max=32, description="k (inner)"),
-        "n": widgets.IntSlider(value=n, min=1, max=32, description="n (cols of W)"),
-        "parts": widgets.IntSlider(value=parts, min=1, max=16, description="parts"),
-        "kind": widgets.Dropdown(options=KINDS, value=kind, description="split"),
-    }
-    out = widgets.Output()
-    status = widgets.HTML()
-
-    def update(**kw: Any) -> dict[str, Any]:
-        args = {name: kw.get(name, s.value) for name, s in sliders.items()}
-        out.outputs = ()  # no `with out:` capture: it can deadlock a headless kernel (papermill)
-        try:
-            err = block_check(**args)
-            fig = split_figure(**args)
-        except ValueError as e:  # an impossible split is shown, not raised: the learner moves a slider back
-            status.value = f"<b style='color:#c00'>{e}</b>"
-            return {"ok": False, "error": str(e), **args}
-        status.value = f"max |blocked − dense| = {err:.2e} &nbsp; ({'match' if err < 1e-9 else 'MISMATCH'})"
-        out.append_display_data(fig)
-        return {"ok": err < 1e-9, "max_abs_err": err, "figure": fig, **args}
-
-    for s in sliders.values():
-        s.observe(lambda _change: update(), names="value")
-    ui = widgets.VBox([widgets.HBox(list(sliders.values())[:3]), widgets.HBox(list(sliders.values())[3:]),
-                       status, out])
-    return ui, update

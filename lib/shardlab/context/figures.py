@@ -9,27 +9,20 @@ Design note
   coloured by the rank that computes it, blank where the mask skips it — contiguous vs zig-zag side by side.
 - :func:`work_figure`: unmasked score elements per rank for both layouts (bars: formula; markers: counted from
   the per-rank ring, ``shardlab.context.balance.measure``).
-- :func:`explorer`: sliders (cp, seq, kv_heads, head_dim, layout, causal); ``update(**overrides)`` asks
-  ``shardlab.context.balance.explore`` for the formulas and a ``SimulatedWorld`` ring of that configuration and
-  shows them side by side. A bad combination is shown as a message, not raised; ``update`` returns what it
-  showed, so a headless run exercises the code path.
+- The notebook's explorer (a small ring's sliders) is declared in :mod:`shardlab.context.explorers`.
 
 This module only draws; the schedule and the counts come from ``shardlab.context`` and ``formulas.context``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-import ipywidgets as widgets
 import numpy as np
-import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from shardlab.context.attention import block_kind, chunk_ids
-from shardlab.context.balance import explore
 from shardlab.viz.common import device_color, discrete_colorscale
 
 
@@ -102,40 +95,3 @@ def work_figure(rows: list[dict[str, Any]]) -> go.Figure:
                       title=f"causal work per rank (max / mean: {ratios})<br><sup>bars: formula; x: counted from "
                             "the blocks the per-rank ring computed</sup>")
     return fig
-
-
-def explorer(cp: int = 4, seq: int = 32, kv_heads: int = 2, head_dim: int = 8, layout: str = "zigzag",
-             causal: bool = True) -> tuple[widgets.VBox, Callable[..., dict[str, Any]]]:
-    """Sliders for a small ring (heads = 2·kv_heads, batch 1); returns (ui, update)."""
-    controls: dict[str, Any] = {
-        "cp": widgets.IntSlider(value=cp, min=1, max=8, description="cp"),
-        "seq": widgets.IntSlider(value=seq, min=8, max=256, step=8, description="seq"),
-        "kv_heads": widgets.IntSlider(value=kv_heads, min=1, max=8, description="kv_heads"),
-        "head_dim": widgets.IntSlider(value=head_dim, min=4, max=64, step=4, description="head_dim"),
-        "layout": widgets.Dropdown(value=layout, options=["contiguous", "zigzag"], description="layout"),
-        "causal": widgets.Checkbox(value=causal, description="causal"),
-    }
-    status, table = widgets.HTML(), widgets.HTML()  # HTML, not figures in an Output widget (see tp.figures.explorer)
-
-    def update(**kw: Any) -> dict[str, Any]:
-        args = {name: kw.get(name, c.value) for name, c in controls.items()}
-        try:
-            res = explore(**args)
-        except ValueError as e:  # a bad combination is shown, not raised
-            status.value = f"<b style='color:#c00'>{e}</b>"
-            table.value = ""
-            return {"ok": False, "error": str(e), **args}
-        f, led = res["formula"], res["ledger"]
-        ok = f == led and res["formula_work"] == res["work"]
-        status.value = (f"ring forward + backward per rank: formula {f['count']} sends / {f['bytes']} B, ledger "
-                        f"{led['count']} / {led['bytes']} B — {'match' if ok else 'MISMATCH'}; all-gather CP "
-                        f"forward: 2 × {res['allgather_payload']} B payload (same wire bytes as the ring's forward); "
-                        f"work max / mean {res['max_over_mean']:.3f}")
-        table.value = pd.DataFrame({"rank": range(len(res["work"])), "work (formula)": res["formula_work"],
-                                    "work (counted)": res["work"]}).to_html(index=False)
-        return {"ok": ok, **res, **args}
-
-    for c in controls.values():
-        c.observe(lambda _change: update(), names="value")
-    items = list(controls.values())
-    return widgets.VBox([widgets.HBox(items[:3]), widgets.HBox(items[3:]), status, table]), update

@@ -9,6 +9,7 @@ backward, a splitting rule, a schedule), and supplies only what its topic knows:
     formula()             the paper's algebra                              -> View("formula")
     program()             the per-rank function and its arguments          -> [(fn, args)], one per group
                           (the harness runs each on `ranks` simulated ranks, or gloo processes; [] = no ledger)
+    reference_program()   the same step through the framework's own API    -> (fn, args) or None; gloo runs only
     oracle()              the dense, unsharded result
     parity(src, got, ref) checks of a per-rank or compiled result against the oracle
     graph()               the sharded torch_xla graph, not synced          -> Step(outputs[, donations])
@@ -142,6 +143,13 @@ class Case:
         independent groups of ``ranks`` ranks each (their ledgers must be alike; declare ``grouped``); []: no
         per-rank program, no ledger view."""
         return []
+
+    def reference_program(self) -> Program | None:
+        """``(fn, args)``: the same per-rank step written with the framework's own implementation (PyTorch's
+        pipelining, say), which only real processes can run: :func:`shardlab.core.harness.gloo` runs it right after
+        ``program()`` in the same gloo processes and returns each rank's result as the run's ``reference``. None
+        (the default): the case has none."""
+        return None
 
     def oracle(self) -> Any:
         """The dense, unsharded result the per-rank and compiled results are checked against."""

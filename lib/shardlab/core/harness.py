@@ -7,6 +7,9 @@ A topic supplies a :class:`shardlab.core.case.Case`; this module owns the rest:
 - :func:`ledger` runs the case's per-rank program on ``case.ranks`` ranks of a :class:`SimulatedWorld` (one world
   per group when the program runs in independent groups), reads the collectives it recorded and checks the ranks'
   results against the oracle (``case.parity``).
+- :func:`gloo` / :func:`gloo_runs` run the same per-rank programs in real processes (torch.distributed, gloo),
+  several cases in one start-up, each with the case's ``reference_program()`` (the framework's own implementation
+  of the step, e.g. PyTorch's pipelining) beside it; each case's ledger is its own, as if it ran alone.
 - :func:`hlo` — the CPU compiler. The rule for a view that needs more devices than this process has: it is
   *skipped* with the reason (never a failed check). Otherwise the graph is run as one step, its partitioned
   HLO captured (:func:`shardlab.profile.capture_hlo`), its collectives parsed, its outputs checked against the
@@ -41,14 +44,17 @@ Example::
 from __future__ import annotations
 
 import math
+import pickle
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from shardlab import runtime
 from shardlab.comm import DistributedWorld, SimulatedWorld
+from shardlab.comm.base import CollectiveMismatch, Comm
+from shardlab.comm.ledger import Ledger, ledger_problem
 from shardlab.core.case import Case, build_graph
 from shardlab.core.views import (
     CpuView,
@@ -129,14 +135,69 @@ def ledger(case: Case) -> LedgerView:
 
 def gloo(case: Case) -> LedgerRun:
     """The case's per-rank program (its first group) in ``case.ranks`` real processes (torch.distributed, gloo):
-    ``{ledger, ranks}`` — what the simulated ledger is checked against, bit for bit."""
-    groups = _groups(case)
-    if not groups:
-        raise ValueError(f"{type(case).__name__} has no per-rank program to run in gloo processes")
-    fn, args = groups[0]
-    world = DistributedWorld(case.ranks)
-    ranks = world.run(fn, *args)
-    return LedgerRun(ledger=world.ledger, ranks=ranks)
+    ``{ledger, ledgers, ranks}`` (+ ``reference``) — what the simulated ledger is checked against, bit for bit."""
+    return gloo_runs([case])[0]
+
+
+def gloo_runs(cases: Sequence[Case]) -> list[LedgerRun]:
+    """Several cases' per-rank programs in ONE gloo start-up (the processes and their ``import torch`` once, not per
+    case), one :data:`LedgerRun` per case: ``ledger`` (rank 0's) and ``ledgers`` (every rank's) hold that case's
+    collectives alone, numbered from 0 — what the case would record in a start-up of its own —, ``ranks`` each
+    rank's result, ``reference`` each rank's result of ``case.reference_program()`` when the case has one
+    (the framework's own implementation of the step, run right after ours in the same processes).
+
+    Every program gets its arguments as the parent built them: they travel pickled and each program unpickles its
+    own copy (one that trains its modules leaves the next one's untouched; and no tensor is shared through a file
+    descriptor — a few schedules' modules exceed how many descriptors a process start may pass). The cases must
+    run on the same number of ranks (one process group)."""
+    if not cases:
+        raise ValueError("gloo_runs needs at least one case")
+    sizes = [(f"{type(c).__name__}({c.phase})", c.ranks) for c in cases]
+    if len({n for _, n in sizes}) > 1:
+        raise ValueError("the cases of one gloo start-up must run on the same number of ranks (one process group): "
+                         + ", ".join(f"{name} on {n}" for name, n in sizes))
+    jobs = []
+    for case in cases:
+        groups = _groups(case)
+        if not groups:
+            raise ValueError(f"{type(case).__name__} has no per-rank program to run in gloo processes")
+        reference = case.reference_program()
+        jobs.append((pickle.dumps(groups[0]), None if reference is None else pickle.dumps(reference)))
+    world = DistributedWorld(cases[0].ranks)
+    per_rank = world.run(_gloo_programs, jobs)
+    runs = []
+    for i in range(len(cases)):
+        ledgers = [Ledger.from_records(r[i]["records"]) for r in per_rank]
+        problem = ledger_problem(ledgers)
+        if problem is not None:
+            raise CollectiveMismatch(f"{type(cases[i]).__name__}({cases[i].phase}) in gloo: {problem}")
+        run = LedgerRun(ledger=ledgers[0], ledgers=ledgers, ranks=[r[i]["result"] for r in per_rank],
+                        wall_s=max(r[i]["wall_s"] for r in per_rank))
+        if jobs[i][1] is not None:
+            run["reference"] = [r[i]["reference"] for r in per_rank]
+        runs.append(run)
+    return runs
+
+
+def _gloo_programs(comm: Comm, jobs: list[tuple[bytes, bytes | None]]) -> list[dict[str, Any]]:
+    """One rank of :func:`gloo_runs` (module-level: it is pickled into the processes): each program, then its
+    reference, on its own unpickled arguments; each program's collectives in a ledger of its own."""
+    out = []
+    for program, reference in jobs:
+        fn, args = pickle.loads(program)
+        comm.ledger = Ledger()
+        t0 = time.perf_counter()
+        result = fn(comm, *args)
+        wall_s, records = time.perf_counter() - t0, comm.ledger.to_records()
+        comm.ledger = Ledger()  # the reference's own traffic (if it uses comm at all) is not the program's
+        if reference is None:
+            theirs = None
+        else:
+            ref_fn, ref_args = pickle.loads(reference)
+            theirs = ref_fn(comm, *ref_args)
+        out.append({"result": result, "records": records, "wall_s": wall_s, "reference": theirs})
+    comm.ledger = Ledger()
+    return out
 
 
 def _next_outputs(steps: Iterator[Step]) -> list[torch.Tensor]:

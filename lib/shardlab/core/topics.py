@@ -15,7 +15,9 @@ folder named in the environment variable ``SHARDLAB_TOPIC_DIRS`` (``os.pathsep``
 ``shardlab``'s path (a topic developed outside the repository; the tests add a throwaway topic this way). A
 ``topic.py`` stays light (no torch at import). The exercises' reference solutions are the topic folder's
 ``solutions.py`` (``SOLUTIONS = {stem: {number: Solution}}``), imported by :func:`solutions` when a notebook grades
-its exercises (they import torch).
+its exercises (they import torch). Its explorers, likewise, are the folder's ``explorers.py``
+(``EXPLORERS = {stem: Explorer}``, :mod:`shardlab.core.explorer`), imported by :func:`explorer_of` when a notebook
+builds one.
 
 An entry::
 
@@ -190,3 +192,21 @@ def solutions(stem: str) -> Mapping[int, Solution]:
 def notebook_params() -> dict[str, type[NotebookParams]]:
     """``{notebook stem: its parameter dataclass}``."""
     return {stem: lesson.params for stem, lesson in lessons().items()}
+
+
+def explorer_of(stem: str) -> Any:
+    """The declared explorer of notebook ``stem`` (a :class:`shardlab.core.explorer.Explorer`): ``EXPLORERS[stem]``
+    of its topic folder's ``explorers`` module; KeyError naming the notebook when it declares none."""
+    found = explorers(stem)
+    if found is None:
+        raise KeyError(f"notebook {stem!r} declares no explorer (EXPLORERS in shardlab.{topic_of(stem).name}"
+                       ".explorers)")
+    return found
+
+
+def explorers(stem: str) -> Any:
+    """The declared explorer of notebook ``stem``, or None."""
+    name = f"shardlab.{topic_of(stem).name}.explorers"
+    if importlib.util.find_spec(name) is None:
+        return None
+    return importlib.import_module(name).EXPLORERS.get(stem)

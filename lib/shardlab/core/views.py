@@ -61,6 +61,8 @@ class LedgerRun(TypedDict, total=False):
     ledger: Ledger  # one rank's collectives (the first group's)
     ranks: Any  # each rank's result (a list per group when the case is grouped)
     wall_s: float  # the run's wall time
+    ledgers: list[Ledger]  # every rank's collectives (gloo runs: harness.gloo / gloo_runs)
+    reference: list[Any]  # gloo runs: each rank's result of the case's reference_program()
 
 
 @dataclass

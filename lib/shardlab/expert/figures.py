@@ -9,25 +9,18 @@ Design note
   every rank to every rank, used or not): the all-to-all pays for capacity, not for tokens.
 - :func:`drop_figure`: dropped fraction vs capacity factor: measured, the formula for the routing at hand, and the
   uniform-routing expectation.
-- :func:`explorer`: sliders (ep, tokens, experts, top_k, capacity factor) whose update calls an ``evaluate(params)``
-  function the caller passes in (notebook 11: ``expert.case.explore``) and shows its numbers; a bad combination is
-  reported in the status line, not raised.
+- The notebook's explorer (sliders over its parameters) is declared in :mod:`shardlab.expert.explorers`.
 
 This module only draws; loads come from the router (``shardlab.expert.moe``), numbers from ``formulas.expert``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
-import ipywidgets as widgets
 import numpy as np
-import pandas as pd
 import plotly.graph_objects as go
 
-from shardlab.expert.params import ExpertParams
 from shardlab.viz.common import PADDING, device_color
 
 
@@ -85,48 +78,3 @@ def drop_figure(rows: list[dict[str, Any]]) -> Any:
     fig.update_layout(height=340, xaxis_title="capacity factor", yaxis_title="dropped fraction of assignments",
                       margin={"l": 10, "r": 10, "t": 50, "b": 10}, title="tokens dropped vs capacity factor")
     return fig
-
-
-def explorer(p: ExpertParams, evaluate: Callable[[ExpertParams], dict[str, Any]]
-             ) -> tuple[Any, Callable[..., dict[str, Any]]]:
-    """Sliders for ``p``'s ep, tokens, experts, top_k and capacity_factor; ``update(**kw)`` re-evaluates
-    ``evaluate(replace(p, **sliders))`` and shows it. Returns (ui, update)."""
-    sliders = {
-        "ep": widgets.IntSlider(value=p.ep, min=1, max=8, description="ep"),
-        "tokens": widgets.IntSlider(value=p.tokens, min=8, max=256, step=8, description="tokens S"),
-        "experts": widgets.IntSlider(value=p.experts, min=1, max=16, description="experts E"),
-        "top_k": widgets.IntSlider(value=p.top_k, min=1, max=4, description="top_k"),
-        "capacity_factor": widgets.FloatSlider(value=p.capacity_factor, min=0.25, max=3.0, step=0.25,
-                                               description="capacity"),
-    }
-    status, table = widgets.HTML(), widgets.HTML()  # HTML, not figures in an Output widget (see tp.figures.explorer)
-
-    def update(**kw: Any) -> dict[str, Any]:
-        args = {name: kw.get(name, s.value) for name, s in sliders.items()}
-        try:
-            res = evaluate(replace(p, **args))
-        except Exception as e:  # noqa: BLE001 — a bad combination is shown, not raised
-            msg = str(e.__cause__ or e)
-            status.value = f"<b style='color:#c00'>{msg}</b>"
-            table.value = ""
-            return {"ok": False, "error": msg, **args}
-        ok = res["formula"] == res["ledger"] and res["dropped"] == res["measured"] and res["parity"]
-        status.value = (
-            f"C = {res['capacity']} slots per expert &nbsp; forward all-to-alls (dispatch + combine) per device: "
-            f"formula {res['formula']} B, ledger {res['ledger']} B (wire {res['wire']:.0f} B) &nbsp; "
-            f"dropped: formula {res['dropped']:.4f}, "
-            f"measured {res['measured']:.4f}, uniform routing {res['uniform']:.4f} &nbsp; expert weights per chip "
-            f"{res['expert_bytes']} B &nbsp; {'match' if ok else 'MISMATCH'}")
-        ep = args["ep"]
-        m = dispatch_matrix(res["loads"], res["capacity"], ep)
-        table.value = ("<p>tokens rank i sends to rank j (kept assignments; every cell carries "
-                       f"{res['capacity'] * args['experts'] // ep} slots)</p>"
-                       + pd.DataFrame(m, index=[f"from {i}" for i in range(ep)],
-                                      columns=[f"to {j}" for j in range(ep)]).to_html())
-        return {"ok": ok, **res, **args}
-
-    for s in sliders.values():
-        s.observe(lambda _change: update(), names="value")
-    ui = widgets.VBox([widgets.HBox(list(sliders.values())[:3]), widgets.HBox(list(sliders.values())[3:]), status,
-                       table])
-    return ui, update

@@ -1,4 +1,4 @@
-"""The FSDP flat buffer as a picture, and an ipywidgets explorer that redraws it.
+"""The FSDP flat buffer as a picture (notebook 05's explorer, :mod:`shardlab.fsdp.explorers`, redraws it).
 
 Design note
 -----------
@@ -10,21 +10,16 @@ share the x axis (flat element index):
 * bottom, "ranks": rank r's slice [r·c, (r+1)·c) in ``device_color(r)``; dashed lines mark rank boundaries.
 
 Hover shows, per piece, the parameter, its intra-parameter index range (end inclusive, as in
-``ShardParamInfo``) and the owning rank. ``explorer`` takes layer widths, world size and alignment from
-widgets; ``update()`` returns what it drew so papermill can exercise it headless.
+``ShardParamInfo``) and the owning rank.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-import ipywidgets as widgets
 import plotly.graph_objects as go
 
-from shardlab.fsdp.flat_param import FlatShardPlan, plan_flat_shards_for
-from shardlab.fsdp.params import FsdpParams
-from shardlab.fsdp.train import make_model
+from shardlab.fsdp.flat_param import FlatShardPlan
 from shardlab.viz.common import PADDING, device_color
 
 PARAM_PALETTE = ("#8DD3C7", "#FFFFB3", "#BEBADA", "#FB8072", "#80B1D3", "#FDB462", "#B3DE69", "#FCCDE5",
@@ -100,37 +95,3 @@ def parse_sizes(text: str) -> tuple[int, ...]:
     if len(sizes) < 2 or min(sizes) < 1:
         raise ValueError(f"layer sizes {text!r} need at least two widths, each >= 1")
     return sizes
-
-
-def explorer(layer_sizes: tuple[int, ...] = (16, 32, 8), world_size: int = 4, use_orig_params: bool = False
-             ) -> tuple[widgets.VBox, Callable[..., dict[str, Any]]]:
-    """Widgets for (layer sizes, world size, alignment); returns ``(ui, update)``."""
-    w_sizes = widgets.Text(value=", ".join(map(str, layer_sizes)), description="widths")
-    w_world = widgets.IntSlider(value=world_size, min=1, max=16, description="world size")
-    w_align = widgets.Checkbox(value=use_orig_params, description="use_orig_params (16-byte alignment)")
-    out, status = widgets.Output(), widgets.HTML()
-
-    def update(**kw: Any) -> dict[str, Any]:
-        text = kw.get("layer_sizes", w_sizes.value)
-        text = ", ".join(map(str, text)) if isinstance(text, tuple | list) else text
-        ws, orig = kw.get("world_size", w_world.value), kw.get("use_orig_params", w_align.value)
-        # Output state is set directly (append_display_data), not captured with `with out: display(...)`: the
-        # capture route made headless papermill/nbclient runs hang intermittently after the cell finished.
-        out.outputs = ()
-        try:
-            model = make_model(FsdpParams(layer_sizes=parse_sizes(text)))
-            plan = plan_flat_shards_for(model, ws, use_orig_params=orig)
-        except ValueError as e:  # shown, not raised: the learner fixes the input
-            status.value = f"<b style='color:#c00'>{e}</b>"
-            return {"ok": False, "error": str(e)}
-        names = [n for n, _ in model.named_parameters()]
-        fig = flat_buffer_figure(plan, names)
-        status.value = (f"n = {plan.flat_numel}, c = ceil(n/N) = {plan.shard_numel}, n_pad = {plan.padded_numel};"
-                        f" padding = {plan.padding_numel} elements "
-                        f"({100 * plan.padding_numel / plan.padded_numel:.1f}%)")
-        out.append_display_data(fig)
-        return {"ok": True, "plan": plan, "figure": fig}
-
-    for wd in (w_sizes, w_world, w_align):
-        wd.observe(lambda _change: update(), names="value")
-    return widgets.VBox([widgets.HBox([w_sizes, w_world, w_align]), status, out]), update

@@ -1,4 +1,4 @@
-"""Notebook 12's plumbing: inspect results as records and tables, 07's verdicts beside them, bad inputs, an explorer.
+"""Notebook 12's plumbing: inspect results as records and tables, 07's verdicts beside them, bad inputs, explore.
 
 Design note
 -----------
@@ -21,18 +21,18 @@ tables      :func:`summary_frame` (per family and slice: fits, GiB by kind, the 
 inputs      :func:`bad_inputs` (each bad input and what inspect answers, before any trace), :func:`your_run`
             (your configuration: a row already there, compiled now, or none), :func:`call_text` (the same run from
             a script and from the command line).
-explorer    :func:`explorer`: model, slice, mesh, batch, sequence -> inspect's validation and the planner's
-            verdict (no compile); a bad combination is shown in the status line, not raised.
+explorer    :func:`explore`: model, slice, mesh, batch, sequence -> inspect's validation and the planner's
+            verdict (no compile); :func:`explorer_values` the explorer's start from a configuration (the explorer
+            itself is declared in :mod:`shardlab.inspect.explorers`).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-import ipywidgets as widgets
 import pandas as pd
 
 from shardlab.formulas import hardware
@@ -404,43 +404,10 @@ def explore(model: str, topology: str, fsdp: int, tensor: int, batch: int, seq: 
             "state": lay["params"] + lay["optimizer"], "params": len(layout(cfg).params), "mesh": dict(cfg.mesh)}
 
 
-def explorer_from(cfg: InspectConfig) -> tuple[Any, Callable[..., dict[str, Any]]]:
-    """:func:`explorer` set to ``cfg`` where the widgets offer its values (a config file or dict: Llama 3 8B)."""
+def explorer_values(cfg: InspectConfig) -> dict[str, Any]:
+    """The explorer's controls set to ``cfg`` where they offer its values (a config file or dict: Llama 3 8B)."""
     _, f, t = cfg.degrees
-    kw = {"model": cfg.model_name if cfg.model_name in presets() else "llama-3-8b",
-          "topology": cfg.topology if cfg.topology in SLICES else "v6e-8", "fsdp": f if f in FSDP else 8,
-          "tensor": t if t in TENSOR else 1, "batch": cfg.batch, "seq": cfg.seq if cfg.seq in SEQS else 8192,
-          "recompute": cfg.recompute}
-    return explorer(**kw)
-
-
-
-def explorer(model: str = "llama-3-8b", topology: str = "v6e-8", fsdp: int = 8, tensor: int = 1, batch: int = 8,
-             seq: int = 8192, recompute: str = "full") -> tuple[Any, Callable[..., dict[str, Any]]]:
-    """Widgets for (model, slice, fsdp, tensor, batch, seq, recompute); returns ``(ui, update)``: ``update(**kw)``
-    re-validates and re-plans (what a widget change does) and returns what the status line shows."""
-    w = {"model": widgets.Dropdown(options=list(presets()), value=model, description="model"),
-         "topology": widgets.Dropdown(options=SLICES, value=topology, description="slice"),
-         "fsdp": widgets.Dropdown(options=FSDP, value=fsdp, description="fsdp"),
-         "tensor": widgets.Dropdown(options=TENSOR, value=tensor, description="tensor"),
-         "batch": widgets.IntText(value=batch, description="batch"),
-         "seq": widgets.Dropdown(options=SEQS, value=seq, description="seq"),
-         "recompute": widgets.Dropdown(options=["full", "none"], value=recompute, description="recompute")}
-    status = widgets.HTML()
-
-    def update(**kw: Any) -> dict[str, Any]:
-        args = {k: kw.get(k, x.value) for k, x in w.items()}
-        try:
-            res = explore(**args)
-        except ValueError as exc:  # InspectInputError and the planner's own rules: shown, not raised
-            status.value = f"<b style='color:#c00'>{exc}</b>"
-            return {"ok": False, "error": str(exc), **args}
-        status.value = (f"mesh {res['mesh']}: {res['verdict']}<br>parameters + AdamW state per chip (the plan's "
-                        f"sharded shapes): {res['state'] / GIB:.2f} GiB; {res['params']} parameter tensors")
-        return {"ok": True, **res, **args}
-
-    for x in w.values():
-        x.observe(lambda _change: update(), names="value")
-    keys = list(w)
-    ui = widgets.VBox([widgets.HBox([w[k] for k in keys[:4]]), widgets.HBox([w[k] for k in keys[4:]]), status])
-    return ui, update
+    return {"model": cfg.model_name if cfg.model_name in presets() else "llama-3-8b",
+            "topology": cfg.topology if cfg.topology in SLICES else "v6e-8", "fsdp": f if f in FSDP else 8,
+            "tensor": t if t in TENSOR else 1, "batch": cfg.batch, "seq": cfg.seq if cfg.seq in SEQS else 8192,
+            "recompute": cfg.recompute}

@@ -1,19 +1,15 @@
 """Figures of the memory levers (shardlab.memory): live memory over the step for each operator order, the
 update schedule's peaks, the attention core's per-chip temporaries against the sequence length, flash vs plain,
-ROAM's solve time against the graph's size; and the explorer of a step's orders (sliders)."""
+ROAM's solve time against the graph's size. The explorer of a step's orders is declared in
+:mod:`shardlab.memory.explorers`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-import ipywidgets as widgets
-import pandas as pd
 import plotly.graph_objects as go
 
-from shardlab.memory import graph, roam
-from shardlab.memory.params import MODELS, MemoryParams
 from shardlab.profile import order as order_mod
 from shardlab.profile import tpu
 from shardlab.viz.common import PALETTE
@@ -120,42 +116,3 @@ def solve_time_figure(rows: Sequence[Mapping[str, Any]], title: str = "Integer p
     fig.update_layout(title=title, xaxis_title="operators", yaxis_title="seconds", xaxis_type="log", yaxis_type="log",
                       height=360)
     return fig
-
-
-def explorer(p: MemoryParams) -> tuple[widgets.VBox, Callable[..., dict[str, Any]]]:
-    """Sliders over the step's sizes (``p``'s other parameters kept): the DAG's peak by program order, greedy and the
-    update schedules (``memory.roam.quick``); a bad combination is reported in the status line. Returns
-    ``(ui, update)``; ``update(**sizes)`` is what a slider move runs."""
-    controls: dict[str, Any] = {
-        "model": widgets.Dropdown(value=p.model, options=list(MODELS), description="model"),
-        "layers": widgets.IntSlider(value=p.layers, min=1, max=4, description="layers"),
-        "hidden": widgets.IntSlider(value=p.hidden, min=8, max=256, step=8, description="hidden"),
-        "ffn": widgets.IntSlider(value=p.ffn, min=8, max=1024, step=8, description="ffn"),
-        "step_heads": widgets.IntSlider(value=p.step_heads, min=1, max=8, description="step_heads"),
-        "step_seq": widgets.IntSlider(value=p.step_seq, min=1, max=64, description="step_seq"),
-        "step_batch": widgets.IntSlider(value=p.step_batch, min=1, max=32, description="step_batch"),
-    }
-    status, table = widgets.HTML(), widgets.HTML()  # HTML, not figures in an Output widget (see tp.figures.explorer)
-
-    def update(**kw: Any) -> dict[str, Any]:
-        args = {name: kw.get(name, c.value) for name, c in controls.items()}
-        try:
-            q = replace(p, **args).validate()
-        except ValueError as e:  # a bad combination is shown, not raised
-            status.value = f"<b style='color:#c00'>{e}</b>"
-            table.value = ""
-            return {"ok": False, "error": str(e), **args}
-        res = roam.quick(graph.trace_step(q))
-        ok = res["best"] <= min(res["eager"], res["end"])
-        saved = 1 - res["best"] / res["program"] if res["program"] else 0.0
-        status.value = (f"{res['nodes']} operators; peak temporaries: program order {res['program']} B, greedy "
-                        f"{res['greedy']} B, best update schedule {res['best']} B ({100 * saved:.1f} % below program "
-                        f"order){'' if ok else ' — the best schedule is above a uniform one: MISMATCH'}")
-        table.value = pd.DataFrame([{k: res[k] for k in ("program", "greedy", "eager", "end", "best")}],
-                                   index=["peak bytes"]).to_html()
-        return {"ok": ok, **res, **args}
-
-    for c in controls.values():
-        c.observe(lambda _change: update(), names="value")
-    items = list(controls.values())
-    return widgets.VBox([widgets.HBox(items[:4]), widgets.HBox(items[4:]), status, table]), update

@@ -53,7 +53,7 @@ import torch
 import torch_xla.distributed.spmd as xs  # imported after runtime.setup() (the notebooks' order)
 
 from shardlab import runtime
-from shardlab.comm import Comm, DistributedWorld, Ledger, SimulatedWorld
+from shardlab.comm import Comm, Ledger, SimulatedWorld
 from shardlab.core.case import Case, Checks, Program, Step
 from shardlab.core.views import COMPILERS as COMPILER
 from shardlab.core.views import View
@@ -69,7 +69,7 @@ from shardlab.pipeline.torch_ref import torch_orders, torch_pipeline_program
 from shardlab.profile.hlo import HloModule
 
 F32 = 4
-__all__ = ["FsdpCase", "p2p_of_order", "ScheduleCase", "ShiftCase", "gloo_runs", "model_and_batch", "spmd_ledger",
+__all__ = ["FsdpCase", "p2p_of_order", "ScheduleCase", "ShiftCase", "model_and_batch", "spmd_ledger",
            "traced_model"]
 
 
@@ -227,6 +227,15 @@ class ScheduleCase(Case):
         return [(_run_stages, (self.sched(), copy.deepcopy(stages.modules), stages.param_names, stages.boundary,
                              tokens, targets))]
 
+    def reference_program(self) -> Program:
+        """PyTorch's own pipelining of the same step (its ``PipelineStage`` + schedule class, the gloo warm-up
+        replaced — see torch_ref) on the same stages: shapes given up front, or (1F1B) inferred at run time by its
+        own metadata exchange. Only real processes run it (``harness.gloo``)."""
+        stages = _auto_stages(self.p, self.p.stages * self.v)
+        _, tokens, targets = model_and_batch(self.p)
+        return (torch_pipeline_program, (self.schedule, self.p.microbatches, list(stages.modules),
+                                         list(stages.param_names), tokens, targets, self.schedule != "1f1b"))
+
     def oracle(self) -> dict[str, Any]:
         model, tokens, targets = model_and_batch(self.p)
         loss, grads = dense_step(model, tokens, targets)
@@ -352,35 +361,6 @@ def spmd_ledger(case: ScheduleCase) -> dict[str, Any]:
     loss, grads = merge_results(results)
     sends = [e.payload_bytes for led in world.ledgers for e in led.select("send")]
     return {"loss": loss, "grads": grads, "sends": len(sends), "bytes": sum(sends)}
-
-
-def _gloo_program(comm: Comm, jobs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Every schedule's step on this rank: ours (pipeline_program; its rows of the comm ledger) and PyTorch's
-    (torch_pipeline_program: PipelineStage + its schedule class, the gloo warm-up replaced — see torch_ref)."""
-    out = {}
-    for job in jobs:
-        start = len(comm.ledger)
-        ours = pipeline_program(comm, job["schedule"], copy.deepcopy(job["modules"]), job["names"], job["boundary"],
-                                job["tokens"], job["targets"])
-        rows = (start, len(comm.ledger))
-        theirs = torch_pipeline_program(comm, job["name"], job["m"], list(copy.deepcopy(job["modules"])),
-                                        list(job["names"]), job["tokens"], job["targets"], job["name"] != "1f1b")
-        out[job["name"]] = {"ours": ours, "rows": rows, "torch": theirs}
-    return out
-
-
-def gloo_runs(cases: list[ScheduleCase]) -> tuple[list[Any], list[dict[str, Any]]]:
-    """The schedules in ``stages`` real processes (gloo, one start-up for all): (the ranks' ledgers, the ranks'
-    results {schedule: {"ours", "rows", "torch"}}). PyTorch's shapes: given up front, or (1F1B) inferred at run
-    time by its own metadata exchange."""
-    jobs = []
-    for case in cases:
-        ((_, (sched, modules, names, boundary, tokens, targets)),) = case.program()
-        jobs.append({"name": case.schedule, "m": case.p.microbatches, "schedule": sched, "modules": modules,
-                     "names": names, "boundary": boundary, "tokens": tokens, "targets": targets})
-    world = DistributedWorld(cases[0].p.stages)
-    results = world.run(_gloo_program, jobs)
-    return world.ledgers, results
 
 
 # --------------------------------------------------------------------------------------------------------- shifts

@@ -11,27 +11,25 @@ PyTorch's spelling ("1F0": stage 1, forward, microbatch 0), its start and end.  
 bubble (idle / busy, the paper's convention) next to the formula's.
 ``idle_intervals`` is the pure part (tested without plotly).
 
-``split_figure`` draws the stage costs of two splits side by side (the automatic split against the even one);
-``explorer`` gives p, m, v sliders over :func:`shardlab.pipeline.timeline.compare` (bubble, memory, traffic), its
-update function callable headless.
+``split_figure`` draws the stage costs of two splits side by side (the automatic split against the even one).
+The notebook's explorer (p, m, v sliders) is declared in :mod:`shardlab.pipeline.explorers`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from shardlab.pipeline.schedules import Action
-from shardlab.pipeline.timeline import Timeline, compare
+from shardlab.pipeline.timeline import Timeline
 from shardlab.viz.common import PADDING, device_color
 
 KIND_COLOR = {"F": "#2E91E5", "B": "#E15F99", "I": "#E15F99", "W": "#F6A6C8"}
 KIND_NAME = {"F": "forward", "B": "backward", "I": "backward (input grad)", "W": "backward (weight grad)"}
 
-__all__ = ["KIND_COLOR", "explorer", "idle_intervals", "split_figure", "timeline_figure"]
+__all__ = ["KIND_COLOR", "idle_intervals", "split_figure", "timeline_figure"]
 
 
 def idle_intervals(timeline: Timeline) -> list[tuple[int, float, float]]:
@@ -96,49 +94,3 @@ def split_figure(costs: Mapping[str, Sequence[float]], layers: Mapping[str, Sequ
     fig.update_layout(barmode="group", height=320, yaxis_title=f"training cost per step ({unit})",
                       title="stage costs: the slowest stage sets the pipeline's pace")
     return fig
-
-
-def explorer(p: int = 4, m: int = 8, v: int = 2, message_bytes: int = 0) -> tuple[Any, Callable[..., dict]]:
-    """Sliders for p, m, v over :func:`shardlab.pipeline.timeline.compare`; returns (ui, update).
-
-    ``update(**kw)`` recomputes (formula and the order timed) and returns ``{"ok", "rows", "errors", "torch",
-    p, m, v}``: ok when every order written from the papers' rules measures its formula; ``torch`` lists the
-    schedules timed in PyTorch's own order because only Megatron-LM's rule refused them (their bubble is shown
-    beside the formula, not required to equal it: below m = p it is larger); a schedule that cannot run is
-    listed in ``errors`` and shown in the status line, never raised."""
-    sliders = {"p": widgets.IntSlider(value=p, min=1, max=16, description="p (stages)"),
-               "m": widgets.IntSlider(value=m, min=1, max=64, description="m (micro)"),
-               "v": widgets.IntSlider(value=v, min=1, max=8, description="v (chunks)")}
-    status, table = widgets.HTML(), widgets.HTML()
-
-    def update(**kw: Any) -> dict[str, Any]:
-        args = {name: kw.get(name, s.value) for name, s in sliders.items()}
-        try:
-            rows = compare(args["p"], args["m"], args["v"], message_bytes)
-        except ValueError as exc:  # (p, m, v) no schedule accepts
-            status.value = f"<b style='color:#c00'>{exc}</b>"
-            table.value = ""
-            return {"ok": False, "rows": [], "errors": [str(exc)], **args}
-        good = [r for r in rows if "error" not in r]
-        errors = [f"{r['schedule']}: {r['error']}" for r in rows if "error" in r]
-        ok = all(r["bubble_fraction"] == r["formula_fraction"] and r["bubble_ratio"] == r["formula_ratio"]
-                 and r["inflight"] == r["formula_inflight"] for r in good if r["order"] == "ours")
-        torch_rows = [r for r in good if r["order"] == "PyTorch"]
-        cells = "".join(
-            f"<tr><td>{r['schedule']}</td><td>{float(r['bubble_fraction']):.3f}</td>"
-            f"<td>{float(r['bubble_ratio']):.3f}</td><td>{float(r['inflight']):g}</td><td>{r['messages']}</td>"
-            f"<td>{r['bytes']:,}</td></tr>" for r in good)
-        table.value = ("<table><tr><th>schedule</th><th>idle share of step</th><th>bubble / ideal</th>"
-                       "<th>held on device 0 (stage-microbatches)</th><th>p2p messages</th><th>p2p bytes</th></tr>"
-                       f"{cells}</table>")
-        bad = "".join(f"<br><b style='color:#c00'>{e}</b>" for e in errors)
-        theirs = "".join(f"<br>{r['schedule']}: m % p != 0 (Megatron-LM's rule) but PyTorch's order runs; its "
-                         f"idle share {float(r['bubble_fraction']):.3f}, formula {float(r['formula_fraction']):.3f}"
-                         for r in torch_rows)
-        status.value = f"timed orders {'match' if ok else 'DO NOT match'} the formulas{theirs}{bad}"
-        return {"ok": ok and not errors, "rows": rows, "errors": errors,
-                "torch": [r["schedule"] for r in torch_rows], **args}
-
-    for s in sliders.values():
-        s.observe(lambda _change: update(), names="value")
-    return widgets.VBox([widgets.HBox(list(sliders.values())), status, table]), update

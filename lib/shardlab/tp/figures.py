@@ -1,4 +1,4 @@
-"""Pictures and explorers for tensor parallelism (notebooks 02-04).
+"""Pictures for tensor parallelism (notebooks 02-04).
 
 Design note
 -----------
@@ -8,19 +8,11 @@ Design note
 - `ledger_frame(ledger)` / `ledger_timeline(ledger)`: the collectives a per-rank run issued, as a table and as
   bars in program order (height = payload bytes, colour = forward / backward).
 - `saving_ratio_figure(vocabs, tps)`: gathered logits over vocab-parallel CE, wire and payload conventions.
-- `explorer(kind, ...)`: sliders (tp, batch, seq, hidden, heads, vocab); `update(**overrides)` asks
-  `shardlab.tp.case.explore` for the formula and the ledger of the small config and draws them (this package only
-  draws).
-  Bad combinations are shown as a message, not raised; `update` returns what it showed, so a headless run
-  exercises the code path.
+- The notebooks' explorers (sliders over a small configuration) are declared in `shardlab.tp.explorers`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
-import ipywidgets as widgets
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -28,7 +20,6 @@ from plotly.subplots import make_subplots
 
 from shardlab.comm import Ledger
 from shardlab.formulas import tp as ftp
-from shardlab.tp.case import explore
 from shardlab.tp.layers import vocab_range
 from shardlab.viz.common import device_color, discrete_colorscale
 
@@ -138,44 +129,3 @@ def saving_ratio_figure(vocabs: list[int], tps: list[int], label_smoothing: floa
         height=360,
     )
     return fig
-
-
-def explorer(
-    kind: str, tp: int = 2, batch: int = 2, seq: int = 8, hidden: int = 16, heads: int = 4, vocab: int = 50
-) -> tuple[widgets.VBox, Callable[..., dict[str, Any]]]:
-    """Sliders for (tp, batch, seq, hidden, heads, vocab); returns (ui, update)."""
-    sliders = {
-        "tp": widgets.IntSlider(value=tp, min=1, max=8, description="tp"),
-        "batch": widgets.IntSlider(value=batch, min=1, max=8, description="batch"),
-        "seq": widgets.IntSlider(value=seq, min=1, max=64, description="seq"),
-        "hidden": widgets.IntSlider(value=hidden, min=4, max=128, step=4, description="hidden"),
-        "heads": widgets.IntSlider(value=heads, min=1, max=16, description="heads"),
-        "vocab": widgets.IntSlider(value=vocab, min=8, max=1024, description="vocab"),
-    }
-    # The ledger is shown as an HTML table, not a figure in an Output widget: repeated display() into an
-    # Output widget hung the kernel under papermill (ipykernel 7) on the third update.
-    status, table = widgets.HTML(), widgets.HTML()
-
-    def update(**kw: Any) -> dict[str, Any]:
-        args = {name: kw.get(name, s.value) for name, s in sliders.items()}
-        try:
-            res = explore(kind, **args)
-        except Exception as e:  # noqa: BLE001 — a bad combination is shown, not raised
-            msg = str(e.__cause__ or e)
-            status.value = f"<b style='color:#c00'>{msg}</b>"
-            table.value = ""
-            return {"ok": False, "error": msg, **args}
-        ok = res["formula"] == res["ledger"]
-        extra = f", gathered logits would be {res['gathered_bytes']} B" if "gathered_bytes" in res else ""
-        status.value = (
-            f"formula {res['formula']} &nbsp; ledger {res['ledger']} &nbsp; {'match' if ok else 'MISMATCH'}{extra}"
-        )
-        table.value = ledger_frame(res["ledger_obj"]).to_html(index=False)
-        return {"ok": ok, **res, **args}
-
-    for s in sliders.values():
-        s.observe(lambda _change: update(), names="value")
-    ui = widgets.VBox(
-        [widgets.HBox(list(sliders.values())[:3]), widgets.HBox(list(sliders.values())[3:]), status, table]
-    )
-    return ui, update

@@ -1,23 +1,22 @@
-"""Figures and an explorer for notebook 06 (scan over layers, shard_as).
+"""Figures for notebook 06 (scan over layers, shard_as).
 
 * :func:`compile_curves` — compile time and HLO size vs L, one line per mode (loop / scan_layers / scan).
 * :func:`bytes_vs_layers` — per-device stacked-gradient bytes vs L, shard_as on vs off: the formula's lines and the
   compilers' measured points.
 * :func:`tiling_figure` — which device holds which tile of a [d_in, d_out] gradient, read from XLA's spec
   string: 2-D (one device per tile) next to 1-D (each tile replicated over the fsdp axis).
-* :func:`explorer` — ipywidgets controls (mesh, L, hidden) that re-run the small case; headless-safe.
+
+The explorer (mesh, L, hidden re-running the small case) is declared in :mod:`shardlab.xla_scan.explorers`.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-import ipywidgets as w
 import numpy as np
-import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
@@ -110,27 +109,3 @@ def tiling_figure(specs: dict[str, str], rows_label: str = "d_in", cols_label: s
         fig.update_xaxes(title_text=cols_label, showticklabels=False, row=1, col=col)
     fig.update_layout(height=320, title="Which devices hold each tile of the per-layer W_up gradient")
     return fig
-
-
-def explorer(run: Callable[[int, int, int, int], dict[str, Any]], meshes: Sequence[tuple[int, int]],
-             layers: Sequence[int], hiddens: Sequence[int]) -> tuple[w.VBox, Callable[..., dict[str, Any]]]:
-    """Controls for (mesh, L, hidden); ``run(fsdp, tensor, L, hidden) -> dict`` is shown as a table.
-
-    Returns (widget, update). Headless use: build it, call ``update()`` once — it returns run()'s dict.
-    """
-    mesh_dd = w.Dropdown(options=[(f"fsdp={a} × tensor={b}", (a, b)) for a, b in meshes], description="mesh")
-    l_dd = w.Dropdown(options=list(layers), description="L")
-    h_dd = w.Dropdown(options=list(hiddens), description="hidden")
-    button = w.Button(description="run (compiles twice)")
-    out = w.Output()
-
-    def update(*_: Any) -> dict[str, Any]:
-        (fsdp, tensor), L, hidden = mesh_dd.value, l_dd.value, h_dd.value
-        result = run(fsdp, tensor, L, hidden)
-        # Set the Output's state directly: `with out: display(...)` can hang a headless kernel (papermill).
-        out.outputs = ()
-        out.append_display_data(pd.DataFrame(result).T)
-        return result
-
-    button.on_click(update)
-    return w.VBox([w.HBox([mesh_dd, l_dd, h_dd, button]), out]), update
