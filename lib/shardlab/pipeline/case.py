@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import itertools
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -53,7 +52,7 @@ import torch
 import torch_xla.distributed.spmd as xs  # imported after runtime.setup() (the notebooks' order)
 
 from shardlab import runtime
-from shardlab.comm import Comm, Ledger, SimulatedWorld
+from shardlab.comm import Ledger, SimulatedWorld
 from shardlab.core.case import Case, Checks, Program, Step
 from shardlab.core.views import COMPILERS as COMPILER
 from shardlab.core.views import View
@@ -61,7 +60,7 @@ from shardlab.formulas import pipeline as fpp
 from shardlab.pipeline import spmd, spmd_1f1b
 from shardlab.pipeline.model import TinyLM, batch
 from shardlab.pipeline.params import PipelineParams
-from shardlab.pipeline.programs import dense_step, merge_results, pipeline_program
+from shardlab.pipeline.programs import dense_step, merge_results, pipeline_program, run_stages
 from shardlab.pipeline.schedules import Schedule, build
 from shardlab.pipeline.split import Stages, Traced, best_cuts, split, trace
 from shardlab.pipeline.timeline import replay
@@ -94,17 +93,6 @@ def traced_model(p: PipelineParams) -> Traced:
 def _auto_stages(p: PipelineParams, n: int) -> Stages:
     traced = traced_model(p)
     return split(traced, best_cuts(traced.train_costs, traced.frontier, n).cuts)
-
-
-def _run_stages(comm: Comm, *args: Any) -> dict[str, Any]:
-    """One device's pipeline step, plus the payload of every send it recorded and, per action, its send / recv
-    rows as (op, peer)."""
-    out = pipeline_program(comm, *args)
-    out["sends"] = [e.payload_bytes for e in comm.ledger.select("send")]
-    rows = list(comm.ledger)
-    out["p2p"] = [[(e.op, e.peer) for e in rows[a:b] if e.op in ("send", "recv")]
-                  for a, b in itertools.pairwise(out["rows"])]
-    return out
 
 
 def p2p_of_order(orders: list[list[Any]], stages: int, device_of: Any) -> list[list[tuple[str, int]]]:
@@ -224,7 +212,7 @@ class ScheduleCase(Case):
     def program(self) -> list[Program]:
         stages = _auto_stages(self.p, self.p.stages * self.v)
         _, tokens, targets = model_and_batch(self.p)
-        return [(_run_stages, (self.sched(), copy.deepcopy(stages.modules), stages.param_names, stages.boundary,
+        return [(run_stages, (self.sched(), copy.deepcopy(stages.modules), stages.param_names, stages.boundary,
                              tokens, targets))]
 
     def reference_program(self) -> Program:

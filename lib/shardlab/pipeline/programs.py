@@ -43,6 +43,7 @@ Example::
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -175,3 +176,16 @@ def dense_step(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor,
     loss = loss_fn(model(tokens), targets)
     loss.backward()
     return loss.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+
+
+def run_stages(comm: Comm, *args: Any) -> dict[str, Any]:
+    """One device's pipeline step, plus the payload of every send it recorded and, per action, its send / recv
+    rows as (op, peer). What a case's ``program()`` hands to each rank: it lives here, not in ``pipeline.case``,
+    because a gloo rank unpickles it by module, and that module must not import torch_xla (measured: 2.7 s of CPU
+    per rank when it did)."""
+    out = pipeline_program(comm, *args)
+    out["sends"] = [e.payload_bytes for e in comm.ledger.select("send")]
+    rows = list(comm.ledger)
+    out["p2p"] = [[(e.op, e.peer) for e in rows[a:b] if e.op in ("send", "recv")]
+                  for a, b in itertools.pairwise(out["rows"])]
+    return out
