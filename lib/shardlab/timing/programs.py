@@ -37,6 +37,14 @@ from shardlab.formulas import expert as fexp
 AXES = ("fsdp", "tensor", "data")
 
 
+def _positive_ints(cfg: object, names: tuple[str, ...]) -> None:
+    """A clear error for the first of ``cfg``'s fields ``names`` that is not a positive int (bool refused)."""
+    for name in names:
+        v = getattr(cfg, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name}={v!r} must be a positive int")
+
+
 @dataclass(frozen=True)
 class MlpStep:
     """One MLP block's training step on a one-axis mesh of ``devices`` devices."""
@@ -50,10 +58,7 @@ class MlpStep:
     def __post_init__(self) -> None:
         if self.axis not in AXES:
             raise ValueError(f"axis={self.axis!r} must be one of {AXES}")
-        for name in ("devices", "tokens", "hidden", "ffn"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name}={v!r} must be a positive int")
+        _positive_ints(self, ("devices", "tokens", "hidden", "ffn"))
         if self.axis == "tensor" and self.ffn % self.devices:
             raise ValueError(f"ffn={self.ffn} is not divisible by devices={self.devices} (W1's columns split)")
         if self.axis == "fsdp" and (self.hidden % self.devices or self.ffn % self.devices):
@@ -154,10 +159,7 @@ class AttentionStep:
     axis: str = "context"
 
     def __post_init__(self) -> None:
-        for name in ("devices", "seq", "batch", "heads", "kv_heads", "head_dim"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name}={v!r} must be a positive int")
+        _positive_ints(self, ("devices", "seq", "batch", "heads", "kv_heads", "head_dim"))
         if self.heads % self.kv_heads:
             raise ValueError(f"heads={self.heads} must be a multiple of kv_heads={self.kv_heads} (grouped queries)")
 
@@ -218,10 +220,7 @@ class MoeStep:
     axis: str = "expert"
 
     def __post_init__(self) -> None:
-        for name in ("devices", "tokens", "hidden", "ffn", "experts", "top_k"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name}={v!r} must be a positive int")
+        _positive_ints(self, ("devices", "tokens", "hidden", "ffn", "experts", "top_k"))
         if self.experts % self.devices:
             raise ValueError(f"experts={self.experts} is not divisible by devices={self.devices} (whole experts "
                              "per chip)")
