@@ -253,8 +253,9 @@ def test_one_gloo_start_up_needs_one_world_size() -> None:
 
 @pytest.mark.xla
 def test_a_gloo_rank_unpickles_its_programs_without_torch_xla(xla_world) -> None:
-    """What ``harness.gloo_runs`` ships to each rank (the case's program and PyTorch's reference, pickled by module)
-    loads in a fresh interpreter without importing torch_xla — a rank that did paid ~2.7 s of CPU for nothing."""
+    """What ``harness.gloo_runs`` ships to each rank (its rank runner, the case's program and PyTorch's reference,
+    pickled by module) loads in a fresh interpreter without importing torch_xla or pandas — a rank that imported
+    torch_xla paid ~2.7 s of CPU for nothing, one that imported the harness ~0.3 s."""
     import pickle
     import subprocess
     import sys
@@ -265,7 +266,7 @@ def test_a_gloo_rank_unpickles_its_programs_without_torch_xla(xla_world) -> None
     from shardlab.tp.case import MlpCase
     from shardlab.tp.params import MlpParams
 
-    blobs = []
+    blobs = [pickle.dumps(harness.run_programs)]  # what each rank runs: the cases' programs, then references
     for case in (ScheduleCase(PipelineParams(), "1f1b"), MlpCase(MlpParams(tp=4), backward=True)):
         blobs.append(pickle.dumps(harness._groups(case)[0]))
         ref = case.reference_program()
@@ -273,7 +274,7 @@ def test_a_gloo_rank_unpickles_its_programs_without_torch_xla(xla_world) -> None
             blobs.append(pickle.dumps(ref))
     code = ("import pickle, sys\nimport shardlab.comm.distributed\n"
             "for b in pickle.loads(sys.stdin.buffer.read()):\n    pickle.loads(b)\n"
-            "print(sorted(m for m in ('torch_xla', 'jax', 'plotly') if m in sys.modules))")
+            "print(sorted(m for m in ('torch_xla', 'jax', 'plotly', 'pandas') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(blobs), capture_output=True, timeout=300)
     assert out.returncode == 0, out.stderr.decode()
     assert out.stdout.decode().strip() == "[]", out.stdout

@@ -53,7 +53,8 @@ import pandas as pd
 
 from shardlab import runtime
 from shardlab.comm import DistributedWorld, SimulatedWorld
-from shardlab.comm.base import CollectiveMismatch, Comm
+from shardlab.comm.base import CollectiveMismatch
+from shardlab.comm.distributed import run_programs
 from shardlab.comm.ledger import Ledger, ledger_problem
 from shardlab.core.case import Case, build_graph
 from shardlab.core.views import (
@@ -164,7 +165,7 @@ def gloo_runs(cases: Sequence[Case]) -> list[LedgerRun]:
         reference = case.reference_program()
         jobs.append((pickle.dumps(groups[0]), None if reference is None else pickle.dumps(reference)))
     world = DistributedWorld(cases[0].ranks)
-    per_rank = world.run(_gloo_programs, jobs)
+    per_rank = world.run(run_programs, jobs)
     runs = []
     for i in range(len(cases)):
         ledgers = [Ledger.from_records(r[i]["records"]) for r in per_rank]
@@ -177,27 +178,6 @@ def gloo_runs(cases: Sequence[Case]) -> list[LedgerRun]:
             run["reference"] = [r[i]["reference"] for r in per_rank]
         runs.append(run)
     return runs
-
-
-def _gloo_programs(comm: Comm, jobs: list[tuple[bytes, bytes | None]]) -> list[dict[str, Any]]:
-    """One rank of :func:`gloo_runs` (module-level: it is pickled into the processes): each program, then its
-    reference, on its own unpickled arguments; each program's collectives in a ledger of its own."""
-    out = []
-    for program, reference in jobs:
-        fn, args = pickle.loads(program)
-        comm.ledger = Ledger()
-        t0 = time.perf_counter()
-        result = fn(comm, *args)
-        wall_s, records = time.perf_counter() - t0, comm.ledger.to_records()
-        comm.ledger = Ledger()  # the reference's own traffic (if it uses comm at all) is not the program's
-        if reference is None:
-            theirs = None
-        else:
-            ref_fn, ref_args = pickle.loads(reference)
-            theirs = ref_fn(comm, *ref_args)
-        out.append({"result": result, "records": records, "wall_s": wall_s, "reference": theirs})
-    comm.ledger = Ledger()
-    return out
 
 
 def _next_outputs(steps: Iterator[Step]) -> list[torch.Tensor]:
