@@ -104,13 +104,25 @@ def meshes(case: VerdictCase, trace_fsdp: int = TRACE_FSDP) -> tuple[tuple[int, 
     return (p.data, trace_fsdp, p.tensor), (p.data, p.fsdp, p.tensor)
 
 
-def compile_retargeted(case: VerdictCase, trace_fsdp: int = TRACE_FSDP) -> PodCheck:
-    """Trace ``case``'s step on the small mesh (this process when it has that many devices, else a helper),
-    compile it for the case's slice with the shardings rewritten, and put the planner's terms beside it."""
+def compile_step(case: VerdictCase, topology: str | None = None, trace_fsdp: int = TRACE_FSDP, label: str = ""
+                 ) -> tuple[tpu.TpuCompile, tuple[int, ...], tuple[int, ...]]:
+    """``case``'s step compiled for ``topology`` (default: the case's slice), traced on the small mesh (this process
+    when it has that many devices, else a helper) with the shardings rewritten to the slice's — or traced as it is
+    when the two meshes are the same. The one place the planner's verdict steps compile: returns the compile and
+    (trace mesh, target mesh)."""
     small, big = meshes(case, trace_fsdp)
+    topology = topology or case.p.topology
+    if small == big:
+        return tpu.compile_program(build_graph, case, topology, donate=case.donate, label=label), small, big
+    return (tpu.compile_program(build_graph, trace_case(case, trace_fsdp), topology, donate=case.donate,
+                                retarget=(small, big), label=label), small, big)
+
+
+def compile_retargeted(case: VerdictCase, trace_fsdp: int = TRACE_FSDP) -> PodCheck:
+    """Trace ``case``'s step on the small mesh, compile it for the case's slice with the shardings rewritten
+    (:func:`compile_step`), and put the planner's terms beside it."""
     t0 = time.perf_counter()
-    c = tpu.compile_program(build_graph, trace_case(case, trace_fsdp), case.p.topology, donate=case.donate,
-                            retarget=(small, big), label=f"planner pod {case.p.topology}")
+    c, small, big = compile_step(case, trace_fsdp=trace_fsdp, label=f"planner pod {case.p.topology}")
     wall = time.perf_counter() - t0
     flash, no_flash = case.plan(True), case.plan(False)
     res = PodCheck(case.config, c.topology, c.compile_s, case.donate, c.fits, flash.fits, no_flash.fits,
@@ -123,11 +135,9 @@ def compile_retargeted(case: VerdictCase, trace_fsdp: int = TRACE_FSDP) -> PodCh
 def compile_control(row: str = CONTROL[0], topology: str = CONTROL[1]) -> CompileResult:
     """``row``'s traced step compiled, with the same mesh, for another slice of as many chips (no planner side)."""
     case = pod_cases()[row]
-    small, big = meshes(case)
     if tpu.get_topology(topology).chips != tpu.get_topology(case.p.topology).chips:
         raise ValueError(f"topology={topology!r} must have the chips of {case.p.topology!r}")
-    c = tpu.compile_program(build_graph, trace_case(case), topology, donate=case.donate, retarget=(small, big),
-                            label=f"planner pod control {topology}")
+    c, _small, big = compile_step(case, topology, label=f"planner pod control {topology}")
     return CompileResult.read({**case.config, "topology": topology, "mesh": list(big)}, c)
 
 

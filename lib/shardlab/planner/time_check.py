@@ -112,10 +112,8 @@ def planner_terms(p: Plan) -> dict[str, Any]:
 def compile_row(key: str, layers: int | None = None, keep_hlo: Path | None = None) -> dict[str, Any]:
     """Compile row ``key``'s verdict step (at ``layers`` instead of the model's when given) for its slice, traced on
     this process's 8 devices (retargeted when the slice has more), and price it. Numbers only."""
-    from shardlab.core.case import build_graph
-    from shardlab.planner.pod import meshes, trace_case
+    from shardlab.planner.pod import compile_step
     from shardlab.planner.verdict import VerdictCase
-    from shardlab.profile import tpu
 
     cfg = config(key)
     case = VerdictCase(cfg, layers)
@@ -123,13 +121,8 @@ def compile_row(key: str, layers: int | None = None, keep_hlo: Path | None = Non
     if cfg.data * trace_fsdp * cfg.tensor != TRACE_DEVICES or cfg.fsdp % trace_fsdp:
         raise ValueError(f"{key}: data={cfg.data} x tensor={cfg.tensor} must divide the {TRACE_DEVICES} trace "
                          "devices and leave an fsdp degree dividing the row's")
-    small, big = meshes(case, trace_fsdp)
     t0 = time.perf_counter()
-    if small == big:
-        c = tpu.compile_program(build_graph, case, cfg.topology, donate=case.donate, label=f"planner time {key}")
-    else:
-        c = tpu.compile_program(build_graph, trace_case(case, trace_fsdp), cfg.topology, donate=case.donate,
-                                retarget=(small, big), label=f"planner time {key}")
+    c, small, big = compile_step(case, trace_fsdp=trace_fsdp, label=f"planner time {key}")
     out: dict[str, Any] = {"row": key, "layers": layers, "fits": c.fits, "compile_s": c.compile_s,
                            "wall_s": time.perf_counter() - t0, "trace_mesh": list(small), "target_mesh": list(big),
                            "oom": c.oom.first_line if c.oom else ""}
