@@ -183,7 +183,8 @@ class Recorder:
 def xla_totals() -> dict[str, Any]:
     """torch_xla's compile / execute totals of this process (``{}`` when torch_xla was never imported):
     ``{"CompileTime": {"count", "total_s"}, "ExecuteTime": {...}, "CachedCompile", "UncachedCompile"}``, plus
-    ``TpuCompileTime`` (the XLA:TPU compiles of :mod:`shardlab.profile.tpu`, cache hits excluded) and
+    ``TpuCompileTime`` (the XLA:TPU compiles of :mod:`shardlab.profile.tpu`, cache hits excluded; ``stored``: the
+    compiles the committed store served instead, :mod:`shardlab.profile.tpu_store`) and
     ``ProcessCpu`` (CPU seconds of this process and of its reaped children) — where a notebook's time went."""
     metrics = sys.modules.get("torch_xla.debug.metrics")
     if metrics is None:
@@ -191,7 +192,7 @@ def xla_totals() -> dict[str, Any]:
     out: dict[str, Any] = {}
     tpu = sys.modules.get("shardlab.profile.tpu")
     if tpu is not None:
-        out["TpuCompileTime"] = {"count": tpu.COMPILES, "total_s": tpu.COMPILE_S}
+        out["TpuCompileTime"] = {"count": tpu.COMPILES, "total_s": tpu.COMPILE_S, "stored": tpu.STORE_HITS}
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     out["ProcessCpu"] = {"self_s": own.ru_utime + own.ru_stime, "children_s": children.ru_utime + children.ru_stime}
     for name in ("CompileTime", "ExecuteTime"):

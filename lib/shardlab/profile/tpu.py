@@ -68,7 +68,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import cache
 from types import MappingProxyType
 from typing import Any, NamedTuple
@@ -80,6 +80,7 @@ from shardlab.formulas import hardware
 from shardlab.profile.hlo import HloModule, parse_hlo
 from shardlab.profile.stderr_filter import filtered_fd, filtered_stderr
 from shardlab.profile.tpu_memory import OutOfMemory, TpuMemory, parse_oom
+from shardlab.profile.tpu_store import StoredCompile, key_fields, key_of, load_stored, save_stored, store_mode
 from shardlab.profile.tpu_worker import worker_for
 
 PINS = {"jax": "0.7.1", "jaxlib": "0.7.1", "libtpu": "0.0.21"}
@@ -328,6 +329,7 @@ class TpuCompile:
     options: dict[str, Any] = field(default_factory=dict)  # disable_passes, debug_options
     cached: bool = False
     label: str = ""
+    stored: bool = False  # served from the committed store (shardlab.profile.tpu_store): cached, and no compile ran
 
     def _module(self) -> HloModule:
         if self.module is None:
@@ -596,6 +598,8 @@ CACHE_HITS = 0
 # ``xla.TpuCompileTime`` (where a notebook's time goes).
 COMPILES = 0
 COMPILE_S = 0.0
+# Compiles served from the committed store (shardlab.profile.tpu_store), also counted in CACHE_HITS.
+STORE_HITS = 0
 
 
 def compile_tensors(outputs: list[Any], topology: str = DEFAULT_TOPOLOGY, *, disable_passes: tuple[str, ...] = (),
@@ -637,7 +641,7 @@ def compile_tensors(outputs: list[Any], topology: str = DEFAULT_TOPOLOGY, *, dis
         )
     if not outputs:
         raise ValueError("outputs=[] : pass the tensors whose graph should be compiled")
-    check_backend()
+    versions = check_backend()
     debug_options = dict(debug_options or {})
     disable_passes = tuple(disable_passes)
     auto_spmd_mesh = tuple(auto_spmd_mesh) if auto_spmd_mesh else None
@@ -659,31 +663,69 @@ def compile_tensors(outputs: list[Any], topology: str = DEFAULT_TOPOLOGY, *, dis
     key = (bytes(torch_xla._XLAC._get_graph_hash(outputs)), hashlib.sha256(proto).hexdigest(), topology,
            disable_passes, tuple(sorted((k, repr(v)) for k, v in debug_options.items())), auto_spmd_mesh,
            tuple(output_shardings), tuple(sorted(aliases.items())), retarget)
-    global CACHE_HITS
+    global CACHE_HITS, STORE_HITS
     with _LOCK:
         if key in _CACHE:
             hit = _CACHE[key]
             CACHE_HITS += 1
-            return TpuCompile(**{**hit.__dict__, "cached": True, "label": label or hit.label})
-        t0 = time.perf_counter()
-        try:
-            exe = _compile_proto(proto, topo, disable_passes, debug_options, auto_spmd_mesh, output_shardings,
-                                 aliases, retarget)
-        except Exception as e:  # XlaRuntimeError; only out-of-memory becomes data
-            oom = parse_oom(str(e))
-            if oom is None:
-                raise
-            result = TpuCompile(topology, topo.chips, False, time.perf_counter() - t0, None, None, None, oom,
-                                {}, options, False, label)
+            return TpuCompile(**{**hit.__dict__, "cached": True, "stored": False, "label": label or hit.label})
+        mode = store_mode()
+        fields = key_fields(versions, proto, topology, {
+            "disable_passes": list(disable_passes), "debug_options": debug_options,
+            "auto_spmd_mesh": auto_spmd_mesh, "output_shardings": output_shardings,
+            "aliases": sorted(aliases.items()), "retarget": retarget})
+        entry = load_stored(key_of(fields)) if mode == "read" else None
+        if entry is not None:
+            STORE_HITS += 1
+            CACHE_HITS += 1
+            result = _from_entry(entry, topology, topo, options, label)
         else:
-            compile_s = time.perf_counter() - t0
-            text = exe.hlo_modules()[0].to_string()
-            memory = TpuMemory.from_stats(exe.get_compiled_memory_stats(), topo.hbm_bytes)
-            result = TpuCompile(topology, topo.chips, True, compile_s, text, parse_hlo(text), memory, None,
-                                _cost(exe), options, False, label)
+            result, error = _compile_live(proto, topology, topo, disable_passes, debug_options, auto_spmd_mesh,
+                                          output_shardings, aliases, retarget, options, label)
+            if mode == "write":
+                save_stored(StoredCompile(fields, proto, result.hlo_text, error,
+                                          asdict(result.memory) if result.memory else None, result.cost,
+                                          result.compile_s, label))
         _CACHE[key] = result
         _count_compile(result)
         return result
+
+
+def _compile_live(proto: bytes, topology: str, topo: Topology, disable_passes: tuple[str, ...],
+                  debug_options: dict[str, Any], auto_spmd_mesh: tuple[int, ...] | None,
+                  output_shardings: list[str], aliases: dict[int, int],
+                  retarget: tuple[tuple[int, ...], tuple[int, ...]] | None, options: dict[str, Any], label: str
+                  ) -> tuple[TpuCompile, str | None]:
+    """Run the compiler; the result and, when it ran out of memory, its message."""
+    t0 = time.perf_counter()
+    try:
+        exe = _compile_proto(proto, topo, disable_passes, debug_options, auto_spmd_mesh, output_shardings,
+                             aliases, retarget)
+    except Exception as e:  # XlaRuntimeError; only out-of-memory becomes data
+        oom = parse_oom(str(e))
+        if oom is None:
+            raise
+        return TpuCompile(topology, topo.chips, False, time.perf_counter() - t0, None, None, None, oom,
+                          {}, options, False, label), str(e)
+    compile_s = time.perf_counter() - t0
+    text = exe.hlo_modules()[0].to_string()
+    memory = TpuMemory.from_stats(exe.get_compiled_memory_stats(), topo.hbm_bytes)
+    return TpuCompile(topology, topo.chips, True, compile_s, text, parse_hlo(text), memory, None, _cost(exe),
+                      options, False, label), None
+
+
+def _from_entry(entry: StoredCompile, topology: str, topo: Topology, options: dict[str, Any], label: str
+                ) -> TpuCompile:
+    """A stored compile as the live one would have returned it, marked ``cached`` (it measured no time)."""
+    if entry.text is None:
+        oom = parse_oom(entry.error or "")
+        if oom is None:
+            raise ValueError(f"the stored compile {label!r} holds neither a program nor an out-of-memory message")
+        return TpuCompile(topology, topo.chips, False, entry.compile_s, None, None, None, oom, {}, options, True,
+                          label, stored=True)
+    return TpuCompile(topology, topo.chips, True, entry.compile_s, entry.text, parse_hlo(entry.text),
+                      TpuMemory(**entry.memory) if entry.memory else None, None, dict(entry.cost), options, True,
+                      label, stored=True)
 
 
 def _count_compile(result: TpuCompile) -> None:
@@ -730,8 +772,34 @@ def compile_program(build: Callable[[Any], list[Any] | Step], cfg: Any, topology
         world = None
     if world is not None and world.num_devices == chips:
         return compile_built(build(cfg), topology, **opts)
-    global CACHE_HITS
+    global CACHE_HITS, STORE_HITS
     result = worker_for(chips).compile(build, cfg, topology, opts)
-    CACHE_HITS += int(result.cached)  # served from the worker's cache
+    CACHE_HITS += int(result.cached)  # served from the worker's cache or the store
+    STORE_HITS += int(result.stored)
     _count_compile(result)
     return result
+
+
+def recompile_stored(entry: StoredCompile) -> list[str]:
+    """Compile a stored entry's proto live with its options and compare with what it holds (program text, memory,
+    cost analysis, out-of-memory message); the differences, empty when the store holds what the compiler says."""
+    versions = check_backend()
+    if entry.fields["versions"] != dict(sorted(versions.items())):
+        return [f"stored with {entry.fields['versions']}, this process has {versions}"]
+    o = entry.fields["options"]
+    topo = get_topology(entry.fields["topology"])
+    retarget = tuple(tuple(m) for m in o["retarget"]) if o["retarget"] else None
+    live, error = _compile_live(entry.proto, entry.fields["topology"], topo, tuple(o["disable_passes"]),
+                                dict(o["debug_options"]), tuple(o["auto_spmd_mesh"]) if o["auto_spmd_mesh"] else None,
+                                list(o["output_shardings"]), {int(k): int(v) for k, v in o["aliases"]},
+                                retarget, {}, entry.label)  # type: ignore[arg-type]
+    diffs = []
+    if live.hlo_text != entry.text:
+        diffs.append("program text")
+    if (asdict(live.memory) if live.memory else None) != entry.memory:
+        diffs.append(f"memory: live {live.memory}, stored {entry.memory}")
+    if live.cost != entry.cost:
+        diffs.append("cost analysis")
+    if error != entry.error:
+        diffs.append(f"out-of-memory message: live {error!r}, stored {entry.error!r}")
+    return diffs

@@ -1,0 +1,118 @@
+"""A committed store of XLA:TPU compile results, keyed by everything that decides them.
+
+Design
+------
+Compile-only XLA:TPU is a pure function of its inputs: the libtpu build (and the JAX that drives it), the
+pre-partitioning HLO proto torch_xla lowered, the topology and the compile options. Measured: the same inputs
+give the same per-chip program text, memory statistics and cost analysis byte for byte in every process and
+checkout (the baselines compare them exactly; a torch_xla proto is the same bytes whatever the process traced
+before it). The report runs every notebook at its defaults, so it hands the compiler the same few dozen inputs
+each time and spends most of its compile seconds recomputing known outputs.
+
+This module keeps those outputs in ``data/tpu_store/<key>.json.xz``, one file per compile:
+``key = sha256`` of ``[libtpu, jax, jaxlib versions, sha256(proto), topology, the options]``, and the entry holds
+the proto itself, the program text (or the out-of-memory message), the memory statistics, the cost analysis and
+the seconds the compile took when it was stored. A change anywhere in the library that changes what is compiled
+changes the proto, misses, and compiles live — the store never stands between the suite and a regression of its
+own code; what it skips is asking the pinned compiler again for an answer it already gave. Everything read from
+the program (collectives, estimates, verdicts) is still computed from the stored text in the notebook.
+
+Modes (environment ``SHARDLAB_TPU_STORE``, read at each compile):
+
+- ``read`` (the default): serve a stored entry, compile a miss live (not stored);
+- ``off``: compile everything live — what the report costs without the store;
+- ``write``: compile everything live and store it (``python tools/tpu_store.py refresh`` runs the report so).
+
+A served result is a cache hit (``TpuCompile.cached``): no compile seconds are counted for it
+(``tpu.COMPILES``/``COMPILE_S``, and the record's ``xla.TpuCompileTime``); ``tpu.STORE_HITS`` counts them, and the
+report says how many compiles each notebook was served. ``tools/tpu_store.py verify`` recompiles every stored
+proto live and compares text, memory and cost exactly; the test suite does it for the cheapest entries.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import lzma
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+STORE_DIR = Path(__file__).resolve().parents[3] / "data" / "tpu_store"
+ENV = "SHARDLAB_TPU_STORE"
+MODES = ("read", "off", "write")
+SCHEMA = 1
+
+
+def store_mode() -> str:
+    """The store's mode from ``SHARDLAB_TPU_STORE`` (``read`` when unset); a bad value is refused by name."""
+    value = os.environ.get(ENV, "read").strip().lower() or "read"
+    if value not in MODES:
+        raise ValueError(f"{ENV}={os.environ.get(ENV)!r} is not one of {', '.join(MODES)}")
+    return value
+
+
+def key_fields(versions: dict[str, str], proto: bytes, topology: str, options: dict[str, Any]) -> dict[str, Any]:
+    """Everything that decides a compile's result, as JSON-able values (``options``: disable_passes,
+    debug_options, auto_spmd_mesh, output_shardings, aliases, retarget)."""
+    return {"schema": SCHEMA, "versions": dict(sorted(versions.items())),
+            "proto_sha256": hashlib.sha256(proto).hexdigest(), "topology": topology,
+            "options": json.loads(json.dumps(options, sort_keys=True, default=repr))}
+
+
+def key_of(fields: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass
+class StoredCompile:
+    """One stored compile (``text`` None and ``error`` the compiler's message when it ran out of memory)."""
+
+    fields: dict[str, Any]
+    proto: bytes
+    text: str | None
+    error: str | None
+    memory: dict[str, Any] | None  # shardlab.profile.tpu_memory.TpuMemory's fields
+    cost: dict[str, float]
+    compile_s: float
+    label: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["proto"] = base64.b64encode(self.proto).decode()
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StoredCompile:
+        return cls(**{**data, "proto": base64.b64decode(data["proto"])})
+
+
+def path_of(key: str, store: Path | None = None) -> Path:
+    return (store or STORE_DIR) / f"{key}.json.xz"
+
+
+def load_stored(key: str, store: Path | None = None) -> StoredCompile | None:
+    """The stored entry under ``key``, or None."""
+    path = path_of(key, store)
+    if not path.is_file():
+        return None
+    return StoredCompile.from_json(json.loads(lzma.decompress(path.read_bytes())))
+
+
+def save_stored(entry: StoredCompile, store: Path | None = None) -> Path:
+    """Write ``entry`` under its key (atomically: several processes store at once during a refresh)."""
+    path = path_of(key_of(entry.fields), store)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_bytes(lzma.compress(json.dumps(entry.to_json(), sort_keys=True).encode(), preset=6))
+    tmp.replace(path)
+    return path
+
+
+def stored_compiles(store: Path | None = None) -> list[tuple[str, StoredCompile]]:
+    """Every stored entry with its file's key, in key order."""
+    d = store or STORE_DIR
+    return [(p.name.removesuffix(".json.xz"), load_stored(p.name.removesuffix(".json.xz"), d))  # type: ignore[misc]
+            for p in sorted(d.glob("*.json.xz"))] if d.is_dir() else []
