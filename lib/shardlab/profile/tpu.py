@@ -670,7 +670,8 @@ def compile_tensors(outputs: list[Any], topology: str = DEFAULT_TOPOLOGY, *, dis
             CACHE_HITS += 1
             return TpuCompile(**{**hit.__dict__, "cached": True, "stored": False, "label": label or hit.label})
         mode = store_mode()
-        fields = key_fields(versions, proto, topology, {
+        fields = key_fields(versions, _backend().XlaComputation(proto).as_hlo_text(print_large_constants=True),
+                            topology, {
             "disable_passes": list(disable_passes), "debug_options": debug_options,
             "auto_spmd_mesh": auto_spmd_mesh, "output_shardings": output_shardings,
             "aliases": sorted(aliases.items()), "retarget": retarget})
@@ -786,6 +787,9 @@ def recompile_stored(entry: StoredCompile) -> list[str]:
     versions = check_backend()
     if entry.fields["versions"] != dict(sorted(versions.items())):
         return [f"stored with {entry.fields['versions']}, this process has {versions}"]
+    program = _backend().XlaComputation(entry.proto).as_hlo_text(print_large_constants=True)
+    if hashlib.sha256(program.encode()).hexdigest() != entry.fields["program_sha256"]:
+        return ["the stored proto is not the program its key names"]
     o = entry.fields["options"]
     topo = get_topology(entry.fields["topology"])
     retarget = tuple(tuple(m) for m in o["retarget"]) if o["retarget"] else None

@@ -10,7 +10,10 @@ before it). The report runs every notebook at its defaults, so it hands the comp
 each time and spends most of its compile seconds recomputing known outputs.
 
 This module keeps those outputs in ``data/tpu_store/<key>.json.xz``, one file per compile:
-``key = sha256`` of ``[libtpu, jax, jaxlib versions, sha256(proto), topology, the options]``, and the entry holds
+``key = sha256`` of ``[libtpu, jax, jaxlib versions, sha256(program), topology, the options]``, where the program
+is the proto's HLO text with every constant printed: measured, a proto holding a JAX-lowered call (torchax,
+``shard_as``) carries the checkout's source paths in a table the text does not print, so the raw bytes differ
+between two clones of the same commit while the program does not. The entry holds
 the proto itself, the program text (or the out-of-memory message), the memory statistics, the cost analysis and
 the seconds the compile took when it was stored. A change anywhere in the library that changes what is compiled
 changes the proto, misses, and compiles live — the store never stands between the suite and a regression of its
@@ -54,11 +57,12 @@ def store_mode() -> str:
     return value
 
 
-def key_fields(versions: dict[str, str], proto: bytes, topology: str, options: dict[str, Any]) -> dict[str, Any]:
-    """Everything that decides a compile's result, as JSON-able values (``options``: disable_passes,
-    debug_options, auto_spmd_mesh, output_shardings, aliases, retarget)."""
+def key_fields(versions: dict[str, str], program: str, topology: str, options: dict[str, Any]) -> dict[str, Any]:
+    """Everything that decides a compile's result, as JSON-able values: ``program`` is the proto's HLO text with
+    every constant printed (``options``: disable_passes, debug_options, auto_spmd_mesh, output_shardings, aliases,
+    retarget)."""
     return {"schema": SCHEMA, "versions": dict(sorted(versions.items())),
-            "proto_sha256": hashlib.sha256(proto).hexdigest(), "topology": topology,
+            "program_sha256": hashlib.sha256(program.encode()).hexdigest(), "topology": topology,
             "options": json.loads(json.dumps(options, sort_keys=True, default=repr))}
 
 
