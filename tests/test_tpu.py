@@ -28,6 +28,12 @@ def tpu(xla_world):  # type: ignore[no-untyped-def]
     return tpu
 
 
+@pytest.fixture(autouse=True)
+def live_compiles(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """These tests are about the compiler: never serve them from the committed store (test_tpu_store.py)."""
+    monkeypatch.setenv("SHARDLAB_TPU_STORE", "off")
+
+
 def test_backend_pins_and_private_names(tpu, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     assert tpu.check_backend() == tpu.PINS == {"jax": "0.7.1", "jaxlib": "0.7.1", "libtpu": "0.0.21"}
     b = tpu._backend()

@@ -129,10 +129,13 @@ def cmd_report(args: argparse.Namespace) -> int:
         wall = f"{r.execution.wall_s:6.1f} s" if r.execution else "     — "
         comp = f"compile {r.compile_s:5.1f} s" if r.compile_s is not None else ""
         tpu = f"tpu {r.tpu_compile_s:5.1f} s" if r.tpu_compile_s is not None else ""
+        tpu += f" +{r.tpu_stored} stored" if r.tpu_stored else ""
         cpu = f"cpu {r.cpu_s:5.1f} s" if r.cpu_s is not None else ""
-        print(f"  {r.status:9s} {wall} {comp:16s} {tpu:12s} {cpu:12s} {r.stem}  {'; '.join(r.reasons)}")
+        print(f"  {r.status:9s} {wall} {comp:16s} {tpu:22s} {cpu:12s} {r.stem}  {'; '.join(r.reasons)}")
     print(f"baseline {report.baseline_state}: {report.baseline_path}")
     print(f"report {report.floor_line()}")
+    if report.store_line():
+        print(f"  {report.store_line()}")
     for note in report.notes:
         print(f"  note: {note}")
     return report.exit_status

@@ -85,6 +85,18 @@ class NotebookResult:
         return float(ct["total_s"]) if ct else None
 
     @property
+    def tpu_live(self) -> int | None:
+        """XLA:TPU compiles the notebook ran (cache hits and store hits excluded)."""
+        ct = self.xla.get("TpuCompileTime")
+        return int(ct["count"]) if ct else None
+
+    @property
+    def tpu_stored(self) -> int | None:
+        """XLA:TPU compiles the committed store served the notebook (``shardlab.profile.tpu_store``)."""
+        ct = self.xla.get("TpuCompileTime")
+        return int(ct.get("stored", 0)) if ct else None
+
+    @property
     def cpu_s(self) -> float | None:
         """CPU seconds of the notebook's kernel and the children it reaped (gloo ranks, TPU workers)."""
         cpu = self.xla.get("ProcessCpu")
@@ -126,6 +138,20 @@ class Report:
     def floor_summary(self) -> dict[str, Any] | None:
         """The floor and the ratio of this run's wall to it (None when not measured)."""
         return None if self.floor is None else self.floor.as_dict(self.wall_s)
+
+    def store_line(self) -> str | None:
+        """How many XLA:TPU compiles ran live and how many the committed store served (None: no TPU compile)."""
+        live = sum(r.tpu_live or 0 for r in self.results)
+        stored = sum(r.tpu_stored or 0 for r in self.results)
+        if not live and not stored:
+            return None
+        secs = sum(r.tpu_compile_s or 0.0 for r in self.results)
+        missed = [r.stem for r in self.results if r.tpu_live and r.tpu_stored is not None]
+        line = (f"XLA:TPU compiles: {live} live ({secs:.1f} s), {stored} served from the committed store "
+                f"(data/tpu_store, keyed by libtpu, the program, the topology and the options)")
+        if missed and stored:
+            line += f"; compiled live in {', '.join(missed)} (not stored: python tools/tpu_store.py refresh)"
+        return line
 
     def floor_line(self) -> str:
         """``wall W s, floor F s (N notebooks × k s ÷ jobs), ratio R``, or the wall alone without a floor."""

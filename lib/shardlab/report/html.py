@@ -108,7 +108,12 @@ def floor_paragraph(report: Report) -> str:
     """The run's wall beside its floor, both measured in this run (:mod:`shardlab.report.floor`)."""
     how = ("floor = notebooks × (kernel start + <code>import torch_xla</code>, the median of bare kernels timed "
            "in the same pool before the first notebook) ÷ jobs; the wall includes those probes")
-    return f"<p id='floor'><b>{esc(report.floor_line())}</b><br><span class='muted'>{how}</span></p>"
+    store = report.store_line()
+    store_html = (f"<br>{esc(store)}. <span class='muted'>A stored compile is the pinned compiler's answer to the same "
+                  "program, recorded by <code>python tools/tpu_store.py refresh</code>; a program the library now "
+                  "builds differently misses and compiles live. <code>SHARDLAB_TPU_STORE=off</code> compiles every "
+                  "program live.</span>" if store else "")
+    return f"<p id='floor'><b>{esc(report.floor_line())}</b>{store_html}<br><span class='muted'>{how}</span></p>"
 
 
 def wall_chart(report: Report) -> str:

@@ -60,6 +60,7 @@ def write_manifest(out: Path, options: ReportOptions, started: float, results: l
             "argv": sys.argv, "profile": options.profile, "exit_status": exit_status, "floor": floor,
             "notebooks": [{"stem": r.stem, "status": r.status, "reasons": r.reasons,
                            "wall_s": r.execution.wall_s if r.execution else None, "compile_s": r.compile_s,
-                           "tpu_compile_s": r.tpu_compile_s, "cpu_s": r.cpu_s,
+                           "tpu_compile_s": r.tpu_compile_s, "tpu_live": r.tpu_live, "tpu_stored": r.tpu_stored,
+                           "cpu_s": r.cpu_s,
                            "html": r.html} for r in (results or [])]}
     (out / "run.json").write_text(json.dumps(data, indent=1))
