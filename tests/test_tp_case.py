@@ -199,6 +199,11 @@ def test_record_compile_s_and_merge() -> None:
     r = Recorder("v")
     cached = View("tpu", detail=SimpleNamespace(compile_s=9.0, cached=True))
     assert harness.record_compile_s(r, "z.compile_s", cached) == {} and r.data["notes"]
+    # one served from the committed store: the seconds measured when it was stored, and a note that says so
+    r = Recorder("w")
+    stored = View("tpu", detail=SimpleNamespace(compile_s=2.5, cached=True, stored=True))
+    assert harness.record_compile_s(r, "s.compile_s", stored) == {"tpu": 2.5}
+    assert any("committed store" in n["detail"] for n in r.data["notes"])
     with pytest.raises(ValueError, match="one source"):
         merge(View("hlo"), View("tpu"))
     with pytest.raises(ValueError, match=r"both have \['a'\]"):
