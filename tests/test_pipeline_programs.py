@@ -261,13 +261,16 @@ def test_a_gloo_rank_unpickles_its_programs_without_torch_xla(xla_world) -> None
     import sys
 
     from shardlab.core import harness
+    from shardlab.fsdp.params import FsdpParams
+    from shardlab.fsdp.torch_ref import TorchFsdpCase
     from shardlab.pipeline.case import ScheduleCase
     from shardlab.pipeline.params import PipelineParams
     from shardlab.tp.case import MlpCase
     from shardlab.tp.params import MlpParams
 
     blobs = [pickle.dumps(harness.run_programs)]  # what each rank runs: the cases' programs, then references
-    for case in (ScheduleCase(PipelineParams(), "1f1b"), MlpCase(MlpParams(tp=4), backward=True)):
+    for case in (ScheduleCase(PipelineParams(), "1f1b"), MlpCase(MlpParams(tp=4), backward=True),
+                 TorchFsdpCase(FsdpParams(world_size=2))):
         blobs.append(pickle.dumps(harness._groups(case)[0]))
         ref = case.reference_program()
         if ref is not None:

@@ -14,7 +14,8 @@ Each case holds its notebook's parameters ``p`` (:mod:`shardlab.core.params`: ``
     UnshardCase(p, shape, spec)      one parameter annotated ``spec`` on the (fsdp, replica) mesh, then replicated:
                                      the collectives of that unshard (05b's annotation exercise), hlo, tpu
 
-plus :func:`torch_fsdp` (PyTorch's FSDP1 and FSDP2 on gloo against a FlatCase's ledger) and the notebooks'
+plus :func:`torch_fsdp` (PyTorch's FSDP1 and FSDP2 as a case's reference program, which ``harness.gloo`` runs
+after FlatUnit in the same gloo processes, against a FlatCase's ledger) and the notebooks'
 tables. GSPMD values are named ``step.<kind>.{count,bytes}`` with kind ``all_gather`` / ``unshard_all_reduce``
 (the two forms an unshard takes), ``reduce_scatter`` (the gradient reduction whatever its lowering — XLA:CPU:
 all-reduce + dynamic-slice; XLA:TPU: an ``all-reduce-scatter`` fusion or an all-reduce, combined),
@@ -36,7 +37,7 @@ import gc
 import math
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar
 
 import pandas as pd
@@ -46,14 +47,14 @@ from pandas.io.formats.style import Styler
 from torch import nn
 
 from shardlab import runtime
-from shardlab.comm import DistributedWorld, Ledger
+from shardlab.comm import Ledger
 from shardlab.core import harness
 from shardlab.core.case import Case, Checks, Step
 from shardlab.core.views import View
 from shardlab.formulas import fsdp as ffsdp
 from shardlab.fsdp import gspmd  # imports torch_xla: fsdp.case is imported after runtime.setup()
 from shardlab.fsdp.params import FsdpParamsBase
-from shardlab.fsdp.torch_ref import flat_param_handle_shards, torch_fsdp_both_program
+from shardlab.fsdp.torch_ref import TorchFsdpCase, flat_param_handle_shards
 from shardlab.fsdp.train import ELEM_BYTES, LR, FlatCase, linear_shapes, make_batch, make_model
 from shardlab.profile.hlo import HloModule
 
@@ -86,8 +87,12 @@ def torch_fsdp(case: FlatCase) -> View:
     trained shard ours; FSDP2 issues the same collectives per unit and phase with per-parameter payloads (each
     parameter's dim-0 shard padded to ceil(d0 / N)), its reduce-scatters in another order."""
     w = case.p.world_size
-    both = DistributedWorld(w).run(torch_fsdp_both_program, case)
+    run = harness.gloo(TorchFsdpCase(**{f.name: getattr(case, f.name) for f in fields(case)}))
+    both = run["reference"]
     view = harness.ledger(case)
+    view.checks["gloo.flat_unit_ledger"] = (
+        _rows(run["ledger"]) == _rows(view.detail["ledger"]),
+        f"FlatUnit in {w} gloo processes issues the simulated ledger's {len(run['ledger'])} collectives row by row")
     plan, ours, one = view.detail["plans"][""], view.detail["ranks"], view.detail["one_step"]
     t1 = [b[0] for b in both]
     t2 = [b[1] for b in both]

@@ -30,7 +30,8 @@ import gc
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -45,6 +46,9 @@ from shardlab.comm import Comm, Ledger, LedgerEntry, current_phase, ring_wire_by
 from shardlab.comm.ledger import dtype_name
 from shardlab.fsdp.train import INNER, FlatCase, check_world
 from shardlab.profile.stderr_filter import filtered_stderr
+
+if TYPE_CHECKING:  # a rank unpickles this module: it imports no more than it needs
+    from shardlab.core.case import Program
 
 # torch.distributed function -> (our op name, how to find the tensor this rank hands over)
 _LOGGED = {
@@ -142,6 +146,17 @@ def torch_fsdp2_program(comm: Comm, case: FlatCase) -> dict[str, Any]:
 def torch_fsdp_both_program(comm: Comm, case: FlatCase) -> tuple[dict[str, Any], dict[str, Any]]:
     """FSDP1 then FSDP2 in the same processes: one spawn instead of two (process start-up dominates)."""
     return torch_fsdp1_program(comm, case), torch_fsdp2_program(comm, case)
+
+
+@dataclass(frozen=True)
+class TorchFsdpCase(FlatCase):
+    """A :class:`FlatCase` whose real-process run (``shardlab.core.harness.gloo``) also trains the same model with
+    PyTorch's FSDP1 and FSDP2, in the same gloo processes right after FlatUnit: the framework's own implementation
+    as the case's reference program. It lives here, not beside the notebook's helpers, because each rank unpickles
+    the case by its module and this one imports no torch_xla."""
+
+    def reference_program(self) -> Program:
+        return (torch_fsdp_both_program, (self,))
 
 
 def flat_param_handle_shards(module: nn.Module, world_size: int, use_orig_params: bool = False) -> list[dict[str, Any]]:
