@@ -315,6 +315,29 @@ def test_floor_arithmetic() -> None:
         Floor(16, 2, ())
 
 
+def test_store_line_counts_live_and_stored_tpu_compiles() -> None:
+    """Per notebook, the record's ``xla.TpuCompileTime`` (count, total_s, stored): the report's line sums them by
+    hand and names the notebooks that compiled live."""
+    from types import SimpleNamespace
+
+    from shardlab.report.datatypes import NotebookResult, Report
+
+    def result(stem: str, xla: dict[str, Any] | None) -> NotebookResult:
+        return NotebookResult(stem, "passed", [], None, {"xla": xla} if xla else None, None)
+
+    rs = [result("01_a", {"TpuCompileTime": {"count": 0, "total_s": 0.0, "stored": 5}}),
+          result("02_b", {"TpuCompileTime": {"count": 2, "total_s": 1.5, "stored": 3}}),
+          result("03_c", {"TpuCompileTime": {"count": 1, "total_s": 0.25}}),   # a record from before the store
+          result("04_d", None)]
+    assert [(r.tpu_live, r.tpu_stored, r.tpu_compile_s) for r in rs] == [
+        (0, 5, 0.0), (2, 3, 1.5), (1, 0, 0.25), (None, None, None)]
+    report = SimpleNamespace(results=rs)
+    line = Report.store_line(report)  # type: ignore[arg-type]
+    assert line is not None and line.startswith("XLA:TPU compiles: 3 live (1.8 s), 8 served from the committed store")
+    assert line.endswith("compiled live in 02_b, 03_c (not stored: python tools/tpu_store.py refresh)")
+    assert Report.store_line(SimpleNamespace(results=[rs[-1]])) is None  # type: ignore[arg-type]
+
+
 def test_page_and_terminal_state_wall_and_floor_of_the_same_run(nbs: Path, tmp_path: Path, capsys: Any,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """Fake probes (no timing): k = median(3, 4) = 3.5 s, 2 notebooks, 2 jobs -> floor 3.5 s; the wall is the run's

@@ -73,28 +73,31 @@ class NotebookResult:
         """What torch_xla compiled and executed in the notebook (``Recorder.close`` writes it)."""
         return dict((self.record or {}).get("xla") or {})
 
+    def _xla_total(self, metric: str, key: str) -> float | None:
+        """``xla[metric][key]`` of the record (0 when the metric lacks the key), None without the metric."""
+        ct = self.xla.get(metric)
+        return float(ct.get(key, 0)) if ct else None
+
     @property
     def compile_s(self) -> float | None:
-        ct = self.xla.get("CompileTime")
-        return float(ct["total_s"]) if ct else None
+        return self._xla_total("CompileTime", "total_s")
 
     @property
     def tpu_compile_s(self) -> float | None:
         """Seconds of XLA:TPU compiles (compile-only, cache hits excluded) in the notebook."""
-        ct = self.xla.get("TpuCompileTime")
-        return float(ct["total_s"]) if ct else None
+        return self._xla_total("TpuCompileTime", "total_s")
 
     @property
     def tpu_live(self) -> int | None:
         """XLA:TPU compiles the notebook ran (cache hits and store hits excluded)."""
-        ct = self.xla.get("TpuCompileTime")
-        return int(ct["count"]) if ct else None
+        n = self._xla_total("TpuCompileTime", "count")
+        return None if n is None else int(n)
 
     @property
     def tpu_stored(self) -> int | None:
         """XLA:TPU compiles the committed store served the notebook (``shardlab.profile.tpu_store``)."""
-        ct = self.xla.get("TpuCompileTime")
-        return int(ct.get("stored", 0)) if ct else None
+        n = self._xla_total("TpuCompileTime", "stored")
+        return None if n is None else int(n)
 
     @property
     def cpu_s(self) -> float | None:
