@@ -11,9 +11,10 @@ each time and spends most of its compile seconds recomputing known outputs.
 
 This module keeps those outputs in ``data/tpu_store/<key>.json.xz``, one file per compile:
 ``key = sha256`` of ``[libtpu, jax, jaxlib versions, sha256(program), topology, the options]``, where the program
-is the proto's HLO text with every constant printed: measured, a proto holding a JAX-lowered call (torchax,
-``shard_as``) carries the checkout's source paths in a table the text does not print, so the raw bytes differ
-between two clones of the same commit while the program does not. The entry holds
+is the proto's HLO text with every constant printed. Measured: the protos of notebook 10's ring step and 12's
+inspect step (each with a JAX-style ``main.N`` sub-computation) differ between two clones of the same commit while
+their text is identical, so the raw bytes are not a key; a proto of plain torch_xla ops is the same bytes in every
+process and checkout. The entry holds
 the proto itself, the program text (or the out-of-memory message), the memory statistics, the cost analysis and
 the seconds the compile took when it was stored. A change anywhere in the library that changes what is compiled
 changes the proto, misses, and compiles live — the store never stands between the suite and a regression of its
