@@ -17,7 +17,7 @@ their text is identical, so the raw bytes are not a key; a proto of plain torch_
 process and checkout. The entry holds
 the proto itself, the program text (or the out-of-memory message), the memory statistics, the cost analysis and
 the seconds the compile took when it was stored. A change anywhere in the library that changes what is compiled
-changes the proto, misses, and compiles live — the store never stands between the suite and a regression of its
+changes the program, misses, and compiles live — the store never stands between the suite and a regression of its
 own code; what it skips is asking the pinned compiler again for an answer it already gave. Everything read from
 the program (collectives, estimates, verdicts) is still computed from the stored text in the notebook.
 
