@@ -106,6 +106,8 @@ def test_compile_seconds_skip_cached_and_formula_views() -> None:
     got = harness.compile_seconds({"x": {"formula": View("formula", detail={"g": 1}), "tpu": tpu_two}},
                                   ("frame", [View("tpu", detail=c), skipped]), None, c)
     assert got == (1.5 + 0.25 + 0.25, 4)  # b served from the cache adds 0 s; c counted each time it is passed
+    stored = TpuCompile("v5e-8", 8, True, 3.0, None, None, None, None, cached=True, stored=True)
+    assert harness.compile_seconds([a, stored]) == (1.5 + 3.0, 2)  # the store's: the seconds measured when stored
 
 
 def test_update_memory_by_hand() -> None:

@@ -58,6 +58,7 @@ if TYPE_CHECKING:
 # 2-core reference machine spends minutes per compile. TPU counts are whatever the host has.
 MAX_CPU_DEVICES = 64
 DUMP_MODULE_RE = "SyncTensorsGraph"
+FAST_CPU_COMPILE = "--xla_backend_optimization_level=0"
 # `import nbformat` (papermill's, and plotly's the first time a figure is shown in a kernel) pulls jsonschema's
 # optional rfc3987_syntax, which builds ~40 lark grammars at import time: measured 1.7-1.8 s of CPU per process
 # here (3.7 s of papermill's 4.8 s import on a slower machine). Neither nbformat nor plotly validates IRI formats,
@@ -70,7 +71,6 @@ def hide_slow_modules() -> None:
     """Make :data:`SLOW_OPTIONAL_MODULES` unimportable in this process (no effect on one already imported)."""
     for name in SLOW_OPTIONAL_MODULES:
         sys.modules.setdefault(name, None)  # type: ignore[assignment]
-FAST_CPU_COMPILE = "--xla_backend_optimization_level=0"
 
 
 @dataclass(frozen=True)

@@ -465,12 +465,13 @@ xfig.show()
 # - **context**: the compiled step is compute-bound at every swept L, from 32 positions per chip, on all three
 #   generations, where the book puts L* at 575 (v5e), 446 (v5p) and 1,339 (v6e) and the formula's columns cross at
 #   1,024, 512 and 2,048. The wire is not smaller than the formula's (equal or larger); the compute is far larger:
-#   this eager attention materialises the [L, s] scores, and its softmax and layout kernels are HBM-bound — 52×
-#   the FLOP roofline at L 32 on v5e, still 7–17× at L 2048. A flash kernel would bring the compute towards the
-#   roofline and the book's L* back. What the partitioner emitted: K and V all-gathered (part of it overlapped:
-#   75–83 % of the wire stays exposed), and their gradients reduce-scattered as the formula counts — except where
-#   XLA:TPU chose otherwise: at small L on v5e one gradient all-reduced and one reduce-scattered, on v6e both in one
-#   combined reduce-scatter, and on v5p at every L one all-reduce of both gradients, 1.5× the formula's bytes;
+#   this eager attention materialises the [L, s] scores, and its softmax and layout kernels are HBM-bound — the
+#   compiler's compute is 51× the FLOP roofline at L 32 on v5e, still 6.7–17× at L 2048. A flash kernel would bring
+#   the compute towards the roofline and the book's L* back. What the partitioner emitted: K and V all-gathered
+#   (part of it overlapped: 75–83 % of the wire stays exposed), and their gradients reduce-scattered as the formula
+#   counts — except where XLA:TPU chose otherwise: on v5e at L ≤ 128 one gradient all-reduced and one
+#   reduce-scattered (1.25× the formula's bytes), at L 256 on v5e and L ≤ 512 on v6e both in one combined
+#   reduce-scatter, and on v5p at every L one all-reduce of both gradients, 1.5× the formula's bytes;
 # - **expert**: GSPMD emitted exactly the four all-to-alls (dispatch and combine, forward and backward) plus the
 #   all-reduce of the replicated router's gradient; none is asynchronous, so the exposed time is the whole wire
 #   time at every point. The compiler crosses at the smallest width swept (128) on every generation, the formula

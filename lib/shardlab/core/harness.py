@@ -399,27 +399,33 @@ def _compiles(obj: Any) -> Iterable[TpuCompile]:
             yield from _compiles(v)
 
 
+def measured(compile: Any) -> bool:
+    """Whether a compile's ``compile_s`` measures a compile: one it ran (or a worker ran), or one served from the
+    committed store (``shardlab.profile.tpu_store``: the seconds it took when stored) — not a hit of this process's
+    cache, which took no time. The rule of :func:`compile_seconds` and :func:`record_compile_s`."""
+    return not getattr(compile, "cached", False) or getattr(compile, "stored", False)
+
+
 def compile_seconds(*results: Any) -> tuple[float, int]:
     """XLA:TPU compile seconds behind ``results`` (tpu views, compiles, or dicts / lists of them) and the number
-    of compiles, with :func:`record_compile_s`'s rule: a compile served from a cache measured nothing, adds 0 s."""
+    of compiles; a compile that measured nothing (:func:`measured`) adds 0 s."""
     comps = list(_compiles(results))
-    return sum(c.compile_s for c in comps if not c.cached), len(comps)
+    return sum(c.compile_s for c in comps if measured(c)), len(comps)
 
 
 def record_compile_s(rec: Recorder, name: str, *views: View) -> dict[str, float]:
     """Record the compile seconds behind compiler views as timings ``name``: an ``hlo`` view's XLA:CPU compile
     (source ``metrics``: torch_xla's CompileTime of the captured step) and a ``tpu`` view's XLA:TPU compile
-    (source ``tpu``); a view of several programs sums them. A compile served from this process's cache is not
-    recorded; one served from the committed store (``shardlab.profile.tpu_store``) records the seconds its
-    compile took when the store was written (the record's ``xla.TpuCompileTime.stored`` counts such compiles,
-    and the report says how many each notebook was served)."""
+    (source ``tpu``); a view of several programs sums them. A view with a compile that measured nothing
+    (:func:`measured`: a hit of this process's cache) is not recorded; a compile served from the committed store
+    counts the seconds it took when stored (the record's ``xla.TpuCompileTime.stored`` counts such compiles)."""
     out: dict[str, float] = {}
     for v in views:
         if not v.ran or not v.parts or v.source not in ("hlo", "tpu"):
             continue
         parts = v.parts
         src = "metrics" if v.source == "hlo" else "tpu"
-        if any(getattr(c, "cached", False) and not getattr(c, "stored", False) for c in parts):
+        if not all(measured(c) for c in parts):
             rec.note(f"{name}.{src}", "served from a compile cache: no compile seconds measured")
             continue
         secs = [c.metrics.compile_s if src == "metrics" else c.compile_s for c in parts]

@@ -39,8 +39,9 @@ the compiler states them: v5e 15.75 GiB, v6e 31.25 GiB.
 
 Every use of JAX's private API (``jax._src``) and of libtpu lives in this module (:func:`check_backend` pins the
 versions and tests the names). libtpu writes warnings about the missing TPU straight to file descriptor 2;
-:func:`quiet_libtpu` swallows those known lines and re-emits anything else. Compiles are cached in-process by
-(torch_xla graph hash + digest of the lowered HLO, topology, options). :func:`compile_program` runs a graph
+:func:`quiet_libtpu` swallows those known lines and re-emits anything else. Compiles are cached in-process, and read
+from the committed store of :mod:`shardlab.profile.tpu_store`, under one key (library versions, the program's HLO
+text, topology, options). :func:`compile_program` runs a graph
 builder in a worker process with the topology's device count when this process's world has a different one
 (``tpu_worker``).
 
@@ -59,7 +60,6 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib.metadata
 import importlib.util
 import math
@@ -80,7 +80,15 @@ from shardlab.formulas import hardware
 from shardlab.profile.hlo import HloModule, parse_hlo
 from shardlab.profile.stderr_filter import filtered_fd, filtered_stderr
 from shardlab.profile.tpu_memory import OutOfMemory, TpuMemory, parse_oom
-from shardlab.profile.tpu_store import StoredCompile, key_fields, key_of, load_stored, save_stored, store_mode
+from shardlab.profile.tpu_store import (
+    StoredCompile,
+    key_fields,
+    key_of,
+    load_stored,
+    program_sha256,
+    save_stored,
+    store_mode,
+)
 from shardlab.profile.tpu_worker import worker_for
 
 PINS = {"jax": "0.7.1", "jaxlib": "0.7.1", "libtpu": "0.0.21"}
@@ -589,7 +597,7 @@ def _cost(exe: Any) -> dict[str, float]:
 
 # -------------------------------------------------------------------------------------------------- public API
 
-_CACHE: dict[tuple[Any, ...], TpuCompile] = {}
+_CACHE: dict[str, TpuCompile] = {}  # by shardlab.profile.tpu_store.key_of
 _LOCK = threading.Lock()
 # Compiles served from a cache (this process's or a worker's) since import: the report's shared sweep kernels
 # accept a point only if it compiled everything itself (a cached compile takes no time and proves nothing new).
@@ -658,11 +666,14 @@ def compile_tensors(outputs: list[Any], topology: str = DEFAULT_TOPOLOGY, *, dis
         options["donated"] = sorted((o, k) for k, o in aliases.items())  # (output index, entry parameter)
     proto = torch_xla._XLAC._get_xla_tensors_hlo_proto(outputs)
     output_shardings = [torch_xla._XLAC._get_xla_sharding_spec(t) for t in outputs]  # "" when none
-    # The graph hash alone is not enough: it ignores settings that change the lowered HLO (measured: the
-    # mat-mul precision; f32 weights are all-gathered in bf16 at "default" and in f32 at "high").
-    key = (bytes(torch_xla._XLAC._get_graph_hash(outputs)), hashlib.sha256(proto).hexdigest(), topology,
-           disable_passes, tuple(sorted((k, repr(v)) for k, v in debug_options.items())), auto_spmd_mesh,
-           tuple(output_shardings), tuple(sorted(aliases.items())), retarget)
+    # One key for this process's cache and the committed store: everything that decides the compile. The program
+    # is the proto's HLO text with every constant printed, not the graph hash (it ignores settings that change the
+    # lowered HLO — measured: the mat-mul precision) nor the raw proto (measured: two clones of one commit lower
+    # different bytes for the same text when the graph holds a JAX-lowered call; shardlab.profile.tpu_store).
+    fields = key_fields(versions, program_text(proto), topology, {
+        "disable_passes": list(disable_passes), "debug_options": debug_options, "auto_spmd_mesh": auto_spmd_mesh,
+        "output_shardings": output_shardings, "aliases": sorted(aliases.items()), "retarget": retarget})
+    key = key_of(fields)
     global CACHE_HITS, STORE_HITS
     with _LOCK:
         if key in _CACHE:
@@ -670,12 +681,7 @@ def compile_tensors(outputs: list[Any], topology: str = DEFAULT_TOPOLOGY, *, dis
             CACHE_HITS += 1
             return TpuCompile(**{**hit.__dict__, "cached": True, "stored": False, "label": label or hit.label})
         mode = store_mode()
-        fields = key_fields(versions, _backend().XlaComputation(proto).as_hlo_text(print_large_constants=True),
-                            topology, {
-            "disable_passes": list(disable_passes), "debug_options": debug_options,
-            "auto_spmd_mesh": auto_spmd_mesh, "output_shardings": output_shardings,
-            "aliases": sorted(aliases.items()), "retarget": retarget})
-        entry = load_stored(key_of(fields)) if mode == "read" else None
+        entry = load_stored(key) if mode == "read" else None
         if entry is not None:
             STORE_HITS += 1
             CACHE_HITS += 1
@@ -690,6 +696,11 @@ def compile_tensors(outputs: list[Any], topology: str = DEFAULT_TOPOLOGY, *, dis
         _CACHE[key] = result
         _count_compile(result)
         return result
+
+
+def program_text(proto: bytes) -> str:
+    """The HLO text of a pre-partitioning proto with every constant printed: what a compile key hashes."""
+    return _backend().XlaComputation(proto).as_hlo_text(print_large_constants=True)
 
 
 def _compile_live(proto: bytes, topology: str, topo: Topology, disable_passes: tuple[str, ...],
@@ -787,8 +798,7 @@ def recompile_stored(entry: StoredCompile) -> list[str]:
     versions = check_backend()
     if entry.fields["versions"] != dict(sorted(versions.items())):
         return [f"stored with {entry.fields['versions']}, this process has {versions}"]
-    program = _backend().XlaComputation(entry.proto).as_hlo_text(print_large_constants=True)
-    if hashlib.sha256(program.encode()).hexdigest() != entry.fields["program_sha256"]:
+    if program_sha256(program_text(entry.proto)) != entry.fields["program_sha256"]:
         return ["the stored proto is not the program its key names"]
     o = entry.fields["options"]
     topo = get_topology(entry.fields["topology"])

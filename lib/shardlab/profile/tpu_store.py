@@ -58,12 +58,16 @@ def store_mode() -> str:
     return value
 
 
+def program_sha256(program: str) -> str:
+    return hashlib.sha256(program.encode()).hexdigest()
+
+
 def key_fields(versions: dict[str, str], program: str, topology: str, options: dict[str, Any]) -> dict[str, Any]:
     """Everything that decides a compile's result, as JSON-able values: ``program`` is the proto's HLO text with
     every constant printed (``options``: disable_passes, debug_options, auto_spmd_mesh, output_shardings, aliases,
     retarget)."""
     return {"schema": SCHEMA, "versions": dict(sorted(versions.items())),
-            "program_sha256": hashlib.sha256(program.encode()).hexdigest(), "topology": topology,
+            "program_sha256": program_sha256(program), "topology": topology,
             "options": json.loads(json.dumps(options, sort_keys=True, default=repr))}
 
 
@@ -94,21 +98,23 @@ class StoredCompile:
         return cls(**{**data, "proto": base64.b64decode(data["proto"])})
 
 
-def path_of(key: str, store: Path | None = None) -> Path:
-    return (store or STORE_DIR) / f"{key}.json.xz"
+def path_of(key: str) -> Path:
+    return STORE_DIR / f"{key}.json.xz"
 
 
-def load_stored(key: str, store: Path | None = None) -> StoredCompile | None:
-    """The stored entry under ``key``, or None."""
-    path = path_of(key, store)
-    if not path.is_file():
-        return None
+def _read(path: Path) -> StoredCompile:
     return StoredCompile.from_json(json.loads(lzma.decompress(path.read_bytes())))
 
 
-def save_stored(entry: StoredCompile, store: Path | None = None) -> Path:
+def load_stored(key: str) -> StoredCompile | None:
+    """The stored entry under ``key``, or None."""
+    path = path_of(key)
+    return _read(path) if path.is_file() else None
+
+
+def save_stored(entry: StoredCompile) -> Path:
     """Write ``entry`` under its key (atomically: several processes store at once during a refresh)."""
-    path = path_of(key_of(entry.fields), store)
+    path = path_of(key_of(entry.fields))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     tmp.write_bytes(lzma.compress(json.dumps(entry.to_json(), sort_keys=True).encode(), preset=6))
@@ -116,8 +122,6 @@ def save_stored(entry: StoredCompile, store: Path | None = None) -> Path:
     return path
 
 
-def stored_compiles(store: Path | None = None) -> list[tuple[str, StoredCompile]]:
+def stored_compiles() -> list[tuple[str, StoredCompile]]:
     """Every stored entry with its file's key, in key order."""
-    d = store or STORE_DIR
-    return [(p.name.removesuffix(".json.xz"), load_stored(p.name.removesuffix(".json.xz"), d))  # type: ignore[misc]
-            for p in sorted(d.glob("*.json.xz"))] if d.is_dir() else []
+    return [(p.name.removesuffix(".json.xz"), _read(p)) for p in sorted(STORE_DIR.glob("*.json.xz"))]

@@ -50,7 +50,7 @@ def row(axis: str, generation: str, pts: list[S.TimingPoint]) -> dict[str, Any]:
             "critical": S.critical(base, topology), "egress_bytes_per_s": S.egress(topology),
             "crossover": {src: S.measured_crossover(pts, field, src) for src in ("formula", "tpu")},
             "points": [{field: getattr(q.cfg, field), "formula_flops": q.cfg.flops_per_chip,
-                        "formula_wire_bytes": S.formula_comm_bytes(q.cfg),
+                        "formula_wire_bytes": q.cfg.wire_bytes,
                         **{k: getattr(q, k) for k in POINT_FIELDS}} for q in pts]}
 
 

@@ -26,6 +26,7 @@ helper process with the slice's device count.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -77,6 +78,30 @@ class MlpStep:
     def flops_per_chip(self) -> int:
         """Model FLOPs of the step per chip: 6 · tokens · parameters, split over the axis."""
         return 6 * self.global_tokens * self.params // self.devices
+
+    @property
+    def wire_bytes(self) -> float:
+        """Per chip, the collectives the formula assumes (module note): fsdp and data move every weight twice
+        (2·(n−1)/n · 2P bytes), tensor all-reduces the [T, d] activations forward and backward."""
+        n = self.devices
+        if self.axis == "tensor":
+            return 2 * 2 * (n - 1) / n * 2 * self.tokens * self.hidden
+        return 2 * (n - 1) / n * 2 * self.params
+
+    @property
+    def critical_share(self) -> float:
+        """The scaling book's crossing in units of C / W (``shardlab.timing.sweep``'s note): tokens per chip
+        (fsdp, data) or the inner width (tensor)."""
+        n = self.devices
+        return 2 / 3 * (n - 1) if self.axis == "tensor" else 2 / 3 * (n - 1) / n
+
+    @property
+    def build(self) -> Callable[[MlpStep], list[torch.Tensor]]:
+        return mlp_step
+
+    @property
+    def label(self) -> str:
+        return f"timing {self.axis} T{self.tokens} f{self.ffn}"
 
 
 def mlp_step(cfg: MlpStep) -> list[torch.Tensor]:
@@ -175,6 +200,19 @@ class AttentionStep:
         n = self.devices
         return 4 * (n - 1) / n * self.batch * self.seq * n * self.kv_heads * self.head_dim * 2
 
+    @property
+    def critical_share(self) -> float:
+        """L* in units of C / W: (2/3)·(hkv/hq)·(n−1)/n positions per chip."""
+        return 2 / 3 * self.kv_heads / self.heads * (self.devices - 1) / self.devices
+
+    @property
+    def build(self) -> Callable[[AttentionStep], list[torch.Tensor]]:
+        return attention_step
+
+    @property
+    def label(self) -> str:
+        return f"timing {self.axis} seq {self.seq}"
+
 
 def attention_step(cfg: AttentionStep) -> list[torch.Tensor]:
     """The gradients of q, k and v (sequence-sharded), traced, not run."""
@@ -246,6 +284,19 @@ class MoeStep:
         (the book's count: tokens to experts and back)."""
         n = self.devices
         return 4 * (n - 1) / n * self.experts * self.capacity * self.hidden * 2
+
+    @property
+    def critical_share(self) -> float:
+        """f* in units of C / W: (4/9)·(n−1)/n (the expert's inner width)."""
+        return 4 / 9 * (self.devices - 1) / self.devices
+
+    @property
+    def build(self) -> Callable[[MoeStep], list[torch.Tensor]]:
+        return moe_step
+
+    @property
+    def label(self) -> str:
+        return f"timing {self.axis} ffn {self.ffn}"
 
 
 def moe_step(cfg: MoeStep) -> list[torch.Tensor]:

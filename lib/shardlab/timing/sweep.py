@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 from shardlab.formulas import hardware
 from shardlab.profile import step_time as st
 from shardlab.profile import tpu
-from shardlab.timing.programs import AttentionStep, MlpStep, MoeStep, attention_step, mlp_step, moe_step
+from shardlab.timing.programs import AttentionStep, MlpStep, MoeStep
 
 EXPOSED_SHARE = 0.10  # "communication hidden": exposed comm at most this share of the step
 
@@ -74,32 +74,11 @@ def egress(topology: str) -> float:
     return chip.ici_egress_for(axes) if axes else float("inf")
 
 
-def formula_comm_bytes(cfg: MlpStep | AttentionStep | MoeStep) -> float:
-    """Wire bytes per chip of the collectives the formula assumes (module note)."""
-    if isinstance(cfg, AttentionStep | MoeStep):
-        return cfg.wire_bytes
-    n, p = cfg.devices, cfg.params
-    if cfg.axis == "fsdp":
-        return 2 * (n - 1) / n * 2 * p
-    if cfg.axis == "tensor":
-        return 2 * 2 * (n - 1) / n * 2 * cfg.tokens * cfg.hidden
-    return 2 * (n - 1) / n * 2 * p
-
-
 def critical(cfg: MlpStep | AttentionStep | MoeStep, topology: str) -> float:
     """The scaling book's crossover for ``cfg.axis``: tokens per chip (fsdp, data), ffn (tensor), sequence
-    positions per chip (context) or the expert's inner width (expert)."""
+    positions per chip (context) or the expert's inner width (expert) — the step's share of C / W."""
     chip, _ = hardware.slice_chips(topology)
-    c_over_w = chip.bf16_peak_flops_per_s / egress(topology)
-    n = cfg.devices
-    if isinstance(cfg, AttentionStep):
-        return 2 / 3 * cfg.kv_heads / cfg.heads * (n - 1) / n * c_over_w
-    if isinstance(cfg, MoeStep):
-        return 4 / 9 * (n - 1) / n * c_over_w
-    return 2 / 3 * (n - 1) * c_over_w if cfg.axis == "tensor" else 2 / 3 * (n - 1) / n * c_over_w
-
-
-SWEPT = {MlpStep: "tokens", AttentionStep: "seq", MoeStep: "ffn"}  # the field each program's label names
+    return cfg.critical_share * (chip.bf16_peak_flops_per_s / egress(topology))
 
 
 def price(cfg: MlpStep | AttentionStep | MoeStep, topology: str) -> TimingPoint:
@@ -107,12 +86,7 @@ def price(cfg: MlpStep | AttentionStep | MoeStep, topology: str) -> TimingPoint:
     chip, n = hardware.slice_chips(topology)
     if n != cfg.devices:
         raise ValueError(f"topology={topology!r} has {n} chips but the step's axis has devices={cfg.devices}")
-    if isinstance(cfg, MlpStep):
-        build, label = mlp_step, f"timing {cfg.axis} T{cfg.tokens} f{cfg.ffn}"
-    else:
-        build = attention_step if isinstance(cfg, AttentionStep) else moe_step
-        label = f"timing {cfg.axis} {SWEPT[type(cfg)]} {getattr(cfg, SWEPT[type(cfg)])}"
-    compiled = tpu.compile_program(build, cfg, topology, label=label)
+    compiled = tpu.compile_program(cfg.build, cfg, topology, label=cfg.label)
     if compiled.module is None:
         raise ValueError(f"{cfg} does not fit {topology}: {compiled.oom.first_line if compiled.oom else ''}")
     t = st.step_time(compiled.module, topology, {cfg.axis: cfg.devices})
@@ -120,7 +94,7 @@ def price(cfg: MlpStep | AttentionStep | MoeStep, topology: str) -> TimingPoint:
     for c in compiled.module.collectives:
         counts[c.op] = counts.get(c.op, 0) + (compiled.module.runs(c.computation) or 1)
     return TimingPoint(cfg, topology, t.compute_s, t.comm_s, t.exposed_comm_s, t.step_s,
-                 cfg.flops_per_chip / chip.bf16_peak_flops_per_s, formula_comm_bytes(cfg) / egress(topology), counts,
+                 cfg.flops_per_chip / chip.bf16_peak_flops_per_s, cfg.wire_bytes / egress(topology), counts,
                  sum(k.flops * k.runs for k in t.kernels), sum(c.wire_bytes * c.runs for c in t.collectives))
 
 
