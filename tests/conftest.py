@@ -46,6 +46,14 @@ def xla_world() -> Any:
 
 
 @pytest.fixture
+def live_tpu_compiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every XLA:TPU compile of the test runs live, never served from the committed store
+    (``shardlab.profile.tpu_store``): for tests about the compiler, and for a cache checked against a live compile.
+    A compile worker gets the mode with each request."""
+    monkeypatch.setenv("SHARDLAB_TPU_STORE", "off")
+
+
+@pytest.fixture
 def run_notebook(tmp_path: Path) -> Callable[..., dict[str, Any]]:
     import papermill as pm
 

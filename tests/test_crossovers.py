@@ -127,7 +127,7 @@ def test_expert_program_wire_and_flops_by_hand() -> None:
 
 @pytest.mark.xla
 @pytest.mark.parametrize("axis,value", [("context", 32), ("expert", 128)])
-def test_live_point_equals_cache(xla_world, axis: str, value: int) -> None:  # type: ignore[no-untyped-def]
+def test_live_point_equals_cache(xla_world, live_tpu_compiles, axis: str, value: int) -> None:  # type: ignore[no-untyped-def]
     from shardlab.timing import crossovers as X
 
     live = X.measure(axis, "v5e", (value,))["points"][0]

@@ -161,7 +161,7 @@ def test_retargeted_step_is_the_direct_step_at_8_chips(xla_world) -> None:  # ty
 @pytest.mark.xla
 @pytest.mark.slow
 @pytest.mark.full_size
-def test_cached_pod_row_is_what_a_live_compile_gives(xla_world) -> None:  # type: ignore[no-untyped-def]
+def test_cached_pod_row_is_what_a_live_compile_gives(xla_world, live_tpu_compiles) -> None:  # type: ignore[no-untyped-def]
     """Recompile one pod row from its 8-device trace (minutes) and compare every field a compile decides with the
     cache."""
     from shardlab.planner import verdict as pv

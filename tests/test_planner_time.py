@@ -64,7 +64,7 @@ def test_pod_rows_are_notebook_07s() -> None:
         assert T.ROWS[key] == POD[key]
 
 
-def test_stand_in_compiled_now_equals_the_cache(data) -> None:  # type: ignore[no-untyped-def]
+def test_stand_in_compiled_now_equals_the_cache(data, live_tpu_compiles) -> None:  # type: ignore[no-untyped-def]
     key = next(iter(T.STAND_IN))
     cached = data["compiles"][key]["full"]
     now = T.compile_row(key)

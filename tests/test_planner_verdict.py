@@ -210,7 +210,7 @@ def test_cached_holdout_rows_are_what_the_code_makes_of_their_messages(pc) -> No
 @pytest.mark.slow
 @pytest.mark.full_size
 @pytest.mark.parametrize("key", ["llama-3-8b.v6e-8.recompute-none"])
-def test_cached_holdout_row_is_what_a_live_compile_gives(pc, key) -> None:  # type: ignore[no-untyped-def]
+def test_cached_holdout_row_is_what_a_live_compile_gives(pc, key, live_tpu_compiles) -> None:  # type: ignore[no-untyped-def]
     """The cache must be what the code produces: recompile one held-out row (about 10 minutes on 2 cores) and
     compare every field a compile decides (verdict, bytes, message, largest arrays) with the cached row."""
     held, _ = pc.load_holdout()

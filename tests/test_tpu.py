@@ -16,7 +16,7 @@ import time
 import pytest
 import tpu_programs as tp
 
-pytestmark = pytest.mark.xla
+pytestmark = [pytest.mark.xla, pytest.mark.usefixtures("live_tpu_compiles")]  # about the compiler: no store
 GiB = 2**30
 
 
@@ -28,10 +28,6 @@ def tpu(xla_world):  # type: ignore[no-untyped-def]
     return tpu
 
 
-@pytest.fixture(autouse=True)
-def live_compiles(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """These tests are about the compiler: never serve them from the committed store (test_tpu_store.py)."""
-    monkeypatch.setenv("SHARDLAB_TPU_STORE", "off")
 
 
 def test_backend_pins_and_private_names(tpu, monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -116,3 +116,18 @@ def test_the_committed_store_is_what_the_compiler_says(xla_world) -> None:  # ty
     assert all(tpu_store.key_of(e.fields) == key for key, e in entries)
     for _, entry in sorted(entries, key=lambda kv: kv[1].compile_s)[:3]:
         assert tpu.recompile_stored(entry) == [], entry.label
+
+
+def test_a_compile_worker_compiles_in_this_processs_mode_and_store(store, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A 4-chip program compiles in a worker started long before: the store mode and directory go with each
+    request, so a write lands in this test's store, and an ``off`` compile stores nothing."""
+    tpu, tpu_store = store
+    monkeypatch.setenv(tpu_store.ENV, "write")
+    cfg = tp.MlpCfg(tokens=48, hidden=128, ffn=512)  # compiled by no other test: the worker's own cache cannot serve it
+    out = tpu.compile_program(tp.megatron_mlp, cfg, "v5e-4", label="mlp tp4")
+    assert out.fits and not out.stored
+    (_, entry), = tpu_store.stored_compiles()  # written by the worker into this test's directory
+    assert entry.fields["topology"] == "v5e-4" and entry.text == out.hlo_text and entry.label == "mlp tp4"
+    monkeypatch.setenv(tpu_store.ENV, "off")
+    tpu.compile_program(tp.zero3_step, cfg, "v5e-4")
+    assert len(tpu_store.stored_compiles()) == 1

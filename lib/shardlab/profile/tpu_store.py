@@ -27,6 +27,9 @@ Modes (environment ``SHARDLAB_TPU_STORE``, read at each compile):
 - ``off``: compile everything live — what the report costs without the store;
 - ``write``: compile everything live and store it (``python tools/tpu_store.py refresh`` runs the report so).
 
+A compile worker (``shardlab.profile.tpu_worker``) gets this process's mode and directory with each request
+(:func:`settings`), so it compiles as this process would even when the mode changed after it started.
+
 A served result is a cache hit (``TpuCompile.cached``): no compile seconds are counted for it
 (``tpu.COMPILES``/``COMPILE_S``, and the record's ``xla.TpuCompileTime``); ``tpu.STORE_HITS`` counts them, and the
 report says how many compiles each notebook was served. ``tools/tpu_store.py verify`` recompiles every stored
@@ -56,6 +59,18 @@ def store_mode() -> str:
     if value not in MODES:
         raise ValueError(f"{ENV}={os.environ.get(ENV)!r} is not one of {', '.join(MODES)}")
     return value
+
+
+def settings() -> tuple[str, str]:
+    """(mode, store directory) of this process: what a compile worker is handed with each request, so it compiles
+    as this process would (the mode may change after the worker started)."""
+    return store_mode(), str(STORE_DIR)
+
+
+def apply_settings(mode: str, store_dir: str) -> None:
+    """Adopt another process's :func:`settings` (the compile worker's side)."""
+    global STORE_DIR
+    os.environ[ENV], STORE_DIR = mode, Path(store_dir)
 
 
 def program_sha256(program: str) -> str:

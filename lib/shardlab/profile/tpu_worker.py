@@ -37,6 +37,8 @@ import threading
 import time
 from typing import IO, Any
 
+from shardlab.profile.tpu_store import settings as store_settings
+
 _HEADER = struct.Struct("<Q")
 _WORKERS: dict[int, Worker] = {}
 _LOCK = threading.Lock()
@@ -112,7 +114,9 @@ class Worker:
         assert self.proc.stdin is not None
         with self.lock:
             try:
-                _send(self.proc.stdin, (build, cfg, topology, options))
+                # this process's store mode and directory travel with each request (they may change after the
+                # worker started: shardlab.profile.tpu_store)
+                _send(self.proc.stdin, (build, cfg, topology, options, store_settings()))
             except BrokenPipeError:
                 pass  # the reply below reports the dead worker with its log
             reply = self._reply()

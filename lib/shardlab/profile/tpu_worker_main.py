@@ -2,8 +2,9 @@
 
 Design: a separate module so the import graph has no cycle — the parent side (``tpu_worker``) is imported by
 ``shardlab.profile.tpu``, and this side imports ``tpu`` to compile. It sets up a ``<chips>``-device CPU world,
-then serves length-prefixed pickled requests ``(build, cfg, topology, options)`` on stdin: ``build(cfg)`` gives
-the output tensors of the graph (or a ``tpu.Step``), :func:`shardlab.profile.tpu.compile_built` compiles them, and the
+then serves length-prefixed pickled requests ``(build, cfg, topology, options, store settings)`` on stdin:
+``build(cfg)`` gives the output tensors of the graph (or a ``tpu.Step``), :func:`shardlab.profile.tpu.compile_built`
+compiles them (with the parent's store mode and directory, :mod:`shardlab.profile.tpu_store`), and the
 :class:`TpuCompile` (or the error with its traceback) goes back on a private copy of stdout.
 """
 
@@ -16,6 +17,7 @@ import traceback
 
 from shardlab import runtime
 from shardlab.profile import tpu
+from shardlab.profile.tpu_store import apply_settings as apply_store_settings
 from shardlab.profile.tpu_worker import _recv_bytes, _send
 
 
@@ -34,7 +36,8 @@ def main(chips: int) -> None:
             request = pickle.loads(data)  # may fail: the builder's module must import here too
             if request is None:
                 return
-            build, cfg, topology, options = request
+            build, cfg, topology, options, store = request
+            apply_store_settings(*store)  # the parent's store mode and directory at this request
             _send(out, ("ok", tpu.compile_built(build(cfg), topology, **options)))
         except BaseException as e:  # reported to the parent, which raises
             _send(out, ("error", type(e).__name__, str(e), traceback.format_exc()))
